@@ -1,0 +1,49 @@
+# mlsys_nb: `make lab` sets everything up and opens JupyterLab; `make test` runs every test.
+# Re-running skips what is already installed (stamp files in $(VENV)).
+PYTHON     ?= python3
+VENV       ?= .venv
+# torch is installed first, pinned: a looser range would pull a multi-GB CUDA build.
+# For a GPU machine, e.g.: make lab TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS     ?= lab,test,bench
+HOST       ?= 127.0.0.1
+PORT       ?= 8888
+PYTEST_ARGS ?=
+PY         := $(VENV)/bin/python
+
+.PHONY: setup lab test test-fast dashboard bench clean-venv help
+
+help:
+	@echo "make lab        set up .venv (first time) and open JupyterLab on notebooks/ at $(HOST)"
+	@echo "make test       set up .venv (first time) and run every test (unit, notebooks, papermill)"
+	@echo "make test-fast  unit tests only (no notebooks, no browser)"
+	@echo "make bench      run the benchmark scripts in benchmarks/"
+	@echo "make clean-venv remove .venv (e.g. after changing TORCH_SPEC)"
+
+$(VENV)/.stamp-torch:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install $(TORCH_SPEC)
+	@touch $@
+
+$(VENV)/.stamp-install: $(VENV)/.stamp-torch pyproject.toml constraints.txt
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
+	$(PY) -m ipykernel install --sys-prefix --name mlsys_nb --display-name "mlsys_nb (Python 3)"
+	@touch $@
+
+setup: $(VENV)/.stamp-install
+
+lab: setup
+	$(VENV)/bin/jupyter lab --ip $(HOST) --port $(PORT) --notebook-dir notebooks
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest tests -m "not notebook and not browser" $(PYTEST_ARGS)
+
+bench: setup
+	@for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,174 @@
+"""Model configuration shared by the models, the calculators and the widgets.
+
+One dataclass describes a transformer's shape. The same object builds the package's real small
+PyTorch model (``mlsys_nb.models.Transformer``) and feeds the calculators (``mlsys_nb.memory``,
+``mlsys_nb.flops``), so a preset's published shape can be instantiated small and measured.
+
+Presets with published shapes and their sources live in ``data/models.yaml``
+(``load_model_preset(name)``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+_ACTIVATIONS = ("swiglu", "gelu", "relu")
+_NORMS = ("rmsnorm", "layernorm")
+
+
+def _check_int(name: str, value, lo: int = 1, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < lo or (hi is not None and value > hi):
+        rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise ValueError(f"{name}={value} is out of range: allowed {rng}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a decoder-only (Llama- or GPT-style) transformer.
+
+    Sizes are counts (not bytes). ``ffn_hidden`` is the FFN inner width per branch (for SwiGLU the
+    gate and up projections are each ``hidden x ffn_hidden``). MoE: ``n_experts > 0`` replaces
+    every layer's MLP by ``n_experts`` routed experts of width ``expert_ffn_hidden`` (top-``top_k``
+    routing) plus ``n_shared_experts`` always-on experts of the same width, and a router
+    ``hidden x n_experts``; ``n_dense_layers`` first layers keep a dense MLP of width ``ffn_hidden``.
+    """
+
+    n_layers: int
+    hidden: int
+    n_heads: int
+    vocab_size: int
+    ffn_hidden: int | None = None  # default: 4*hidden (gelu/relu) or 8/3*hidden rounded (swiglu)
+    n_kv_heads: int | None = None  # default: n_heads (MHA); 1 = MQA
+    head_dim: int | None = None  # default: hidden // n_heads
+    seq_len: int = 2048  # maximum context (RoPE table size); training s lives in TrainConfig
+    tied_embeddings: bool = False
+    activation: str = "swiglu"
+    norm: str = "rmsnorm"
+    bias: bool = False  # biases in linear layers (GPT-2/3 style)
+    n_experts: int = 0
+    top_k: int = 0
+    expert_ffn_hidden: int | None = None
+    n_shared_experts: int = 0
+    n_dense_layers: int = 0
+    dropout: float = 0.0
+    rope_theta: float = 10000.0
+    name: str = ""
+    source: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        _check_int("n_layers", self.n_layers)
+        _check_int("hidden", self.hidden)
+        _check_int("n_heads", self.n_heads)
+        _check_int("vocab_size", self.vocab_size, 2)
+        _check_int("seq_len", self.seq_len)
+        if self.activation not in _ACTIVATIONS:
+            raise ValueError(f"activation={self.activation!r}: allowed {_ACTIVATIONS}")
+        if self.norm not in _NORMS:
+            raise ValueError(f"norm={self.norm!r}: allowed {_NORMS}")
+        if self.ffn_hidden is None:
+            if self.activation == "swiglu":
+                f = int(8 * self.hidden / 3)
+                f = 8 * ((f + 7) // 8)
+            else:
+                f = 4 * self.hidden
+            object.__setattr__(self, "ffn_hidden", f)
+        _check_int("ffn_hidden", self.ffn_hidden)
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        _check_int("n_kv_heads", self.n_kv_heads, 1, self.n_heads)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads} (GQA groups)"
+            )
+        if self.head_dim is None:
+            if self.hidden % self.n_heads:
+                raise ValueError(
+                    f"hidden={self.hidden} is not divisible by n_heads={self.n_heads}: "
+                    "pass head_dim explicitly or change one of them"
+                )
+            object.__setattr__(self, "head_dim", self.hidden // self.n_heads)
+        _check_int("head_dim", self.head_dim)
+        _check_int("n_experts", self.n_experts, 0)
+        _check_int("n_shared_experts", self.n_shared_experts, 0)
+        _check_int("n_dense_layers", self.n_dense_layers, 0, self.n_layers)
+        if self.n_experts:
+            _check_int("top_k", self.top_k, 1, self.n_experts)
+            if self.expert_ffn_hidden is None:
+                object.__setattr__(self, "expert_ffn_hidden", self.ffn_hidden)
+            _check_int("expert_ffn_hidden", self.expert_ffn_hidden)
+        if not (0.0 <= self.dropout < 1.0):
+            raise ValueError(f"dropout={self.dropout} is out of range: allowed [0, 1)")
+
+    # ---- derived -------------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the concatenated query heads, n_heads * head_dim."""
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the concatenated key (or value) heads, n_kv_heads * head_dim."""
+        return self.n_kv_heads * self.head_dim
+
+    def replace(self, **changes) -> "ModelConfig":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def scaled_down(self, *, n_layers=2, hidden=64, n_heads=4, vocab_size=256, seq_len=64) -> "ModelConfig":
+        """The same architecture (activation, norm, GQA ratio, tying, MoE layout) at a small size,
+        so a preset can be instantiated and measured on a laptop."""
+        group = self.n_heads // self.n_kv_heads  # query heads per KV head, kept if it fits
+        n_kv = n_heads // group if (group <= n_heads and n_heads % group == 0) else n_heads
+        ratio = self.ffn_hidden / self.hidden
+        changes = dict(
+            n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_kv, head_dim=None,
+            vocab_size=vocab_size, seq_len=seq_len, ffn_hidden=max(8, int(round(hidden * ratio))),
+            n_dense_layers=min(self.n_dense_layers, n_layers),
+        )
+        if self.is_moe:
+            changes.update(
+                n_experts=min(self.n_experts, 8), top_k=min(self.top_k, min(self.n_experts, 8)),
+                expert_ffn_hidden=max(8, int(round(hidden * self.expert_ffn_hidden / self.hidden))),
+            )
+        return self.replace(**changes)
+
+
+def load_yaml(name: str) -> dict:
+    """Load ``data/<name>`` (YAML)."""
+    import yaml
+
+    path = DATA_DIR / name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: the data file ships with the repository")
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+_MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
+
+
+def model_presets() -> dict[str, ModelConfig]:
+    """All presets from ``data/models.yaml``, by name."""
+    raw = load_yaml("models.yaml")["models"]
+    out = {}
+    for name, spec in raw.items():
+        spec = {k: v for k, v in spec.items() if k in _MODEL_FIELDS}
+        spec.setdefault("name", name)
+        out[name] = ModelConfig(**spec)
+    return out
+
+
+def load_model_preset(name: str) -> ModelConfig:
+    """One preset from ``data/models.yaml``; the error lists the valid names."""
+    presets = model_presets()
+    if name not in presets:
+        raise KeyError(f"unknown model preset {name!r}: choose one of {sorted(presets)}")
+    return presets[name]

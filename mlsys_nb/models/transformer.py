@@ -1,0 +1,224 @@
+"""A small decoder-only transformer, readable in one sitting (nanoGPT/Llama style).
+
+Built from ``mlsys_nb.config.ModelConfig``: RMSNorm or LayerNorm, rotary position embeddings,
+grouped-query attention, a SwiGLU/GELU/ReLU MLP or a top-k mixture of experts, dropout, a tied or
+untied LM head, and optional activation recomputation:
+
+- ``recompute="none"``: every intermediate is saved for backward;
+- ``recompute="selective"``: the attention core (scores, softmax, dropout, weighted sum) is
+  recomputed in backward, as in Korthikanti et al. 2022;
+- ``recompute="full"``: only each block's input is saved; the block is recomputed in backward.
+
+``attn_impl="sdpa"`` uses ``F.scaled_dot_product_attention``; ``attn_impl="matmul"`` writes the
+attention out as explicit matmuls so ``FlopCounterMode`` can count it (SDPA counts 0 FLOPs on CPU)
+and saved tensors are visible one by one. Both give the same output (tested).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..config import ModelConfig
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+ATTN_IMPLS = ("sdpa", "matmul")
+
+
+def build_norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.hidden, eps=1e-5)
+    return nn.LayerNorm(cfg.hidden, eps=1e-5, bias=cfg.bias)
+
+
+def rope_tables(head_dim: int, seq_len: int, theta: float = 10000.0, device=None):
+    """cos and sin tables of shape [seq_len, head_dim // 2] for rotary embeddings."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[..., :d/2], x[..., d/2:]) of x [b, heads, s, d] by position angles."""
+    d2 = x.shape[-1] // 2
+    x1, x2 = x[..., :d2], x[..., d2:]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def attention_core(q, k, v, *, dropout_p: float = 0.0, impl: str = "sdpa", training: bool = False):
+    """Causal attention of q [b, a, s, d] over k, v [b, a, s, d] (KV heads already repeated)."""
+    if impl == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p if training else 0.0)
+    s = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = F.dropout(scores.softmax(dim=-1), p=dropout_p, training=training)
+    return probs @ v
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, attn_impl: str = "sdpa"):
+        super().__init__()
+        self.cfg, self.attn_impl = cfg, attn_impl
+        self.q_proj = nn.Linear(cfg.hidden, cfg.q_dim, bias=cfg.bias)
+        self.k_proj = nn.Linear(cfg.hidden, cfg.kv_dim, bias=cfg.bias)
+        self.v_proj = nn.Linear(cfg.hidden, cfg.kv_dim, bias=cfg.bias)
+        self.o_proj = nn.Linear(cfg.q_dim, cfg.hidden, bias=cfg.bias)
+        self.selective_recompute = False
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, cfg.n_heads, cfg.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos[:s], sin[:s]), apply_rope(k, cos[:s], sin[:s])
+        group = cfg.n_heads // cfg.n_kv_heads
+        if group > 1:  # grouped-query attention: each KV head serves `group` query heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        kw = dict(dropout_p=cfg.dropout, impl=self.attn_impl, training=self.training)
+        if self.selective_recompute and torch.is_grad_enabled():
+            y = checkpoint(attention_core, q, k, v, use_reentrant=False, **kw)
+        else:
+            y = attention_core(q, k, v, **kw)
+        y = y.transpose(1, 2).reshape(b, s, cfg.q_dim)
+        return F.dropout(self.o_proj(y), p=cfg.dropout, training=self.training)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)); GELU/ReLU: down(act(up(x)))."""
+
+    def __init__(self, cfg: ModelConfig, width: int | None = None):
+        super().__init__()
+        self.cfg = cfg
+        width = width or cfg.ffn_hidden
+        if cfg.activation == "swiglu":
+            self.gate_proj = nn.Linear(cfg.hidden, width, bias=cfg.bias)
+        self.up_proj = nn.Linear(cfg.hidden, width, bias=cfg.bias)
+        self.down_proj = nn.Linear(width, cfg.hidden, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        act = self.cfg.activation
+        if act == "swiglu":
+            h = F.silu(self.gate_proj(x)) * self.up_proj(x)
+        elif act == "gelu":
+            h = F.gelu(self.up_proj(x))
+        else:
+            h = F.relu(self.up_proj(x))
+        return F.dropout(self.down_proj(h), p=self.cfg.dropout, training=self.training)
+
+
+class MoE(nn.Module):
+    """Top-k routed experts (+ shared experts), computed by dense dispatch: each expert runs on
+    the tokens routed to it and its output is weighted by the renormalised router probability."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.router = nn.Linear(cfg.hidden, cfg.n_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(cfg, cfg.expert_ffn_hidden) for _ in range(cfg.n_experts))
+        self.shared = nn.ModuleList(MLP(cfg, cfg.expert_ffn_hidden) for _ in range(cfg.n_shared_experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        flat = x.reshape(-1, h)
+        probs = self.router(flat).softmax(dim=-1)
+        weight, idx = probs.topk(self.cfg.top_k, dim=-1)
+        weight = weight / weight.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            token, slot = (idx == e).nonzero(as_tuple=True)
+            if token.numel():
+                out.index_add_(0, token, expert(flat[token]) * weight[token, slot, None])
+        for expert in self.shared:
+            out = out + expert(flat)
+        return out.view(b, s, h)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0, attn_impl: str = "sdpa"):
+        super().__init__()
+        self.attn_norm = build_norm(cfg)
+        self.attn = Attention(cfg, attn_impl)
+        self.mlp_norm = build_norm(cfg)
+        moe = cfg.is_moe and layer_idx >= cfg.n_dense_layers
+        self.mlp = MoE(cfg) if moe else MLP(cfg)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    """Decoder-only LM: embedding -> dropout -> L blocks -> final norm -> LM head.
+
+    ``forward(tokens)`` returns logits [b, s, vocab]; ``forward(tokens, targets)`` returns the mean
+    cross-entropy loss (a scalar)."""
+
+    def __init__(self, cfg: ModelConfig, *, recompute: str = "none", attn_impl: str = "sdpa"):
+        super().__init__()
+        if recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"recompute={recompute!r}: allowed {RECOMPUTE_MODES}")
+        if attn_impl not in ATTN_IMPLS:
+            raise ValueError(f"attn_impl={attn_impl!r}: allowed {ATTN_IMPLS}")
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden)
+        self.blocks = nn.ModuleList(Block(cfg, i, attn_impl) for i in range(cfg.n_layers))
+        self.norm = build_norm(cfg)
+        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
+        if cfg.tied_embeddings:
+            self.lm_head.weight = self.embed.weight
+        cos, sin = rope_tables(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.set_recompute(recompute)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def set_recompute(self, mode: str) -> None:
+        if mode not in RECOMPUTE_MODES:
+            raise ValueError(f"recompute={mode!r}: allowed {RECOMPUTE_MODES}")
+        self.recompute = mode
+        for blk in self.blocks:
+            blk.attn.selective_recompute = mode == "selective"
+
+    def set_attn_impl(self, impl: str) -> None:
+        if impl not in ATTN_IMPLS:
+            raise ValueError(f"attn_impl={impl!r}: allowed {ATTN_IMPLS}")
+        for blk in self.blocks:
+            blk.attn.attn_impl = impl
+
+    def num_parameters(self, *, exclude_embedding: bool = False) -> int:
+        """Unique parameters (a tied head counts once)."""
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embedding:
+            n -= self.embed.weight.numel()
+            if not self.cfg.tied_embeddings:
+                n -= self.lm_head.weight.numel()
+        return n
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None):
+        s = tokens.shape[1]
+        if s > self.cfg.seq_len:
+            raise ValueError(f"sequence length {s} exceeds cfg.seq_len={self.cfg.seq_len}")
+        x = F.dropout(self.embed(tokens), p=self.cfg.dropout, training=self.training)
+        for blk in self.blocks:
+            if self.recompute == "full" and torch.is_grad_enabled():
+                x = checkpoint(blk, x, self.rope_cos, self.rope_sin, use_reentrant=False)
+            else:
+                x = blk(x, self.rope_cos, self.rope_sin)
+        logits = self.lm_head(self.norm(x))
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
