@@ -1,0 +1,59 @@
+"""Accelerators and links from ``data/hardware.yaml`` (datasheet values with sources)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from .config import load_yaml
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_bytes: float
+    hbm_bandwidth_bytes_per_s: float
+    peak_flops: dict = field(default_factory=dict)  # dtype -> dense FLOP/s
+    nvlink: str | None = None
+    source: str = ""
+
+    def peak(self, dtype: str = "bf16") -> float:
+        """Dense peak throughput in FLOP/s for ``dtype``; the error lists what the datasheet has."""
+        if dtype not in self.peak_flops:
+            raise KeyError(f"{self.name} has no {dtype!r} peak: choose one of {sorted(self.peak_flops)}")
+        return float(self.peak_flops[dtype])
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    per_direction_bytes_per_s: float
+    bidirectional_bytes_per_s: float
+    latency_s: float
+    source: str = ""
+
+
+@lru_cache(maxsize=1)
+def _raw() -> dict:
+    return load_yaml("hardware.yaml")
+
+
+def gpus() -> dict[str, GPU]:
+    return {n: GPU(name=n, **{k: v for k, v in s.items()}) for n, s in _raw()["gpus"].items()}
+
+
+def links() -> dict[str, Link]:
+    return {n: Link(name=n, **s) for n, s in _raw()["links"].items()}
+
+
+def gpu(name: str) -> GPU:
+    table = gpus()
+    if name not in table:
+        raise KeyError(f"unknown GPU {name!r}: choose one of {sorted(table)}")
+    return table[name]
+
+
+def link(name: str) -> Link:
+    table = links()
+    if name not in table:
+        raise KeyError(f"unknown link {name!r}: choose one of {sorted(table)}")
+    return table[name]
