@@ -1,0 +1,172 @@
+"""Rank functions that train the small transformer with every data-parallel implementation.
+
+Used by the tests, notebooks 05-06 and ``benchmarks/ddp_overlap.py`` through ``mlsys_nb.launch``:
+
+    results = mlsys_nb.launch(compare_implementations, world_size=4, kwargs=dict(steps=3))
+
+Every implementation starts from the same seeded model, sees the same seeded global batches (each
+rank takes its contiguous slice of every batch) and takes ``steps`` optimizer steps. We record the
+maximum parameter difference from single-process training on the full batch (computed on every
+rank, independently of any communication), the bytes communicated per step by this rank (counted
+by ``CommCounter``; PyTorch's C++ DDP reducer cannot be counted this way) and the bytes of
+parameters, gradients and optimizer states this rank holds after the last step.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..config import ModelConfig
+from ..models import Transformer
+from .counting import CommCounter
+from .ddp import DataParallel, allreduce_gradients
+from .zero import ZeRO, model_state_bytes
+
+IMPLEMENTATIONS = ("naive", "ddp", "ddp_no_overlap", "ddp_accum", "torch_ddp",
+                   "zero1", "zero2", "zero3", "zero3_prefetch", "fsdp2")
+OPTIMIZERS = {
+    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1),
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+}
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    """A 2-layer GQA/SwiGLU transformer of 22,688 parameters; every unit's size divides by 8, so
+    ZeRO's shards need no padding for N = 1, 2, 4, 8."""
+    base = dict(n_layers=2, hidden=32, n_heads=4, n_kv_heads=2, ffn_hidden=64, vocab_size=64, seq_len=16,
+                name="dp-tiny")
+    return ModelConfig(**{**base, **overrides})
+
+
+def make_batches(cfg: ModelConfig, steps: int, global_batch: int, seed: int = 0):
+    """``steps`` global batches of (tokens, targets), each [global_batch, seq_len], seeded."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        seq = torch.randint(0, cfg.vocab_size, (global_batch, cfg.seq_len + 1), generator=g)
+        out.append((seq[:, :-1], seq[:, 1:]))
+    return out
+
+
+def local_slice(batch, rank: int, world: int):
+    """Rank ``rank``'s contiguous share of a global batch (its size must divide by ``world``)."""
+    x, y = batch
+    if x.shape[0] % world:
+        raise ValueError(f"global batch {x.shape[0]} is not divisible by world_size={world}")
+    n = x.shape[0] // world
+    return x[rank * n : (rank + 1) * n], y[rank * n : (rank + 1) * n]
+
+
+def build_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(cfg)
+
+
+def train_single(cfg: ModelConfig, batches, optimizer: str = "adamw", seed: int = 0) -> dict[str, torch.Tensor]:
+    """The reference: one process, full batches. Returns {name: parameter}."""
+    model = build_model(cfg, seed)
+    opt = OPTIMIZERS[optimizer](model.parameters())
+    for x, y in batches:
+        model(x, y).backward()
+        opt.step()
+        opt.zero_grad()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def train_parallel(impl: str, cfg: ModelConfig, batches, optimizer: str = "adamw", seed: int = 0,
+                   bucket_cap_mb: float = 0.02) -> dict:
+    """Train with ``impl`` on this rank's slices; return full parameters, bytes sent per step
+    (counted), per-op counts and model-state bytes after the last step."""
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"impl={impl!r}: allowed {IMPLEMENTATIONS}")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = build_model(cfg, seed)
+    make_opt = OPTIMIZERS[optimizer]
+    zero = ddp = None
+    if impl.startswith("zero"):
+        stage = int(impl[4])
+        zero = ZeRO(model, make_opt, stage=stage, prefetch=impl.endswith("prefetch"))
+        opt, net = zero, model
+    elif impl == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (world,))
+        for blk in model.blocks:
+            fully_shard(blk, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        net, opt = model, make_opt(model.parameters())
+    elif impl == "torch_ddp":
+        net = torch.nn.parallel.DistributedDataParallel(model)
+        opt = make_opt(model.parameters())
+    elif impl == "naive":
+        net, opt = model, make_opt(model.parameters())
+    else:
+        ddp = DataParallel(model, bucket_cap_mb=bucket_cap_mb, overlap=impl != "ddp_no_overlap")
+        net, opt = ddp, make_opt(model.parameters())
+    memory = None
+    with CommCounter() as cc:
+        for batch in batches:
+            x, y = local_slice(batch, rank, world)
+            if impl == "ddp_accum":  # two micro-batches: the first without communication
+                half = x.shape[0] // 2
+                with ddp.no_sync():
+                    (net(x[:half], y[:half]) / 2).backward()
+                (net(x[half:], y[half:]) / 2).backward()
+            else:
+                net(x, y).backward()
+            if impl == "naive":
+                allreduce_gradients(model)
+            opt.step()
+            if batch is batches[-1]:
+                extra = [u.shard for u in zero.units] if zero else ()
+                memory = model_state_bytes(model, zero.optimizer if zero else opt, extra)
+            opt.zero_grad()
+    if zero is not None:
+        params = zero.full_parameters()
+    elif impl == "fsdp2":
+        params = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
+    else:
+        params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return dict(params=params, sent_bytes_per_step=cc.sent_bytes / len(batches), calls_per_step=cc.calls / len(batches),
+                by_op=cc.by_op(), memory=memory)
+
+
+def max_diff(a: dict, b: dict) -> float:
+    if a.keys() != b.keys():
+        raise ValueError(f"parameter names differ: {sorted(a.keys() ^ b.keys())}")
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def compare_implementations(impls=IMPLEMENTATIONS, optimizers=("adamw", "sgd"), steps: int = 3,
+                            per_rank_batch: int = 2, cfg_overrides: dict | None = None, seed: int = 0) -> dict:
+    """Rank function: train with each implementation and optimizer; compare with the single-process
+    reference (full batch) and with PyTorch DDP. Returns plain numbers (no tensors):
+    ``{"n_params", "world_size", "moved": {optimizer: max |reference - initial|},
+    "results": {optimizer: {impl: {max_diff_single, max_diff_torch_ddp, sent_bytes_per_step,
+    calls_per_step, by_op, memory, seconds}}}}``."""
+    world = dist.get_world_size()
+    cfg = tiny_config(**(cfg_overrides or {}))
+    batches = make_batches(cfg, steps, per_rank_batch * world, seed=seed + 1)
+    initial = {n: p.detach().clone() for n, p in build_model(cfg, seed).named_parameters()}
+    out = {"n_params": sum(p.numel() for p in initial.values()), "world_size": world, "results": {}, "moved": {}}
+    for optimizer in optimizers:
+        reference = train_single(cfg, batches, optimizer, seed)
+        out["moved"][optimizer] = max_diff(reference, initial)  # training changed the weights this much
+        runs = {}
+        for impl in impls:
+            t0 = time.perf_counter()
+            runs[impl] = train_parallel(impl, cfg, batches, optimizer, seed)
+            runs[impl]["seconds"] = time.perf_counter() - t0
+        torch_ref = runs.get("torch_ddp")
+        out["results"][optimizer] = {
+            impl: dict(
+                max_diff_single=max_diff(r["params"], reference),
+                max_diff_torch_ddp=max_diff(r["params"], torch_ref["params"]) if torch_ref else None,
+                **{k: v for k, v in r.items() if k != "params"},
+            )
+            for impl, r in runs.items()
+        }
+    return out
