@@ -58,6 +58,12 @@ class ModelConfig:
     rope_theta: float = 10000.0
     name: str = ""
     source: str = field(default="", compare=False)
+    # Multi-head latent attention (DeepSeek-V2/V3), counted by mlsys_nb.memory only (the small
+    # Transformer builds ordinary attention): low-rank query/KV projections and a decoupled RoPE
+    # key of width rope_head_dim; 0 = not MLA.
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    rope_head_dim: int = 0
 
     def __post_init__(self):
         _check_int("n_layers", self.n_layers)
@@ -100,6 +106,8 @@ class ModelConfig:
             if self.expert_ffn_hidden is None:
                 object.__setattr__(self, "expert_ffn_hidden", self.ffn_hidden)
             _check_int("expert_ffn_hidden", self.expert_ffn_hidden)
+        for name in ("q_lora_rank", "kv_lora_rank", "rope_head_dim"):
+            _check_int(name, getattr(self, name), 0)
         if not (0.0 <= self.dropout < 1.0):
             raise ValueError(f"dropout={self.dropout} is out of range: allowed [0, 1)")
 
@@ -172,3 +180,95 @@ def load_model_preset(name: str) -> ModelConfig:
     if name not in presets:
         raise KeyError(f"unknown model preset {name!r}: choose one of {sorted(presets)}")
     return presets[name]
+
+
+# ---- training configuration (used by mlsys_nb.memory, .flops and the parallelism helpers) -------
+PRECISIONS = ("fp32", "bf16-mixed", "bf16-nomaster", "fp8-te", "fp8-dsv3")
+OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adam-8bit")
+RECOMPUTE = ("none", "selective", "full")
+PP_SCHEDULES = ("afab", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv")
+KERNELS = ("fused", "eager")
+DEVICES = ("cuda", "cpu")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How a model is trained on each GPU (everything ``mlsys_nb.memory.estimate`` needs).
+
+    - ``micro_batch`` sequences of ``seq_len`` tokens per forward pass on one rank (before CP).
+    - ``precision``: ``fp32``; ``bf16-mixed`` (bf16 params/grads/activations + fp32 master + fp32
+      optimizer states, 16 B/param with Adam); ``bf16-nomaster`` (the Playbook plots' and the
+      tutorial's 12 B/param accounting, incomplete); ``fp8-te`` (Transformer Engine: fp32 weights,
+      grads and states, 16 B/param); ``fp8-dsv3`` (DeepSeek-V3: fp8 weights, bf16 grads, fp32 master
+      and accumulation, bf16 Adam moments, 15 B/param). ``fp32_grad_accum`` adds a 4 B/param fp32
+      gradient-accumulation buffer (20 B/param with bf16-mixed Adam).
+    - ``optimizer``: states per parameter (adam/adamw 2, sgd-momentum 1, sgd 0, adam-8bit 2 x 1 B);
+      ``optimizer_bytes_per_param`` overrides the optimizer-state bytes (the ZeRO paper's K minus
+      the master copy).
+    - ``recompute``: none / selective (attention core) / full (store block inputs only).
+    - parallel degrees ``dp``, ``tp`` (``sp`` = sequence parallelism in the TP group), ``pp`` with
+      ``pp_schedule`` and ``virtual_stages``, ``cp``, ``ep``; ``n_microbatches`` per step per
+      pipeline (gradient accumulation; default ``pp``); ``zero`` stage 0-3 over the dp x cp group.
+    - ``flash_attention``: no s^2 tensors are stored (q, k, v, output and a fp32 log-sum-exp).
+    - ``kernels``: ``fused`` (GPU training stack: fused norms save input + rstd, GQA-aware attention,
+      fused RoPE) or ``eager`` (this package's Transformer exactly as written, as measured on CPU).
+    - ``device``: ``cuda`` (dropout masks 1 B/element) or ``cpu`` (masks in the activation dtype).
+    - ``gpu``: name in ``data/hardware.yaml`` for the fits/OOM verdict; ``overhead_bytes``: CUDA
+      context, allocator fragmentation etc. (default 0, typically 1-2 GB for the context).
+    """
+
+    micro_batch: int = 1
+    seq_len: int = 4096
+    precision: str = "bf16-mixed"
+    fp32_grad_accum: bool = False
+    optimizer: str = "adam"
+    optimizer_bytes_per_param: float | None = None
+    recompute: str = "none"
+    dp: int = 1
+    tp: int = 1
+    sp: bool = False
+    pp: int = 1
+    pp_schedule: str = "1f1b"
+    virtual_stages: int = 1
+    n_microbatches: int | None = None
+    cp: int = 1
+    ep: int = 1
+    zero: int = 0
+    flash_attention: bool = True
+    kernels: str = "fused"
+    device: str = "cuda"
+    vocab_parallel: bool = True
+    gpu: str = "H100-SXM"
+    overhead_bytes: float = 0.0
+
+    def __post_init__(self):
+        for name in ("micro_batch", "seq_len", "dp", "tp", "pp", "virtual_stages", "cp", "ep"):
+            _check_int(name, getattr(self, name))
+        _check_int("zero", self.zero, 0, 3)
+        if self.n_microbatches is not None:
+            _check_int("n_microbatches", self.n_microbatches)
+        for name, allowed in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS), ("recompute", RECOMPUTE),
+                              ("pp_schedule", PP_SCHEDULES), ("kernels", KERNELS), ("device", DEVICES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r}: allowed {allowed}")
+        if self.sp and self.tp == 1:
+            raise ValueError("sp=True needs tp > 1 (sequence parallelism lives inside the TP group)")
+        if self.virtual_stages > 1 and self.pp_schedule != "interleaved-1f1b":
+            raise ValueError(f"virtual_stages={self.virtual_stages} needs pp_schedule='interleaved-1f1b'")
+        if self.optimizer_bytes_per_param is not None and self.optimizer_bytes_per_param < 0:
+            raise ValueError(f"optimizer_bytes_per_param={self.optimizer_bytes_per_param}: allowed >= 0")
+        if self.overhead_bytes < 0:
+            raise ValueError(f"overhead_bytes={self.overhead_bytes}: allowed >= 0")
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches per optimizer step per pipeline (``n_microbatches`` or ``pp``)."""
+        return self.n_microbatches if self.n_microbatches is not None else self.pp
+
+    @property
+    def world_size(self) -> int:
+        """GPUs in the job: dp x tp x pp x cp (EP is carved out of dp x cp)."""
+        return self.dp * self.tp * self.pp * self.cp
+
+    def replace(self, **changes) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,604 @@
+"""Training memory per GPU: parameters, gradients, optimizer states, master weights, activations.
+
+``estimate(model, train)`` returns a ``Breakdown`` whose fields are **bytes per rank** (the
+heaviest pipeline stage unless ``stage=`` is given). Model states follow the ZeRO paper's analysis
+(formulas.md §2.3, §9.2) with exact parameter counts (GQA, SwiGLU, untied head, MoE total vs active,
+DeepSeek MLA) sharded by TP (Megatron column/row split, vocab-parallel embedding), PP (L/pp layers,
+embedding on the first stage, head on the last), EP (experts) and ZeRO 0-3 over dp x cp.
+Activations are summed from named saved-for-backward tensors of one transformer layer
+(``layer_terms``), so every number can be traced to a tensor; ``kernels="eager"`` describes this
+package's ``Transformer`` exactly as PyTorch runs it (validated on CPU against
+``torch.autograd.graph.saved_tensors_hooks``, ``mlsys_nb.measure``), ``kernels="fused"`` a GPU
+training stack (Korthikanti et al. 2022's accounting, formulas.md §8). TP shards the head-split and
+FFN-width terms; SP additionally shards the h-wide terms (norm inputs, dropout masks); the s^2
+attention terms are split over heads (/tp, with or without SP); CP divides everything by cp;
+PP multiplies by the schedule's in-flight micro-batches.
+
+``playbook_estimate(**inputs)`` ports the Ultra-Scale Playbook widget exactly (its bugs included,
+formulas.md §15); ``estimate(..., compat="playbook")`` shows it for a model/training pair. The
+default mode fixes those bugs (tests in ``tests/test_memory.py`` pin each fix).
+
+Units: bytes everywhere; ``GB = 1e9``, ``GiB = 2**30``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from .config import ModelConfig, TrainConfig, load_model_preset, model_presets
+
+__all__ = [
+    "ModelConfig", "TrainConfig", "preset", "presets", "ParamCount", "param_count", "ModelStates",
+    "model_state_bytes", "Breakdown", "estimate", "layer_terms", "playbook_estimate",
+    "playbook_inputs", "PLAYBOOK_PRESETS", "GB", "GiB", "format_playbook_bytes",
+]
+
+GB = 1e9
+GiB = 2.0**30
+
+# bytes per element: params, grads, fp32 master, one optimizer state, activations
+_PRECISION = {
+    "fp32": dict(param=4, grad=4, master=0, state=4, act=4),
+    "bf16-mixed": dict(param=2, grad=2, master=4, state=4, act=2),
+    "bf16-nomaster": dict(param=2, grad=2, master=0, state=4, act=2),
+    "fp8-te": dict(param=4, grad=4, master=0, state=4, act=2),
+    "fp8-dsv3": dict(param=1, grad=2 + 4, master=4, state=2, act=2),
+}
+_STATES = {"adam": 2, "adamw": 2, "sgd": 0, "sgd-momentum": 1, "adam-8bit": 2}
+
+
+def presets() -> list[str]:
+    """Names of the model presets in ``data/models.yaml``."""
+    return list(model_presets())
+
+
+def preset(name: str) -> ModelConfig:
+    """The ``ModelConfig`` of a preset (e.g. ``"llama-3.1-8b"``); the error lists valid names."""
+    return load_model_preset(name)
+
+
+# ---- parameter counts -----------------------------------------------------------------------
+def _mlp_params(m: ModelConfig, width: int) -> tuple[int, int]:
+    """(TP-sharded, replicated) parameters of one MLP of this width."""
+    mats = (3 if m.activation == "swiglu" else 2) * m.hidden * width
+    if not m.bias:
+        return mats, 0
+    col_bias = (2 if m.activation == "swiglu" else 1) * width
+    return mats + col_bias, m.hidden  # the row-parallel (down) bias is replicated
+
+
+def _attn_params(m: ModelConfig, tp: int) -> tuple[float, int]:
+    """(per-rank sharded part, replicated part) of one attention block under TP degree ``tp``."""
+    h, a, d = m.hidden, m.n_heads, m.head_dim
+    if m.kv_lora_rank:  # DeepSeek multi-head latent attention
+        dr, qr, kvr = m.rope_head_dim, m.q_lora_rank, m.kv_lora_rank
+        rep = (h * qr + qr if qr else 0) + h * (kvr + dr) + kvr
+        q = (qr if qr else h) * a * (d + dr)
+        shard = q + kvr * a * 2 * d + a * d * h
+        return shard / tp, rep
+    kv_heads_rank = m.n_kv_heads / tp if tp <= m.n_kv_heads else 1  # KV heads replicated past n_kv
+    shard = h * m.q_dim / tp + 2 * h * d * kv_heads_rank + m.q_dim * h / tp
+    rep = 0
+    if m.bias:
+        shard += m.q_dim / tp + 2 * d * kv_heads_rank
+        rep += h
+    return shard, rep
+
+
+def _norm_params(m: ModelConfig) -> int:
+    return m.hidden * (2 if (m.norm == "layernorm" and m.bias) else 1)
+
+
+def _layer_params(m: ModelConfig, i: int, *, tp: int = 1, ep: int = 1, active: bool = False) -> dict:
+    """Parameters of layer ``i`` held by one rank: ``dense`` (ZeRO over dp x cp) and ``expert``
+    (ZeRO over dp x cp / ep)."""
+    attn_shard, attn_rep = _attn_params(m, tp)
+    dense = attn_shard + attn_rep + 2 * _norm_params(m)
+    expert = 0.0
+    if m.is_moe and i >= m.n_dense_layers:
+        dense += m.hidden * m.n_experts  # router, replicated
+        sh, rep = _mlp_params(m, m.expert_ffn_hidden)
+        dense += m.n_shared_experts * (sh / tp + rep)
+        n_exp = m.top_k if active else m.n_experts / ep
+        expert = n_exp * (sh / tp + rep)
+    else:
+        sh, rep = _mlp_params(m, m.ffn_hidden)
+        dense += sh / tp + rep
+    return {"dense": dense, "expert": expert}
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Exact parameter counts (elements). ``active``: used per token (MoE: top-k routed experts);
+    ``embedding``/``head``: the vocabulary matrices (head 0 when tied); ``per_layer``: each layer."""
+
+    total: int
+    active: int
+    embedding: int
+    head: int
+    per_layer: tuple = ()
+
+    def __int__(self):
+        return self.total
+
+    @property
+    def non_embedding(self) -> int:
+        return self.total - self.embedding - self.head
+
+
+def param_count(model: ModelConfig) -> ParamCount:
+    """Exact parameter count of ``model`` as ``mlsys_nb.models.Transformer`` builds it (plus MLA
+    for DeepSeek presets, which the small Transformer does not build)."""
+    per = [_layer_params(model, i) for i in range(model.n_layers)]
+    per_active = [_layer_params(model, i, active=True) for i in range(model.n_layers)]
+    emb = model.vocab_size * model.hidden
+    head = 0 if model.tied_embeddings else emb
+    outside = emb + head + _norm_params(model)
+    total = outside + sum(p["dense"] + p["expert"] for p in per)
+    active = outside + sum(p["dense"] + p["expert"] for p in per_active)
+    return ParamCount(int(round(total)), int(round(active)), emb, head,
+                      tuple(int(round(p["dense"] + p["expert"])) for p in per))
+
+
+# ---- model states ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelStates:
+    """Bytes per rank of the model states (``int(x)`` / ``.total`` = their sum)."""
+
+    params: float
+    grads: float
+    optimizer: float
+    master: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.master
+
+    def __int__(self):
+        return int(round(self.total))
+
+    def __float__(self):
+        return float(self.total)
+
+
+def _bytes_per_param(precision: str, optimizer: str, fp32_grad_accum: bool, k: float | None) -> dict:
+    if precision not in _PRECISION:
+        raise ValueError(f"precision={precision!r}: allowed {tuple(_PRECISION)}")
+    if optimizer not in _STATES:
+        raise ValueError(f"optimizer={optimizer!r}: allowed {tuple(_STATES)}")
+    p = dict(_PRECISION[precision])
+    state = 1 if optimizer == "adam-8bit" else p["state"]
+    p["optimizer"] = float(k) if k is not None else _STATES[optimizer] * state
+    if fp32_grad_accum and precision != "fp8-dsv3":  # dsv3 already accumulates in fp32
+        p["grad"] += 4
+    return p
+
+
+def _sharded(n: float, group: int, on: bool) -> float:
+    """Elements one rank holds of ``n`` when ZeRO shards them over ``group`` (flat, padded)."""
+    return math.ceil(n / group) if (on and group > 1) else n
+
+
+def model_state_bytes(n_params: float, *, dp: int = 1, zero: int = 0, precision: str = "bf16-mixed",
+                      optimizer: str = "adam", fp32_grad_accum: bool = False,
+                      optimizer_bytes_per_param: float | None = None) -> ModelStates:
+    """Bytes per rank of params + grads + optimizer states (+ fp32 master) for ``n_params``
+    parameters replicated over ``dp`` ranks with ZeRO stage ``zero`` (ZeRO paper, formulas §2.3):
+    stage 1 shards optimizer states and master weights, 2 also gradients, 3 also parameters."""
+    if zero not in (0, 1, 2, 3):
+        raise ValueError(f"zero={zero}: allowed 0, 1, 2, 3")
+    if dp < 1:
+        raise ValueError(f"dp={dp}: allowed >= 1")
+    b = _bytes_per_param(precision, optimizer, fp32_grad_accum, optimizer_bytes_per_param)
+    return ModelStates(
+        params=b["param"] * _sharded(n_params, dp, zero >= 3),
+        grads=b["grad"] * _sharded(n_params, dp, zero >= 2),
+        optimizer=b["optimizer"] * _sharded(n_params, dp, zero >= 1),
+        master=b["master"] * _sharded(n_params, dp, zero >= 1),
+    )
+
+
+# ---- activations -------------------------------------------------------------------------------
+# A term: (name, bytes per token, how TP shards it). Kinds: "rep" = h-wide tensor replicated in the
+# TP group (sharded /tp only under SP); "tp" = head- or FFN-split (/tp); "s2" = per token x s
+# attention-score tensors (split over heads: /tp); "const" = per layer, not per token.
+def _norm_terms(m: ModelConfig, B: int, eager: bool, where: str) -> list:
+    h = m.hidden
+    if m.norm == "layernorm":  # native_layer_norm: input + mean + rstd (activation dtype on CPU)
+        stats = 2 * (B if eager else 4)
+        return [(f"{where} norm input", B * h, "rep"), (f"{where} norm mean+rstd", stats, "rep")]
+    if not eager:  # fused RMSNorm: input + fp32 rstd
+        return [(f"{where} norm input", B * h, "rep"), (f"{where} norm rstd", 4, "rep")]
+    # nn.RMSNorm as PyTorch decomposes it: input, its fp32 upcast, fp32 rstd, fp32 normalized x
+    t = [(f"{where} norm input", B * h, "rep")]
+    if B != 4:
+        t.append((f"{where} norm fp32 input", 4 * h, "rep"))
+    return t + [(f"{where} norm rstd", 4, "rep"), (f"{where} norm normalized (fp32)", 4 * h, "rep")]
+
+
+def layer_terms(model: ModelConfig, train: TrainConfig, *, layer: int | None = None,
+                recompute: str | None = None) -> list[tuple[str, float]]:
+    """Named saved-for-backward tensors of one transformer layer for one micro-batch on one rank:
+    ``[(name, bytes), ...]`` after TP/SP/CP division. ``recompute`` overrides ``train.recompute``
+    (``"none"`` gives the full working set of one layer)."""
+    m, t = model, train
+    rc = recompute or t.recompute
+    layer = m.n_layers - 1 if layer is None else layer
+    B = _PRECISION[t.precision]["act"]
+    M = 1 if t.device == "cuda" else B
+    eager = t.kernels == "eager"
+    h, a, d = m.hidden, m.n_heads, m.head_dim
+    s_local = t.seq_len / t.cp
+    tokens = t.micro_batch * s_local
+    if rc == "full":  # only the block input is kept (Megatron shards it under SP)
+        return [("layer input (full recompute)", B * h * tokens / (t.tp if t.sp else 1))]
+    drop = m.dropout > 0
+    q_w = a * d
+    kv_w = q_w if (eager or m.kv_lora_rank) else m.n_kv_heads * d  # eager repeats KV heads for GQA
+    v_w = q_w if (eager or m.kv_lora_rank) else m.n_kv_heads * d
+    if m.kv_lora_rank:  # MLA: q and k carry the decoupled RoPE part
+        q_w = kv_w = a * (d + m.rope_head_dim)
+    terms = _norm_terms(m, B, eager, "attention")
+    terms += [("attention input (q/k/v proj)", B * h, "rep"),
+              ("q", B * q_w, "tp"), ("k", B * kv_w, "tp"), ("v", B * v_w, "tp")]
+    core = []
+    if t.flash_attention:
+        core += [("attention output (flash)", B * a * d, "tp"), ("softmax log-sum-exp (fp32)", 4 * a, "tp")]
+    else:
+        core += [("softmax output", B * a * t.seq_len, "s2")]
+        if drop:
+            core += [("attention dropout mask", M * a * t.seq_len, "s2"),
+                     ("attention dropout output", B * a * t.seq_len, "s2")]
+        if eager:
+            core += [("causal mask (bool, per layer)", t.seq_len * s_local, "const")]
+    if rc == "none":
+        terms += core
+    terms += [("output projection input", B * a * d, "tp")]
+    if drop:
+        terms += [("attention output dropout mask", M * h, "rep")]
+    terms += _norm_terms(m, B, eager, "mlp")
+    terms += [("mlp input", B * h, "rep")]
+    moe = m.is_moe and layer >= m.n_dense_layers
+
+    def ffn(width: float, name: str, scale: float = 1.0):
+        if m.activation == "swiglu":  # gate out (SiLU input), SiLU out, up out, product (down input)
+            return [(f"{name} SwiGLU gate/silu/up/product", scale * 4 * B * width, "tp")]
+        if m.activation == "gelu":  # GELU input, GELU output (down input)
+            return [(f"{name} GELU input/output", scale * 2 * B * width, "tp")]
+        return [(f"{name} ReLU output", scale * B * width, "tp")]
+
+    if moe:  # approximate: router probs (fp32-ish), k gathered token copies, routed expert FFNs
+        terms += [("router logits/probs", 2 * B * m.n_experts, "rep"),
+                  ("routed token copies", m.top_k * B * h, "rep")]
+        terms += ffn(m.expert_ffn_hidden, "routed experts", m.top_k)  # T*k token slots per EP rank
+        if m.n_shared_experts:
+            terms += ffn(m.expert_ffn_hidden, "shared experts", m.n_shared_experts)
+    else:
+        terms += ffn(m.ffn_hidden, "mlp")
+    if drop:
+        terms += [("mlp output dropout mask", M * h, "rep")]
+    out = []
+    for name, per_tok, kind in terms:
+        if kind == "const":
+            out.append((name, per_tok))
+            continue
+        div = t.tp if (kind in ("tp", "s2") or t.sp) else 1
+        out.append((name, per_tok * tokens / div))
+    return out
+
+
+def _outside_terms(m: ModelConfig, t: TrainConfig, first: bool, last: bool) -> list[tuple[str, float]]:
+    B = _PRECISION[t.precision]["act"]
+    M = 1 if t.device == "cuda" else B
+    tokens = t.micro_batch * t.seq_len / t.cp
+    sp = t.tp if t.sp else 1
+    vp = t.tp if (t.vocab_parallel and t.tp > 1) else 1
+    terms = []
+    if first:
+        terms.append(("input token ids (int64)", 8 * tokens))
+        if m.dropout > 0:
+            terms.append(("embedding dropout mask", M * m.hidden * tokens / sp))
+    if last:
+        terms += [(n, b * tokens / sp) for n, b, _ in _norm_terms(m, B, t.kernels == "eager", "final")]
+        terms += [("LM head input", B * m.hidden * tokens / sp),
+                  ("cross-entropy log-probs (fp32)", 4 * m.vocab_size * tokens / vp),
+                  ("target ids (int64)", 8 * tokens), ("loss", 4.0)]
+    return terms
+
+
+def _in_flight(t: TrainConfig, stage: int) -> float:
+    """Micro-batches (in units of one micro-batch through a whole stage) whose activations a
+    stage holds at its peak, per schedule (formulas §4.5)."""
+    p, m, v = t.pp, t.microbatches, t.virtual_stages
+    if p == 1:
+        return 1.0
+    s = t.pp_schedule
+    if s == "afab":
+        return float(m)
+    if s in ("1f1b", "zb-h1"):
+        return float(min(m, p - stage))
+    if s == "zb-h2":
+        return float(min(m, 2 * (p - stage) - 1))
+    if s == "zbv":
+        return float(min(m, p))
+    # interleaved 1F1B (Megatron): warm-up chunks (p - i - 1)*2 + (v - 1)*p + 1, v chunks per stage
+    return min(float(m), ((p - stage - 1) * 2 + (v - 1) * p + 1) / v)
+
+
+# ---- the breakdown ---------------------------------------------------------------------------
+@dataclass
+class Breakdown:
+    """Memory of one rank, in bytes. ``params``/``grads``/``optimizer``/``master`` are the model
+    states (``master`` 0 where not used; ``grads`` includes an fp32 accumulation buffer if asked);
+    ``activations`` = ``activations_layers`` (all layers on this rank x in-flight micro-batches) +
+    ``activations_outside`` (embedding, final norm, head, loss); ``temporary``: transient buffers at
+    the peak (ZeRO-3 gathered layers, recompute working set or logits gradient); ``overhead``:
+    ``train.overhead_bytes``; ``total`` their sum. ``fits`` compares ``total`` with the GPU."""
+
+    params: float
+    grads: float
+    optimizer: float
+    master: float
+    activations: float
+    activations_per_layer: float
+    activations_layers: float
+    activations_outside: float
+    temporary: float
+    overhead: float
+    total: float
+    n_params_rank: float  # parameters this rank holds before ZeRO sharding (elements)
+    n_params_total: int
+    n_params_active: int
+    layers: int  # transformer layers on this rank
+    in_flight: float  # micro-batches held by the PP schedule
+    stage: int
+    gpu: str
+    gpu_memory: float
+    mode: str = "default"
+    terms: list = field(default_factory=list, repr=False)  # one layer's (name, bytes)
+    detail: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.gpu_memory
+
+    def fits_on(self, gpu_name: str) -> bool:
+        from . import hardware
+
+        return self.total <= hardware.gpu(gpu_name).memory_bytes
+
+    @property
+    def model_states(self) -> float:
+        return self.params + self.grads + self.optimizer + self.master
+
+    def to_frame(self):
+        """A table of the components (bytes, GB = 1e9 B, GiB = 2**30 B)."""
+        import pandas as pd
+
+        rows = [("parameters", self.params), ("gradients", self.grads), ("optimizer states", self.optimizer),
+                ("master weights", self.master), ("activations (layers)", self.activations_layers),
+                ("activations (outside layers)", self.activations_outside), ("temporary buffers", self.temporary),
+                ("overhead", self.overhead), ("total", self.total)]
+        df = pd.DataFrame(rows, columns=["component", "bytes"])
+        df["GB"] = df["bytes"] / GB
+        df["GiB"] = df["bytes"] / GiB
+        return df.set_index("component")
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("terms")
+        d.pop("detail")
+        return d
+
+
+def check(model: ModelConfig, train: TrainConfig) -> None:
+    """Raise ``ValueError`` naming the parameter for impossible combinations."""
+    m, t = model, train
+    if m.n_heads % t.tp:
+        raise ValueError(f"tp={t.tp} must divide n_heads={m.n_heads} (attention heads are split across TP ranks)")
+    if not m.kv_lora_rank and t.tp > 1 and m.n_kv_heads % t.tp and t.tp % m.n_kv_heads:
+        raise ValueError(f"tp={t.tp} and n_kv_heads={m.n_kv_heads}: one must divide the other (KV heads split or replicated)")
+    if m.ffn_hidden % t.tp or (m.is_moe and m.expert_ffn_hidden % t.tp):
+        raise ValueError(f"tp={t.tp} must divide the FFN width ffn_hidden={m.ffn_hidden}")
+    if m.n_layers % (t.pp * t.virtual_stages):
+        raise ValueError(f"pp={t.pp} x virtual_stages={t.virtual_stages} must divide n_layers={m.n_layers}")
+    if t.seq_len % t.cp:
+        raise ValueError(f"cp={t.cp} must divide seq_len={t.seq_len}")
+    if t.sp and t.seq_len // t.cp % t.tp:
+        raise ValueError(f"with sp=True, tp={t.tp} must divide the local sequence length {t.seq_len // t.cp}")
+    if t.ep > 1:
+        if not m.is_moe:
+            raise ValueError(f"ep={t.ep} needs a mixture-of-experts model (n_experts > 0)")
+        if m.n_experts % t.ep:
+            raise ValueError(f"ep={t.ep} must divide n_experts={m.n_experts}")
+        if (t.dp * t.cp) % t.ep:
+            raise ValueError(f"ep={t.ep} must divide dp x cp = {t.dp * t.cp} (experts are sharded over data-parallel ranks)")
+    if t.seq_len > m.seq_len and t.kernels == "eager":
+        raise ValueError(f"seq_len={t.seq_len} exceeds the model's seq_len={m.seq_len}")
+    if t.pp > 1 and t.microbatches < 1:
+        raise ValueError("n_microbatches must be >= 1")
+
+
+def _stage_params(m: ModelConfig, t: TrainConfig, stage: int) -> tuple[float, float, float, int]:
+    """(dense, expert, largest layer) parameters on ``stage`` per TP/EP rank, and its layer count."""
+    per = m.n_layers // t.pp
+    layers = range(stage * per, (stage + 1) * per)
+    dense = expert = 0.0
+    largest = 0.0
+    for i in layers:
+        lp = _layer_params(m, i, tp=t.tp, ep=t.ep)
+        dense += lp["dense"]
+        expert += lp["expert"]
+        largest = max(largest, lp["dense"] + lp["expert"])
+    vshard = math.ceil(m.vocab_size / t.tp) * m.hidden
+    if stage == 0:
+        dense += vshard
+    if stage == t.pp - 1:
+        dense += _norm_params(m) + (vshard if (not m.tied_embeddings or t.pp > 1) else 0)
+    return dense, expert, largest, per
+
+
+def estimate(model: ModelConfig, train: TrainConfig | None = None, *, stage: int | None = None,
+             compat: str | None = None) -> Breakdown:
+    """Memory per rank of training ``model`` with ``train`` (bytes; see ``Breakdown``).
+
+    ``stage``: which pipeline stage to report (default: the one with the largest total).
+    ``compat="playbook"``: the Ultra-Scale Playbook widget's numbers for the same inputs (bugs
+    included; see ``playbook_inputs`` for the mapping)."""
+    from . import hardware
+
+    t = train or TrainConfig()
+    if compat is not None:
+        if compat != "playbook":
+            raise ValueError(f"compat={compat!r}: allowed None or 'playbook'")
+        return _playbook_breakdown(model, t)
+    check(model, t)
+    if stage is not None and not 0 <= stage < t.pp:
+        raise ValueError(f"stage={stage}: allowed 0..{t.pp - 1}")
+    gpu = hardware.gpu(t.gpu)
+    bpp = _bytes_per_param(t.precision, t.optimizer, t.fp32_grad_accum, t.optimizer_bytes_per_param)
+    pc = param_count(model)
+    zgroup = t.dp * t.cp
+    egroup = zgroup // t.ep
+    results = []
+    for st in ([stage] if stage is not None else range(t.pp)):
+        dense, expert, largest, nlay = _stage_params(model, t, st)
+        states = {}
+        for key, zmin in (("param", 3), ("grad", 2), ("optimizer", 1), ("master", 1)):
+            n = _sharded(dense, zgroup, t.zero >= zmin) + _sharded(expert, egroup, t.zero >= zmin)
+            states[key] = bpp[key] * n
+        per_layer_terms = layer_terms(model, t)
+        per_layer = sum(b for _, b in per_layer_terms)
+        first_layer = stage_layer = st * nlay
+        acts_layers = sum(sum(b for _, b in layer_terms(model, t, layer=i))
+                          for i in range(first_layer, first_layer + nlay))
+        fl = _in_flight(t, st)
+        acts_layers *= fl
+        outside = _outside_terms(model, t, st == 0, st == t.pp - 1)
+        acts_out = sum(b for _, b in outside) * (fl if st == 0 else 1.0)
+        # transient buffers at the peak
+        temp = {}
+        if t.zero >= 3 and zgroup > 1:  # current + prefetched gathered layer
+            temp["ZeRO-3 gathered layers (2 x largest)"] = 2 * largest * bpp["param"]
+        if t.recompute != "none":
+            work = sum(b for _, b in layer_terms(model, t, layer=stage_layer, recompute="none"))
+            kept = sum(b for _, b in layer_terms(model, t, layer=stage_layer))
+            temp["recompute working set (one layer)"] = work - kept if t.recompute == "selective" else work
+        if st == t.pp - 1:
+            vp = t.tp if (t.vocab_parallel and t.tp > 1) else 1
+            B = _PRECISION[t.precision]["act"]
+            temp["logits + their gradient"] = (4 + B) * model.vocab_size * t.micro_batch * t.seq_len / t.cp / vp
+        temporary = temp.get("ZeRO-3 gathered layers (2 x largest)", 0.0) + max(
+            temp.get("recompute working set (one layer)", 0.0), temp.get("logits + their gradient", 0.0))
+        acts = acts_layers + acts_out
+        total = sum(states.values()) + acts + temporary + t.overhead_bytes
+        results.append(Breakdown(
+            params=states["param"], grads=states["grad"], optimizer=states["optimizer"], master=states["master"],
+            activations=acts, activations_per_layer=per_layer, activations_layers=acts_layers,
+            activations_outside=acts_out, temporary=temporary, overhead=t.overhead_bytes, total=total,
+            n_params_rank=dense + expert, n_params_total=pc.total, n_params_active=pc.active, layers=nlay,
+            in_flight=fl, stage=st, gpu=t.gpu, gpu_memory=gpu.memory_bytes, terms=per_layer_terms,
+            detail={"temporary": temp, "outside": outside},
+        ))
+    return max(results, key=lambda r: r.total)
+
+
+# ---- the Ultra-Scale Playbook widget, exactly (formulas.md §15) ------------------------------
+PLAYBOOK_PRESETS = {
+    "Llama 3 Tiny": dict(a=16, b=3, h=1024, h_ff=4096, L=1, s=7, v=30522, k=8, tp=1, zero="1", dp=1,
+                         mixed=True, recomputation="none", ff_activation="gelu", seq_parallel=False),
+    "Llama 3 8B": dict(a=32, b=32, h=4096, h_ff=16384, L=32, s=256, v=30522, k=8, tp=1, zero="1", dp=1,
+                       mixed=True, recomputation="none", ff_activation="swiglu", seq_parallel=False),
+    "Llama 3 70B": dict(a=64, b=32, h=8192, h_ff=32768, L=80, s=256, v=30522, k=8, tp=8, zero="1", dp=8,
+                        mixed=True, recomputation="none", ff_activation="swiglu", seq_parallel=False),
+    "Llama 3 405B": dict(a=128, b=32, h=16384, h_ff=65536, L=126, s=256, v=30522, k=8, tp=8, zero="1", dp=8,
+                         mixed=True, recomputation="none", ff_activation="swiglu", seq_parallel=False),
+}
+PLAYBOOK_INITIAL = dict(a=8, b=32, h=512, h_ff=2048, L=12, s=128, v=30522, k=8, tp=8, zero="0", dp=1,
+                        mixed=True, recomputation="none", ff_activation="relu", seq_parallel=False)
+
+
+def format_playbook_bytes(n: float) -> str:
+    """The widget's ``formatBytes``: divides by 1024**i but prints KB/MB/GB/TB (they are KiB...)."""
+    if n == 0:
+        return "0 Bytes"
+    sizes = ["Bytes", "KB", "MB", "GB", "TB"]
+    i = int(math.floor(math.log(n) / math.log(1024)))
+    return f"{n / 1024 ** i:.2f} {sizes[i]}"
+
+
+def playbook_estimate(*, a=8, b=32, h=512, h_ff=2048, L=12, s=128, v=30522, tp=8, k=8, dp=1, mixed=True,
+                      seq_parallel=False, recomputation="none", zero=0, ff_activation="relu") -> dict:
+    """The Playbook widget's numbers exactly (``src/memory.js``; bugs included, formulas §15.3).
+
+    Returns bytes: ``activations`` (with its parts), ``parameters``, ``gradients``, ``optimizer``,
+    ``total``, the widget's parameter count ``N`` and ``shown`` (its label: GiB printed as "GB")."""
+    if recomputation not in ("none", "selective", "full"):
+        raise ValueError(f"recomputation={recomputation!r}: allowed none, selective, full")
+    if ff_activation not in ("relu", "gelu", "swiglu"):
+        raise ValueError(f"ff_activation={ff_activation!r}: allowed relu, gelu, swiglu")
+    zero = int(zero)  # the widget passes a string; JS coerces it in >=
+    B = 2 if mixed else 4
+    X = 1 / tp if seq_parallel else 1
+    sbh = s * b * h
+    if recomputation in ("none", "full"):
+        if seq_parallel:
+            attn = sbh / tp * (5 * B + 1) + (2 * B + 1) * a * s * s * b  # bug: s^2 term not / tp
+        else:
+            attn = sbh * (4 * B / tp + B + 1) + (2 * B + 1) * a * s * s * b / tp
+    else:
+        attn = sbh / tp * (5 * B + 1) if seq_parallel else sbh * (4 * B / tp + B + 1)
+    ff = {"relu": sbh * B * X + s * b * h_ff * B / tp + sbh * X,
+          "gelu": sbh * B * X + 2 * s * b * h_ff * B / tp + sbh * X,
+          "swiglu": sbh * B * X + 4 * s * b * h_ff * B / tp + sbh * X}[ff_activation]
+    ln = sbh * B * X
+    parts = {"dropout": sbh * X, "output layernorm": sbh * B * X, "output projection": sbh * B * X,
+             "cross entropy": 4 * s * b * v * X}
+    if recomputation == "full":
+        parts = {"layer inputs": sbh * B * L, **parts}  # bug: never divided by tp
+        layers = 0.0
+    else:
+        layers = L * (attn + ff + 2 * ln)
+        parts = {"attention": L * attn, "feedforward": L * ff, "layernorm": L * 2 * ln, **parts}
+    act = layers + sum(v_ for k_, v_ in parts.items() if k_ not in ("attention", "feedforward", "layernorm"))
+    N = h * (v + s) + L * (12 * h * h + 13 * h) + 2 * h
+    kk = k + 4 if mixed else k
+    bpp = 2 if mixed else 4
+    params = bpp * N / dp if zero >= 3 else bpp * N
+    grads = bpp * N / dp if zero >= 2 else bpp * N
+    opt = kk * N / dp if zero >= 1 else kk * N
+    total = act + params + grads + opt
+    return dict(N=N, activations=act, activation_parts=parts, parameters=params, gradients=grads,
+                optimizer=opt, total=total, shown=format_playbook_bytes(total),
+                shown_activations=format_playbook_bytes(act))
+
+
+def playbook_inputs(model: ModelConfig, train: TrainConfig) -> dict:
+    """Map a model/training pair to the widget's inputs (what the widget can express of them)."""
+    mixed = train.precision != "fp32"
+    k = train.optimizer_bytes_per_param
+    if k is None:
+        k = _bytes_per_param(train.precision, train.optimizer, False, None)["optimizer"] * (4 / _PRECISION[train.precision]["state"])
+    return dict(a=model.n_heads, b=train.micro_batch, h=model.hidden, h_ff=model.ffn_hidden, L=model.n_layers,
+                s=train.seq_len, v=model.vocab_size, tp=train.tp, k=k, dp=train.dp, mixed=mixed,
+                seq_parallel=train.sp, recomputation=train.recompute, zero=train.zero,
+                ff_activation=model.activation)
+
+
+def _playbook_breakdown(model: ModelConfig, train: TrainConfig) -> Breakdown:
+    from . import hardware
+
+    r = playbook_estimate(**playbook_inputs(model, train))
+    n = r["N"]
+    return Breakdown(
+        params=r["parameters"], grads=r["gradients"], optimizer=r["optimizer"], master=0.0,
+        activations=r["activations"], activations_per_layer=float("nan"),
+        activations_layers=r["activations"] - sum(v for k, v in r["activation_parts"].items()
+                                                  if k in ("dropout", "output layernorm", "output projection",
+                                                           "cross entropy")),
+        activations_outside=sum(v for k, v in r["activation_parts"].items()
+                                if k in ("dropout", "output layernorm", "output projection", "cross entropy")),
+        temporary=0.0, overhead=0.0, total=r["total"], n_params_rank=n, n_params_total=n, n_params_active=n,
+        layers=model.n_layers, in_flight=1.0, stage=0, gpu=train.gpu,
+        gpu_memory=hardware.gpu(train.gpu).memory_bytes, mode="playbook", detail={"playbook": r},
+    )
