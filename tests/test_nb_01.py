@@ -1,0 +1,11 @@
+"""Notebook 01 under papermill with non-default world sizes (the defaults run under nbval)."""
+import pytest
+
+from nbrun import run_notebook
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 8])
+def test_first_distributed_program_other_world_sizes(world_size):
+    run_notebook("01_first_distributed_program.ipynb", world_size=world_size, quick=True)
