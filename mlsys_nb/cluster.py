@@ -49,16 +49,13 @@ import ast
 import atexit
 import datetime
 import faulthandler
-import io
 import linecache
-import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
 import re
 import shlex
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -69,7 +66,6 @@ import cloudpickle
 
 __all__ = ["Cluster", "RankError", "RankTimeout", "current", "load_ipython_extension"]
 
-_PRELOAD = ["torch", "torch.distributed", "mlsys_nb.cluster"]
 _clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 _current: "weakref.ref[Cluster] | None" = None
 
@@ -106,91 +102,61 @@ class RankTimeout(RankError):
 # --------------------------------------------------------------------------------------------
 # helpers shared by both sides
 # --------------------------------------------------------------------------------------------
-def _loopback_interface() -> str:
-    names = [name for _, name in socket.if_nameindex()] if hasattr(socket, "if_nameindex") else []
-    for name in names:
-        if name == "lo" or name.startswith("lo"):
-            return name
-    return "lo"
-
-
-def _resolve_backend(backend, world_size):
-    try:
-        from .launch import resolve_backend
-    except ImportError:  # TEMPORARY until the launcher lands
-        import torch
-
-        if backend not in ("auto", "gloo", "nccl"):
-            raise ValueError(f"backend must be auto, gloo or nccl, got {backend!r}")
-        if backend == "auto":
-            return "nccl" if torch.cuda.device_count() >= world_size else "gloo"
-        return backend
-    return resolve_backend(backend, world_size)
-
-
-def _rank_device():
-    from .launch import device
-
-    return device()
+from .launch import (HOST, _check_int, _check_seconds, _context, _die_with_parent,
+                     _open_store, _without_main_module, device, resolve_backend, run_on_rank)
 
 
 # --------------------------------------------------------------------------------------------
 # rank side
 # --------------------------------------------------------------------------------------------
-def _die_with_parent():
-    """Ask Linux to SIGKILL this rank when its parent (the forkserver) exits."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:  # pragma: no cover - best effort
-        pass
-
-
-def _rank_main(rank, world_size, backend, store_port, prefix, conn, pg_timeout_s, num_threads,
-               workdir, kernel_pid):
-    _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _rank_main(rank, world_size, backend, store_port, conn, pg_timeout_s, num_threads, workdir):
+    """Entry point of a rank process: join the group, then serve the kernel's requests."""
+    _die_with_parent()  # the forkserver exits with the kernel, so the rank does too
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel decides: it restarts the ranks
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR=HOST,
                       MASTER_PORT=str(store_port))
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
-    os.environ.setdefault("NCCL_SOCKET_IFNAME", _loopback_interface())
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(num_threads)
+    if sys.platform.startswith("linux"):  # gloo/NCCL sockets on loopback only
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     stack_file = open(os.path.join(workdir, f"rank{rank}.stack"), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     out = open(os.path.join(workdir, f"rank{rank}.out"), "w+", encoding="utf-8", errors="replace")
+    ready = []
+
+    def on_ready():
+        conn.send_bytes(cloudpickle.dumps(("ready", os.getpid())))
+        ready.append(True)
+
     try:
+        import torch.distributed as dist
+
         timeout = datetime.timedelta(seconds=pg_timeout_s)
-        store = dist.PrefixStore(prefix, dist.TCPStore("127.0.0.1", store_port, is_master=False,
-                                                       timeout=timeout))
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=timeout)
-        ns = {"__name__": "__rank__", "rank": rank, "world_size": world_size, "dist": dist,
-              "torch": torch, "device": _rank_device()}
+        store = dist.TCPStore(HOST, store_port, is_master=False, timeout=timeout)
+        run_on_rank(_serve_forever, (conn, out), {}, rank=rank, world_size=world_size,
+                    local_rank=rank, backend=backend, timeout=pg_timeout_s, threads=num_threads,
+                    store=store, on_ready=on_ready)
     except BaseException:
-        conn.send_bytes(cloudpickle.dumps(("fail", traceback.format_exc())))
-        return
-    conn.send_bytes(cloudpickle.dumps(("ready", os.getpid())))
+        if not ready:
+            conn.send_bytes(cloudpickle.dumps(("fail", traceback.format_exc())))
+
+
+def _serve_forever(conn, out):
+    """The rank's loop: one request in, one reply out, until "stop" or the kernel is gone."""
+    import torch
+    import torch.distributed as dist
+
+    ns = {"__name__": "__rank__", "rank": dist.get_rank(), "world_size": dist.get_world_size(),
+          "dist": dist, "torch": torch, "device": device()}
     while True:
         try:
             message = conn.recv_bytes()
         except (EOFError, OSError):
-            break
+            return
         op, payload = cloudpickle.loads(message)
         if op == "stop":
-            break
+            return
         conn.send_bytes(_serve(op, payload, ns, out))
-    try:
-        dist.destroy_process_group()
-    except Exception:
-        pass
 
 
 def _exec_cell(source, filename, ns):
@@ -248,12 +214,6 @@ def _serve(op, payload, ns, out):
 # --------------------------------------------------------------------------------------------
 # kernel side
 # --------------------------------------------------------------------------------------------
-def _context():
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)  # no effect if the forkserver already runs
-    return ctx
-
-
 def _kill(procs, timeout=5.0):
     for p in procs:
         if p.is_alive():
@@ -265,22 +225,20 @@ def _kill(procs, timeout=5.0):
         p.join(timeout)
 
 
-def _finalize(procs, conns, store_sock, workdir):
+def _finalize(procs, conns, store, workdir):
     for c in conns:
         try:
             c.close()
         except Exception:
             pass
     _kill(procs)
-    try:
-        store_sock.close()
-    except Exception:
-        pass
+    store.clear()  # the last reference: the TCPStore server closes its port
     shutil.rmtree(workdir, ignore_errors=True)
 
 
 _FRAME = re.compile(r'^(\s*File "(.+)", line (\d+) in .*)$')
 _HIDE = (os.sep + "multiprocessing" + os.sep, os.path.join("mlsys_nb", "cluster.py"),
+         os.path.join("mlsys_nb", "launch.py"),
          "c10d_logger.py", "<string>")
 
 
@@ -319,22 +277,19 @@ class Cluster:
 
     def __init__(self, world_size=4, backend="auto", timeout=60.0, *, num_threads=1,
                  error_grace=3.0, pg_timeout=None, start_timeout=120.0):
-        if not isinstance(world_size, int) or not 1 <= world_size <= 256:
-            raise ValueError(f"world_size must be an int in 1..256, got {world_size!r}")
+        _check_int("world_size", world_size, 1)
         for name, value in (("timeout", timeout), ("error_grace", error_grace),
                             ("start_timeout", start_timeout)):
-            if not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-        if not isinstance(num_threads, int) or num_threads < 1:
-            raise ValueError(f"num_threads must be an int >= 1, got {num_threads!r}")
+            _check_seconds(name, value)
+        _check_int("num_threads", num_threads, 1)
+        if pg_timeout is not None:
+            _check_seconds("pg_timeout", pg_timeout)
         self.world_size = world_size
-        self.backend = _resolve_backend(backend, world_size)
+        self.backend = resolve_backend(backend, world_size)
         self.timeout = float(timeout)
         self.num_threads = num_threads
         self.error_grace = float(error_grace)
         self.pg_timeout = float(pg_timeout if pg_timeout is not None else timeout + 30.0)
-        if not self.pg_timeout > 0:
-            raise ValueError(f"pg_timeout must be a positive number of seconds, got {pg_timeout!r}")
         self.start_timeout = float(start_timeout)
         self.last_error: RankError | None = None
         self.restarts = 0
@@ -342,18 +297,9 @@ class Cluster:
         self._procs: list = []
         self._conns: list = []
         self._workdir = tempfile.mkdtemp(prefix="mlsys_nb_cluster_")
-        # The rendezvous store lives in the kernel, on a socket bound to 127.0.0.1 only
-        # (TCPStore's own server would listen on every interface).
-        self._store_sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._store_sock.bind(("127.0.0.1", 0))
-        self._store_sock.listen(256)
-        import torch.distributed as dist
-
-        port = self._store_sock.getsockname()[1]
-        self._store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                                    master_listen_fd=self._store_sock.fileno(), use_libuv=True)
+        self._store: list = []  # the rendezvous TCPStore of the current ranks (127.0.0.1 only)
         self._finalizer = weakref.finalize(self, _finalize, self._procs, self._conns,
-                                           self._store_sock, self._workdir)
+                                           self._store, self._workdir)
         self._start()
         _clusters.add(self)
         global _current
@@ -362,18 +308,19 @@ class Cluster:
     # ---- lifecycle ---------------------------------------------------------------------------
     def _start(self):
         ctx = _context()
-        port = self._store_sock.getsockname()[1]
-        prefix = f"gen{self.restarts}/"
         t0 = time.perf_counter()
-        for r in range(self.world_size):
-            parent, child = ctx.Pipe(duplex=True)
-            p = ctx.Process(target=_rank_main, name=f"mlsys_nb-rank{r}", daemon=True,
-                            args=(r, self.world_size, self.backend, port, prefix, child,
-                                  self.pg_timeout, self.num_threads, self._workdir, os.getpid()))
-            p.start()
-            child.close()
-            self._procs.append(p)
-            self._conns.append(parent)
+        self._store[:] = [_open_store(self.start_timeout)]  # a fresh store per generation
+        port = self._store[0].port
+        with _without_main_module():  # a script's __main__ is not re-imported in each rank
+            for r in range(self.world_size):
+                parent, child = ctx.Pipe(duplex=True)
+                p = ctx.Process(target=_rank_main, name=f"mlsys_nb-rank{r}", daemon=True,
+                                args=(r, self.world_size, self.backend, port, child,
+                                      self.pg_timeout, self.num_threads, self._workdir))
+                p.start()
+                child.close()
+                self._procs.append(p)
+                self._conns.append(parent)
         failures = {}
         deadline = time.monotonic() + self.start_timeout
         for r, c in enumerate(self._conns):
@@ -477,25 +424,28 @@ class Cluster:
                 ready = mpc.wait(list(pending) + [s for s, r in sentinels.items()
                                                   if r in pending.values()], remaining)
                 for obj in ready:
-                    if obj in pending:
-                        r = pending[obj]
-                        try:
-                            status, text, detail = cloudpickle.loads(obj.recv_bytes())
-                        except (EOFError, OSError):
-                            continue  # the sentinel reports the exit
-                        del pending[obj]
-                        outputs[r] = text
-                        if status == "ok":
-                            results[r] = detail
-                        else:
-                            errors[r] = detail
-                    elif obj in sentinels and sentinels[obj] in pending.values():
+                    r = pending.get(obj)
+                    if r is None:  # a process sentinel: read its last reply or record the exit
                         r = sentinels[obj]
-                        conn = self._conns[r]
-                        if conn.poll(0):  # the reply arrived just before the exit
+                        obj = self._conns[r]
+                        if obj not in pending:
                             continue
-                        del pending[conn]
+                    try:
+                        status, text, detail = cloudpickle.loads(obj.recv_bytes()) \
+                            if obj.poll(0) else (None, None, None)
+                    except (EOFError, OSError):
+                        status = None
+                    if status is None:  # the rank process is gone
+                        self._procs[r].join(1.0)
                         exits[r] = self._procs[r].exitcode
+                        del pending[obj]
+                        continue
+                    del pending[obj]
+                    outputs[r] = text
+                    if status == "ok":
+                        results[r] = detail
+                    else:
+                        errors[r] = detail
                 if (errors or exits) and first_error_deadline is None:
                     first_error_deadline = time.monotonic() + self.error_grace
         except KeyboardInterrupt:
