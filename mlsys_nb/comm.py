@@ -1,0 +1,448 @@
+"""The cost of communication: closed-form bytes, α-β time models, algbw/busbw, fits and sweeps.
+
+Conventions (formulas.md §1):
+
+- ``nbytes`` (``S``) is the size nccl-tests uses: the tensor for all_reduce/broadcast/reduce, the
+  **full** array for all_gather (output) and reduce_scatter (input), one rank's send buffer for
+  all_to_all.
+- α-β model [Thakur]: ``T = k_alpha(n) * alpha + k_beta(n) * S / beta`` with ``alpha`` the
+  per-message latency (seconds) and ``beta`` the per-direction link bandwidth (bytes/s);
+  :func:`cost_coefficients` gives ``(k_alpha, k_beta)`` per op and algorithm.
+- ``algbw = S / t``, ``busbw = algbw * busbw_factor(op, n)`` [NCCLT]; busbw approaches the link
+  rate whatever the op and world size.
+
+Pure functions (no processes): :func:`busbw_factor`, :func:`algbw`, :func:`busbw`,
+:func:`ring_bytes_sent`, :func:`tree_bytes_sent`, :func:`recursive_doubling_bytes_sent`,
+:func:`bytes_sent_per_rank`, :func:`cost_coefficients`, :func:`collective_time`,
+:func:`fit_alpha_beta`, :func:`crossover_bytes`, :class:`AlphaBeta`.
+Measurements: :func:`memcpy_bandwidth` (this process) and :func:`sweep` (real ranks via
+``mlsys_nb.launch``, returns a pandas DataFrame).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
+ALGORITHMS = {
+    "all_reduce": ("ring", "tree", "binomial_tree", "recursive_doubling", "rabenseifner"),
+    "all_gather": ("ring", "recursive_doubling"),
+    "reduce_scatter": ("ring", "recursive_halving"),
+    "all_to_all": ("pairwise",),
+    "broadcast": ("binomial_tree", "pipelined_chain"),
+    "reduce": ("binomial_tree", "pipelined_chain"),
+}
+
+
+def _check_n(n) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n (world size) must be an int >= 1, got {n!r}")
+    return int(n)
+
+
+def _check_op(op: str) -> str:
+    if op not in OPS:
+        raise ValueError(f"op={op!r} is not known: choose one of {list(OPS)}")
+    return op
+
+
+def _log2ceil(n: int) -> int:
+    return (n - 1).bit_length()  # ceil(log2 n) for n >= 1
+
+
+# ----------------------------------------------------------------------------- busbw [NCCLT]
+def busbw_factor(op: str, n: int) -> float:
+    """nccl-tests' bus-bandwidth factor: ``2(n-1)/n`` for all_reduce, ``(n-1)/n`` for all_gather,
+    reduce_scatter and all_to_all, ``1`` for broadcast and reduce."""
+    _check_op(op)
+    n = _check_n(n)
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+def algbw(nbytes: float, seconds: float) -> float:
+    """Algorithm bandwidth ``S / t`` in bytes/s (S as in nccl-tests: see the module docstring)."""
+    if seconds <= 0:
+        raise ValueError(f"seconds must be > 0, got {seconds}")
+    return nbytes / seconds
+
+
+def busbw(op: str, nbytes: float, seconds: float, n: int) -> float:
+    """Bus bandwidth in bytes/s: ``algbw * busbw_factor(op, n)``."""
+    return algbw(nbytes, seconds) * busbw_factor(op, n)
+
+
+# ----------------------------------------------------------------------------- bytes per rank
+def _chunk_sizes(numel: int, n: int) -> list[int]:
+    base, extra = divmod(int(numel), n)
+    return [base + (1 if i < extra else 0) for i in range(n)]
+
+
+def ring_bytes_sent(op: str, numel: int, n: int, rank: int, element_size: int = 4) -> int:
+    """Exact bytes rank ``rank`` sends in the ring algorithms of ``mlsys_nb.collectives`` for a
+    tensor of ``numel`` elements (chunks cut like ``torch.tensor_split``).
+
+    all_reduce: every chunk but its own in the reduce-scatter phase and every chunk but chunk
+    ``rank+1`` in the all-gather phase: ``(numel - c_r) + (numel - c_{r+1})`` elements, which is
+    ``2(n-1)/n * numel`` when ``n`` divides ``numel``. reduce_scatter (``numel`` = full input):
+    ``numel - c_r``. all_gather (``numel`` = full output): every chunk but chunk ``rank+1``,
+    ``numel - c_{r+1}``. Both are ``(n-1)/n * numel`` when ``n`` divides ``numel``.
+    """
+    n = _check_n(n)
+    if not 0 <= rank < n:
+        raise ValueError(f"rank={rank} is out of range: allowed [0, {n - 1}]")
+    c = _chunk_sizes(numel, n)
+    if n == 1:
+        return 0
+    if op == "all_reduce":
+        return (2 * numel - c[rank] - c[(rank + 1) % n]) * element_size
+    if op == "reduce_scatter":
+        return (numel - c[rank]) * element_size
+    if op == "all_gather":
+        return (numel - c[(rank + 1) % n]) * element_size
+    raise ValueError(f"op={op!r}: the ring is defined here for all_reduce, reduce_scatter, all_gather")
+
+
+def _tree_children(vr: int, n: int) -> int:
+    low = vr & -vr if vr else 1 << _log2ceil(n)
+    return sum(1 for k in range(_log2ceil(n) + 1) if (1 << k) < low and vr + (1 << k) < n)
+
+
+def tree_bytes_sent(nbytes: int, n: int, rank: int, root: int = 0, phase: str = "all_reduce") -> int:
+    """Exact bytes ``rank`` sends in the binomial tree: the whole tensor once to its parent in the
+    reduce (not the root), and once to each child in the broadcast. ``phase``: ``"reduce"``,
+    ``"broadcast"`` or ``"all_reduce"`` (both). Summed over ranks each phase moves ``(n-1) S``."""
+    n = _check_n(n)
+    vr = (rank - root) % n
+    up = nbytes if vr != 0 else 0
+    down = nbytes * _tree_children(vr, n)
+    return {"reduce": up, "broadcast": down, "all_reduce": up + down}[phase]
+
+
+def recursive_doubling_bytes_sent(nbytes: int, n: int, rank: int) -> int:
+    """Exact bytes ``rank`` sends in recursive doubling: ``log2(p)·S`` for the ``p`` (largest power
+    of two <= n) active ranks; with ``rem = n - p``, even ranks below ``2·rem`` send ``S`` once
+    (fold) and odd ones send ``S`` once more (unfold)."""
+    n = _check_n(n)
+    p = 1 << (n.bit_length() - 1)
+    rem = n - p
+    steps = p.bit_length() - 1
+    if rank < 2 * rem:
+        return nbytes if rank % 2 == 0 else (steps + 1) * nbytes
+    return steps * nbytes
+
+
+def bytes_sent_per_rank(op: str, nbytes: float, n: int, algorithm: str = "ring") -> float:
+    """The textbook per-rank volume (formulas.md §1.2): ring all_reduce ``2(n-1)/n·S``; ring
+    all_gather / reduce_scatter and pairwise all_to_all ``(n-1)/n·S``; recursive doubling
+    all_reduce ``log2(n)·S`` (n a power of two); broadcast/reduce ≈ ``S`` (pipelined chain)."""
+    _check_op(op)
+    n = _check_n(n)
+    if op == "all_reduce" and algorithm in ("ring", "rabenseifner"):
+        return 2 * (n - 1) / n * nbytes
+    if op == "all_reduce" and algorithm == "recursive_doubling":
+        return math.log2(n) * nbytes
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n * nbytes
+    if op in ("broadcast", "reduce") and algorithm == "pipelined_chain":
+        return float(nbytes)
+    raise ValueError(f"no single per-rank volume for op={op!r}, algorithm={algorithm!r} "
+                     "(the tree's differs per rank: use tree_bytes_sent)")
+
+
+# ----------------------------------------------------------------------------- α-β model [Thakur]
+def cost_coefficients(op: str, algorithm: str, n: int) -> tuple[float, float]:
+    """``(k_alpha, k_beta)`` with ``T = k_alpha·α + k_beta·S/β``.
+
+    all_reduce: ring ``(2(n-1), 2(n-1)/n)``; tree (pipelined, NCCL-like) ``(2⌈log2 n⌉, 2)``;
+    binomial_tree (unpipelined reduce + broadcast) ``(2⌈log2 n⌉, 2⌈log2 n⌉)``;
+    recursive_doubling ``(L, L)`` with ``L = log2 p + 2·[n != p]`` (``p`` = largest power of two
+    <= n: fold and unfold cost one extra step each); rabenseifner (recursive halving + doubling)
+    ``(2⌈log2 n⌉, 2(n-1)/n)``. all_gather / reduce_scatter: ring ``(n-1, (n-1)/n)``, recursive
+    doubling / halving ``(⌈log2 n⌉, (n-1)/n)``. all_to_all pairwise ``(n-1, (n-1)/n)``.
+    broadcast / reduce: binomial_tree ``(⌈log2 n⌉, ⌈log2 n⌉)``, pipelined_chain (many pieces)
+    ``(n-1, 1)``.
+    """
+    _check_op(op)
+    n = _check_n(n)
+    if algorithm not in ALGORITHMS[op]:
+        raise ValueError(f"algorithm={algorithm!r} is not modelled for {op}: choose one of {list(ALGORITHMS[op])}")
+    lg = _log2ceil(n)
+    ring = (n - 1) / n
+    if op == "all_reduce":
+        if algorithm == "ring":
+            return 2.0 * (n - 1), 2 * ring
+        if algorithm == "tree":
+            return 2.0 * lg, 2.0
+        if algorithm == "binomial_tree":
+            return 2.0 * lg, 2.0 * lg
+        if algorithm == "recursive_doubling":
+            p = 1 << (n.bit_length() - 1)
+            steps = (p.bit_length() - 1) + (2 if p != n else 0)
+            return float(steps), float(steps)
+        return 2.0 * lg, 2 * ring  # rabenseifner
+    if op in ("all_gather", "reduce_scatter"):
+        return (float(n - 1), ring) if algorithm == "ring" else (float(lg), ring)
+    if op == "all_to_all":
+        return float(n - 1), ring
+    return (float(lg), float(lg)) if algorithm == "binomial_tree" else (float(n - 1), 1.0)
+
+
+def collective_time(op: str, nbytes: float, n: int, alpha: float, beta: float,
+                    algorithm: str = "ring") -> float:
+    """Predicted seconds for one collective: ``k_alpha·alpha + k_beta·nbytes/beta``.
+    ``alpha`` in seconds per message, ``beta`` in bytes/s per direction."""
+    if alpha < 0 or beta <= 0:
+        raise ValueError(f"need alpha >= 0 s and beta > 0 B/s, got alpha={alpha}, beta={beta}")
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    ka, kb = cost_coefficients(op, algorithm, n)
+    return ka * alpha + kb * nbytes / beta
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """A link in the α-β model: ``alpha_s`` (seconds per message), ``beta_bytes_per_s``."""
+
+    alpha_s: float
+    beta_bytes_per_s: float
+
+    @classmethod
+    def from_link(cls, name: str) -> "AlphaBeta":
+        """From ``data/hardware.yaml``: its latency and per-direction bandwidth."""
+        from .hardware import link
+
+        ln = link(name)
+        return cls(ln.latency_s, ln.per_direction_bytes_per_s)
+
+    def time(self, op: str, nbytes, n: int, algorithm: str = "ring"):
+        """Seconds (array-friendly in ``nbytes``)."""
+        ka, kb = cost_coefficients(op, algorithm, n)
+        return ka * self.alpha_s + kb * np.asarray(nbytes, dtype=float) / self.beta_bytes_per_s
+
+
+def crossover_bytes(n: int, alpha: float, beta: float, op: str = "all_reduce",
+                    a: str = "ring", b: str = "tree") -> float | None:
+    """Message size (bytes) where algorithms ``a`` and ``b`` take equal time, or ``None`` if one is
+    faster (or equal) at every size. Ring vs pipelined tree all-reduce: ``S* = n(n-1-⌈log2 n⌉)αβ``;
+    the tree wins below ``S*``, the ring above."""
+    ka_a, kb_a = cost_coefficients(op, a, n)
+    ka_b, kb_b = cost_coefficients(op, b, n)
+    if kb_a == kb_b:
+        return None
+    s = (ka_a - ka_b) * alpha * beta / (kb_b - kb_a)
+    return s if s > 0 else None
+
+
+@dataclass(frozen=True)
+class AlphaBetaFit:
+    """Result of :func:`fit_alpha_beta`; ``model`` predicts seconds for any size."""
+
+    alpha_s: float
+    beta_bytes_per_s: float
+    op: str
+    algorithm: str
+    n: int
+    max_rel_error: float  # on the points it was fitted to
+    median_rel_error: float
+
+    @property
+    def model(self) -> AlphaBeta:
+        return AlphaBeta(self.alpha_s, self.beta_bytes_per_s)
+
+    def predict(self, nbytes):
+        return self.model.time(self.op, nbytes, self.n, self.algorithm)
+
+    def rel_error(self, nbytes, seconds) -> np.ndarray:
+        """``|predicted - measured| / measured`` per point."""
+        seconds = np.asarray(seconds, dtype=float)
+        return np.abs(self.predict(nbytes) - seconds) / seconds
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def fit_alpha_beta(nbytes, seconds, op: str = "all_reduce", n: int = 2,
+                   algorithm: str = "ring") -> AlphaBetaFit:
+    """Fit α (s) and β (B/s) of ``T = k_alpha·α + k_beta·S/β`` to measured ``(nbytes, seconds)``.
+
+    Minimises the squared *relative* error (sizes span decades, so absolute least squares would
+    ignore the small messages) with α >= 0 and 1/β >= 0 (non-negative least squares).
+    Needs at least two distinct sizes."""
+    from scipy.optimize import nnls
+
+    s = np.asarray(nbytes, dtype=float)
+    t = np.asarray(seconds, dtype=float)
+    if s.shape != t.shape or s.ndim != 1 or len(np.unique(s)) < 2:
+        raise ValueError("nbytes and seconds must be 1-D, the same length, with >= 2 distinct sizes")
+    if np.any(t <= 0):
+        raise ValueError("seconds must all be > 0")
+    ka, kb = cost_coefficients(op, algorithm, n)
+    design = np.stack([np.full_like(s, ka), kb * s], axis=1) / t[:, None]
+    (alpha, inv_beta), _ = nnls(design, np.ones_like(t))
+    beta = 1.0 / inv_beta if inv_beta > 0 else math.inf
+    fit = AlphaBetaFit(float(alpha), float(beta), op, algorithm, int(n), 0.0, 0.0)
+    err = fit.rel_error(s, t)
+    return AlphaBetaFit(float(alpha), float(beta), op, algorithm, int(n),
+                        float(err.max()), float(np.median(err)))
+
+
+# ----------------------------------------------------------------------------- measurements
+@dataclass(frozen=True)
+class MemcpyBandwidth:
+    """Copy bandwidth ``nbytes / t`` (bytes/s; each byte is read once and written once)."""
+
+    nbytes: int
+    median_bytes_per_s: float
+    q25_bytes_per_s: float
+    q75_bytes_per_s: float
+    repeats: int
+
+
+def memcpy_bandwidth(nbytes: int = 64 << 20, repeats: int = 9, warmup: int = 2, device=None) -> MemcpyBandwidth:
+    """Measure ``dst.copy_(src)`` into a preallocated tensor of ``nbytes`` bytes (median of
+    ``repeats``). This is the physical ceiling for moving bytes between ranks on one machine:
+    every shared-memory or loopback transfer is at least one such copy."""
+    import torch
+
+    if nbytes < 1 or repeats < 1:
+        raise ValueError(f"need nbytes >= 1 and repeats >= 1, got {nbytes}, {repeats}")
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    src = torch.ones(nbytes // 4 or 1, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    size = src.numel() * 4
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times = []
+    for i in range(warmup + repeats):
+        sync()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        sync()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    bw = size / np.asarray(times)
+    return MemcpyBandwidth(size, float(np.median(bw)), float(np.percentile(bw, 25)),
+                           float(np.percentile(bw, 75)), repeats)
+
+
+IMPLEMENTATIONS = {
+    "all_reduce": ("torch", "ring", "tree", "recursive_doubling"),
+    "all_gather": ("torch", "ring"),
+    "reduce_scatter": ("torch", "ring"),
+    "all_to_all": ("torch", "pairwise"),
+    "broadcast": ("torch", "tree"),
+}
+
+
+def _make_call(op, impl, nbytes, n, device, dtype, comm):
+    """A zero-argument callable doing one collective of ``nbytes`` (nccl-tests' S) and the bytes
+    actually used (rounded to whole elements divisible by n where the op needs it)."""
+    import torch
+    import torch.distributed as dist
+
+    from . import collectives as C
+
+    # torch 2.13 renamed the *_tensor forms to *_single (the old names warn)
+    _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    esize = torch.empty((), dtype=dtype).element_size()
+    numel = max(1, int(nbytes) // esize)
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        numel = max(n, numel - numel % n)
+    x = torch.zeros(numel, dtype=dtype, device=device)
+    if op == "all_reduce":
+        fns = {"torch": lambda: dist.all_reduce(x), "ring": lambda: C.ring_all_reduce(x, comm),
+               "tree": lambda: C.tree_all_reduce(x, comm),
+               "recursive_doubling": lambda: C.recursive_doubling_all_reduce(x, comm)}
+    elif op == "all_gather":
+        inp = torch.zeros(numel // n, dtype=dtype, device=device)
+        fns = {"torch": lambda: _all_gather_single(x, inp), "ring": lambda: C.ring_all_gather(inp, comm)}
+    elif op == "reduce_scatter":
+        out = torch.empty(numel // n, dtype=dtype, device=device)
+        fns = {"torch": lambda: _reduce_scatter_single(out, x), "ring": lambda: C.ring_reduce_scatter(x, comm)}
+    elif op == "all_to_all":
+        out = torch.empty_like(x)
+        fns = {"torch": lambda: dist.all_to_all_single(out, x), "pairwise": lambda: C.pairwise_all_to_all(x, comm)}
+    elif op == "broadcast":
+        fns = {"torch": lambda: dist.broadcast(x, 0), "tree": lambda: C.tree_broadcast(x, comm)}
+    else:
+        raise ValueError(f"op={op!r} cannot be swept: choose one of {list(IMPLEMENTATIONS)}")
+    if impl not in fns:
+        raise ValueError(f"impl={impl!r} is not available for {op}: choose one of {list(fns)}")
+    return fns[impl], numel * esize
+
+
+def _sweep_worker(cases, warmup: int, repeats: int, dtype_name: str):
+    """Runs on every rank: times each (op, impl, nbytes) case. A barrier precedes every timed
+    call (never inside it); on CUDA the clock is read after a synchronize."""
+    import torch
+    import torch.distributed as dist
+
+    from . import collectives as C
+    from .launch import device as _device
+
+    dev = _device()
+    dtype = getattr(torch, dtype_name)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    comm = C.CountingComm(count=False)
+    n = dist.get_world_size()
+    out = []
+    for op, impl, nbytes in cases:
+        fn, used = _make_call(op, impl, nbytes, n, dev, dtype, comm)
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - t0)
+        out.append((op, impl, int(nbytes), used, times))
+    return out
+
+
+def sweep(ops=("all_reduce",), sizes=(1 << 10, 1 << 16, 1 << 20), world_sizes=(2, 4),
+          impls=("torch",), backend: str = "auto", warmup: int = 2, repeats: int = 5,
+          dtype: str = "float32", timeout: float = 120.0, progress: bool = True):
+    """Benchmark collectives on real ranks: one ``mlsys_nb.launch`` per world size.
+
+    ``sizes`` are nccl-tests' S in bytes; ``impls`` picks ``"torch"`` (``torch.distributed``'s
+    own) and/or the from-scratch algorithms (see ``IMPLEMENTATIONS``; pairs that do not exist are
+    skipped). The time of one call is the slowest rank's (per iteration), summarised over
+    ``repeats`` by median and quartiles. Returns a DataFrame with columns ``op, impl, backend,
+    world_size, bytes, median_s, q25_s, q75_s, min_s, algbw_Bps, busbw_Bps, repeats``.
+    """
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    from .launch import launch, resolve_backend
+
+    for op in ops:
+        if op not in IMPLEMENTATIONS:
+            raise ValueError(f"op={op!r} cannot be swept: choose one of {list(IMPLEMENTATIONS)}")
+    if warmup < 0 or repeats < 1:
+        raise ValueError(f"need warmup >= 0 and repeats >= 1, got {warmup}, {repeats}")
+    cases = [(op, impl, int(s)) for op in ops for impl in impls if impl in IMPLEMENTATIONS[op] for s in sizes]
+    if not cases:
+        raise ValueError(f"no (op, impl) pair to run among ops={ops}, impls={impls}")
+    rows = []
+    for ws in tqdm(list(world_sizes), desc="world sizes", disable=not progress):
+        be = resolve_backend(backend, ws)
+        per_rank = launch(_sweep_worker, ws, args=(cases, warmup, repeats, dtype), backend=backend,
+                          timeout=timeout)
+        for i, (op, impl, _, used, _) in enumerate(per_rank[0]):
+            t = np.max(np.array([r[i][4] for r in per_rank]), axis=0)  # slowest rank per iteration
+            med = float(np.median(t))
+            rows.append(dict(op=op, impl=impl, backend=be, world_size=ws, bytes=used, median_s=med,
+                             q25_s=float(np.percentile(t, 25)), q75_s=float(np.percentile(t, 75)),
+                             min_s=float(t.min()), algbw_Bps=algbw(used, med),
+                             busbw_Bps=busbw(op, used, med, ws), repeats=repeats))
+    return pd.DataFrame(rows)
