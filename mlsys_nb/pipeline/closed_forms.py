@@ -1,0 +1,59 @@
+"""Closed forms for pipeline bubbles and activation memory (formulas.md §4.2–§4.5).
+
+``closed_form(name, p, m, v, F, B, W, FB)`` returns what the formulas predict for the quantities the
+simulator measures, in the simulator's units (costs per micro-batch over L/p layers; activations in
+micro-batches × L/p layers). Keys that a formula does not cover for these inputs are ``None``.
+
+- ``bubble_time`` = makespan − busy time of a rank.
+- ``bubble_ratio`` = bubble_time / busy ("bubble/ideal", Megatron and the Playbook: (p−1)/m for 1F1B);
+  ``bubble_fraction`` = bubble_time / makespan (idle fraction, the zero-bubble README: (p−1)/(m+p−1)).
+- ``internal_idle`` = idle time inside each rank's busy span (0 for ZB-H2 and ZBV at equal costs).
+- ``peak_activations`` = per rank, max in-flight activations.
+"""
+from __future__ import annotations
+
+from .schedules import check_args
+
+
+def closed_form(name: str, p: int, m: int, v: int | None = None, F: float = 1.0, B: float = 1.0,
+                W: float | None = None, FB: float | None = None) -> dict:
+    """Formula values for schedule ``name`` (see the module docstring); costs as in ``simulate``."""
+    v = check_args(name, p, m, v)
+    Wc = W or 0.0
+    b_full = B + Wc  # whole backward
+    busy = m * (F + b_full)  # every rank does m micro-batches over L/p layers (DualPipe: 2 copies, m total)
+    out = {"bubble_time": None, "internal_idle": None, "peak_activations": None}
+    equal = W is not None and F == B == W
+    if name in ("gpipe", "1f1b"):
+        out["bubble_time"] = (p - 1) * (F + b_full)
+        out["peak_activations"] = [m] * p if name == "gpipe" else [min(p - r, m) for r in range(p)]
+    elif name == "interleaved-1f1b":
+        out["bubble_time"] = (p - 1) * (F + b_full) / v
+        # rank 0: p + (p−1)/v [PTD-P]; rank r: one more than its warm-up forwards, in chunks of 1/v
+        out["peak_activations"] = [min(2 * (p - r - 1) + (v - 1) * p + 1, m * v) / v for r in range(p)]
+    elif name == "zb-h1":
+        if m >= p:  # the zero-bubble paper's ZB1P bubble; needs a full warm-up
+            out["bubble_time"] = (p - 1) * (F + B - Wc)
+        out["peak_activations"] = [min(p - r, m) for r in range(p)]
+    elif name == "zb-h2":
+        out["peak_activations"] = [min(2 * p - 1 - 2 * r, m) for r in range(p)]
+        if equal and m >= 2 * p - 1:
+            out["internal_idle"] = [0.0] * p
+            out["bubble_time"] = (p - 1) * F  # only the start-offset parallelogram remains
+    elif name == "zbv":
+        out["peak_activations"] = [float(p)] * p if m >= 2 * p - 1 else None  # 2p half-size chunks
+        if equal and m >= 2 * p - 1:
+            out["internal_idle"] = [0.0] * p
+            out["bubble_time"] = (p - 1) * F / 2
+    elif name in ("dualpipe", "dualpipev"):
+        # DeepSeek's table: (PP/2 − 1)(F&B + B − 3W) per chunk; exact when F&B = F + B_full, W = F.
+        n, w = (p // 2, 1.0) if name == "dualpipe" else (p, 0.5)
+        fb = F + b_full if FB is None else FB
+        if W is not None and fb == F + b_full and Wc == F:
+            out["bubble_time"] = (n - 1) * (fb + b_full - 3 * Wc) * w
+        chunks = p + 1 if name == "dualpipe" else 2 * p + 1
+        out["peak_activations"] = [chunks * w] * p
+    bt = out["bubble_time"]
+    out["bubble_ratio"] = None if bt is None else bt / busy
+    out["bubble_fraction"] = None if bt is None else bt / (busy + bt)
+    return out
