@@ -65,6 +65,9 @@ def _rank_checks(sizes):
     return result
 
 
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module", params=WORLD_SIZES, ids=lambda w: f"world{w}")
 def runs(request):
     sizes = [int(s) for s in torch.randint(1, 50, (4,), generator=torch.Generator().manual_seed(request.param))]

@@ -170,3 +170,10 @@ def compare_implementations(impls=IMPLEMENTATIONS, optimizers=("adamw", "sgd"), 
             for impl, r in runs.items()
         }
     return out
+
+
+def max_differences(impls=("ddp", "zero1", "zero2", "zero3"), optimizer: str = "adamw", steps: int = 2) -> dict:
+    """Rank function for ``torchrun -m mlsys_nb.run mlsys_nb.parallel.dp_runs:max_differences``:
+    {impl: max |parameter - single-process parameter|} after ``steps`` steps."""
+    out = compare_implementations(impls=impls, optimizers=(optimizer,), steps=steps)
+    return {impl: r["max_diff_single"] for impl, r in out["results"][optimizer].items()}
