@@ -209,11 +209,9 @@ def _norm_terms(m: ModelConfig, B: int, eager: bool, where: str) -> list:
         return [(f"{where} norm input", B * h, "rep"), (f"{where} norm mean+rstd", stats, "rep")]
     if not eager:  # fused RMSNorm: input + fp32 rstd
         return [(f"{where} norm input", B * h, "rep"), (f"{where} norm rstd", 4, "rep")]
-    # nn.RMSNorm as PyTorch decomposes it: input, its fp32 upcast, fp32 rstd, fp32 normalized x
-    t = [(f"{where} norm input", B * h, "rep")]
-    if B != 4:
-        t.append((f"{where} norm fp32 input", 4 * h, "rep"))
-    return t + [(f"{where} norm rstd", 4, "rep"), (f"{where} norm normalized (fp32)", 4 * h, "rep")]
+    # nn.RMSNorm as PyTorch decomposes it: fp32 upcast of the input, fp32 rstd, fp32 normalized x
+    return [(f"{where} norm input (fp32 upcast)", 4 * h, "rep"), (f"{where} norm rstd", 4, "rep"),
+            (f"{where} norm normalized (fp32)", 4 * h, "rep")]
 
 
 def layer_terms(model: ModelConfig, train: TrainConfig, *, layer: int | None = None,
@@ -267,10 +265,11 @@ def layer_terms(model: ModelConfig, train: TrainConfig, *, layer: int | None = N
             return [(f"{name} GELU input/output", scale * 2 * B * width, "tp")]
         return [(f"{name} ReLU output", scale * B * width, "tp")]
 
-    if moe:  # approximate: router probs (fp32-ish), k gathered token copies, routed expert FFNs
-        terms += [("router logits/probs", 2 * B * m.n_experts, "rep"),
-                  ("routed token copies", m.top_k * B * h, "rep")]
-        terms += ffn(m.expert_ffn_hidden, "routed experts", m.top_k)  # T*k token slots per EP rank
+    if moe:  # dense dispatch as in mlsys_nb.models.MoE; T*k token slots per rank, also under EP
+        k = m.top_k
+        terms += [("router probs, top-k ids and weights", B * m.n_experts + 8 * k + B * (k + 1), "rep"),
+                  ("routed token ids, inputs, outputs, weights", k * (8 + 3 * B * h + B), "rep")]
+        terms += ffn(m.expert_ffn_hidden, "routed experts", k)
         if m.n_shared_experts:
             terms += ffn(m.expert_ffn_hidden, "shared experts", m.n_shared_experts)
     else:

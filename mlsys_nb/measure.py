@@ -1,0 +1,158 @@
+"""Measure training memory of the real small transformer (CPU or GPU), to validate
+``mlsys_nb.memory.estimate``.
+
+- ``saved_activation_bytes(model, tokens, targets)``: bytes of the unique storages autograd saves
+  for backward during one forward (``torch.autograd.graph.saved_tensors_hooks``; parameters and
+  buffers excluded), attributed to the layer that first saved them.
+- ``measure_activations(model_cfg, train_cfg)``: the same for a fresh ``Transformer`` built with
+  the training config's recompute mode, attention path (``flash_attention`` -> SDPA, else explicit
+  matmuls) and dtype (fp32, or bf16 for the 16-bit precisions).
+- ``measure_model_states(model_cfg, precision)``: bytes of parameters, gradients, optimizer states
+  and fp32 master weights after one real optimizer step, summed over the real tensors.
+
+CPU caveats (pitfalls.md, formulas §8.3): dropout masks are saved in the activation dtype (not as
+1-byte masks); SDPA with dropout > 0 falls back to a math path that upcasts bf16 to fp32, so measure
+dropout runs with ``flash_attention=False``; compare with ``estimate`` under
+``kernels="eager", device="cpu"`` (``cpu_setting``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import ModelConfig, TrainConfig
+from .models import Transformer
+
+__all__ = ["SavedBytes", "saved_activation_bytes", "measure_activations", "measure_model_states",
+           "cpu_setting", "torch_dtype"]
+
+
+def torch_dtype(precision: str) -> torch.dtype:
+    """Activation/parameter dtype of the small model for a ``TrainConfig.precision``."""
+    return torch.float32 if precision in ("fp32", "fp8-te") else torch.bfloat16
+
+
+def cpu_setting(train: TrainConfig) -> TrainConfig:
+    """The training config that describes this package's Transformer as run here on CPU."""
+    return train.replace(kernels="eager", device="cpu")
+
+
+@dataclass
+class SavedBytes:
+    """Saved-for-backward bytes (unique storages): ``total``, ``per_layer`` (list, by block),
+    ``outside`` (embedding, final norm, head, loss) and the ``records`` (label, shape, dtype, bytes)."""
+
+    total: int
+    per_layer: list
+    outside: int
+    records: list = field(repr=False, default_factory=list)
+
+
+def saved_activation_bytes(model: Transformer, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> SavedBytes:
+    """Run one forward of ``model`` on ``tokens`` (loss if ``targets``) and count the storages
+    saved for backward. Returns the output's graph alive only inside; nothing is backpropagated."""
+    skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    skip |= {b.untyped_storage().data_ptr() for b in model.buffers()}
+    seen: dict[int, int] = {}
+    records = []
+    where = ["outside"]
+
+    def pack(t):
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+        if ptr not in skip and ptr not in seen:
+            seen[ptr] = st.nbytes()
+            records.append([where[0], tuple(t.shape), str(t.dtype).replace("torch.", ""), st.nbytes(), ptr])
+        return t
+
+    block_inputs: dict[int, str] = {}  # a full-recompute checkpoint saves its block's input late
+
+    def enter(i, args):
+        where[0] = f"layer {i}"
+        block_inputs[args[0].untyped_storage().data_ptr()] = f"layer {i}"
+
+    handles = [blk.register_forward_pre_hook(lambda mod, args, i=i: enter(i, args))
+               for i, blk in enumerate(model.blocks)]
+    handles.append(model.norm.register_forward_pre_hook(lambda mod, args: where.__setitem__(0, "outside")))
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = model(tokens, targets)
+        del out
+    finally:
+        for hd in handles:
+            hd.remove()
+    for r in records:  # a full-recompute checkpoint packs its input before the block is entered
+        r[0] = block_inputs.get(r.pop(), r[0])
+    records = [tuple(r) for r in records]
+    per_layer = [sum(r[3] for r in records if r[0] == f"layer {i}") for i in range(len(model.blocks))]
+    outside = sum(r[3] for r in records if r[0] == "outside")
+    return SavedBytes(total=sum(seen.values()), per_layer=per_layer, outside=outside, records=records)
+
+
+def measure_activations(model_cfg: ModelConfig, train: TrainConfig, *, seed: int = 0,
+                        device: str | torch.device = "cpu") -> SavedBytes:
+    """Saved-for-backward bytes of a fresh ``Transformer(model_cfg)`` for one micro-batch of
+    ``train`` (recompute mode, attention path, dtype), with random tokens and targets."""
+    if train.tp * train.pp * train.cp * train.ep != 1:
+        raise ValueError("measure_activations runs one unsharded model: use tp = pp = cp = ep = 1")
+    torch.manual_seed(seed)
+    impl = "sdpa" if train.flash_attention else "matmul"
+    with torch.device(device):
+        model = Transformer(model_cfg, recompute=train.recompute, attn_impl=impl).to(torch_dtype(train.precision))
+    model.train()
+    g = torch.Generator().manual_seed(seed)
+    shape = (train.micro_batch, train.seq_len)
+    tokens = torch.randint(0, model_cfg.vocab_size, shape, generator=g).to(device)
+    targets = torch.randint(0, model_cfg.vocab_size, shape, generator=g).to(device)
+    return saved_activation_bytes(model, tokens, targets)
+
+
+def _unique_bytes(tensors) -> int:
+    seen = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def measure_model_states(model_cfg: ModelConfig, precision: str = "bf16-mixed", optimizer: str = "adam", *,
+                         seed: int = 0, micro_batch: int = 2, seq_len: int = 16) -> dict:
+    """Bytes of params, grads, optimizer states and fp32 master weights after one real training
+    step of ``Transformer(model_cfg)``. Mixed precision is done by hand as in Micikevicius et al.:
+    bf16 model and gradients, an fp32 master copy that the fp32 optimizer updates, copied back.
+    Optimizer step counters (one scalar per tensor) are reported separately as ``step_counters``."""
+    opts = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
+            "sgd-momentum": lambda p, lr: torch.optim.SGD(p, lr=lr, momentum=0.9),
+            "sgd": lambda p, lr: torch.optim.SGD(p, lr=lr)}
+    if optimizer not in opts:
+        raise ValueError(f"optimizer={optimizer!r}: allowed {tuple(opts)}")
+    mixed = {"fp32": False, "bf16-mixed": True}.get(precision)
+    if mixed is None:
+        raise ValueError(f"precision={precision!r}: measurable here: 'fp32', 'bf16-mixed'")
+    torch.manual_seed(seed)
+    model = Transformer(model_cfg).to(torch.bfloat16 if mixed else torch.float32).train()
+    params = list(model.parameters())  # unique (a tied head counts once)
+    master = [p.detach().float().clone().requires_grad_(True) for p in params] if mixed else params
+    opt = opts[optimizer](master, lr=1e-3)
+    x = torch.randint(0, model_cfg.vocab_size, (micro_batch, seq_len))
+    model(x, x).backward()
+    if mixed:
+        for p, mp in zip(params, master):
+            mp.grad = p.grad.float()  # transient fp32 copy for the update, freed below
+    opt.step()
+    if mixed:
+        with torch.no_grad():
+            for p, mp in zip(params, master):
+                p.copy_(mp)
+                mp.grad = None
+    states = [v for st in opt.state.values() for k, v in st.items() if torch.is_tensor(v) and k != "step"]
+    steps = [v for st in opt.state.values() for k, v in st.items() if torch.is_tensor(v) and k == "step"]
+    return {
+        "params": _unique_bytes(params),
+        "grads": _unique_bytes(p.grad for p in params if p.grad is not None),
+        "optimizer": _unique_bytes(states),
+        "master": _unique_bytes(master) if mixed else 0,
+        "step_counters": _unique_bytes(steps),
+        "n_params": sum(p.numel() for p in params),
+    }
