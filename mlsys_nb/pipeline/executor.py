@@ -1,0 +1,269 @@
+"""Run pipeline schedules on real ranks: real stages, real send/recv, a measured timeline per rank.
+
+The model is a stack of ``n_layers`` residual MLP blocks (``x + W2·gelu(W1·LayerNorm(x))``),
+cut into the schedule's ``n_stages`` consecutive stages. Every rank builds the same seeded model and
+keeps the stages it holds (DualPipe: two copies, stage r and stage p−1−r). The last stage's loss is
+the mean-squared error of its micro-batch divided by m, so the summed gradients equal those of the
+unpipelined model under the mean loss over micro-batches.
+
+Each rank walks ``schedule.actions[rank]`` in order:
+
+- ``RECV_F`` / ``RECV_B``: blocking ``dist.recv`` of an activation / a gradient (tag = op id);
+- ``F``: forward of one stage on one micro-batch, keeping (input, output) for the backward;
+- ``B`` full: ``torch.autograd.backward(out, grad)``, parameters' ``.grad`` accumulate;
+- ``B`` input-only (zero-bubble split): ``torch.autograd.grad(out, input, grad, retain_graph=True)``;
+- ``W``: ``torch.autograd.grad(out, params, grad)`` added into ``.grad`` (the weight-gradient half);
+- ``FB``: the forward, then the backward (no real overlap on CPU);
+- ``SEND_F`` / ``SEND_B``: ``dist.isend`` (asynchronous), all waited for at the end of the step.
+
+Note: the W op re-traverses the stage's graph to reach the weights, so on these small CPU models the
+split costs more compute than a fused backward; the order and the gradients are what is checked.
+
+``run_schedules(...)`` launches the ranks once and runs several schedules in sequence; it returns,
+per schedule, the largest absolute gradient difference from the unpipelined model and the measured
+timeline (seconds from the first op of the step).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from .schedules import SCHEDULES, Schedule, schedule, validate
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The toy model and batch: widths in elements, ``microbatch_size`` rows per micro-batch."""
+
+    hidden: int = 32
+    n_layers: int = 8
+    microbatch_size: int = 4
+    seed: int = 0
+
+
+def build_blocks(spec: ModelSpec):
+    """The full, unpipelined model as a ``torch.nn.ModuleList`` of residual MLP blocks (seeded)."""
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, h):
+            super().__init__()
+            self.norm = nn.LayerNorm(h)
+            self.up = nn.Linear(h, 2 * h)
+            self.down = nn.Linear(2 * h, h)
+
+        def forward(self, x):
+            return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+    torch.manual_seed(spec.seed)
+    return nn.ModuleList(Block(spec.hidden) for _ in range(spec.n_layers))
+
+
+def make_batch(spec: ModelSpec, m: int):
+    """Seeded inputs and targets, each of shape [m, microbatch_size, hidden]."""
+    import torch
+
+    g = torch.Generator().manual_seed(spec.seed + 1)
+    shape = (m, spec.microbatch_size, spec.hidden)
+    return torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+
+
+def reference_grads(spec: ModelSpec, m: int) -> tuple[dict, float]:
+    """Gradients of the unpipelined model for loss = mean over micro-batches of each one's MSE,
+    and that loss."""
+    import torch
+
+    blocks = build_blocks(spec)
+    x, y = make_batch(spec, m)
+    loss = 0.0
+    for j in range(m):
+        h = x[j]
+        for blk in blocks:
+            h = blk(h)
+        loss = loss + torch.nn.functional.mse_loss(h, y[j]) / m
+    loss.backward()
+    return {n: p.grad.clone() for n, p in blocks.named_parameters()}, loss.item()
+
+
+def _layers_of(sched: Schedule, spec: ModelSpec, stage: int) -> range:
+    if spec.n_layers % sched.n_stages:
+        raise ValueError(f"n_layers={spec.n_layers} must be a multiple of the {sched.n_stages} stages of {sched.name}")
+    k = spec.n_layers // sched.n_stages
+    return range(stage * k, (stage + 1) * k)
+
+
+def run_step(sched: Schedule, spec: ModelSpec) -> dict:
+    """Inside a rank: one training step of ``sched`` (no optimizer). Returns this rank's gradients
+    keyed by the unpipelined model's parameter names, its loss sum and its timeline rows
+    (kind, microbatch, chunk, stage, full, start_s, end_s) in ``time.perf_counter`` seconds."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    r, m, S = dist.get_rank(), sched.m, sched.n_stages
+    full_model = build_blocks(spec)
+    x_all, y_all = make_batch(spec, m)
+    # (path, stage) -> module made of that stage's blocks; DualPipe's two paths hold separate copies
+    mods = {}
+    for path, pl in enumerate(sched.placement):
+        for s, (rank, _chunk) in enumerate(pl):
+            if rank == r:
+                mods[(path, s)] = nn.Sequential(*[full_model[i] for i in _layers_of(sched, spec, s)])
+        full_model = build_blocks(spec) if path + 1 < len(sched.placement) else full_model
+    for mod in mods.values():
+        mod.zero_grad(set_to_none=True)
+
+    def tag(kind, mb, stage):
+        return ({"F": 0, "B": 1}[kind] * S + stage) * m + mb
+
+    def mod_of(mb, stage):
+        return mods[(sched.mb_path[mb], stage)]
+
+    acts, grads, saved, sends, rows, loss_sum = {}, {}, {}, [], [], 0.0
+    shape = (spec.microbatch_size, spec.hidden)
+
+    def forward(a):
+        nonlocal loss_sum
+        j, s = a.microbatch, a.stage
+        x = x_all[j] if s == 0 else acts.pop((j, s))
+        x = x.detach().requires_grad_(s > 0)
+        out = mod_of(j, s)(x)
+        if s == S - 1:
+            out = torch.nn.functional.mse_loss(out, y_all[j]) / m
+            loss_sum += out.item()
+        elif sched.rank_of(j, s + 1) == r:
+            acts[(j, s + 1)] = out.detach()
+        saved[(j, s)] = (x, out)
+
+    def backward(a):
+        j, s = a.microbatch, a.stage
+        x, out = saved[(j, s)]
+        g = None if s == S - 1 else grads.pop((j, s))
+        if a.full:
+            torch.autograd.backward(out, g)
+            saved.pop((j, s))
+            gx = x.grad if s > 0 else None
+        else:
+            gx = torch.autograd.grad(out, x, g, retain_graph=True)[0] if s > 0 else None
+            saved[(j, s)] = (x, out, g)
+        if s > 0:
+            grads[(j, s - 1)] = gx  # sent by SEND_B, or used here if stage s−1 is on this rank
+
+    def weight(a):
+        j, s = a.microbatch, a.stage
+        x, out, g = saved.pop((j, s))
+        params = list(mod_of(j, s).parameters())
+        for p, gp in zip(params, torch.autograd.grad(out, params, g)):
+            p.grad = gp if p.grad is None else p.grad + gp
+
+    run = {"F": forward, "B": backward, "W": weight}
+    dist.barrier()
+    for a in sched.actions[r]:
+        k = a.kind
+        if k == "RECV_F":
+            buf = torch.empty(shape)
+            dist.recv(buf, src=a.peer, tag=tag("F", a.microbatch, a.stage))
+            acts[(a.microbatch, a.stage)] = buf
+        elif k == "RECV_B":
+            buf = torch.empty(shape)
+            dist.recv(buf, src=a.peer, tag=tag("B", a.microbatch, a.stage))
+            grads[(a.microbatch, a.stage)] = buf
+        elif k == "SEND_F":
+            out = saved[(a.microbatch, a.stage)][1].detach()
+            sends.append(dist.isend(out, dst=a.peer, tag=tag("F", a.microbatch, a.stage + 1)))
+        elif k == "SEND_B":
+            g = grads.pop((a.microbatch, a.stage - 1))
+            sends.append(dist.isend(g.contiguous(), dst=a.peer, tag=tag("B", a.microbatch, a.stage - 1)))
+        else:
+            for x in (a.sub if k == "FB" else (a,)):
+                t0 = time.perf_counter()
+                run[x.kind](x)
+                rows.append((x.kind, x.microbatch, x.chunk, x.stage, x.full, t0, time.perf_counter()))
+    for w in sends:
+        w.wait()
+    dist.barrier()
+    out = {}
+    for (path, s), mod in mods.items():
+        for i, blk in zip(_layers_of(sched, spec, s), mod):
+            for n, p in blk.named_parameters():
+                key = f"{i}.{n}"
+                out[key] = out[key] + p.grad if key in out else p.grad.clone()
+    return {"rank": r, "grads": out, "loss": loss_sum, "rows": rows}
+
+
+def pipeline_worker(schedules: list[Schedule], spec: ModelSpec, repeats: int = 1) -> list[dict]:
+    """The function each rank runs under ``mlsys_nb.launch``: every schedule in turn (the last of
+    ``repeats`` steps is returned, earlier ones warm up)."""
+    results = []
+    for sched in schedules:
+        for _ in range(repeats):
+            res = run_step(sched, spec)
+        results.append(res)
+    return results
+
+
+@dataclass
+class RealRun:
+    """One schedule executed on real ranks."""
+
+    schedule: Schedule
+    grad_error: float  # max |pipelined − unpipelined| over all parameters
+    loss: float
+    reference_loss: float
+    timeline: object  # pandas DataFrame: rank, kind, microbatch, chunk, stage, full, start, end (s)
+
+    @property
+    def makespan(self) -> float:
+        return float(self.timeline.end.max())
+
+    def op_costs(self) -> dict:
+        """Median measured op durations (s) per kind, normalised to one micro-batch over L/p layers."""
+        tl = self.timeline
+        w = self.schedule.chunk_weight
+        return {k: float((tl[tl.kind == k].end - tl[tl.kind == k].start).median() / w)
+                for k in ("F", "B", "W") if (tl.kind == k).any()}
+
+
+def run_schedules(names=SCHEDULES, world_size: int = 4, m: int | None = None, *, v: int | None = None,
+                  hidden: int = 32, microbatch_size: int = 4, n_layers: int | None = None, seed: int = 0,
+                  repeats: int = 1, backend: str = "auto", timeout: float = 120.0) -> dict[str, RealRun]:
+    """Run each schedule (names or ``Schedule`` objects) for ``world_size`` ranks on real ranks, in
+    one launch. ``m`` defaults to 2·world_size, valid for every schedule. Returns name -> RealRun."""
+    import pandas as pd
+
+    import mlsys_nb
+
+    m = 2 * world_size if m is None else m
+    scheds = [s if isinstance(s, Schedule) else schedule(s, world_size, m, v if s == "interleaved-1f1b" else None)
+              for s in names]
+    for s in scheds:
+        validate(s)
+        if s.p != world_size or s.m != scheds[0].m:
+            raise ValueError(f"schedule {s.name} is for p={s.p}, m={s.m}; expected p={world_size}, m={scheds[0].m}")
+    m = scheds[0].m
+    if n_layers is None:
+        n_layers = math.lcm(*(s.n_stages for s in scheds))
+    spec = ModelSpec(hidden=hidden, n_layers=n_layers, microbatch_size=microbatch_size, seed=seed)
+    per_rank = mlsys_nb.launch(pipeline_worker, world_size, args=(scheds, spec, repeats),
+                               backend=backend, timeout=timeout)
+    ref, ref_loss = reference_grads(spec, m)
+    out = {}
+    for i, s in enumerate(scheds):
+        total = {}
+        for rank_res in per_rank:
+            for k, g in rank_res[i]["grads"].items():
+                total[k] = total[k] + g if k in total else g
+        if set(total) != set(ref):
+            raise RuntimeError(f"{s.name}: gradients missing for {sorted(set(ref) - set(total))}")
+        err = max(float((total[k] - ref[k]).abs().max()) for k in ref)
+        rows = [(res[i]["rank"], *row) for res in per_rank for row in res[i]["rows"]]
+        tl = pd.DataFrame(rows, columns=["rank", "kind", "microbatch", "chunk", "stage", "full", "start", "end"])
+        t0 = tl.start.min()
+        tl["start"] -= t0
+        tl["end"] -= t0
+        loss = sum(res[i]["loss"] for res in per_rank)
+        out[s.name] = RealRun(s, err, loss, ref_loss, tl)
+    return out
+
