@@ -39,6 +39,7 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import socket
 import sys
 import threading
 import time
@@ -209,6 +210,9 @@ def run_on_rank(fn, args, kwargs, *, rank, world_size, local_rank, backend, time
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout), **init)
     try:
+        # Every rank has now connected to every other before fn starts; without this a rank
+        # whose fn is quick could exit while a slower peer is still connecting to it.
+        dist.barrier()
         if on_ready is not None:
             on_ready()
         return fn(*args, **kwargs)
@@ -270,6 +274,9 @@ def _rank_main(rank, world_size, port, backend, payload, timeout, start_timeout,
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR=HOST, MASTER_PORT=str(port),
                       OMP_NUM_THREADS=str(threads))
+    if sys.platform.startswith("linux"):  # gloo/NCCL sockets on loopback only, unless the user chose
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
 
     def send(message):
         sys.stdout.flush()
@@ -304,6 +311,22 @@ def _context():
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx
+
+
+def _open_store(start_timeout: float):
+    """A TCPStore server in this process, listening on 127.0.0.1 only, on a port the OS picks.
+
+    (``TCPStore(host, 0, is_master=True)`` would listen on every interface, so we bind the
+    socket ourselves and hand it over; the store owns and closes it.)
+    """
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((HOST, 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    return dist.TCPStore(HOST, port, None, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=start_timeout), master_listen_fd=sock.detach())
 
 
 @contextlib.contextmanager
@@ -492,14 +515,11 @@ def launch(fn, world_size: int = 4, *, args=(), kwargs=None, backend: str = "aut
         raise ValueError(f"output must be one of {OUTPUT_MODES}, got {output!r}")
     payload = _pickle_job(fn, tuple(args), kwargs)
 
-    import torch.distributed as dist
-
     ctx = _context()
     # Ranks get 10 s more than the launcher for their collectives, so a hang is caught by the
     # launcher (which dumps stacks) rather than by a rank-side timeout error.
     rank_timeout = timeout + 10.0
-    store = dist.TCPStore(HOST, 0, None, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=start_timeout))
+    store = _open_store(start_timeout)
     lifeline_r, lifeline_w = ctx.Pipe(duplex=False)
     ranks: list[_Rank] = []
     try:
