@@ -66,11 +66,12 @@ def saved_activation_bytes(model: Transformer, tokens: torch.Tensor, targets: to
             records.append([where[0], tuple(t.shape), str(t.dtype).replace("torch.", ""), st.nbytes(), ptr])
         return t
 
-    block_inputs: dict[int, str] = {}  # a full-recompute checkpoint saves its block's input late
+    block_inputs: dict[int, tuple] = {}  # a full-recompute checkpoint saves its block's input late
 
     def enter(i, args):
         where[0] = f"layer {i}"
-        block_inputs[args[0].untyped_storage().data_ptr()] = f"layer {i}"
+        st = args[0].untyped_storage()  # kept alive below so its address cannot be reused
+        block_inputs[st.data_ptr()] = (f"layer {i}", st)
 
     handles = [blk.register_forward_pre_hook(lambda mod, args, i=i: enter(i, args))
                for i, blk in enumerate(model.blocks)]
@@ -83,7 +84,7 @@ def saved_activation_bytes(model: Transformer, tokens: torch.Tensor, targets: to
         for hd in handles:
             hd.remove()
     for r in records:  # a full-recompute checkpoint packs its input before the block is entered
-        r[0] = block_inputs.get(r.pop(), r[0])
+        r[0] = block_inputs.get(r.pop(), (r[0],))[0]
     records = [tuple(r) for r in records]
     per_layer = [sum(r[3] for r in records if r[0] == f"layer {i}") for i in range(len(model.blocks))]
     outside = sum(r[3] for r in records if r[0] == "outside")

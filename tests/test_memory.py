@@ -1,0 +1,310 @@
+"""mlsys_nb.memory: exact parameter counts, model states (ZeRO), activation accounting against
+Korthikanti et al. and against measurement, the Playbook widget port and each of its bug fixes."""
+import math
+
+import pytest
+import torch
+
+from mlsys_nb import memory
+from mlsys_nb.config import load_yaml
+from mlsys_nb.memory import GB, GiB, ModelConfig, TrainConfig, estimate, param_count, playbook_estimate
+from mlsys_nb.measure import measure_activations, measure_model_states
+from mlsys_nb.models import Transformer
+
+RAW = load_yaml("models.yaml")["models"]
+
+
+def meta_count(cfg):
+    with torch.device("meta"):
+        return Transformer(cfg).num_parameters()
+
+
+# ---- parameter counts -------------------------------------------------------------------------
+@pytest.mark.parametrize("name", [n for n in RAW if not RAW[n].get("kv_lora_rank")])
+def test_preset_param_count_equals_the_module_on_meta(name):
+    cfg = memory.preset(name)
+    pc = param_count(cfg)
+    assert pc.total == meta_count(cfg), name
+    if "params_exact" in RAW[name]:  # derived values in formulas.md §5 / §7
+        assert pc.total == RAW[name]["params_exact"]
+    if "params_active_exact" in RAW[name]:
+        assert pc.active == RAW[name]["params_active_exact"]
+    if "params_published" in RAW[name]:
+        assert pc.total == pytest.approx(RAW[name]["params_published"], rel=0.01)
+
+
+def test_deepseek_v3_mla_moe_counts_match_the_report():
+    pc = param_count(memory.preset("deepseek-v3"))
+    assert pc.total == pytest.approx(671e9, rel=1e-3)  # 671B total
+    assert pc.active == pytest.approx(37e9, rel=0.02)  # 37B active per token
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_shapes_count_equals_the_module(seed):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=g))  # noqa: E731
+    heads = [1, 2, 4, 8][r(0, 3)]
+    kv = [d for d in (1, 2, 4, 8) if heads % d == 0][r(0, 10) % len([d for d in (1, 2, 4, 8) if heads % d == 0])]
+    moe = seed % 3 == 0
+    cfg = ModelConfig(n_layers=r(1, 4), hidden=8 * heads * r(1, 3), n_heads=heads, n_kv_heads=kv,
+                      vocab_size=r(10, 300), ffn_hidden=r(8, 100), activation=["swiglu", "gelu", "relu"][seed % 3],
+                      norm=["rmsnorm", "layernorm"][seed % 2], bias=seed % 2 == 1, tied_embeddings=seed % 4 < 2,
+                      n_experts=4 if moe else 0, top_k=2 if moe else 0, n_shared_experts=seed % 2 if moe else 0,
+                      n_dense_layers=1 if moe else 0)
+    assert param_count(cfg).total == meta_count(cfg)
+
+
+# ---- model states -------------------------------------------------------------------------------
+def test_zero_worked_values_70b():
+    """formulas.md §2.3: 70B on N_d = 64, and the K = 8 (no master) table."""
+    got = [memory.model_state_bytes(70e9, dp=64, zero=z).total / GB for z in range(4)]
+    assert got == pytest.approx([1120, 293.125, 155.3125, 17.5])
+    got = [memory.model_state_bytes(8.75e9, dp=8, zero=z).total / GB for z in range(4)]
+    assert got == pytest.approx([140, 48.125, 32.8125, 17.5])
+    assert memory.model_state_bytes(70e9, dp=8, zero=2, precision="bf16-nomaster").total / GB == pytest.approx(227.5)
+    assert memory.model_state_bytes(1e9, fp32_grad_accum=True).total == 20e9  # the nanotron 20 B/param
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_estimate_model_states_equal_model_state_bytes(zero):
+    cfg = memory.preset("llama-3.1-8b")
+    est = estimate(cfg, TrainConfig(dp=4, zero=zero, seq_len=1024))
+    ref = memory.model_state_bytes(param_count(cfg).total, dp=4, zero=zero)
+    assert (est.params, est.grads, est.optimizer, est.master) == (ref.params, ref.grads, ref.optimizer, ref.master)
+
+
+@pytest.mark.parametrize("name", ["tiny", "gpt-2-small", "mixtral-8x7b"])
+def test_model_states_equal_real_tensors(name):
+    cfg = memory.preset(name).scaled_down()
+    for precision, optimizer in (("fp32", "adam"), ("bf16-mixed", "adam"), ("bf16-mixed", "sgd-momentum")):
+        meas = measure_model_states(cfg, precision, optimizer)
+        est = estimate(cfg, TrainConfig(precision=precision, optimizer=optimizer, seq_len=16, kernels="eager",
+                                        device="cpu"))
+        assert (est.params, est.grads, est.optimizer, est.master) == (
+            meas["params"], meas["grads"], meas["optimizer"], meas["master"]), (precision, optimizer)
+
+
+# ---- activations against Korthikanti et al. (formulas §8.1-8.2) -----------------------------
+def _korthikanti_layer(tp, sp, rc, s=2048, b=1):
+    cfg = memory.preset("gpt-3-175b")
+    t = TrainConfig(micro_batch=b, seq_len=s, tp=tp, sp=sp, recompute=rc, flash_attention=False)
+    terms = memory.layer_terms(cfg, t)
+    return sum(v for n, v in terms if "mean+rstd" not in n), cfg
+
+
+@pytest.mark.parametrize("tp,sp", [(1, False), (8, False), (8, True)])
+@pytest.mark.parametrize("rc", ["none", "selective", "full"])
+def test_layer_activations_reproduce_korthikanti_table(tp, sp, rc):
+    s, b = 2048, 1
+    got, cfg = _korthikanti_layer(tp, sp, rc, s, b)
+    sbh, a, h, t = s * b * cfg.hidden, cfg.n_heads, cfg.hidden, tp
+    attn_core = 5 * a * s / h
+    want = {
+        ("none", False): sbh * (10 + 24 / t + attn_core / t) if t > 1 else sbh * (34 + attn_core),
+        ("selective", False): sbh * (10 + 24 / t) if t > 1 else 34 * sbh,
+        ("none", True): sbh * (34 + attn_core) / t,
+        ("selective", True): 34 * sbh / t,
+        ("full", False): 2 * sbh,
+        ("full", True): 2 * sbh / t,
+    }[(rc, sp)]
+    assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_flash_attention_drops_the_s2_term():
+    cfg = memory.preset("llama-3.1-8b")
+    t = TrainConfig(seq_len=8192)
+    no_flash = estimate(cfg, t.replace(flash_attention=False)).activations_per_layer
+    flash = estimate(cfg, t).activations_per_layer
+    s2 = cfg.n_heads * 8192 * 8192 * 2  # softmax output, bf16, b = 1
+    assert no_flash - flash == pytest.approx(s2 - (2 * cfg.q_dim + 4 * cfg.n_heads) * 8192, rel=1e-12)
+
+
+# ---- activations against measurement (CPU, saved_tensors_hooks) ------------------------------
+SHAPES = {
+    "llama-gqa": ModelConfig(n_layers=2, hidden=64, n_heads=8, n_kv_heads=2, ffn_hidden=160, vocab_size=200, seq_len=128),
+    "gpt-dropout": ModelConfig(n_layers=2, hidden=48, n_heads=4, ffn_hidden=192, vocab_size=150, seq_len=128,
+                               activation="gelu", norm="layernorm", bias=True, dropout=0.1, tied_embeddings=True),
+    "relu-mha": ModelConfig(n_layers=3, hidden=32, n_heads=2, ffn_hidden=64, vocab_size=100, seq_len=128,
+                            activation="relu", dropout=0.1),
+}
+ERR = 0.02  # the issue's bound; the dense shapes agree exactly (0 bytes), MoE to < 1%
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_saved_activations_match_the_model(name, precision):
+    cfg = SHAPES[name]
+    flashes = [True, False] if cfg.dropout == 0 else [False]  # CPU SDPA + dropout upcasts: not modelled
+    for rc in ("none", "selective", "full"):
+        for flash in flashes:
+            for b, s in ((2, 48), (1, 100))[: 2 if rc == "none" else 1]:
+                t = TrainConfig(micro_batch=b, seq_len=s, precision=precision, recompute=rc, flash_attention=flash,
+                                kernels="eager", device="cpu")
+                meas = measure_activations(cfg, t)
+                est = estimate(cfg, t)
+                for layer_bytes in meas.per_layer:
+                    assert abs(layer_bytes - est.activations_per_layer) <= ERR * est.activations_per_layer, (rc, flash, b, s)
+                assert abs(meas.outside - est.activations_outside) <= ERR * est.activations_outside
+                assert abs(meas.total - est.activations) <= ERR * est.activations
+
+
+def test_saved_activations_moe_within_stated_error():
+    cfg = ModelConfig(n_layers=2, hidden=32, n_heads=4, n_kv_heads=2, vocab_size=64, n_experts=4, top_k=2,
+                      expert_ffn_hidden=48, n_shared_experts=1, seq_len=64)
+    for precision in ("fp32", "bf16-mixed"):
+        t = TrainConfig(micro_batch=2, seq_len=48, precision=precision, kernels="eager", device="cpu")
+        meas, est = measure_activations(cfg, t), estimate(cfg, t)
+        assert abs(meas.total - est.activations) <= ERR * est.activations
+
+
+def test_cpu_dropout_masks_take_the_activation_dtype():
+    cfg = SHAPES["gpt-dropout"]
+    t = TrainConfig(micro_batch=2, seq_len=48, precision="fp32", flash_attention=False, kernels="eager")
+    cpu, cuda = estimate(cfg, t.replace(device="cpu")), estimate(cfg, t)
+    assert measure_activations(cfg, t).total == cpu.activations != cuda.activations
+
+
+# ---- the Playbook widget port: golden values (formulas §15.4) --------------------------------
+GOLDEN = {
+    None: (53_522_432, 844_005_376, 107_044_864, 642_269_184, 1_700_364_288, "1.58 GB"),
+    "Llama 3 Tiny": (43_859_968, 3_414_264, 87_719_936, 526_319_616, 705_173_752, "672.51 MB"),
+    "Llama 3 8B": (6_570_229_760, 65_592_426_496, 13_140_459_520, 78_842_757_120, 170_716_102_656, "158.99 GB"),
+    "Llama 3 70B": (64_685_178_880, 88_577_212_416, 129_370_357_760, 97_027_768_320, 444_345_696_256, "413.83 GB"),
+    "Llama 3 405B": (406_405_545_984, 276_482_031_616, 812_811_091_968, 609_608_318_976, 2_511_712_534_528, "2.28 TB"),
+}
+
+
+@pytest.mark.parametrize("preset", list(GOLDEN), ids=str)
+def test_playbook_golden_totals(preset):
+    inputs = memory.PLAYBOOK_INITIAL if preset is None else memory.PLAYBOOK_PRESETS[preset]
+    r = playbook_estimate(**inputs)
+    n, act, params, opt, total, shown = GOLDEN[preset]
+    assert (r["N"], r["activations"], r["parameters"], r["gradients"], r["optimizer"], r["total"]) == (
+        n, act, params, params, opt, total)
+    assert r["shown"] == shown
+
+
+@pytest.mark.parametrize("change,act,total", [
+    (dict(recomputation="selective"), "51.09 GB", "148.99 GB"),
+    (dict(recomputation="full"), "3.09 GB", "100.99 GB"),
+    (dict(tp=8), "17.34 GB", "115.24 GB"),
+    (dict(tp=8, seq_parallel=True), "16.39 GB", "114.29 GB"),
+    (dict(zero="3", dp=8), "61.09 GB", "73.33 GB"),
+    (dict(mixed=False), "117.21 GB", "215.12 GB"),
+    (dict(ff_activation="relu"), "37.09 GB", "134.99 GB"),
+    (dict(ff_activation="gelu"), "45.09 GB", "142.99 GB"),
+    (dict(tp=8, seq_parallel=True, recomputation="full"), "2.14 GB", None),
+])
+def test_playbook_8b_variants(change, act, total):
+    r = playbook_estimate(**{**memory.PLAYBOOK_PRESETS["Llama 3 8B"], **change})
+    assert r["shown_activations"] == act
+    if total:
+        assert r["shown"] == total
+    if change.get("zero") == "3":
+        assert memory.format_playbook_bytes(r["parameters"] + r["gradients"] + r["optimizer"]) == "12.24 GB"
+
+
+def test_compat_mode_of_estimate_is_the_widget():
+    cfg = ModelConfig(n_layers=32, hidden=4096, n_heads=32, ffn_hidden=16384, vocab_size=30522, seq_len=256)
+    t = TrainConfig(micro_batch=32, seq_len=256, zero=1, flash_attention=False)
+    b = estimate(cfg, t, compat="playbook")
+    assert b.total == GOLDEN["Llama 3 8B"][4] and b.mode == "playbook"
+
+
+# ---- each Playbook bug, fixed in the default mode (formulas §15.5) ---------------------------
+def test_fix1_tp_shards_params_grads_and_optimizer():
+    cfg = memory.preset("llama-3.1-70b")
+    one, eight = estimate(cfg, TrainConfig(seq_len=1024)), estimate(cfg, TrainConfig(seq_len=1024, tp=8))
+    for f in ("params", "grads", "optimizer", "master"):  # only the norms stay replicated
+        assert getattr(one, f) / 8 <= getattr(eight, f) <= getattr(one, f) / 8 * 1.001
+    pb = [playbook_estimate(**{**memory.PLAYBOOK_PRESETS["Llama 3 70B"], "tp": tp})["parameters"] for tp in (1, 8)]
+    assert pb[0] == pb[1]  # the widget's bug
+    # Playbook TP plot (formulas §8.5b, 12 B/param): 131.4 GiB -> 16.44 GiB per rank at TP 8
+    nm = estimate(cfg, TrainConfig(seq_len=1024, tp=8, precision="bf16-nomaster"))
+    assert nm.params / GiB == pytest.approx(16.438, rel=2e-3)
+
+
+def test_fix2_sp_divides_the_attention_s2_term():
+    cfg = memory.preset("llama-3.1-8b")
+    t = TrainConfig(seq_len=4096, flash_attention=False)
+    base = estimate(cfg, t).activations_per_layer
+    sp = estimate(cfg, t.replace(tp=8, sp=True)).activations_per_layer
+    assert sp == pytest.approx(base / 8, rel=1e-12)
+    inp = {**memory.PLAYBOOK_PRESETS["Llama 3 8B"], "tp": 8}
+    diff = playbook_estimate(**inp)["activations"] - playbook_estimate(**{**inp, "seq_parallel": True})["activations"]
+    assert diff / GiB == pytest.approx(0.95, abs=0.01)  # SP "saves" only 0.95 GiB in the widget
+
+
+def test_fix3_full_recompute_and_cross_entropy_follow_tp():
+    cfg = memory.preset("llama-3.1-8b")
+    t = TrainConfig(seq_len=4096, recompute="full")
+    assert estimate(cfg, t.replace(tp=8, sp=True)).activations_per_layer == estimate(cfg, t).activations_per_layer / 8
+    ce = lambda b: dict(b.detail["outside"])["cross-entropy log-probs (fp32)"]  # noqa: E731
+    assert ce(estimate(cfg, t.replace(tp=8))) == ce(estimate(cfg, t)) / 8  # vocab-parallel CE, no SP needed
+
+
+def test_fix4_param_count_uses_ffn_width_glu_gqa_and_untied_head():
+    cfg = memory.preset("llama-3.1-8b")
+    pb = playbook_estimate(a=32, h=4096, h_ff=14336, L=32, s=8192, v=128256, ff_activation="swiglu")["N"]
+    assert param_count(cfg).total == meta_count(cfg) == 8_030_261_248 != pb
+
+
+def test_fix6_fp32_gradient_accumulation_buffer():
+    cfg = memory.preset("llama-3.1-8b")
+    n = param_count(cfg).total
+    b = estimate(cfg, TrainConfig(fp32_grad_accum=True, seq_len=1024))
+    assert b.model_states == 20 * n
+
+
+def test_fix8_pipeline_stages_hold_their_layers_and_the_embedding():
+    cfg = memory.preset("llama-3.1-8b")
+    first = estimate(cfg, TrainConfig(pp=8, seq_len=4096), stage=0)
+    assert first.n_params_rank == 1_397_784_576  # formulas §4.5
+    assert first.layers == 4
+    afab = estimate(cfg, TrainConfig(pp=8, n_microbatches=32, pp_schedule="afab", seq_len=4096), stage=0)
+    one = estimate(cfg, TrainConfig(pp=8, n_microbatches=32, seq_len=4096), stage=0)
+    assert afab.in_flight == 32 and one.in_flight == 8
+    assert afab.activations_layers == pytest.approx(one.activations_layers * 4)
+    inter = estimate(cfg, TrainConfig(pp=4, n_microbatches=32, seq_len=4096, pp_schedule="interleaved-1f1b",
+                                      virtual_stages=2), stage=0)
+    assert inter.in_flight == pytest.approx(4 + 3 / 2)
+
+
+def test_fix8_fits_verdict_against_the_gpu():
+    small = estimate(memory.preset("llama-3.2-1b"), TrainConfig(seq_len=2048))
+    big = estimate(memory.preset("llama-3.1-405b"), TrainConfig(seq_len=2048))
+    assert small.fits and small.fits_on("A100-80GB-SXM") and not big.fits
+    assert small.gpu_memory == 80e9
+
+
+def test_activations_do_not_depend_on_dp_or_zero():
+    cfg = memory.preset("llama-3.1-8b")
+    acts = {estimate(cfg, TrainConfig(seq_len=2048, dp=dp, zero=z)).activations for dp in (1, 8) for z in (0, 3)}
+    assert len(acts) == 1
+
+
+def test_cp_divides_activations_and_ep_shards_experts():
+    cfg = memory.preset("mixtral-8x7b")
+    base = estimate(cfg, TrainConfig(seq_len=8192, dp=8))
+    cp = estimate(cfg, TrainConfig(seq_len=8192, dp=2, cp=4))
+    assert cp.activations_per_layer == pytest.approx(base.activations_per_layer / 4)
+    ep = estimate(cfg, TrainConfig(seq_len=8192, dp=8, ep=8))
+    experts = 32 * 8 * 3 * 4096 * 14336
+    assert base.n_params_rank - ep.n_params_rank == pytest.approx(experts * 7 / 8)
+
+
+@pytest.mark.parametrize("kw,param", [
+    (dict(tp=3), "tp"), (dict(pp=5), "pp"), (dict(ep=2), "ep"), (dict(cp=3, seq_len=1000), "cp"),
+    (dict(sp=True), "sp"), (dict(zero=4), "zero"), (dict(precision="fp16"), "precision"),
+])
+def test_impossible_combinations_name_the_parameter(kw, param):
+    with pytest.raises(ValueError, match=param):
+        estimate(memory.preset("llama-3.1-8b"), TrainConfig(**kw))
+
+
+def test_breakdown_table_and_units():
+    b = estimate(memory.preset("llama-3.1-8b"), TrainConfig(seq_len=2048))
+    df = b.to_frame()
+    assert df.loc["total", "bytes"] == b.total == pytest.approx(df["bytes"].drop("total").sum())
+    assert df.loc["total", "GiB"] * GiB == pytest.approx(df.loc["total", "GB"] * GB)
+    assert math.isclose(b.activations, b.activations_layers + b.activations_outside)
