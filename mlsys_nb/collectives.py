@@ -20,6 +20,10 @@ Algorithms (``n`` ranks, a tensor of ``S`` bytes):
   all_gather, composed from the two public out-of-place functions.
 - :func:`pairwise_all_to_all`: ``n-1`` pairwise exchanges.
 
+Checks: :func:`verify_against_torch` (every algorithm vs ``torch.distributed``, with byte counts)
+and :func:`check_semantics` (the symbolic before/after of :func:`collective_semantics`, which
+``mlsys_nb.comm_plots.draw_collective`` draws, vs ``torch.distributed``).
+
 Reduction ops: ``"sum"``, ``"product"``, ``"max"``, ``"min"`` (in place on the receiving buffer).
 """
 from __future__ import annotations
@@ -33,6 +37,7 @@ __all__ = [
     "recursive_doubling_all_reduce", "tree_reduce", "tree_broadcast", "tree_all_reduce",
     "all_reduce_via_reduce_scatter_all_gather", "pairwise_all_to_all", "ALL_REDUCE_ALGORITHMS",
     "rank_input", "verify_against_torch",
+    "SEMANTICS_OPS", "collective_semantics", "evaluate_semantics", "check_semantics",
 ]
 
 # Ring pipelining granularity. Measured on the 2-core CPU machine (gloo, 4 ranks): pieces below
@@ -479,3 +484,114 @@ def verify_against_torch(numels=(1, 7, 1001), seed: int = 0, piece_bytes: int = 
         comm = CountingComm()
         row("all_to_all/pairwise", numel * n, pairwise_all_to_all(a, comm), ref, comm)
     return rows
+
+
+# ----------------------------------------------------------------------------- semantics
+SEMANTICS_OPS = ("broadcast", "scatter", "gather", "reduce", "all_gather", "reduce_scatter",
+                 "all_reduce", "all_to_all")
+
+
+def collective_semantics(op: str, n: int, root: int = 0):
+    """What each rank holds before and after ``op`` on ``n`` ranks, symbolically.
+
+    Returns ``(before, after)``: for each rank a list of blocks; a block is a ``frozenset`` of
+    ``(source_rank, chunk)`` pairs whose sum it holds (one pair = a plain copy), or ``None`` for a
+    buffer whose content is undefined (e.g. non-root ranks after ``reduce``; receive buffers
+    before the op). Buffers are cut into ``n`` chunks where the op works on chunks.
+    :func:`evaluate_semantics` turns blocks into numbers; :func:`check_semantics` compares them
+    with ``torch.distributed`` on real ranks."""
+    if op not in SEMANTICS_OPS:
+        raise ValueError(f"op={op!r} is not known: choose one of {list(SEMANTICS_OPS)}")
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n={n!r} is out of range: allowed int >= 1")
+    if not 0 <= root < n:
+        raise ValueError(f"root={root} is out of range: allowed [0, {n - 1}]")
+    one = lambda s, c: frozenset({(s, c)})  # noqa: E731
+    total = lambda c: frozenset((s, c) for s in range(n))  # noqa: E731
+    own = [[one(r, c) for c in range(n)] for r in range(n)]
+    if op == "broadcast":
+        before = [own[root] if r == root else [None] * n for r in range(n)]
+        after = [own[root] for _ in range(n)]
+    elif op == "scatter":
+        before = [own[root] if r == root else [None] for r in range(n)]
+        after = [[one(root, r)] for r in range(n)]
+    elif op == "gather":
+        before = [[one(r, 0)] for r in range(n)]
+        after = [[one(s, 0) for s in range(n)] if r == root else [one(r, 0)] for r in range(n)]
+    elif op == "reduce":
+        before = own
+        after = [[total(c) for c in range(n)] if r == root else [None] * n for r in range(n)]
+    elif op == "all_gather":
+        before = [[one(r, 0)] for r in range(n)]
+        after = [[one(s, 0) for s in range(n)] for _ in range(n)]
+    elif op == "reduce_scatter":
+        before = own
+        after = [[total(r)] for r in range(n)]
+    elif op == "all_reduce":
+        before = own
+        after = [[total(c) for c in range(n)] for _ in range(n)]
+    else:  # all_to_all: rank r's chunk c goes to rank c's slot r
+        before = own
+        after = [[one(s, r) for s in range(n)] for r in range(n)]
+    return before, after
+
+
+def evaluate_semantics(blocks, value):
+    """Numbers for symbolic blocks: ``value(source_rank, chunk)`` gives one block's tensor; a block
+    holds the sum of its pairs; ``None`` stays ``None``. ``blocks`` is one rank's list."""
+    out = []
+    for b in blocks:
+        out.append(None if b is None else sum(value(s, c) for s, c in sorted(b)))
+    return out
+
+
+def check_semantics(ops=SEMANTICS_OPS, m: int = 3, seed: int = 0, root: int = 0) -> dict:
+    """Run inside a rank: each op with ``torch.distributed``, compared block by block with
+    :func:`collective_semantics`. Returns ``{op: max_abs_err}`` over the defined blocks."""
+    n, r = dist.get_world_size(), dist.get_rank()
+
+    def v(s, c):
+        g = torch.Generator().manual_seed(seed * 100_003 + s * 1009 + c)
+        return torch.randn(m, generator=g)
+
+    errs = {}
+    for op in ops:
+        before, after = collective_semantics(op, n, root)
+        mine = [b for b in evaluate_semantics(before[r], v)]
+        if op == "broadcast":
+            buf = torch.cat(mine) if r == root else torch.zeros(n * m)
+            dist.broadcast(buf, root)
+            got = list(buf.split(m))
+        elif op == "scatter":
+            out = torch.empty(m)
+            dist.scatter(out, mine if r == root else None, src=root)
+            got = [out]
+        elif op == "gather":
+            outs = [torch.empty(m) for _ in range(n)] if r == root else None
+            dist.gather(mine[0], outs, dst=root)
+            got = outs if r == root else mine
+        elif op == "reduce":
+            buf = torch.cat(mine)
+            dist.reduce(buf, root)
+            got = list(buf.split(m))
+        elif op == "all_gather":
+            outs = [torch.empty(m) for _ in range(n)]
+            dist.all_gather(outs, mine[0])
+            got = outs
+        elif op == "reduce_scatter":
+            out = torch.empty(m)
+            dist.reduce_scatter(out, mine)
+            got = [out]
+        elif op == "all_reduce":
+            buf = torch.cat(mine)
+            dist.all_reduce(buf)
+            got = list(buf.split(m))
+        else:
+            out = torch.empty(n * m)
+            dist.all_to_all_single(out, torch.cat(mine))
+            got = list(out.split(m))
+        want = evaluate_semantics(after[r], v)
+        if len(got) != len(want):
+            raise AssertionError(f"{op}: rank {r} holds {len(got)} blocks, semantics say {len(want)}")
+        errs[op] = max([(g - w).abs().max().item() for g, w in zip(got, want) if w is not None] or [0.0])
+    return errs

@@ -82,3 +82,28 @@ def test_chunk_bounds_match_tensor_split():
             assert sizes == [c.numel() for c in torch.tensor_split(torch.arange(numel), n)]
     with pytest.raises(ValueError, match="n=0"):
         chunk_bounds(4, 0)
+
+
+@pytest.mark.slow
+def test_semantics_pictures_match_torch_distributed():
+    """The symbolic before/after that the notebook draws is what torch.distributed does."""
+    from mlsys_nb.collectives import SEMANTICS_OPS, check_semantics
+
+    per_rank = mlsys_nb.launch(check_semantics, 3, kwargs=dict(root=1, seed=5), backend="gloo",
+                               timeout=60, output="quiet")
+    for r, errs in enumerate(per_rank):
+        assert set(errs) == set(SEMANTICS_OPS)
+        assert max(errs.values()) <= TOL, f"rank {r}: {errs}"
+
+
+def test_semantics_shapes_by_hand():
+    from mlsys_nb.collectives import collective_semantics
+
+    before, after = collective_semantics("all_to_all", 3)
+    assert after[2] == [frozenset({(0, 2)}), frozenset({(1, 2)}), frozenset({(2, 2)})]
+    before, after = collective_semantics("reduce", 3, root=2)
+    assert after[0] == [None] * 3 and after[2][1] == frozenset({(0, 1), (1, 1), (2, 1)})
+    _, after = collective_semantics("reduce_scatter", 4)
+    assert after[1] == [frozenset({(s, 1) for s in range(4)})]
+    with pytest.raises(ValueError, match="op='allgather'"):
+        collective_semantics("allgather", 4)
