@@ -209,15 +209,16 @@ def run_on_rank(fn, args, kwargs, *, rank, world_size, local_rank, backend, time
     init = {"store": store} if store is not None else {"init_method": "env://"}
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout), **init)
-    try:
-        # Every rank has now connected to every other before fn starts; without this a rank
-        # whose fn is quick could exit while a slower peer is still connecting to it.
-        dist.barrier()
-        if on_ready is not None:
-            on_ready()
-        return fn(*args, **kwargs)
-    finally:
-        dist.destroy_process_group()
+    # Every rank has now connected to every other before fn starts; without this a rank
+    # whose fn is quick could exit while a slower peer is still connecting to it.
+    dist.barrier()
+    if on_ready is not None:
+        on_ready()
+    value = fn(*args, **kwargs)
+    # Only on success: after an error the process exits instead (tearing down a group with
+    # collectives still pending can block, e.g. under NCCL).
+    dist.destroy_process_group()
+    return value
 
 
 def _watch_parent(lifeline_fd: int) -> None:
@@ -402,10 +403,15 @@ class _Rank:
         if self.finished or not self.result.poll():
             return
         try:
-            kind, payload = pickle.loads(self.result.recv_bytes())
+            data = self.result.recv_bytes()
         except (EOFError, OSError):
             self._exited()
             return
+        try:
+            kind, payload = pickle.loads(data)
+        except Exception as e:  # e.g. the class of a returned object does not exist here
+            kind, payload = "error", RankFailure(self.rank, type(e).__name__,
+                                                 f"cannot unpickle what the rank sent: {e}")
         if kind == "ready":
             self.state = "ready"
         elif kind == "ok":

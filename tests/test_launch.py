@@ -235,6 +235,22 @@ def test_hang_dumps_every_rank_stack_kills_all_and_raises_timeout(tmp_path):
     assert _pids_alive(int(p.read_text()) for p in tmp_path.glob("pid*")) == []
 
 
+class _SlowToUnpickle:
+    """Unpickling this on a rank sleeps 30 s: the rank never joins the group in time."""
+
+    def __reduce__(self):
+        return (time.sleep, (30,))
+
+
+@pytest.mark.slow
+def test_ranks_that_never_join_hit_the_start_timeout_with_stacks():
+    launch(lambda: 0, 2, output="quiet")  # forkserver warm: the 1 s below is for the ranks only
+    with pytest.raises(RankTimeoutError, match="did not start and join the process group") as info:
+        launch(lambda x: x, 2, args=(_SlowToUnpickle(),), start_timeout=1.0, output="quiet")
+    assert sorted(info.value.stacks) == [0, 1]
+    assert all("in _rank_main" in stack for stack in info.value.stacks.values()), info.value.stacks
+
+
 @pytest.mark.slow
 def test_keyboard_interrupt_stops_every_rank(tmp_path):
     def sleeper():

@@ -1,0 +1,172 @@
+"""How long does it take to start 4 ranks, do one 1-element all_reduce and return?
+
+    .venv/bin/python benchmarks/launch.py [--rounds 5] [--warm-calls 5] [--world-size 4]
+
+Compared, in fresh Python processes that have already imported torch (like a kernel):
+  (a) mlsys_nb.launch, cold: the first call (it starts the forkserver, which imports torch)
+  (b) mlsys_nb.launch, warm: the following calls
+  (c) accelerate.notebook_launcher, first call and warm calls (it forks the caller: that is only
+      safe here because these processes have run no multi-threaded torch op and no CUDA)
+  (d) torch.multiprocessing.spawn of a module function (every rank imports torch afresh)
+Methods run alternately, one fresh process per method per round, so load from other users of the
+machine falls on all of them alike. Prints medians (s) and ratios against the named baseline
+(accelerate warm), plus the speed-up over mp.spawn. Not a test: numbers go to data/measured/.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+METHODS = ("mlsys_nb", "accelerate", "mp_spawn")
+BASELINE = "accelerate.notebook_launcher warm"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------ the job, three ways
+def job():
+    """mlsys_nb.launch job: the process group is already up."""
+    import torch
+    import torch.distributed as dist
+
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    return x.item()
+
+
+def job_env():
+    """accelerate job: the launcher only sets env:// variables; the function joins the group."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    dist.destroy_process_group()
+    return x.item()
+
+
+def job_spawn(rank, world_size):
+    """mp.spawn job (a module function: spawn cannot ship a notebook function)."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    dist.destroy_process_group()
+
+
+def child(method: str, world_size: int, calls: int) -> list[float]:
+    """Run in a fresh process: time ``calls`` launches with ``method`` (seconds each)."""
+    import torch  # noqa: F401 - a kernel has torch imported before it launches anything
+
+    times = []
+    for _ in range(calls):
+        if method == "mlsys_nb":
+            import mlsys_nb
+
+            start = time.perf_counter()
+            result = mlsys_nb.launch(job, world_size, output="quiet")
+            times.append(time.perf_counter() - start)
+            assert result == [float(world_size)] * world_size
+        elif method == "accelerate":
+            from accelerate import notebook_launcher
+
+            port = str(_free_port())
+            start = time.perf_counter()
+            notebook_launcher(job_env, num_processes=world_size, use_port=port, master_addr="127.0.0.1")
+            times.append(time.perf_counter() - start)
+        else:
+            import torch.multiprocessing as tmp
+
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+            start = time.perf_counter()
+            tmp.spawn(job_spawn, args=(world_size,), nprocs=world_size, join=True)
+            times.append(time.perf_counter() - start)
+    return times
+
+
+# ------------------------------------------------------------------ driver
+def run_child(method: str, world_size: int, calls: int) -> list[float]:
+    out = subprocess.run([sys.executable, __file__, "--child", method, "--world-size", str(world_size),
+                          "--calls", str(calls)], capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"{method} child failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def machine() -> str:
+    import torch
+
+    cpu = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return (f"{platform.machine()}, nproc {os.cpu_count()}, {cpu}, torch {torch.__version__}, "
+            f"Python {platform.python_version()}, load average {os.getloadavg()[0]:.1f} at start")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warm-calls", type=int, default=5)
+    parser.add_argument("--spawn-calls", type=int, default=1)
+    parser.add_argument("--world-size", type=int, default=4)
+    parser.add_argument("--child", choices=METHODS)
+    parser.add_argument("--calls", type=int, default=1)
+    ns = parser.parse_args()
+    if ns.child:
+        print(json.dumps(child(ns.child, ns.world_size, ns.calls)))
+        return
+
+    samples = {name: [] for name in ("mlsys_nb.launch cold", "mlsys_nb.launch warm",
+                                     "accelerate.notebook_launcher first", BASELINE,
+                                     "torch.multiprocessing.spawn")}
+    print(f"# {machine()}")
+    for round_ in range(ns.rounds):
+        order = METHODS[round_ % 3:] + METHODS[: round_ % 3]  # rotate who goes first
+        for method in order:
+            if method == "mp_spawn":
+                samples["torch.multiprocessing.spawn"] += run_child(method, ns.world_size, ns.spawn_calls)
+                continue
+            first, *warm = run_child(method, ns.world_size, 1 + ns.warm_calls)
+            if method == "mlsys_nb":
+                samples["mlsys_nb.launch cold"].append(first)
+                samples["mlsys_nb.launch warm"] += warm
+            else:
+                samples["accelerate.notebook_launcher first"].append(first)
+                samples[BASELINE] += warm
+        print(f"round {round_ + 1}/{ns.rounds} done", file=sys.stderr)
+
+    medians = {k: statistics.median(v) for k, v in samples.items()}
+    spawn = medians["torch.multiprocessing.spawn"]
+    rows = [(name, len(v), medians[name], min(v), max(v), medians[name] / medians[BASELINE],
+             spawn / medians[name]) for name, v in samples.items()]
+    header = ("method", "n", "median s", "min s", "max s", "ratio to baseline", "speed-up vs mp.spawn")
+    print(f"\n{ns.world_size} ranks: start, one 1-element all_reduce (gloo), return. Baseline: {BASELINE}.\n")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for name, n, med, lo, hi, ratio, speedup in rows:
+        print(f"| {name} | {n} | {med:.3f} | {lo:.3f} | {hi:.3f} | {ratio:.2f} | {speedup:.1f}x |")
+    warm = medians["mlsys_nb.launch warm"]
+    print(f"\nTargets: warm/accelerate warm = {warm / medians[BASELINE]:.2f} (<= 1.0), "
+          f"mp.spawn/warm = {spawn / warm:.0f}x (>= 20x), cold = {medians['mlsys_nb.launch cold']:.2f} s (<= 2 s)")
+
+
+if __name__ == "__main__":
+    main()
