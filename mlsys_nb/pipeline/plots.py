@@ -1,0 +1,86 @@
+"""Timeline (Gantt) charts for pipeline schedules: one row per rank, one box per op.
+
+``plot_timeline(x)`` takes a ``SimResult``, a ``RealRun`` or a timeline DataFrame. ``color_by="kind"``
+colours F / B / W (input-gradient-only B hatched lighter); ``color_by="microbatch"`` gives each
+micro-batch its colour and shades F (full), B (lighter), W (lightest). Small charts label each
+box with its micro-batch.
+"""
+from __future__ import annotations
+
+import matplotlib.colors as mcolors
+
+from ..plots import PALETTE, label, new_figure, style
+
+KIND_COLORS = {"F": PALETTE[0], "B": PALETTE[1], "W": PALETTE[2]}
+SHADE = {"F": 0.0, "B": 0.45, "W": 0.7}  # how much white is mixed in when colouring by micro-batch
+MAX_LABELS = 400
+
+
+def _frame(x):
+    return x.timeline if hasattr(x, "timeline") else x
+
+
+def _mix(color, white):
+    r, g, b = mcolors.to_rgb(color)
+    return (r + (1 - r) * white, g + (1 - g) * white, b + (1 - b) * white)
+
+
+def plot_timeline(x, ax=None, *, color_by: str = "kind", title: str | None = None, unit: str = "time units",
+                  scale: float = 1.0, p: int | None = None):
+    """Draw the timeline on ``ax`` (or a new figure) and return the Figure. ``scale`` multiplies
+    times (e.g. 1e3 with ``unit="ms"`` for a real run in seconds)."""
+    if color_by not in ("kind", "microbatch"):
+        raise ValueError(f"color_by must be 'kind' or 'microbatch', got {color_by!r}")
+    tl = _frame(x)
+    if ax is None:
+        fig, ax = new_figure(figsize=(9, 3.2))
+    fig = ax.figure
+    p = p or (int(tl["rank"].max()) + 1 if len(tl) else 1)
+    m = int(tl.microbatch.max()) + 1 if len(tl) else 1
+    cmap = mcolors.ListedColormap(PALETTE[:7]) if m <= 7 else __import__("matplotlib").colormaps["turbo"]
+    with style():
+        for r, g in tl.groupby("rank"):
+            spans, faces, edges = [], [], []
+            for kind, j, full, st, en in zip(g.kind, g.microbatch, g.full, g.start, g.end):
+                spans.append((st * scale, (en - st) * scale))
+                if color_by == "kind":
+                    c = KIND_COLORS[kind] if (kind != "B" or full) else _mix(KIND_COLORS["B"], 0.35)
+                else:
+                    c = _mix(cmap(j / max(m - 1, 1)) if m > 7 else cmap(j), SHADE[kind])
+                faces.append(c)
+                edges.append("white")
+            ax.broken_barh(spans, (r - 0.4, 0.8), facecolors=faces, edgecolors=edges,
+                           linewidth=0.4 if len(tl) <= 600 else 0.0)
+        if len(tl) <= MAX_LABELS:
+            for row in tl.itertuples():
+                ax.text((row.start + row.end) / 2 * scale, row.rank, str(row.microbatch), ha="center",
+                        va="center", fontsize=6 if len(tl) > 150 else 7, color="black")
+        ax.set_yticks(range(p))
+        ax.set_yticklabels([f"rank {r}" for r in range(p)])
+        ax.set_ylim(p - 0.5, -0.5)
+        ax.grid(axis="y", visible=False)
+        label(ax, f"time ({unit})", "rank (index)", title)
+        if color_by == "kind":
+            from matplotlib.patches import Patch
+
+            handles = [Patch(color=KIND_COLORS["F"], label="F forward"),
+                       Patch(color=KIND_COLORS["B"], label="B backward"),
+                       Patch(color=_mix(KIND_COLORS["B"], 0.35), label="B input-grad only"),
+                       Patch(color=KIND_COLORS["W"], label="W weight-grad")]
+            kinds = set(tl.kind)
+            split = bool(len(tl)) and not tl[tl.kind == "B"].full.all()
+            handles = [h for h in handles if h.get_label()[0] in kinds
+                       and (h.get_label() != "B input-grad only" or split)]
+            ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    return fig
+
+
+def plot_sim_vs_real(sim, real, *, color_by: str = "kind", sim_unit: str = "time units", sim_scale: float = 1.0):
+    """Two stacked timelines: the simulation above the real run (ms). Simulate with measured
+    costs in seconds and pass ``sim_unit="ms", sim_scale=1e3`` to share the unit."""
+    fig, (a1, a2) = new_figure(2, 1, figsize=(9, 5.4))
+    plot_timeline(sim, a1, color_by=color_by, unit=sim_unit, scale=sim_scale,
+                  title=f"{sim.schedule.name}: simulated")
+    plot_timeline(real, a2, color_by=color_by, unit="ms", scale=1e3,
+                  title=f"{real.schedule.name}: measured on {real.schedule.p} ranks")
+    return fig

@@ -1,0 +1,166 @@
+"""Pipeline schedule explorer: pick a schedule, p, m, v and op costs; see the simulated timeline.
+
+``PipelineWidget().widget`` is the ipywidgets container. Everything shown comes from
+``mlsys_nb.pipeline.simulate`` (a simulation; notebook 08 checks it against closed forms and real
+ranks). Invalid combinations (e.g. dualpipe with odd p, interleaving with m not a multiple of p,
+v ≠ 1 for a one-chunk schedule) are shown as a message in place of the chart.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pandas as pd
+
+from ..pipeline import SCHEDULES, ScheduleError, check_args, schedule, simulate
+from ..pipeline.plots import plot_timeline
+from ..plots import label, style
+
+DEFAULTS = {"schedule": "1f1b", "p": 4, "m": 8, "v": 1, "F": 1.0, "B": 1.0, "W": 1.0, "comm": 0.0,
+            "color_by": "kind"}
+
+
+@lru_cache(maxsize=64)
+def _schedule(name, p, m, v):
+    """Schedules are rebuilt only when (name, p, m, v) change; cost sliders reuse them (and the
+    simulator's cached dependency plan). Never mutated here."""
+    return schedule(name, p, m, v)
+
+
+def compare(p: int, m: int, v: int, F: float, B: float, W: float, comm: float) -> pd.DataFrame:
+    """Every schedule at these settings (interleaved-1f1b uses ``v``, or 2 if v < 2; V-shaped and
+    DualPipe schedules use their 2 chunks). Invalid ones keep a row with the reason."""
+    rows = []
+    for name in SCHEDULES:
+        vv = max(v, 2) if name == "interleaved-1f1b" else None
+        try:
+            r = simulate(_schedule(name, p, m, vv), F=F, B=B, W=W, comm=comm)
+        except (ScheduleError, ValueError) as e:
+            rows.append({"schedule": name, "v": vv, "note": str(e)})
+            continue
+        rows.append({"schedule": name, "v": r.schedule.v, "makespan": r.makespan,
+                     "bubble_fraction (idle/total)": r.bubble_fraction,
+                     "bubble_ratio (idle/busy)": r.bubble_ratio,
+                     "peak_activations rank 0 (mb×L/p)": r.peak_activations[0],
+                     "peak_activations max (mb×L/p)": max(r.peak_activations), "note": ""})
+    return pd.DataFrame(rows)
+
+
+class PipelineWidget:
+    """Controls: schedule, p, m, v, F/B/W costs, comm latency. Shows a Gantt chart per rank, peak
+    activations per rank, makespan and both bubble conventions, and a table of all schedules."""
+
+    def __init__(self, **state):
+        import ipywidgets as w
+
+        s = DEFAULTS | state
+        lay = w.Layout(width="330px")
+        self.controls = {
+            "schedule": w.Dropdown(options=list(SCHEDULES), value=s["schedule"], description="schedule", layout=lay),
+            "p": w.IntSlider(value=s["p"], min=1, max=32, description="stages p", layout=lay),
+            "m": w.IntSlider(value=s["m"], min=1, max=128, description="micro-batches m", layout=lay),
+            "v": w.IntSlider(value=s["v"], min=1, max=8, description="chunks v", layout=lay),
+            "F": w.FloatSlider(value=s["F"], min=0.1, max=4, step=0.1, description="F cost", layout=lay),
+            "B": w.FloatSlider(value=s["B"], min=0.1, max=4, step=0.1, description="B cost (input grad)", layout=lay),
+            "W": w.FloatSlider(value=s["W"], min=0.0, max=4, step=0.1, description="W cost (weight grad)", layout=lay),
+            "comm": w.FloatSlider(value=s["comm"], min=0.0, max=2, step=0.05, description="comm latency", layout=lay),
+            "color_by": w.ToggleButtons(options=["kind", "microbatch"], value=s["color_by"], description="colour by"),
+        }
+        for c in self.controls.values():
+            c.style = {"description_width": "140px"}
+        self.message = w.HTML()
+        self.stats = w.HTML()
+        self.image = w.Image(format="png")
+        self.table_html = w.HTML()
+        note = w.HTML("<small>Simulation. Costs are per micro-batch over L/p layers; a schedule that "
+                      "does not split the backward runs B+W as one op; chunks cost their share.</small>")
+        from matplotlib.figure import Figure
+
+        with style():  # fixed margins, no layout engine: a slider move must redraw fast
+            self.figure = Figure(figsize=(10, 3.4), layout="none")
+            self._ax, self._ax_mem = self.figure.subplots(1, 2, width_ratios=[4, 1])
+            self.figure.subplots_adjust(left=0.09, right=0.98, bottom=0.16, top=0.9, wspace=0.6)
+        self.error: str | None = None
+        self._result = None
+        self._table = pd.DataFrame()
+        self.widget = w.VBox([w.HBox([w.VBox(list(self.controls.values())[:5]),
+                                      w.VBox(list(self.controls.values())[5:] + [note])]),
+                              self.message, self.stats, self.image, self.table_html])
+        for c in self.controls.values():
+            c.observe(self._on_change, names="value")
+        self.controls["schedule"].observe(self._on_schedule, names="value")
+        self.update()
+
+    # ---- protocol --------------------------------------------------------------------------
+    def state(self) -> dict:
+        return {k: c.value for k, c in self.controls.items()}
+
+    def set_state(self, state: dict) -> None:
+        unknown = set(state) - set(self.controls)
+        if unknown:
+            raise ValueError(f"unknown settings {sorted(unknown)}; allowed: {sorted(self.controls)}")
+        self._hold = True
+        try:
+            for k, val in state.items():
+                self.controls[k].value = val
+        finally:
+            self._hold = False
+        self.update()
+
+    def table(self) -> pd.DataFrame:
+        return self._table.copy()
+
+    # ---- drawing -----------------------------------------------------------------------------
+    def _on_schedule(self, change):
+        """Picking a schedule moves v to that schedule's own chunk count (1, or 2)."""
+        if not getattr(self, "_hold", False):
+            natural = check_args(change["new"], 1 if change["new"] != "dualpipe" else 2, 64)
+            self.set_state({"v": natural})  # one redraw, with the new v
+
+    def _on_change(self, change):
+        if not getattr(self, "_hold", False) and change["owner"] is not self.controls["schedule"]:
+            self.update()
+
+    def update(self) -> None:
+        s = self.state()
+        self._ax.clear()
+        self._ax_mem.clear()
+        try:
+            sched = _schedule(s["schedule"], s["p"], s["m"], s["v"])
+            res = simulate(sched, F=s["F"], B=s["B"], W=s["W"], comm=s["comm"])
+        except (ScheduleError, ValueError) as e:
+            self.error = str(e)
+            self._result = None
+            self.message.value = f"<b style='color:#D55E00'>Invalid combination:</b> {e}"
+            self.stats.value = ""
+            self._table = pd.DataFrame()
+            self.table_html.value = ""
+            self._show()
+            return
+        self.error = None
+        self._result = res
+        self.message.value = ""
+        plot_timeline(res, self._ax, color_by=s["color_by"],
+                      title=f"{sched.name}, p={sched.p}, m={sched.m}, v={sched.v} (simulated)")
+        with style():
+            self._ax_mem.barh(range(sched.p), res.peak_activations, color="#888888")
+            self._ax_mem.set_ylim(sched.p - 0.5, -0.5)
+            self._ax_mem.set_yticks(range(sched.p))
+            label(self._ax_mem, "peak activations (mb × L/p)", "rank (index)")
+        self.stats.value = (f"makespan <b>{res.makespan:.2f}</b> &nbsp; bubble fraction (idle/total) "
+                            f"<b>{res.bubble_fraction:.3f}</b> &nbsp; bubble ratio (idle/busy) "
+                            f"<b>{res.bubble_ratio:.3f}</b> &nbsp; peak activations rank 0 "
+                            f"<b>{res.peak_activations[0]:.2f}</b>, max <b>{max(res.peak_activations):.2f}</b>")
+        self._table = compare(s["p"], s["m"], s["v"], s["F"], s["B"], s["W"], s["comm"])
+        self.table_html.value = self._table.to_html(index=False, float_format=lambda x: f"{x:.3f}", na_rep="")
+        self._show()
+
+    def _show(self):
+        """Render the figure once to PNG into the Image widget (no second 'tight' pass)."""
+        import io
+
+        if self.error is not None:
+            self.image.value = b""
+            return
+        buf = io.BytesIO()
+        self.figure.savefig(buf, format="png", dpi=80, bbox_inches=None)
+        self.image.value = buf.getvalue()
