@@ -16,6 +16,10 @@ Each rank walks ``schedule.actions[rank]`` in order:
 - ``FB``: the forward, then the backward (no real overlap on CPU);
 - ``SEND_F`` / ``SEND_B``: ``dist.isend`` (asynchronous), all waited for at the end of the step.
 
+It runs on CPU over gloo, whose point-to-point messages are matched by tag (under an NCCL default
+group a gloo subgroup is created: NCCL matches messages in order, and the V-shaped and DualPipe
+schedules send a pair's messages in a different order than the peer receives them).
+
 Note: the W op re-traverses the stage's graph to reach the weights, so on these small CPU models the
 split costs more compute than a fused backward; the order and the gradients are what is checked.
 
@@ -94,7 +98,7 @@ def _layers_of(sched: Schedule, spec: ModelSpec, stage: int) -> range:
     return range(stage * k, (stage + 1) * k)
 
 
-def run_step(sched: Schedule, spec: ModelSpec) -> dict:
+def run_step(sched: Schedule, spec: ModelSpec, group=None) -> dict:
     """Inside a rank: one training step of ``sched`` (no optimizer). Returns this rank's gradients
     keyed by the unpipelined model's parameter names, its loss sum and its timeline rows
     (kind, microbatch, chunk, stage, full, start_s, end_s) in ``time.perf_counter`` seconds."""
@@ -102,16 +106,17 @@ def run_step(sched: Schedule, spec: ModelSpec) -> dict:
     import torch.distributed as dist
     from torch import nn
 
+    dev = torch.device("cpu")
     r, m, S = dist.get_rank(), sched.m, sched.n_stages
-    full_model = build_blocks(spec)
-    x_all, y_all = make_batch(spec, m)
+    full_model = build_blocks(spec).to(dev)
+    x_all, y_all = (t.to(dev) for t in make_batch(spec, m))
     # (path, stage) -> module made of that stage's blocks; DualPipe's two paths hold separate copies
     mods = {}
     for path, pl in enumerate(sched.placement):
         for s, (rank, _chunk) in enumerate(pl):
             if rank == r:
                 mods[(path, s)] = nn.Sequential(*[full_model[i] for i in _layers_of(sched, spec, s)])
-        full_model = build_blocks(spec) if path + 1 < len(sched.placement) else full_model
+        full_model = build_blocks(spec).to(dev) if path + 1 < len(sched.placement) else full_model
     for mod in mods.values():
         mod.zero_grad(set_to_none=True)
 
@@ -159,23 +164,24 @@ def run_step(sched: Schedule, spec: ModelSpec) -> dict:
             p.grad = gp if p.grad is None else p.grad + gp
 
     run = {"F": forward, "B": backward, "W": weight}
-    dist.barrier()
+    dist.barrier(group=group)
     for a in sched.actions[r]:
         k = a.kind
         if k == "RECV_F":
-            buf = torch.empty(shape)
-            dist.recv(buf, src=a.peer, tag=tag("F", a.microbatch, a.stage))
+            buf = torch.empty(shape, device=dev)
+            dist.recv(buf, src=a.peer, tag=tag("F", a.microbatch, a.stage), group=group)
             acts[(a.microbatch, a.stage)] = buf
         elif k == "RECV_B":
-            buf = torch.empty(shape)
-            dist.recv(buf, src=a.peer, tag=tag("B", a.microbatch, a.stage))
+            buf = torch.empty(shape, device=dev)
+            dist.recv(buf, src=a.peer, tag=tag("B", a.microbatch, a.stage), group=group)
             grads[(a.microbatch, a.stage)] = buf
         elif k == "SEND_F":
             out = saved[(a.microbatch, a.stage)][1].detach()
-            sends.append(dist.isend(out, dst=a.peer, tag=tag("F", a.microbatch, a.stage + 1)))
+            sends.append(dist.isend(out, dst=a.peer, tag=tag("F", a.microbatch, a.stage + 1), group=group))
         elif k == "SEND_B":
             g = grads.pop((a.microbatch, a.stage - 1))
-            sends.append(dist.isend(g.contiguous(), dst=a.peer, tag=tag("B", a.microbatch, a.stage - 1)))
+            sends.append(dist.isend(g.contiguous(), dst=a.peer, tag=tag("B", a.microbatch, a.stage - 1),
+                                    group=group))
         else:
             for x in (a.sub if k == "FB" else (a,)):
                 t0 = time.perf_counter()
@@ -183,23 +189,30 @@ def run_step(sched: Schedule, spec: ModelSpec) -> dict:
                 rows.append((x.kind, x.microbatch, x.chunk, x.stage, x.full, t0, time.perf_counter()))
     for w in sends:
         w.wait()
-    dist.barrier()
+    dist.barrier(group=group)
     out = {}
     for (path, s), mod in mods.items():
         for i, blk in zip(_layers_of(sched, spec, s), mod):
             for n, p in blk.named_parameters():
                 key = f"{i}.{n}"
-                out[key] = out[key] + p.grad if key in out else p.grad.clone()
+                g = p.grad.detach().cpu()
+                out[key] = out[key] + g if key in out else g.clone()
     return {"rank": r, "grads": out, "loss": loss_sum, "rows": rows}
 
 
 def pipeline_worker(schedules: list[Schedule], spec: ModelSpec, repeats: int = 1) -> list[dict]:
     """The function each rank runs under ``mlsys_nb.launch``: every schedule in turn (the last of
     ``repeats`` steps is returned, earlier ones warm up)."""
+    import torch.distributed as dist
+
+    # Messages are matched by tag, which gloo honours. NCCL matches a pair's messages in issue order,
+    # and the V-shaped and DualPipe orders interleave F and B messages differently on the two
+    # ends of a pair, so under an NCCL default group the step runs on CPU over a gloo subgroup.
+    group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
     results = []
     for sched in schedules:
         for _ in range(repeats):
-            res = run_step(sched, spec)
+            res = run_step(sched, spec, group)
         results.append(res)
     return results
 
@@ -217,6 +230,27 @@ class RealRun:
     @property
     def makespan(self) -> float:
         return float(self.timeline.end.max())
+
+    def order_matches(self) -> bool:
+        """Did every rank run exactly its schedule's compute order (FB pairs as F then B)?"""
+        tl = self.timeline
+        for r in range(self.schedule.p):
+            want = [(x.kind, x.microbatch, x.stage) for a in self.schedule.compute[r]
+                    for x in (a.sub if a.kind == "FB" else (a,))]
+            got = tl[tl["rank"] == r].sort_values("start")
+            if list(zip(got.kind, got.microbatch, got.stage)) != want:
+                return False
+        return True
+
+    def causal(self) -> bool:
+        """Did every op that needs another rank's data start after that data was produced?"""
+        tl, S = self.timeline, self.schedule.n_stages
+        ends = {(k, j, st): e for k, j, st, e in zip(tl.kind, tl.microbatch, tl.stage, tl.end)}
+        for k, j, st, start in zip(tl.kind, tl.microbatch, tl.stage, tl.start):
+            dep = ("F", j, st - 1) if k == "F" and st > 0 else ("B", j, st + 1) if k == "B" and st < S - 1 else None
+            if dep is not None and start < ends[dep]:
+                return False
+        return True
 
     def op_costs(self) -> dict:
         """Median measured op durations (s) per kind, normalised to one micro-batch over L/p layers."""
