@@ -153,6 +153,20 @@ def _pieces(a: int, b: int, piece_elems: int) -> list[tuple[int, int]]:
     return [(a + (b - a) * j // k, a + (b - a) * (j + 1) // k) for j in range(k)]
 
 
+_WORKSPACE: dict = {}
+
+
+def _workspace(k: int, numel: int, dtype, device) -> list[torch.Tensor]:
+    """``k`` receive buffers of ``numel`` elements, reused across calls. A fresh large tensor is
+    a fresh ``mmap``: touching it page-faults, which on CPU costs as much as the copy itself."""
+    key = (k, dtype, str(device))
+    bufs = _WORKSPACE.get(key)
+    if bufs is None or bufs[0].numel() < numel:
+        bufs = [torch.empty(numel, dtype=dtype, device=device) for _ in range(k)]
+        _WORKSPACE[key] = bufs
+    return [b[:numel] for b in bufs]
+
+
 def _ring(flat, bounds, comm, first: int, last: int, op: str, piece_bytes: int) -> None:
     """Ring steps ``first .. last-1`` of all-reduce on the 1-D buffer ``flat`` (in place).
 
@@ -169,7 +183,7 @@ def _ring(flat, bounds, comm, first: int, last: int, op: str, piece_bytes: int) 
     right, left = (r + 1) % n, (r - 1) % n
     piece = max(1, piece_bytes // flat.element_size())
     maxc = max(b - a for a, b in bounds)
-    bufs = [torch.empty(maxc, dtype=flat.dtype, device=flat.device) for _ in range(2)]
+    bufs = _workspace(2, maxc, flat.dtype, flat.device) if first < n - 1 else [None, None]
     sends: dict[int, list] = {}
 
     def recv_chunk(t):
@@ -292,7 +306,7 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor, comm: CountingComm | Non
     n, r = comm.world_size, comm.rank
     p = 1 << (n.bit_length() - 1)
     rem = n - p
-    buf = torch.empty_like(flat)
+    buf = _workspace(1, flat.numel(), flat.dtype, flat.device)[0]
     if r < 2 * rem:
         if r % 2 == 0:
             comm.send(flat, r + 1)
@@ -334,7 +348,7 @@ def tree_reduce(tensor: torch.Tensor, comm: CountingComm | None = None, root: in
         raise ValueError(f"root={root} is out of range: allowed [0, {n - 1}]")
     flat = _flat_work(tensor)
     vr = (r - root) % n
-    buf = torch.empty_like(flat)
+    buf = _workspace(1, flat.numel(), flat.dtype, flat.device)[0]
     mask = 1
     while mask < n:
         if vr & mask:

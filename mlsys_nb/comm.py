@@ -379,8 +379,10 @@ def _make_call(op, impl, nbytes, n, device, dtype, comm):
 
 
 def _sweep_worker(cases, warmup: int, repeats: int, dtype_name: str):
-    """Runs on every rank: times each (op, impl, nbytes) case. A barrier precedes every timed
-    call (never inside it); on CUDA the clock is read after a synchronize."""
+    """Runs on every rank: times each (op, impl, nbytes) case, ``warmup`` untimed calls first, then
+    ``repeats`` rounds that visit every case once (interleaved, so noise from other processes is
+    shared fairly). A barrier precedes every timed call (never inside it); on CUDA the clock is
+    read after a synchronize."""
     import torch
     import torch.distributed as dist
 
@@ -392,21 +394,20 @@ def _sweep_worker(cases, warmup: int, repeats: int, dtype_name: str):
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     comm = C.CountingComm(count=False)
     n = dist.get_world_size()
-    out = []
-    for op, impl, nbytes in cases:
-        fn, used = _make_call(op, impl, nbytes, n, dev, dtype, comm)
+    calls = [_make_call(op, impl, nbytes, n, dev, dtype, comm) for op, impl, nbytes in cases]
+    for fn, _ in calls:
         for _ in range(warmup):
             fn()
-        times = []
-        for _ in range(repeats):
+    times = [[] for _ in cases]
+    for _ in range(repeats):  # round-robin over the cases: background noise hits them all alike
+        for i, (fn, _) in enumerate(calls):
             dist.barrier()
             sync()
             t0 = time.perf_counter()
             fn()
             sync()
-            times.append(time.perf_counter() - t0)
-        out.append((op, impl, int(nbytes), used, times))
-    return out
+            times[i].append(time.perf_counter() - t0)
+    return [(op, impl, int(nbytes), used, t) for (op, impl, nbytes), (_, used), t in zip(cases, calls, times)]
 
 
 def sweep(ops=("all_reduce",), sizes=(1 << 10, 1 << 16, 1 << 20), world_sizes=(2, 4),
