@@ -36,6 +36,8 @@ process group (``mlsys_nb.launch``); ``group=None`` means the default (world) gr
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -45,6 +47,10 @@ from ..config import ModelConfig
 from ..models.transformer import apply_rope, attention_core, build_norm, rope_tables
 
 SEQ_DIM = 1  # activations are [batch, seq, hidden]
+# torch 2.13 marks the *_tensor collectives deprecated in favour of *_single; the byte counter
+# (mlsys_nb.parallel.counting) and torch's own DTensor code still use these names.
+warnings.filterwarnings("ignore", message=r".*`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
+                        category=FutureWarning)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,7 +370,8 @@ class TPAttention(nn.Module):
         q, k, v = qkv.split(self.sizes, dim=-1)
         q = q.view(b, s, self.heads, d).transpose(1, 2)
         k = k.view(b, s, self.kv_heads, d).transpose(1, 2)
-        v = v.view(b, s, self.kv_heads, d).transpose(1, 2)
+        # copy v out of the fused q|k|v output: a saved *view* would keep all of it alive
+        v = v.contiguous().view(b, s, self.kv_heads, d).transpose(1, 2)
         q, k = apply_rope(q, cos[:s], sin[:s]), apply_rope(k, cos[:s], sin[:s])
         group = self.heads // self.kv_heads
         if group > 1:
