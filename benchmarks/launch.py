@@ -18,6 +18,8 @@ import argparse
 import json
 import os
 import platform
+import selectors
+import signal
 import socket
 import statistics
 import subprocess
@@ -69,18 +71,17 @@ def job_spawn(rank, world_size):
     dist.destroy_process_group()
 
 
-def child(method: str, world_size: int, calls: int) -> list[float]:
-    """Run in a fresh process: time ``calls`` launches with ``method`` (seconds each)."""
+def child(method: str, world_size: int, calls: int) -> None:
+    """Run in a fresh process: time ``calls`` launches with ``method``; print seconds per line."""
     import torch  # noqa: F401 - a kernel has torch imported before it launches anything
 
-    times = []
     for _ in range(calls):
         if method == "mlsys_nb":
             import mlsys_nb
 
             start = time.perf_counter()
             result = mlsys_nb.launch(job, world_size, output="quiet")
-            times.append(time.perf_counter() - start)
+            elapsed = time.perf_counter() - start
             assert result == [float(world_size)] * world_size
         elif method == "accelerate":
             from accelerate import notebook_launcher
@@ -88,24 +89,46 @@ def child(method: str, world_size: int, calls: int) -> list[float]:
             port = str(_free_port())
             start = time.perf_counter()
             notebook_launcher(job_env, num_processes=world_size, use_port=port, master_addr="127.0.0.1")
-            times.append(time.perf_counter() - start)
+            elapsed = time.perf_counter() - start
         else:
             import torch.multiprocessing as tmp
 
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
             start = time.perf_counter()
             tmp.spawn(job_spawn, args=(world_size,), nprocs=world_size, join=True)
-            times.append(time.perf_counter() - start)
-    return times
+            elapsed = time.perf_counter() - start
+        print(f"TIME {elapsed}", flush=True)
 
 
 # ------------------------------------------------------------------ driver
-def run_child(method: str, world_size: int, calls: int) -> list[float]:
-    out = subprocess.run([sys.executable, __file__, "--child", method, "--world-size", str(world_size),
-                          "--calls", str(calls)], capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        raise RuntimeError(f"{method} child failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def run_child(method: str, world_size: int, calls: int, call_timeout: float) -> tuple[list[float], bool]:
+    """Times of each call, and whether a call hung (no result within ``call_timeout`` s).
+
+    The child runs in its own session so that a hung child and everything it forked can be
+    killed together.
+    """
+    p = subprocess.Popen([sys.executable, __file__, "--child", method, "--world-size", str(world_size),
+                          "--calls", str(calls)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    times, hung = [], False
+    with selectors.DefaultSelector() as selector:
+        selector.register(p.stdout, selectors.EVENT_READ)
+        while len(times) < calls:
+            if not selector.select(timeout=call_timeout):
+                hung = True
+                break
+            line = p.stdout.readline()
+            if not line:
+                break
+            if line.startswith("TIME "):
+                times.append(float(line.split()[1]))
+    if hung:
+        os.killpg(p.pid, signal.SIGKILL)
+    p.wait(60)
+    err = p.stderr.read()
+    if not hung and (p.returncode != 0 or len(times) < calls):
+        raise RuntimeError(f"{method} child failed:\n{err[-3000:]}")
+    return times, hung
 
 
 def machine() -> str:
@@ -129,43 +152,48 @@ def main() -> None:
     parser.add_argument("--world-size", type=int, default=4)
     parser.add_argument("--child", choices=METHODS)
     parser.add_argument("--calls", type=int, default=1)
+    parser.add_argument("--call-timeout", type=float, default=90.0,
+                        help="seconds without a finished call before a child counts as hung")
     ns = parser.parse_args()
     if ns.child:
-        print(json.dumps(child(ns.child, ns.world_size, ns.calls)))
+        child(ns.child, ns.world_size, ns.calls)
         return
 
     samples = {name: [] for name in ("mlsys_nb.launch cold", "mlsys_nb.launch warm",
                                      "accelerate.notebook_launcher first", BASELINE,
                                      "torch.multiprocessing.spawn")}
+    hangs = {method: 0 for method in METHODS}
     print(f"# {machine()}")
     for round_ in range(ns.rounds):
         order = METHODS[round_ % 3:] + METHODS[: round_ % 3]  # rotate who goes first
         for method in order:
+            calls = ns.spawn_calls if method == "mp_spawn" else 1 + ns.warm_calls
+            times, hung = run_child(method, ns.world_size, calls, ns.call_timeout)
+            hangs[method] += hung
             if method == "mp_spawn":
-                samples["torch.multiprocessing.spawn"] += run_child(method, ns.world_size, ns.spawn_calls)
-                continue
-            first, *warm = run_child(method, ns.world_size, 1 + ns.warm_calls)
-            if method == "mlsys_nb":
-                samples["mlsys_nb.launch cold"].append(first)
-                samples["mlsys_nb.launch warm"] += warm
-            else:
-                samples["accelerate.notebook_launcher first"].append(first)
-                samples[BASELINE] += warm
-        print(f"round {round_ + 1}/{ns.rounds} done", file=sys.stderr)
+                samples["torch.multiprocessing.spawn"] += times
+            elif times:
+                first, *warm = times
+                cold_name = "mlsys_nb.launch cold" if method == "mlsys_nb" else "accelerate.notebook_launcher first"
+                warm_name = "mlsys_nb.launch warm" if method == "mlsys_nb" else BASELINE
+                samples[cold_name].append(first)
+                samples[warm_name] += warm
+        print(f"round {round_ + 1}/{ns.rounds} done; hangs so far {hangs}", file=sys.stderr, flush=True)
 
     medians = {k: statistics.median(v) for k, v in samples.items()}
     spawn = medians["torch.multiprocessing.spawn"]
-    rows = [(name, len(v), medians[name], min(v), max(v), medians[name] / medians[BASELINE],
-             spawn / medians[name]) for name, v in samples.items()]
     header = ("method", "n", "median s", "min s", "max s", "ratio to baseline", "speed-up vs mp.spawn")
-    print(f"\n{ns.world_size} ranks: start, one 1-element all_reduce (gloo), return. Baseline: {BASELINE}.\n")
+    print(f"\n{ns.world_size} ranks: start, one 1-element all_reduce (gloo), return. "
+          f"Baseline: {BASELINE}. {ns.rounds} rounds, methods alternated.\n")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
-    for name, n, med, lo, hi, ratio, speedup in rows:
-        print(f"| {name} | {n} | {med:.3f} | {lo:.3f} | {hi:.3f} | {ratio:.2f} | {speedup:.1f}x |")
+    for name, values in samples.items():
+        print(f"| {name} | {len(values)} | {medians[name]:.3f} | {min(values):.3f} | {max(values):.3f} | "
+              f"{medians[name] / medians[BASELINE]:.2f} | {spawn / medians[name]:.1f}x |")
     warm = medians["mlsys_nb.launch warm"]
-    print(f"\nTargets: warm/accelerate warm = {warm / medians[BASELINE]:.2f} (<= 1.0), "
-          f"mp.spawn/warm = {spawn / warm:.0f}x (>= 20x), cold = {medians['mlsys_nb.launch cold']:.2f} s (<= 2 s)")
+    print(f"\nTargets: warm / accelerate warm = {warm / medians[BASELINE]:.2f} (<= 1.0), "
+          f"mp.spawn / warm = {spawn / warm:.0f}x (>= 20x), cold = {medians['mlsys_nb.launch cold']:.2f} s (<= 2 s)")
+    print(f"Child processes that hung (no call finished within {ns.call_timeout:g} s, killed): {hangs}")
 
 
 if __name__ == "__main__":

@@ -35,9 +35,11 @@ from __future__ import annotations
 import codecs
 import contextlib
 import faulthandler
+import linecache
 import multiprocessing as mp
 import os
 import pickle
+import re
 import signal
 import socket
 import sys
@@ -444,7 +446,7 @@ class _Rank:
                     break
                 continue
             chunks.append(os.read(self.stack.fileno(), 65536).decode("utf-8", "replace"))
-        self.stack_text = _drop_lifeline_thread("".join(chunks))
+        self.stack_text = _with_caller_source(_drop_lifeline_thread("".join(chunks)))
 
     def stop(self) -> None:
         """Kill the process (if alive), reap it and close every pipe end this side holds."""
@@ -454,6 +456,28 @@ class _Rank:
         for conn in [self.result, self.stack] + [s.reader for s in self.streams]:
             conn.close()
         self.process.close()
+
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+),? in ')
+
+
+def _with_caller_source(text: str) -> str:
+    """Add the source line under each ``File "...", line N`` that has none.
+
+    A rank cannot read code typed into a notebook cell (it lives in the kernel's linecache),
+    so its tracebacks and stack dumps lack those lines; this process can fill them in.
+    """
+    lines = text.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        out.append(line)
+        match = _FRAME.match(line)
+        followed_by_source = i + 1 < len(lines) and lines[i + 1].startswith("    ") and not _FRAME.match(lines[i + 1])
+        if match and not followed_by_source:
+            source = linecache.getline(match["file"], int(match["line"])).strip()
+            if source:
+                out.append(" " * (line.index("File") + 2) + source)
+    return "\n".join(out)
 
 
 def _drop_lifeline_thread(dump: str) -> str:
@@ -619,7 +643,7 @@ def _rank_error(ranks: list[_Rank]) -> RankError:
     names = ", ".join(str(f.rank) for f in causes)
     lines = [f"rank{'s' if len(causes) > 1 else ''} {names} failed; all ranks were stopped."]
     for f in causes:
-        body = f.traceback.rstrip() or f"{f.type_name}: {f.message}"
+        body = _with_caller_source(f.traceback.rstrip()) or f"{f.type_name}: {f.message}"
         lines += ["", f"--- rank {f.rank}: remote traceback ---", body]
     if consequences:
         lines += ["", "Consequences on the other ranks (not causes):"]

@@ -412,3 +412,14 @@ def test_run_without_torchrun_environment_explains_itself(monkeypatch, capsys):
     assert "torchrun" in capsys.readouterr().err
     with pytest.raises(ValueError, match="module:function"):
         run.load_function("no_colon")
+
+
+def test_source_lines_missing_on_the_rank_are_filled_in_from_this_process():
+    import linecache
+
+    name = "/tmp/ipykernel_0/cell_that_only_the_kernel_knows.py"
+    linecache.cache[name] = (30, None, ["def f():\n", "    raise ValueError('x')\n"], name)
+    remote = f'Traceback (most recent call last):\n  File "{name}", line 2, in f\nValueError: x'
+    assert launch_module._with_caller_source(remote).splitlines()[2] == "    raise ValueError('x')"
+    dump = f'  File "{name}", line 1 in f'  # faulthandler's format has no comma
+    assert launch_module._with_caller_source(dump).splitlines()[1] == "    def f():"
