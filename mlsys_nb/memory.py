@@ -23,6 +23,7 @@ Units: bytes everywhere; ``GB = 1e9``, ``GiB = 2**30``.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from dataclasses import asdict, dataclass, field
 
 from .config import ModelConfig, TrainConfig, load_model_preset, model_presets
@@ -47,14 +48,22 @@ _PRECISION = {
 _STATES = {"adam": 2, "adamw": 2, "sgd": 0, "sgd-momentum": 1, "adam-8bit": 2}
 
 
+@lru_cache(maxsize=1)
+def _presets() -> dict:
+    return model_presets()
+
+
 def presets() -> list[str]:
     """Names of the model presets in ``data/models.yaml``."""
-    return list(model_presets())
+    return list(_presets())
 
 
 def preset(name: str) -> ModelConfig:
     """The ``ModelConfig`` of a preset (e.g. ``"llama-3.1-8b"``); the error lists valid names."""
-    return load_model_preset(name)
+    table = _presets()
+    if name not in table:
+        return load_model_preset(name)  # raises the KeyError listing the valid names
+    return table[name]
 
 
 # ---- parameter counts -----------------------------------------------------------------------
@@ -87,6 +96,14 @@ def _attn_params(m: ModelConfig, tp: int) -> tuple[float, int]:
 
 def _norm_params(m: ModelConfig) -> int:
     return m.hidden * (2 if (m.norm == "layernorm" and m.bias) else 1)
+
+
+def _kinds(m: ModelConfig, layers: range) -> dict[int, int]:
+    """{representative layer index: how many layers of that kind} (dense-MLP vs MoE layers)."""
+    out: dict[bool, list] = {}
+    for i in layers:
+        out.setdefault(m.is_moe and i >= m.n_dense_layers, [i, 0])[1] += 1
+    return {i: n for i, n in out.values()}
 
 
 def _layer_params(m: ModelConfig, i: int, *, tp: int = 1, ep: int = 1, active: bool = False) -> dict:
@@ -129,15 +146,22 @@ class ParamCount:
 def param_count(model: ModelConfig) -> ParamCount:
     """Exact parameter count of ``model`` as ``mlsys_nb.models.Transformer`` builds it (plus MLA
     for DeepSeek presets, which the small Transformer does not build)."""
-    per = [_layer_params(model, i) for i in range(model.n_layers)]
-    per_active = [_layer_params(model, i, active=True) for i in range(model.n_layers)]
+    return _param_count(model)
+
+
+@lru_cache(maxsize=256)
+def _param_count(model: ModelConfig) -> ParamCount:
+    kinds = _kinds(model, range(model.n_layers))
+    per = {i: _layer_params(model, i) for i in kinds}
+    per_active = {i: _layer_params(model, i, active=True) for i in kinds}
     emb = model.vocab_size * model.hidden
     head = 0 if model.tied_embeddings else emb
     outside = emb + head + _norm_params(model)
-    total = outside + sum(p["dense"] + p["expert"] for p in per)
-    active = outside + sum(p["dense"] + p["expert"] for p in per_active)
-    return ParamCount(int(round(total)), int(round(active)), emb, head,
-                      tuple(int(round(p["dense"] + p["expert"])) for p in per))
+    total = outside + sum(n * (per[i]["dense"] + per[i]["expert"]) for i, n in kinds.items())
+    active = outside + sum(n * (per_active[i]["dense"] + per_active[i]["expert"]) for i, n in kinds.items())
+    kind_of = lambda j: max(i for i in kinds if i <= j) if model.is_moe else next(iter(kinds))  # noqa: E731
+    layers = tuple(int(round(per[kind_of(j)]["dense"] + per[kind_of(j)]["expert"])) for j in range(model.n_layers))
+    return ParamCount(int(round(total)), int(round(active)), emb, head, layers)
 
 
 # ---- model states ------------------------------------------------------------------------------
@@ -421,13 +445,12 @@ def check(model: ModelConfig, train: TrainConfig) -> None:
 def _stage_params(m: ModelConfig, t: TrainConfig, stage: int) -> tuple[float, float, float, int]:
     """(dense, expert, largest layer) parameters on ``stage`` per TP/EP rank, and its layer count."""
     per = m.n_layers // t.pp
-    layers = range(stage * per, (stage + 1) * per)
     dense = expert = 0.0
     largest = 0.0
-    for i in layers:
+    for i, n in _kinds(m, range(stage * per, (stage + 1) * per)).items():
         lp = _layer_params(m, i, tp=t.tp, ep=t.ep)
-        dense += lp["dense"]
-        expert += lp["expert"]
+        dense += n * lp["dense"]
+        expert += n * lp["expert"]
         largest = max(largest, lp["dense"] + lp["expert"])
     vshard = math.ceil(m.vocab_size / t.tp) * m.hidden
     if stage == 0:
@@ -469,8 +492,8 @@ def estimate(model: ModelConfig, train: TrainConfig | None = None, *, stage: int
         per_layer_terms = layer_terms(model, t)
         per_layer = sum(b for _, b in per_layer_terms)
         first_layer = stage_layer = st * nlay
-        acts_layers = sum(sum(b for _, b in layer_terms(model, t, layer=i))
-                          for i in range(first_layer, first_layer + nlay))
+        acts_layers = sum(n * sum(b for _, b in layer_terms(model, t, layer=i))
+                          for i, n in _kinds(model, range(first_layer, first_layer + nlay)).items())
         fl = _in_flight(t, st)
         acts_layers *= fl
         outside = _outside_terms(model, t, st == 0, st == t.pp - 1)

@@ -1,0 +1,91 @@
+"""How long does the memory widget take to redraw after a slider change? (target: <= 100 ms median)
+
+    .venv/bin/python benchmarks/memory_widget.py [--repeats 30] [--out data/measured/memory_widget.md]
+
+Times, interleaved in one process: (a) the calculator alone (``memory.estimate`` for the state),
+the named baseline; (b) a full widget update after one control change (estimate, table, stacked
+bar redrawn) including rendering the figure to PNG (what the front end receives), cycling the
+sequence-length, TP, ZeRO and model controls. Prints medians, spreads and the ratio to (a).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import io
+import platform
+import statistics
+import subprocess
+import time
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import torch  # noqa: E402
+
+from mlsys_nb.widgets.memory import MemoryWidget  # noqa: E402
+
+TARGET_S = 0.100
+CHANGES = [{"seq_len": 8192}, {"tp": 4}, {"zero": 3}, {"model": "llama-3.1-70b"},
+           {"seq_len": 4096}, {"tp": 8}, {"zero": 1}, {"model": "llama-3.1-8b"}]
+
+
+def machine() -> str:
+    cpu = "unknown"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    return f"{platform.machine()}, nproc {nproc}, {cpu}, torch {torch.__version__}, {datetime.date.today().isoformat()}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    w = MemoryWidget()
+    calc, full, calc_cpu, full_cpu = [], [], [], []
+    for i in range(args.repeats + 2):
+        change = CHANGES[i % len(CHANGES)]
+        state = w.state() | change
+        t0, c0 = time.perf_counter(), time.process_time()
+        w.compute(state)
+        t1, c1 = time.perf_counter(), time.process_time()
+        name, value = next(iter(change.items()))
+        w.controls[name].value = value  # triggers update()
+        w.figure.savefig(io.BytesIO(), format="png")
+        t2, c2 = time.perf_counter(), time.process_time()
+        if i >= 2:  # warm-up
+            calc.append(t1 - t0)
+            full.append(t2 - t1)
+            calc_cpu.append(c1 - c0)
+            full_cpu.append(c2 - c1)
+    rows = [("memory.estimate only (baseline), wall", calc), ("widget update + PNG render, wall", full),
+            ("memory.estimate only, CPU time of this process", calc_cpu),
+            ("widget update + PNG render, CPU time of this process", full_cpu)]
+    base = statistics.median(calc)
+    lines = ["| step | median (ms) | min (ms) | max (ms) | ratio to baseline (wall) |", "|---|---|---|---|---|"]
+    for n, xs in rows:
+        med = statistics.median(xs)
+        lines.append(f"| {n} | {med * 1e3:.1f} | {min(xs) * 1e3:.1f} | {max(xs) * 1e3:.1f} | {med / base:.1f} |")
+    load = open("/proc/loadavg").read().split()[0] if platform.system() == "Linux" else "?"
+    wall, cpu = statistics.median(full), statistics.median(full_cpu)
+    text = "\n".join(lines) + (
+        f"\n\nTarget: widget update <= {TARGET_S * 1e3:.0f} ms median. Wall: {wall * 1e3:.0f} ms "
+        f"({'meets' if wall <= TARGET_S else 'misses'}); CPU time of the process (what an idle machine would "
+        f"take): {cpu * 1e3:.0f} ms ({'meets' if cpu <= TARGET_S else 'misses'}). 1-min load average during "
+        f"the run: {load} on {subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores.\n")
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(f"# Memory widget redraw time\n\nMachine: {machine()} (shared with other jobs: noisy).\n"
+                    f"Command: `.venv/bin/python benchmarks/memory_widget.py --repeats {args.repeats}`\n\n{text}")
+
+
+if __name__ == "__main__":
+    main()

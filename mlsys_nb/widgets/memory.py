@@ -1,0 +1,205 @@
+"""Training-memory explorer: a model preset and a training configuration in, the per-GPU memory
+breakdown out (``mlsys_nb.memory.estimate``), as a stacked bar against the GPU's capacity, a table
+and a fits/OOM verdict. A toggle shows the Ultra-Scale Playbook widget's numbers for the same
+inputs (its bugs included; it prints GiB as "GB"). Invalid combinations (tp not dividing the
+heads, pp not dividing the layers, ...) are shown as a message in place of the chart.
+
+``MemoryWidget().widget`` is the ipywidgets container; ``state()``/``set_state()``, ``figure``,
+``table()`` and ``error`` follow the dashboard protocol.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from .. import hardware, memory
+from ..config import OPTIMIZERS, PP_SCHEDULES, PRECISIONS, RECOMPUTE, TrainConfig
+from ..plots import PALETTE, label, style
+
+POW2 = lambda lo, hi: [2**i for i in range(lo, hi + 1)]  # noqa: E731
+
+DEFAULTS = {
+    "model": "llama-3.1-8b", "micro_batch": 1, "seq_len": 4096, "precision": "bf16-mixed",
+    "fp32_grad_accum": False, "optimizer": "adam", "recompute": "none", "flash_attention": True,
+    "dp": 8, "zero": 1, "tp": 1, "sp": False, "pp": 1, "pp_schedule": "1f1b", "virtual_stages": 1,
+    "n_microbatches": 8, "cp": 1, "ep": 1, "gpu": "H100-SXM", "unit": "GiB", "playbook": False,
+}
+COMPONENTS = [  # (Breakdown field, label, colour, short legend label)
+    ("params", "parameters", PALETTE[0], "params"), ("grads", "gradients", PALETTE[1], "grads"),
+    ("optimizer", "optimizer states", PALETTE[2], "optimizer"), ("master", "fp32 master weights", PALETTE[5], "master"),
+    ("activations_layers", "activations (layers)", PALETTE[3], "act. layers"),
+    ("activations_outside", "activations (embedding, head, loss)", PALETTE[4], "act. outside"),
+    ("temporary", "temporary buffers", PALETTE[6], "temporary"), ("overhead", "overhead", "#999999", "overhead"),
+]
+UNITS = {"GiB": memory.GiB, "GB": memory.GB}
+
+
+def train_config(state: dict) -> TrainConfig:
+    """The ``TrainConfig`` a widget state describes (raises ``ValueError`` for invalid input)."""
+    keys = ("micro_batch", "seq_len", "precision", "fp32_grad_accum", "optimizer", "recompute", "flash_attention",
+            "dp", "zero", "tp", "sp", "pp", "pp_schedule", "virtual_stages", "n_microbatches", "cp", "ep", "gpu")
+    kw = {k: state[k] for k in keys}
+    kw["sp"] = bool(kw["sp"]) and kw["tp"] > 1
+    if kw["pp_schedule"] != "interleaved-1f1b":
+        kw["virtual_stages"] = 1
+    return TrainConfig(**kw)
+
+
+class MemoryWidget:
+    """Controls for every ``TrainConfig`` input, a model preset, the GPU, the unit (GiB/GB) and a
+    Playbook-compatibility toggle. Shows a stacked bar per rank with the GPU memory line."""
+
+    def __init__(self, **state):
+        import ipywidgets as w
+
+        s = DEFAULTS | state
+        lay = w.Layout(width="320px")
+        dd = lambda opts, v, d: w.Dropdown(options=opts, value=v, description=d, layout=lay)  # noqa: E731
+        sel = lambda opts, v, d: w.SelectionSlider(options=opts, value=v, description=d, layout=lay)  # noqa: E731
+        self.controls = {
+            "model": dd(memory.presets(), s["model"], "model"),
+            "micro_batch": sel(POW2(0, 8), s["micro_batch"], "micro-batch (seqs)"),
+            "seq_len": sel(POW2(7, 17), s["seq_len"], "sequence (tokens)"),
+            "precision": dd(list(PRECISIONS), s["precision"], "precision"),
+            "fp32_grad_accum": w.Checkbox(value=s["fp32_grad_accum"], description="fp32 grad accumulation"),
+            "optimizer": dd(list(OPTIMIZERS), s["optimizer"], "optimizer"),
+            "recompute": dd(list(RECOMPUTE), s["recompute"], "recompute"),
+            "flash_attention": w.Checkbox(value=s["flash_attention"], description="FlashAttention"),
+            "dp": sel(POW2(0, 12), s["dp"], "DP"),
+            "zero": dd([0, 1, 2, 3], s["zero"], "ZeRO stage"),
+            "tp": sel(POW2(0, 6), s["tp"], "TP"),
+            "sp": w.Checkbox(value=s["sp"], description="sequence parallel"),
+            "pp": sel(POW2(0, 6), s["pp"], "PP"),
+            "pp_schedule": dd(list(PP_SCHEDULES), s["pp_schedule"], "PP schedule"),
+            "virtual_stages": w.IntSlider(value=s["virtual_stages"], min=1, max=8, description="virtual stages", layout=lay),
+            "n_microbatches": sel(POW2(0, 9), s["n_microbatches"], "micro-batches/step"),
+            "cp": sel(POW2(0, 5), s["cp"], "CP"),
+            "ep": sel(POW2(0, 8), s["ep"], "EP"),
+            "gpu": dd(list(hardware.gpus()), s["gpu"], "GPU"),
+            "unit": w.ToggleButtons(options=list(UNITS), value=s["unit"], description="unit"),
+            "playbook": w.Checkbox(value=s["playbook"], description="Playbook-compatible numbers"),
+        }
+        for c in self.controls.values():
+            c.style = {"description_width": "130px"}
+        self.message = w.HTML()
+        self.stats = w.HTML()
+        self.output = w.Output()
+        from matplotlib.figure import Figure
+
+        with style():  # a fixed layout: constrained layout would re-measure every text on each redraw
+            self.figure = Figure(figsize=(5.0, 3.6), layout="none")
+            self._ax = self.figure.add_subplot()
+        self.figure.subplots_adjust(left=0.14, right=0.98, top=0.96, bottom=0.13)
+        self.error: str | None = None
+        self.breakdown = None
+        self._table = pd.DataFrame()
+        c = list(self.controls.values())
+        self.widget = w.VBox([w.HBox([w.VBox(c[:8]), w.VBox(c[8:15]), w.VBox(c[15:])]),
+                              self.message, self.stats, self.output])
+        self._hold = False
+        for ctl in self.controls.values():
+            ctl.observe(self._on_change, names="value")
+        self.update()
+
+    # ---- protocol ------------------------------------------------------------------------------
+    def state(self) -> dict:
+        return {k: c.value for k, c in self.controls.items()}
+
+    def set_state(self, state: dict) -> None:
+        unknown = set(state) - set(self.controls)
+        if unknown:
+            raise ValueError(f"unknown settings {sorted(unknown)}; allowed: {sorted(self.controls)}")
+        self._hold = True
+        try:
+            for k, v in state.items():
+                self.controls[k].value = v
+        finally:
+            self._hold = False
+        self.update()
+
+    def table(self) -> pd.DataFrame:
+        return self._table.copy()
+
+    # ---- computing and drawing ---------------------------------------------------------------
+    def _on_change(self, _change):
+        if not self._hold:
+            self.update()
+
+    def compute(self, state: dict | None = None):
+        """The breakdown for a state (no drawing): ``(Breakdown, TrainConfig)``."""
+        s = state or self.state()
+        train = train_config(s)
+        model = memory.preset(s["model"])
+        return memory.estimate(model, train, compat="playbook" if s["playbook"] else None), train
+
+    def update(self) -> None:
+        s = self.state()
+        try:
+            b, train = self.compute(s)
+        except (ValueError, KeyError) as e:
+            self.error = str(e).strip("'\"")
+            self.breakdown = None
+            self.message.value = f"<b style='color:#D55E00'>Invalid combination:</b> {self.error}"
+            self.stats.value = ""
+            self._table = pd.DataFrame()
+            self._show()
+            return
+        self.error = None
+        self.breakdown = b
+        self.message.value = ""
+        unit, scale = s["unit"], UNITS[s["unit"]]
+        rows = [(lab, getattr(b, f)) for f, lab, _, _ in COMPONENTS] + [("total", b.total)]
+        self._table = pd.DataFrame(rows, columns=["component", "bytes per rank"]).set_index("component")
+        self._table[unit] = self._table["bytes per rank"] / scale
+        self._draw(b, s, unit, scale)
+        verdict = "fits" if b.fits else "does NOT fit"
+        extra = ""
+        if s["playbook"]:
+            pb = b.detail["playbook"]
+            extra = (f" &nbsp; <i>the Playbook widget prints <b>{pb['shown']}</b> (really GiB; it ignores "
+                     f"TP for model states, PP, GQA, FlashAttention and the FFN width in its parameter count)</i>")
+        self.stats.value = (f"{b.total / scale:,.2f} {unit} per rank on stage {b.stage} ({b.layers} layers, "
+                            f"{b.in_flight:g} micro-batches in flight): <b>{verdict}</b> on {s['gpu']} "
+                            f"({b.gpu_memory / scale:,.1f} {unit}); parameters: {b.n_params_total / 1e9:,.2f} B total, "
+                            f"{b.n_params_active / 1e9:,.2f} B active, {b.n_params_rank / 1e9:,.3f} B on this rank"
+                            + extra)
+        self._show()
+
+    def _draw(self, b, s, unit, scale):
+        """Update the bars, the GPU line, labels and legend in place (no re-layout of new artists)."""
+        ax = self._ax
+        if not getattr(self, "_bars", None):
+            ax.clear()
+            with style():
+                self._bars = [ax.bar([0], [0.0], width=0.5, color=col)[0] for _, _, col, _ in COMPONENTS]
+                self._cap = ax.axhline(1.0, color="black", ls="--", lw=1.2)
+                ax.set_xlim(-0.5, 2.2)
+                ax.set_xticks([0])
+        bottom = 0.0
+        handles, labels = [], []
+        for bar, (f, _, _, short) in zip(self._bars, COMPONENTS):
+            v = getattr(b, f) / scale
+            bar.set_y(bottom)
+            bar.set_height(v)
+            if v > 0:
+                handles.append(bar)
+                labels.append(short)
+            bottom += v
+        cap = b.gpu_memory / scale
+        self._cap.set_ydata([cap, cap])
+        handles.append(self._cap)
+        labels.append("GPU memory")
+        # short texts and a fixed layout keep a redraw cheap (text layout dominates); the values
+        # are in the table and the stats line
+        ax.set_xticklabels(["Playbook widget" if s["playbook"] else f"{'fits' if b.fits else 'OOM'}"])
+        ax.set_ylim(0, max(bottom, cap) * 1.08)
+        with style():
+            label(ax, "one rank (verdict)", f"memory ({unit})")
+            ax.legend(handles, labels, loc="center right", fontsize=8)
+
+    def _show(self):
+        from IPython.display import display
+
+        with self.output:
+            self.output.clear_output(wait=True)
+            if self.error is None:
+                display(self.figure)

@@ -1,0 +1,48 @@
+"""The memory widget, driven headless by setting control values."""
+import pytest
+
+from mlsys_nb import memory
+from mlsys_nb.config import TrainConfig
+from mlsys_nb.widgets.memory import MemoryWidget
+
+
+def _heights(fig):
+    return [round(p.get_height(), 6) for p in fig.axes[0].patches]
+
+
+def test_widget_follows_the_calculator_and_redraws():
+    w = MemoryWidget()
+    assert w.error is None
+    t0, h0 = w.table(), _heights(w.figure)
+    want = memory.estimate(memory.preset("llama-3.1-8b"), TrainConfig(dp=8, zero=1, n_microbatches=8))
+    assert t0.loc["total", "bytes per rank"] == want.total
+    w.set_state({"zero": 3, "seq_len": 8192})
+    t1 = w.table()
+    want = memory.estimate(memory.preset("llama-3.1-8b"), TrainConfig(dp=8, zero=3, seq_len=8192, n_microbatches=8))
+    assert t1.loc["total", "bytes per rank"] == want.total != t0.loc["total", "bytes per rank"]
+    assert _heights(w.figure) != h0
+    w.controls["unit"].value = "GB"  # a single control change redraws too
+    assert w.table()["GB"].loc["total"] == pytest.approx(want.total / 1e9)
+    assert "memory (GB)" in w.figure.axes[0].get_ylabel()
+    assert w.state()["unit"] == "GB"
+
+
+def test_invalid_combination_is_shown_in_place():
+    w = MemoryWidget()
+    w.set_state({"tp": 64})
+    assert w.error and "tp" in w.error and "Invalid" in w.message.value
+    assert w.table().empty
+    w.set_state({"tp": 8})
+    assert w.error is None and not w.table().empty
+    w.set_state({"model": "llama-3.1-405b", "pp": 8})  # 126 layers
+    assert "pp" in w.error
+
+
+def test_playbook_toggle_and_fit_verdict():
+    w = MemoryWidget(model="llama-3.1-405b", dp=1, zero=0)
+    assert not w.breakdown.fits and "does NOT fit" in w.stats.value
+    w.set_state({"playbook": True})
+    assert w.breakdown.mode == "playbook" and "Playbook widget prints" in w.stats.value
+    w2 = MemoryWidget(**w.state())
+    assert w2.state() == w.state()
+    assert w2.table().equals(w.table())
