@@ -62,8 +62,10 @@ def test_run_all_reduce_matches_local_sum(cluster):
 
     out = cluster.run(reduce_mine, args=(data,))
     expected = torch.stack(data).sum(0)
+    # torch.allclose, not torch.testing.assert_close: the latter imports torch.distributed.tensor
+    # here, and cloudpickle then makes every rank import it (and sympy) on the next call.
     for t in out:
-        torch.testing.assert_close(t, expected, rtol=1e-5, atol=1e-6)
+        assert torch.allclose(t, expected, rtol=1e-5, atol=1e-6), (t, expected)
 
 
 def test_push_pull_same_and_per_rank(cluster):
