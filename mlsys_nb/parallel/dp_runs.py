@@ -177,3 +177,67 @@ def max_differences(impls=("ddp", "zero1", "zero2", "zero3"), optimizer: str = "
     {impl: max |parameter - single-process parameter|} after ``steps`` steps."""
     out = compare_implementations(impls=impls, optimizers=(optimizer,), steps=steps)
     return {impl: r["max_diff_single"] for impl, r in out["results"][optimizer].items()}
+
+
+# ---- timing: overlap of communication with backward ----------------------------------------------
+TIMING_VARIANTS = ("compute_only", "no_overlap", "overlap", "torch_ddp")
+
+
+def mlp_stack(hidden: int, layers: int, seed: int = 0) -> torch.nn.Sequential:
+    """``layers`` x (Linear(hidden, hidden) + ReLU): compute-heavy layers with big gradients."""
+    torch.manual_seed(seed)
+    mods = []
+    for _ in range(layers):
+        mods += [torch.nn.Linear(hidden, hidden), torch.nn.ReLU()]
+    return torch.nn.Sequential(*mods)
+
+
+def time_ddp_steps(variants=TIMING_VARIANTS, hidden: int = 1024, layers: int = 8, rows: int = 64,
+                   bucket_cap_mb: float = 4.0, repeats: int = 10, warmup: int = 2) -> dict:
+    """Rank function: seconds per training step (forward + backward + gradient sync, no optimizer)
+    of an MLP stack for each variant, interleaved round-robin so drift hits all variants alike.
+
+    ``compute_only``: no communication at all (the lower bound); ``no_overlap``: our DDP, all
+    buckets after backward; ``overlap``: our DDP, buckets launched during backward; ``torch_ddp``:
+    PyTorch's DDP (same bucket size). Returns ``{"times": {variant: [s, ...]}, "timeline":
+    {variant: [bucket dicts, seconds relative to the step start]}, "sent_bytes_per_step": {variant:
+    bytes counted by CommCounter (0 for torch_ddp: its C++ reducer is not visible)}, "grad_bytes",
+    "flops_per_step"}``.
+    """
+    unknown = set(variants) - set(TIMING_VARIANTS)
+    if unknown:
+        raise ValueError(f"variants {sorted(unknown)}: allowed {TIMING_VARIANTS}")
+    rank = dist.get_rank()
+    g = torch.Generator().manual_seed(100 + rank)
+    x, target = torch.randn(rows, hidden, generator=g), torch.randn(rows, hidden, generator=g)
+    nets = {}
+    for v in variants:
+        model = mlp_stack(hidden, layers)
+        if v in ("overlap", "no_overlap"):
+            nets[v] = DataParallel(model, bucket_cap_mb=bucket_cap_mb, overlap=v == "overlap")
+        elif v == "torch_ddp":
+            nets[v] = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
+        else:
+            nets[v] = model
+    times = {v: [] for v in variants}
+    timeline, sent = {}, {}
+    for i in range(warmup + repeats):
+        for v in variants:
+            net = nets[v]
+            dist.barrier()
+            with CommCounter() as cc:
+                t0 = time.perf_counter()
+                loss = torch.nn.functional.mse_loss(net(x), target)
+                loss.backward()
+                t1 = time.perf_counter()
+            sent[v] = cc.sent_bytes
+            for p in net.parameters():
+                p.grad = None
+            if i >= warmup:
+                times[v].append(t1 - t0)
+            if isinstance(net, DataParallel):
+                timeline[v] = [{k: (val - t0 if k not in ("bucket", "numel") else val) for k, val in b.items()}
+                               for b in net.timeline]
+    n_params = sum(p.numel() for p in mlp_stack(hidden, 1).parameters()) * layers
+    return dict(times=times, timeline=timeline, sent_bytes_per_step=sent, grad_bytes=4 * n_params,
+                flops_per_step=6 * rows * n_params)
