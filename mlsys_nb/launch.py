@@ -316,6 +316,18 @@ def _context():
     return ctx
 
 
+def prestart() -> None:
+    """Start the forkserver now, so that the first ``launch`` does not wait for it.
+
+    Returns at once; the forkserver imports torch in the background (about 2 s here). Call it
+    in a notebook's import cell. Without it the first ``launch`` pays that import ("cold").
+    """
+    from multiprocessing import forkserver
+
+    _context()
+    forkserver.ensure_running()
+
+
 def _open_store(start_timeout: float):
     """A TCPStore server in this process, listening on 127.0.0.1 only, on a port the OS picks.
 
