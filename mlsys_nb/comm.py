@@ -417,7 +417,7 @@ def sweep(ops=("all_reduce",), sizes=(1 << 10, 1 << 16, 1 << 20), world_sizes=(2
 
     ``sizes`` are nccl-tests' S in bytes; ``impls`` picks ``"torch"`` (``torch.distributed``'s
     own) and/or the from-scratch algorithms (see ``IMPLEMENTATIONS``; pairs that do not exist are
-    skipped). The time of one call is the slowest rank's (per iteration), summarised over
+    skipped), either for every op or per op as a dict ``{op: impls}``. The time of one call is the slowest rank's (per iteration), summarised over
     ``repeats`` by median and quartiles. Returns a DataFrame with columns ``op, impl, backend,
     world_size, bytes, median_s, q25_s, q75_s, min_s, algbw_Bps, busbw_Bps, repeats``.
     """
@@ -431,7 +431,9 @@ def sweep(ops=("all_reduce",), sizes=(1 << 10, 1 << 16, 1 << 20), world_sizes=(2
             raise ValueError(f"op={op!r} cannot be swept: choose one of {list(IMPLEMENTATIONS)}")
     if warmup < 0 or repeats < 1:
         raise ValueError(f"need warmup >= 0 and repeats >= 1, got {warmup}, {repeats}")
-    cases = [(op, impl, int(s)) for op in ops for impl in impls if impl in IMPLEMENTATIONS[op] for s in sizes]
+    per_op = impls if isinstance(impls, dict) else {op: impls for op in ops}
+    cases = [(op, impl, int(s)) for op in ops for impl in per_op.get(op, ()) if impl in IMPLEMENTATIONS[op]
+             for s in sizes]
     if not cases:
         raise ValueError(f"no (op, impl) pair to run among ops={ops}, impls={impls}")
     rows = []
