@@ -1,6 +1,7 @@
 """mlsys_nb.launch: real ranks from a function, and each failure behaviour of issue 2."""
 import ast
 import importlib
+import io
 import os
 import re
 import signal
@@ -423,3 +424,29 @@ def test_source_lines_missing_on_the_rank_are_filled_in_from_this_process():
     assert launch_module._with_caller_source(remote).splitlines()[2] == "    raise ValueError('x')"
     dump = f'  File "{name}", line 1 in f'  # faulthandler's format has no comma
     assert launch_module._with_caller_source(dump).splitlines()[1] == "    def f():"
+
+
+@pytest.mark.slow
+def test_output_is_streamed_while_the_ranks_run(tmp_path, monkeypatch):
+    # Rank 0 prints, then waits until the caller has *seen* that line. Without streaming the
+    # line would only arrive at the end, the file would never appear and the launch would time out.
+    go = tmp_path / "go"
+
+    class Watcher(io.StringIO):
+        def write(self, text):
+            if "waiting for go" in text:
+                go.write_text("go")
+            return super().write(text)
+
+    monkeypatch.setattr(sys, "stdout", Watcher())
+
+    def wait_for_go():
+        if dist.get_rank() == 0:
+            print("waiting for go")
+            while not go.exists():
+                time.sleep(0.01)
+        dist.barrier()
+        return "went"
+
+    assert launch(wait_for_go, 2, timeout=30) == ["went", "went"]
+    assert "[rank 0] waiting for go" in sys.stdout.getvalue()
