@@ -252,6 +252,22 @@ class RealRun:
                 return False
         return True
 
+    def comm_latency(self) -> float:
+        """Median measured delay (s) between an op finishing on one rank and the op that needs its
+        output starting on another, over the cases where the receiving rank was idle waiting."""
+        tl, S = self.timeline, self.schedule.n_stages
+        ends = {(k, j, st): e for k, j, st, e in zip(tl.kind, tl.microbatch, tl.stage, tl.end)}
+        delays = []
+        for _, g in tl.sort_values("start").groupby("rank"):
+            prev_end = 0.0
+            for k, j, st, start, end in zip(g.kind, g.microbatch, g.stage, g.start, g.end):
+                dep = ("F", j, st - 1) if k == "F" and st > 0 else ("B", j, st + 1) if k == "B" and st < S - 1 else None
+                if dep is not None and self.schedule.rank_of(j, dep[2]) != self.schedule.rank_of(j, st) \
+                        and ends[dep] >= prev_end:
+                    delays.append(start - ends[dep])
+                prev_end = end
+        return float(sorted(delays)[len(delays) // 2]) if delays else 0.0
+
     def op_costs(self) -> dict:
         """Median measured op durations (s) per kind, normalised to one micro-batch over L/p layers."""
         tl = self.timeline
