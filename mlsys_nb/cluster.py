@@ -408,13 +408,18 @@ class Cluster:
         timeout = self.timeout if timeout is None else float(timeout)
         if not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        for r in ranks:
-            self._conns[r].send_bytes(cloudpickle.dumps((op, payloads[r])))
         results, outputs, errors, exits = {}, {}, {}, {}
-        pending = {self._conns[r]: r for r in ranks}
+        pending = {}
+        for r in ranks:
+            try:
+                self._conns[r].send_bytes(cloudpickle.dumps((op, payloads[r])))
+                pending[self._conns[r]] = r
+            except OSError:  # the rank died since the last call
+                self._procs[r].join(1.0)
+                exits[r] = self._procs[r].exitcode
         sentinels = {self._procs[r].sentinel: r for r in ranks}
         deadline = time.monotonic() + timeout
-        first_error_deadline = None
+        first_error_deadline = time.monotonic() + self.error_grace if exits else None
         try:
             while pending:
                 limit = deadline if first_error_deadline is None else min(deadline, first_error_deadline)
@@ -494,11 +499,11 @@ class Cluster:
             text = ""
             while time.monotonic() < deadline:
                 with open(path) as f:
-                    text = f.read()
+                    text = f.read().replace("\0", "")
                 if text.rstrip().endswith(">") or "in <module>" in text or len(text) > 200:
                     time.sleep(0.05)  # let the dump finish
                     with open(path) as f:
-                        text = f.read()
+                        text = f.read().replace("\0", "")
                     break
                 time.sleep(0.02)
             stacks[r] = _annotate_stack(text) or "(no stack: the rank did not answer SIGUSR1)"

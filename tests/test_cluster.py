@@ -172,6 +172,14 @@ def test_deadlock_is_stopped_with_stacks_and_cluster_recovers(cluster):
             cluster.execute("import os\nif rank == 3:\n    os._exit(7)", timeout=20)
         assert "exited with code 7" in info.value.errors[3]
         assert cluster.run(_all_reduce_ranks) == [sum(range(WORLD))] * WORLD
+        # a rank killed from outside between two calls
+        victim = cluster.pids[1]
+        os.kill(victim, signal.SIGKILL)
+        psutil.Process(victim).wait(5) if psutil.pid_exists(victim) else None
+        with pytest.raises(RankError, match="restarted") as info:
+            cluster.run(_all_reduce_ranks, timeout=20)
+        assert "exited with code -9" in info.value.errors[1]
+        assert cluster.run(_all_reduce_ranks) == [sum(range(WORLD))] * WORLD
     finally:
         cluster.error_grace = grace
 
