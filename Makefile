@@ -8,6 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 EXTRAS     ?= lab,test,bench
 HOST       ?= 127.0.0.1
 PORT       ?= 8888
+DASHBOARD_PORT ?= 8866
 PYTEST_ARGS ?=
 PY         := $(VENV)/bin/python
 
@@ -17,6 +18,7 @@ help:
 	@echo "make lab        set up .venv (first time) and open JupyterLab on notebooks/ at $(HOST)"
 	@echo "make test       set up .venv (first time) and run every test (unit, notebooks, papermill)"
 	@echo "make test-fast  unit tests only (no notebooks, no browser)"
+	@echo "make dashboard  serve notebooks/00_dashboard.ipynb as a web page (Voila) at $(HOST)"
 	@echo "make bench      run the benchmark scripts in benchmarks/"
 	@echo "make clean-venv remove .venv (e.g. after changing TORCH_SPEC)"
 
@@ -41,6 +43,10 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest tests -m "not notebook and not browser" $(PYTEST_ARGS)
+
+dashboard: setup
+	@echo "Dashboard: http://$(HOST):$(DASHBOARD_PORT)/  (Ctrl-C to stop)"
+	$(VENV)/bin/voila notebooks/00_dashboard.ipynb --no-browser --Voila.ip=$(HOST) --port=$(DASHBOARD_PORT)
 
 bench: setup
 	@for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

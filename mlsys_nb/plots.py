@@ -80,3 +80,23 @@ def rank_bars(values, *, ylabel: str, title: str | None = None, ax=None):
         ax.set_xticks(ranks)
         label(ax, "rank (index)", ylabel, title)
     return fig
+
+
+def _enable_png_display() -> None:
+    """Let ``display(fig)`` show a PNG in any IPython kernel (JupyterLab, Voilà, papermill), even
+    when pyplot's inline backend was never activated: without this, a ``Figure`` made with
+    ``new_figure`` shows as ``<Figure size ...>`` text in a Voilà page."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is None:
+            return
+        from matplotlib_inline.backend_inline import select_figure_formats
+
+        select_figure_formats(shell, {"png"})
+    except Exception:  # no IPython or no matplotlib_inline: plain Python, nothing to do
+        pass
+
+
+_enable_png_display()

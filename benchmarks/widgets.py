@@ -1,0 +1,120 @@
+"""Responsiveness of the dashboard: time from a control change to the updated figure, per tab.
+
+(a) in-process: ``tab.set_state(change)`` in this Python process (calculator + redraw), the
+    baseline; (b) in the browser: Voilà + headless Chromium, from the key press on a slider to the
+    new figure image in the page (kernel round trip + PNG transfer + decode).
+Targets: (a) <= 100 ms median, (b) <= 300 ms median. Prints a table of medians and p90s and, with
+``--record``, writes data/measured/widgets.md.
+
+    .venv/bin/python benchmarks/widgets.py [--repeats 15] [--record]
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+# Per tab: two states to alternate between in-process, and the slider to move in the browser.
+IN_PROCESS = {
+    "memory": ({"tp": 2}, {"tp": 4}),
+    "scaling": ({}, {}),
+    "pipeline": ({"m": 8}, {"m": 16}),
+}
+IN_BROWSER = {
+    "memory": ("Training memory", ".mlsys-memory-tp"),
+    "scaling": ("Scaling laws", None),
+    "pipeline": ("Pipeline schedules", ".mlsys-pipeline-micro-batches-m"),
+}
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def in_process(repeats: int) -> dict:
+    from mlsys_nb.dashboard import Dashboard
+
+    dash = Dashboard()
+    out = {}
+    for key, (a, b) in IN_PROCESS.items():
+        tab, times = dash.tabs[key], []
+        for i in range(repeats + 2):
+            t0 = time.perf_counter()
+            tab.set_state(a if i % 2 else b)
+            dash._refresh_numbers(key)
+            if i >= 2:  # warm-up
+                times.append(time.perf_counter() - t0)
+        out[key] = times
+    return out
+
+
+def in_browser(repeats: int) -> dict:
+    from browser import (browser_page, chromium_available, img_src, open_tab, press_slider,
+                         voila_server, wait_figure_change)
+
+    if not chromium_available():
+        print("chromium not installed: skipping the browser column", file=sys.stderr)
+        return {}
+    out = {}
+    with voila_server() as url, browser_page() as page:
+        page.goto(url, timeout=120_000)
+        page.wait_for_selector(".mlsys-panel-memory img", state="attached", timeout=120_000)
+        for key, (title, css) in IN_BROWSER.items():
+            if css is None:
+                continue
+            open_tab(page, title)
+            page.wait_for_selector(f".mlsys-panel-{key} img", timeout=60_000)
+            times = []
+            for i in range(repeats + 2):
+                src = img_src(page, key)
+                t0 = time.perf_counter()
+                press_slider(page, css, "ArrowRight" if i % 2 == 0 else "ArrowLeft")
+                wait_figure_change(page, key, src)
+                if i >= 2:
+                    times.append(time.perf_counter() - t0)
+            out[key] = times
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--record", action="store_true", help="write data/measured/widgets.md")
+    args = ap.parse_args()
+    if args.repeats < 3:
+        ap.error("--repeats must be >= 3")
+    a, b = in_process(args.repeats), in_browser(args.repeats)
+    lines = ["| tab | in-process median (ms) | in-process p90 (ms) | browser median (ms) | browser p90 (ms) | browser / in-process |",
+             "|---|---|---|---|---|---|"]
+    for key in IN_PROCESS:
+        ma, pa = statistics.median(a[key]) * 1e3, pct(a[key], 0.9) * 1e3
+        if key in b:
+            mb, pb = statistics.median(b[key]) * 1e3, pct(b[key], 0.9) * 1e3
+            lines.append(f"| {key} | {ma:.1f} | {pa:.1f} | {mb:.1f} | {pb:.1f} | {mb / ma:.1f}x |")
+        else:
+            lines.append(f"| {key} | {ma:.1f} | {pa:.1f} | - | - | - |")
+    table = "\n".join(lines)
+    print(table)
+    print("targets: in-process median <= 100 ms; browser median <= 300 ms")
+    if args.record:
+        import torch
+
+        cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+        text = (f"# Dashboard responsiveness (benchmarks/widgets.py)\n\n"
+                f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, {cpu}, "
+                f"{__import__('os').cpu_count()} cores, torch {torch.__version__}, {args.repeats} repeats "
+                f"per tab after 2 warm-up changes.\n\n{table}\n")
+        out = ROOT / "data" / "measured" / "widgets.md"
+        out.write_text(text)
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""One tabbed dashboard over the package's visualizers (memory, scaling laws, pipeline schedules).
+
+It opens in JupyterLab (``notebooks/00_dashboard.ipynb``) and as a standalone web page served by
+Voilà (``make dashboard``). It computes nothing itself: each tab is a widget object from
+``mlsys_nb.widgets`` following one small protocol,
+
+- ``.widget``: the ipywidgets container to display,
+- ``.state() -> dict`` / ``.set_state(dict)``: its settings, JSON-serialisable,
+- ``.figure``: the current matplotlib Figure, ``.table() -> pandas.DataFrame``: the numbers shown,
+- ``.error``: ``None`` or the message shown in place for an invalid combination,
+
+and the dashboard adds what is common: a numbers view, figure/CSV export, and a shareable
+configuration (JSON text or a ``?config=...`` query string that Voilà passes to the kernel).
+"""
+from __future__ import annotations
+
+import base64
+import importlib
+import io
+import json
+import os
+import re
+import urllib.parse
+from dataclasses import dataclass, field
+
+import ipywidgets as W
+
+
+@dataclass(frozen=True)
+class TabSpec:
+    """One tab. ``probe`` is a valid change that must change the tab's numbers and ``invalid`` a
+    combination the tab must refuse with a message; the self-check, the tests, the browser test
+    and the responsiveness benchmark all drive the tab with them."""
+
+    key: str  # short name used in configs and URLs
+    title: str  # tab label
+    module: str
+    cls: str
+    probe: dict = field(default_factory=dict)
+    invalid: dict = field(default_factory=dict)
+
+
+TABS = (
+    TabSpec("memory", "Training memory", "mlsys_nb.widgets.memory", "MemoryWidget",
+            probe={"tp": 8}, invalid={"tp": 64}),
+    TabSpec("scaling", "Scaling laws", "mlsys_nb.widgets.scaling", "ScalingWidget",
+            probe={}, invalid={}),
+    TabSpec("pipeline", "Pipeline schedules", "mlsys_nb.widgets.pipeline", "PipelineWidget",
+            probe={"m": 16}, invalid={"schedule": "interleaved-1f1b", "p": 4, "v": 2, "m": 3}),
+)
+
+_VALUE_WIDGETS = (W.ValueWidget,)
+_DISPLAY_ONLY = (W.HTML, W.HTMLMath, W.Label, W.Textarea, W.Image)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-") or "control"
+
+
+def _controls(widget) -> list:
+    """Every interactive control under ``widget`` (depth first), display-only widgets excluded."""
+    found, stack = [], [widget]
+    while stack:
+        w = stack.pop(0)
+        if isinstance(w, _VALUE_WIDGETS) and not isinstance(w, _DISPLAY_ONLY):
+            found.append(w)
+        stack.extend(getattr(w, "children", ()) or ())
+    return found
+
+
+def _html_table(df) -> str:
+    if df is None or len(df) == 0:
+        return "<i>no numbers for this setting</i>"
+    def fmt(x: float) -> str:
+        return f"{x:,.0f}" if abs(x) >= 1e5 and float(x).is_integer() else f"{x:,.4g}"
+
+    return df.to_html(classes="mlsys-numbers", border=0, float_format=fmt)
+
+
+def _data_link(data: bytes, mime: str, filename: str, label: str) -> str:
+    b64 = base64.b64encode(data).decode()
+    return (f'<a class="mlsys-export-{filename.rsplit(".", 1)[1]}" download="{filename}" '
+            f'href="data:{mime};base64,{b64}">{label}</a>')
+
+
+class Dashboard:
+    """The tabbed app. ``Dashboard(config=...)`` starts from a saved configuration (dict or JSON)."""
+
+    def __init__(self, tabs=TABS, config=None):
+        self.specs = {t.key: t for t in tabs}
+        self.tabs = {}
+        self._numbers, self._exports = {}, {}
+        panels = []
+        for spec in tabs:
+            obj = getattr(importlib.import_module(spec.module), spec.cls)()
+            self.tabs[spec.key] = obj
+            panels.append(self._panel(spec, obj))
+        self.tab = W.Tab(children=panels)
+        for i, spec in enumerate(tabs):
+            self.tab.set_title(i, spec.title)
+        self.tab.add_class("mlsys-tabs")
+        self.config_text = W.Textarea(
+            placeholder="A configuration: press 'Copy configuration', or paste one and press 'Load'",
+            layout=W.Layout(width="100%", height="70px"))
+        self.config_text.add_class("mlsys-config")
+        self.link_text = W.HTML()
+        self.share_message = W.HTML()
+        self.share_message.add_class("mlsys-share-message")
+        copy_btn = W.Button(description="Copy configuration", icon="link", layout=W.Layout(width="200px"))
+        load_btn = W.Button(description="Load", icon="upload")
+        copy_btn.add_class("mlsys-copy")
+        load_btn.add_class("mlsys-load")
+        copy_btn.on_click(lambda _: self._show_config())
+        load_btn.on_click(lambda _: self._load_from_text())
+        share = W.VBox([W.HTML("<b>Share these settings</b>"), W.HBox([copy_btn, load_btn]),
+                        self.config_text, self.link_text, self.share_message])
+        self.widget = W.VBox([self.tab, share], layout=W.Layout(max_width="1200px"))
+        self.widget.add_class("mlsys-dashboard")
+        if config:
+            self.set_state(json.loads(config) if isinstance(config, str) else config)
+
+    # ---- per-tab panel ------------------------------------------------------------------------
+    def _panel(self, spec: TabSpec, obj):
+        numbers = W.HTML(_html_table(obj.table()))
+        numbers.add_class(f"mlsys-numbers-{spec.key}")
+        self._numbers[spec.key] = numbers
+        export_links = W.HTML()
+        export_links.add_class(f"mlsys-export-links-{spec.key}")
+        self._exports[spec.key] = export_links
+        export_btn = W.Button(description="Export figure + numbers", icon="download",
+                              layout=W.Layout(width="230px"))
+        export_btn.add_class(f"mlsys-export-{spec.key}")
+        export_btn.on_click(lambda _, k=spec.key: self._show_exports(k))
+        for ctl in _controls(obj.widget):
+            ctl.add_class(f"mlsys-{spec.key}-{_slug(getattr(ctl, 'description', '') or type(ctl).__name__)}")
+            ctl.observe(lambda _change, k=spec.key: self._refresh_numbers(k), names="value")
+        numbers_box = W.Accordion(children=[numbers], titles=("Numbers",))
+        numbers_box.selected_index = None  # collapsed: the tab shows its headline numbers itself
+        panel = W.VBox([obj.widget, numbers_box, W.HBox([export_btn, export_links])])
+        panel.add_class(f"mlsys-panel-{spec.key}")
+        return panel
+
+    def _refresh_numbers(self, key: str) -> None:
+        obj = self.tabs[key]
+        self._numbers[key].value = (f'<span class="mlsys-error">{obj.error}</span>' if obj.error
+                                    else _html_table(obj.table()))
+        self._exports[key].value = ""  # stale links would export the old figure
+
+    # ---- export -------------------------------------------------------------------------------
+    def export(self, key: str) -> dict:
+        """The tab's current figure as PNG and SVG bytes and its numbers as CSV text."""
+        obj = self._tab(key)
+        out = {"csv": obj.table().to_csv(index=True)}
+        for fmt in ("png", "svg"):
+            buf = io.BytesIO()
+            obj.figure.savefig(buf, format=fmt)
+            out[fmt] = buf.getvalue()
+        return out
+
+    def _show_exports(self, key: str) -> None:
+        files = self.export(key)
+        self._exports[key].value = " · ".join([
+            _data_link(files["png"], "image/png", f"{key}.png", "PNG"),
+            _data_link(files["svg"], "image/svg+xml", f"{key}.svg", "SVG"),
+            _data_link(files["csv"].encode(), "text/csv", f"{key}.csv", "CSV"),
+        ])
+
+    # ---- state --------------------------------------------------------------------------------
+    def _tab(self, key: str):
+        if key not in self.tabs:
+            raise KeyError(f"unknown tab {key!r}: choose one of {sorted(self.tabs)}")
+        return self.tabs[key]
+
+    def state(self) -> dict:
+        """Every tab's settings plus the selected tab, as a JSON-serialisable dict."""
+        keys = list(self.tabs)
+        return {"tab": keys[self.tab.selected_index or 0], **{k: t.state() for k, t in self.tabs.items()}}
+
+    def set_state(self, state: dict) -> None:
+        """Apply a configuration (all keys optional). Unknown tabs raise ValueError naming them."""
+        if not isinstance(state, dict):
+            raise ValueError(f"a configuration must be a JSON object, got {type(state).__name__}")
+        unknown = set(state) - set(self.tabs) - {"tab"}
+        if unknown:
+            raise ValueError(f"unknown keys {sorted(unknown)} in configuration: allowed 'tab' and {sorted(self.tabs)}")
+        for key, tab_state in state.items():
+            if key != "tab":
+                self.tabs[key].set_state(tab_state)
+                self._refresh_numbers(key)
+        if "tab" in state:
+            self._tab(state["tab"])
+            self.tab.selected_index = list(self.tabs).index(state["tab"])
+
+    def to_query(self) -> str:
+        """The configuration as a URL query string, ``config=<url-encoded JSON>``."""
+        return urllib.parse.urlencode({"config": json.dumps(self.state(), separators=(",", ":"))})
+
+    def load_query(self, query: str | None = None) -> bool:
+        """Apply ``config=...`` from a query string (default: Voilà's ``QUERY_STRING``).
+        Returns True if a configuration was found and applied."""
+        query = os.environ.get("QUERY_STRING", "") if query is None else query
+        values = urllib.parse.parse_qs(query.lstrip("?")).get("config")
+        if not values:
+            return False
+        self.set_state(json.loads(values[0]))
+        return True
+
+    def _show_config(self) -> None:
+        self.config_text.value = json.dumps(self.state(), indent=1)
+        q = self.to_query()
+        self.link_text.value = f'Link (append to this page\'s address): <code class="mlsys-query">?{q}</code>'
+        self.share_message.value = ""
+
+    def _load_from_text(self) -> None:
+        try:
+            self.set_state(json.loads(self.config_text.value))
+        except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+            self.share_message.value = f'<span class="mlsys-error">Could not load: {e}</span>'
+        else:
+            self.share_message.value = "<span>Loaded.</span>"
+
+
+def in_voila() -> bool:
+    """True inside a kernel started by Voilà (it sets the CGI-style SERVER_SOFTWARE variable)."""
+    return os.environ.get("SERVER_SOFTWARE", "").startswith("voila")
+
+
+def self_check(dash: Dashboard) -> dict:
+    """Drive every tab with its probe and its invalid combination; restore its state afterwards.
+
+    Returns ``{"ok": bool, "tabs": [...], "problems": [...]}``: a tab passes when the probe changes
+    its numbers and figure without an error, and the invalid combination sets ``.error`` and
+    shows it in the dashboard's numbers view."""
+    problems = []
+    for key, obj in dash.tabs.items():
+        spec = dash.specs[key]
+        start = obj.state()
+        table0, fig0 = obj.table().to_csv(), _figure_bytes(obj.figure)
+        obj.set_state(spec.probe)
+        dash._refresh_numbers(key)
+        if obj.error:
+            problems.append(f"{key}: the probe {spec.probe} was refused: {obj.error}")
+        elif obj.table().to_csv() == table0:
+            problems.append(f"{key}: the probe {spec.probe} did not change the numbers")
+        elif _figure_bytes(obj.figure) == fig0:
+            problems.append(f"{key}: the probe {spec.probe} did not change the figure")
+        obj.set_state(spec.invalid)
+        dash._refresh_numbers(key)
+        if not obj.error or obj.error not in dash._numbers[key].value:
+            problems.append(f"{key}: the invalid combination {spec.invalid} showed no message")
+        obj.set_state(start)
+        dash._refresh_numbers(key)
+        if obj.error:
+            problems.append(f"{key}: restoring the start state left an error: {obj.error}")
+    return {"ok": not problems, "tabs": list(dash.tabs), "problems": problems}
+
+
+def _figure_bytes(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=40)
+    return buf.getvalue()

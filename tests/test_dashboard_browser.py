@@ -1,0 +1,113 @@
+"""The dashboard as a web page: Voilà on a free loopback port, driven by headless Chromium.
+
+Every tab: a control change updates the figure and the numbers; an invalid combination shows its
+message in place. Sharing: the copied configuration restores the settings through a link.
+Export: the PNG/SVG/CSV links are real data. Screenshots land in test-artifacts/ for a person to
+look at. In CI (``CI`` set) a missing browser is a failure, never a silent skip."""
+import json
+import os
+import urllib.parse
+
+import pytest
+
+from browser import (ROOT, browser_page, chromium_available, img_src, numbers_text, open_tab,
+                     press_slider, select, type_slider, voila_server, wait_figure_change)
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+ARTIFACTS = ROOT / "test-artifacts"
+
+# For each tab: its title, a valid change (must change figure and numbers) and an invalid one.
+ACTIONS = {
+    "memory": dict(
+        title="Training memory",
+        probe=lambda pg: press_slider(pg, ".mlsys-memory-tp", "ArrowRight"),      # TP 1 -> 2
+        invalid=lambda pg: press_slider(pg, ".mlsys-memory-tp", "End"),           # TP 64 > 32 heads
+    ),
+    "scaling": dict(
+        title="Scaling laws",
+        probe=lambda pg: None,
+        invalid=lambda pg: None,
+    ),
+    "pipeline": dict(
+        title="Pipeline schedules",
+        probe=lambda pg: type_slider(pg, ".mlsys-pipeline-micro-batches-m", 16),
+        invalid=lambda pg: (select(pg, ".mlsys-pipeline-schedule", "interleaved-1f1b"),
+                            type_slider(pg, ".mlsys-pipeline-chunks-v", 2),
+                            type_slider(pg, ".mlsys-pipeline-micro-batches-m", 3)),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def server():
+    if not chromium_available():
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing: .ci/run installs it (apt-get install chromium)")
+        pytest.skip("chromium is not installed (apt-get install chromium) ")
+    ARTIFACTS.mkdir(exist_ok=True)
+    with voila_server(log_path=ARTIFACTS / "voila.log") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    with browser_page() as pg:
+        pg.goto(server, timeout=120_000)
+        pg.wait_for_selector(".mlsys-panel-memory img", state="attached", timeout=120_000)
+        yield pg
+
+
+@pytest.mark.parametrize("key", list(ACTIONS))
+def test_tab_responds_and_explains(page, key):
+    act = ACTIONS[key]
+    open_tab(page, act["title"])
+    page.wait_for_selector(f".mlsys-panel-{key} img", timeout=60_000)
+    page.screenshot(path=str(ARTIFACTS / f"dashboard-{key}-1-start.png"))
+    src0, numbers0 = img_src(page, key), numbers_text(page, key)
+
+    act["probe"](page)
+    wait_figure_change(page, key, src0)
+    page.wait_for_function(
+        "([k, t]) => document.querySelector('.mlsys-numbers-' + k).textContent !== t",
+        arg=[key, numbers0], timeout=30_000)
+    assert "mlsys-error" not in page.inner_html(f".mlsys-numbers-{key}")
+    page.screenshot(path=str(ARTIFACTS / f"dashboard-{key}-2-changed.png"))
+
+    act["invalid"](page)
+    page.wait_for_selector(f".mlsys-numbers-{key} .mlsys-error", state="attached", timeout=30_000)
+    message = page.locator(f".mlsys-numbers-{key} .mlsys-error").text_content().strip()
+    assert message, f"{key}: an empty error message"
+    panel_text = page.locator(f".mlsys-panel-{key}").inner_text()
+    assert message[:40] in panel_text, f"{key}: the message is not visible in the tab: {message!r}"
+    page.screenshot(path=str(ARTIFACTS / f"dashboard-{key}-3-invalid.png"))
+
+
+def test_export_links_hold_real_files(page):
+    open_tab(page, "Pipeline schedules")
+    page.locator(".mlsys-export-pipeline").click()
+    link = page.locator(".mlsys-export-links-pipeline a.mlsys-export-png")
+    link.wait_for(state="attached", timeout=30_000)
+    assert link.get_attribute("href").startswith("data:image/png;base64,iVBOR")
+    csv = page.locator(".mlsys-export-links-pipeline a.mlsys-export-csv").get_attribute("href")
+    assert csv.startswith("data:text/csv;base64,")
+
+
+def test_shared_link_restores_settings(server, page):
+    open_tab(page, "Training memory")
+    press_slider(page, ".mlsys-memory-tp", "Home")
+    press_slider(page, ".mlsys-memory-tp", "ArrowRight")
+    press_slider(page, ".mlsys-memory-tp", "ArrowRight")                        # TP = 4
+    page.wait_for_function("() => document.querySelector('.mlsys-memory-tp .widget-readout').textContent.trim() === '4'")
+    page.locator(".mlsys-copy").click()
+    page.wait_for_function("() => document.querySelector('.mlsys-config textarea').value.includes('\"tp\": 4')",
+                           timeout=30_000)
+    config = json.loads(page.locator(".mlsys-config textarea").input_value())
+    assert config["memory"]["tp"] == 4 and config["tab"] == "memory"
+    query = page.locator(".mlsys-query").text_content().lstrip("?")
+    assert json.loads(urllib.parse.parse_qs(query)["config"][0]) == config
+    with browser_page() as fresh:
+        fresh.goto(server + "?" + query, timeout=120_000)
+        fresh.wait_for_selector(".mlsys-panel-memory img", state="attached", timeout=120_000)
+        readout = fresh.locator(".mlsys-memory-tp .widget-readout").text_content().strip()
+        assert readout == "4", f"the link did not restore TP: shows {readout}"
+        fresh.screenshot(path=str(ARTIFACTS / "dashboard-from-link.png"))
