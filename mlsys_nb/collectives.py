@@ -232,6 +232,12 @@ def _flat_work(tensor: torch.Tensor):
     return tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
 
 
+def _write_back(tensor: torch.Tensor, flat: torch.Tensor) -> None:
+    """Copy the result back if :func:`_flat_work` had to work on a copy."""
+    if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
+        tensor.copy_(flat.view(tensor.shape))
+
+
 def ring_all_reduce(tensor: torch.Tensor, comm: CountingComm | None = None, op: str = "sum",
                     piece_bytes: int = DEFAULT_PIECE_BYTES) -> torch.Tensor:
     """In-place ring all-reduce: reduce-scatter phase (steps 0..n-2) then all-gather phase
@@ -242,8 +248,7 @@ def ring_all_reduce(tensor: torch.Tensor, comm: CountingComm | None = None, op: 
     flat = _flat_work(tensor)
     n = comm.world_size
     _ring(flat, chunk_bounds(flat.numel(), n), comm, 0, 2 * n - 2, op, piece_bytes)
-    if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
-        tensor.copy_(flat.view(tensor.shape))
+    _write_back(tensor, flat)
     return tensor
 
 
@@ -332,8 +337,7 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor, comm: CountingComm | Non
             comm.recv(flat, r + 1)
         else:
             comm.send(flat, r - 1)
-    if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
-        tensor.copy_(flat.view(tensor.shape))
+    _write_back(tensor, flat)
     return tensor
 
 
@@ -358,8 +362,7 @@ def tree_reduce(tensor: torch.Tensor, comm: CountingComm | None = None, root: in
             comm.recv(buf, (vr + mask + root) % n)
             reduce_(flat, buf)
         mask <<= 1
-    if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
-        tensor.copy_(flat.view(tensor.shape))
+    _write_back(tensor, flat)
     return tensor
 
 
@@ -382,8 +385,7 @@ def tree_broadcast(tensor: torch.Tensor, comm: CountingComm | None = None, root:
         if vr + mask < n:
             comm.send(flat, (vr + mask + root) % n)
         mask >>= 1
-    if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
-        tensor.copy_(flat.view(tensor.shape))
+    _write_back(tensor, flat)
     return tensor
 
 
@@ -460,6 +462,13 @@ def verify_against_torch(numels=(1, 7, 1001), seed: int = 0, piece_bytes: int = 
                 kw = {"piece_bytes": piece_bytes} if fn is ring_all_reduce else {}
                 fn(y, comm, op=opname, **kw)
                 row(f"all_reduce/{name}" + ("" if opname == "sum" else f"/{opname}"), numel, y, ref, comm)
+        # a non-contiguous input (a transposed view): worked on as a copy, written back in place
+        y = x.repeat(2).view(2, -1).t()
+        ref = y.contiguous()
+        dist.all_reduce(ref)
+        comm = CountingComm()
+        ring_all_reduce(y, comm, piece_bytes=piece_bytes)
+        row("all_reduce/ring/noncontiguous", y.numel(), y, ref, comm)
         # reduce_scatter: torch's list form accepts unequal chunks
         chunks = [c.contiguous() for c in torch.tensor_split(x, n)]
         ref = torch.empty_like(chunks[r])
