@@ -258,7 +258,10 @@ def _check_memory(out, t, r):
     for sp in (None, False, True):  # None: the unsharded layer
         tag = "layer/none" if sp is None else f"layer/tp/sp={sp}"
         _seeded(6)
-        blk = Block(GPT, attn_impl="matmul") if sp is None else tp.TPBlock(GPT, sequence_parallel=sp, attn_impl="matmul")
+        if sp is None:
+            blk = Block(GPT, attn_impl="matmul")
+        else:
+            blk = tp.TPBlock(GPT, sequence_parallel=sp, attn_impl="matmul")
         x = torch.randn(B, S // t if sp else S, GPT.hidden, requires_grad=True)
         blk.train()
         measured, y = _saved_bytes(lambda: blk(x, cos, sin), [*blk.parameters(), cos, sin])

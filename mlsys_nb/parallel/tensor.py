@@ -4,14 +4,11 @@ Every rank of the tensor-parallel (TP) group of size ``t`` holds a slice of each
 the ranks talk only through four small autograd functions (Shoeybi et al. 2019, Korthikanti et al.
 2022). The communication in forward *and* backward is written out below:
 
-=====================  =====================  =====================  ============================
-operator               forward                backward               where
-=====================  =====================  =====================  ============================
-``copy_to_tp``  (f)    identity               all-reduce             entering a TP region
-``reduce_from_tp`` (g) all-reduce             identity               leaving a TP region
-``gather_from_sp``     all-gather along s     reduce-scatter along s entering, with SP
-``reduce_scatter_to_sp`` reduce-scatter along s all-gather along s   leaving, with SP
-=====================  =====================  =====================  ============================
+    operator                    forward                   backward                  where
+    copy_to_tp            (f)   identity                  all-reduce                entering a TP region
+    reduce_from_tp        (g)   all-reduce                identity                  leaving a TP region
+    gather_from_sp              all-gather along s        reduce-scatter along s    entering, with SP
+    reduce_scatter_to_sp        reduce-scatter along s    all-gather along s        leaving, with SP
 
 ``f`` and ``g`` are *conjugate*: each is the other's transpose, so a column-parallel layer (weight
 split by output features, input replicated) followed by a row-parallel layer (weight split by input
@@ -30,9 +27,14 @@ loads its weights from the *full* model's state dict by slicing (``load_full_sta
 the dimension of the full tensor split across ranks, or None if replicated).
 ``compare_with_full`` uses it to compare weights or gradients with an unsharded model.
 
+Under SP, parameters that see only this rank's tokens (norm weights, row-parallel biases) need their
+gradients summed over the group after backward: ``sync_sequence_parallel_grads(model)``. Dropout
+(``cfg.dropout > 0``) runs with each rank's own RNG: fine for training and memory accounting, but
+not bit-equal to the single-process model (Megatron keeps separate RNG streams for that).
+
 All collectives go through ``torch.distributed`` functions looked up at call time, so
-``mlsys_nb.parallel.counting.CommCounter`` sees (and counts the bytes of) every message. The code assumes an initialised
-process group (``mlsys_nb.launch``); ``group=None`` means the default (world) group.
+``mlsys_nb.parallel.counting.CommCounter`` sees (and counts the bytes of) every message. The code
+assumes an initialised process group (``mlsys_nb.launch``); ``group=None`` means the world group.
 """
 from __future__ import annotations
 
@@ -49,8 +51,9 @@ from ..models.transformer import apply_rope, attention_core, build_norm, rope_ta
 SEQ_DIM = 1  # activations are [batch, seq, hidden]
 # torch 2.13 marks the *_tensor collectives deprecated in favour of *_single; the byte counter
 # (mlsys_nb.parallel.counting) and torch's own DTensor code still use these names.
-warnings.filterwarnings("ignore", message=r".*`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
-                        category=FutureWarning)
+warnings.filterwarnings(
+    "ignore", message=r".*`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
+    category=FutureWarning)
 
 
 # ---------------------------------------------------------------------------------------------
