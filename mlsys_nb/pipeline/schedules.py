@@ -115,21 +115,11 @@ def _one_f_one_b(p, m, r, warmup=None):
 def _interleaved(p, m, v, r):
     """Megatron depth-first interleaving: groups of p micro-batches cycle through the v chunks."""
     total = m * v
-
-    def mb(k):
-        return (k // (p * v)) * p + k % p
-
-    def fwd(k):
-        return ("F", (k // p) % v, mb(k))
-
-    def bwd(k):
-        return ("B", v - 1 - (k // p) % v, mb(k))
-
+    fwd = [("F", (k // p) % v, (k // (p * v)) * p + k % p) for k in range(total)]
+    bwd = [("B", v - 1 - (k // p) % v, (k // (p * v)) * p + k % p) for k in range(total)]
     w = min(2 * (p - r - 1) + (v - 1) * p, total)
-    ops = [fwd(k) for k in range(w)]
-    for i in range(total - w):
-        ops += [fwd(w + i), bwd(i)]
-    return ops + [bwd(k) for k in range(total - w, total)]
+    steady = [op for i in range(total - w) for op in (fwd[w + i], bwd[i])]
+    return fwd[:w] + steady + bwd[total - w:]
 
 
 def _zero_bubble(p, m, r, warmup, lag):
@@ -318,9 +308,12 @@ def schedule(name: str, p: int, m: int, v: int | None = None) -> Schedule:
     for path, pl in enumerate(placement):
         for s, (rr, cc) in enumerate(pl):
             stage_lookup[(path, rr, cc)] = s
+    make = tuple.__new__  # Action(...) without the keyword-handling frame: this loop sees every op
     compute = []
     for r in range(p):
         row = []
+        one_path = len(placement) == 1
+        by_chunk = {c: st for (path, rr, c), st in stage_lookup.items() if rr == r and path == 0}
         for it in items[r]:
             if it[0] == "FB":
                 fi, bi = it[1]
@@ -328,9 +321,9 @@ def schedule(name: str, p: int, m: int, v: int | None = None) -> Schedule:
                 ba = Action("B", bi[2], bi[1], stage_lookup[(mb_path[bi[2]], r, bi[1])], bi[3])
                 row.append(Action("FB", fa.microbatch, fa.chunk, fa.stage, True, None, (fa, ba)))
             else:
-                kind, c, j = it[0], it[1], it[2]
-                full = it[3] if len(it) > 3 else True
-                row.append(Action(kind, j, c, stage_lookup[(mb_path[j], r, c)], full))
+                c, j = it[1], it[2]
+                st = by_chunk[c] if one_path else stage_lookup[(mb_path[j], r, c)]
+                row.append(make(Action, (it[0], j, c, st, it[3] if len(it) > 3 else True, None, ())))
         compute.append(row)
     split = any(a.kind == "W" for row in compute for a in row)
     return Schedule(name, p, m, v, n_stages, weight, compute, placement, mb_path, split)

@@ -224,13 +224,9 @@ def _plan(sched: Schedule):
 
     plan = []
     for r in range(sched.p):
-        cols = ([], [], [], [], [], [])
-        for a in sched.compute[r]:
-            k, d, c = one(a.sub[0] if a.kind == "FB" else a, r)
-            k2, d2, c2 = one(a.sub[1], r) if a.kind == "FB" else (-1, -1, 0)
-            for col, val in zip(cols, (k, d, c, k2, d2, c2)):
-                col.append(val)
-        plan.append(cols)
+        cols = [one(a.sub[0], r) + one(a.sub[1], r) if a.kind == "FB" else one(a, r) + (-1, -1, 0)
+                for a in sched.compute[r]]
+        plan.append(list(zip(*cols)) if cols else [[] for _ in range(6)])
     sched._plan_cache = plan
     return plan
 

@@ -1,0 +1,118 @@
+"""Speed of the pipeline simulator and the schedule widget.
+
+Targets (issue 7): simulating p=64, m=512, v=4 takes < 1 s; a widget slider move redraws in
+<= 150 ms median at p=16, m=64. Baseline measured in the same run: GPipe at the same p and m
+(the simplest schedule, the same number of micro-batches), so the ratio shows what a schedule's
+structure costs on top of the op count.
+
+    .venv/bin/python benchmarks/pipeline.py [--repeats 5] [--out data/measured/pipeline.md]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def timed(fn, repeats):
+    wall, cpu = [], []
+    for _ in range(repeats):
+        t, c = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    return statistics.median(wall), statistics.median(cpu)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    import torch
+
+    from mlsys_nb.pipeline import schedule, simulate
+
+    P, M = 64, 512
+    cases = [("gpipe", None), ("1f1b", None), ("interleaved-1f1b", 4), ("zb-h1", None), ("zb-h2", None),
+             ("zbv", None), ("dualpipe", None), ("dualpipev", None)]
+    rows = []
+    for name, v in cases:
+        split = name in ("zb-h1", "zb-h2", "zbv", "dualpipe", "dualpipev")
+        costs = dict(F=1.0, B=1.0, W=1.0) if split else dict(F=1.0, B=2.0)
+        gen = timed(lambda: schedule(name, P, M, v), args.repeats)
+        s = schedule(name, P, M, v)
+        first = timed(lambda: simulate(schedule(name, P, M, v), **costs), args.repeats)  # build + simulate
+        sim = timed(lambda: simulate(s, **costs), args.repeats)  # schedule reused
+        ops = sum(map(len, s.compute))
+        rows.append((name, s.v, ops, gen, first, sim))
+    base = rows[0][4][0]
+
+    from mlsys_nb.widgets.pipeline import PipelineWidget
+
+    w = PipelineWidget(schedule="interleaved-1f1b", p=16, m=64, v=2)
+    moves = []
+    for i in range(max(args.repeats, 7)):
+        t, c = time.perf_counter(), time.process_time()
+        w.controls["F"].value = 1.0 + 0.1 * (i + 1)
+        moves.append((time.perf_counter() - t, time.process_time() - c))
+    widget_wall = statistics.median(x[0] for x in moves)
+    widget_cpu = statistics.median(x[1] for x in moves)
+
+    cpu_model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else ["?"]
+    lines = [
+        "# Pipeline simulator and widget speed",
+        "",
+        f"Machine: `{platform.machine()}`, nproc {subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()}, "
+        f"{cpu_model}; torch {torch.__version__}; Python {platform.python_version()}; "
+        f"{datetime.date.today().isoformat()}. Load average during the run: {' '.join(load)} "
+        "(the machine was shared with other jobs: wall times are inflated, CPU times less so).",
+        "",
+        f"Medians of {args.repeats} runs; regenerate with `.venv/bin/python benchmarks/pipeline.py --out data/measured/pipeline.md`.",
+        "",
+        f"## Simulating p = {P}, m = {M} (target: interleaved v = 4 in < 1 s)",
+        "",
+        "| schedule | v | ops | generate wall (s) | generate + simulate wall (s) | CPU (s) | simulate only wall (s) | CPU (s) | ratio to gpipe (generate + simulate) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, v, ops, gen, first, sim in rows:
+        lines.append(f"| {name} | {v} | {ops} | {gen[0]:.3f} | {first[0]:.3f} | {first[1]:.3f} | {sim[0]:.3f} | "
+                     f"{sim[1]:.3f} | {first[0] / base:.2f} |")
+    lines += [
+        "",
+        "## Widget slider move at p = 16, m = 64 (interleaved-1f1b, v = 2; target <= 150 ms median)",
+        "",
+        "A move re-simulates the shown schedule, re-simulates all eight schedules for the comparison",
+        "table, redraws the Gantt chart and renders it to PNG.",
+        "",
+        "| measure | median (ms) |",
+        "|---|---|",
+        f"| wall | {widget_wall * 1e3:.0f} |",
+        f"| CPU of this process | {widget_cpu * 1e3:.0f} |",
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
