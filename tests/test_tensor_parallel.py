@@ -29,11 +29,13 @@ def _items(results, prefix):
                 yield r, k, v
 
 
+@pytest.mark.slow
 def test_no_check_raised(results):
     errors = [f"rank {r} {k}: {v}" for r, k, v in _items(results, "exception/")]
     assert not errors, "\n".join(errors)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group", ["column", "row", "mlp_", "attention_", "block", "embedding", "vocab_ce",
                                    "model/", "torch_tp"])
 def test_outputs_and_gradients_equal_unsharded(results, group):
@@ -44,6 +46,7 @@ def test_outputs_and_gradients_equal_unsharded(results, group):
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.slow
 def test_every_case_covers_sp_and_no_sp(results):
     keys = {k for _, k, _ in _items(results, "err/")}
     for group in ("column", "row", "mlp_swiglu", "mlp_gelu_bias", "attention_gqa", "block", "embedding",
@@ -52,6 +55,7 @@ def test_every_case_covers_sp_and_no_sp(results):
             assert any(k.startswith(f"err/{group}") and f"sp={sp}" in k for k in keys), (group, sp)
 
 
+@pytest.mark.slow
 def test_bytes_per_layer_and_per_step_equal_closed_forms(results):
     for r, res in enumerate(results):
         t = res["world"]
@@ -68,6 +72,7 @@ def test_bytes_per_layer_and_per_step_equal_closed_forms(results):
         assert res["bytes/layer/sp=False/regather=True/norm_grad_sync"] == 0
 
 
+@pytest.mark.slow
 def test_memory_per_rank_matches_memory_estimate_and_closed_forms(results):
     for r, res in enumerate(results):
         for tag in ("layer/none", "layer/tp/sp=False", "layer/tp/sp=True"):
@@ -82,12 +87,14 @@ def test_memory_per_rank_matches_memory_estimate_and_closed_forms(results):
             assert m == res[f"param/tied={tied}/formula"] == res[f"param/tied={tied}/memory.estimate"], (r, tied)
 
 
+@pytest.mark.slow
 def test_torch_tp_uses_the_same_collectives(results):
     for res in results:
         assert res["calls/torch_tp/sp=False"] == res["calls/ours_mlp/sp=False"] == {"all_reduce": 2}
         assert res["calls/torch_tp/sp=True"] == res["calls/ours_mlp/sp=True"]
 
 
+@pytest.mark.slow
 def test_bad_sizes_raise_clear_errors():
     cfg = ModelConfig(n_layers=1, hidden=64, n_heads=8, n_kv_heads=2, vocab_size=128, seq_len=16)
 
