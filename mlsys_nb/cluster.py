@@ -647,31 +647,39 @@ def ranks_magic(line, cell, ipython=None):
 
     RANKS: ``0,2``, ``1-3`` or ``all`` (default). ``--cluster NAME`` picks a Cluster variable
     (default: the most recent one). ``--no-raise`` prints a failure instead of raising it (the
-    error is kept in ``cluster.last_error``).
+    error is kept in ``cluster.last_error``). Failures and bad arguments raise IPython's
+    ``UsageError`` (a short message, no traceback of the magic's own machinery) after the
+    per-rank tracebacks and stacks were printed.
     """
+    from IPython.core.error import UsageError
+
     try:
         args = _magic_parser().parse_args(shlex.split(line))
     except SystemExit:
-        raise ValueError(f"usage: %%ranks [0,2 | 1-3 | all] [--timeout S] [--cluster NAME] "
+        raise UsageError(f"usage: %%ranks [0,2 | 1-3 | all] [--timeout S] [--cluster NAME] "
                          f"[--no-raise]; got {line!r}") from None
     if args.cluster is not None:
         ns = ipython.user_ns if ipython is not None else {}
         cluster = ns.get(args.cluster)
         if not isinstance(cluster, Cluster):
-            raise ValueError(f"--cluster {args.cluster!r} is not a Cluster variable")
+            raise UsageError(f"--cluster {args.cluster!r} is not a Cluster variable")
     else:
         cluster = current()
     if cluster is None:
-        raise RuntimeError("no running cluster: create one first, e.g. "
+        raise UsageError("no running cluster: create one first, e.g. "
                            "cluster = mlsys_nb.Cluster(world_size=4)")
-    ranks = _parse_ranks(args.ranks, cluster.world_size)
+    try:
+        ranks = _parse_ranks(args.ranks, cluster.world_size)
+        if args.timeout is not None:
+            _check_seconds("--timeout", args.timeout)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     try:
         cluster.execute(cell, ranks=ranks, timeout=args.timeout)
     except RankError as err:
         print(err.report(), file=sys.stderr)
         if not args.no_raise:
-            raise RankError(str(err), errors=err.errors, stacks=err.stacks,
-                            restarted=err.restarted) from None
+            raise UsageError(f"{err} (details: cluster.last_error)") from None
 
 
 def load_ipython_extension(ipython):
