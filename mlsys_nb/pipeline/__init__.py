@@ -5,12 +5,28 @@
 - ``simulate(schedule, F=1.0, B=1.0, W=None, comm=0.0)`` -> ``SimResult`` (makespan,
   bubble_fraction, bubble_ratio, peak_activations, timeline).
 - ``closed_form(name, p, m, v, ...)``: the formulas.md §4 values the simulator is tested against.
-- ``run_schedules(names, world_size, ...)`` (``executor``): the same schedules on real ranks.
-- ``plot_timeline(result)`` (``plots``): a Gantt chart per rank.
+- ``run_schedules(names, world_size, ...)`` (``executor``): the same schedules on real ranks,
+  gradients compared with the unpipelined model, measured timelines.
+- ``plot_timeline(result)``, ``plot_sim_vs_real`` (``plots``): Gantt charts per rank.
+- ``reference.torch_order(name, p, m, v)``: PyTorch's own op order for the same schedule.
 """
 from .schedules import (COMM_KINDS, COMPUTE_KINDS, SCHEDULES, Action, Schedule, ScheduleError,
                         check_args, schedule, validate)
+from .closed_forms import closed_form
 from .simulate import SimResult, simulate
 
 __all__ = ["SCHEDULES", "COMPUTE_KINDS", "COMM_KINDS", "Action", "Schedule", "ScheduleError",
-           "check_args", "schedule", "validate", "simulate", "SimResult"]
+           "check_args", "schedule", "validate", "simulate", "SimResult", "closed_form",
+           "run_schedules", "plot_timeline"]
+
+
+def __getattr__(name):  # heavier parts load on first use (torch, matplotlib)
+    if name == "run_schedules":
+        from .executor import run_schedules
+
+        return run_schedules
+    if name == "plot_timeline":
+        from .plots import plot_timeline
+
+        return plot_timeline
+    raise AttributeError(f"module 'mlsys_nb.pipeline' has no attribute {name!r}")
