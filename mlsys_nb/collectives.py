@@ -123,6 +123,16 @@ class CountingComm:
         self._received(t)
         dist.recv(t, self._peer(src), group=self.group, tag=tag)
 
+    def exchange(self, send_t: torch.Tensor, dst: int, recv_t: torch.Tensor, src: int) -> list:
+        """Send ``send_t`` to ``dst`` and receive ``recv_t`` from ``src`` as one batched pair
+        (``batch_isend_irecv``): NCCL needs the pair grouped when ``dst == src`` or the ranks
+        form a cycle, or both sides block in their send. Returns the requests to ``wait()``."""
+        self._sent(send_t)
+        self._received(recv_t)
+        ops = [dist.P2POp(dist.isend, send_t, self._peer(dst), self.group),
+               dist.P2POp(dist.irecv, recv_t, self._peer(src), self.group)]
+        return dist.batch_isend_irecv(ops)
+
     def counts(self) -> dict:
         return {"rank": self.rank, "bytes_sent": self.bytes_sent,
                 "bytes_received": self.bytes_received, "messages_sent": self.messages_sent}
@@ -181,6 +191,8 @@ def _ring(flat, bounds, comm, first: int, last: int, op: str, piece_bytes: int) 
         return
     reduce_ = _reduce_fn(op)
     right, left = (r + 1) % n, (r - 1) % n
+    if piece_bytes <= 0 or dist.get_backend(comm.group) == "nccl":
+        return _ring_batched(flat, bounds, comm, first, last, reduce_)
     piece = max(1, piece_bytes // flat.element_size())
     maxc = max(b - a for a, b in bounds)
     bufs = _workspace(2, maxc, flat.dtype, flat.device) if first < n - 1 else [None, None]
@@ -227,6 +239,22 @@ def _ring(flat, bounds, comm, first: int, last: int, op: str, piece_bytes: int) 
             req.wait()
 
 
+def _ring_batched(flat, bounds, comm, first, last, reduce_) -> None:
+    """The same ring steps, one batched send/recv pair per step (the form NCCL needs: an
+    ungrouped send to the right and receive from the left can block each other on a GPU)."""
+    n, r = comm.world_size, comm.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    buf = _workspace(1, max(b - a for a, b in bounds), flat.dtype, flat.device)[0]
+    for t in range(first, last):
+        sa, sb = bounds[(r - t - 1) % n]
+        ra, rb = bounds[(r - t - 2) % n]
+        dst = buf[:rb - ra] if t < n - 1 else flat[ra:rb]
+        for req in comm.exchange(flat[sa:sb], right, dst, left):
+            req.wait()
+        if t < n - 1:
+            reduce_(flat[ra:rb], dst)
+
+
 def _flat_work(tensor: torch.Tensor):
     """A contiguous 1-D view of ``tensor`` (or a copy, if it is not contiguous)."""
     return tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
@@ -243,7 +271,8 @@ def ring_all_reduce(tensor: torch.Tensor, comm: CountingComm | None = None, op: 
     """In-place ring all-reduce: reduce-scatter phase (steps 0..n-2) then all-gather phase
     (steps n-1..2n-3) on one buffer. Returns ``tensor``. Sends ``2(n-1)/n * S`` bytes per rank
     when ``n`` divides the element count (``comm.ring_bytes_sent`` gives the exact count otherwise).
-    ``piece_bytes``: pipelining granularity in bytes."""
+    ``piece_bytes``: pipelining granularity in bytes; ``0`` = one batched send/recv pair per step
+    without pipelining (what the NCCL backend always uses)."""
     comm = _comm(comm)
     flat = _flat_work(tensor)
     n = comm.world_size
@@ -327,9 +356,8 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor, comm: CountingComm | Non
         while mask < p:
             vpeer = vr ^ mask
             peer = 2 * vpeer + 1 if vpeer < rem else vpeer + rem
-            sreq = comm.isend(flat, peer)
-            comm.irecv(buf, peer).wait()
-            sreq.wait()
+            for req in comm.exchange(flat, peer, buf, peer):
+                req.wait()
             reduce_(flat, buf)  # a+b == b+a in IEEE arithmetic: both partners get identical bits
             mask <<= 1
     if r < 2 * rem:
@@ -410,9 +438,8 @@ def pairwise_all_to_all(tensor: torch.Tensor, comm: CountingComm | None = None) 
     out[r * m:(r + 1) * m].copy_(flat[r * m:(r + 1) * m])
     for s in range(1, n):
         dst, src = (r + s) % n, (r - s) % n
-        sreq = comm.isend(flat[dst * m:(dst + 1) * m].contiguous(), dst)
-        comm.irecv(out[src * m:(src + 1) * m], src).wait()
-        sreq.wait()
+        for req in comm.exchange(flat[dst * m:(dst + 1) * m].contiguous(), dst, out[src * m:(src + 1) * m], src):
+            req.wait()
     return out
 
 
@@ -456,10 +483,12 @@ def verify_against_torch(numels=(1, 7, 1001), seed: int = 0, piece_bytes: int = 
         for opname, torch_op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX)):
             ref = x.clone()
             dist.all_reduce(ref, op=torch_op)
-            algos = ALL_REDUCE_ALGORITHMS if opname == "sum" else {"ring": ring_all_reduce}
+            algos = dict(ALL_REDUCE_ALGORITHMS) if opname == "sum" else {"ring": ring_all_reduce}
+            if opname == "sum":
+                algos["ring/batched"] = ring_all_reduce
             for name, fn in algos.items():
                 comm, y = CountingComm(), x.clone()
-                kw = {"piece_bytes": piece_bytes} if fn is ring_all_reduce else {}
+                kw = {"piece_bytes": 0 if name == "ring/batched" else piece_bytes} if fn is ring_all_reduce else {}
                 fn(y, comm, op=opname, **kw)
                 row(f"all_reduce/{name}" + ("" if opname == "sum" else f"/{opname}"), numel, y, ref, comm)
         # a non-contiguous input (a transposed view): worked on as a copy, written back in place
@@ -572,25 +601,28 @@ def check_semantics(ops=SEMANTICS_OPS, m: int = 3, seed: int = 0, root: int = 0)
     """Run inside a rank: each op with ``torch.distributed``, compared block by block with
     :func:`collective_semantics`. Returns ``{op: max_abs_err}`` over the defined blocks."""
     n, r = dist.get_world_size(), dist.get_rank()
+    from .launch import device as _device
+
+    dev = _device()
 
     def v(s, c):
         g = torch.Generator().manual_seed(seed * 100_003 + s * 1009 + c)
-        return torch.randn(m, generator=g)
+        return torch.randn(m, generator=g).to(dev)
 
     errs = {}
     for op in ops:
         before, after = collective_semantics(op, n, root)
         mine = [b for b in evaluate_semantics(before[r], v)]
         if op == "broadcast":
-            buf = torch.cat(mine) if r == root else torch.zeros(n * m)
+            buf = torch.cat(mine) if r == root else torch.zeros(n * m, device=dev)
             dist.broadcast(buf, root)
             got = list(buf.split(m))
         elif op == "scatter":
-            out = torch.empty(m)
+            out = torch.empty(m, device=dev)
             dist.scatter(out, mine if r == root else None, src=root)
             got = [out]
         elif op == "gather":
-            outs = [torch.empty(m) for _ in range(n)] if r == root else None
+            outs = [torch.empty(m, device=dev) for _ in range(n)] if r == root else None
             dist.gather(mine[0], outs, dst=root)
             got = outs if r == root else mine
         elif op == "reduce":
@@ -598,11 +630,11 @@ def check_semantics(ops=SEMANTICS_OPS, m: int = 3, seed: int = 0, root: int = 0)
             dist.reduce(buf, root)
             got = list(buf.split(m))
         elif op == "all_gather":
-            outs = [torch.empty(m) for _ in range(n)]
+            outs = [torch.empty(m, device=dev) for _ in range(n)]
             dist.all_gather(outs, mine[0])
             got = outs
         elif op == "reduce_scatter":
-            out = torch.empty(m)
+            out = torch.empty(m, device=dev)
             dist.reduce_scatter(out, mine)
             got = [out]
         elif op == "all_reduce":
@@ -610,7 +642,7 @@ def check_semantics(ops=SEMANTICS_OPS, m: int = 3, seed: int = 0, root: int = 0)
             dist.all_reduce(buf)
             got = list(buf.split(m))
         else:
-            out = torch.empty(n * m)
+            out = torch.empty(n * m, device=dev)
             dist.all_to_all_single(out, torch.cat(mine))
             got = list(out.split(m))
         want = evaluate_semantics(after[r], v)

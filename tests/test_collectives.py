@@ -51,7 +51,8 @@ def test_from_scratch_collectives_equal_torch_and_count_closed_form_bytes(n):
                                backend="gloo", timeout=120, output="quiet")
     df = pd.DataFrame([row for rows in per_rank for row in rows])
     assert set(df["rank"]) == set(range(n))
-    expected_algos = {"all_reduce/ring", "all_reduce/ring/max", "all_reduce/ring/noncontiguous", "all_reduce/rs+ag", "all_reduce/tree",
+    expected_algos = {"all_reduce/ring", "all_reduce/ring/max", "all_reduce/ring/noncontiguous",
+                      "all_reduce/ring/batched", "all_reduce/rs+ag", "all_reduce/tree",
                       "all_reduce/recursive_doubling", "reduce_scatter/ring", "all_gather/ring",
                       "all_gather/ring/unequal", "broadcast/tree", "reduce/tree", "all_to_all/pairwise"}
     assert set(df["algorithm"]) == expected_algos
