@@ -8,6 +8,7 @@ Compared, in fresh Python processes that have already imported torch (like a ker
   (c) accelerate.notebook_launcher, first call and warm calls (it forks the caller: that is only
       safe here because these processes have run no multi-threaded torch op and no CUDA)
   (d) torch.multiprocessing.spawn of a module function (every rank imports torch afresh)
+and, as a reference for the cold numbers, the time of `python -c "import torch.distributed"`.
 Methods run alternately, one fresh process per method per round, so load from other users of the
 machine falls on all of them alike. Prints medians (s) and ratios against the named baseline
 (accelerate warm), plus the speed-up over mp.spawn. Not a test: numbers go to data/measured/.
@@ -161,7 +162,8 @@ def main() -> None:
 
     samples = {name: [] for name in ("mlsys_nb.launch cold", "mlsys_nb.launch warm",
                                      "accelerate.notebook_launcher first", BASELINE,
-                                     "torch.multiprocessing.spawn")}
+                                     "torch.multiprocessing.spawn",
+                                     "reference: fresh python -c 'import torch.distributed'")}
     hangs = {method: 0 for method in METHODS}
     print(f"# {machine()}")
     for round_ in range(ns.rounds):
@@ -178,6 +180,10 @@ def main() -> None:
                 warm_name = "mlsys_nb.launch warm" if method == "mlsys_nb" else BASELINE
                 samples[cold_name].append(first)
                 samples[warm_name] += warm
+        # What any fresh rank (and a cold forkserver) must pay before it can do anything.
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import torch.distributed"], check=True)
+        samples["reference: fresh python -c 'import torch.distributed'"].append(time.perf_counter() - start)
         print(f"round {round_ + 1}/{ns.rounds} done; hangs so far {hangs}", file=sys.stderr, flush=True)
 
     medians = {k: statistics.median(v) for k, v in samples.items()}
@@ -193,6 +199,7 @@ def main() -> None:
     warm = medians["mlsys_nb.launch warm"]
     print(f"\nTargets: warm / accelerate warm = {warm / medians[BASELINE]:.2f} (<= 1.0), "
           f"mp.spawn / warm = {spawn / warm:.0f}x (>= 20x), cold = {medians['mlsys_nb.launch cold']:.2f} s (<= 2 s)")
+    print(f"Load average at the end: {os.getloadavg()[0]:.1f} (other jobs share this machine)")
     print(f"Child processes that hung (no call finished within {ns.call_timeout:g} s, killed): {hangs}")
 
 

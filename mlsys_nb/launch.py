@@ -304,6 +304,7 @@ def _rank_main(rank, world_size, port, backend, payload, timeout, start_timeout,
     except BaseException as e:  # noqa: B902 - KeyboardInterrupt/SystemExit are reported too
         send(("error", _describe(e, rank)))
         os._exit(1)  # exit now: peers notice at once ("Connection closed by peer")
+    os._exit(0)  # done: skip interpreter teardown (everything was flushed and sent)
 
 
 # --------------------------------------------------------------------------------------------
