@@ -36,7 +36,7 @@ __all__ = [
     "ring_reduce_scatter", "ring_all_gather", "ring_all_reduce",
     "recursive_doubling_all_reduce", "tree_reduce", "tree_broadcast", "tree_all_reduce",
     "all_reduce_via_reduce_scatter_all_gather", "pairwise_all_to_all", "ALL_REDUCE_ALGORITHMS",
-    "rank_input", "verify_against_torch",
+    "rank_input", "verify_against_torch", "clear_workspace",
     "SEMANTICS_OPS", "collective_semantics", "evaluate_semantics", "check_semantics",
 ]
 
@@ -175,6 +175,11 @@ def _workspace(k: int, numel: int, dtype, device) -> list[torch.Tensor]:
         bufs = [torch.empty(numel, dtype=dtype, device=device) for _ in range(k)]
         _WORKSPACE[key] = bufs
     return [b[:numel] for b in bufs]
+
+
+def clear_workspace() -> None:
+    """Free the cached receive buffers (a long-lived rank keeps them between calls otherwise)."""
+    _WORKSPACE.clear()
 
 
 def _ring(flat, bounds, comm, first: int, last: int, op: str, piece_bytes: int) -> None:
