@@ -95,8 +95,9 @@ class RankError(RuntimeError):
         return "\n".join(parts)
 
 
-class RankTimeout(RankError):
-    """A call did not finish in time (deadlock or slow code). The cluster was restarted."""
+class RankTimeout(RankError, TimeoutError):
+    """A call did not finish in time (deadlock or slow code). The cluster was restarted.
+    Also a ``TimeoutError``, like ``mlsys_nb.launch``'s ``RankTimeoutError``."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,6 +237,11 @@ def _finalize(procs, conns, store, workdir):
     shutil.rmtree(workdir, ignore_errors=True)
 
 
+# The last line of a traceback whose exception means the process group is broken: torch's
+# distributed errors, gloo's own timeouts ("Timed out waiting 1500ms for recv operation") and
+# lost peers.
+_BROKEN_GROUP = re.compile(r"^\S*(DistBackendError|DistNetworkError|DistStoreError|RuntimeError: "
+                           r"\[\S*gloo\S*\]|.*Connection (closed|reset) by peer)", re.M)
 _FRAME = re.compile(r'^(\s*File "(.+)", line (\d+) in .*)$')
 _HIDE = (os.sep + "multiprocessing" + os.sep, os.path.join("mlsys_nb", "cluster.py"),
          os.path.join("mlsys_nb", "launch.py"),
@@ -265,14 +271,16 @@ class Cluster:
 
     Parameters
     ----------
-    world_size: number of rank processes (1..256).
+    world_size: number of rank processes (>= 1).
     backend: "auto" (nccl with enough GPUs, else gloo), "gloo" or "nccl".
     timeout: seconds a call (cell, ``run``, ``pull``, ``push``) may take before the ranks' stacks
         are dumped and the cluster restarts; override per call with ``timeout=``.
     num_threads: ``torch.set_num_threads`` on every rank.
     error_grace: seconds to wait for the other ranks after one rank raised.
     pg_timeout: process-group timeout in seconds (finite; default ``timeout + 30`` so that the
-        cluster's own timeout, which shows stacks, fires first).
+        cluster's own timeout, which shows stacks, fires first). A rank whose collective times
+        out raises ``DistBackendError``; the cluster then restarts (the group is unusable).
+        Changing the attribute takes effect at the next ``restart()``.
     """
 
     def __init__(self, world_size=4, backend="auto", timeout=60.0, *, num_threads=1,
@@ -478,7 +486,13 @@ class Cluster:
             raise err
         if errors:
             who = ", ".join(map(str, sorted(errors)))
-            err = RankError(f"rank(s) {who} raised", errors=errors, outputs=outputs)
+            broken = [r for r, tb in errors.items() if _BROKEN_GROUP.search(tb)]
+            if broken:  # after a gloo/NCCL timeout or a lost peer the group cannot be trusted
+                self.restart()
+            err = RankError(f"rank(s) {who} raised" + (
+                f"; rank(s) {broken} lost the process group, so the cluster was restarted "
+                "(namespaces are fresh)" if broken else ""),
+                errors=errors, outputs=outputs, restarted=bool(broken))
             self.last_error = err
             raise err
         self.last_error = None
