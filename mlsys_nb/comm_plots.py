@@ -94,7 +94,7 @@ def draw_ring_schedule(n: int = 4):
     steps (reduce-scatter phase, then all-gather phase). Returns the Figure."""
     from matplotlib.patches import Rectangle
 
-    fig, ax = new_figure(figsize=(1.0 + 0.6 * 2 * (n - 1), 0.45 * n + 1.4))
+    fig, ax = new_figure(figsize=(max(7.0, 1.5 + 0.6 * 2 * (n - 1)), 0.45 * n + 1.6))
     with style():
         steps = 2 * (n - 1)
         for t in range(steps):
@@ -111,8 +111,8 @@ def draw_ring_schedule(n: int = 4):
         ax.set_yticks([n - 1 - r + 0.5 for r in range(n)])
         ax.set_yticklabels([f"rank {r}" for r in range(n)])
         ax.grid(False)
-        label(ax, "step (index; left of the line: reduce-scatter, right: all-gather)", "sender (rank)",
-              f"ring all-reduce on {n} ranks: chunk sent to the right neighbour")
+        label(ax, "step (index): reduce-scatter | all-gather", "sender (rank)",
+              f"ring all-reduce, n={n}: chunk each rank sends to its right neighbour")
     return fig
 
 
