@@ -104,6 +104,11 @@ def test_magic_grouped_output_subset_and_values(cluster, shell, capsys):
         cluster.pull("y", ranks=[1])
     shell.run_cell_magic("ranks", "1-3", "w = rank")
     assert cluster.pull("w", ranks=[1, 2, 3]) == [1, 2, 3]
+    shell.user_ns["my_cluster"] = cluster
+    shell.run_cell_magic("ranks", "3 --cluster my_cluster", "w = -1")
+    assert cluster.pull("w", ranks=[1, 2, 3]) == [1, 2, -1]
+    with pytest.raises(UsageError, match="not a Cluster"):
+        shell.run_cell_magic("ranks", "--cluster nothing_here", "pass")
     with pytest.raises(UsageError, match="ranks must be in 0..3"):
         shell.run_cell_magic("ranks", "0,7", "pass")
     with pytest.raises(UsageError, match="usage"):
