@@ -1,0 +1,231 @@
+"""Scaling-law explorer: a published loss law (Chinchilla, Epoch AI's refit, Kaplan, or a fit you
+pass in), a compute budget (log slider) and an optional inference demand in; iso-FLOP curves with
+the optimum marked, N* and D* against compute with famous training runs, and the time and cost of
+the compute-optimal run on a chosen cluster out (``mlsys_nb.scaling``, ``mlsys_nb.flops``).
+
+``ScalingWidget().widget`` is the ipywidgets container; ``state()``/``set_state()``, ``figure``,
+``table()`` and ``error`` follow the dashboard protocol. Invalid input (MFU outside (0, 1], a
+cluster of 0 GPUs, a negative price) is shown as a message in place of the chart.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .. import flops, hardware, scaling
+from ..plots import PALETTE, label, style
+
+DEFAULTS = {
+    "law": "chinchilla", "compute": 1e23, "inference": False, "inference_tokens": 1e13,
+    "gpu": "H100-SXM", "n_gpus": 1024, "mfu": 0.4, "price_per_gpu_hour": 2.0,
+}
+C_RANGE = (1e18, 1e27)
+DECADES = (-2, -1, 0, 1, 2)  # iso-FLOP curves at C x 10^k
+
+
+def _dtype(gpu: str) -> str:
+    peaks = hardware.gpu(gpu).peak_flops
+    return next(d for d in ("bf16", "fp16", "fp32") if d in peaks)
+
+
+class ScalingWidget:
+    """Controls: law, compute budget (FLOPs, log slider), inference demand (tokens served), GPU,
+    cluster size, MFU and a price per GPU-hour (your assumption, USD)."""
+
+    def __init__(self, laws: dict | None = None, **state):
+        import ipywidgets as w
+        from matplotlib.figure import Figure
+
+        self.laws = {n: scaling.law(n) for n in scaling.law_names()} | dict(laws or {})
+        s = DEFAULTS | state
+        lay = w.Layout(width="340px")
+        self.controls = {
+            "law": w.Dropdown(options=list(self.laws), value=s["law"], description="law", layout=lay),
+            "compute": w.FloatLogSlider(value=s["compute"], base=10, min=np.log10(C_RANGE[0]),
+                                        max=np.log10(C_RANGE[1]), step=0.05, description="compute (FLOPs)",
+                                        readout_format=".2e", layout=lay),
+            "inference": w.Checkbox(value=s["inference"], description="add inference demand"),
+            "inference_tokens": w.FloatLogSlider(value=s["inference_tokens"], base=10, min=9, max=16, step=0.1,
+                                                 description="tokens served", readout_format=".1e", layout=lay),
+            "gpu": w.Dropdown(options=list(hardware.gpus()), value=s["gpu"], description="GPU", layout=lay),
+            "n_gpus": w.IntText(value=s["n_gpus"], description="GPUs", layout=lay),
+            "mfu": w.FloatText(value=s["mfu"], description="MFU (0-1]", layout=lay),
+            "price_per_gpu_hour": w.FloatText(value=s["price_per_gpu_hour"], description="USD / GPU-hour", layout=lay),
+        }
+        for c in self.controls.values():
+            c.style = {"description_width": "120px"}
+        self.message = w.HTML()
+        self.stats = w.HTML()
+        self.output = w.Output()
+        with style():
+            self.figure = Figure(figsize=(9.0, 3.8), layout="none")
+            self._ax_iso, self._ax_opt = self.figure.subplots(1, 2)
+        self.figure.subplots_adjust(left=0.07, right=0.99, top=0.91, bottom=0.14, wspace=0.25)
+        self.error: str | None = None
+        self._table = pd.DataFrame()
+        self._artists = None
+        c = list(self.controls.values())
+        self.widget = w.VBox([w.HBox([w.VBox(c[:4]), w.VBox(c[4:])]), self.message, self.stats, self.output])
+        self._hold = False
+        for ctl in self.controls.values():
+            ctl.observe(self._on_change, names="value")
+        self.update()
+
+    # ---- protocol ------------------------------------------------------------------------------
+    def state(self) -> dict:
+        return {k: (float(c.value) if isinstance(c.value, float) else c.value) for k, c in self.controls.items()}
+
+    def set_state(self, state: dict) -> None:
+        unknown = set(state) - set(self.controls)
+        if unknown:
+            raise ValueError(f"unknown settings {sorted(unknown)}; allowed: {sorted(self.controls)}")
+        self._hold = True
+        try:
+            for k, v in state.items():
+                self.controls[k].value = v
+        finally:
+            self._hold = False
+        self.update()
+
+    def table(self) -> pd.DataFrame:
+        return self._table.copy()
+
+    # ---- computing -------------------------------------------------------------------------------
+    def _on_change(self, _change):
+        if not self._hold:
+            self.update()
+
+    def compute(self, state: dict | None = None) -> dict:
+        """All numbers for a state (no drawing); raises ``ValueError``/``KeyError`` on bad input."""
+        s = state or self.state()
+        if s["law"] not in self.laws:
+            raise KeyError(f"law={s['law']!r}: choose one of {sorted(self.laws)}")
+        law = self.laws[s["law"]]
+        C = float(s["compute"])
+        if not (C_RANGE[0] <= C <= C_RANGE[1]):
+            raise ValueError(f"compute={C:.3g} FLOPs is out of range: allowed [{C_RANGE[0]:.0e}, {C_RANGE[1]:.0e}]")
+        n, d = law.compute_optimal(C)
+        est = flops.training_time(n, d, gpu=s["gpu"], n_gpus=s["n_gpus"], mfu=s["mfu"], dtype=_dtype(s["gpu"]),
+                                  price_per_gpu_hour=s["price_per_gpu_hour"])
+        out = {"law": law, "C": C, "N": n, "D": d, "loss": law.loss(n, d), "estimate": est,
+               "twenty": scaling.twenty_tokens_per_param(C), "inference": None}
+        if s["inference"]:
+            out["inference"] = law.inference_optimal(C, s["inference_tokens"])
+        return out
+
+    def update(self) -> None:
+        s = self.state()
+        try:
+            r = self.compute(s)
+        except (ValueError, KeyError, TypeError) as e:
+            self.error = str(e).strip("'\"")
+            self.message.value = f"<b style='color:#D55E00'>Invalid input:</b> {self.error}"
+            self.stats.value = ""
+            self._table = pd.DataFrame()
+            self._show()
+            return
+        self.error = None
+        self.message.value = ""
+        est = r["estimate"]
+        rows = [
+            ("compute budget C", r["C"], "FLOPs"),
+            ("N* (compute-optimal parameters)", r["N"], "params"),
+            ("D* (compute-optimal tokens)", r["D"], "tokens"),
+            ("D*/N*", r["D"] / r["N"], "tokens/param"),
+            ("L* (loss at the optimum)", r["loss"], "nats/token"),
+            ("N at 20 tokens/param", r["twenty"][0], "params"),
+            ("wall-clock", est.days, "days"),
+            ("GPU-hours", est.gpu_hours, "GPU·h"),
+            ("cost", est.cost_usd, "USD"),
+        ]
+        inf = r["inference"]
+        if inf is not None:
+            rows += [
+                ("inference-aware N", inf["N"], "params"),
+                ("inference-aware D", inf["D"], "tokens"),
+                ("lifetime compute, inference-aware", inf["total_flops"], "FLOPs"),
+                ("lifetime compute, Chinchilla-optimal", inf["chinchilla_total_flops"], "FLOPs"),
+            ]
+        self._table = pd.DataFrame(rows, columns=["quantity", "value", "unit"]).set_index("quantity")
+        self.stats.value = (
+            f"{r['law'].label}: C = {r['C']:.2e} FLOPs &rarr; N* = {r['N']:.3g} params, D* = {r['D']:.3g} tokens "
+            f"({r['D'] / r['N']:.1f} tokens/param), L* = {r['loss']:.3f} nats/token. "
+            f"On {s['n_gpus']} &times; {s['gpu']} at MFU {s['mfu']:.2f}: <b>{est.days:,.1f} days</b>, "
+            f"{est.gpu_hours:,.0f} GPU-hours, ${est.cost_usd:,.0f} at ${s['price_per_gpu_hour']:.2f}/GPU-hour."
+            + (f" With {s['inference_tokens']:.1e} tokens served: N = {inf['N']:.3g}, D = {inf['D']:.3g} "
+               f"saves {(1 - inf['total_flops'] / inf['chinchilla_total_flops']) * 100:.0f}% of lifetime compute."
+               if inf is not None else "")
+        )
+        self._draw(r)
+        self._show()
+
+    # ---- drawing (artists created once, then updated in place) -----------------------------------
+    def _setup(self):
+        ax1, ax2 = self._ax_iso, self._ax_opt
+        with style():
+            names = {-2: "C/100", -1: "C/10", 0: "C", 1: "10 C", 2: "100 C"}
+            iso = [ax1.plot([], [], color=PALETTE[i], lw=2.2 if k == 0 else 1.2, label=names[k])[0]
+                   for i, k in enumerate(DECADES)]
+            opt = ax1.plot([], [], "o", color="black", ms=5, label="optimum")[0]
+            inf = ax1.plot([], [], "D", color=PALETTE[3], ms=7, label="inference-aware")[0]
+            ax1.set_xscale("log")
+            label(ax1, "parameters N (count)", "loss (nats/token)")
+            ax1.legend(loc="upper right", fontsize=7)
+            cs = np.logspace(np.log10(C_RANGE[0]), np.log10(C_RANGE[1]), 60)
+            n_line = ax2.plot([], [], color=PALETTE[0], label="N*")[0]
+            d_line = ax2.plot([], [], color=PALETTE[1], label="D*")[0]
+            vline = ax2.axvline(1e23, color="grey", ls="--", lw=1)
+            runs = scaling.training_runs()
+            ax2.scatter(runs["C = 6ND (FLOPs)"], runs["params"], marker="^", color=PALETTE[0], s=22,
+                        label="runs: N")
+            ax2.scatter(runs["C = 6ND (FLOPs)"], runs["tokens"], marker="v", color=PALETTE[1], s=22,
+                        label="runs: D")
+            ax2.set_xscale("log")
+            ax2.set_yscale("log")
+            ax2.set_xlim(C_RANGE)
+            ax2.set_ylim(1e7, 1e15)
+            label(ax2, "compute C (FLOPs)", "N* (params), D* (tokens)")
+            ax2.legend(loc="upper left", fontsize=7, ncol=2)
+            from matplotlib.ticker import LogLocator
+
+            for ax in (ax1, ax2):  # few ticks, no minor ticks: tick text dominates a redraw
+                ax.minorticks_off()
+            ax2.xaxis.set_major_locator(LogLocator(base=100.0))
+            ax2.yaxis.set_major_locator(LogLocator(base=100.0))
+        self._artists = {"iso": iso, "opt": opt, "inf": inf, "n": n_line, "d": d_line, "v": vline, "cs": cs}
+
+    def _draw(self, r):
+        if self._artists is None:
+            self._setup()
+        a, law, C = self._artists, r["law"], r["C"]
+        n_opt = r["N"]
+        ns = n_opt * np.logspace(-2, 2, 80)
+        lo, hi = np.inf, -np.inf
+        xs, ys = [], []
+        for line, k in zip(a["iso"], DECADES):
+            c = C * 10.0**k
+            nk = law.compute_optimal(c)[0] * np.logspace(-1.5, 1.5, 60)
+            lk = law.iso_flop(c, nk)
+            line.set_data(nk, lk)
+            xs.append(law.compute_optimal(c)[0])
+            ys.append(law.optimal_loss(c))
+            lo, hi = min(lo, np.nanmin(lk)), max(hi, np.nanmax(lk))
+        a["opt"].set_data(xs, ys)
+        inf = r["inference"]
+        a["inf"].set_data(([inf["N"]], [inf["loss"]]) if inf else ([], []))
+        ax1 = self._ax_iso
+        ax1.set_xlim(ns[0] / 10, ns[-1] * 10)
+        ax1.minorticks_off()
+        ax1.set_ylim(lo - 0.02 * (hi - lo), lo + 0.6 * (hi - lo))
+        n_star, d_star = law.compute_optimal(a["cs"])
+        a["n"].set_data(a["cs"], n_star)
+        a["d"].set_data(a["cs"], d_star)
+        a["v"].set_xdata([C, C])
+
+    def _show(self):
+        from IPython.display import display
+
+        with self.output:
+            self.output.clear_output(wait=True)
+            if self.error is None:
+                display(self.figure)
