@@ -39,18 +39,25 @@ def plot_timeline(x, ax=None, *, color_by: str = "kind", title: str | None = Non
     m = int(tl.microbatch.max()) + 1 if len(tl) else 1
     cmap = mcolors.ListedColormap(PALETTE[:7]) if m <= 7 else __import__("matplotlib").colormaps["turbo"]
     with style():
-        for r, g in tl.groupby("rank"):
-            spans, faces, edges = [], [], []
-            for kind, j, full, st, en in zip(g.kind, g.microbatch, g.full, g.start, g.end):
-                spans.append((st * scale, (en - st) * scale))
-                if color_by == "kind":
-                    c = KIND_COLORS[kind] if (kind != "B" or full) else _mix(KIND_COLORS["B"], 0.35)
-                else:
-                    c = _mix(cmap(j / max(m - 1, 1)) if m > 7 else cmap(j), SHADE[kind])
-                faces.append(c)
-                edges.append("white")
-            ax.broken_barh(spans, (r - 0.4, 0.8), facecolors=faces, edgecolors=edges,
-                           linewidth=0.4 if len(tl) <= 600 else 0.0)
+        import numpy as np
+        from matplotlib.collections import PolyCollection
+
+        ranks, st, en = tl["rank"].to_numpy(float), tl.start.to_numpy(float) * scale, tl.end.to_numpy(float) * scale
+        verts = np.stack([np.stack([st, ranks - 0.4], 1), np.stack([st, ranks + 0.4], 1),
+                          np.stack([en, ranks + 0.4], 1), np.stack([en, ranks - 0.4], 1)], 1)
+        if color_by == "kind":
+            table = {(k, f): mcolors.to_rgb(KIND_COLORS[k] if (k != "B" or f) else _mix(KIND_COLORS["B"], 0.35))
+                     for k in KIND_COLORS for f in (True, False)}
+            faces = [table[(k, bool(f))] for k, f in zip(tl.kind, tl.full)]
+        else:
+            base = [cmap(j / max(m - 1, 1)) if m > 7 else cmap(j) for j in range(m)]
+            shades = {(j, k): _mix(base[j], SHADE[k]) for j in range(m) for k in SHADE}
+            faces = [shades[(j, k)] for j, k in zip(tl.microbatch, tl.kind)]
+        many = len(tl) > 600
+        ax.add_collection(PolyCollection(verts, facecolors=faces, edgecolors="white",
+                                         linewidths=0.0 if many else 0.4, antialiased=not many))
+        if len(tl):
+            ax.set_xlim(0, float(en.max()) * 1.01 if en.max() > 0 else 1)
         if len(tl) <= MAX_LABELS:
             for row in tl.itertuples():
                 ax.text((row.start + row.end) / 2 * scale, row.rank, str(row.microbatch), ha="center",

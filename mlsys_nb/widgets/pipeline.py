@@ -144,8 +144,8 @@ class PipelineWidget:
         with style():
             self._ax_mem.barh(range(sched.p), res.peak_activations, color="#888888")
             self._ax_mem.set_ylim(sched.p - 0.5, -0.5)
-            self._ax_mem.set_yticks(range(sched.p))
-            label(self._ax_mem, "peak activations (mb × L/p)", "rank (index)")
+            self._ax_mem.set_yticks(range(sched.p), labels=[""] * sched.p)  # same rows as the chart
+            label(self._ax_mem, "peak activations\n(mb × L/p layers)", "rank (same rows)")
         self.stats.value = (f"makespan <b>{res.makespan:.2f}</b> &nbsp; bubble fraction (idle/total) "
                             f"<b>{res.bubble_fraction:.3f}</b> &nbsp; bubble ratio (idle/busy) "
                             f"<b>{res.bubble_ratio:.3f}</b> &nbsp; peak activations rank 0 "
