@@ -167,3 +167,23 @@ def test_comm_counter_counts_ring_bytes_of_each_collective(runs):
             assert probe[op]["calls"] == 1 and probe[op]["payload_bytes"] == full, (op, probe[op])
             assert probe[op]["sent_bytes"] == pytest.approx(factor * full), (op, probe[op])
         assert probe["nested"] == (2, 1, True), probe["nested"]
+
+
+def test_zero3_gathers_one_unit_at_a_time_and_two_with_prefetch(runs):
+    """High-water mark of gathered full parameters: the largest unit (a block) without prefetch,
+    two with prefetch, which is what mlsys_nb.memory budgets ("2 x largest layer")."""
+    from mlsys_nb.config import TrainConfig
+    from mlsys_nb.memory import estimate
+    from mlsys_nb.parallel.dp_runs import tiny_config
+
+    world, _, per_rank = runs
+    cfg = tiny_config()
+    block = 4 * (cfg.hidden * (2 * cfg.q_dim + 2 * cfg.kv_dim) + 3 * cfg.hidden * cfg.ffn_hidden
+                 + 2 * cfg.hidden)  # q, o, k, v + gate, up, down + 2 norms, fp32
+    est = estimate(cfg, TrainConfig(micro_batch=2, seq_len=cfg.seq_len, precision="fp32", optimizer="adamw", dp=world,
+                                    zero=3, device="cpu", kernels="eager"))
+    for out in per_rank:
+        for res in out["results"].values():
+            assert res["zero3"]["peak_gathered_bytes"] == block, res["zero3"]["peak_gathered_bytes"]
+            assert res["zero3_prefetch"]["peak_gathered_bytes"] == 2 * block
+            assert res["zero3_prefetch"]["peak_gathered_bytes"] == est.detail["temporary"]["ZeRO-3 gathered layers (2 x largest)"]

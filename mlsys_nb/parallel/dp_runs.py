@@ -131,7 +131,7 @@ def train_parallel(impl: str, cfg: ModelConfig, batches, optimizer: str = "adamw
     else:
         params = {n: p.detach().clone() for n, p in model.named_parameters()}
     return dict(params=params, sent_bytes_per_step=cc.sent_bytes / len(batches), calls_per_step=cc.calls / len(batches),
-                by_op=cc.by_op(), memory=memory)
+                by_op=cc.by_op(), memory=memory, peak_gathered_bytes=zero.peak_gathered_bytes if zero else None)
 
 
 def max_diff(a: dict, b: dict) -> float:

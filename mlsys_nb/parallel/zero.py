@@ -168,6 +168,7 @@ class ZeRO:
             if params:
                 self.units.append(FlatUnit(len(self.units), m, params, stage, group))
         self.optimizer = make_optimizer([u.shard for u in self.units])
+        self.peak_gathered_bytes = 0  # stage 3: most full-parameter bytes alive at once (a high-water mark)
         if stage >= 2:
             for u in self.units:
                 for p in u.params:
@@ -182,6 +183,10 @@ class ZeRO:
         j = unit.index + step
         return self.units[j] if 0 <= j < len(self.units) else None
 
+    def _track(self) -> None:
+        now = sum(u.padded_numel * u.full.element_size() for u in self.units if u.gathered)
+        self.peak_gathered_bytes = max(self.peak_gathered_bytes, now)
+
     def _pre_forward(self, unit: FlatUnit):
         def hook(module, args):
             unit.gather()
@@ -189,6 +194,7 @@ class ZeRO:
             nxt = self._neighbour(unit, +1)
             if self.prefetch and nxt is not None:
                 nxt.gather(async_op=True)
+            self._track()
 
         return hook
 
@@ -214,6 +220,7 @@ class ZeRO:
                 prev = self._neighbour(unit, -1)
                 if self.prefetch and prev is not None:
                     prev.gather(async_op=True)
+                self._track()
             return grad
 
         return hook
