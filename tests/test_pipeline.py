@@ -239,3 +239,19 @@ def test_peak_memory_story():
         o = simulate(schedule("1f1b", p, m), F=1, B=2)
         assert g.peak_activations[0] == m and o.peak_activations[0] == p
         assert math.isclose(g.makespan, o.makespan)
+
+
+def test_pair_message_order():
+    """Linear schedules send each pair's messages in the order the peer receives them; the V-shaped
+    and bidirectional ones do not (why the executor matches messages by tag, over gloo)."""
+    from mlsys_nb.pipeline.schedules import pair_orders_match
+
+    for name in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2"):
+        assert pair_orders_match(schedule(name, 4, 8)), name
+    assert not pair_orders_match(schedule("zbv", 4, 8))
+    assert not pair_orders_match(schedule("dualpipev", 4, 8))
+    swapped = schedule("1f1b", 2, 2)
+    row = swapped.actions[1]
+    i, j = [k for k, a in enumerate(row) if a.kind == "RECV_F"]
+    row[i], row[j] = row[j], row[i]
+    assert not pair_orders_match(swapped)

@@ -439,3 +439,18 @@ def _check_no_deadlock(sched: Schedule) -> None:
         if not progressed:
             stuck = {r: str(acts[r][ptr[r]]) for r in range(sched.p) if ptr[r] < len(acts[r])}
             raise ScheduleError(f"{sched.name}: deadlock, every rank waits: {stuck}")
+
+
+def pair_orders_match(sched: Schedule) -> bool:
+    """True if, for every ordered pair of ranks, the sender issues its messages in the order the
+    receiver posts the matching receives. Needed by transports that match point-to-point messages
+    in order (NCCL); gloo matches by tag, which the executor uses, so it runs every schedule."""
+    for src in range(sched.p):
+        for dst in range(sched.p):
+            sent = [(a.kind[-1], a.microbatch, a.stage + (1 if a.kind == "SEND_F" else -1))
+                    for a in sched.actions[src] if a.kind.startswith("SEND") and a.peer == dst]
+            got = [(a.kind[-1], a.microbatch, a.stage)
+                   for a in sched.actions[dst] if a.kind.startswith("RECV") and a.peer == src]
+            if sent != got:
+                return False
+    return True
