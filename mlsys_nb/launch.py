@@ -27,7 +27,7 @@ What happens, in order (each step is one function below):
    the timeout (after dumping every rank's Python stack) or on Ctrl-C / kernel interrupt.
 
 Safety nets: ranks die with their parent (``prctl(PR_SET_PDEATHSIG)`` plus a "lifeline" pipe
-they watch), process groups time out after ``timeout`` seconds instead of torch's 30 minutes,
+they watch), collectives time out ``timeout`` + 10 seconds in instead of torch's 30 minutes,
 and every process, pipe and port is closed when ``launch`` returns or raises.
 """
 from __future__ import annotations
@@ -468,7 +468,8 @@ class _Rank:
         self.process.join(5.0)
         for conn in [self.result, self.stack] + [s.reader for s in self.streams]:
             conn.close()
-        self.process.close()
+        if self.process.exitcode is not None:
+            self.process.close()
 
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+),? in ')
@@ -534,8 +535,9 @@ def launch(fn, world_size: int = 4, *, args=(), kwargs=None, backend: str = "aut
 
     - ``backend``: ``"auto"`` (NCCL if there is one GPU per rank, else gloo), ``"gloo"``, ``"nccl"``.
     - ``timeout``: seconds ``fn`` may run, counted from the moment every rank has joined the
-      process group. Also the collectives' own timeout. On expiry every rank's Python stack is
-      dumped, all ranks are killed and ``RankTimeoutError`` (a ``TimeoutError``) is raised.
+      process group. On expiry every rank's Python stack is dumped, all ranks are killed and
+      ``RankTimeoutError`` (a ``TimeoutError``) is raised. Collectives inside the ranks give up
+      10 s later on their own (torch's default would be 30 minutes).
     - ``start_timeout``: seconds the ranks may take to start and join the group.
     - ``threads``: intra-op threads per rank (default 1: ranks share the cores).
     - ``output``: ``"stream"`` prints each rank's lines as they come, prefixed ``[rank r]``;
