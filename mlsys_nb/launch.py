@@ -345,6 +345,9 @@ def _open_store(start_timeout: float):
                          timeout=timedelta(seconds=start_timeout), master_listen_fd=sock.detach())
 
 
+_MAIN_SWAP_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def _without_main_module():
     """Hide the caller's ``__main__`` while ranks start.
@@ -354,12 +357,13 @@ def _without_main_module():
     of ``__main__`` by value. Re-importing it would re-run a script that lacks an
     ``if __name__ == "__main__"`` guard, and cost time on every launch.
     """
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = main
+    with _MAIN_SWAP_LOCK:  # two threads launching at once must not restore each other's dummy
+        main = sys.modules["__main__"]
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            sys.modules["__main__"] = main
 
 
 @dataclass

@@ -114,6 +114,23 @@ def test_module_function_gives_the_same_results_as_a_closed_form():
     assert results == [(r, world, r, total, 1) for r in range(world)]
 
 
+@pytest.mark.slow
+def test_two_launches_at_the_same_time_use_separate_ports_and_both_succeed():
+    from concurrent.futures import ThreadPoolExecutor
+
+    def job(tag):
+        x = torch.tensor([float(tag)])
+        dist.all_reduce(x)
+        return x.item(), int(os.environ["MASTER_PORT"])
+
+    main_before = sys.modules["__main__"]
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.map(lambda tag: launch(job, 2, args=(tag,), output="quiet"), [1, 10])
+    assert [v for v, _ in a] == [2.0, 2.0] and [v for v, _ in b] == [20.0, 20.0]
+    assert a[0][1] != b[0][1], "both launches used the same rendezvous port"
+    assert sys.modules["__main__"] is main_before
+
+
 # ---------------------------------------------------------------- output
 @pytest.mark.slow
 def test_output_is_captured_by_rank_and_results_do_not_depend_on_it(capsys):
