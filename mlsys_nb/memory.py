@@ -526,18 +526,15 @@ def estimate(model: ModelConfig, train: TrainConfig | None = None, *, stage: int
 
 
 # ---- the Ultra-Scale Playbook widget, exactly (formulas.md §15) ------------------------------
-PLAYBOOK_PRESETS = {
-    "Llama 3 Tiny": dict(a=16, b=3, h=1024, h_ff=4096, L=1, s=7, v=30522, k=8, tp=1, zero="1", dp=1,
-                         mixed=True, recomputation="none", ff_activation="gelu", seq_parallel=False),
-    "Llama 3 8B": dict(a=32, b=32, h=4096, h_ff=16384, L=32, s=256, v=30522, k=8, tp=1, zero="1", dp=1,
-                       mixed=True, recomputation="none", ff_activation="swiglu", seq_parallel=False),
-    "Llama 3 70B": dict(a=64, b=32, h=8192, h_ff=32768, L=80, s=256, v=30522, k=8, tp=8, zero="1", dp=8,
-                        mixed=True, recomputation="none", ff_activation="swiglu", seq_parallel=False),
-    "Llama 3 405B": dict(a=128, b=32, h=16384, h_ff=65536, L=126, s=256, v=30522, k=8, tp=8, zero="1", dp=8,
-                         mixed=True, recomputation="none", ff_activation="swiglu", seq_parallel=False),
-}
-PLAYBOOK_INITIAL = dict(a=8, b=32, h=512, h_ff=2048, L=12, s=128, v=30522, k=8, tp=8, zero="0", dp=1,
-                        mixed=True, recomputation="none", ff_activation="relu", seq_parallel=False)
+def _playbook_data() -> dict:
+    from .config import load_yaml
+
+    return load_yaml("playbook_memory.yaml")
+
+
+# the widget's presets and initial page (data/playbook_memory.yaml, formulas §15.2)
+PLAYBOOK_PRESETS = {k: v["inputs"] for k, v in _playbook_data()["presets"].items()}
+PLAYBOOK_INITIAL = _playbook_data()["initial"]["inputs"]
 
 
 def format_playbook_bytes(n: float) -> str:

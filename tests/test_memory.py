@@ -165,50 +165,33 @@ def test_cpu_dropout_masks_take_the_activation_dtype():
 
 
 # ---- the Playbook widget port: golden values (formulas §15.4) --------------------------------
-GOLDEN = {
-    None: (53_522_432, 844_005_376, 107_044_864, 642_269_184, 1_700_364_288, "1.58 GB"),
-    "Llama 3 Tiny": (43_859_968, 3_414_264, 87_719_936, 526_319_616, 705_173_752, "672.51 MB"),
-    "Llama 3 8B": (6_570_229_760, 65_592_426_496, 13_140_459_520, 78_842_757_120, 170_716_102_656, "158.99 GB"),
-    "Llama 3 70B": (64_685_178_880, 88_577_212_416, 129_370_357_760, 97_027_768_320, 444_345_696_256, "413.83 GB"),
-    "Llama 3 405B": (406_405_545_984, 276_482_031_616, 812_811_091_968, 609_608_318_976, 2_511_712_534_528, "2.28 TB"),
-}
+PB = load_yaml("playbook_memory.yaml")
+GOLDEN = {None: PB["initial"], **PB["presets"]}  # formulas §15.4
 
 
 @pytest.mark.parametrize("preset", list(GOLDEN), ids=str)
 def test_playbook_golden_totals(preset):
-    inputs = memory.PLAYBOOK_INITIAL if preset is None else memory.PLAYBOOK_PRESETS[preset]
-    r = playbook_estimate(**inputs)
-    n, act, params, opt, total, shown = GOLDEN[preset]
-    assert (r["N"], r["activations"], r["parameters"], r["gradients"], r["optimizer"], r["total"]) == (
-        n, act, params, params, opt, total)
-    assert r["shown"] == shown
+    r = playbook_estimate(**GOLDEN[preset]["inputs"])
+    want = GOLDEN[preset]["golden"]
+    for key in ("N", "activations", "parameters", "gradients", "optimizer", "total", "shown"):
+        assert r[key] == want[key], (preset, key, r[key], want[key])
 
 
-@pytest.mark.parametrize("change,act,total", [
-    (dict(recomputation="selective"), "51.09 GB", "148.99 GB"),
-    (dict(recomputation="full"), "3.09 GB", "100.99 GB"),
-    (dict(tp=8), "17.34 GB", "115.24 GB"),
-    (dict(tp=8, seq_parallel=True), "16.39 GB", "114.29 GB"),
-    (dict(zero="3", dp=8), "61.09 GB", "73.33 GB"),
-    (dict(mixed=False), "117.21 GB", "215.12 GB"),
-    (dict(ff_activation="relu"), "37.09 GB", "134.99 GB"),
-    (dict(ff_activation="gelu"), "45.09 GB", "142.99 GB"),
-    (dict(tp=8, seq_parallel=True, recomputation="full"), "2.14 GB", None),
-])
-def test_playbook_8b_variants(change, act, total):
-    r = playbook_estimate(**{**memory.PLAYBOOK_PRESETS["Llama 3 8B"], **change})
-    assert r["shown_activations"] == act
-    if total:
-        assert r["shown"] == total
-    if change.get("zero") == "3":
-        assert memory.format_playbook_bytes(r["parameters"] + r["gradients"] + r["optimizer"]) == "12.24 GB"
+@pytest.mark.parametrize("variant", PB["variants_8b"], ids=lambda v: str(v["change"]))
+def test_playbook_8b_variants(variant):
+    r = playbook_estimate(**{**PB["presets"]["Llama 3 8B"]["inputs"], **variant["change"]})
+    assert r["shown_activations"] == variant["activations"]
+    if "total" in variant:
+        assert r["shown"] == variant["total"]
+    if "model_states" in variant:
+        assert memory.format_playbook_bytes(r["parameters"] + r["gradients"] + r["optimizer"]) == variant["model_states"]
 
 
 def test_compat_mode_of_estimate_is_the_widget():
     cfg = ModelConfig(n_layers=32, hidden=4096, n_heads=32, ffn_hidden=16384, vocab_size=30522, seq_len=256)
     t = TrainConfig(micro_batch=32, seq_len=256, zero=1, flash_attention=False)
     b = estimate(cfg, t, compat="playbook")
-    assert b.total == GOLDEN["Llama 3 8B"][4] and b.mode == "playbook"
+    assert b.total == GOLDEN["Llama 3 8B"]["golden"]["total"] and b.mode == "playbook"
 
 
 # ---- each Playbook bug, fixed in the default mode (formulas §15.5) ---------------------------
