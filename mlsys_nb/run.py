@@ -22,6 +22,8 @@ import json
 import os
 import sys
 
+from torch.distributed.elastic.multiprocessing.errors import record
+
 from mlsys_nb.launch import BACKENDS, resolve_backend, run_on_rank
 
 ENV_NEEDED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -40,6 +42,7 @@ def load_function(target: str):
     return fn
 
 
+@record  # an exception on a rank shows up in torchrun's failure summary with its traceback
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mlsys_nb.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("target", help="module:function to run on every rank")

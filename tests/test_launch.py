@@ -420,6 +420,7 @@ def test_torchrun_entry_point_two_nodes_on_loopback():
     assert _results(*nodes) == [(0, 2, 0, 3.0, 1), (1, 2, 0, 3.0, 1)]
 
 
+@pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # pytest's captured stderr has no fd
 def test_run_without_torchrun_environment_explains_itself(monkeypatch, capsys):
     from mlsys_nb import run
 
