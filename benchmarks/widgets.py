@@ -23,12 +23,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 # Per tab: two states to alternate between in-process, and the slider to move in the browser.
 IN_PROCESS = {
     "memory": ({"tp": 2}, {"tp": 4}),
-    "scaling": ({}, {}),
+    "scaling": ({"compute": 1e23}, {"compute": 1e24}),
     "pipeline": ({"m": 8}, {"m": 16}),
 }
 IN_BROWSER = {
     "memory": ("Training memory", ".mlsys-memory-tp"),
-    "scaling": ("Scaling laws", None),
+    "scaling": ("Scaling laws", ".mlsys-scaling-compute-flops"),
     "pipeline": ("Pipeline schedules", ".mlsys-pipeline-micro-batches-m"),
 }
 

@@ -44,7 +44,7 @@ TABS = (
     TabSpec("memory", "Training memory", "mlsys_nb.widgets.memory", "MemoryWidget",
             probe={"tp": 8}, invalid={"tp": 64}),
     TabSpec("scaling", "Scaling laws", "mlsys_nb.widgets.scaling", "ScalingWidget",
-            probe={}, invalid={}),
+            probe={"compute": 1e24}, invalid={"mfu": 1.5}),
     TabSpec("pipeline", "Pipeline schedules", "mlsys_nb.widgets.pipeline", "PipelineWidget",
             probe={"m": 16}, invalid={"schedule": "interleaved-1f1b", "p": 4, "v": 2, "m": 3}),
 )
@@ -131,14 +131,30 @@ class Dashboard:
                               layout=W.Layout(width="230px"))
         export_btn.add_class(f"mlsys-export-{spec.key}")
         export_btn.on_click(lambda _, k=spec.key: self._show_exports(k))
-        for ctl in _controls(obj.widget):
+        for ctl in _controls(obj.widget):  # stable CSS classes for browser tests and styling
             ctl.add_class(f"mlsys-{spec.key}-{_slug(getattr(ctl, 'description', '') or type(ctl).__name__)}")
-            ctl.observe(lambda _change, k=spec.key: self._refresh_numbers(k), names="value")
+        self._follow_updates(spec.key, obj)
         numbers_box = W.Accordion(children=[numbers], titles=("Numbers",))
         numbers_box.selected_index = None  # collapsed: the tab shows its headline numbers itself
         panel = W.VBox([obj.widget, numbers_box, W.HBox([export_btn, export_links])])
         panel.add_class(f"mlsys-panel-{spec.key}")
         return panel
+
+    def _follow_updates(self, key: str, obj) -> None:
+        """Refresh the numbers view after every redraw of the tab. A tab with an ``update()``
+        method (all of ours) is followed exactly, however many controls one change touches;
+        otherwise the dashboard observes each control (its handler runs after the tab's own)."""
+        if callable(getattr(obj, "update", None)):
+            redraw = obj.update
+
+            def update_then_refresh(*args, **kwargs):
+                redraw(*args, **kwargs)
+                self._refresh_numbers(key)
+
+            obj.update = update_then_refresh
+        else:
+            for ctl in _controls(obj.widget):
+                ctl.observe(lambda _change: self._refresh_numbers(key), names="value")
 
     def _refresh_numbers(self, key: str) -> None:
         obj = self.tabs[key]

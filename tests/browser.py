@@ -110,6 +110,13 @@ def type_slider(page, css: str, value) -> None:
     page.keyboard.press("Enter")
 
 
+def type_text(page, css: str, value) -> None:
+    """Replace the text of an IntText/FloatText and submit it (Enter)."""
+    box = page.locator(f"{css} input")
+    box.fill(str(value))
+    box.press("Enter")
+
+
 def select(page, css: str, label: str) -> None:
     page.locator(f"{css} select").select_option(label=label)
 

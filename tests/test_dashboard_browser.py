@@ -11,7 +11,7 @@ import urllib.parse
 import pytest
 
 from browser import (ROOT, browser_page, chromium_available, img_src, numbers_text, open_tab,
-                     press_slider, select, type_slider, voila_server, wait_figure_change)
+                     press_slider, select, type_slider, type_text, voila_server, wait_figure_change)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -25,8 +25,8 @@ ACTIONS = {
     ),
     "scaling": dict(
         title="Scaling laws",
-        probe=lambda pg: None,
-        invalid=lambda pg: None,
+        probe=lambda pg: press_slider(pg, ".mlsys-scaling-compute-flops", "ArrowRight"),
+        invalid=lambda pg: type_text(pg, ".mlsys-scaling-mfu-0-1", "1.5"),      # MFU must be <= 1
     ),
     "pipeline": dict(
         title="Pipeline schedules",
