@@ -34,3 +34,12 @@ def test_real_order_and_causality(runs):
         costs = run.op_costs()
         sim = simulate(s, F=costs["F"], B=costs["B"], W=costs.get("W") if s.split_backward else None)
         assert len(sim.timeline) == len(tl) and sim.makespan > 0
+
+
+@pytest.mark.slow
+def test_transformer_blocks_on_two_ranks():
+    """The same check with the package's Llama-style transformer blocks, on 2 ranks (one launch)."""
+    runs = run_schedules(SCHEDULES, world_size=2, m=4, block="transformer", hidden=16, seq_len=5,
+                         microbatch_size=2, seed=1, backend="gloo", timeout=180)
+    for name, run in runs.items():
+        assert run.grad_error < 1e-5 and run.order_matches() and run.causal(), (name, run.grad_error)

@@ -1,7 +1,7 @@
 """Run pipeline schedules on real ranks: real stages, real send/recv, a measured timeline per rank.
 
-The model is a stack of ``n_layers`` residual MLP blocks (``x + W2·gelu(W1·LayerNorm(x))``),
-cut into the schedule's ``n_stages`` consecutive stages. Every rank builds the same seeded model and
+The model is a stack of ``n_layers`` residual MLP blocks (``x + W2·gelu(W1·LayerNorm(x))``) or of
+the package's Llama-style transformer blocks (``block="transformer"``), cut into the schedule's ``n_stages`` consecutive stages. Every rank builds the same seeded model and
 keeps the stages it holds (DualPipe: two copies, stage r and stage p−1−r). The last stage's loss is
 the mean-squared error of its micro-batch divided by m, so the summed gradients equal those of the
 unpipelined model under the mean loss over micro-batches.
@@ -38,20 +38,36 @@ from .schedules import SCHEDULES, Schedule, schedule, validate
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The toy model and batch: widths in elements, ``microbatch_size`` rows per micro-batch."""
+    """The toy model and batch. ``block="mlp"``: residual MLP blocks on [microbatch_size, hidden];
+    ``block="transformer"``: the package's Llama-style ``Block`` (RMSNorm, RoPE, GQA attention,
+    SwiGLU) on [microbatch_size, seq_len, hidden]."""
 
     hidden: int = 32
     n_layers: int = 8
     microbatch_size: int = 4
     seed: int = 0
+    block: str = "mlp"
+    seq_len: int = 8
+    n_heads: int = 4
+
+    def __post_init__(self):
+        if self.block not in ("mlp", "transformer"):
+            raise ValueError(f"block must be 'mlp' or 'transformer', got {self.block!r}")
+
+    @property
+    def shape(self) -> tuple:
+        """Shape of one micro-batch's activations (what crosses a stage boundary)."""
+        if self.block == "mlp":
+            return (self.microbatch_size, self.hidden)
+        return (self.microbatch_size, self.seq_len, self.hidden)
 
 
 def build_blocks(spec: ModelSpec):
-    """The full, unpipelined model as a ``torch.nn.ModuleList`` of residual MLP blocks (seeded)."""
+    """The full, unpipelined model as a ``torch.nn.ModuleList`` of blocks (seeded)."""
     import torch
     from torch import nn
 
-    class Block(nn.Module):
+    class MLPBlock(nn.Module):
         def __init__(self, h):
             super().__init__()
             self.norm = nn.LayerNorm(h)
@@ -61,16 +77,37 @@ def build_blocks(spec: ModelSpec):
         def forward(self, x):
             return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
 
+    class TransformerBlock(nn.Module):
+        """``models.transformer.Block`` with its RoPE tables, so it maps x -> x like an MLP block."""
+
+        def __init__(self, cfg, i):
+            super().__init__()
+            from ..models.transformer import Block, rope_tables
+
+            self.block = Block(cfg, i, attn_impl="matmul")
+            cos, sin = rope_tables(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
+            self.register_buffer("cos", cos, persistent=False)
+            self.register_buffer("sin", sin, persistent=False)
+
+        def forward(self, x):
+            return self.block(x, self.cos, self.sin)
+
     torch.manual_seed(spec.seed)
-    return nn.ModuleList(Block(spec.hidden) for _ in range(spec.n_layers))
+    if spec.block == "mlp":
+        return nn.ModuleList(MLPBlock(spec.hidden) for _ in range(spec.n_layers))
+    from ..config import ModelConfig
+
+    cfg = ModelConfig(n_layers=spec.n_layers, hidden=spec.hidden, n_heads=spec.n_heads,
+                      n_kv_heads=max(1, spec.n_heads // 2), vocab_size=8, seq_len=spec.seq_len)
+    return nn.ModuleList(TransformerBlock(cfg, i) for i in range(spec.n_layers))
 
 
 def make_batch(spec: ModelSpec, m: int):
-    """Seeded inputs and targets, each of shape [m, microbatch_size, hidden]."""
+    """Seeded inputs and targets, each of shape [m, *spec.shape]."""
     import torch
 
     g = torch.Generator().manual_seed(spec.seed + 1)
-    shape = (m, spec.microbatch_size, spec.hidden)
+    shape = (m, *spec.shape)
     return torch.randn(shape, generator=g), torch.randn(shape, generator=g)
 
 
@@ -127,7 +164,7 @@ def run_step(sched: Schedule, spec: ModelSpec, group=None) -> dict:
         return mods[(sched.mb_path[mb], stage)]
 
     acts, grads, saved, sends, rows, loss_sum = {}, {}, {}, [], [], 0.0
-    shape = (spec.microbatch_size, spec.hidden)
+    shape = spec.shape
 
     def forward(a):
         nonlocal loss_sum
@@ -278,7 +315,8 @@ class RealRun:
 
 def run_schedules(names=SCHEDULES, world_size: int = 4, m: int | None = None, *, v: int | None = None,
                   hidden: int = 32, microbatch_size: int = 4, n_layers: int | None = None, seed: int = 0,
-                  repeats: int = 1, backend: str = "auto", timeout: float = 120.0) -> dict[str, RealRun]:
+                  block: str = "mlp", seq_len: int = 8, repeats: int = 1, backend: str = "auto",
+                  timeout: float = 120.0) -> dict[str, RealRun]:
     """Run each schedule (names or ``Schedule`` objects) for ``world_size`` ranks on real ranks, in
     one launch. ``m`` defaults to 2·world_size, valid for every schedule. Returns name -> RealRun."""
     import pandas as pd
@@ -295,7 +333,8 @@ def run_schedules(names=SCHEDULES, world_size: int = 4, m: int | None = None, *,
     m = scheds[0].m
     if n_layers is None:
         n_layers = math.lcm(*(s.n_stages for s in scheds))
-    spec = ModelSpec(hidden=hidden, n_layers=n_layers, microbatch_size=microbatch_size, seed=seed)
+    spec = ModelSpec(hidden=hidden, n_layers=n_layers, microbatch_size=microbatch_size, seed=seed,
+                     block=block, seq_len=seq_len)
     per_rank = mlsys_nb.launch(pipeline_worker, world_size, args=(scheds, spec, repeats),
                                backend=backend, timeout=timeout)
     ref, ref_loss = reference_grads(spec, m)
