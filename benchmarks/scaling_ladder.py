@@ -41,7 +41,7 @@ def main(argv=None):
     ap.add_argument("--out", default=str(ROOT / "data" / "measured" / "scaling_ladder"))
     args = ap.parse_args(argv)
     if args.quick:
-        table = ladder.run_ladder(ladder.QUICK_BUDGETS, ladder.QUICK_SIZES, max_steps=ladder.QUICK_MAX_STEPS)
+        table = ladder.run_ladder(**ladder.QUICK)
     else:
         table = ladder.run_ladder()
     H = table.attrs["entropy_rate"]

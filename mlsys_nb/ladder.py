@@ -23,9 +23,8 @@ from .flops import flops_per_token, parameter_count
 # (n_layers, hidden): head_dim 8, SwiGLU width ~8/3 h, all Llama-style
 SIZES = [(1, 8), (2, 16), (2, 24), (2, 32), (2, 48), (3, 64)]
 BUDGETS = [3e9, 1e10, 3e10, 1e11]
-QUICK_SIZES = [(1, 8), (1, 12), (2, 16), (2, 24)]
-QUICK_BUDGETS = [1e9, 3e9, 1e10]
-QUICK_MAX_STEPS = 120
+# CI / notebook quick mode: a few seconds of training in total (the stored full run is the evidence)
+QUICK = dict(budgets=[3e8, 1e9], sizes=[(1, 8), (1, 12), (2, 16)], min_steps=10, max_steps=80)
 LANGUAGE = dict(vocab=8, order=2, concentration=0.3, seed=0)
 BATCH = 64  # sequences per step (tiny models are overhead-bound: a large batch is nearly free)
 
@@ -99,41 +98,61 @@ def train_run(cfg: ModelConfig, steps: int, lang: MarkovLanguage, *, batch: int,
     return {"loss": ev, "train_loss_last": float(loss.item()), "seconds": train_s, "lr": lr}
 
 
-def run_ladder(budgets=BUDGETS, sizes=SIZES, *, seq_len: int = 32, batch: int = BATCH, seed: int = 0,
-               language: dict | None = None, eval_seqs: int = 512, threads: int | None = 1,
-               max_steps: int = 800, progress: bool = True):
-    """Train every run of ``plan(...)``; returns a DataFrame (one row per run) with attrs
-    ``entropy_rate`` (nats/token, the true irreducible loss) and ``eval_true_loss`` (the true
-    model's loss on the same held-out tokens)."""
+def train_rows(rows, *, seq_len: int = 32, batch: int = BATCH, seed: int = 0, language: dict | None = None,
+               eval_seqs: int = 512, threads: int | None = 1, progress: bool = False):
+    """Train the runs in ``rows`` (a slice of ``plan(...)``) and return the table with ``loss``
+    (held-out, positions with full context), ``train_loss_last``, ``seconds`` and ``lr`` added, and
+    attrs ``entropy_rate`` (nats/token, the true irreducible loss), ``eval_true_loss`` (the true
+    model's loss on the same held-out tokens) and ``unigram_entropy``. Every run and the held-out
+    set are seeded, so a slice trained on another process gives the same numbers."""
     import torch
 
     lang = MarkovLanguage(**(language or LANGUAGE))
-    runs = plan(budgets, sizes, seq_len=seq_len, batch=batch, vocab=lang.vocab, max_steps=max_steps)
     eval_tokens = lang.sample(eval_seqs, seq_len + 1, seed=10_000_019)
-    # the same positions the model is scored on: targets t >= order of the (seq_len + 1)-token windows
-    true_eval = lang.true_loss(eval_tokens)
     old_threads = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     results = []
     try:
-        it = runs.itertuples(index=False)
+        it = list(rows.itertuples(index=False))
         if progress:
             from tqdm.auto import tqdm
 
-            it = tqdm(list(it), desc="ladder runs")
+            it = tqdm(it, desc="ladder runs")
         for r in it:
             cfg = model_config(r.n_layers, r.hidden, vocab=lang.vocab, seq_len=seq_len)
-            out = train_run(cfg, r.steps, lang, batch=batch, seed=seed + 1, eval_tokens=eval_tokens)
-            results.append(out)
+            results.append(train_run(cfg, r.steps, lang, batch=batch, seed=seed + 1, eval_tokens=eval_tokens))
     finally:
         torch.set_num_threads(old_threads)
-    table = runs.copy()
+    table = rows.copy()
     for k in ("loss", "train_loss_last", "seconds", "lr"):
         table[k] = [o[k] for o in results]
-    table.attrs["entropy_rate"] = lang.entropy_rate
-    table.attrs["eval_true_loss"] = true_eval
-    table.attrs["unigram_entropy"] = lang.unigram_entropy
+    table.attrs.update(entropy_rate=lang.entropy_rate, eval_true_loss=lang.true_loss(eval_tokens),
+                       unigram_entropy=lang.unigram_entropy)
+    return table
+
+
+def run_ladder(budgets=BUDGETS, sizes=SIZES, *, seq_len: int = 32, batch: int = BATCH, seed: int = 0,
+               language: dict | None = None, eval_seqs: int = 512, threads: int | None = 1,
+               min_steps: int = 20, max_steps: int = 800, progress: bool = True):
+    """Plan and train a whole ladder in this process (see ``plan`` and ``train_rows``);
+    ``run_ladder(**QUICK)`` is the seconds-long version."""
+    lang = MarkovLanguage(**(language or LANGUAGE))
+    runs = plan(budgets, sizes, seq_len=seq_len, batch=batch, vocab=lang.vocab, min_steps=min_steps,
+                max_steps=max_steps)
+    return train_rows(runs, seq_len=seq_len, batch=batch, seed=seed, language=language, eval_seqs=eval_seqs,
+                      threads=threads, progress=progress)
+
+
+def load_measured(path=None):
+    """The stored full ladder (``data/measured/scaling_ladder.csv``) with the language's attrs."""
+    import pandas as pd
+
+    from .config import DATA_DIR
+
+    table = pd.read_csv(path or DATA_DIR / "measured" / "scaling_ladder.csv")
+    lang = MarkovLanguage(**LANGUAGE)
+    table.attrs.update(entropy_rate=lang.entropy_rate, unigram_entropy=lang.unigram_entropy)
     return table
 
 
