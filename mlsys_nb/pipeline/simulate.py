@@ -110,8 +110,7 @@ def _pos(name, x, allow_zero=True):
 
 
 def simulate(schedule: Schedule, F: float = 1.0, B: float = 1.0, W: float | None = None,
-             comm: float = 0.0, *, FB: float | None = None, imbalance=None,
-             ) -> SimResult:
+             comm: float = 0.0, *, FB: float | None = None, imbalance=None) -> SimResult:
     """Simulate one step of ``schedule``.
 
     F, B, W: time of a forward, backward and weight-gradient op for one micro-batch over L/p layers.
@@ -130,7 +129,6 @@ def simulate(schedule: Schedule, F: float = 1.0, B: float = 1.0, W: float | None
     wgt = sched.chunk_weight
     b_full = B + (W or 0.0)
     fb = F + b_full if FB is None else FB
-    base = {"F": F, "W": W or 0.0, "FB": fb}
 
     plan = _plan(sched)
     dur_of = {("F", True): F, ("B", True): b_full, ("B", False): B, ("W", True): W or 0.0, ("FB", True): fb}
