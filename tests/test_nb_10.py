@@ -6,6 +6,7 @@ from nbrun import run_notebook
 
 
 @pytest.mark.notebook
+@pytest.mark.slow
 def test_training_memory_notebook_other_preset_two_ranks():
     nb = run_notebook("10_training_memory.ipynb", world_size=2, preset_name="llama-3.2-1b",
                       gpu_name="A100-40GB-SXM", seq_len=2048, seed=1)
