@@ -16,7 +16,6 @@ machine falls on all of them alike. Prints medians (s) and ratios against the na
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import selectors
