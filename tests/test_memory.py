@@ -291,3 +291,14 @@ def test_breakdown_table_and_units():
     assert df.loc["total", "bytes"] == b.total == pytest.approx(df["bytes"].drop("total").sum())
     assert df.loc["total", "GiB"] * GiB == pytest.approx(df.loc["total", "GB"] * GB)
     assert math.isclose(b.activations, b.activations_layers + b.activations_outside)
+
+
+def test_published_playbook_plot_values():
+    """formulas.md §8.5: measured Llama-1B fp32 states on H100 (4.60 / 9.21 GiB) and the ZeRO plot
+    (8B, DP 8, 12 B/param accounting: 14.957 GiB params, 59.828 GiB optimizer before sharding)."""
+    one_b = estimate(memory.preset("llama-3.2-1b"), TrainConfig(precision="fp32", seq_len=1024))
+    assert round(one_b.params / GiB, 2) == 4.60 and round(one_b.optimizer / GiB, 2) == 9.21
+    cfg = memory.preset("llama-3.1-8b")
+    z = [estimate(cfg, TrainConfig(precision="bf16-nomaster", dp=8, zero=s, seq_len=1024)) for s in range(4)]
+    assert [e.params / GiB for e in z] == pytest.approx([14.957, 14.957, 14.957, 14.957 / 8], abs=2e-3)
+    assert [e.optimizer / GiB for e in z] == pytest.approx([59.828, 59.828 / 8, 59.828 / 8, 59.828 / 8], abs=3e-3)
