@@ -58,12 +58,11 @@ def plot_timeline(x, ax=None, *, color_by: str = "kind", title: str | None = Non
                                          linewidths=0.0 if many else 0.4, antialiased=not many))
         if len(tl):
             ax.set_xlim(0, float(en.max()) * 1.01 if en.max() > 0 else 1)
-        if len(tl) <= MAX_LABELS:
+        if len(tl) <= MAX_LABELS and len(tl) <= 32 * p:  # only where boxes are wide enough
             for row in tl.itertuples():
                 ax.text((row.start + row.end) / 2 * scale, row.rank, str(row.microbatch), ha="center",
                         va="center", fontsize=6 if len(tl) > 150 else 7, color="black")
-        ax.set_yticks(range(p))
-        ax.set_yticklabels([f"rank {r}" for r in range(p)])
+        ax.set_yticks(range(p) if p <= 16 else range(0, p, max(1, p // 8)))
         ax.set_ylim(p - 0.5, -0.5)
         ax.grid(axis="y", visible=False)
         label(ax, f"time ({unit})", "rank (index)", title)

@@ -122,8 +122,11 @@ class PipelineWidget:
 
     def update(self) -> None:
         s = self.state()
-        self._ax.clear()
-        self._ax_mem.clear()
+        for ax in (self._ax, self._ax_mem):  # drop the drawn data but keep the axes and their ticks:
+            for art in [*ax.collections, *ax.patches, *ax.texts]:  # ax.clear() would rebuild every
+                art.remove()  # tick, the slowest part of a redraw
+            if ax.get_legend() is not None:
+                ax.get_legend().remove()
         try:
             sched = _schedule(s["schedule"], s["p"], s["m"], s["v"])
             res = simulate(sched, F=s["F"], B=s["B"], W=s["W"], comm=s["comm"])
@@ -145,7 +148,8 @@ class PipelineWidget:
             self._ax_mem.barh(range(sched.p), res.peak_activations, color="#888888")
             self._ax_mem.set_ylim(sched.p - 0.5, -0.5)
             self._ax_mem.set_yticks(range(sched.p), labels=[""] * sched.p)  # same rows as the chart
-            label(self._ax_mem, "peak activations\n(mb × L/p layers)", "rank (same rows)")
+            self._ax_mem.set_xlim(0, max(res.peak_activations) * 1.1)
+            label(self._ax_mem, "peak activ. (mb × L/p)", "rank (same rows)")
         self.stats.value = (f"makespan <b>{res.makespan:.2f}</b> &nbsp; bubble fraction (idle/total) "
                             f"<b>{res.bubble_fraction:.3f}</b> &nbsp; bubble ratio (idle/busy) "
                             f"<b>{res.bubble_ratio:.3f}</b> &nbsp; peak activations rank 0 "
