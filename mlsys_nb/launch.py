@@ -58,7 +58,7 @@ BACKENDS = ("auto", "gloo", "nccl")
 OUTPUT_MODES = ("stream", "grouped", "quiet")
 # Imported once by the forkserver, so every rank starts with them already loaded.
 PRELOAD = ["torch", "torch.distributed", "cloudpickle", "mlsys_nb.launch"]
-FAILURE_GRACE_S = 1.0  # after the first failure, seconds to let the other ranks report
+FAILURE_GRACE_S = 2.0  # after the first failure, seconds to let the other ranks report
 STACK_WAIT_S = 2.0  # at most this long to collect stack dumps after a timeout
 # Messages a rank gets because *another* rank died or stalled: consequences, not causes.
 COLLATERAL_PATTERNS = (

@@ -233,6 +233,16 @@ def test_exception_names_the_rank_stops_all_and_summarises_collateral(tmp_path):
     with pytest.raises(RankError, match="cannot be pickled"):
         launch(lambda: threading.Lock(), 2, output="quiet")
 
+    def two_fail():
+        if dist.get_rank() in (0, 2):
+            raise KeyError(f"missing key on rank {dist.get_rank()}")
+        dist.all_reduce(torch.ones(1))
+
+    with pytest.raises(RankError, match="ranks 0, 2 failed") as info:
+        launch(two_fail, 3, output="quiet")
+    assert info.value.ranks == [0, 2] and sorted(info.value.consequences) == [1]
+    assert "missing key on rank 0" in str(info.value) and "missing key on rank 2" in str(info.value)
+
 
 @pytest.mark.slow
 def test_hang_dumps_every_rank_stack_kills_all_and_raises_timeout(tmp_path):
