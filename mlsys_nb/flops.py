@@ -7,12 +7,12 @@ One multiply-accumulate = 2 FLOPs, so a matmul ``[m, k] @ [k, n]`` costs ``2 m n
 Exact per-token count (``breakdown``), per layer, forward, with ``a`` query heads, ``n_kv`` KV heads
 of width ``d_h``, hidden ``h``, FFN width ``f`` and sequence length ``s``:
 
-- ``qkv``        ``2 h (a d_h + 2 n_kv d_h)``      (GQA: K and V are narrower)
-- ``attn_scores````2 a d_h s_eff``                 (Q K^T)
-- ``attn_values````2 a d_h s_eff``                 (probabilities x V)
-- ``out_proj``   ``2 a d_h h``
-- ``mlp``        ``2 h f x (3 if SwiGLU else 2)``  (MoE: router ``2 h E`` + top_k + shared experts)
-- ``lm_head``    ``2 h V``                          (once, not per layer)
+- ``qkv``: ``2 h (a d_h + 2 n_kv d_h)`` (GQA: K and V are narrower)
+- ``attn_scores``: ``2 a d_h s_eff`` (Q K^T)
+- ``attn_values``: ``2 a d_h s_eff`` (probabilities x V)
+- ``out_proj``: ``2 a d_h h``
+- ``mlp``: ``2 h f x (3 if SwiGLU else 2)`` (MoE: router ``2 h E`` + top_k routed + shared experts)
+- ``lm_head``: ``2 h V`` (once, not per layer)
 
 ``s_eff = s`` for the full (non-causal) score matrix. With ``causal=True`` only the ``s (s + 1) / 2``
 query-key pairs a causal mask keeps are counted, ``s_eff = (s + 1) / 2`` on average: that is what a
@@ -31,16 +31,12 @@ import functools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Union
 
 from .config import ModelConfig
 
 COMPONENTS = ("qkv", "attn_scores", "attn_values", "out_proj", "mlp", "lm_head")
 SECONDS_PER_DAY = 86400.0
 PF_DAY = 1e15 * SECONDS_PER_DAY  # FLOPs in one petaflop/s-day (Kaplan et al. unit)
-
-ModelLike = Union[ModelConfig, "torch.nn.Module", int, float]  # noqa: F821
-
 
 # ---- helpers ---------------------------------------------------------------------------------
 def _config(model) -> ModelConfig:

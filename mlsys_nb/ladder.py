@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import time
 
-import numpy as np
 
 from .config import ModelConfig
 from .corpus import MarkovLanguage

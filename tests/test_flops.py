@@ -1,6 +1,5 @@
 """FLOPs per token against FlopCounterMode on the real small transformer, the 6N approximations
 against published/derived values (formulas.md §10), MFU, training time and cost."""
-import math
 
 import pytest
 import torch
