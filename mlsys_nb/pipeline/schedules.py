@@ -316,10 +316,12 @@ def schedule(name: str, p: int, m: int, v: int | None = None) -> Schedule:
         by_chunk = {c: st for (path, rr, c), st in stage_lookup.items() if rr == r and path == 0}
         for it in items[r]:
             if it[0] == "FB":
-                fi, bi = it[1]
-                fa = Action("F", fi[2], fi[1], stage_lookup[(mb_path[fi[2]], r, fi[1])])
-                ba = Action("B", bi[2], bi[1], stage_lookup[(mb_path[bi[2]], r, bi[1])], bi[3])
-                row.append(Action("FB", fa.microbatch, fa.chunk, fa.stage, True, None, (fa, ba)))
+                (_, fc, fj, _), (_, bc, bj, bfull) = it[1]
+                fs = by_chunk[fc] if one_path else stage_lookup[(mb_path[fj], r, fc)]
+                bs = by_chunk[bc] if one_path else stage_lookup[(mb_path[bj], r, bc)]
+                fa = make(Action, ("F", fj, fc, fs, True, None, ()))
+                ba = make(Action, ("B", bj, bc, bs, bfull, None, ()))
+                row.append(make(Action, ("FB", fj, fc, fs, True, None, (fa, ba))))
             else:
                 c, j = it[1], it[2]
                 st = by_chunk[c] if one_path else stage_lookup[(mb_path[j], r, c)]
@@ -334,10 +336,10 @@ def _phase_items(items, to_chunk_mb):
     out = []
     for it in items:
         if it[0] == "FB":
-            out.append(("FB", tuple((k, *to_chunk_mb(ph, j), full) for k, ph, j, full in it[1])))
+            (fk, fph, fj, ff), (bk, bph, bj, bf) = it[1]
+            out.append(("FB", ((fk, *to_chunk_mb(fph, fj), ff), (bk, *to_chunk_mb(bph, bj), bf))))
         else:
-            k, ph, j, full = it
-            out.append((k, *to_chunk_mb(ph, j), full))
+            out.append((it[0], *to_chunk_mb(it[1], it[2]), it[3]))
     return out
 
 
