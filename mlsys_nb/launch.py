@@ -107,10 +107,10 @@ class RankError(RuntimeError):
     (e.g. "Connection closed by peer" because a peer died, or "stopped by the launcher").
     """
 
-    def __init__(self, message: str, failures: dict, consequences: dict):
-        super().__init__(message)
-        self.failures = failures
-        self.consequences = consequences
+    def __init__(self, message: str, failures: dict | None = None, consequences: dict | None = None):
+        super().__init__(message)  # (defaults keep the error picklable)
+        self.failures = failures or {}
+        self.consequences = consequences or {}
 
     @property
     def ranks(self) -> list[int]:
@@ -124,9 +124,9 @@ class RankTimeoutError(TimeoutError):
     before it was killed (shows where each rank was blocked).
     """
 
-    def __init__(self, message: str, stacks: dict):
+    def __init__(self, message: str, stacks: dict | None = None):
         super().__init__(message)
-        self.stacks = stacks
+        self.stacks = stacks or {}
 
 
 # --------------------------------------------------------------------------------------------
