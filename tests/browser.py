@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -47,7 +48,9 @@ def voila_server(notebook: str = "00_dashboard.ipynb", log_path: Path | None = N
             if proc.poll() is not None:
                 raise RuntimeError(f"voila exited with code {proc.returncode}; see {log_path}")
             try:
-                urllib.request.urlopen(url + "api", timeout=2)
+                urllib.request.urlopen(url, timeout=2).close()  # any HTTP answer means it is up
+                break
+            except urllib.error.HTTPError:
                 break
             except OSError:
                 if time.monotonic() > deadline:

@@ -6,11 +6,12 @@ Export: the PNG/SVG/CSV links are real data. Screenshots land in test-artifacts/
 look at. In CI (``CI`` set) a missing browser is a failure, never a silent skip."""
 import json
 import os
+import time
 import urllib.parse
 
 import pytest
 
-from browser import (ROOT, browser_page, chromium_available, img_src, numbers_text, open_tab,
+from browser import (ROOT, VIEWPORT, browser_page, chromium_available, img_src, numbers_text, open_tab,
                      press_slider, select, type_slider, type_text, voila_server, wait_figure_change)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -98,16 +99,23 @@ def test_shared_link_restores_settings(server, page):
     press_slider(page, ".mlsys-memory-tp", "ArrowRight")
     press_slider(page, ".mlsys-memory-tp", "ArrowRight")                        # TP = 4
     page.wait_for_function("() => document.querySelector('.mlsys-memory-tp .widget-readout').textContent.trim() === '4'")
-    page.locator(".mlsys-copy").click()
-    page.wait_for_function("() => document.querySelector('.mlsys-config textarea').value.includes('\"tp\": 4')",
-                           timeout=30_000)
+    # The front end may still hold the last slider value while the kernel redraws: copy until the
+    # kernel has seen it (each click re-reads the state).
+    deadline = time.monotonic() + 60
+    while '"tp": 4' not in page.locator(".mlsys-config textarea").input_value():
+        assert time.monotonic() < deadline, "the copied configuration never showed TP = 4"
+        page.locator(".mlsys-copy").click()
+        page.wait_for_timeout(500)
     config = json.loads(page.locator(".mlsys-config textarea").input_value())
     assert config["memory"]["tp"] == 4 and config["tab"] == "memory"
     query = page.locator(".mlsys-query").text_content().lstrip("?")
     assert json.loads(urllib.parse.parse_qs(query)["config"][0]) == config
-    with browser_page() as fresh:
+    fresh = page.context.browser.new_page(viewport=VIEWPORT)   # a second visitor of the link
+    try:
         fresh.goto(server + "?" + query, timeout=120_000)
         fresh.wait_for_selector(".mlsys-panel-memory img", state="attached", timeout=120_000)
         readout = fresh.locator(".mlsys-memory-tp .widget-readout").text_content().strip()
         assert readout == "4", f"the link did not restore TP: shows {readout}"
         fresh.screenshot(path=str(ARTIFACTS / "dashboard-from-link.png"))
+    finally:
+        fresh.close()

@@ -199,7 +199,7 @@ class MemoryWidget:
     def _show(self):
         from IPython.display import display
 
-        with self.output:
-            self.output.clear_output(wait=True)
+        with self.output:  # on an error, clear at once: a stale figure would contradict the message
+            self.output.clear_output(wait=self.error is None)
             if self.error is None:
                 display(self.figure)
