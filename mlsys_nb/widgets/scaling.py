@@ -56,6 +56,14 @@ class ScalingWidget:
             c.style = {"description_width": "120px"}
         self.message = w.HTML()
         self.stats = w.HTML()
+        # the legend lives in HTML: matplotlib legends cost ~1/3 of a redraw
+        sw = lambda col, txt: f"<span style='color:{col}'>&#9632;</span>&nbsp;{txt}"  # noqa: E731
+        names = ("C/100", "C/10", "C (bold)", "10 C", "100 C")
+        self.legend = w.HTML(
+            "<small>left, iso-FLOP curves at " + ", ".join(sw(PALETTE[i], n) for i, n in enumerate(names))
+            + "; &#9679; optimum, <span style='color:" + PALETTE[3] + "'>&#9670;</span> inference-aware. "
+            "Right: " + sw(PALETTE[0], "N* (params)") + ", " + sw(PALETTE[1], "D* (tokens)")
+            + ", &#9650;/&#9660; famous runs' N and D at their 6ND (data/scaling_laws.yaml), dashed: your C.</small>")
         self.output = w.Output()
         with style():
             self.figure = Figure(figsize=(9.0, 3.8), layout="none")
@@ -65,7 +73,8 @@ class ScalingWidget:
         self._table = pd.DataFrame()
         self._artists = None
         c = list(self.controls.values())
-        self.widget = w.VBox([w.HBox([w.VBox(c[:4]), w.VBox(c[4:])]), self.message, self.stats, self.output])
+        self.widget = w.VBox([w.HBox([w.VBox(c[:4]), w.VBox(c[4:])]), self.message, self.stats, self.output,
+                              self.legend])
         self._hold = False
         for ctl in self.controls.values():
             ctl.observe(self._on_change, names="value")
@@ -170,7 +179,6 @@ class ScalingWidget:
             inf = ax1.plot([], [], "D", color=PALETTE[3], ms=7, label="inference-aware")[0]
             ax1.set_xscale("log")
             label(ax1, "parameters N (count)", "loss (nats/token)")
-            ax1.legend(loc="upper right", fontsize=7)
             cs = np.logspace(np.log10(C_RANGE[0]), np.log10(C_RANGE[1]), 60)
             n_line = ax2.plot([], [], color=PALETTE[0], label="N*")[0]
             d_line = ax2.plot([], [], color=PALETTE[1], label="D*")[0]
@@ -185,7 +193,6 @@ class ScalingWidget:
             ax2.set_xlim(C_RANGE)
             ax2.set_ylim(1e7, 1e15)
             label(ax2, "compute C (FLOPs)", "N* (params), D* (tokens)")
-            ax2.legend(loc="upper left", fontsize=7, ncol=2)
             from matplotlib.ticker import LogLocator
 
             for ax in (ax1, ax2):  # few ticks, no minor ticks: tick text dominates a redraw
