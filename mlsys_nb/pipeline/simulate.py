@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .schedules import Schedule, ScheduleError
+from .schedules import Schedule, ScheduleError, paused_gc
 
 
 @dataclass
@@ -119,7 +119,11 @@ def simulate(schedule: Schedule, F: float = 1.0, B: float = 1.0, W: float | None
     ``comm``: latency added to every dependency that crosses ranks. ``FB``: duration of an overlapped
     forward+backward pair (DualPipe; default F + full backward). ``imbalance``: per-rank multipliers.
     """
-    sched = schedule
+    with paused_gc():
+        return _simulate(schedule, F, B, W, comm, FB, imbalance)
+
+
+def _simulate(sched, F, B, W, comm, FB, imbalance) -> SimResult:
     _pos("F", F, False), _pos("B", B, False), _pos("W", W), _pos("comm", comm), _pos("FB", FB)
     if W is None and sched.split_backward:
         raise ScheduleError(f"{sched.name} splits the backward into B (input grad) and W (weight grad): pass W")
