@@ -164,6 +164,9 @@ class ScalingWidget:
             + (f" With {s['inference_tokens']:.1e} tokens served: N = {inf['N']:.3g}, D = {inf['D']:.3g} "
                f"saves {(1 - inf['total_flops'] / inf['chinchilla_total_flops']) * 100:.0f}% of lifetime compute."
                if inf is not None else "")
+            + (" <i>Kaplan's N* is its published allocation (N ∝ C^0.73, Table 6), not the minimum of its "
+               "own L(N, D) under C = 6ND; its loss is on WebText2 and not comparable with the others.</i>"
+               if isinstance(r["law"], scaling.KaplanLaw) else "")
         )
         self._draw(r)
         self._show()
