@@ -14,6 +14,7 @@ import pandas as pd
 from .. import hardware, memory
 from ..config import OPTIMIZERS, PP_SCHEDULES, PRECISIONS, RECOMPUTE, TrainConfig
 from ..plots import PALETTE, label, style
+from .base import ControlPanel
 
 POW2 = lambda lo, hi: [2**i for i in range(lo, hi + 1)]  # noqa: E731
 
@@ -44,7 +45,7 @@ def train_config(state: dict) -> TrainConfig:
     return TrainConfig(**kw)
 
 
-class MemoryWidget:
+class MemoryWidget(ControlPanel):
     """Controls for every ``TrainConfig`` input, a model preset, the GPU, the unit (GiB/GB) and a
     Playbook-compatibility toggle. Shows a stacked bar per rank with the GPU memory line."""
 
@@ -95,35 +96,10 @@ class MemoryWidget:
         c = list(self.controls.values())
         self.widget = w.VBox([w.HBox([w.VBox(c[:8]), w.VBox(c[8:15]), w.VBox(c[15:])]),
                               self.message, self.stats, self.output])
-        self._hold = False
-        for ctl in self.controls.values():
-            ctl.observe(self._on_change, names="value")
+        self._wire()
         self.update()
-
-    # ---- protocol ------------------------------------------------------------------------------
-    def state(self) -> dict:
-        return {k: c.value for k, c in self.controls.items()}
-
-    def set_state(self, state: dict) -> None:
-        unknown = set(state) - set(self.controls)
-        if unknown:
-            raise ValueError(f"unknown settings {sorted(unknown)}; allowed: {sorted(self.controls)}")
-        self._hold = True
-        try:
-            for k, v in state.items():
-                self.controls[k].value = v
-        finally:
-            self._hold = False
-        self.update()
-
-    def table(self) -> pd.DataFrame:
-        return self._table.copy()
 
     # ---- computing and drawing ---------------------------------------------------------------
-    def _on_change(self, _change):
-        if not self._hold:
-            self.update()
-
     def compute(self, state: dict | None = None):
         """The breakdown for a state (no drawing): ``(Breakdown, TrainConfig)``."""
         s = state or self.state()
@@ -195,11 +171,3 @@ class MemoryWidget:
         with style():
             label(ax, "one rank (verdict)", f"memory ({unit})")
             ax.legend(handles, labels, loc="center right", fontsize=8)
-
-    def _show(self):
-        from IPython.display import display
-
-        with self.output:  # on an error, clear at once: a stale figure would contradict the message
-            self.output.clear_output(wait=self.error is None)
-            if self.error is None:
-                display(self.figure)

@@ -14,6 +14,7 @@ import pandas as pd
 from ..pipeline import SCHEDULES, ScheduleError, check_args, schedule, simulate
 from ..pipeline.plots import plot_timeline
 from ..plots import label, style
+from .base import ControlPanel
 
 DEFAULTS = {"schedule": "1f1b", "p": 4, "m": 8, "v": 1, "F": 1.0, "B": 1.0, "W": 1.0, "comm": 0.0,
             "color_by": "kind"}
@@ -45,7 +46,7 @@ def compare(p: int, m: int, v: int, F: float, B: float, W: float, comm: float) -
     return pd.DataFrame(rows)
 
 
-class PipelineWidget:
+class PipelineWidget(ControlPanel):
     """Controls: schedule, p, m, v, F/B/W costs, comm latency. Shows a Gantt chart per rank, peak
     activations per rank, makespan and both bubble conventions, and a table of all schedules."""
 
@@ -90,34 +91,15 @@ class PipelineWidget:
         self.controls["schedule"].observe(self._on_schedule, names="value")
         self.update()
 
-    # ---- protocol --------------------------------------------------------------------------
-    def state(self) -> dict:
-        return {k: c.value for k, c in self.controls.items()}
-
-    def set_state(self, state: dict) -> None:
-        unknown = set(state) - set(self.controls)
-        if unknown:
-            raise ValueError(f"unknown settings {sorted(unknown)}; allowed: {sorted(self.controls)}")
-        self._hold = True
-        try:
-            for k, val in state.items():
-                self.controls[k].value = val
-        finally:
-            self._hold = False
-        self.update()
-
-    def table(self) -> pd.DataFrame:
-        return self._table.copy()
-
     # ---- drawing -----------------------------------------------------------------------------
     def _on_schedule(self, change):
         """Picking a schedule moves v to that schedule's own chunk count (1, or 2)."""
-        if not getattr(self, "_hold", False):
+        if not self._hold:
             natural = check_args(change["new"], 1 if change["new"] != "dualpipe" else 2, 64)
             self.set_state({"v": natural})  # one redraw, with the new v
 
     def _on_change(self, change):
-        if not getattr(self, "_hold", False) and change["owner"] is not self.controls["schedule"]:
+        if not self._hold and change["owner"] is not self.controls["schedule"]:
             self.update()
 
     def update(self) -> None:
@@ -162,8 +144,8 @@ class PipelineWidget:
         """Render the figure once to PNG into the Image widget (no second 'tight' pass)."""
         import io
 
+        self.image.layout.display = "none" if self.error is not None else None  # no broken image
         if self.error is not None:
-            self.image.value = b""
             return
         buf = io.BytesIO()
         self.figure.savefig(buf, format="png", dpi=80, bbox_inches=None)

@@ -14,6 +14,7 @@ import pandas as pd
 
 from .. import flops, hardware, scaling
 from ..plots import PALETTE, label, style
+from .base import ControlPanel
 
 DEFAULTS = {
     "law": "chinchilla", "compute": 1e23, "inference": False, "inference_tokens": 1e13,
@@ -28,7 +29,7 @@ def _dtype(gpu: str) -> str:
     return next(d for d in ("bf16", "fp16", "fp32") if d in peaks)
 
 
-class ScalingWidget:
+class ScalingWidget(ControlPanel):
     """Controls: law, compute budget (FLOPs, log slider), inference demand (tokens served), GPU,
     cluster size, MFU and a price per GPU-hour (your assumption, USD)."""
 
@@ -75,35 +76,10 @@ class ScalingWidget:
         c = list(self.controls.values())
         self.widget = w.VBox([w.HBox([w.VBox(c[:4]), w.VBox(c[4:])]), self.message, self.stats, self.output,
                               self.legend])
-        self._hold = False
-        for ctl in self.controls.values():
-            ctl.observe(self._on_change, names="value")
+        self._wire()
         self.update()
-
-    # ---- protocol ------------------------------------------------------------------------------
-    def state(self) -> dict:
-        return {k: (float(c.value) if isinstance(c.value, float) else c.value) for k, c in self.controls.items()}
-
-    def set_state(self, state: dict) -> None:
-        unknown = set(state) - set(self.controls)
-        if unknown:
-            raise ValueError(f"unknown settings {sorted(unknown)}; allowed: {sorted(self.controls)}")
-        self._hold = True
-        try:
-            for k, v in state.items():
-                self.controls[k].value = v
-        finally:
-            self._hold = False
-        self.update()
-
-    def table(self) -> pd.DataFrame:
-        return self._table.copy()
 
     # ---- computing -------------------------------------------------------------------------------
-    def _on_change(self, _change):
-        if not self._hold:
-            self.update()
-
     def compute(self, state: dict | None = None) -> dict:
         """All numbers for a state (no drawing); raises ``ValueError``/``KeyError`` on bad input."""
         s = state or self.state()
@@ -231,11 +207,3 @@ class ScalingWidget:
         a["n"].set_data(a["cs"], n_star)
         a["d"].set_data(a["cs"], d_star)
         a["v"].set_xdata([C, C])
-
-    def _show(self):
-        from IPython.display import display
-
-        with self.output:
-            self.output.clear_output(wait=True)
-            if self.error is None:
-                display(self.figure)
