@@ -82,6 +82,11 @@ def rank_bars(values, *, ylabel: str, title: str | None = None, ax=None):
     return fig
 
 
+# How figures are rendered when displayed outside pyplot's inline backend (e.g. in Voilà). The
+# package's figures have a layout engine or fixed margins, so the extra "tight" pass is not needed.
+PNG_DISPLAY_KWARGS = {"bbox_inches": None}
+
+
 def _enable_png_display() -> None:
     """Let ``display(fig)`` show a PNG in any IPython kernel (JupyterLab, Voilà, papermill), even
     when pyplot's inline backend was never activated: without this, a ``Figure`` made with
@@ -94,7 +99,7 @@ def _enable_png_display() -> None:
             return
         from matplotlib_inline.backend_inline import select_figure_formats
 
-        select_figure_formats(shell, {"png"})
+        select_figure_formats(shell, {"png"}, **PNG_DISPLAY_KWARGS)
     except Exception:  # no IPython or no matplotlib_inline: plain Python, nothing to do
         pass
 
