@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import io
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -29,6 +26,7 @@ TRIVIAL = "pass"
 ALL_REDUCE = "t = torch.ones(1)\ndist.all_reduce(t)"
 IN_RANK = """
 import time, statistics
+from mlsys_nb.machine import summary as machine
 t = torch.ones(1)
 for _ in range(20):
     dist.all_reduce(t)
@@ -101,21 +99,6 @@ def measure_ipyparallel(world_size, repeats):
                  None, None))
     cluster.stop_cluster_sync()
     return rows
-
-
-def machine():
-    cpu = platform.processor() or ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    import torch
-
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"machine: `{platform.machine()}`, nproc {os.cpu_count()}, CPU {cpu}, torch "
-            f"{torch.__version__}, Python {platform.python_version()}, "
-            f"date {datetime.date.today().isoformat()}, 1-min load average at start {load:.1f}")
 
 
 def main():

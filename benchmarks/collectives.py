@@ -12,38 +12,17 @@ With ``--out`` it also writes the table with the machine description (markdown).
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mlsys_nb import comm  # noqa: E402
+from mlsys_nb.machine import info as machine
 
 MiB = 1 << 20
 SIZES = (1 * MiB, 16 * MiB, 64 * MiB)
 TARGET = 0.5
-
-
-def machine() -> dict:
-    import torch
-
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return {"uname -m": platform.machine(), "nproc": os.cpu_count(), "cpu": cpu,
-            "torch": torch.__version__, "python": platform.python_version(),
-            "date (UTC)": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-            "load average (1 min) at start": f"{load:.1f}"}
 
 
 def run(ranks: int, repeats: int, backend: str):

@@ -12,29 +12,12 @@ repeats (the slowest rank per step) and ratios against the baseline measured in 
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
 import statistics
-import subprocess
 
-import torch
 
 import mlsys_nb
 from mlsys_nb.parallel.dp_runs import TIMING_VARIANTS, time_ddp_steps
-
-
-def machine() -> str:
-    cpu = "unknown"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
-    return (f"{platform.machine()}, nproc {nproc}, {cpu}, torch {torch.__version__}, "
-            f"{datetime.date.today().isoformat()}")
+from mlsys_nb.machine import summary as machine
 
 
 def main() -> None:

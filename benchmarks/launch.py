@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import selectors
 import signal
 import socket
@@ -25,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from mlsys_nb.machine import summary as machine
 
 METHODS = ("mlsys_nb", "accelerate", "mp_spawn")
 BASELINE = "accelerate.notebook_launcher warm"
@@ -129,19 +129,6 @@ def run_child(method: str, world_size: int, calls: int, call_timeout: float) -> 
     if not hung and (p.returncode != 0 or len(times) < calls):
         raise RuntimeError(f"{method} child failed:\n{err[-3000:]}")
     return times, hung
-
-
-def machine() -> str:
-    import torch
-
-    cpu = platform.processor() or "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return (f"{platform.machine()}, nproc {os.cpu_count()}, {cpu}, torch {torch.__version__}, "
-            f"Python {platform.python_version()}, load average {os.getloadavg()[0]:.1f} at start")
 
 
 def main() -> None:

@@ -10,7 +10,6 @@ sequence-length, TP, ZeRO and model controls. Prints medians, spreads and the ra
 from __future__ import annotations
 
 import argparse
-import datetime
 import io
 import platform
 import statistics
@@ -21,26 +20,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import torch  # noqa: E402
 
 from mlsys_nb.widgets.memory import MemoryWidget  # noqa: E402
+from mlsys_nb.machine import summary as machine
 
 TARGET_S = 0.100
 CHANGES = [{"seq_len": 8192}, {"tp": 4}, {"zero": 3}, {"model": "llama-3.1-70b"},
            {"seq_len": 4096}, {"tp": 8}, {"zero": 1}, {"model": "llama-3.1-8b"}]
-
-
-def machine() -> str:
-    cpu = "unknown"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
-    return f"{platform.machine()}, nproc {nproc}, {cpu}, torch {torch.__version__}, {datetime.date.today().isoformat()}"
 
 
 def main() -> None:

@@ -10,13 +10,11 @@ structure costs on top of the op count.
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+from mlsys_nb.machine import summary as machine
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -68,21 +66,10 @@ def main():
     widget_wall = statistics.median(x[0] for x in moves)
     widget_cpu = statistics.median(x[1] for x in moves)
 
-    cpu_model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else ["?"]
     lines = [
         "# Pipeline simulator and widget speed",
         "",
-        f"Machine: `{platform.machine()}`, nproc {subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()}, "
-        f"{cpu_model}; torch {torch.__version__}; Python {platform.python_version()}; "
-        f"{datetime.date.today().isoformat()}. Load average during the run: {' '.join(load)} "
+        f"Machine: {machine()} "
         "(the machine was shared with other jobs: wall times are inflated, CPU times less so).",
         "",
         f"Medians of {args.repeats} runs; regenerate with `.venv/bin/python benchmarks/pipeline.py --out data/measured/pipeline.md`.",

@@ -8,9 +8,6 @@ Chinchilla-form fit to the measured losses (Huber on log-loss, L-BFGS grid, boot
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,20 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mlsys_nb import ladder  # noqa: E402
-
-
-def machine() -> str:
-    import torch
-
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        cpu = platform.processor() or "unknown"
-    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else ["?"]
-    nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
-    return (f"{platform.machine()}, nproc {nproc}, {cpu}, torch {torch.__version__}, "
-            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, load average {' '.join(load)} "
-            "(machine shared with other jobs: timings are noisy, losses are not)")
+from mlsys_nb.machine import summary as machine
 
 
 def main(argv=None):

@@ -11,12 +11,11 @@ both printed (the machine may be shared: CPU time is the steadier number).
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
+from mlsys_nb.machine import summary as machine
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -70,17 +69,10 @@ def main(argv=None):
     table = "\n".join(lines)
     print(table)
     if args.out:
-        try:
-            cpu_name = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
-        except (OSError, StopIteration):
-            cpu_name = platform.processor() or "unknown"
-        import os
-
         text = "\n".join([
             "# Scaling-law widget redraw time",
             "",
-            f"Machine: {platform.machine()}, nproc {os.cpu_count()}, {cpu_name}, torch {torch.__version__}, "
-            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, load average {' '.join(load)} "
+            f"Machine: {machine()} "
             "(shared machine: wall times are inflated by other jobs; CPU time is this process's own).",
             f"Regenerate: `.venv/bin/python benchmarks/scaling_widget.py --out data/measured/scaling_widget.md` "
             f"({args.repeats} repeats, 9 x 3.8 in figure, Agg). Target: redraw <= 100 ms median.",

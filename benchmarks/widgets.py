@@ -12,11 +12,11 @@ Targets: (a) <= 100 ms median, (b) <= 300 ms median. Prints a table of medians a
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
+from mlsys_nb.machine import summary as machine
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -110,12 +110,8 @@ def main() -> None:
     print(table)
     print("targets: in-process median <= 100 ms; browser median <= 300 ms")
     if args.record:
-        import torch
-
-        cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
         text = (f"# Dashboard responsiveness (benchmarks/widgets.py)\n\n"
-                f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, {cpu}, "
-                f"{__import__('os').cpu_count()} cores, torch {torch.__version__}, {args.repeats} repeats "
+                f"Machine: {machine()}. {args.repeats} repeats "
                 f"per tab after 2 warm-up changes.\n\n{table}\n")
         out = ROOT / "data" / "measured" / "widgets.md"
         out.write_text(text)
