@@ -21,6 +21,13 @@ DEFAULTS = {
     "gpu": "H100-SXM", "n_gpus": 1024, "mfu": 0.4, "price_per_gpu_hour": 2.0,
 }
 C_RANGE = (1e18, 1e27)
+_SUPERSCRIPT = str.maketrans("-0123456789", "\u207b\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079")
+
+
+def _pow10(x, _pos=None) -> str:
+    """A log-axis tick label '10¹⁸' in plain text: matplotlib's default log labels are mathtext,
+    whose parsing was over half of this figure's redraw."""
+    return "10" + str(int(round(np.log10(x)))).translate(_SUPERSCRIPT) if x > 0 else ""
 DECADES = (-2, -1, 0, 1, 2)  # iso-FLOP curves at C x 10^k
 
 
@@ -172,8 +179,10 @@ class ScalingWidget(ControlPanel):
             ax2.set_xlim(C_RANGE)
             ax2.set_ylim(1e7, 1e15)
             label(ax2, "compute C (FLOPs)", "N* (params), D* (tokens)")
-            from matplotlib.ticker import LogLocator
+            from matplotlib.ticker import FuncFormatter, LogLocator
 
+            for axis in (ax1.xaxis, ax2.xaxis, ax2.yaxis):
+                axis.set_major_formatter(FuncFormatter(_pow10))
             for ax in (ax1, ax2):  # few ticks, no minor ticks: tick text dominates a redraw
                 ax.minorticks_off()
             ax2.xaxis.set_major_locator(LogLocator(base=100.0))
