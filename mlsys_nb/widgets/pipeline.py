@@ -30,6 +30,12 @@ def _schedule(name, p, m, v):
 def compare(p: int, m: int, v: int, F: float, B: float, W: float, comm: float) -> pd.DataFrame:
     """Every schedule at these settings (interleaved-1f1b uses ``v``, or 2 if v < 2; V-shaped and
     DualPipe schedules use their 2 chunks). Invalid ones keep a row with the reason."""
+    return _compare(p, m, v, F, B, W, comm).copy()
+
+
+@lru_cache(maxsize=32)
+def _compare(p, m, v, F, B, W, comm) -> pd.DataFrame:
+    """``compare`` cached: picking a schedule or a colouring does not re-simulate all of them."""
     rows = []
     for name in SCHEDULES:
         vv = max(v, 2) if name == "interleaved-1f1b" else None
@@ -129,7 +135,8 @@ class PipelineWidget(ControlPanel):
         with style():
             self._ax_mem.barh(range(sched.p), res.peak_activations, color="#888888")
             self._ax_mem.set_ylim(sched.p - 0.5, -0.5)
-            self._ax_mem.set_yticks(range(sched.p), labels=[""] * sched.p)  # same rows as the chart
+            self._ax_mem.set_yticks(range(sched.p))  # same rows as the chart, labels off (not empty
+            self._ax_mem.tick_params(labelleft=False)  # texts: each one is laid out on every redraw)
             self._ax_mem.set_xlim(0, max(res.peak_activations) * 1.1)
             label(self._ax_mem, "peak activ. (mb × L/p)", "rank (same rows)")
         self.stats.value = (f"makespan <b>{res.makespan:.2f}</b> &nbsp; bubble fraction (idle/total) "
