@@ -11,6 +11,8 @@ PORT       ?= 8888
 DASHBOARD_PORT ?= 8866
 PYTEST_ARGS ?=
 PY         := $(VENV)/bin/python
+# JupyterLab refuses to start as root (containers, CI machines) unless told it is meant.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: setup lab test test-fast dashboard bench clean-venv help
 
@@ -36,7 +38,7 @@ $(VENV)/.stamp-install: $(VENV)/.stamp-torch pyproject.toml constraints.txt
 setup: $(VENV)/.stamp-install
 
 lab: setup
-	$(VENV)/bin/jupyter lab --ip $(HOST) --port $(PORT) --notebook-dir notebooks
+	$(VENV)/bin/jupyter lab --ip $(HOST) --port $(PORT) --notebook-dir notebooks $(ALLOW_ROOT)
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
