@@ -187,6 +187,11 @@ class ScalingWidget(ControlPanel):
                 ax.minorticks_off()
             ax2.xaxis.set_major_locator(LogLocator(base=100.0))
             ax2.yaxis.set_major_locator(LogLocator(base=100.0))
+            # fixed axis-label positions (axes fractions measured from the automatic ones): the
+            # automatic placement measures every tick label again on each redraw
+            for axis, xy in ((ax1.xaxis, (0.5, -0.095)), (ax1.yaxis, (-0.097, 0.5)),
+                             (ax2.xaxis, (0.5, -0.095)), (ax2.yaxis, (-0.113, 0.5))):
+                axis.set_label_coords(*xy)
         self._artists = {"iso": iso, "opt": opt, "inf": inf, "n": n_line, "d": d_line, "v": vline, "cs": cs}
 
     def _draw(self, r):
