@@ -185,11 +185,13 @@ class ScalingWidget(ControlPanel):
                 axis.set_major_formatter(FuncFormatter(_pow10))
             for ax in (ax1, ax2):  # few ticks, no minor ticks: tick text dominates a redraw
                 ax.minorticks_off()
+            ax1.xaxis.set_major_locator(LogLocator(numticks=5))  # every 2nd decade, like the right
             ax2.xaxis.set_major_locator(LogLocator(base=100.0))
             ax2.yaxis.set_major_locator(LogLocator(base=100.0))
-            # fixed axis-label positions (axes fractions measured from the automatic ones): the
+            # fixed axis-label positions (axes fractions measured from the automatic ones; the loss
+            # label clears 5-character tick labels such as 2.025): the
             # automatic placement measures every tick label again on each redraw
-            for axis, xy in ((ax1.xaxis, (0.5, -0.095)), (ax1.yaxis, (-0.097, 0.5)),
+            for axis, xy in ((ax1.xaxis, (0.5, -0.095)), (ax1.yaxis, (-0.12, 0.5)),
                              (ax2.xaxis, (0.5, -0.095)), (ax2.yaxis, (-0.113, 0.5))):
                 axis.set_label_coords(*xy)
         self._artists = {"iso": iso, "opt": opt, "inf": inf, "n": n_line, "d": d_line, "v": vline, "cs": cs}
