@@ -1,8 +1,7 @@
 """Responsiveness of the dashboard: time from a control change to the updated figure, per tab.
 
-(a) in-process: ``tab.set_state(change)`` in this Python process (calculator + redraw) plus,
-    for a tab that shows its figure through an ``Output`` widget, rendering the PNG the kernel's
-    display formatter would send (the same call IPython makes); the baseline; (b) in the browser: Voilà + headless Chromium, from the key press on a slider to the
+(a) in-process: ``tab.set_state(change)`` in this Python process: calculator, redraw and the PNG
+    the tab puts in its ``Image`` widget (what the front end receives); the baseline; (b) in the browser: Voilà + headless Chromium, from the key press on a slider to the
     new figure image in the page (kernel round trip + PNG transfer + decode).
 Targets: (a) <= 100 ms median, (b) <= 300 ms median. Prints a table of medians and p90s and, with
 ``--record``, writes data/measured/widgets.md.
@@ -40,10 +39,7 @@ def pct(xs, q):
 
 
 def in_process(repeats: int) -> dict:
-    from IPython.core.pylabtools import print_figure
-
     from mlsys_nb.dashboard import Dashboard
-    from mlsys_nb.plots import PNG_DISPLAY_KWARGS
 
     dash = Dashboard()
     out = {}
@@ -53,8 +49,6 @@ def in_process(repeats: int) -> dict:
             t0 = time.perf_counter()
             tab.set_state(a if i % 2 else b)
             dash._refresh_numbers(key)
-            if hasattr(tab, "output"):  # what display(fig) costs in a real kernel
-                print_figure(tab.figure, "png", **PNG_DISPLAY_KWARGS)
             if i >= 2:  # warm-up
                 times.append(time.perf_counter() - t0)
         out[key] = times

@@ -83,7 +83,7 @@ class MemoryWidget(ControlPanel):
             c.style = {"description_width": "130px"}
         self.message = w.HTML()
         self.stats = w.HTML()
-        self.output = w.Output()
+        self.image = self._make_image()
         from matplotlib.figure import Figure
 
         with style():  # a fixed layout: constrained layout would re-measure every text on each redraw
@@ -95,7 +95,7 @@ class MemoryWidget(ControlPanel):
         self._table = pd.DataFrame()
         c = list(self.controls.values())
         self.widget = w.VBox([w.HBox([w.VBox(c[:8]), w.VBox(c[8:15]), w.VBox(c[15:])]),
-                              self.message, self.stats, self.output])
+                              self.message, self.stats, self.image])
         self._wire()
         self.update()
 

@@ -64,6 +64,8 @@ class PipelineWidget(ControlPanel):
     """Controls: schedule, p, m, v, F/B/W costs, comm latency. Shows a Gantt chart per rank, peak
     activations per rank, makespan and both bubble conventions, and a table of all schedules."""
 
+    png_dpi = 80  # a wide Gantt chart: 800 px across is enough
+
     def __init__(self, **state):
         import ipywidgets as w
 
@@ -84,7 +86,7 @@ class PipelineWidget(ControlPanel):
             c.style = {"description_width": "140px"}
         self.message = w.HTML()
         self.stats = w.HTML()
-        self.image = w.Image(format="png")
+        self.image = self._make_image()
         self.table_html = w.HTML()
         note = w.HTML("<small>Simulation. Costs are per micro-batch over L/p layers; a schedule that "
                       "does not split the backward runs B+W as one op; chunks cost their share.</small>")
@@ -167,15 +169,3 @@ class PipelineWidget(ControlPanel):
         self._table = compare(*args)
         self.table_html.value = _compare_html(*args)
         self._show()
-
-    def _show(self):
-        """Render the figure once to PNG into the Image widget (no second 'tight' pass)."""
-        import io
-
-        self.image.layout.display = "none" if self.error is not None else None  # no broken image
-        if self.error is not None:
-            return
-        buf = io.BytesIO()
-        self.figure.savefig(buf, format="png", dpi=80, bbox_inches=None,
-                            pil_kwargs={"compress_level": 1})  # ~10% larger, encodes faster
-        self.image.value = buf.getvalue()

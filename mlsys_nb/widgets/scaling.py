@@ -72,7 +72,7 @@ class ScalingWidget(ControlPanel):
             + "; &#9679; optimum, <span style='color:" + PALETTE[3] + "'>&#9670;</span> inference-aware. "
             "Right: " + sw(PALETTE[0], "N* (params)") + ", " + sw(PALETTE[1], "D* (tokens)")
             + ", &#9650;/&#9660; famous runs' N and D at their 6ND (data/scaling_laws.yaml), dashed: your C.</small>")
-        self.output = w.Output()
+        self.image = self._make_image()
         with style():
             self.figure = Figure(figsize=(9.0, 3.8), layout="none")
             self._ax_iso, self._ax_opt = self.figure.subplots(1, 2)
@@ -81,7 +81,7 @@ class ScalingWidget(ControlPanel):
         self._table = pd.DataFrame()
         self._artists = None
         c = list(self.controls.values())
-        self.widget = w.VBox([w.HBox([w.VBox(c[:4]), w.VBox(c[4:])]), self.message, self.stats, self.output,
+        self.widget = w.VBox([w.HBox([w.VBox(c[:4]), w.VBox(c[4:])]), self.message, self.stats, self.image,
                               self.legend])
         self._wire()
         self.update()
