@@ -76,4 +76,7 @@ class ControlPanel:
             return
         buf = io.BytesIO()
         self.figure.savefig(buf, format="png", dpi=self.png_dpi, **self.png_kwargs)
+        width = str(round(self.figure.get_figwidth() * self.png_dpi))
+        if self.image.width != width:  # show the PNG at its own size, not stretched to the page
+            self.image.width = width
         self.image.value = buf.getvalue()
