@@ -30,6 +30,12 @@ def _schedule(name, p, m, v):
     return schedule(name, p, m, v)
 
 
+@lru_cache(maxsize=64)
+def _simulate(name, p, m, v, F, B, W, comm):
+    """One simulation per (schedule, sizes, costs): the chart and the comparison table share it."""
+    return simulate(_schedule(name, p, m, v), F=F, B=B, W=W, comm=comm)
+
+
 def compare(p: int, m: int, v: int, F: float, B: float, W: float, comm: float) -> pd.DataFrame:
     """Every schedule at these settings (interleaved-1f1b uses ``v``, or 2 if v < 2; V-shaped and
     DualPipe schedules use their 2 chunks). Invalid ones keep a row with the reason."""
@@ -43,7 +49,7 @@ def _compare(p, m, v, F, B, W, comm) -> pd.DataFrame:
     for name in SCHEDULES:
         vv = max(v, 2) if name == "interleaved-1f1b" else None
         try:
-            r = simulate(_schedule(name, p, m, vv), F=F, B=B, W=W, comm=comm)
+            r = _simulate(name, p, m, _schedule(name, p, m, vv).v, F, B, W, comm)
         except (ScheduleError, ValueError) as e:
             rows.append({"schedule": name, "v": vv, "note": str(e)})
             continue
@@ -132,7 +138,7 @@ class PipelineWidget(ControlPanel):
                 ax.get_legend().remove()
         try:
             sched = _schedule(s["schedule"], s["p"], s["m"], s["v"])
-            res = simulate(sched, F=s["F"], B=s["B"], W=s["W"], comm=s["comm"])
+            res = _simulate(s["schedule"], s["p"], s["m"], s["v"], s["F"], s["B"], s["W"], s["comm"])
         except (ScheduleError, ValueError) as e:
             self.error = str(e)
             self._result = None
