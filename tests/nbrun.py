@@ -36,3 +36,8 @@ def run_notebook(name: str, **parameters):
         str(src), str(out), parameters=parameters, kernel_name=kernel_name(),
         cwd=str(NOTEBOOKS), execution_timeout=CELL_TIMEOUT_S, progress_bar=False,
     )
+
+
+def printed_text(nb) -> str:
+    """Everything the executed notebook's code cells printed (stream outputs), in order."""
+    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))

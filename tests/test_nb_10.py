@@ -2,7 +2,7 @@
 preset (tied embeddings), another GPU, another sequence length and 2 ranks for the ZeRO section."""
 import pytest
 
-from nbrun import run_notebook
+from nbrun import printed_text, run_notebook
 
 
 @pytest.mark.notebook
@@ -10,7 +10,7 @@ from nbrun import run_notebook
 def test_training_memory_notebook_other_preset_two_ranks():
     nb = run_notebook("10_training_memory.ipynb", world_size=2, preset_name="llama-3.2-1b",
                       gpu_name="A100-40GB-SXM", seq_len=2048, seed=1)
-    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    text = printed_text(nb)
     assert "llama-3.2-1b: 1,235,814,400 parameters" in text
     assert "2 ranks x 4 stages: measured per-rank model states equal mlsys_nb.memory to the byte" in text
     assert "largest relative error" in text
