@@ -49,6 +49,15 @@ class ControlPanel:
             self._hold = False
         self.update()
 
+    def _show_error(self, error: str, label: str = "Invalid combination") -> None:
+        """Show ``error`` in place of the figure and the numbers (the dashboard protocol's
+        ``.error``); ``self.message`` and ``self.stats`` are the subclass's HTML widgets."""
+        self.error = error
+        self.message.value = f"<b style='color:#D55E00'>{label}:</b> {error}"
+        self.stats.value = ""
+        self._table = pd.DataFrame()
+        self._show()
+
     def table(self) -> pd.DataFrame:
         """The numbers currently shown (empty while an invalid combination is shown)."""
         return self._table.copy()

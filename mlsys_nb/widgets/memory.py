@@ -112,12 +112,8 @@ class MemoryWidget(ControlPanel):
         try:
             b, train = self.compute(s)
         except (ValueError, KeyError) as e:
-            self.error = str(e).strip("'\"")
             self.breakdown = None
-            self.message.value = f"<b style='color:#D55E00'>Invalid combination:</b> {self.error}"
-            self.stats.value = ""
-            self._table = pd.DataFrame()
-            self._show()
+            self._show_error(str(e).strip("'\""))
             return
         self.error = None
         self.breakdown = b

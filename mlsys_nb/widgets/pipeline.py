@@ -140,13 +140,9 @@ class PipelineWidget(ControlPanel):
             sched = _schedule(s["schedule"], s["p"], s["m"], s["v"])
             res = _simulate(s["schedule"], s["p"], s["m"], s["v"], s["F"], s["B"], s["W"], s["comm"])
         except (ScheduleError, ValueError) as e:
-            self.error = str(e)
             self._result = None
-            self.message.value = f"<b style='color:#D55E00'>Invalid combination:</b> {e}"
-            self.stats.value = ""
-            self._table = pd.DataFrame()
             self.table_html.value = ""
-            self._show()
+            self._show_error(str(e))
             return
         self.error = None
         self._result = res

@@ -110,11 +110,7 @@ class ScalingWidget(ControlPanel):
         try:
             r = self.compute(s)
         except (ValueError, KeyError, TypeError) as e:
-            self.error = str(e).strip("'\"")
-            self.message.value = f"<b style='color:#D55E00'>Invalid input:</b> {self.error}"
-            self.stats.value = ""
-            self._table = pd.DataFrame()
-            self._show()
+            self._show_error(str(e).strip("'\""), "Invalid input")
             return
         self.error = None
         self.message.value = ""
