@@ -56,7 +56,11 @@ def cp_checks():
                 res[f"{name}/causal={causal}/{layout}"] = one_case(fn, causal, layout)
     # the idea broken on purpose: average the blocks' outputs instead of the log-sum-exp merge
     orig = cpm._merge
-    cpm._merge = lambda out, lse, bo, bl: ((out + bo) / 2 if torch.isfinite(lse).all() else bo, torch.logaddexp(lse, bl))
+
+    def average(out, lse, bo, bl):
+        return (out + bo) / 2 if torch.isfinite(lse).all() else bo, torch.logaddexp(lse, bl)
+
+    cpm._merge = average
     try:
         res["broken/merge"] = one_case(cpm.ring_attention, True, "zigzag")
     finally:

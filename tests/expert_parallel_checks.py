@@ -79,7 +79,6 @@ def one_case(cfg, *, gating="softmax", cf=None, skew=0.0, uniform=False, seed=0,
 def broken_local_capacity(cfg, cf, skew, seed=0):
     """The idea broken on purpose: capacity counted per rank (its own T/ep tokens) instead of over
     the group in global order. The EP layer then drops other tokens than the dense reference."""
-    r, R = dist.get_rank(), dist.get_world_size()
     orig = ep.EPMoE._route
 
     def local(self, flat):
