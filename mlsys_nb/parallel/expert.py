@@ -33,7 +33,7 @@ backward all-to-alls. ``last_aux_loss`` / ``last_z_loss`` have the *group's* val
 while their gradient is this rank's share (sum over ranks = the dense gradient).
 
 All collectives go through ``torch.distributed`` functions looked up at call time, so
-``mlsys_nb.parallel.counting.CommCounter`` counts them; ``last_stats`` also records the exact
+``mlsys_nb.comm.counting.CommCounter`` counts them; ``last_stats`` also records the exact
 token rows each rank sent to every other rank (bytes off the rank, beside the counter's model).
 """
 from __future__ import annotations
