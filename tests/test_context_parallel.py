@@ -63,7 +63,7 @@ def test_zigzag_balances_causal_work_and_contiguous_does_not(results):
 @pytest.mark.slow
 def test_bytes_and_kv_memory_per_rank(results):
     cp, s = results[0]["world"], results[0]["seq_len"]
-    want = cpm.ring_bytes_per_layer(B, s, cp, KV, D, elem=4)
+    want = cpm.ring_bytes_per_layer(B, s, cp, KV, D, dtype="fp32")
     for res in results:
         for layout in cpm.LAYOUTS:
             ring, ag = res[f"ring/causal=True/{layout}"], res[f"allgather/causal=True/{layout}"]

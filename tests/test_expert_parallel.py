@@ -86,7 +86,7 @@ def test_bytes_of_dispatch_and_combine(results):
         u = res["cases"]["uniform"]
         T = 2 * 8
         assert u["stats"]["send_rows"] == [2 * T // R] * R
-        want = ep.ep_bytes_per_layer(T, H, 2, R, elem=4)
+        want = ep.ep_bytes_per_layer(T, H, 2, R, dtype="fp32")
         off = u["stats"]["dispatch_bytes_off_rank"] + u["stats"]["combine_bytes_off_rank"]
         assert off == pytest.approx(want["forward"])
         token_a2a = [s for op, p, s in u["records"] if op == "all_to_all_single" and p != E * 8]

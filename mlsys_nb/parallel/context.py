@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from .expert import dtype_bytes
 from .tensor import _all_gather, _reduce_scatter
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -268,8 +269,8 @@ def causal_work(seq_len: int, cp: int, layout: str) -> list[int]:
     return [(2 * cp + 1) * c * c] * cp
 
 
-def ring_bytes_per_layer(b: int, seq_len: int, cp: int, n_kv_heads: int, head_dim: int, elem: float = 2) -> dict:
+def ring_bytes_per_layer(b: int, seq_len: int, cp: int, n_kv_heads: int, head_dim: int, dtype="bf16") -> dict:
     """Bytes one rank sends per attention layer on the ring: forward ``(cp−1)`` K|V blocks; backward
     ``(cp−1)`` K|V blocks + ``cp`` dK|dV accumulators. A K|V block is ``2·b·(s/cp)·n_kv·d`` elements."""
-    blk = 2 * b * seq_len // cp * n_kv_heads * head_dim * elem
+    blk = 2 * b * seq_len // cp * n_kv_heads * head_dim * dtype_bytes(dtype)
     return {"forward": (cp - 1) * blk, "backward": (2 * cp - 1) * blk, "kv_block": blk}

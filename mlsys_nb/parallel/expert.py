@@ -18,7 +18,7 @@ Liu et al. 2024, arXiv:2412.19437, Sec. 3.2). The communication, forward and bac
 
 So an MoE layer costs 2 token all-to-alls forward and 2 backward: with ``T`` local tokens, top-k
 and uniform routing each moves ``k·T·h`` elements, ``(ep−1)/ep`` of them to other ranks
-(formulas: ``2·k·T·h·(ep−1)/ep`` elements per direction of the layer). The split sizes must be
+(``2·k·T·h·(ep−1)/ep`` elements off the rank per direction of the layer). The split sizes must be
 exchanged first because the receiver allocates its buffer: that is the small all-to-all of counts.
 
 Same tokens, same drops as the dense reference ``mlsys_nb.models.MoE``: capacity
@@ -247,17 +247,30 @@ def compare_with_full(module: EPMoE, full_tensors: dict, *, grads: bool = True) 
 
 
 # ---- closed forms (model bytes; the test pins them against the counter) ------------------------
-def ep_bytes_per_layer(tokens: int, hidden: int, top_k: int, ep: int, elem: float = 2) -> dict:
+# bytes per element by dtype name (or a torch.dtype); mlsys_nb.config.DTYPE_BYTES once it lands
+_DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+
+
+def dtype_bytes(dtype) -> float:
+    """Bytes per element of ``dtype``: a name in ``fp32, tf32, bf16, fp16, fp8, int8, int4`` or a ``torch.dtype``."""
+    if isinstance(dtype, torch.dtype):
+        return torch.empty((), dtype=dtype).element_size()
+    if dtype not in _DTYPE_BYTES:
+        raise ValueError(f"dtype={dtype!r}: allowed {tuple(_DTYPE_BYTES)} or a torch.dtype")
+    return _DTYPE_BYTES[dtype]
+
+
+def ep_bytes_per_layer(tokens: int, hidden: int, top_k: int, ep: int, dtype="bf16") -> dict:
     """Bytes one rank sends per MoE layer under EP with uniform routing and no drops:
     dispatch and combine each move ``k·T·h`` elements, ``(ep−1)/ep`` of them off the rank; the
     backward repeats both. ``tokens``: this rank's tokens T."""
-    one = top_k * tokens * hidden * (ep - 1) / ep * elem
+    one = top_k * tokens * hidden * (ep - 1) / ep * dtype_bytes(dtype)
     return {"forward": 2 * one, "backward": 2 * one, "step": 4 * one}
 
 
-def tp_moe_bytes_per_layer(tokens: int, hidden: int, tp: int, elem: float = 2) -> dict:
+def tp_moe_bytes_per_layer(tokens: int, hidden: int, tp: int, dtype="bf16") -> dict:
     """Bytes one rank sends per MoE layer when each expert is split Megatron-style over ``tp``
     ranks instead: every rank holds all ``T`` tokens and the layer ends with one all-reduce of
     ``T·h`` (ring: ``2(tp−1)/tp·T·h``) in forward and one in backward."""
-    one = 2 * (tp - 1) / tp * tokens * hidden * elem
+    one = 2 * (tp - 1) / tp * tokens * hidden * dtype_bytes(dtype)
     return {"forward": one, "backward": one, "step": 2 * one}
