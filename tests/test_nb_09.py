@@ -19,6 +19,8 @@ def test_experts_and_context_notebook_four_ranks_with_solutions():
     assert "EP on 4 ranks = the dense MoE" in text
 
 
+@pytest.mark.notebook
+@pytest.mark.slow
 def test_notebook_rejects_an_unsupported_world_size():
     import papermill as pm
 
