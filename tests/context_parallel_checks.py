@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from mlsys_nb.parallel import context as cpm
 from mlsys_nb.comm.counting import CommCounter
+from mlsys_nb.parallel import context as cpm
 
 B, A, KV, D = 2, 4, 2, 8  # batch, query heads, KV heads (GQA), head dim
 CHUNK = 4  # tokens per zig-zag chunk: s = 2·cp·CHUNK

@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from mlsys_nb.comm.counting import CommCounter
 from mlsys_nb.config import ModelConfig
 from mlsys_nb.models import routing
 from mlsys_nb.models.transformer import MoE
 from mlsys_nb.parallel import expert as ep
-from mlsys_nb.comm.counting import CommCounter
 
 B, S, H = 2, 8, 16  # per rank: B sequences of S tokens, hidden H
 

@@ -208,7 +208,7 @@ def _train(alpha=0.0, gamma=0.0, gating="softmax", steps=60):
 
 
 def test_aux_loss_and_bias_even_the_load():
-    imbalance = lambda load: (load.max() / load.mean()).item()  # noqa: E731
+    imbalance = lambda load: (load.max() / load.mean()).item()
     before, control = _train(alpha=0.0)
     assert imbalance(before) == pytest.approx(4.0) and imbalance(control) > 3.5, "without balancing it stays skewed"
     _, aux = _train(alpha=1.0)

@@ -2,7 +2,6 @@
 2 ranks and solutions off, run under nbval): every check must pass with 4 ranks too, sizes derived
 from ``world_size``, and the exercises' solutions must pass their own checks."""
 import pytest
-
 from nbrun import printed_text, run_notebook
 
 

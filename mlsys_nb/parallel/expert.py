@@ -54,8 +54,17 @@ from ..models.routing import (
 )
 from ..models.transformer import MLP
 
-__all__ = ["EPMoE", "check_ep_args", "all_to_all", "sync_replicated_grads", "load_full_state_dict",
-           "compare_with_full", "ep_bytes_per_layer", "tp_moe_bytes_per_layer", "GATINGS"]
+__all__ = [
+    "GATINGS",
+    "EPMoE",
+    "all_to_all",
+    "check_ep_args",
+    "compare_with_full",
+    "ep_bytes_per_layer",
+    "load_full_state_dict",
+    "sync_replicated_grads",
+    "tp_moe_bytes_per_layer",
+]
 
 
 def check_ep_args(cfg: ModelConfig, ep: int, *, gating: str = "softmax", capacity_factor=None) -> None:
@@ -189,11 +198,11 @@ class EPMoE(nn.Module):
         self.last_dropped = int(T * k - g_load.sum().item())
         self.last_routing = r
         off = [n for j, n in enumerate(in_splits) if j != self.rank]
-        self.last_stats = dict(
-            send_rows=list(in_splits), recv_rows=list(out_splits),
+        self.last_stats = {
+            "send_rows": list(in_splits), "recv_rows": list(out_splits),
             # token rows leaving this rank in one all-to-all (dispatch fwd; the same in combine bwd)
-            dispatch_bytes_off_rank=sum(off) * h * elem,
-            combine_bytes_off_rank=sum(n for j, n in enumerate(out_splits) if j != self.rank) * h * elem)
+            "dispatch_bytes_off_rank": sum(off) * h * elem,
+            "combine_bytes_off_rank": sum(n for j, n in enumerate(out_splits) if j != self.rank) * h * elem}
 
     def update_bias(self, gamma: float = 1e-3) -> None:
         """Auxiliary-loss-free step on ``router_bias`` from the group's load of the last forward
