@@ -54,6 +54,7 @@ def cp_checks():
         for causal in (True, False):
             for layout in cpm.LAYOUTS:
                 res[f"{name}/causal={causal}/{layout}"] = one_case(fn, causal, layout)
+    res["no-overlap/ring"] = one_case(lambda *t, **kw: cpm.ring_attention(*t, overlap=False, **kw), True, "zigzag")
     # the idea broken on purpose: average the blocks' outputs instead of the log-sum-exp merge
     orig = cpm._merge
 

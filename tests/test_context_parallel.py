@@ -41,6 +41,14 @@ def test_outputs_and_gradients_equal_full_attention(results):
 
 
 @pytest.mark.slow
+def test_waiting_before_compute_gives_the_same_result(results):
+    for res in results:
+        c = res["no-overlap/ring"]
+        assert max(c["out"], c["dq"], c["dk"], c["dv"]) <= TOL
+        assert c["fwd_ops"] == res["ring/causal=True/zigzag"]["fwd_ops"]
+
+
+@pytest.mark.slow
 def test_a_wrong_merge_is_caught(results):
     assert max(res["broken/merge"]["out"] for res in results) > 1e-2
 

@@ -140,7 +140,7 @@ class _Ring:
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, layout, seq_len, group, stats):
+    def forward(ctx, q, k, v, causal, layout, seq_len, group, stats, overlap):
         r, n = dist.get_rank(group), dist.get_world_size(group)
         g, scale = q.shape[1] // k.shape[1], 1.0 / math.sqrt(q.shape[-1])
         mine = pieces(seq_len, n, r, layout)
@@ -151,6 +151,10 @@ class _RingAttention(torch.autograd.Function):
         for step in range(n):
             src = (r - step) % n
             ring = _Ring(kv, group) if step < n - 1 else None  # next block travels during compute
+            if ring is not None and not overlap:  # for comparison: wait for the bytes first
+                t0 = time.perf_counter()
+                nxt = ring.wait()
+                wait_s += time.perf_counter() - t0
             t0 = time.perf_counter()
             kk, vv = _repeat_kv(kv[0], g), _repeat_kv(kv[1], g)
             for qs, ks, masked in _blocks(mine, pieces(seq_len, n, src, layout), causal):
@@ -160,7 +164,7 @@ class _RingAttention(torch.autograd.Function):
             compute_s += time.perf_counter() - t0
             if ring is not None:
                 t0 = time.perf_counter()
-                kv = ring.wait()
+                kv = ring.wait() if overlap else nxt
                 wait_s += time.perf_counter() - t0
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.layout, ctx.seq_len, ctx.group = causal, layout, seq_len, group
@@ -201,20 +205,22 @@ class _RingAttention(torch.autograd.Function):
             dkv = _Ring(dkv, group).wait()  # pass the accumulator on; after the last step it is home
             if ring is not None:
                 kv = ring.wait()
-        return dq, dkv[0], dkv[1], None, None, None, None, None
+        return dq, dkv[0], dkv[1], None, None, None, None, None, None
 
 
 def ring_attention(q, k, v, *, causal: bool = True, layout: str = "zigzag", seq_len: int | None = None,
-                   group=None, stats: dict | None = None):
+                   group=None, stats: dict | None = None, overlap: bool = True):
     """Attention of this rank's queries over the whole sequence, K/V circulating on a ring.
 
     q [b, heads, s/cp, d], k and v [b, n_kv, s/cp, d]: this rank's tokens in ``layout`` order
     (``shard_sequence``). Returns [b, heads, s/cp, d] (differentiable). ``stats`` (a dict) is
-    filled with the work (score entries computed), compute and wait seconds and K/V bytes held."""
+    filled with the work (score entries computed), compute and wait seconds and K/V bytes held.
+    ``overlap=False`` waits for each next block before computing on the current one (the same
+    result, to measure what the overlap hides)."""
     n = dist.get_world_size(group)
     seq_len = seq_len or q.shape[SEQ] * n
     check_cp_args(seq_len, n, layout=layout, n_heads=q.shape[1], n_kv_heads=k.shape[1])
-    return _RingAttention.apply(q, k, v, causal, layout, seq_len, group, stats)
+    return _RingAttention.apply(q, k, v, causal, layout, seq_len, group, stats, overlap)
 
 
 class _GatherSeq(torch.autograd.Function):
