@@ -49,6 +49,10 @@ TABS = (
             probe={"m": 16}, invalid={"schedule": "interleaved-1f1b", "p": 4, "v": 2, "m": 3}),
 )
 
+# Values that older versions of the kit wrote into shared configurations, read as today's names:
+# {tab: {setting: {old value: new value}}}. The memory tab called the GPipe schedule "afab".
+LEGACY_VALUES = {"memory": {"pp_schedule": {"afab": "gpipe"}}}
+
 _VALUE_WIDGETS = (W.ValueWidget,)
 _DISPLAY_ONLY = (W.HTML, W.HTMLMath, W.Label, W.Textarea, W.Image)
 
@@ -201,7 +205,7 @@ class Dashboard:
             raise ValueError(f"unknown keys {sorted(unknown)} in configuration: allowed 'tab' and {sorted(self.tabs)}")
         for key, tab_state in state.items():
             if key != "tab":
-                self.tabs[key].set_state(tab_state)
+                self.tabs[key].set_state(_upgrade(key, tab_state))
                 self._refresh_numbers(key)
         if "tab" in state:
             self._tab(state["tab"])
@@ -234,6 +238,14 @@ class Dashboard:
             self.share_message.value = f'<span class="mlsys-error">Could not load: {e}</span>'
         else:
             self.share_message.value = "<span>Loaded.</span>"
+
+
+def _upgrade(key: str, tab_state):
+    """A tab's saved settings with old value names replaced (``LEGACY_VALUES``)."""
+    legacy = LEGACY_VALUES.get(key, {})
+    if not isinstance(tab_state, dict) or not legacy:
+        return tab_state
+    return {k: legacy.get(k, {}).get(v, v) if isinstance(v, str) else v for k, v in tab_state.items()}
 
 
 def in_voila() -> bool:
