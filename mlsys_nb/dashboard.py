@@ -2,12 +2,13 @@
 
 It opens in JupyterLab (``notebooks/00_dashboard.ipynb``) and as a standalone web page served by
 Voilà (``make dashboard``). It computes nothing itself: each tab is a widget object from
-``mlsys_nb.widgets`` following one small protocol,
+``mlsys_nb.widgets`` following one small protocol, ``mlsys_nb.widgets.base.Widget``:
 
 - ``.widget``: the ipywidgets container to display,
 - ``.state() -> dict`` / ``.set_state(dict)``: its settings, JSON-serialisable,
 - ``.figure``: the current matplotlib Figure, ``.table() -> pandas.DataFrame``: the numbers shown,
 - ``.error``: ``None`` or the message shown in place for an invalid combination,
+- ``.on_update(callback)``: the tab calls ``callback()`` after every redraw,
 
 and the dashboard adds what is common: a numbers view, figure/CSV export, and a shareable
 configuration (JSON text or a ``?config=...`` query string that Voilà passes to the kernel).
@@ -24,6 +25,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 
 import ipywidgets as W
+
+from .widgets.base import Widget
 
 
 @dataclass(frozen=True)
@@ -144,21 +147,14 @@ class Dashboard:
         panel.add_class(f"mlsys-panel-{spec.key}")
         return panel
 
-    def _follow_updates(self, key: str, obj) -> None:
-        """Refresh the numbers view after every redraw of the tab. A tab with an ``update()``
-        method (all of ours) is followed exactly, however many controls one change touches;
-        otherwise the dashboard observes each control (its handler runs after the tab's own)."""
-        if callable(getattr(obj, "update", None)):
-            redraw = obj.update
-
-            def update_then_refresh(*args, **kwargs):
-                redraw(*args, **kwargs)
-                self._refresh_numbers(key)
-
-            obj.update = update_then_refresh
-        else:
-            for ctl in _controls(obj.widget):
-                ctl.observe(lambda _change: self._refresh_numbers(key), names="value")
+    def _follow_updates(self, key: str, obj: Widget) -> None:
+        """Refresh the numbers view after every redraw of the tab (the protocol's ``on_update``)."""
+        if not isinstance(obj, Widget):
+            missing = [n for n in ("widget", "figure", "error", "state", "set_state", "table", "on_update")
+                       if not hasattr(obj, n)]
+            raise TypeError(f"tab {key!r} ({type(obj).__name__}) does not follow mlsys_nb.widgets.base.Widget: "
+                            f"missing {missing}")
+        obj.on_update(lambda: self._refresh_numbers(key))
 
     def _refresh_numbers(self, key: str) -> None:
         obj = self.tabs[key]
