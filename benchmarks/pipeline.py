@@ -36,7 +36,6 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    import torch
 
     from mlsys_nb.pipeline import schedule, simulate
 
@@ -47,10 +46,11 @@ def main():
     for name, v in cases:
         split = name in ("zb-h1", "zb-h2", "zbv", "dualpipe", "dualpipev")
         costs = dict(F=1.0, B=1.0, W=1.0) if split else dict(F=1.0, B=2.0)
-        gen = timed(lambda: schedule(name, P, M, v), args.repeats)
+        gen = timed(lambda name=name, v=v: schedule(name, P, M, v), args.repeats)
         s = schedule(name, P, M, v)
-        first = timed(lambda: simulate(schedule(name, P, M, v), **costs), args.repeats)  # build + simulate
-        sim = timed(lambda: simulate(s, **costs), args.repeats)  # schedule reused
+        first = timed(lambda name=name, v=v, costs=costs: simulate(schedule(name, P, M, v), **costs),
+                      args.repeats)  # build + simulate
+        sim = timed(lambda s=s, costs=costs: simulate(s, **costs), args.repeats)  # schedule reused
         ops = sum(map(len, s.compute))
         rows.append((name, s.v, ops, gen, first, sim))
     base = rows[0][4][0]
@@ -72,11 +72,13 @@ def main():
         f"Machine: {machine()} "
         "(the machine was shared with other jobs: wall times are inflated, CPU times less so).",
         "",
-        f"Medians of {args.repeats} runs; regenerate with `.venv/bin/python benchmarks/pipeline.py --out data/measured/pipeline.md`.",
+        f"Medians of {args.repeats} runs; regenerate with "
+        "`.venv/bin/python benchmarks/pipeline.py --out data/measured/pipeline.md`.",
         "",
         f"## Simulating p = {P}, m = {M} (target: interleaved v = 4 in < 1 s)",
         "",
-        "| schedule | v | ops | generate wall (s) | generate + simulate wall (s) | CPU (s) | simulate only wall (s) | CPU (s) | ratio to gpipe (generate + simulate) |",
+        "| schedule | v | ops | generate wall (s) | generate + simulate wall (s) | CPU (s) "
+        "| simulate only wall (s) | CPU (s) | ratio to gpipe (generate + simulate) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, v, ops, gen, first, sim in rows:

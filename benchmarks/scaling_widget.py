@@ -37,7 +37,6 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
-    import torch
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     from mlsys_nb.widgets.scaling import ScalingWidget
@@ -62,7 +61,6 @@ def main(argv=None):
     base = timed(lambda i: canvas.draw(), args.repeats)
     rows = [("render only (baseline)", *base), ("compute slider", *timed(slider, args.repeats)),
             ("law switch", *timed(law_switch, args.repeats)), ("inference demand on", *timed(inference, args.repeats))]
-    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else ["?"]
     lines = ["| action | wall median (ms) | CPU median (ms) | wall / baseline |", "|---|---|---|---|"]
     for name, wall, cpu in rows:
         lines.append(f"| {name} | {wall * 1e3:.1f} | {cpu * 1e3:.1f} | {wall / base[0]:.2f} |")

@@ -403,7 +403,8 @@ def check(model: ModelConfig, train: TrainConfig) -> None:
     if m.n_heads % t.tp:
         raise ValueError(f"tp={t.tp} must divide n_heads={m.n_heads} (attention heads are split across TP ranks)")
     if not m.kv_lora_rank and t.tp > 1 and m.n_kv_heads % t.tp and t.tp % m.n_kv_heads:
-        raise ValueError(f"tp={t.tp} and n_kv_heads={m.n_kv_heads}: one must divide the other (KV heads split or replicated)")
+        raise ValueError(f"tp={t.tp} and n_kv_heads={m.n_kv_heads}: one must divide the other "
+                         "(KV heads split or replicated)")
     if m.ffn_hidden % t.tp or (m.is_moe and m.expert_ffn_hidden % t.tp):
         raise ValueError(f"tp={t.tp} must divide the FFN width ffn_hidden={m.ffn_hidden}")
     if m.n_layers % (t.pp * t.virtual_stages):
@@ -418,7 +419,8 @@ def check(model: ModelConfig, train: TrainConfig) -> None:
         if m.n_experts % t.ep:
             raise ValueError(f"ep={t.ep} must divide n_experts={m.n_experts}")
         if (t.dp * t.cp) % t.ep:
-            raise ValueError(f"ep={t.ep} must divide dp x cp = {t.dp * t.cp} (experts are sharded over data-parallel ranks)")
+            raise ValueError(f"ep={t.ep} must divide dp x cp = {t.dp * t.cp} "
+                             "(experts are sharded over data-parallel ranks)")
     if t.seq_len > m.seq_len and t.kernels == "eager":
         raise ValueError(f"seq_len={t.seq_len} exceeds the model's seq_len={m.seq_len}")
     if t.pp > 1 and t.microbatches < 1:
@@ -580,7 +582,8 @@ def playbook_inputs(model: ModelConfig, train: TrainConfig) -> dict:
     mixed = train.precision != "fp32"
     k = train.optimizer_bytes_per_param
     if k is None:
-        k = _bytes_per_param(train.precision, train.optimizer, False, None)["optimizer"] * (4 / _PRECISION[train.precision]["state"])
+        states = _bytes_per_param(train.precision, train.optimizer, False, None)["optimizer"]
+        k = states * (4 / _PRECISION[train.precision]["state"])
     return dict(a=model.n_heads, b=train.micro_batch, h=model.hidden, h_ff=model.ffn_hidden, L=model.n_layers,
                 s=train.seq_len, v=model.vocab_size, tp=train.tp, k=k, dp=train.dp, mixed=mixed,
                 seq_parallel=train.sp, recomputation=train.recompute, zero=train.zero,

@@ -212,7 +212,7 @@ class AlphaBeta:
     beta_bytes_per_s: float
 
     @classmethod
-    def from_link(cls, name: str) -> "AlphaBeta":
+    def from_link(cls, name: str) -> AlphaBeta:
         """From ``data/hardware.yaml``: its latency and per-direction bandwidth."""
         from ..hardware import link
 
@@ -416,10 +416,12 @@ def sweep(ops=("all_reduce",), sizes=(1 << 10, 1 << 16, 1 << 20), world_sizes=(2
 
     ``sizes`` are nccl-tests' S in bytes; ``impls`` picks ``"torch"`` (``torch.distributed``'s
     own) and/or the from-scratch algorithms (see ``IMPLEMENTATIONS``; pairs that do not exist are
-    skipped), either for every op or per op as a dict ``{op: impls}``. The time of one call is the slowest rank's (per iteration), summarised over
-    ``repeats`` by median and quartiles. Returns a DataFrame with columns ``op, impl, backend,
-    world_size, bytes, median_s, q25_s, q75_s, min_s, algbw_Bps, busbw_Bps, repeats``.
-    ``dtype``: element type of the buffers, a name of ``mlsys_nb.config.DTYPE_BYTES`` or a ``torch.dtype``.
+    skipped), either for every op or per op as a dict ``{op: impls}``. The time of one call is the
+    slowest rank's (per iteration), summarised over ``repeats`` by median and quartiles. Returns a
+    DataFrame with columns ``op, impl, backend, world_size, bytes, median_s, q25_s, q75_s, min_s,
+    algbw_Bps, busbw_Bps, repeats``.
+    ``dtype``: element type of the buffers, a name of ``mlsys_nb.config.DTYPE_BYTES`` or a
+    ``torch.dtype``.
     """
     import pandas as pd
     from tqdm.auto import tqdm
