@@ -111,7 +111,10 @@ def main():
     ap.add_argument("--repeats", type=int, default=200)
     ap.add_argument("--no-ipyparallel", action="store_true")
     ap.add_argument("--out", default=None, help="also write the table as markdown to this file")
+    ap.add_argument("--quick", action="store_true", help="seconds: 2 ranks, 10 repeats, no ipyparallel, no record")
     args = ap.parse_args()
+    if args.quick:
+        args.world_size, args.repeats, args.no_ipyparallel, args.out = 2, 10, True, None
     info = machine()
     rows = measure_cluster(args.world_size, args.repeats)
     if not args.no_ipyparallel:

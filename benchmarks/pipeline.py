@@ -34,12 +34,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--quick", action="store_true", help="p=8, m=32, 1 repeat, no record")
     args = ap.parse_args()
+    if args.quick:
+        args.repeats, args.out = 1, None
 
 
     from mlsys_nb.pipeline import schedule, simulate
 
-    P, M = 64, 512
+    P, M = (8, 32) if args.quick else (64, 512)
     cases = [("gpipe", None), ("1f1b", None), ("interleaved-1f1b", 4), ("zb-h1", None), ("zb-h2", None),
              ("zbv", None), ("dualpipe", None), ("dualpipev", None)]
     rows = []
@@ -59,7 +62,7 @@ def main():
 
     w = PipelineWidget(schedule="interleaved-1f1b", p=16, m=64, v=2)
     moves = []
-    for i in range(max(args.repeats, 7)):
+    for i in range(3 if args.quick else max(args.repeats, 7)):
         t, c = time.perf_counter(), time.process_time()
         w.controls["F"].value = 1.0 + 0.1 * (i + 1)
         moves.append((time.perf_counter() - t, time.process_time() - c))

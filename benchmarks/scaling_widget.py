@@ -35,7 +35,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--quick", action="store_true", help="3 repeats, no record")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.repeats, args.out = 3, None
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 

@@ -526,8 +526,10 @@ def format_playbook_bytes(n: float) -> str:
     """The widget's ``formatBytes``: divides by 1024**i but prints KB/MB/GB/TB (they are KiB...)."""
     if n == 0:
         return "0 Bytes"
-    sizes = ["Bytes", "KB", "MB", "GB", "TB"]
-    i = int(math.floor(math.log(n) / math.log(1024)))
+    # The widget's list stops at TB and fails from 1 PiB on (4 of 500 random inputs reached it):
+    # the units continue in its style, and i is clamped to the list.
+    sizes = ["Bytes", "KB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"]
+    i = min(max(int(math.floor(math.log(n) / math.log(1024))), 0), len(sizes) - 1)
     return f"{n / 1024 ** i:.2f} {sizes[i]}"
 
 

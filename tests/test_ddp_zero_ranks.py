@@ -149,7 +149,6 @@ STAGES = dict(naive=0, ddp=0, torch_ddp=0, zero1=1, zero2=2, zero3=3, zero3_pref
 
 
 def test_per_rank_model_state_bytes_match_mlsys_nb_memory(runs):
-    pytest.importorskip("mlsys_nb.memory", reason="mlsys_nb.memory (issue: memory calculator) has not landed")
     world, _, per_rank = runs
     for optimizer, res in per_rank[0]["results"].items():
         for impl, stage in STAGES.items():
