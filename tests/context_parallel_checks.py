@@ -42,7 +42,7 @@ def one_case(fn, causal, layout, seed=0):
             "dv": (vl.grad - mine(vf.grad)).abs().max().item(),
             "work": stats["work"], "kv_resident_bytes": stats["kv_resident_bytes"],
             "kv_block_bytes": stats["kv_block_bytes"],
-            "fwd_sent": fwd.sent_bytes, "bwd_sent": bwd.sent_bytes,
+            "fwd_sent": fwd.bytes_sent, "bwd_sent": bwd.bytes_sent,
             "fwd_ops": {op: int(v["calls"]) for op, v in fwd.by_op().items()},
             "bwd_ops": {op: int(v["calls"]) for op, v in bwd.by_op().items()}}
 

@@ -72,7 +72,7 @@ def one_case(cfg, *, gating="softmax", cf=None, skew=0.0, uniform=False, seed=0,
            "z": (m.last_z_loss.item(), full.last_z_loss.item()), "stats": dict(m.last_stats),
            "capacity": full.last_routing.capacity, "demand": full.last_routing.counts(cfg.n_experts).tolist()}
     if counter:
-        out["records"] = [(rec.op, rec.payload_bytes, rec.sent_bytes) for rec in cc.records]
+        out["records"] = [(rec.op, rec.payload_bytes, rec.bytes_sent) for rec in cc.records]
     return out
 
 
@@ -94,6 +94,34 @@ def broken_local_capacity(cfg, cf, skew, seed=0):
     return res
 
 
+def wire_case():
+    """Bytes this rank's sockets really received in one EP forward (``mlsys_nb.comm.wire``) vs the
+    token rows the splits say crossed ranks (what a rank receives in the dispatch is what it sends
+    back in the combine, and vice versa); wide tokens so the payload dwarfs the count messages."""
+    from mlsys_nb.comm.wire import WireCounter, available, calibrate
+
+    if not available():
+        return None
+    r, R = dist.get_rank(), dist.get_world_size()
+    cfg = ModelConfig(n_layers=1, hidden=512, n_heads=2, vocab_size=32, seq_len=64, n_experts=2 * R, top_k=2,
+                      expert_ffn_hidden=8)
+    torch.manual_seed(0)
+    m = ep.EPMoE(cfg, capacity_factor=1.25)
+    torch.manual_seed(1 + r)
+    x = torch.randn(2, 64, 512)
+    with torch.no_grad():
+        m(x)  # gloo opens its pair connections lazily: warm every path first
+        dist.barrier()
+        base = calibrate(dist.barrier)
+        with WireCounter(baseline=base) as w:
+            m(x)
+            dist.barrier()
+    st = m.last_stats
+    # received: data that arrived (the fence guarantees it); "acked" sent bytes may lag by a delayed ACK
+    return {"wire_received": w.received_bytes, "wire_sent": w.sent_bytes,
+            "rows_off_rank_bytes": st["dispatch_bytes_off_rank"] + st["combine_bytes_off_rank"]}
+
+
 def ep_checks():
     R = dist.get_world_size()
     res = {"world": R}
@@ -107,6 +135,7 @@ def ep_checks():
         "uniform": one_case(cfg, uniform=True, counter=True),
     }
     res["cases"] = cases
+    res["wire"] = wire_case()
     res["broken/local_capacity"] = broken_local_capacity(cfg, 1.0, 4.0)
     # bias balancing on the group: the same update on every rank keeps the bias replicated
     m = ep.EPMoE(cfg, gating="sigmoid")

@@ -72,7 +72,7 @@ def test_a_per_rank_capacity_is_caught(results):
 
 @pytest.mark.slow
 def test_bytes_of_dispatch_and_combine(results):
-    for r, res in enumerate(results):
+    for res in results:
         R = res["world"]
         E, H = 2 * R, 16
         c = res["cases"]["softmax/skew/cf=1.0"]
@@ -94,6 +94,18 @@ def test_bytes_of_dispatch_and_combine(results):
     # what leaves the ranks arrives somewhere: totals over ranks agree
     c_all = [res["cases"]["softmax/skew/cf=1.0"]["stats"] for res in results]
     assert sum(s["dispatch_bytes_off_rank"] for s in c_all) == sum(s["combine_bytes_off_rank"] for s in c_all)
+
+
+@pytest.mark.slow
+def test_bytes_on_the_wire_equal_the_token_rows_crossing_ranks(results):
+    """Measured with the sockets' own counters (Linux TCP_INFO): in dispatch + combine forward each
+    rank receives exactly the off-rank token rows; the small count messages add well under 3 %."""
+    if results[0]["wire"] is None:
+        pytest.skip("no per-socket byte counters on this OS")
+    for r, res in enumerate(results):
+        w = res["wire"]
+        assert w["rows_off_rank_bytes"] > 100_000
+        assert w["rows_off_rank_bytes"] <= w["wire_received"] <= 1.03 * w["rows_off_rank_bytes"], (res["world"], r, w)
 
 
 @pytest.mark.slow

@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .expert import dtype_bytes
+from ..config import ArgumentError, dtype_bytes
 from .tensor import _all_gather, _reduce_scatter
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -54,17 +54,17 @@ SEQ = 2  # [b, heads, s, d]
 
 def check_cp_args(seq_len: int, cp: int, *, layout: str = "zigzag", n_heads: int | None = None,
                   n_kv_heads: int | None = None) -> None:
-    """Raise ``ValueError`` naming the parameter (call before starting ranks)."""
+    """Raise ``ArgumentError`` (a ``ValueError``) naming the parameter (call before starting ranks)."""
     if layout not in LAYOUTS:
-        raise ValueError(f"layout={layout!r}: allowed {LAYOUTS}")
+        raise ArgumentError(f"layout={layout!r}: allowed {LAYOUTS}")
     if not isinstance(cp, int) or cp < 1:
-        raise ValueError(f"cp={cp!r}: must be an integer >= 1")
+        raise ArgumentError(f"cp={cp!r}: must be an integer >= 1")
     parts = 2 * cp if layout == "zigzag" else cp
     if not isinstance(seq_len, int) or seq_len < 1 or seq_len % parts:
-        raise ValueError(f"seq_len={seq_len!r} must be a positive multiple of {parts} "
+        raise ArgumentError(f"seq_len={seq_len!r} must be a positive multiple of {parts} "
                          f"({'2·cp chunks for zig-zag' if layout == 'zigzag' else 'cp chunks'}, cp={cp})")
     if n_heads is not None and n_kv_heads is not None and (n_kv_heads < 1 or n_heads % n_kv_heads):
-        raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads} (grouped-query attention)")
+        raise ArgumentError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads} (grouped-query attention)")
 
 
 def pieces(seq_len: int, cp: int, rank: int, layout: str) -> list[tuple[int, int]]:

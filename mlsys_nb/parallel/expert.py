@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..config import ModelConfig
+from ..config import ArgumentError, ModelConfig, dtype_bytes
 from ..models.routing import (
     GATINGS,
     check_router_args,
@@ -68,12 +68,12 @@ __all__ = [
 
 
 def check_ep_args(cfg: ModelConfig, ep: int, *, gating: str = "softmax", capacity_factor=None) -> None:
-    """Raise ``ValueError`` naming the parameter (call it before starting ranks)."""
+    """Raise ``ArgumentError`` (a ``ValueError``) naming the parameter (call it before starting ranks)."""
     if not cfg.is_moe:
-        raise ValueError(f"n_experts={cfg.n_experts}: expert parallelism needs an MoE config (n_experts > 0)")
+        raise ArgumentError(f"n_experts={cfg.n_experts}: expert parallelism needs an MoE config (n_experts > 0)")
     check_router_args(cfg.n_experts, cfg.top_k, gating, capacity_factor)
     if not isinstance(ep, int) or ep < 1 or cfg.n_experts % ep:
-        raise ValueError(f"ep={ep!r}: the EP size must be an integer >= 1 dividing n_experts={cfg.n_experts}")
+        raise ArgumentError(f"ep={ep!r}: the EP size must be an integer >= 1 dividing n_experts={cfg.n_experts}")
 
 
 class _AllToAll(torch.autograd.Function):
@@ -256,19 +256,6 @@ def compare_with_full(module: EPMoE, full_tensors: dict, *, grads: bool = True) 
 
 
 # ---- closed forms (model bytes; the test pins them against the counter) ------------------------
-# bytes per element by dtype name (or a torch.dtype); mlsys_nb.config.DTYPE_BYTES once it lands
-_DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
-
-
-def dtype_bytes(dtype) -> float:
-    """Bytes per element of ``dtype``: a name in ``fp32, tf32, bf16, fp16, fp8, int8, int4`` or a ``torch.dtype``."""
-    if isinstance(dtype, torch.dtype):
-        return torch.empty((), dtype=dtype).element_size()
-    if dtype not in _DTYPE_BYTES:
-        raise ValueError(f"dtype={dtype!r}: allowed {tuple(_DTYPE_BYTES)} or a torch.dtype")
-    return _DTYPE_BYTES[dtype]
-
-
 def ep_bytes_per_layer(tokens: int, hidden: int, top_k: int, ep: int, dtype="bf16") -> dict:
     """Bytes one rank sends per MoE layer under EP with uniform routing and no drops:
     dispatch and combine each move ``k·T·h`` elements, ``(ep−1)/ep`` of them off the rank; the
