@@ -20,11 +20,11 @@ major, then position in the rank's flattened ``[b, s]`` batch). ``capacity_facto
 
 Losses (each returned unscaled; multiply by your coefficient):
 
-- load-balancing loss (Switch Eq. 4, GShard): ``E · Σ_e f_e · P_e`` with ``f_e`` = fraction of the
+- load-balancing loss (Switch, Sec. 2.2; GShard): ``E · Σ_e f_e · P_e`` with ``f_e`` = fraction of the
   ``T·k`` assignments routed to ``e`` (before drops, not differentiable) and ``P_e`` = mean over
   tokens of the router probability of ``e`` (softmax ``p``; for sigmoid gating ``s / Σ s``). It is
   1.0 at perfectly uniform routing and grows as routing concentrates (``E`` at the worst, k = 1).
-- router z-loss (Zoph et al. 2022, ST-MoE, arXiv:2202.08906, Eq. 5): mean over tokens of
+- router z-loss (Zoph et al. 2022, ST-MoE, arXiv:2202.08906, Sec. 3): mean over tokens of
   ``logsumexp(z)²``; keeps logits small (numerically safe in bf16).
 """
 from __future__ import annotations

@@ -4,12 +4,12 @@ Each of the ``cp`` ranks holds ``s/cp`` tokens of every sequence: their queries,
 (and every other activation of the layer, which is why CP divides activation memory by ``cp``).
 Attention is the only operation that mixes tokens, so it is the only place ranks talk. Two ways:
 
-**Ring attention** (Liu et al. 2023, arXiv:2310.01889; Brandon et al. 2023 for the causal
-variants): K/V blocks travel around the ring ``r → r+1``. At each of ``cp`` steps a rank posts the
-``isend`` of the block it holds and the ``irecv`` of the next one, computes its queries against the
-block it holds *while the bytes travel*, merges the partial result with the online softmax
-(log-sum-exp: ``lse = log(e^lse_a + e^lse_b)``, ``o = e^(lse_a−lse)·o_a + e^(lse_b−lse)·o_b``,
-Dao et al. 2022, arXiv:2205.14135), then waits. It never holds more than two K/V blocks.
+**Ring attention** (Liu et al. 2023, arXiv:2310.01889): K/V blocks travel around the ring
+``r → r+1``. At each of ``cp`` steps a rank posts the ``isend`` of the block it holds and the
+``irecv`` of the next one, computes its queries against the block it holds *while the bytes
+travel*, merges the partial result with the online softmax (log-sum-exp:
+``lse = log(e^lse_a + e^lse_b)``, ``o = e^(lse_a−lse)·o_a + e^(lse_b−lse)·o_b``, Dao et al. 2022,
+arXiv:2205.14135), then waits. It never holds more than two K/V blocks.
 
 **All-gather KV** (Llama 3, Dubey et al. 2024, arXiv:2407.21783, Sec. 3.3.2): all-gather K and V
 once, then attend locally. Same bytes, simpler, overlap harder, and each rank holds the whole
@@ -26,8 +26,9 @@ Bytes per rank per layer, forward: ``(cp−1)·2·b·(s/cp)·n_kv·d`` elements 
 **Causal masking and zig-zag.** With contiguous chunks (``layout="contiguous"``: rank r holds
 ``[r·s/cp, (r+1)·s/cp)``) the last rank's queries see every block and the first rank's only its own:
 the work per rank grows as ``r+1``. ``layout="zigzag"`` cuts the sequence into ``2·cp`` chunks and
-gives rank r chunks ``r`` and ``2cp−1−r``: every rank then computes ``2cp+1`` chunk-blocks (Brandon
-et al. 2023, arXiv:2311.09431 call it striped/zig-zag; used by Llama 3 and ring-flash-attn). Blocks
+gives rank r chunks ``r`` and ``2cp−1−r``: every rank then computes ``2cp+1`` chunk-blocks (the
+assignment of Llama 3's context parallelism, arXiv:2407.21783, Sec. 3.3.2; striped attention,
+Brandon et al. 2023, arXiv:2311.09431, balances with a round-robin token assignment instead). Blocks
 that the mask hides completely are skipped; ``stats["work"]`` counts the score entries each rank
 really computed (query-key pairs, per sequence and head) and ``stats["compute_s"]`` the time it spent on them.
 
