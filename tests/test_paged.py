@@ -8,7 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mlsys_nb.inference.paged import BlockManager, OutOfBlocksError, block_hash, fragmentation, paged_attention
+from mlsys_nb.inference.paged import (
+    BlockManager,
+    OutOfBlocksError,
+    block_hash,
+    fragmentation,
+    paged_attention,
+)
 
 
 def contiguous_reference(q, k_full, v_full, lens):
@@ -291,3 +297,46 @@ def test_fragmentation_waste_per_sequence_is_below_a_block(block_size):
     assert max(r["waste_per_seq"]) <= block_size - 1
     assert r["contiguous_slots"] - r["tokens"] == sum(2048 - n for n in lengths)
     assert r["paged_slots"] - r["tokens"] == sum(r["waste_per_seq"])
+
+
+# ---- PagedKVCache: the object the model calls ------------------------------------------------------
+
+def test_paged_kv_cache_attend_equals_full_causal_attention_over_prefill_fork_and_decode():
+    """Drive ``attend`` as a 2-layer model would (random q/k/v per token); compare every step with SDPA
+    over each sequence's whole history, including a forked sequence that copies its shared last block."""
+    from mlsys_nb.config import ModelConfig
+    from mlsys_nb.inference.paged import PagedKVCache
+
+    cfg = ModelConfig(n_layers=2, hidden=32, n_heads=4, n_kv_heads=2, ffn_hidden=64, vocab_size=64, seq_len=64)
+    cache = PagedKVCache(cfg, num_blocks=24, block_size=4)
+    gen = torch.Generator().manual_seed(0)
+    hist = {}  # seq -> per layer list of (k, v) [n_kv, t, d]
+
+    def step(seq_ids, n_new):
+        cache.set_batch(seq_ids)
+        pos = cache.positions()
+        assert pos.shape == (len(seq_ids), n_new)
+        for layer in range(cfg.n_layers):
+            q = torch.randn(len(seq_ids), 4, n_new, 8, generator=gen)
+            k, v = torch.randn(len(seq_ids), 2, n_new, 8, generator=gen), torch.randn(len(seq_ids), 2, n_new, 8, generator=gen)
+            out = cache.attend(layer, q, k, v)
+            for i, s in enumerate(seq_ids):
+                hk, hv = hist[s][layer]
+                hist[s][layer] = (torch.cat([hk, k[i]], 1), torch.cat([hv, v[i]], 1))
+                kk, vv = hist[s][layer]
+                lens = torch.tensor([kk.shape[1]])
+                ref = contiguous_reference(q[i:i + 1], kk[None], vv[None], lens)
+                assert (out[i:i + 1] - ref).abs().max() < 1e-6
+
+    for s, n in (("a", 7), ("b", 7)):
+        assert cache.add_sequence(s, list(range(100, 100 + n)) if s == "a" else list(range(200, 200 + n))) == 0
+        hist[s] = [(torch.zeros(2, 0, 8), torch.zeros(2, 0, 8)) for _ in range(cfg.n_layers)]
+    step(["a", "b"], 7)
+    cache.fork("a", "c")
+    hist["c"] = list(hist["a"])
+    for t in range(6):  # the fork shares a half-full block: the first append of each copies it
+        cache.append_tokens({"a": t, "b": t, "c": 50 + t})
+        step(["a", "b", "c"], 1)
+        cache.manager.check_invariants()
+    cache.free("b")
+    cache.manager.check_invariants()
