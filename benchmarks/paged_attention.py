@@ -1,0 +1,187 @@
+"""What paging costs in a decode step, and what prefix caching saves in time to first token.
+
+1. A whole decode step (all layers, batch 8, 512 cached tokens each) of the ``small`` preset through
+   ``PagedKVCache`` (block sizes 8, 16, 32) vs the contiguous ``KVCache`` a simple engine uses, in the
+   same run; also the attention alone (``paged_attention`` vs SDPA over contiguous K/V).
+   Target (issue 15): paged <= 1.5x contiguous at block size 16.
+2. A shared-prefix workload (one long system prompt, short unique questions) served one request
+   after another with and without prefix caching: prefill tokens computed and time to first token.
+   Target: >= 2x faster with caching.
+
+    .venv/bin/python benchmarks/paged_attention.py [--quick] [--repeats 20] [--out data/measured/paged_attention.md]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def median_ms(fn, repeats, warmup=2):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times)
+
+
+def decode_step_rows(model, batch, context, block_sizes, repeats):
+    """Median ms of one decode step at ``context`` cached tokens: contiguous cache, then paged per block size."""
+    import torch
+    from mlsys_nb.inference.kv_cache import KVCache
+
+    from mlsys_nb.inference.paged import PagedKVCache
+
+    cfg = model.cfg
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, cfg.vocab_size, (batch, context), generator=gen)
+    steps = repeats + 2  # every timed call appends one token: size the caches for all of them
+    tok = torch.randint(0, cfg.vocab_size, (batch, 1), generator=gen)
+    rows = []
+    with torch.no_grad():
+        kv = KVCache(cfg, batch_size=batch, max_seq_len=context + steps + 1)
+        model(prompt, cache=kv)
+        contiguous = median_ms(lambda: model(tok, cache=kv), repeats)
+        rows.append(("contiguous KVCache", None, contiguous))
+        for bs in block_sizes:
+            cache = PagedKVCache(cfg, num_blocks=batch * (-(-(context + steps + 1) // bs)), block_size=bs)
+            for i in range(batch):
+                cache.add_sequence(i, prompt[i].tolist())
+            cache.set_batch(range(batch))
+            model(prompt, positions=cache.positions(), cache=cache)
+
+            def step():
+                cache.append_tokens(dict.fromkeys(range(batch), 1))
+                cache.set_batch(range(batch))
+                model(tok, positions=cache.positions(), cache=cache)
+
+            rows.append((f"PagedKVCache, block {bs}", bs, median_ms(step, repeats)))
+    return rows
+
+
+def attention_only_rows(cfg, batch, context, block_sizes, repeats):
+    """Median ms of the attention of one decode token: SDPA over contiguous K/V vs paged_attention."""
+    import torch
+    import torch.nn.functional as F
+
+    from mlsys_nb.inference.paged import paged_attention
+
+    h, kv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    q = torch.randn(batch, h, 1, d)
+    k, v = torch.randn(batch, kv, context, d), torch.randn(batch, kv, context, d)
+
+    def sdpa():
+        group = h // kv
+        F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
+
+    rows = [("SDPA, contiguous K/V", None, median_ms(sdpa, repeats))]
+    for bs in block_sizes:
+        nb = -(-context // bs)
+        k_pool, v_pool = torch.randn(batch * nb, bs, kv, d), torch.randn(batch * nb, bs, kv, d)
+        tables = torch.randperm(batch * nb).view(batch, nb)
+        lens = torch.full((batch,), context)
+        rows.append((f"paged_attention, block {bs}", bs,
+                     median_ms(lambda: paged_attention(q, k_pool, v_pool, tables, lens), repeats)))
+    return rows
+
+
+def prefix_rows(model, n_requests, system_len, question_len, block_size):
+    """Serve requests sharing a system prompt one by one; TTFT (prefill + first token) with/without caching."""
+    import torch
+
+    from mlsys_nb.inference.paged import PagedKVCache
+
+    cfg = model.cfg
+    gen = torch.Generator().manual_seed(1)
+    system = torch.randint(0, cfg.vocab_size, (system_len,), generator=gen).tolist()
+    prompts = [system + torch.randint(0, cfg.vocab_size, (question_len,), generator=gen).tolist()
+               for _ in range(n_requests + 1)]  # request 0 warms the cache (and the interpreter)
+    out, first_tokens = {}, {}
+    for caching in (False, True):
+        cache = PagedKVCache(cfg, num_blocks=(n_requests + 2) * (-(-(system_len + question_len) // block_size)),
+                             block_size=block_size, prefix_caching=caching)
+        ttft, computed = [], 0
+        with torch.no_grad():
+            for i, p in enumerate(prompts):
+                t = time.perf_counter()
+                n_cached = cache.add_sequence(i, p)
+                cache.set_batch([i])
+                logits = model(torch.tensor([p[n_cached:]]), positions=cache.positions(), cache=cache)
+                first = int(logits[0, -1].argmax())
+                if i:
+                    ttft.append(time.perf_counter() - t)
+                    computed += len(p) - n_cached
+                first_tokens.setdefault(i, first)
+                if first_tokens[i] != first:
+                    raise AssertionError(f"request {i}: first token differs with prefix caching")
+                cache.free(i)  # finished (its blocks stay in the prefix cache until reused)
+        out[caching] = (computed, 1e3 * statistics.median(ttft))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="small sizes, a few seconds (used by the tests)")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--out", default=None, help="write a markdown report here (default: print only)")
+    args = ap.parse_args()
+
+    import torch
+
+    from mlsys_nb.config import load_model_preset
+    from mlsys_nb.machine import summary as machine
+    from mlsys_nb.models import Transformer
+
+    torch.manual_seed(0)
+    batch, context = (4, 64) if args.quick else (8, 512)
+    repeats = args.repeats or (3 if args.quick else 20)
+    block_sizes = (16,) if args.quick else (8, 16, 32)
+    n_req, system_len, question_len = (3, 96, 8) if args.quick else (8, 480, 16)
+    cfg = load_model_preset("small").replace(seq_len=1024)
+    model = Transformer(cfg).eval()
+
+    decode = decode_step_rows(model, batch, context, block_sizes, repeats)
+    attn = attention_only_rows(cfg, batch, context, block_sizes, repeats)
+    prefix = prefix_rows(model, n_req, system_len, question_len, block_size=16)
+
+    lines = [f"# Paged KV cache and prefix caching ({'quick' if args.quick else 'full'} run)", "",
+             f"Machine: {machine()}", "",
+             (f"Model: `small` preset (L={cfg.n_layers}, hidden={cfg.hidden}, heads={cfg.n_heads}, "
+             f"kv heads={cfg.n_kv_heads}, head_dim={cfg.head_dim}), fp32, random weights, torch.no_grad."), "",
+             f"## 1 · Decode step: batch {batch}, {context} cached tokens per sequence (median of {repeats})", "",
+             "| cache | ms per step | vs contiguous |", "|---|---|---|"]
+    base = decode[0][2]
+    for name, _, ms in decode:
+        lines.append(f"| {name} | {ms:.2f} | {ms / base:.2f}x |")
+    ratio16 = next(ms for name, bs, ms in decode if bs == 16) / base
+    lines += ["", (f"Target: paged <= 1.5x contiguous at block size 16: **{ratio16:.2f}x** "
+              f"({'met' if ratio16 <= 1.5 else 'NOT met'})."), "",
+              "Attention alone, one decode token (all heads, one layer):", "",
+              "| attention | ms | vs SDPA |", "|---|---|---|"]
+    for name, _, ms in attn:
+        lines.append(f"| {name} | {ms:.3f} | {ms / attn[0][2]:.2f}x |")
+    (c0, t0), (c1, t1) = prefix[False], prefix[True]
+    lines += ["", (f"## 2 · Prefix caching: {n_req} requests = {system_len}-token shared system prompt + "
+              f"{question_len}-token question, served one by one (block size 16)"), "",
+              "| | prefill tokens computed | median time to first token (ms) |", "|---|---|---|",
+              f"| no prefix caching | {c0} | {t0:.1f} |", f"| prefix caching | {c1} | {t1:.1f} |", "",
+              (f"Prefill tokens saved: {c0 - c1} of {c0} ({(c0 - c1) / c0:.1%}); TTFT speed-up **{t0 / t1:.1f}x** "
+              f"(target >= 2x: {'met' if t0 / t1 >= 2 else 'NOT met'}). The first token of every request is the "
+              "same with and without caching (checked in the run)."), ""]
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        Path(args.out).write_text(report)
+    return ratio16, t0 / t1
+
+
+if __name__ == "__main__":
+    main()
