@@ -58,7 +58,7 @@ def decode_step_rows(model, batch, context, block_sizes, repeats):
             cache.set_batch(range(batch))
             model(prompt, positions=cache.positions(), cache=cache)
 
-            def step():
+            def step(cache=cache):
                 cache.append_tokens(dict.fromkeys(range(batch), 1))
                 cache.set_batch(range(batch))
                 model(tok, positions=cache.positions(), cache=cache)
@@ -89,7 +89,7 @@ def attention_only_rows(cfg, batch, context, block_sizes, repeats):
         tables = torch.randperm(batch * nb).view(batch, nb)
         lens = torch.full((batch,), context)
         rows.append((f"paged_attention, block {bs}", bs,
-                     median_ms(lambda: paged_attention(q, k_pool, v_pool, tables, lens), repeats)))
+                     median_ms(lambda a=(q, k_pool, v_pool, tables, lens): paged_attention(*a), repeats)))
     return rows
 
 
