@@ -31,6 +31,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 __all__ = [
     "BlockManager",
@@ -298,24 +299,20 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     Returns [batch, n_heads, q_len, head_dim]."""
     b, h, q_len, d = q.shape
     n_kv = k_cache.shape[2]
-    group = h // n_kv
     if h % n_kv:
         raise ValueError(f"n_heads={h} must be a multiple of n_kv_heads={n_kv}")
-    tables = block_tables.clamp(min=0).long()
-    # Gather each sequence's blocks: [batch, max_blocks, block_size, n_kv, d] -> [batch, n_kv, T, d]
-    k = k_cache[tables].flatten(1, 2).permute(0, 2, 1, 3)
-    v = v_cache[tables].flatten(1, 2).permute(0, 2, 1, 3)
+    flat = block_tables.clamp(min=0).long().reshape(-1)
+    # Gather each sequence's blocks in table order: [batch * max_blocks, block_size, n_kv, d]
+    # -> [batch, n_kv, T, d] with T = max_blocks * block_size. (A GPU kernel reads the blocks in place.)
+    k = k_cache.index_select(0, flat).view(b, -1, n_kv, d).transpose(1, 2)
+    v = v_cache.index_select(0, flat).view(b, -1, n_kv, d).transpose(1, 2)
     t = k.shape[2]
     lens = context_lens.to(device=q.device, dtype=torch.long).view(b, 1, 1)
     q_pos = lens - q_len + torch.arange(q_len, device=q.device).view(1, q_len, 1)
     k_pos = torch.arange(t, device=q.device).view(1, 1, t)
     mask = k_pos <= q_pos  # [batch, q_len, T]: causal, and nothing past the sequence's end
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    qg = q.view(b, n_kv, group, q_len, d)  # query heads h = kv_head * group + g, as repeat_interleave
-    scores = (qg @ k.unsqueeze(2).transpose(-2, -1)) * scale  # [batch, n_kv, group, q_len, T]
-    scores = scores.masked_fill(~mask.view(b, 1, 1, q_len, t), float("-inf"))
-    out = scores.softmax(dim=-1) @ v.unsqueeze(2)
-    return out.view(b, h, q_len, d)
+    # enable_gqa: query head j reads KV head j // (n_heads // n_kv_heads), as repeat_interleave would
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1), scale=scale, enable_gqa=True)
 
 
 class PagedKVCache:
