@@ -462,8 +462,8 @@ class PagedKVCache:
         if st["valid"] is not None:
             k_new, v_new = k_new[st["valid"]], v_new[st["valid"]]
         # write the new tokens into their slots (the flat view of this layer's pool), then attend
-        self.k[layer_idx].view(-1, n_kv, d)[st["slots"]] = k_new.reshape(-1, n_kv, d).to(self.k.dtype)
-        self.v[layer_idx].view(-1, n_kv, d)[st["slots"]] = v_new.reshape(-1, n_kv, d).to(self.v.dtype)
+        self.k[layer_idx].view(-1, n_kv, d).index_copy_(0, st["slots"], k_new.reshape(-1, n_kv, d).to(self.k.dtype))
+        self.v[layer_idx].view(-1, n_kv, d).index_copy_(0, st["slots"], v_new.reshape(-1, n_kv, d).to(self.v.dtype))
         out = paged_attention(q, self.k[layer_idx].to(q.dtype), self.v[layer_idx].to(q.dtype), st["tables"], st["lens"])
         return out
 
