@@ -468,3 +468,28 @@ def test_benchmark_quick_runs_and_reports(tmp_path):
     for needle in ("PagedKVCache, block 16", "contiguous KVCache (package)", "TTFT speed-up",
                    "prefill tokens computed", "| paged, block 16 |", "Machine: "):
         assert needle in text, needle
+
+
+@pytest.mark.parametrize("chained", [True, False], ids=["chained", "unchained-hash-is-caught"])
+@torch.no_grad()
+def test_prefix_keys_must_chain_on_the_parent(monkeypatch, chained):
+    """Without the parent in the key, a block of the same tokens after another prefix is reused and its
+    K/V (computed after that other prefix) are wrong: the model's logits then differ from a recompute."""
+    from mlsys_nb.inference import paged
+
+    if not chained:
+        monkeypatch.setattr(paged, "block_hash", lambda token_ids, parent=paged.NO_HASH: hash(tuple(token_ids)))
+    m = tiny_model(4, 2, seed=5)
+    cache = paged.PagedKVCache(m, num_blocks=20, block_size=4)
+    P, Q, X = [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]
+    for sid, prompt in (("A", P + X + [13]), ("E", Q + X + [14])):
+        n = cache.add_sequence(sid, prompt)
+        cache.plan([sid])
+        m(torch.tensor([prompt[n:]]), cache=cache)
+    f = Q + X + [15, 16]
+    n = cache.add_sequence("F", f)
+    assert n == 8  # F finds Q and X in the prefix cache either way
+    cache.plan(["F"])
+    got = m(torch.tensor([f[n:]]), cache=cache)[0, -1]
+    err = (got - m(torch.tensor([f]))[0, -1]).abs().max().item()
+    assert (err < 1e-5) if chained else (err > 1e-3), err
