@@ -493,3 +493,16 @@ def test_prefix_keys_must_chain_on_the_parent(monkeypatch, chained):
     got = m(torch.tensor([f[n:]]), cache=cache)[0, -1]
     err = (got - m(torch.tensor([f]))[0, -1]).abs().max().item()
     assert (err < 1e-5) if chained else (err > 1e-3), err
+
+
+def test_paged_cache_dtype_names_and_size():
+    from mlsys_nb.inference import kv_cache_bytes
+    from mlsys_nb.inference.paged import PagedKVCache
+
+    m = tiny_model()
+    cache = PagedKVCache(m.cfg, num_blocks=5, block_size=4, dtype="bf16")
+    assert cache.k.dtype == torch.bfloat16
+    assert cache.nbytes == kv_cache_bytes(m.cfg, 5 * 4, "bf16")  # the pool holds num_blocks * block_size tokens
+    assert PagedKVCache(m, num_blocks=1, block_size=1, dtype=torch.float16).k.dtype == torch.float16
+    with pytest.raises(ValueError, match="dtype='int3'"):
+        PagedKVCache(m, num_blocks=1, dtype="int3")

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .kv_cache import _torch_dtype
+
 __all__ = [
     "BlockManager",
     "OutOfBlocksError",
@@ -340,7 +342,8 @@ class PagedKVCache:
     Prefix-cache keys are registered when blocks are allocated, so sequences sharing a prefix must
     be computed in the order they were added, or in the same forward.
 
-    ``k``, ``v``: [n_layers, num_blocks, block_size, n_kv_heads, head_dim]."""
+    ``k``, ``v``: [n_layers, num_blocks, block_size, n_kv_heads, head_dim]; ``dtype``: "fp32", "bf16",
+    "fp16" or a ``torch.dtype`` (default: the model's parameters' dtype, fp32 for a ``ModelConfig``)."""
 
     def __init__(self, model, *, num_blocks: int, block_size: int = 16, dtype=None, device=None,
                  prefix_caching: bool = True, max_seq_len: int | None = None):
@@ -354,7 +357,7 @@ class PagedKVCache:
         self.manager = BlockManager(num_blocks, block_size, prefix_caching=prefix_caching,
                                     max_seq_len=max_seq_len or cfg.seq_len)
         shape = (cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype or torch.float32, device=device)
+        self.k = torch.zeros(shape, dtype=_torch_dtype(dtype), device=device)
         self.v = torch.zeros_like(self.k)
         self.computed: dict[object, int] = {}  # tokens of each sequence whose K/V are in the cache
         self._planned = None
