@@ -64,23 +64,23 @@ def main(argv=None):
             x = torch.randint(0, cfg.vocab_size, (1, n))
             prompt = x[:, :n - steps]
 
-            def kit_setup():  # the prompt is prefilled before the clock starts
+            def kit_setup(n=n, prompt=prompt):  # the prompt is prefilled before the clock starts
                 cache = KVCache(model, 1, n)
                 model(prompt, cache=cache)
                 return cache
 
-            def kit_cached(cache):
+            def kit_cached(cache, n=n, x=x):
                 for t in range(n - steps, n):
                     model(x[:, t:t + 1], cache=cache)
 
-            def uncached(_):
+            def uncached(_, n=n, x=x):
                 for t in range(n - steps, n):
                     model(x[:, :t + 1])
 
-            def hf_setup():
+            def hf_setup(prompt=prompt):
                 return hf(prompt, use_cache=True).past_key_values
 
-            def hf_cached(pkv):
+            def hf_cached(pkv, n=n, x=x):
                 for t in range(n - steps, n):
                     pkv = hf(x[:, t:t + 1], past_key_values=pkv, use_cache=True).past_key_values
 
