@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mlsys_nb.machine import summary as machine
+from mlsys_nb.runtime.machine import summary as machine  # noqa: E402
 
 
 def per_token(fn, steps, repeats, setup=lambda: None):

@@ -60,15 +60,16 @@ def test_max_concurrent_sequences_brute_force_on_real_tensors():
 
 
 def test_max_concurrent_sequences_cases():
-    # Llama-2-7B (MHA) in bf16 on an 80 GB H100: (0.9*80e9 - 2*6.74e9) / (0.5 MiB * 4096)
+    mem = gpu("H100-SXM").memory_bytes  # 81,559 MiB as the device reports it
+    # Llama-2-7B (MHA) in bf16 on an H100: (0.9 * memory - 2 B x 6.74e9) / (0.5 MiB x 4096)
     n = max_concurrent_sequences("llama-2-7b", "H100-SXM", 4096)
-    assert n == math.floor((0.9 * 80e9 - 2 * 6738415616) / (524288 * 4096)) == 27
+    assert n == math.floor((0.9 * mem - 2 * 6738415616) / (524288 * 4096)) == 29
     assert max_concurrent_sequences("llama-3.1-405b", "L4", 4096) == 0  # 811 GB of weights
     # TP=8 shards the weights and the 8 KV heads of Llama-3-70B: each GPU holds 1/8 of both
-    per_gpu = (0.9 * 80e9 - 2 * 70553706496 / 8) / (2 * 80 * 8 * 128 * 2 * 8192 / 8)
-    assert max_concurrent_sequences("llama-3-70b", "H100-SXM", 8192, tp=8) == math.floor(per_gpu) == 162
+    per_gpu = (0.9 * mem - 2 * 70553706496 / 8) / (2 * 80 * 8 * 128 * 2 * 8192 / 8)
+    assert max_concurrent_sequences("llama-3-70b", "H100-SXM", 8192, tp=8) == math.floor(per_gpu) == 176
     # past n_kv_heads the KV heads are replicated: tp=16 shards the cache only 8 ways
-    per_gpu16 = (0.9 * 80e9 - 2 * 70553706496 / 16) / (2 * 80 * 8 * 128 * 2 * 8192 / 8)
+    per_gpu16 = (0.9 * mem - 2 * 70553706496 / 16) / (2 * 80 * 8 * 128 * 2 * 8192 / 8)
     assert max_concurrent_sequences("llama-3-70b", "H100-SXM", 8192, tp=16) == math.floor(per_gpu16)
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         max_concurrent_sequences("tiny", gpu("H100-SXM"), 128, gpu_memory_utilization=1.5)

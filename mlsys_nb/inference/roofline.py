@@ -20,7 +20,8 @@ One forward step of a decoder over ``batch`` sequences, each with ``context`` ca
   reading weights and cache.
 
 Decode at batch 1 reads every weight to produce ONE token: 2 FLOPs per parameter over 2 bytes
-per parameter in bf16, I ≈ 1 FLOP/byte, far below an H100's ridge (~295 FLOP/byte in bf16), so time per token ≈ weight bytes / HBM bandwidth. Prefill of hundreds of tokens reuses
+per parameter in bf16, I ≈ 1 FLOP/byte, far below an H100's ridge (~295 FLOP/byte in bf16), so
+time per token ≈ weight bytes / HBM bandwidth. Prefill of hundreds of tokens reuses
 each weight hundreds of times and is compute-bound. Batching decode raises I linearly in batch
 until the KV-cache reads (which do not amortise across sequences) dominate.
 
@@ -34,6 +35,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from ..config import dtype_name
 from .kv_cache import _config, _dtype_bytes, kv_bytes_per_token
 
 
@@ -116,8 +118,7 @@ def _peak(gpu, dtype):
     from .. import hardware
 
     g = hardware.gpu(gpu) if isinstance(gpu, str) else gpu
-    name = dtype if isinstance(dtype, str) else {4: "fp32", 2: "bf16", 1: "fp8"}[_dtype_bytes(dtype)]
-    return g.peak(name), g.hbm_bandwidth_bytes_per_s
+    return g.peak(dtype_name(dtype)), g.hbm_bandwidth_bytes_per_s
 
 
 def step_cost(model, gpu, *, batch: int = 1, new_tokens_per_seq: int = 1, context: int = 0, dtype="bf16",
