@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .kv_cache import _torch_dtype
+from ..config import torch_dtype
 
 __all__ = [
     "BlockManager",
@@ -357,7 +357,8 @@ class PagedKVCache:
         self.manager = BlockManager(num_blocks, block_size, prefix_caching=prefix_caching,
                                     max_seq_len=max_seq_len or cfg.seq_len)
         shape = (cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=_torch_dtype(dtype), device=device)
+        self.k = torch.zeros(shape, dtype=torch.float32 if dtype is None else torch_dtype(dtype),
+                             device=device)
         self.v = torch.zeros_like(self.k)
         self.computed: dict[object, int] = {}  # tokens of each sequence whose K/V are in the cache
         self._planned = None
@@ -431,8 +432,9 @@ class PagedKVCache:
         if n is None:
             n = [self.pending(sid) for sid in ids]
         if len(ids) != b or len(n) != b:
+            waiting = [x for x in self.computed if self.pending(x)]
             raise ValueError(f"the batch has {b} rows but the plan has {len(ids)} sequences / {len(n)} new-token "
-                             f"counts (sequences with uncomputed tokens: {[x for x in self.computed if self.pending(x)]})")
+                             f"counts (sequences with uncomputed tokens: {waiting})")
         for sid, cnt in zip(ids, n):
             if not 1 <= cnt <= min(s, self.pending(sid)):
                 raise ValueError(f"seq_id={sid!r}: n_new={cnt} out of range: allowed [1, min(s={s}, "
