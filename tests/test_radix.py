@@ -139,7 +139,7 @@ def test_capacity_bounds_size_with_lru_eviction():
 
 
 def test_bad_input():
-    with pytest.raises(ValueError, match="capacity_tokens=0: must be an integer >= 1"):
+    with pytest.raises(ValueError, match="capacity_tokens must be an int >= 1, got 0"):
         RadixCache(capacity_tokens=0)
     cache = RadixCache()
     cache.insert([1, 2, 3])
