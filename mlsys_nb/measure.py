@@ -10,7 +10,7 @@
 - ``measure_model_states(model_cfg, precision)``: bytes of parameters, gradients, optimizer states
   and fp32 master weights after one real optimizer step, summed over the real tensors.
 
-CPU caveats (pitfalls.md, formulas §8.3): dropout masks are saved in the activation dtype (not as
+CPU caveats (measured here, see ``tests/test_memory.py``): dropout masks are saved in the activation dtype (not as
 1-byte masks); SDPA with dropout > 0 falls back to a math path that upcasts bf16 to fp32, so measure
 dropout runs with ``flash_attention=False``; compare with ``estimate`` under
 ``kernels="eager", device="cpu"`` (``cpu_setting``).

@@ -21,7 +21,8 @@ The module's parameters become views into that buffer, and the optimizer (any *e
 SGD, Adam, AdamW...) is built on the N-th shards only. Everything is in the parameters' dtype
 (fp32 here), so the shard is also the master copy.
 
-Communication per step per rank (formulas.md §2.4, elements): stages 1 and 2 reduce-scatter the
+Communication per step per rank (Rajbhandari et al. 2020, arXiv:1910.02054, §7; elements): stages 1
+and 2 reduce-scatter the
 gradients and all-gather the parameters, ``2(N-1)/N·Ψ`` like DDP's all-reduce; stage 3 all-gathers
 the parameters twice (forward and backward) and reduce-scatters once, ``3(N-1)/N·Ψ`` = 1.5× DDP.
 
@@ -273,7 +274,7 @@ def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, extra_
     buffer count once; freed storages count 0), DTensors (FSDP2) counted by their local shard.
     ``extra_params``: tensors outside ``model.parameters()`` (e.g. ZeRO's shards). Optimizer state
     counts every tensor in ``optimizer.state`` except 0-d step counters (4 B each, not in the
-    formulas), which are returned separately as ``step_counters``."""
+    ZeRO paper's count), which are returned separately as ``step_counters``."""
 
     def local(t):
         return t.to_local() if hasattr(t, "to_local") else t

@@ -4,7 +4,8 @@
   ``.compute[rank]`` (F/B/W/FB only); names in ``SCHEDULES``; ``validate(schedule)``.
 - ``simulate(schedule, F=1.0, B=1.0, W=None, comm=0.0)`` -> ``SimResult`` (makespan,
   bubble_fraction, bubble_ratio, peak_activations, timeline).
-- ``closed_form(name, p, m, v, ...)``: the formulas.md §4 values the simulator is tested against.
+- ``closed_form(name, p, m, v, ...)``: the papers' closed forms (bubble, peak activations) the simulator is
+  tested against.
 - ``run_schedules(names, world_size, ...)`` (``executor``): the same schedules on real ranks,
   gradients compared with the unpipelined model, measured timelines.
 - ``plot_timeline(result)``, ``plot_sim_vs_real`` (``plots``): Gantt charts per rank.

@@ -1,4 +1,5 @@
-"""Closed forms for pipeline bubbles and activation memory (formulas.md §4.2–§4.5).
+"""Closed forms for pipeline bubbles and activation memory (sources: docs/references.md#gpipe, #pipedream-flush,
+#megatron-ptdp, #zero-bubble, #zero-bubble-v, #dualpipe).
 
 ``closed_form(name, p, m, v, F, B, W, FB)`` returns what the formulas predict for the quantities the
 simulator measures, in the simulator's units (costs per micro-batch over L/p layers; activations in
@@ -29,7 +30,7 @@ def closed_form(name: str, p: int, m: int, v: int | None = None, F: float = 1.0,
         out["peak_activations"] = [m] * p if name == "gpipe" else [min(p - r, m) for r in range(p)]
     elif name == "interleaved-1f1b":
         out["bubble_time"] = (p - 1) * (F + b_full) / v
-        # rank 0: p + (p−1)/v [PTD-P]; rank r: one more than its warm-up forwards, in chunks of 1/v
+        # rank 0: p + (p−1)/v (arXiv:2104.04473); rank r: one more than its warm-up forwards, in chunks of 1/v
         out["peak_activations"] = [min(2 * (p - r - 1) + (v - 1) * p + 1, m * v) / v for r in range(p)]
     elif name == "zb-h1":
         if m >= p:  # the zero-bubble paper's ZB1P bubble; needs a full warm-up
