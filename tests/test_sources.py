@@ -170,6 +170,13 @@ def solution_problems(nb: dict, name: str) -> list[str]:
                 problems.append(f"{name}: solution cell {i} must be code starting with 'if solutions:'")
             if not c.get("metadata", {}).get("jupyter", {}).get("source_hidden"):
                 problems.append(f"{name}: solution cell {i} is not stored collapsed (jupyter.source_hidden)")
+            before = "".join(nb["cells"][i - 1]["source"]) if i else ""
+            after = "".join(nb["cells"][i + 1]["source"]) if i + 1 < len(nb["cells"]) else ""
+            if "..." not in before:
+                problems.append(f"{name}: the cell before solution cell {i} is not a stub with '...'")
+            if not ("attempted(" in after and "not attempted" in after and "check passed: exercise" in after):
+                problems.append(f"{name}: the cell after solution cell {i} must check the exercise: print "
+                                "'not attempted' on a stub, else assert and print 'check passed: exercise N'")
     return problems
 
 
@@ -189,5 +196,6 @@ def test_notebook_convention_check_catches_violations():
                         "outputs": [], "execution_count": 3}
     found = solution_problems(bad, "x")
     assert any("solutions = False" in f for f in found)
+    assert any("must check the exercise" in f for f in found)
     assert any("if solutions:" in f for f in found) and any("collapsed" in f for f in found)
     assert any("outputs" in f for f in found)
