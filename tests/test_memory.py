@@ -121,7 +121,8 @@ def test_flash_attention_drops_the_s2_term():
 
 # ---- activations against measurement (CPU, saved_tensors_hooks) ------------------------------
 SHAPES = {
-    "llama-gqa": ModelConfig(n_layers=2, hidden=64, n_heads=8, n_kv_heads=2, ffn_hidden=160, vocab_size=200, seq_len=128),
+    "llama-gqa": ModelConfig(n_layers=2, hidden=64, n_heads=8, n_kv_heads=2, ffn_hidden=160, vocab_size=200,
+                             seq_len=128),
     "gpt-dropout": ModelConfig(n_layers=2, hidden=48, n_heads=4, ffn_hidden=192, vocab_size=150, seq_len=128,
                                activation="gelu", norm="layernorm", bias=True, dropout=0.1, tied_embeddings=True),
     "relu-mha": ModelConfig(n_layers=3, hidden=32, n_heads=2, ffn_hidden=64, vocab_size=100, seq_len=128,
@@ -143,7 +144,8 @@ def test_saved_activations_match_the_model(name, precision):
                 meas = measure_activations(cfg, t)
                 est = estimate(cfg, t)
                 for layer_bytes in meas.per_layer:
-                    assert abs(layer_bytes - est.activations_per_layer) <= ERR * est.activations_per_layer, (rc, flash, b, s)
+                    err = abs(layer_bytes - est.activations_per_layer)
+                    assert err <= ERR * est.activations_per_layer, (rc, flash, b, s)
                 assert abs(meas.outside - est.activations_outside) <= ERR * est.activations_outside
                 assert abs(meas.total - est.activations) <= ERR * est.activations
 
@@ -184,7 +186,8 @@ def test_playbook_8b_variants(variant):
     if "total" in variant:
         assert r["shown"] == variant["total"]
     if "model_states" in variant:
-        assert memory.format_playbook_bytes(r["parameters"] + r["gradients"] + r["optimizer"]) == variant["model_states"]
+        states = r["parameters"] + r["gradients"] + r["optimizer"]
+        assert memory.format_playbook_bytes(states) == variant["model_states"]
 
 
 def test_compat_mode_of_estimate_is_the_widget():
@@ -257,7 +260,7 @@ def test_fix8_fits_verdict_against_the_gpu():
     small = estimate(memory.preset("llama-3.2-1b"), TrainConfig(seq_len=2048))
     big = estimate(memory.preset("llama-3.1-405b"), TrainConfig(seq_len=2048))
     assert small.fits and small.fits_on("A100-80GB-SXM") and not big.fits
-    assert small.gpu_memory == 80e9
+    assert small.gpu_memory == 81559 * 2**20  # the H100 total the device reports, not the decimal "80 GB"
 
 
 def test_activations_do_not_depend_on_dp_or_zero():
@@ -302,3 +305,25 @@ def test_published_playbook_plot_values():
     z = [estimate(cfg, TrainConfig(precision="bf16-nomaster", dp=8, zero=s, seq_len=1024)) for s in range(4)]
     assert [e.params / GiB for e in z] == pytest.approx([14.957, 14.957, 14.957, 14.957 / 8], abs=2e-3)
     assert [e.optimizer / GiB for e in z] == pytest.approx([59.828, 59.828 / 8, 59.828 / 8, 59.828 / 8], abs=3e-3)
+
+
+def test_zero_layouts_pad_like_the_implementations_measured_on_three_ranks():
+    """Elements per rank of the tiny model on 3 ranks, as measured (tests/test_ddp_zero_ranks.py):
+    ZeRO units padded 22,695 (full) and 7,565 (shard); FSDP2 shards 7,863, rank 2's optimizer holds
+    6,962 per state. The textbook one-buffer figure ("flat") misses them, so the layout matters."""
+    from mlsys_nb.parallel.harness import tiny_config
+
+    cfg = tiny_config()
+    units = memory.sharded_elements(cfg, 3, "units")
+    assert (units["full"], units["shard"]) == (22695, 7565)
+    assert memory.sharded_elements(cfg, 3, "fsdp2")["shard"] == 7863
+    assert memory.sharded_elements(cfg, 3, "fsdp2", rank=2)["local"] == 6962
+    flat = memory.sharded_elements(cfg, 3, "flat")
+    assert flat["shard"] != units["shard"] and flat["total"] == units["total"] == 22688
+    for n in (1, 2, 4, 8):  # where n divides every unit, every layout agrees with P/n
+        el = {lay: memory.sharded_elements(cfg, n, lay)["shard"] for lay in ("flat", "units")}
+        assert el["flat"] == el["units"] == 22688 // n
+    t = TrainConfig(precision="fp32", optimizer="adamw", dp=3, zero=1, zero_layout="units", seq_len=16)
+    assert estimate(cfg, t).params == 4 * 22695  # below stage 3 the params live in the padded buffers
+    with pytest.raises(ValueError, match="zero_layout"):
+        TrainConfig(zero_layout="rows")
