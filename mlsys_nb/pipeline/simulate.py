@@ -2,19 +2,20 @@
 
 Every rank runs its ops in the schedule's order; an op starts at
 ``max(rank is free, each dependency finished + comm latency if it ran on another rank)``
-(formulas.md §4.1). Costs are the times of one micro-batch through one rank's share of the model
+(the dependency model of every schedule paper, e.g. Qi et al. 2024, arXiv:2401.10241). Costs are the
+times of one micro-batch through one rank's share of the model
 (L/p layers); an op on a chunk costs ``cost × schedule.chunk_weight × imbalance[rank]``.
 
 Metrics (both bubble conventions are exposed, named):
 
 - ``bubble_fraction`` = idle / total rank time = Σ_r (makespan − busy_r) / (p · makespan);
-  (p−1)/(m+p−1) for 1F1B at equal costs (zero-bubble README, the tutorial).
+  (p−1)/(m+p−1) for 1F1B at equal costs (the zero-bubble README, arXiv:2401.10241).
 - ``bubble_ratio`` = idle / busy = Σ_r (makespan − busy_r) / Σ_r busy_r ("bubble over ideal");
-  (p−1)/m for 1F1B (Megatron, the Playbook). The two are related by ``x/(1+x)``.
+  (p−1)/m for 1F1B (Narayanan et al. 2021, arXiv:2104.04473; the Playbook). The two are related by ``x/(1+x)``.
 - ``bubble_time`` = makespan − mean busy time of a rank.
 - ``peak_activations[r]`` = max over time of (#F done − #B done) on rank r, in units of one
   micro-batch's activations over L/p layers (a chunk counts ``chunk_weight``); ``peak_chunks``
-  is the raw count. Input-gradient B frees the activations (formulas.md §4.1).
+  is the raw count. Input-gradient B frees the activations (Qi et al. 2024).
 """
 from __future__ import annotations
 
