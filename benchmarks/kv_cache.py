@@ -133,6 +133,14 @@ def main(argv=None):
             "the cache a decode step runs the weights on one token and reads n cached K/V. At these tiny widths "
             "both cached paths are dominated by per-op overhead (Python, kernel dispatch), which is why "
             "the ratio, not the absolute time, is the point."),
+            "## Prefill vs decode tokens/s vs batch (the `small` preset, 64-token prompts)",
+            cpu_line + " Model = `mlsys_nb.inference.roofline` with those two measured numbers as the roof.",
+            thr_table,
+            ("Reading: decode throughput grows with batch, sub-linearly (per-op overhead and weight reads are "
+             "shared by the batch; per-sequence attention and cache writes are not); prefill throughput is far "
+             "above batch-1 decode. The model is optimistic at this size because per-op overhead, not bytes or "
+             "FLOPs, sets a tiny model's step time. Rows are single medians on a shared machine: a row out of "
+             "line with its neighbours is noise."),
         ]) + "\n"
         Path(args.out).write_text(text)
     return rows
