@@ -64,6 +64,13 @@ def sb3_train(env_id: str = "CartPole-v1", seed: int = 0, threshold: float | Non
             if eval_return >= threshold:
                 self.reached = steps
 
+        def _on_training_end(self):  # the last update's row (no rollout starts after it)
+            steps = self.model.num_timesteps
+            if self.reached is None and (not self.rows or self.rows[-1][0] != steps):
+                recent = [ep["r"] for ep in list(self.model.ep_info_buffer)[-20:]]
+                self.rows.append((steps, time.perf_counter() - self.start,
+                                  float(np.mean(recent)) if recent else math.nan, math.nan))
+
     cb = Stop()
     try:
         model.learn(total_timesteps=total_steps, callback=cb)

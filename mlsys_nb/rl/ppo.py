@@ -135,7 +135,7 @@ class Rollout:
         self.ep_return = np.zeros(envs.num_envs)
         self.finished: deque = deque(maxlen=100)   # returns of completed training episodes
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def collect(self, n_steps: int) -> dict:
         n = self.envs.num_envs
         buf = {k: [] for k in ("obs", "actions", "logp", "values", "rewards", "dones")}
@@ -153,7 +153,7 @@ class Rollout:
                 self.finished.append(self.ep_return[i])
                 self.ep_return[i] = 0.0
             cut = np.flatnonzero(trunc & ~term)   # time limit: bootstrap from the final observation
-            if len(cut):
+            if len(cut) and "final_obs" in info:   # (NEXT_STEP mode has none: used only to show why not)
                 final = torch.as_tensor(np.stack(info["final_obs"][cut]), dtype=torch.float32)
                 reward[cut] += self.gamma * self.model.value(final).numpy()
             for k, v in (("obs", self.obs), ("actions", action), ("logp", logp), ("values", value),
