@@ -41,7 +41,7 @@ def run(seeds: list[int], total_steps: int | None):
             else:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    model, curve = sb3_train("CartPole-v1", seed=seed, total_steps=total_steps or 100_000)
+                    _, curve = sb3_train("CartPole-v1", seed=seed, total_steps=total_steps or 100_000)
                 policy = None
             wall = time.perf_counter() - t
             fresh = (float(evaluate(policy, "CartPole-v1", 100, 10**7 + 1000 * seed).mean())
@@ -57,8 +57,9 @@ def run(seeds: list[int], total_steps: int | None):
 
 def table(df: pd.DataFrame, quick: bool) -> str:
     col = "steps_run" if quick else "reached_steps"
-    lines = [f"| method | seeds | reached 475 | median env steps{' run' if quick else ' to 475'} | median wall s "
-             "| median training s | steps ratio | wall ratio | training ratio |", "|---|---|---|---|---|---|---|---|---|"]
+    header = (f"| method | seeds | reached 475 | median env steps{' run' if quick else ' to 475'} | median wall s "
+              "| median training s | steps ratio | wall ratio | training ratio |")
+    lines = [header, "|---|---|---|---|---|---|---|---|---|"]
     med = {}
     for name, g in df.groupby("method", sort=False):
         med[name] = (statistics.median(g[col].fillna(np.inf)), statistics.median(g.wall_s), statistics.median(g.train_s))

@@ -132,3 +132,16 @@ def test_bad_shapes_and_types():
         gae(torch.tensor(r), v, d, last)
     with pytest.raises(TypeError, match="floating-point"):
         gae(np.ones((3,), dtype=np.int64), np.ones(3), np.zeros(3, bool), 0.0)
+
+
+def test_golden_vectors():
+    """Worked by hand (formulas reference, GAE section): terminal after the last step, gamma = 0.99."""
+    adv, _ = gae(np.array([0.1, 0.2, 1.0]), np.array([0.5, 0.4, 0.2]), np.array([False, False, True]), 0.0, 0.99, 0.95)
+    np.testing.assert_allclose(adv, [0.70175, 0.7504, 0.8], atol=5e-6)
+    r = np.array([0.1, 0.1, 0.2, 0.1, 0.5, 0.1, 0.3, 0.1, 0.1, 1.0])
+    v = np.array([0.8, 0.7, 0.7, 0.6, 0.5, 0.4, 0.4, 0.3, 0.2, 0.1])
+    d = np.zeros(10, dtype=bool)
+    d[-1] = True
+    for lam, a0 in ((0.0, -0.0070), (0.5, 0.0926), (0.9, 0.8662), (0.95, 1.1925), (1.0, 1.6489)):
+        adv, _ = gae(r, v, d, 0.0, 0.99, lam)
+        assert abs(adv[0] - a0) < 5e-5 and abs(adv[-1] - 0.9) < 1e-12, (lam, adv[0])
