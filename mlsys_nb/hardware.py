@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from .config import load_yaml
+from .config import dtype_name, load_yaml
 
 
 @dataclass(frozen=True)
@@ -16,8 +16,10 @@ class GPU:
     nvlink: str | None = None
     source: str = ""
 
-    def peak(self, dtype: str = "bf16") -> float:
-        """Dense peak throughput in FLOP/s for ``dtype``; the error lists what the datasheet has."""
+    def peak(self, dtype="bf16") -> float:
+        """Dense peak throughput in FLOP/s for ``dtype`` (a name of ``mlsys_nb.config.DTYPE_BYTES``
+        or a ``torch.dtype``); the error lists what the datasheet has."""
+        dtype = dtype_name(dtype)
         if dtype not in self.peak_flops:
             raise KeyError(f"{self.name} has no {dtype!r} peak: choose one of {sorted(self.peak_flops)}")
         return float(self.peak_flops[dtype])

@@ -8,7 +8,7 @@ embedding on the first stage, head on the last), EP (experts) and ZeRO 0-3 over 
 Activations are summed from named saved-for-backward tensors of one transformer layer
 (``layer_terms``), so every number can be traced to a tensor; ``kernels="eager"`` describes this
 package's ``Transformer`` exactly as PyTorch runs it (validated on CPU against
-``torch.autograd.graph.saved_tensors_hooks``, ``mlsys_nb.measure``), ``kernels="fused"`` a GPU
+``torch.autograd.graph.saved_tensors_hooks``, ``mlsys_nb.models.measure``), ``kernels="fused"`` a GPU
 training stack (Korthikanti et al. 2022's accounting, formulas.md §8). TP shards the head-split and
 FFN-width terms; SP additionally shards the h-wide terms (norm inputs, dropout masks); the s^2
 attention terms are split over heads (/tp, with or without SP); CP divides everything by cp;
@@ -27,6 +27,7 @@ from functools import lru_cache
 from dataclasses import asdict, dataclass, field
 
 from .config import ModelConfig, TrainConfig, load_model_preset, model_presets
+from .pipeline.closed_forms import peak_in_flight
 
 __all__ = [
     "ModelConfig", "TrainConfig", "preset", "presets", "ParamCount", "param_count", "ModelStates",
@@ -48,22 +49,14 @@ _PRECISION = {
 _STATES = {"adam": 2, "adamw": 2, "sgd": 0, "sgd-momentum": 1, "adam-8bit": 2}
 
 
-@lru_cache(maxsize=1)
-def _presets() -> dict:
-    return model_presets()
-
-
 def presets() -> list[str]:
     """Names of the model presets in ``data/models.yaml``."""
-    return list(_presets())
+    return list(model_presets())
 
 
 def preset(name: str) -> ModelConfig:
     """The ``ModelConfig`` of a preset (e.g. ``"llama-3.1-8b"``); the error lists valid names."""
-    table = _presets()
-    if name not in table:
-        return load_model_preset(name)  # raises the KeyError listing the valid names
-    return table[name]
+    return load_model_preset(name)
 
 
 # ---- parameter counts -----------------------------------------------------------------------
@@ -331,21 +324,11 @@ def _outside_terms(m: ModelConfig, t: TrainConfig, first: bool, last: bool) -> l
 
 def _in_flight(t: TrainConfig, stage: int) -> float:
     """Micro-batches (in units of one micro-batch through a whole stage) whose activations a
-    stage holds at its peak, per schedule (formulas §4.5)."""
-    p, m, v = t.pp, t.microbatches, t.virtual_stages
-    if p == 1:
+    stage holds at its peak: the pipeline schedule's own closed form (``peak_in_flight``)."""
+    if t.pp == 1:
         return 1.0
-    s = t.pp_schedule
-    if s == "afab":
-        return float(m)
-    if s in ("1f1b", "zb-h1"):
-        return float(min(m, p - stage))
-    if s == "zb-h2":
-        return float(min(m, 2 * (p - stage) - 1))
-    if s == "zbv":
-        return float(min(m, p))
-    # interleaved 1F1B (Megatron): warm-up chunks (p - i - 1)*2 + (v - 1)*p + 1, v chunks per stage
-    return min(float(m), ((p - stage - 1) * 2 + (v - 1) * p + 1) / v)
+    v = t.virtual_stages if t.pp_schedule == "interleaved-1f1b" else None
+    return float(peak_in_flight(t.pp_schedule, t.pp, t.microbatches, v)[stage])
 
 
 # ---- the breakdown ---------------------------------------------------------------------------

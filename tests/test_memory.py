@@ -8,7 +8,7 @@ import torch
 from mlsys_nb import memory
 from mlsys_nb.config import load_yaml
 from mlsys_nb.memory import GB, GiB, ModelConfig, TrainConfig, estimate, param_count, playbook_estimate
-from mlsys_nb.measure import measure_activations, measure_model_states
+from mlsys_nb.models.measure import measure_activations, measure_model_states
 from mlsys_nb.models import Transformer
 
 RAW = load_yaml("models.yaml")["models"]
@@ -244,10 +244,10 @@ def test_fix8_pipeline_stages_hold_their_layers_and_the_embedding():
     first = estimate(cfg, TrainConfig(pp=8, seq_len=4096), stage=0)
     assert first.n_params_rank == 1_397_784_576  # formulas §4.5
     assert first.layers == 4
-    afab = estimate(cfg, TrainConfig(pp=8, n_microbatches=32, pp_schedule="afab", seq_len=4096), stage=0)
+    gpipe = estimate(cfg, TrainConfig(pp=8, n_microbatches=32, pp_schedule="gpipe", seq_len=4096), stage=0)
     one = estimate(cfg, TrainConfig(pp=8, n_microbatches=32, seq_len=4096), stage=0)
-    assert afab.in_flight == 32 and one.in_flight == 8
-    assert afab.activations_layers == pytest.approx(one.activations_layers * 4)
+    assert gpipe.in_flight == 32 and one.in_flight == 8
+    assert gpipe.activations_layers == pytest.approx(one.activations_layers * 4)
     inter = estimate(cfg, TrainConfig(pp=4, n_microbatches=32, seq_len=4096, pp_schedule="interleaved-1f1b",
                                       virtual_stages=2), stage=0)
     assert inter.in_flight == pytest.approx(4 + 3 / 2)

@@ -33,7 +33,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from .schedules import SCHEDULES, Schedule, schedule, validate
+from .schedules import SCHEDULES, Schedule, dependency, schedule, validate
 
 
 @dataclass(frozen=True)
@@ -281,10 +281,10 @@ class RealRun:
 
     def causal(self) -> bool:
         """Did every op that needs another rank's data start after that data was produced?"""
-        tl, S = self.timeline, self.schedule.n_stages
+        tl = self.timeline
         ends = {(k, j, st): e for k, j, st, e in zip(tl.kind, tl.microbatch, tl.stage, tl.end)}
         for k, j, st, start in zip(tl.kind, tl.microbatch, tl.stage, tl.start):
-            dep = ("F", j, st - 1) if k == "F" and st > 0 else ("B", j, st + 1) if k == "B" and st < S - 1 else None
+            dep = dependency(self.schedule, k, j, st)
             if dep is not None and start < ends[dep]:
                 return False
         return True
@@ -292,13 +292,13 @@ class RealRun:
     def comm_latency(self) -> float:
         """Median measured delay (s) between an op finishing on one rank and the op that needs its
         output starting on another, over the cases where the receiving rank was idle waiting."""
-        tl, S = self.timeline, self.schedule.n_stages
+        tl = self.timeline
         ends = {(k, j, st): e for k, j, st, e in zip(tl.kind, tl.microbatch, tl.stage, tl.end)}
         delays = []
         for _, g in tl.sort_values("start").groupby("rank"):
             prev_end = 0.0
             for k, j, st, start, end in zip(g.kind, g.microbatch, g.stage, g.start, g.end):
-                dep = ("F", j, st - 1) if k == "F" and st > 0 else ("B", j, st + 1) if k == "B" and st < S - 1 else None
+                dep = dependency(self.schedule, k, j, st)
                 if dep is not None and self.schedule.rank_of(j, dep[2]) != self.schedule.rank_of(j, st) \
                         and ends[dep] >= prev_end:
                     delays.append(start - ends[dep])

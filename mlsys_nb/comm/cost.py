@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..config import check_choice, check_int
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
 ALGORITHMS = {
     "all_reduce": ("ring", "tree", "binomial_tree", "recursive_doubling", "rabenseifner"),
@@ -38,15 +40,11 @@ ALGORITHMS = {
 
 
 def _check_n(n) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n (world size) must be an int >= 1, got {n!r}")
-    return int(n)
+    return check_int("n (world size)", n, 1)
 
 
 def _check_op(op: str) -> str:
-    if op not in OPS:
-        raise ValueError(f"op={op!r} is not known: choose one of {list(OPS)}")
-    return op
+    return check_choice("op", op, OPS)
 
 
 def _log2ceil(n: int) -> int:
@@ -85,7 +83,7 @@ def _chunk_sizes(numel: int, n: int) -> list[int]:
 
 
 def ring_bytes_sent(op: str, numel: int, n: int, rank: int, element_size: int = 4) -> int:
-    """Exact bytes rank ``rank`` sends in the ring algorithms of ``mlsys_nb.collectives`` for a
+    """Exact bytes rank ``rank`` sends in the ring algorithms of ``mlsys_nb.comm.collectives`` for a
     tensor of ``numel`` elements (chunks cut like ``torch.tensor_split``).
 
     all_reduce: every chunk but its own in the reduce-scatter phase and every chunk but chunk
@@ -216,7 +214,7 @@ class AlphaBeta:
     @classmethod
     def from_link(cls, name: str) -> "AlphaBeta":
         """From ``data/hardware.yaml``: its latency and per-direction bandwidth."""
-        from .hardware import link
+        from ..hardware import link
 
         ln = link(name)
         return cls(ln.latency_s, ln.per_direction_bytes_per_s)
@@ -386,11 +384,12 @@ def _sweep_worker(cases, warmup: int, repeats: int, dtype_name: str):
     import torch
     import torch.distributed as dist
 
+    from ..config import torch_dtype
+    from ..runtime.ranks import device as _device
     from . import collectives as C
-    from .launch import device as _device
 
     dev = _device()
-    dtype = getattr(torch, dtype_name)
+    dtype = torch_dtype(dtype_name)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     comm = C.CountingComm(count=False)
     n = dist.get_world_size()
@@ -412,7 +411,7 @@ def _sweep_worker(cases, warmup: int, repeats: int, dtype_name: str):
 
 def sweep(ops=("all_reduce",), sizes=(1 << 10, 1 << 16, 1 << 20), world_sizes=(2, 4),
           impls=("torch",), backend: str = "auto", warmup: int = 2, repeats: int = 5,
-          dtype: str = "float32", timeout: float = 120.0, progress: bool = True):
+          dtype="fp32", timeout: float = 120.0, progress: bool = True):
     """Benchmark collectives on real ranks: one ``mlsys_nb.launch`` per world size.
 
     ``sizes`` are nccl-tests' S in bytes; ``impls`` picks ``"torch"`` (``torch.distributed``'s
@@ -420,12 +419,16 @@ def sweep(ops=("all_reduce",), sizes=(1 << 10, 1 << 16, 1 << 20), world_sizes=(2
     skipped), either for every op or per op as a dict ``{op: impls}``. The time of one call is the slowest rank's (per iteration), summarised over
     ``repeats`` by median and quartiles. Returns a DataFrame with columns ``op, impl, backend,
     world_size, bytes, median_s, q25_s, q75_s, min_s, algbw_Bps, busbw_Bps, repeats``.
+    ``dtype``: element type of the buffers, a name of ``mlsys_nb.config.DTYPE_BYTES`` or a ``torch.dtype``.
     """
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from .launch import launch, resolve_backend
+    from ..config import dtype_name, torch_dtype
+    from ..runtime.launcher import launch, resolve_backend
 
+    dtype = dtype_name(dtype)
+    torch_dtype(dtype)  # a name without a torch tensor type (int4) is refused before any rank starts
     for op in ops:
         if op not in IMPLEMENTATIONS:
             raise ValueError(f"op={op!r} cannot be swept: choose one of {list(IMPLEMENTATIONS)}")
