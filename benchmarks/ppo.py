@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mlsys_nb.machine import summary as machine
+from mlsys_nb.runtime.machine import summary as machine
 from mlsys_nb.rl import evaluate, ppo, sb3_train
 
 ROOT = Path(__file__).resolve().parent.parent

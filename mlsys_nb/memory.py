@@ -607,25 +607,15 @@ def _playbook_breakdown(model: ModelConfig, train: TrainConfig) -> Breakdown:
 
 
 # ---- RLHF: four models and the rollouts' KV cache ---------------------------------------------
-# Local until mlsys_nb.config.DTYPE_BYTES lands (issue 13): names or a torch.dtype.
-_RLHF_DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+def _rlhf_dtype_bytes(x, name: str = "dtype") -> float:
+    from .config import DTYPE_BYTES, dtype_name
 
-
-def _rlhf_dtype_bytes(x) -> float:
-    if isinstance(x, str):
-        if x not in _RLHF_DTYPE_BYTES:
-            raise ValueError(f"dtype={x!r}: allowed {tuple(_RLHF_DTYPE_BYTES)} or a torch.dtype")
-        return _RLHF_DTYPE_BYTES[x]
-    import torch
-
-    if isinstance(x, torch.dtype):
-        return torch.empty((), dtype=x).element_size()
-    raise ValueError(f"dtype={x!r}: allowed {tuple(_RLHF_DTYPE_BYTES)} or a torch.dtype")
+    return DTYPE_BYTES[dtype_name(x, name)]
 
 
 def kv_bytes_per_token(model: ModelConfig, dtype="bf16") -> float:
     """K and V of one token in every layer: ``2 * L * n_kv * d_h * bytes`` (GQA: n_kv KV heads, not a)."""
-    return 2 * model.n_layers * model.n_kv_heads * model.head_dim * _rlhf_dtype_bytes(dtype)
+    return 2 * model.n_layers * model.n_kv_heads * model.head_dim * _rlhf_dtype_bytes(dtype, "kv_dtype")
 
 
 def scalar_head_params(model: ModelConfig) -> int:
@@ -712,7 +702,7 @@ def rlhf_estimate(actor="llama-2-7b", *, critic=None, reward=None, n_gpus: int =
         raise ValueError(f"placement={placement!r}: allowed 'colocated', 'split'")
     if groups["rollout"] % rollout_tp:
         raise ValueError(f"rollout_tp={rollout_tp}: must divide the rollout GPUs ({groups['rollout']})")
-    fb = _rlhf_dtype_bytes(frozen_dtype)
+    fb = _rlhf_dtype_bytes(frozen_dtype, "frozen_dtype")
     parts = {}
     for role in ("actor", "critic"):
         s = model_state_bytes(n[role], dp=groups[role], zero=3, precision=precision, optimizer=optimizer)

@@ -74,7 +74,7 @@ def test_the_hand_value_catches_a_kv_cache_that_ignores_gqa(monkeypatch):
     ({"placement": "split", "n_gpus": 6}, "multiple of 8"),
     ({"placement": "split", "n_gpus": 8, "split": {"actor": 4, "critic": 2, "reference": 1, "reward": 1,
                                                    "rollout": 1}}, "add up to 9"),
-    ({"kv_dtype": "fp12"}, "dtype='fp12'"),
+    ({"kv_dtype": "fp12"}, "kv_dtype='fp12' is not allowed"),
     ({"precision": "int3"}, "precision='int3'"),
 ])
 def test_bad_input_is_named(kwargs, match):
