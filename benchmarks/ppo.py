@@ -24,14 +24,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mlsys_nb.runtime.machine import summary as machine
 from mlsys_nb.rl import evaluate, ppo, sb3_train
+from mlsys_nb.runtime.machine import summary as machine
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "data" / "measured"
 
 
 def run(seeds: list[int], total_steps: int | None):
+    import torch
+
+    torch.optim.Adam([torch.zeros(1, requires_grad=True)])  # the first optimizer in a process imports torch._dynamo
     rows = []
     for seed in seeds:
         for name in ("mlsys_nb", "stable-baselines3"):
