@@ -220,11 +220,11 @@ class ModelConfig:
         """Width of the concatenated key (or value) heads, n_kv_heads * head_dim."""
         return self.n_kv_heads * self.head_dim
 
-    def replace(self, **changes) -> "ModelConfig":
+    def replace(self, **changes) -> ModelConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
-    def scaled_down(self, *, n_layers=2, hidden=64, n_heads=4, vocab_size=256, seq_len=64) -> "ModelConfig":
+    def scaled_down(self, *, n_layers=2, hidden=64, n_heads=4, vocab_size=256, seq_len=64) -> ModelConfig:
         """The same architecture (activation, norm, GQA ratio, tying, MoE layout) at a small size,
         so a preset can be instantiated and measured on a laptop."""
         group = self.n_heads // self.n_kv_heads  # query heads per KV head, kept if it fits
@@ -369,5 +369,5 @@ class TrainConfig:
         """GPUs in the job: dp x tp x pp x cp (EP is carved out of dp x cp)."""
         return self.dp * self.tp * self.pp * self.cp
 
-    def replace(self, **changes) -> "TrainConfig":
+    def replace(self, **changes) -> TrainConfig:
         return dataclasses.replace(self, **changes)

@@ -27,8 +27,6 @@ and ``FlopCounterMode`` does not count it either. Embedding lookups cost 0 FLOPs
 """
 from __future__ import annotations
 
-import functools
-import math
 import time
 from dataclasses import dataclass, field
 

@@ -264,7 +264,7 @@ def _check_memory(out, t, r):
             blk = tp.TPBlock(GPT, sequence_parallel=sp, attn_impl="matmul")
         x = torch.randn(B, S // t if sp else S, GPT.hidden, requires_grad=True)
         blk.train()
-        measured, y = _saved_bytes(lambda: blk(x, cos, sin), [*blk.parameters(), cos, sin])
+        measured, y = _saved_bytes(lambda blk=blk, x=x: blk(x, cos, sin), [*blk.parameters(), cos, sin])
         y.sum().backward()  # the saved graph is valid
         tt = 1 if sp is None else t
         train = TrainConfig(micro_batch=B, seq_len=S, precision="fp32", tp=tt, sp=bool(sp), recompute="none",

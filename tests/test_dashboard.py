@@ -37,7 +37,7 @@ def test_exports_are_real_files(dash):
         header = files["csv"].splitlines()[0]
         assert header.count(",") >= 1, f"{spec.key}: CSV has no columns: {header!r}"
         dash._show_exports(spec.key)
-        assert 'download="%s.png"' % spec.key in dash._exports[spec.key].value
+        assert f'download="{spec.key}.png"' in dash._exports[spec.key].value
 
 
 def test_configuration_round_trip(dash):

@@ -172,8 +172,10 @@ def test_the_executor_checks_causality_with_the_schedules_own_dependencies(monke
         tl = pd.DataFrame(rows, columns=["rank", "kind", "microbatch", "chunk", "stage", "full", "start", "end"])
         return executor.RealRun(sched, 0.0, 0.0, 0.0, tl)
 
-    good = run([("F", 0, 0), ("F", 1, 0), ("F", 0, 1), ("B", 0, 1), ("F", 1, 1), ("B", 1, 1), ("B", 0, 0), ("B", 1, 0)])
-    early = run([("F", 0, 0), ("F", 1, 0), ("B", 0, 0), ("F", 0, 1), ("B", 0, 1), ("F", 1, 1), ("B", 1, 1), ("B", 1, 0)])
+    good = run([("F", 0, 0), ("F", 1, 0), ("F", 0, 1), ("B", 0, 1), ("F", 1, 1), ("B", 1, 1), ("B", 0, 0),
+                ("B", 1, 0)])
+    early = run([("F", 0, 0), ("F", 1, 0), ("B", 0, 0), ("F", 0, 1), ("B", 0, 1), ("F", 1, 1), ("B", 1, 1),
+                 ("B", 1, 0)])
     assert good.causal() and not early.causal()  # stage 0's B of micro-batch 0 before stage 1's
     monkeypatch.setattr(executor, "dependency", lambda *a: None)  # no dependencies: nothing is caught
     assert early.causal()
@@ -216,7 +218,7 @@ def test_every_dashboard_tab_follows_the_widget_protocol():
         tab = dash.tabs[spec.key]
         assert isinstance(tab, Widget), spec.key
         seen = []
-        tab.on_update(lambda: seen.append(1))
+        tab.on_update(lambda seen=seen: seen.append(1))
         tab.set_state(spec.probe)
         assert seen == [1], f"{spec.key}: on_update callbacks must run once per set_state"
 

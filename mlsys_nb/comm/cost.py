@@ -13,7 +13,7 @@ Conventions (formulas.md §1):
 
 Pure functions (no processes): :func:`busbw_factor`, :func:`algbw`, :func:`busbw`,
 :func:`ring_bytes_sent`, :func:`tree_bytes_sent`, :func:`recursive_doubling_bytes_sent`,
-:func:`bytes_sent_per_rank`, :func:`cost_coefficients`, :func:`collective_time`,
+:func:`bytes_sent_per_rank`, :func:`gloo_bytes_sent`, :func:`cost_coefficients`, :func:`collective_time`,
 :func:`fit_alpha_beta`, :func:`crossover_bytes`, :class:`AlphaBeta`.
 Measurements: :func:`memcpy_bandwidth` (this process) and :func:`sweep` (real ranks via
 ``mlsys_nb.launch``, returns a pandas DataFrame).
@@ -154,6 +154,39 @@ def bytes_sent_per_rank(op: str, nbytes: float, n: int, algorithm: str = "ring")
                      "(the tree's differs per rank: use tree_bytes_sent)")
 
 
+
+def _gloo_broadcast_children(vr: int, n: int) -> int:
+    # gloo's binomial broadcast: virtual rank vr sends to vr + 2^k for every 2^k > vr with vr + 2^k < n
+    return sum(1 for k in range(max(n - 1, 1).bit_length()) if (1 << k) > vr and vr + (1 << k) < n)
+
+
+def gloo_bytes_sent(op: str, nbytes: float, n: int, rank: int, root: int = 0) -> float:
+    """Bytes rank ``rank`` sends in gloo's CPU algorithms (``nbytes`` = S as in :func:`busbw_factor`).
+
+    Measured on the wire with ``mlsys_nb.comm.wire`` (tests pin every line): all_reduce is the ring,
+    ``2(n-1)/n·S``; **reduce_scatter is an all_reduce followed by a local slice**, ``2(n-1)/n·S`` (twice
+    the ring's ``(n-1)/n·S``); all_gather the ring, ``(n-1)/n·S``; all_to_all pairwise, ``(n-1)/n·S``;
+    broadcast a binomial tree in which virtual rank ``v`` sends S to ``v + 2^k`` for every ``2^k > v``
+    (the root ``⌈log2 n⌉·S``, leaves nothing); reduce a ring reduce-scatter then a gather of the
+    chunks to the root: ``(n-1)/n·S`` on the root, ``S`` on every other rank.
+    """
+    _check_op(op)
+    n = _check_n(n)
+    if not 0 <= rank < n:
+        raise ValueError(f"rank={rank} is out of range: allowed [0, {n - 1}]")
+    if n == 1:
+        return 0.0
+    ring = (n - 1) / n * nbytes
+    if op in ("all_reduce", "reduce_scatter"):
+        return 2 * ring
+    if op in ("all_gather", "all_to_all"):
+        return ring
+    vr = (rank - root) % n
+    if op == "broadcast":
+        return float(nbytes * _gloo_broadcast_children(vr, n))
+    return ring if vr == 0 else float(nbytes)  # reduce
+
+
 # ----------------------------------------------------------------------------- α-β model [Thakur]
 def cost_coefficients(op: str, algorithm: str, n: int) -> tuple[float, float]:
     """``(k_alpha, k_beta)`` with ``T = k_alpha·α + k_beta·S/β``.
@@ -212,7 +245,7 @@ class AlphaBeta:
     beta_bytes_per_s: float
 
     @classmethod
-    def from_link(cls, name: str) -> "AlphaBeta":
+    def from_link(cls, name: str) -> AlphaBeta:
         """From ``data/hardware.yaml``: its latency and per-direction bandwidth."""
         from ..hardware import link
 
@@ -416,10 +449,12 @@ def sweep(ops=("all_reduce",), sizes=(1 << 10, 1 << 16, 1 << 20), world_sizes=(2
 
     ``sizes`` are nccl-tests' S in bytes; ``impls`` picks ``"torch"`` (``torch.distributed``'s
     own) and/or the from-scratch algorithms (see ``IMPLEMENTATIONS``; pairs that do not exist are
-    skipped), either for every op or per op as a dict ``{op: impls}``. The time of one call is the slowest rank's (per iteration), summarised over
-    ``repeats`` by median and quartiles. Returns a DataFrame with columns ``op, impl, backend,
-    world_size, bytes, median_s, q25_s, q75_s, min_s, algbw_Bps, busbw_Bps, repeats``.
-    ``dtype``: element type of the buffers, a name of ``mlsys_nb.config.DTYPE_BYTES`` or a ``torch.dtype``.
+    skipped), either for every op or per op as a dict ``{op: impls}``. The time of one call is the
+    slowest rank's (per iteration), summarised over ``repeats`` by median and quartiles. Returns a
+    DataFrame with columns ``op, impl, backend, world_size, bytes, median_s, q25_s, q75_s, min_s,
+    algbw_Bps, busbw_Bps, repeats``.
+    ``dtype``: element type of the buffers, a name of ``mlsys_nb.config.DTYPE_BYTES`` or a
+    ``torch.dtype``.
     """
     import pandas as pd
     from tqdm.auto import tqdm

@@ -93,11 +93,12 @@ class CommRecord:
 # position of the ``group`` argument when passed positionally
 _GROUP_POS = {
     "all_reduce": 2, "broadcast": 2, "reduce": 3, "reduce_scatter_single": 3, "reduce_scatter_tensor": 3,
-    "reduce_scatter": 3, "all_gather_single": 2, "all_gather_into_tensor": 2, "all_gather": 2, "all_to_all_single": 4, "all_to_all": 2,
+    "reduce_scatter": 3, "all_gather_single": 2, "all_gather_into_tensor": 2, "all_gather": 2,
+    "all_to_all_single": 4, "all_to_all": 2,
     "send": 2, "isend": 2, "recv": 2, "irecv": 2,
 }
 
-_active: list["CommCounter"] = []
+_active: list[CommCounter] = []
 _originals: dict[str, object] = {}
 _lock = threading.Lock()
 _depth = threading.local()  # a wrapped function calling another wrapped one is counted once

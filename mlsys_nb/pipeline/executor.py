@@ -1,7 +1,8 @@
 """Run pipeline schedules on real ranks: real stages, real send/recv, a measured timeline per rank.
 
 The model is a stack of ``n_layers`` residual MLP blocks (``x + W2·gelu(W1·LayerNorm(x))``) or of
-the package's Llama-style transformer blocks (``block="transformer"``), cut into the schedule's ``n_stages`` consecutive stages. Every rank builds the same seeded model and
+the package's Llama-style transformer blocks (``block="transformer"``), cut into the schedule's
+``n_stages`` consecutive stages. Every rank builds the same seeded model and
 keeps the stages it holds (DualPipe: two copies, stage r and stage p−1−r). The last stage's loss is
 the mean-squared error of its micro-batch divided by m, so the summed gradients equal those of the
 unpipelined model under the mean loss over micro-batches.
@@ -228,7 +229,7 @@ def run_step(sched: Schedule, spec: ModelSpec, group=None) -> dict:
         w.wait()
     dist.barrier(group=group)
     out = {}
-    for (path, s), mod in mods.items():
+    for (_path, s), mod in mods.items():
         for i, blk in zip(_layers_of(sched, spec, s), mod):
             for n, p in blk.named_parameters():
                 key = f"{i}.{n}"

@@ -83,8 +83,8 @@ class SimResult:
     def rows(self):
         """The timeline as a list of tuples (same columns as ``timeline``), without pandas."""
         out = []
-        for r, a, s, e in ((r, a, s, s + d) for r in range(self.p) for a, s, d in
-                           zip(self.schedule.compute[r], self._starts[r], self._durs[r])):
+        for r, a, s, e in ((rank, a, s, s + d) for rank in range(self.p) for a, s, d in
+                           zip(self.schedule.compute[rank], self._starts[rank], self._durs[rank])):
             if a.kind == "FB":
                 fa, ba = a.sub
                 cut = s + (e - s) * self.costs["_f_share"][r]

@@ -11,7 +11,8 @@ redraw caused by a control or by ``set_state`` then calls the ``on_update`` call
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
+from collections.abc import Callable
 
 import pandas as pd
 

@@ -1,9 +1,10 @@
 """Pipeline schedule explorer: pick a schedule, p, m, v and op costs; see the simulated timeline.
 
 ``PipelineWidget().widget`` is the ipywidgets container. Everything shown comes from
-``mlsys_nb.pipeline.simulate`` and ``mlsys_nb.pipeline.compare`` (a simulation; notebook 08 checks it against closed forms and real
-ranks). Invalid combinations (e.g. dualpipe with odd p, interleaving with m not a multiple of p,
-v ≠ 1 for a one-chunk schedule) are shown as a message in place of the chart.
+``mlsys_nb.pipeline.simulate`` and ``mlsys_nb.pipeline.compare`` (a simulation; notebook 08
+checks it against closed forms and real ranks). Invalid combinations (e.g. dualpipe with odd p,
+interleaving with m not a multiple of p, v ≠ 1 for a one-chunk schedule) are shown as a message in
+place of the chart.
 """
 from __future__ import annotations
 
