@@ -65,7 +65,8 @@ def table(df: pd.DataFrame, quick: bool) -> str:
     lines = [header, "|---|---|---|---|---|---|---|---|---|"]
     med = {}
     for name, g in df.groupby("method", sort=False):
-        med[name] = (statistics.median(g[col].fillna(np.inf)), statistics.median(g.wall_s), statistics.median(g.train_s))
+        med[name] = (statistics.median(g[col].fillna(np.inf)), statistics.median(g.wall_s),
+                     statistics.median(g.train_s))
     base = med["stable-baselines3"]
     for name, (s, w, t) in med.items():
         reached = int(df[df.method == name].reached_steps.notna().sum())

@@ -53,7 +53,7 @@ def test_70b_colocated_vs_split_per_gpu():
     sp = rlhf_estimate("llama-2-70b", placement="split", **kw)            # default 8/8/4/4/8 GPUs
     per_role = {"actor": 16 * N70 / 8, "critic": 16 * N70C / 8, "reference": 2 * N70 / 4, "reward": 2 * N70C / 4,
                 "rollout": 2 * N70 / 8 + kv / 8}
-    for role, (gpus, parts) in sp.roles.items():
+    for role, (_, parts) in sp.roles.items():
         assert sum(parts.values()) == pytest.approx(per_role[role], rel=1e-12, abs=64), role
     assert sp.per_gpu == pytest.approx(max(per_role.values()), rel=1e-12, abs=64)
     # 70B on 32 GPUs: split 137.95 GB on each actor GPU (16 B x N / 8); co-located 100.06 GB on every GPU

@@ -34,7 +34,8 @@ def sb3_train(env_id: str = "CartPole-v1", seed: int = 0, threshold: float | Non
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     env = make_vec_env(env_id, n_envs=N_ENVS, seed=seed)
-    model = PPO("MlpPolicy", env, learning_rate=LinearSchedule(1e-3, 0.0, 1.0), clip_range=LinearSchedule(0.2, 0.0, 1.0),
+    model = PPO("MlpPolicy", env, learning_rate=LinearSchedule(1e-3, 0.0, 1.0),
+                clip_range=LinearSchedule(0.2, 0.0, 1.0),
                 seed=seed, device="cpu", verbose=0, **RL_ZOO_CARTPOLE)
 
     def policy(obs):
