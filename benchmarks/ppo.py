@@ -89,6 +89,7 @@ def main():
     if args.quick:
         return
     end_machine = machine()
+    df = df.astype({"seed": int, "steps_run": int, "reached_steps": "Int64"})
     ours = df[df.method == "mlsys_nb"]
     OUT.mkdir(parents=True, exist_ok=True)
     ours.to_csv(OUT / "ppo_cartpole.csv", index=False, float_format="%.3f")
