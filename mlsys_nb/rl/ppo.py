@@ -173,13 +173,14 @@ def evaluate(policy, env_id: str = "CartPole-v1", episodes: int = 100, seed: int
     seed ``seed + i``. All episodes run side by side in one vector env.
 
     ``stop_below``: give up early (returning what finished, padded with 0) once the mean over all
-    episodes can no longer reach that value (used by ``train`` to skip hopeless evaluations).
+    episodes can no longer reach that value (used by ``train`` to skip hopeless evaluations; the bound
+    assumes rewards <= 1 per step and a time limit, as in CartPole).
     """
     if not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"episodes must be a positive int, got {episodes!r}")
     spec = check_env_id(env_id)
     envs = make_envs(env_id, episodes, same_step=False)
-    max_return = float(spec.max_episode_steps or np.inf) * 1.0
+    max_return = float(spec.max_episode_steps or np.inf)
     try:
         obs, _ = envs.reset(seed=[seed + i for i in range(episodes)])
         returns, alive = np.zeros(episodes), np.ones(episodes, dtype=bool)
