@@ -679,11 +679,6 @@ def _rlhf_dtype_bytes(x, name: str = "dtype") -> float:
     return DTYPE_BYTES[dtype_name(x, name)]
 
 
-def kv_bytes_per_token(model: ModelConfig, dtype="bf16") -> float:
-    """K and V of one token in every layer: ``2 * L * n_kv * d_h * bytes`` (GQA: n_kv KV heads, not a)."""
-    return 2 * model.n_layers * model.n_kv_heads * model.head_dim * _rlhf_dtype_bytes(dtype, "kv_dtype")
-
-
 def scalar_head_params(model: ModelConfig) -> int:
     """Parameters of ``model`` with its LM head replaced by a scalar head ``Linear(h, 1)`` (critic, reward)."""
     p = param_count(model)
@@ -727,7 +722,8 @@ def rlhf_estimate(actor="llama-2-7b", *, critic=None, reward=None, n_gpus: int =
       shape): weights only in ``frozen_dtype``, sharded over their GPUs;
     - rollout engine: the actor's weights in ``frozen_dtype`` split ``rollout_tp`` ways (tensor parallel)
       and the KV cache of ``rollout_batch`` sequences of ``prompt_len + response_len`` tokens,
-      ``2 * L * n_kv * d_h`` elements per token (GQA), spread evenly over the rollout GPUs.
+      ``2 * L * n_kv * d_h`` elements per token (GQA; ``inference.kv_bytes_per_token``), spread evenly
+      over the rollout GPUs.
 
     ``placement="colocated"``: every role on all ``n_gpus`` (verl's hybrid engine; the parts add up on
     each GPU). ``placement="split"``: disjoint GPU groups, ``split`` = GPUs per role (keys actor, critic,
@@ -776,7 +772,10 @@ def rlhf_estimate(actor="llama-2-7b", *, critic=None, reward=None, n_gpus: int =
                        f"{role} master": s.master}
     for role in ("reference", "reward"):
         parts[role] = {f"{role} weights": fb * math.ceil(n[role] / groups[role])}
-    kv = rollout_batch * (prompt_len + response_len) * kv_bytes_per_token(a, kv_dtype)
+    from .inference import kv_cache  # the one KV-per-token formula (GQA: n_kv heads; MLA: the latent)
+
+    _rlhf_dtype_bytes(kv_dtype, "kv_dtype")
+    kv = rollout_batch * (prompt_len + response_len) * kv_cache.kv_bytes_per_token(a, kv_dtype)
     parts["rollout"] = {"rollout weights": fb * n["actor"] / rollout_tp, "KV cache": kv / groups["rollout"]}
     if placement == "colocated":
         roles = {"all": (n_gpus, {k: v for p in parts.values() for k, v in p.items()})}
@@ -785,4 +784,4 @@ def rlhf_estimate(actor="llama-2-7b", *, critic=None, reward=None, n_gpus: int =
     return RLHFMemory(placement, n_gpus, roles, n)
 
 
-__all__ += ["RLHFMemory", "kv_bytes_per_token", "rlhf_estimate", "scalar_head_params"]
+__all__ += ["RLHFMemory", "rlhf_estimate", "scalar_head_params"]

@@ -1,9 +1,5 @@
 """PPO and policy gradients: the loss against its formula, clipping, same-step autoreset and truncation
 bootstrap on real gymnasium envs, evaluation seeding, bad input, REINFORCE variance, and (slow) CartPole to 475."""
-import subprocess
-import sys
-from pathlib import Path
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -11,7 +7,6 @@ import torch
 
 from mlsys_nb.rl import evaluate, pg, ppo
 
-ROOT = Path(__file__).resolve().parent.parent
 SHORT = "mlsys_nb_test/CartPoleShort-v0"   # CartPole cut at 8 steps: nearly every episode is truncated
 if SHORT not in gym.registry:
     gym.register(SHORT, entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv", max_episode_steps=8)
@@ -160,11 +155,3 @@ def test_cartpole_reaches_475_over_100_fresh_greedy_episodes():
     assert curve.attrs["reached"] is not None and curve.eval_return.max() >= 475
     returns = evaluate(policy, "CartPole-v1", episodes=100, seed=424242)  # seeds never used in training
     assert returns.mean() >= 475, returns.mean()
-
-
-@pytest.mark.slow
-def test_benchmark_quick_prints_its_ratios():
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ppo.py"), "--quick"], capture_output=True,
-                         text=True, timeout=300, cwd=ROOT, check=False)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "ratio" in out.stdout and "stable-baselines3" in out.stdout
