@@ -2,20 +2,21 @@
 
 ``estimate(model, train)`` returns a ``Breakdown`` whose fields are **bytes per rank** (the
 heaviest pipeline stage unless ``stage=`` is given). Model states follow the ZeRO paper's analysis
-(formulas.md §2.3, §9.2) with exact parameter counts (GQA, SwiGLU, untied head, MoE total vs active,
+(Rajbhandari et al. 2020, arXiv:1910.02054, §3; Micikevicius et al. 2018, arXiv:1710.03740) with exact
+parameter counts (GQA, SwiGLU, untied head, MoE total vs active,
 DeepSeek MLA) sharded by TP (Megatron column/row split, vocab-parallel embedding), PP (L/pp layers,
 embedding on the first stage, head on the last), EP (experts) and ZeRO 0-3 over dp x cp.
 Activations are summed from named saved-for-backward tensors of one transformer layer
 (``layer_terms``), so every number can be traced to a tensor; ``kernels="eager"`` describes this
 package's ``Transformer`` exactly as PyTorch runs it (validated on CPU against
 ``torch.autograd.graph.saved_tensors_hooks``, ``mlsys_nb.models.measure``), ``kernels="fused"`` a GPU
-training stack (Korthikanti et al. 2022's accounting, formulas.md §8). TP shards the head-split and
+training stack (Korthikanti et al. 2022's accounting, arXiv:2205.05198, eq. 1-2, Table 2). TP shards the head-split and
 FFN-width terms; SP additionally shards the h-wide terms (norm inputs, dropout masks); the s^2
 attention terms are split over heads (/tp, with or without SP); CP divides everything by cp;
 PP multiplies by the schedule's in-flight micro-batches.
 
 ``playbook_estimate(**inputs)`` ports the Ultra-Scale Playbook widget exactly (its bugs included,
-formulas.md §15); ``estimate(..., compat="playbook")`` shows it for a model/training pair. The
+docs/references.md#playbook-memory-widget); ``estimate(..., compat="playbook")`` shows it for a model/training pair. The
 default mode fixes those bugs (tests in ``tests/test_memory.py`` pin each fix).
 
 Units: bytes everywhere; ``GB = 1e9``, ``GiB = 2**30``.
@@ -248,7 +249,7 @@ def model_state_bytes(n_params: float, *, dp: int = 1, zero: int = 0, precision:
                       optimizer: str = "adam", fp32_grad_accum: bool = False,
                       optimizer_bytes_per_param: float | None = None) -> ModelStates:
     """Bytes per rank of params + grads + optimizer states (+ fp32 master) for ``n_params``
-    parameters replicated over ``dp`` ranks with ZeRO stage ``zero`` (ZeRO paper, formulas §2.3):
+    parameters replicated over ``dp`` ranks with ZeRO stage ``zero`` (ZeRO paper, arXiv:1910.02054, §3):
     stage 1 shards optimizer states and master weights, 2 also gradients, 3 also parameters."""
     if zero not in (0, 1, 2, 3):
         raise ValueError(f"zero={zero}: allowed 0, 1, 2, 3")
@@ -571,14 +572,14 @@ def estimate(model: ModelConfig, train: TrainConfig | None = None, *, stage: int
     return max(results, key=lambda r: r.total)
 
 
-# ---- the Ultra-Scale Playbook widget, exactly (formulas.md §15) ------------------------------
+# ---- the Ultra-Scale Playbook widget, exactly (docs/references.md#playbook-memory-widget) ----
 def _playbook_data() -> dict:
     from .config import load_yaml
 
     return load_yaml("playbook_memory.yaml")
 
 
-# the widget's presets and initial page (data/playbook_memory.yaml, formulas §15.2)
+# the widget's presets and initial page (data/playbook_memory.yaml)
 PLAYBOOK_PRESETS = {k: v["inputs"] for k, v in _playbook_data()["presets"].items()}
 PLAYBOOK_INITIAL = _playbook_data()["initial"]["inputs"]
 
@@ -596,7 +597,7 @@ def format_playbook_bytes(n: float) -> str:
 
 def playbook_estimate(*, a=8, b=32, h=512, h_ff=2048, L=12, s=128, v=30522, tp=8, k=8, dp=1, mixed=True,
                       seq_parallel=False, recomputation="none", zero=0, ff_activation="relu") -> dict:
-    """The Playbook widget's numbers exactly (``src/memory.js``; bugs included, formulas §15.3).
+    """The Playbook widget's numbers exactly (``src/memory.js``; bugs included).
 
     Returns bytes: ``activations`` (with its parts), ``parameters``, ``gradients``, ``optimizer``,
     ``total``, the widget's parameter count ``N`` and ``shown`` (its label: GiB printed as "GB")."""
