@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/ppo.py [--seeds 10] [--quick]
 
-Both train with the same hyper-parameters (rl-zoo ``hyperparams/ppo.yml`` CartPole-v1: 8 envs, n_steps 32,
+Both train with the same hyper-parameters (rl-zoo, DLR-RM/rl-baselines3-zoo, CartPole-v1: 8 envs, n_steps 32,
 batch 256, 20 epochs, gamma 0.98, GAE lambda 0.8, lr lin_1e-3, clip lin_0.2, 64-64 tanh actor and critic, one
 torch thread) and the same stopping rule: a greedy evaluation over 100 episodes (``mlsys_nb.rl.evaluate``,
 same seeds) once the last 20 training episodes average >= 380, at most every 4096 steps; stop at a mean >= 475.

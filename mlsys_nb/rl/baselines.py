@@ -1,7 +1,7 @@
 """The same CartPole task with stable-baselines3's PPO (the tool a user would otherwise pick).
 
-``sb3_train(env_id, seed)`` uses rl-zoo's published CartPole-v1 settings (rl-baselines3-zoo,
-``hyperparams/ppo.yml``: 8 envs, n_steps 32, batch 256, gae_lambda 0.8, gamma 0.98, 20 epochs,
+``sb3_train(env_id, seed)`` uses rl-zoo's published CartPole-v1 settings (DLR-RM/rl-baselines3-zoo,
+PPO hyper-parameters: 8 envs, n_steps 32, batch 256, gae_lambda 0.8, gamma 0.98, 20 epochs,
 ent_coef 0, learning rate lin_1e-3 and clip lin_0.2 over 1e5 steps) and the stopping protocol of
 ``mlsys_nb.rl.ppo.train``: a greedy evaluation over 100 episodes (same seeds, same ``evaluate``)
 once the last 20 training episodes average 0.8 x threshold, at most every 4096 steps.

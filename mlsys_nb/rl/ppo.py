@@ -201,7 +201,7 @@ def evaluate(policy, env_id: str = "CartPole-v1", episodes: int = 100, seed: int
 # ------------------------------------------------------------------ training
 @dataclasses.dataclass
 class Config:
-    """PPO hyper-parameters (defaults: rl-zoo's CartPole-v1, 'hyperparams/ppo.yml')."""
+    """PPO hyper-parameters (defaults: rl-zoo's CartPole-v1: DLR-RM/rl-baselines3-zoo, PPO hyper-parameters)."""
     n_envs: int = 8
     n_steps: int = 32
     batch_size: int = 256
