@@ -142,6 +142,38 @@ def test_the_citation_check_catches_what_it_should(tmp_path, monkeypatch):
     assert any("no-such-anchor" in p for p in found)
 
 
+_NB_MENTION = re.compile(r"\b[Nn]otebooks? (\d\d)\b((?:(?:,| and|,? or| to|–|-) ?\d\d\b)*)")
+
+
+def notebook_mentions_missing(files: list[str] | None = None) -> list[str]:
+    """'notebook NN' (and 'notebooks NN and MM') naming a notebook that does not exist yet."""
+    have = {p.name[:2] for p in (ROOT / "notebooks").glob("*.ipynb")}
+    problems = []
+    for rel in files if files is not None else [f for f in _tracked() if f != SELF]:
+        for _, text in _texts(rel):
+            for m in _NB_MENTION.finditer(text):
+                for nn in [m.group(1), *re.findall(r"\d\d", m.group(2))]:
+                    if nn not in have:
+                        problems.append(f"{rel}: mentions notebook {nn}, which does not exist (yet)")
+    return problems
+
+
+def test_no_file_points_to_a_notebook_that_does_not_exist():
+    problems = notebook_mentions_missing()
+    assert not problems, "\n".join(problems)
+
+
+def test_the_notebook_mention_check_catches_a_missing_one(tmp_path):
+    probe = ROOT / "docs" / "_probe_mentions.md"
+    try:
+        probe.write_text("Notebook 03 and notebooks 05 and 99 come next; notebook 98 too.\n")
+        found = notebook_mentions_missing(["docs/_probe_mentions.md"])
+    finally:
+        probe.unlink()
+    assert sorted(found) == sorted(f"docs/_probe_mentions.md: mentions notebook {n}, which does not exist (yet)"
+                                   for n in ("99", "98")), found
+
+
 def test_references_anchors_are_unique():
     text = (ROOT / "docs" / "references.md").read_text()
     ids = re.findall(r"<a id=\"([^\"]+)\"", text)
