@@ -12,7 +12,7 @@ def test_experts_and_context_notebook_four_ranks_with_solutions():
     text = printed_text(nb)
     assert "4 ranks; 8 experts, top-2" in text
     assert text.count("check passed") == 10, text  # 8 checks + 2 exercise solutions
-    assert "not attempted" in text  # the stubs are untouched; the solutions then pass
+    assert "not attempted" not in text  # with solutions=True every exercise is solved, then checked
     assert "your merge equals attention over all keys" in text
     assert "your zig-zag layout matches the kit's" in text
     assert "EP on 4 ranks = the dense MoE" in text
