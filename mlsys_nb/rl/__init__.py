@@ -10,16 +10,21 @@
   same-step autoreset, minibatch epochs, stops at a greedy 100-episode mean of 475), ``Config``.
 - ``evaluate(policy, env_id, episodes, seed)`` -> returns per episode (episode i seeded ``seed + i``).
 - ``sb3_train``: the same task with stable-baselines3's PPO (rl-zoo settings), for comparisons.
+- ``weight_sync``: RLHF trainer -> rollout weight synchronisation on real ranks (file, bucketed
+  broadcast, zero-copy shared memory), ZeRO-3 gathers bucketed to avoid the full-gather spike.
+- ``placement``: co-located vs disaggregated RLHF on Ray actors, measured against the closed forms.
+- ``sizing``: per-GPU memory and step time of RLHF layouts for real model sizes (pure functions).
 """
 from .gae import discounted_returns, gae
 
-__all__ = ["discounted_returns", "evaluate", "gae", "pg", "ppo", "sb3_train", "train"]
+__all__ = ["discounted_returns", "evaluate", "gae", "pg", "placement", "ppo", "sb3_train", "sizing", "train",
+           "weight_sync"]
 
 
 def __getattr__(name):  # torch, gymnasium and pandas load on first use
     import importlib
 
-    if name in ("ppo", "pg"):
+    if name in ("ppo", "pg", "weight_sync", "placement", "sizing"):
         return importlib.import_module(f".{name}", __name__)
     if name in ("evaluate", "train"):
         from . import ppo

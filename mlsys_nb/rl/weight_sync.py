@@ -1,0 +1,417 @@
+"""Weight synchronisation between RLHF trainer ranks and rollout ranks, on real ``torch.distributed`` ranks.
+
+After every training step the rollout engines must generate with the new policy, so the trainer's
+weights travel to them. Three ways, all run inside ranks started by ``mlsys_nb.launch``:
+
+1. **file**: trainer rank 0 gathers the full weights, ``torch.save``s them, the rollouts ``torch.load``
+   them after a barrier. Simple, works across machines with a shared file system; costs a disk
+   write and read of the whole model.
+2. **broadcast**: a combined group {trainer rank 0} ∪ rollout ranks; the weights go in *buckets* of
+   at most ``bucket_bytes`` (flattened, one ``dist.broadcast`` each). The rollouts compute the same
+   bucket plan from their own parameter shapes, so only payload travels. This is what OpenRLHF and
+   verl do with NCCL between GPUs.
+3. **shared memory** (co-located processes): the trainer keeps the full weights in one flat buffer in
+   shared memory (``torch.multiprocessing`` with the ``file_system`` sharing strategy, whose handle
+   any process on the machine can open); the rollouts open it once and their parameters become views
+   into it: zero copies, and only the handle (a few hundred bytes) crosses a socket. On GPUs the same
+   reduction path (``torch.multiprocessing.reductions.reduce_tensor``) produces CUDA IPC handles.
+
+ZeRO-3 trainers hold only a shard of each parameter: ``buckets()`` gathers one unit at a time
+(all-gather in the trainer group), copies its parameters into buckets and frees the unit again, so
+the extra memory is one unit plus one bucket instead of the full model (``gather="full"``
+materialises everything first: the memory spike of a naive full-weight gather, measured by
+``SyncStats.peak_bytes``, the high-water mark of the tensor bytes this module holds).
+
+Every wait has a timeout: a broadcast that does not complete raises ``WeightSyncTimeout`` naming the
+source rank and the rollout ranks.
+
+Public names: ``Roles``, ``make_roles``, ``bucket_plan``, ``buckets``, ``sync_broadcast``, ``sync_file``,
+``SharedWeights``, ``SyncStats``, ``WeightSyncTimeout``, ``weights_equal``, ``toy_config``,
+``toy_train_step``, ``broadcast_model_seconds``.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["Roles", "SharedWeights", "SyncStats", "WeightSyncTimeout", "broadcast_model_seconds", "bucket_plan",
+           "buckets", "make_roles", "sync_broadcast", "sync_file", "toy_config", "toy_train_step", "weights_equal"]
+
+PATHS = ("file", "broadcast", "shm")
+
+
+class WeightSyncTimeout(TimeoutError):
+    """A weight synchronisation did not complete in time; the message names the ranks involved."""
+
+
+@dataclass
+class Roles:
+    """This rank's place: ``trainer_ranks``/``rollout_ranks`` (global ranks), the trainer group, the
+    rollout group and the combined sync group {trainer_ranks[0]} ∪ rollout ranks."""
+
+    rank: int
+    trainer_ranks: list
+    rollout_ranks: list
+    train_group: object
+    rollout_group: object
+    sync_group: object
+    timeout_s: float
+
+    @property
+    def is_trainer(self) -> bool:
+        return self.rank in self.trainer_ranks
+
+    @property
+    def src(self) -> int:
+        return self.trainer_ranks[0]
+
+
+def make_roles(n_trainers: int, *, timeout_s: float = 30.0) -> Roles:
+    """Split the running world: ranks ``0..n_trainers-1`` train, the rest roll out. Call on every rank
+    (``new_group`` is collective). ``timeout_s`` bounds every wait of the groups made here."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if not 1 <= n_trainers < world:
+        raise ValueError(f"n_trainers={n_trainers}: allowed 1..{world - 1} (world size {world}; "
+                         "at least one rollout rank)")
+    t = datetime.timedelta(seconds=timeout_s)
+    trainers, rollouts = list(range(n_trainers)), list(range(n_trainers, world))
+    train_group = dist.new_group(trainers, timeout=t)
+    rollout_group = dist.new_group(rollouts, timeout=t)
+    sync_group = dist.new_group([trainers[0]] + rollouts, timeout=t)
+    return Roles(rank, trainers, rollouts, train_group, rollout_group, sync_group, timeout_s)
+
+
+@dataclass
+class SyncStats:
+    """One synchronisation, as seen by this rank: ``path``, payload ``nbytes`` (bytes of weights moved),
+    ``seconds``, ``n_buckets``, ``peak_bytes`` (most bytes of gathered weights and buckets this rank
+    held at once), ``wire_sent``/``wire_received`` (bytes this rank's TCP sockets sent/received, if
+    measured)."""
+
+    path: str
+    nbytes: int = 0
+    seconds: float = 0.0
+    n_buckets: int = 0
+    peak_bytes: int = 0
+    wire_sent: int | None = None
+    wire_received: int | None = None
+    _live: int = field(default=0, repr=False)
+
+    def hold(self, n: int) -> None:
+        self._live += n
+        self.peak_bytes = max(self.peak_bytes, self._live)
+
+    def release(self, n: int) -> None:
+        self._live -= n
+
+
+def bucket_plan(shapes: list[tuple[str, torch.Size, torch.dtype]], bucket_bytes: int) -> list[list[int]]:
+    """Indices of ``shapes`` grouped in order into buckets of at most ``bucket_bytes`` (a tensor bigger
+    than a bucket travels alone). Trainer and rollouts compute the same plan from the same shapes."""
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes={bucket_bytes}: allowed >= 1")
+    plan, cur, size = [], [], 0
+    for i, (_, shape, dtype) in enumerate(shapes):
+        n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        if cur and size + n > bucket_bytes:
+            plan.append(cur)
+            cur, size = [], 0
+        cur.append(i)
+        size += n
+    if cur:
+        plan.append(cur)
+    return plan
+
+
+def _shapes(model: nn.Module):
+    return [(n, p.shape, p.dtype) for n, p in model.named_parameters()]
+
+
+def _zero_units(zero):
+    return {id(p): u for u in zero.units for p in u.params} if zero is not None else {}
+
+
+def buckets(model: nn.Module, bucket_bytes: int, *, zero=None, gather: str = "bucketed",
+            stats: SyncStats | None = None):
+    """Yield ``(indices, flat)``: the model's parameters in ``bucket_plan`` order, each bucket flattened
+    into one new tensor. Call on every trainer rank (ZeRO-3 gathers are collective in its group).
+
+    ``zero``: a ``mlsys_nb.parallel.zero.ZeRO`` (stage 3) wrapping ``model``: a unit is gathered when
+    a bucket first needs it and freed as soon as no later bucket does (``gather="bucketed"``), or every
+    unit is gathered up front and the full state copied before the first bucket (``gather="full"``,
+    the naive way: about twice the model's bytes at the peak)."""
+    if gather not in ("bucketed", "full"):
+        raise ValueError(f"gather={gather!r}: allowed 'bucketed', 'full'")
+    stats = stats or SyncStats("buckets")
+    params = [p for _, p in model.named_parameters()]
+    plan = bucket_plan(_shapes(model), bucket_bytes)
+    owner = _zero_units(zero)
+    if zero is not None and zero.stage != 3:
+        owner = {}  # stages 1-2 keep the full parameters on every rank
+    full_copy = None
+    if gather == "full":
+        units = [u for u in zero.units if u in owner.values()] if owner else []  # same order on every rank
+        for u in units:
+            u.gather()
+            u.wait()
+            stats.hold(u.padded_numel * u.full.element_size())
+        full_copy = [p.detach().clone() for p in params]  # the naive full state dict
+        stats.hold(sum(t.numel() * t.element_size() for t in full_copy))
+        for u in units:
+            stats.release(u.padded_numel * u.full.element_size())
+            u.free()
+    last_use = {}
+    for b, idx in enumerate(plan):
+        for i in idx:
+            if id(params[i]) in owner:
+                last_use[id(owner[id(params[i])])] = b
+    live = {}
+    for b, idx in enumerate(plan):
+        if full_copy is None:
+            for i in idx:
+                u = owner.get(id(params[i]))
+                if u is not None and id(u) not in live:
+                    u.gather()
+                    u.wait()
+                    live[id(u)] = u
+                    stats.hold(u.padded_numel * u.full.element_size())
+        src = full_copy if full_copy is not None else params
+        flat = torch.cat([src[i].detach().reshape(-1) for i in idx])
+        stats.hold(flat.numel() * flat.element_size())
+        yield idx, flat
+        stats.release(flat.numel() * flat.element_size())
+        del flat
+        for key, u in list(live.items()):
+            if last_use[key] == b:
+                stats.release(u.padded_numel * u.full.element_size())
+                u.free()
+                del live[key]
+    if full_copy is not None:
+        stats.release(sum(t.numel() * t.element_size() for t in full_copy))
+
+
+def _wait(work, roles: Roles, what: str) -> None:
+    try:
+        work.wait(datetime.timedelta(seconds=roles.timeout_s))
+    except Exception as e:  # gloo raises RuntimeError on its timeout
+        raise WeightSyncTimeout(
+            f"weight sync ({what}) from trainer rank {roles.src} to rollout ranks {roles.rollout_ranks} did not "
+            f"complete within {roles.timeout_s} s (this is rank {roles.rank}): a peer is missing or stuck "
+            f"[{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}]") from e
+
+
+@torch.no_grad()
+def sync_broadcast(model: nn.Module, roles: Roles, *, bucket_bytes: int = 1 << 20, zero=None,
+                   gather: str = "bucketed", wire: bool = False) -> SyncStats:
+    """Send the trainer's weights to every rollout rank by bucketed broadcast in the sync group.
+
+    Call on every rank: trainers (all of them, ZeRO-3 gathers are collective) pass their (wrapped)
+    model, rollouts their engine's model of the same architecture. ``wire=True`` measures this rank's
+    TCP bytes with ``mlsys_nb.comm.wire.WireCounter``. Returns this rank's ``SyncStats``."""
+    stats = SyncStats("broadcast")
+    in_sync = roles.rank == roles.src or not roles.is_trainer
+    counter = None
+    if wire:
+        from ..comm.wire import WireCounter
+
+        counter = WireCounter()
+        counter.__enter__()
+    t0 = time.perf_counter()
+    if roles.is_trainer:
+        for _, flat in buckets(model, bucket_bytes, zero=zero, gather=gather, stats=stats):
+            if in_sync:
+                _wait(dist.broadcast(flat, src=roles.src, group=roles.sync_group, async_op=True), roles, "broadcast")
+                stats.nbytes += flat.numel() * flat.element_size()
+                stats.n_buckets += 1
+    else:
+        params = [p for _, p in model.named_parameters()]
+        for idx in bucket_plan(_shapes(model), bucket_bytes):
+            n = sum(params[i].numel() for i in idx)
+            flat = torch.empty(n, dtype=params[idx[0]].dtype)
+            stats.hold(flat.numel() * flat.element_size())
+            _wait(dist.broadcast(flat, src=roles.src, group=roles.sync_group, async_op=True), roles, "broadcast")
+            off = 0
+            for i in idx:
+                k = params[i].numel()
+                params[i].copy_(flat[off:off + k].view_as(params[i]))
+                off += k
+            stats.release(flat.numel() * flat.element_size())
+            stats.nbytes += flat.numel() * flat.element_size()
+            stats.n_buckets += 1
+    stats.seconds = time.perf_counter() - t0
+    if counter is not None:
+        counter.__exit__(None, None, None)
+        stats.wire_sent, stats.wire_received = counter.raw_sent_bytes, counter.raw_received_bytes
+    return stats
+
+
+def _barrier(roles: Roles, what: str) -> None:
+    _wait(dist.barrier(group=roles.sync_group, async_op=True), roles, what)
+
+
+@torch.no_grad()
+def sync_file(model: nn.Module, roles: Roles, path: str, *, zero=None, bucket_bytes: int = 1 << 20) -> SyncStats:
+    """Trainer rank 0 writes the full weights to ``path`` (``torch.save``); after a barrier in the sync
+    group every rollout loads them (``torch.load(mmap=True)``) into its model. ``nbytes`` = file size."""
+    stats = SyncStats("file")
+    t0 = time.perf_counter()
+    names = [n for n, _ in model.named_parameters()]
+    if roles.is_trainer:
+        state = {}
+        for idx, flat in buckets(model, bucket_bytes, zero=zero, stats=stats):
+            off = 0
+            params = dict(model.named_parameters())
+            for i in idx:
+                p = params[names[i]]
+                state[names[i]] = flat[off:off + p.numel()].view(p.shape).clone()
+                off += p.numel()
+        if roles.rank == roles.src:
+            tmp = path + ".tmp"
+            torch.save(state, tmp)
+            os.replace(tmp, path)  # rollouts never see a half-written file
+            stats.nbytes = os.path.getsize(path)
+            _barrier(roles, "file written")
+    else:
+        _barrier(roles, "file written")
+        state = torch.load(path, mmap=True, weights_only=True)
+        model.load_state_dict(state, strict=False)
+        stats.nbytes = os.path.getsize(path)
+    if roles.rank == roles.src or not roles.is_trainer:
+        _barrier(roles, "file read")  # the trainer may overwrite the file only after every rollout read it
+    stats.seconds = time.perf_counter() - t0
+    return stats
+
+
+class SharedWeights:
+    """Zero-copy weights for co-located trainer and rollout processes.
+
+    The trainer (``roles.src``) builds ``SharedWeights(model, roles)``: one flat buffer in shared memory
+    (``file_system`` strategy) that its own copy of the weights is written into by ``publish()``; the
+    rollouts build ``SharedWeights(model, roles)`` too and, once, turn their parameters into views of
+    the same pages. After that a sync is ``publish()`` (one memcpy on the trainer) plus a barrier:
+    the rollouts read the new weights without copying. ``handle_bytes`` is what crossed a socket.
+    On GPUs, ``reduce_tensor`` of a CUDA tensor produces a CUDA IPC handle through the same path
+    (the flat buffer would then be allocated on the trainer's device; not run on this CPU machine).
+    """
+
+    def __init__(self, model: nn.Module, roles: Roles, *, zero=None):
+        import torch.multiprocessing as mp
+        from multiprocessing.reduction import ForkingPickler  # torch.multiprocessing registers tensors here
+
+        mp.set_sharing_strategy("file_system")
+        self.model, self.roles, self.zero = model, roles, zero
+        params = [p for _, p in model.named_parameters()]
+        numel = sum(p.numel() for p in params)
+        self.nbytes = numel * params[0].element_size()
+        participant = roles.rank == roles.src or not roles.is_trainer
+        payload = [None]
+        if roles.rank == roles.src:
+            device = params[0].device
+            self.flat = torch.zeros(numel, dtype=params[0].dtype, device=device)
+            if device.type == "cpu":
+                self.flat.share_memory_()
+            payload = [bytes(ForkingPickler.dumps(self.flat))]  # CPU: file_system handle; CUDA: IPC handle
+        if participant:
+            dist.broadcast_object_list(payload, src=roles.src, group=roles.sync_group)
+            self.handle_bytes = len(payload[0])
+        if not roles.is_trainer:
+            self.flat = pickle.loads(payload[0])
+            off = 0
+            for p in params:  # parameters become views into the shared pages: zero copies from now on
+                p.data = self.flat[off:off + p.numel()].view_as(p)
+                off += p.numel()
+        if participant:
+            _barrier(roles, "shared memory opened")
+
+    @torch.no_grad()
+    def publish(self) -> SyncStats:
+        """Trainers: gather (ZeRO-3) and write the weights into the shared buffer; rollouts: wait for it.
+        Call on every rank after each training step."""
+        stats = SyncStats("shm")
+        t0 = time.perf_counter()
+        roles = self.roles
+        if roles.is_trainer:
+            off = 0
+            for _, flat in buckets(self.model, 1 << 20, zero=self.zero, stats=stats):
+                if roles.rank == roles.src:
+                    self.flat[off:off + flat.numel()].copy_(flat)
+                off += flat.numel()
+                stats.n_buckets += 1
+            stats.nbytes = off * self.flat.element_size() if roles.rank == roles.src else 0
+        if roles.rank == roles.src or not roles.is_trainer:
+            _barrier(roles, "shared weights published")
+        stats.seconds = time.perf_counter() - t0
+        return stats
+
+
+def weights_equal(model: nn.Module, roles: Roles, *, zero=None) -> bool:
+    """True on every rank iff each rollout's parameters equal trainer rank 0's bit for bit (the
+    independent reference: a plain ``dist.broadcast`` of each full parameter, compared with
+    ``torch.equal``). Collective over the world."""
+    ok = torch.ones(1)
+    params = [p for _, p in model.named_parameters()]
+    owner = _zero_units(zero) if zero is not None and zero.stage == 3 else {}
+    for p in params:
+        u = owner.get(id(p))
+        if u is not None:
+            u.gather()
+            u.wait()
+        ref = p.detach().clone()
+        if u is not None:
+            u.free()
+        dist.broadcast(ref, src=roles.src)
+        if not roles.is_trainer and not torch.equal(ref, p.detach()):
+            ok.zero_()
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    return bool(ok.item())
+
+
+def toy_config(hidden: int = 32, n_layers: int = 2, *, vocab: int = 257, seq_len: int = 64):
+    """A small ``ModelConfig`` for the trainer and rollouts (byte vocabulary, Llama style)."""
+    from ..config import ModelConfig
+
+    return ModelConfig(n_layers=n_layers, hidden=hidden, n_heads=max(1, hidden // 16), vocab_size=vocab,
+                       seq_len=seq_len)
+
+
+def toy_train_step(model: nn.Module, optimizer, *, step: int, zero=None, group=None, batch: int = 2,
+                   seq: int = 16) -> float:
+    """One gradient step on a toy objective (next-token loss on random bytes, seeded by ``step`` and
+    the rank): stands in for the RLHF loss. Returns the loss."""
+    g = torch.Generator().manual_seed(1000 * step + dist.get_rank())
+    vocab = model.cfg.vocab_size
+    x = torch.randint(0, vocab, (batch, seq + 1), generator=g)
+    loss = model(x[:, :-1], x[:, 1:])
+    if isinstance(loss, tuple):
+        loss = loss[0]
+    loss.backward()
+    if zero is not None:
+        zero.step()
+        zero.zero_grad()
+    else:
+        n = dist.get_world_size(group)
+        for p in model.parameters():  # plain DDP-style average over the trainer group
+            if p.grad is not None:
+                dist.all_reduce(p.grad, group=group)
+                p.grad.div_(n)
+        optimizer.step()
+        optimizer.zero_grad()
+    return float(loss)
+
+
+def broadcast_model_seconds(nbytes: float, n: int, alpha_s: float, beta_bytes_per_s: float,
+                            bucket_bytes: float | None = None) -> float:
+    """α-β model of the bucketed broadcast: ``k`` buckets of ``nbytes/k`` each over gloo's binomial
+    tree (``mlsys_nb.comm.cost.collective_time("broadcast", ..., algorithm="binomial_tree")``), so
+    ``T = k·⌈log2 n⌉·α + ⌈log2 n⌉·nbytes/β``. Seconds."""
+    from ..comm.cost import collective_time
+
+    k = 1 if not bucket_bytes else max(1, -(-int(nbytes) // int(bucket_bytes)))
+    return k * collective_time("broadcast", nbytes / k, n, alpha_s, beta_bytes_per_s, algorithm="binomial_tree")
