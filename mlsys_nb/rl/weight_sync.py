@@ -42,7 +42,8 @@ import torch.distributed as dist
 from torch import nn
 
 __all__ = ["Roles", "SharedWeights", "SyncStats", "WeightSyncTimeout", "broadcast_model_seconds", "bucket_plan",
-           "buckets", "make_roles", "sync_broadcast", "sync_file", "toy_config", "toy_train_step", "weights_equal"]
+           "buckets", "make_roles", "measure", "sync_broadcast", "sync_file", "toy_config", "toy_train_step",
+           "weights_equal"]
 
 PATHS = ("file", "broadcast", "shm")
 
@@ -415,3 +416,65 @@ def broadcast_model_seconds(nbytes: float, n: int, alpha_s: float, beta_bytes_pe
 
     k = 1 if not bucket_bytes else max(1, -(-int(nbytes) // int(bucket_bytes)))
     return k * collective_time("broadcast", nbytes / k, n, alpha_s, beta_bytes_per_s, algorithm="binomial_tree")
+
+
+def _measure_rank(hiddens, n_layers, bucket_bytes, tmpdir, repeats):
+    import statistics
+
+    from ..models import Transformer
+
+    roles = make_roles(1, timeout_s=60)
+    rows = []
+    for h in hiddens:
+        torch.manual_seed(0 if roles.is_trainer else 1)  # rollouts start from other weights
+        model = Transformer(toy_config(h, n_layers))
+        nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        shared = None
+        for path in PATHS:
+            if path == "shm":
+                shared = SharedWeights(model, roles)
+            stats = []
+            for _ in range(repeats):
+                dist.barrier()
+                if path == "broadcast":
+                    stats.append(sync_broadcast(model, roles, bucket_bytes=bucket_bytes, wire=True))
+                elif path == "file":
+                    stats.append(sync_file(model, roles, os.path.join(tmpdir, "weights.pt")))
+                else:
+                    stats.append(shared.publish())
+            rows.append({"hidden": h, "path": path, "model_bytes": nbytes,
+                         "seconds": statistics.median(s.seconds for s in stats),
+                         "wire_sent": stats[-1].wire_sent, "wire_received": stats[-1].wire_received,
+                         "moved_bytes": stats[-1].nbytes, "equal": weights_equal(model, roles)})
+            with torch.no_grad():  # perturb the trainer so the next path has something to move
+                if roles.is_trainer:
+                    for p in model.parameters():
+                        p.add_(1e-3)
+        if roles.is_trainer:
+            rows[-1]["handle_bytes"] = shared.handle_bytes
+    return rows
+
+
+def measure(hiddens=(64, 128, 256), *, n_rollouts: int = 1, n_layers: int = 2, bucket_bytes: int = 1 << 20,
+            repeats: int = 3, timeout: float = 120.0, workdir: str | None = None) -> list[dict]:
+    """Measure the three paths on real ranks (1 trainer + ``n_rollouts``) for toy models of widths ``hiddens``.
+
+    Returns one row per (hidden, path) as seen by the trainer: ``model_bytes``, median ``seconds``, the
+    bytes it moved and its wire bytes (broadcast only), ``equal`` (every rollout bit-equal after the
+    sync), plus ``rollout_wire_received`` from rollout 1. Validates arguments before any rank starts."""
+    import tempfile
+
+    from .. import launch
+
+    if not isinstance(n_rollouts, int) or not 1 <= n_rollouts <= 3:
+        raise ValueError(f"n_rollouts={n_rollouts!r}: allowed 1..3 on this kit's local ranks")
+    if not hiddens or any(not isinstance(h, int) or h < 16 or h % 16 for h in hiddens):
+        raise ValueError(f"hiddens={hiddens!r}: allowed ints >= 16, multiples of 16")
+    with tempfile.TemporaryDirectory(dir=workdir) as d:
+        out = launch(_measure_rank, world_size=1 + n_rollouts, args=(tuple(hiddens), n_layers, bucket_bytes, d,
+                                                                      repeats), timeout=timeout, output="quiet")
+    rows = out[0]
+    for r, rr in zip(rows, out[1]):
+        r["rollout_wire_received"] = rr["wire_received"]
+        r["rollout_seconds"] = rr["seconds"]
+    return rows
