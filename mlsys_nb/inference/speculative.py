@@ -225,15 +225,13 @@ def speculative_generate(target, prompt_ids, *, draft=None, k: int = 4, max_new_
     t0 = time.perf_counter()
 
     def dist(logits, prefix):
-        pr = to_probs(logits, temperature)
         if allowed is not None:
             m = allowed(prefix)
-            if m is not None:
-                pr = pr * m.to(pr.dtype)
-                if temperature == 0:  # greedy under the mask: argmax of the masked logits
-                    pr = to_probs(logits.float().masked_fill(~m, float("-inf")), 0.0)
-                pr = pr / pr.sum().clamp_min(1e-30)
-        return pr
+            if m is not None:  # the grammar: disallowed logits to -inf BEFORE the softmax
+                from .structured import apply_mask
+
+                logits = apply_mask(logits, m)
+        return to_probs(logits, temperature)
 
     while len(out) < max_new_tokens:
         context = prompt + out
