@@ -17,6 +17,11 @@ Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
   ``machine_roofline`` its matmul FLOP/s and copy bandwidth.
 - Paged KV cache and prefix caching (``paged``, ``radix``): ``BlockManager``, ``PagedKVCache``,
   ``paged_attention``, ``RadixCache``.
+- Speculative decoding (``speculative``): ``speculative_generate(target, prompt_ids, draft=model|"ngram",
+  k=...)``, the rejection rule ``verify``, closed forms ``expected_tokens_per_step``,
+  ``expected_speedup``, ``best_k``.
+- Structured outputs (``structured``): ``Grammar.compile(json_schema=|regex=|choice=)``, a budget-aware
+  token mask over outlines-core's automaton, ``apply_mask``, ``generate_structured``.
 """
 from .kv_cache import DTYPE_BYTES, KVCache, kv_bytes_per_token, kv_cache_bytes, max_concurrent_sequences, weight_bytes
 from .tokenizer import ByteTokenizer
@@ -43,6 +48,14 @@ __all__ = [
     "prefill_cost",
     "step_cost",
     "weight_bytes",
+    "Grammar",
+    "GrammarError",
+    "apply_mask",
+    "best_k",
+    "expected_speedup",
+    "expected_tokens_per_step",
+    "generate_structured",
+    "speculative_generate",
 ]
 
 _LAZY = {
@@ -52,6 +65,10 @@ _LAZY = {
     "attention_flops": ".roofline", "Generation": ".generation",
     "BlockManager": ".paged", "PagedKVCache": ".paged", "paged_attention": ".paged",
     "RadixCache": ".radix",
+    "speculative_generate": ".speculative", "best_k": ".speculative", "expected_speedup": ".speculative",
+    "expected_tokens_per_step": ".speculative",
+    "Grammar": ".structured", "GrammarError": ".structured", "apply_mask": ".structured",
+    "generate_structured": ".structured",
 }
 
 
