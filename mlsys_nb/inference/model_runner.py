@@ -72,6 +72,13 @@ class StepBatch:
             self.dec_lens = torch.tensor(dec_lens, device=dev)
         self.scheduled = [(s, n) for s, n in (scheduled[i] for i in order)]
 
+    def begin(self, b: int, s: int) -> torch.Tensor:
+        """The model's cache protocol: positions of the new tokens ([1, T], packed)."""
+        return self.positions
+
+    def commit(self) -> None:
+        """The model's cache protocol: nothing to do (the scheduler advances ``num_computed_tokens``)."""
+
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         kc, vc = self.kv.k[layer_idx], self.kv.v[layer_idx]  # [num_blocks, block_size, n_kv, d]
         n_kv, d = kc.shape[2], kc.shape[3]
