@@ -56,6 +56,8 @@ class ModelConfig:
     n_dense_layers: int = 0
     dropout: float = 0.0
     rope_theta: float = 10000.0
+    norm_eps: float = 1e-5  # epsilon of every RMSNorm/LayerNorm (Llama checkpoints: 1e-5 or 1e-6)
+    qkv_bias: bool = False  # biases on the q/k/v projections only (Qwen2); ``bias`` puts them everywhere
     name: str = ""
     source: str = field(default="", compare=False)
     # Multi-head latent attention (DeepSeek-V2/V3), counted by mlsys_nb.memory only (the small
@@ -108,6 +110,9 @@ class ModelConfig:
             _check_int("expert_ffn_hidden", self.expert_ffn_hidden)
         for name in ("q_lora_rank", "kv_lora_rank", "rope_head_dim"):
             _check_int(name, getattr(self, name), 0)
+        if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float)) or not (
+                0.0 < self.norm_eps < 1.0):
+            raise ValueError(f"norm_eps={self.norm_eps!r} is out of range: allowed (0, 1)")
         if not (0.0 <= self.dropout < 1.0):
             raise ValueError(f"dropout={self.dropout} is out of range: allowed [0, 1)")
 

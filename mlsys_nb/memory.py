@@ -88,8 +88,9 @@ def _attn_params(m: ModelConfig, tp: int) -> tuple[float, int]:
     kv_heads_rank = m.n_kv_heads / tp if tp <= m.n_kv_heads else 1  # KV heads replicated past n_kv
     shard = h * m.q_dim / tp + 2 * h * d * kv_heads_rank + m.q_dim * h / tp
     rep = 0
-    if m.bias:
+    if m.bias or m.qkv_bias:
         shard += m.q_dim / tp + 2 * d * kv_heads_rank
+    if m.bias:
         rep += h
     return shard, rep
 

@@ -1,22 +1,67 @@
-"""Inference: paged KV cache, a serving engine (continuous batching, chunked prefill, preemption), a server.
+"""Inference: what happens after training. The KV cache, paged blocks, prefix caching, the roofline.
 
-- ``LLM``, ``LLMEngine``, ``SamplingParams``, ``RequestOutput``, ``CompletionOutput`` (``engine``,
-  ``sampling_params``, ``sequence``): vLLM-style offline generation and the engine loop.
-- ``Scheduler`` (``scheduler``), ``ModelRunner`` (``model_runner``), ``sample`` (``sampler``).
-- ``paged``: ``BlockManager``, ``PagedKVCache``, ``paged_attention``.
-- ``workload``: Poisson arrivals, length distributions, shared prefixes; ``metrics``: TTFT, TPOT,
-  ITL, latency percentiles, throughput, the CPU-overhead and overlap-scheduling models.
-- ``python -m mlsys_nb.inference.serve --model tiny``: an OpenAI-compatible FastAPI server.
+Everything runs on the package's own ``mlsys_nb.models.Transformer`` (which can be loaded from a
+Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
+
+- ``KVCache(model, n_seqs, max_len)`` (``kv_cache``): the contiguous cache; its module docstring is
+  the cache PROTOCOL every cache implements (``plan``, ``begin``, ``attend``, ``commit``) and that
+  ``Transformer.forward(tokens, cache=cache)`` calls.
+- ``kv_cache_bytes(model, tokens, dtype)``, ``kv_bytes_per_token``, ``weight_bytes``,
+  ``max_concurrent_sequences(model, gpu, seq_len, ...)``: sizes in bytes (MHA/GQA/MQA and MLA).
+- ``ByteTokenizer`` (``tokenizer``): ids 0-255 are bytes, ``eos_id`` = 256; incremental decoding
+  (``decode_stream``) holds back an incomplete UTF-8 character.
+- ``generate(model, tokenizer, prompts, ...)`` (``generate``): greedy/sampled decoding with the cache.
+- Roofline (``roofline``): ``step_cost``, ``prefill_cost``, ``decode_cost`` -> ``StepCost`` (FLOPs,
+  bytes, arithmetic intensity, compute- or memory-bound, modelled time per token on a GPU of
+  data/hardware.yaml); ``measure_throughput`` measures tokens/s on this machine.
+- Paged KV cache and prefix caching (``paged``, ``radix``): ``BlockManager``, ``PagedKVCache``,
+  ``paged_attention``, ``RadixCache``.
+- The serving engine, in vLLM's style (``engine``, ``scheduler``, ``model_runner``, ``sampler``,
+  ``sampling_params``, ``sequence``): ``LLM(model, ...).generate(prompts, SamplingParams(...))`` ->
+  ``RequestOutput``s; ``LLMEngine`` (``add_request``, ``step``, ``abort_request``) with continuous
+  batching, chunked prefill, preemption (recompute or swap), prefix caching; ``llm.load_weights``.
+- ``workload`` (Poisson arrivals, length distributions, shared prefixes) and ``metrics`` (TTFT,
+  TPOT, ITL, latency percentiles, throughput, CPU overhead per phase, the overlap-scheduling model).
+- ``python -m mlsys_nb.inference.serve --model tiny`` (``serve``): an OpenAI-compatible server.
 """
-from .sampling_params import SamplingParams
-from .sequence import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from .kv_cache import DTYPE_BYTES, KVCache, kv_bytes_per_token, kv_cache_bytes, max_concurrent_sequences, weight_bytes
+from .tokenizer import ByteTokenizer
 
-__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics", "Logprob"]
+__all__ = [
+    "LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput",
+    "DTYPE_BYTES",
+    "BlockManager",
+    "ByteTokenizer",
+    "KVCache",
+    "PagedKVCache",
+    "RadixCache",
+    "StepCost",
+    "decode_cost",
+    "generate",
+    "kv_bytes_per_token",
+    "kv_cache_bytes",
+    "max_concurrent_sequences",
+    "measure_throughput",
+    "paged_attention",
+    "prefill_cost",
+    "step_cost",
+    "weight_bytes",
+]
+
+_LAZY = {
+    "generate": ".generate",
+    "StepCost": ".roofline", "step_cost": ".roofline", "prefill_cost": ".roofline", "decode_cost": ".roofline",
+    "measure_throughput": ".roofline",
+    "BlockManager": ".paged", "PagedKVCache": ".paged", "paged_attention": ".paged",
+    "RadixCache": ".radix",
+    "LLM": ".engine", "LLMEngine": ".engine", "SamplingParams": ".sampling_params",
+    "RequestOutput": ".sequence", "CompletionOutput": ".sequence",
+}
 
 
-def __getattr__(name):  # torch-heavy parts load on first use
-    if name in ("LLM", "LLMEngine"):
-        from . import engine
+def __getattr__(name):  # the roofline, paged and radix parts load on first use
+    if name in _LAZY:
+        import importlib
 
-        return getattr(engine, name)
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module 'mlsys_nb.inference' has no attribute {name!r}")
