@@ -182,7 +182,7 @@ def test_stops(model):
     o = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=16, stop_token_ids=[stop_tok]),
                      use_tqdm=False)[0].outputs[0]
     assert o.finish_reason == "stop" and o.stop_reason == stop_tok and o.token_ids == ref[:ref.index(stop_tok) + 1]
-    llm.engine.eos_token_id = stop_tok  # the model's end-of-sequence id stops it unless ignore_eos
+    llm.engine.eos_token_ids = {stop_tok}  # the model's end-of-sequence id stops it unless ignore_eos
     o = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)[0].outputs[0]
     assert o.finish_reason == "stop" and o.token_ids == reference_greedy(model, prompt, 16, eos=stop_tok)
     o = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)[0]
@@ -238,3 +238,33 @@ def test_load_weights_clears_prefix_cache(model):
     out = llm.generate(prompt, GREEDY, use_tqdm=False)[0]
     assert out.num_cached_tokens == 0, "the prefix cache holds K/V of the old weights"
     assert out.outputs[0].token_ids == reference_greedy(new, prompt, 16)
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                   rms_norm_eps=1e-6, initializer_range=0.1,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 5000.0})
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(num_blocks=20, block_size=4, max_num_batched_tokens=12),
+                                dict(num_blocks=20, block_size=4, preemption_mode="swap", max_num_batched_tokens=5)],
+                         ids=["default", "chunks of 12 + preemption", "chunks of 5 + swap"])
+def test_greedy_equals_transformers_generate(hf_model, kw):
+    """The engine on a converted transformers Llama answers exactly what transformers' generate does."""
+    prompts = random_prompts(6, 2, 50, seed=9, vocab=320)
+    llm = LLM(hf_model, **kw)
+    assert llm.engine.eos_token_ids == {hf_model.generation_config.eos_token_id}  # 2 in transformers 5
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
+    with torch.no_grad():
+        for p, o in zip(prompts, outs):
+            want = hf_model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                     do_sample=False, max_new_tokens=12, pad_token_id=0)[0, len(p):].tolist()
+            assert o.outputs[0].token_ids == want
+            assert o.outputs[0].finish_reason == ("stop" if want[-1] == 2 else "length")
+    if kw:
+        assert sum(llm.engine.status()["preemptions"].values()) > 0

@@ -28,6 +28,7 @@ from .sampler import sample
 from .sampling_params import SamplingParams
 from .scheduler import PREEMPTION_MODES, Scheduler
 from .sequence import RequestOutput, Sequence, SequenceStatus
+from .tokenizer import ByteTokenizer, decode_stream
 
 PHASES = ("schedule", "prepare", "model", "sample", "postprocess")
 
@@ -56,10 +57,13 @@ class LLMEngine:
                 raise ValueError(f"{name}={value!r}: must be an integer >= {low}")
         if preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode={preemption_mode!r}: allowed {PREEMPTION_MODES}")
+        hf = _is_hf(model)
         self.model = resolve_model(model, seed).eval()
-        self.tokenizer = resolve_tokenizer(tokenizer, self.model)
-        self.eos_token_id = getattr(self.tokenizer, "eos_token_id", None) if self.tokenizer is not None \
-            else getattr(model, "_mlsys_eos_token_id", None)
+        self.tokenizer = resolve_tokenizer(tokenizer, self.model, hf)
+        # the end-of-sequence id: the tokenizer's, else a transformers model's generation config's
+        eos = getattr(self.tokenizer, "eos_token_id", None) if self.tokenizer is not None else \
+            getattr(getattr(model, "generation_config", None), "eos_token_id", None) if hf else None
+        self.eos_token_ids = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
         cfg = self.model.cfg
         p = next(self.model.parameters())
         block_bytes = 2 * cfg.n_layers * block_size * cfg.n_kv_heads * cfg.head_dim * p.element_size()
@@ -158,9 +162,10 @@ class LLMEngine:
         if lp is not None:
             seq.logprobs.append(lp)
             seq.cumulative_logprob += lp[tok].logprob
-        is_eos = tok == self.eos_token_id and not p.ignore_eos
-        if self.tokenizer is not None:
-            seq.text = self.decode(seq.output_token_ids[:-1] if is_eos else seq.output_token_ids)
+        is_eos = tok in self.eos_token_ids and not p.ignore_eos
+        if self.tokenizer is not None and not is_eos:  # incremental detokenization
+            seq.detok = seq.detok or decode_stream(self.tokenizer)
+            seq.text += seq.detok.step(tok)
         if is_eos:
             seq.finish_reason = "stop"
         elif tok in p.stop_token_ids:
@@ -170,6 +175,8 @@ class LLMEngine:
             seq.text, seq.finish_reason, seq.stop_reason = seq.text[:cut], "stop", stop
         elif len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             seq.finish_reason = "length"
+        if seq.finish_reason is not None and seq.detok is not None and seq.stop_reason not in p.stop:
+            seq.text += seq.detok.flush()  # an incomplete character at the end, as U+FFFD
         if seq.finish_reason is not None:
             m.finished_time = now
             self.scheduler.finish(seq)
@@ -277,7 +284,7 @@ def resolve_model(model, seed: int = 0):
         return Transformer(model)
     if isinstance(model, Transformer):
         return model
-    if hasattr(model, "config") and hasattr(model, "generate"):  # a transformers model
+    if _is_hf(model):
         from ..models import from_hf
 
         return from_hf(model)
@@ -285,27 +292,20 @@ def resolve_model(model, seed: int = 0):
                     "or a transformers causal LM")
 
 
-def resolve_tokenizer(tokenizer, model):
+def _is_hf(model) -> bool:
+    return hasattr(model, "config") and hasattr(model, "generate") and not hasattr(model, "cfg")
+
+
+def resolve_tokenizer(tokenizer, model, hf: bool = False):
     if isinstance(tokenizer, str):
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(tokenizer)
     if tokenizer is not None:
         return tokenizer
-    if getattr(model, "_mlsys_from_hf", False):
+    if hf:
         return None  # a converted transformers model: token ids only unless its tokenizer is passed
-    return _ByteTokenizer(model.cfg.vocab_size)
-
-
-class _ByteTokenizer:  # TEMPORARY until the package's byte-level tokenizer lands
-    def __init__(self, vocab_size):
-        self.eos_token_id = 256 if vocab_size > 256 else None
-
-    def encode(self, text):
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids, skip_special_tokens=True):
-        return bytes(t for t in ids if t < 256).decode("utf-8", errors="replace")
+    return ByteTokenizer(model.cfg.vocab_size) if model.cfg.vocab_size >= 256 else None
 
 
 __all__ = ["LLM", "LLMEngine", "PHASES", "SequenceStatus", "resolve_model", "resolve_tokenizer"]

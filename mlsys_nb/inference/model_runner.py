@@ -24,8 +24,6 @@ On CPU the launch overhead it removes is what ``LLMEngine.step_times`` measures 
 """
 from __future__ import annotations
 
-import inspect
-
 import torch
 
 from .paged import PagedKVCache, paged_attention
@@ -133,11 +131,6 @@ class ModelRunner:
     def __init__(self, model, kv: PagedKVCache):
         self.model, self.kv = model, kv
         self.graphs = None
-        self.forward = model
-        if "cache" not in inspect.signature(model.forward).parameters:  # TEMPORARY until the model has it
-            from ._forward_shim import packed_forward
-
-            self.forward = lambda tokens, positions, cache: packed_forward(model, tokens, positions, cache)
 
     @torch.inference_mode()
     def run(self, scheduled: list[tuple[Sequence, int]], timer=None) -> tuple[torch.Tensor, StepBatch]:
@@ -147,7 +140,7 @@ class ModelRunner:
         if self.graphs is not None and not batch.prefills and self.graphs.fits(batch):
             logits = self.graphs.run(batch)
         else:
-            logits = self.forward(batch.tokens, positions=batch.positions, cache=batch)[0, batch.sample_rows]
+            logits = self.model(batch.tokens, positions=batch.positions, cache=batch)[0, batch.sample_rows]
         if timer:
             timer("model")
         return logits.float(), batch
@@ -177,11 +170,11 @@ class CUDAGraphRunner:
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s), torch.inference_mode():
-                runner.forward(io.tokens, positions=io.positions, cache=io)
+                runner.model(io.tokens, positions=io.positions, cache=io)
             torch.cuda.current_stream().wait_stream(s)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g), torch.inference_mode():
-                io.logits = runner.forward(io.tokens, positions=io.positions, cache=io)[0]
+                io.logits = runner.model(io.tokens, positions=io.positions, cache=io)[0]
             self.graphs[b], self.io[b] = g, io
 
     def fits(self, batch: StepBatch) -> bool:

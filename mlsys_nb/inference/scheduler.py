@@ -177,8 +177,8 @@ class Scheduler:
 
     def _swap_in(self, seq: Sequence) -> bool:
         n = seq.num_computed_tokens
-        if self.manager.blocks_needed(n) + 1 > self.manager.num_free_blocks():
-            return False
+        if self.manager.blocks_needed(seq.num_tokens) > self.manager.num_free_blocks():
+            return False  # room for its cached tokens and for the ones it feeds next
         cached = self.manager.allocate(seq.seq_id, seq.token_ids[:n])  # prefix-cache hits need no copy
         table = self.manager.seqs[seq.seq_id].table
         self.swap_pool.swap_in(seq.seq_id, self.kv, table, first=self._ready_blocks(seq, cached))

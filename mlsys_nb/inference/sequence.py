@@ -106,7 +106,8 @@ class Sequence:
         self.num_preemptions = 0
         self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob = 0.0
-        self.text = ""
+        self.text = ""  # detokenized so far (never ends inside a UTF-8 character while running)
+        self.detok = None  # the tokenizer's incremental decoder
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.metrics = RequestMetrics(arrival_time)
