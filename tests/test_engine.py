@@ -2,6 +2,7 @@
 composition, chunk size, preemptions (recompute and swap) and prefix caching; seeded sampling is
 reproducible per request; logprobs, stops, errors, load_weights."""
 import copy
+import itertools
 
 import pytest
 import torch
@@ -44,14 +45,14 @@ def random_prompts(k, lo=1, hi=60, seed=1, vocab=VOCAB):
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 CONFIGS = {
     "default": {},
-    "chunks of 7 tokens": dict(max_num_batched_tokens=7),
-    "no chunked prefill": dict(enable_chunked_prefill=False, max_num_batched_tokens=128),
-    "static batching": dict(continuous_batching=False, max_num_seqs=3),
-    "preempt by recompute": dict(num_blocks=24, block_size=4, max_num_batched_tokens=16),
-    "preempt by swap": dict(num_blocks=24, block_size=4, preemption_mode="swap"),
-    "swap pool too small (falls back to recompute)": dict(num_blocks=24, block_size=4, preemption_mode="swap",
-                                                          swap_blocks=12),
-    "no prefix caching, batch of 2": dict(enable_prefix_caching=False, max_num_seqs=2),
+    "chunks of 7 tokens": {"max_num_batched_tokens": 7},
+    "no chunked prefill": {"enable_chunked_prefill": False, "max_num_batched_tokens": 128},
+    "static batching": {"continuous_batching": False, "max_num_seqs": 3},
+    "preempt by recompute": {"num_blocks": 24, "block_size": 4, "max_num_batched_tokens": 16},
+    "preempt by swap": {"num_blocks": 24, "block_size": 4, "preemption_mode": "swap"},
+    "swap pool too small (falls back to recompute)": {"num_blocks": 24, "block_size": 4, "preemption_mode": "swap",
+                                                          "swap_blocks": 12},
+    "no prefix caching, batch of 2": {"enable_prefix_caching": False, "max_num_seqs": 2},
 }
 
 
@@ -251,8 +252,8 @@ def hf_model():
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(num_blocks=20, block_size=4, max_num_batched_tokens=12),
-                                dict(num_blocks=20, block_size=4, preemption_mode="swap", max_num_batched_tokens=5)],
+@pytest.mark.parametrize("kw", [{}, {"num_blocks": 20, "block_size": 4, "max_num_batched_tokens": 12},
+                                {"num_blocks": 20, "block_size": 4, "preemption_mode": "swap", "max_num_batched_tokens": 5}],
                          ids=["default", "chunks of 12 + preemption", "chunks of 5 + swap"])
 def test_greedy_equals_transformers_generate(hf_model, kw):
     """The engine on a converted transformers Llama answers exactly what transformers' generate does."""
@@ -268,3 +269,24 @@ def test_greedy_equals_transformers_generate(hf_model, kw):
             assert o.outputs[0].finish_reason == ("stop" if want[-1] == 2 else "length")
     if kw:
         assert sum(llm.engine.status()["preemptions"].values()) > 0
+
+
+def test_workload_prefix_hits_equal_the_analytical_count(model):
+    from mlsys_nb.inference.engine import LLMEngine
+    from mlsys_nb.inference.metrics import percentile, summarize
+    from mlsys_nb.inference.workload import make_workload, run_workload, shared_prefix_tokens
+
+    reqs = make_workload(10, rate=200.0, prompt_len=(20, 40), output_len=(2, 5), shared_prefix_len=17, n_prefixes=2,
+                         vocab_size=VOCAB, seed=3)
+    assert reqs == make_workload(10, rate=200.0, prompt_len=(20, 40), output_len=(2, 5), shared_prefix_len=17,
+                                 n_prefixes=2, vocab_size=VOCAB, seed=3)
+    assert all(b.arrival_time > a.arrival_time for a, b in itertools.pairwise(reqs))
+    eng = LLMEngine(model, block_size=4, max_num_seqs=1)  # one at a time: every earlier prefix is computed
+    outs, secs = run_workload(eng, reqs, use_tqdm=False)
+    assert eng.stats["cached_tokens"] == shared_prefix_tokens(reqs, 4) > 0
+    assert [len(o.outputs[0].token_ids) for o in outs] == [r.max_tokens for r in reqs]
+    s = summarize(outs, secs)
+    assert s["ttft_ms_p50"] <= s["ttft_ms_p99"] and s["e2e_ms_p50"] >= s["ttft_ms_p50"]
+    xs = [3.0, 1.0, 4.0, 1.5, 9.0]
+    import numpy as np
+    assert abs(percentile(xs, 90) - float(np.percentile(xs, 90))) < 1e-12

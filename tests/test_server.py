@@ -73,7 +73,7 @@ def test_32_concurrent_requests_stream_equals_non_stream(server, client):
     from mlsys_nb.inference import LLM, SamplingParams
 
     prompts = [f"request {i}: " + "abc" * (i % 5) for i in range(32)]
-    kw = dict(model="tiny", max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+    kw = {"model": "tiny", "max_tokens": 24, "temperature": 0, "extra_body": {"ignore_eos": True}}
 
     def plain(p):
         return client.completions.create(prompt=p, **kw)

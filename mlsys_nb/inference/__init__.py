@@ -28,13 +28,17 @@ from .kv_cache import DTYPE_BYTES, KVCache, kv_bytes_per_token, kv_cache_bytes, 
 from .tokenizer import ByteTokenizer
 
 __all__ = [
-    "LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput",
     "DTYPE_BYTES",
+    "LLM",
     "BlockManager",
     "ByteTokenizer",
+    "CompletionOutput",
     "KVCache",
+    "LLMEngine",
     "PagedKVCache",
     "RadixCache",
+    "RequestOutput",
+    "SamplingParams",
     "StepCost",
     "decode_cost",
     "generate",

@@ -308,4 +308,4 @@ def resolve_tokenizer(tokenizer, model, hf: bool = False):
     return ByteTokenizer(model.cfg.vocab_size) if model.cfg.vocab_size >= 256 else None
 
 
-__all__ = ["LLM", "LLMEngine", "PHASES", "SequenceStatus", "resolve_model", "resolve_tokenizer"]
+__all__ = ["LLM", "PHASES", "LLMEngine", "SequenceStatus", "resolve_model", "resolve_tokenizer"]

@@ -15,6 +15,7 @@ stop_reason)``; ``RequestMetrics`` holds wall-clock times in seconds (``time.per
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass, field
 
 from .sampling_params import SamplingParams
@@ -64,7 +65,7 @@ class RequestMetrics:
     def itl(self) -> list[float]:
         """Inter-token latencies: gaps between consecutive generated tokens."""
         t = self.token_times
-        return [b - a for a, b in zip(t, t[1:])]
+        return [b - a for a, b in itertools.pairwise(t)]
 
 
 @dataclass
