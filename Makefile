@@ -9,18 +9,21 @@ EXTRAS     ?= lab,test,bench,inference,rl
 HOST       ?= 127.0.0.1
 PORT       ?= 8888
 DASHBOARD_PORT ?= 8866
+SERVE_PORT ?= 8000
+MODEL      ?= tiny
 PYTEST_ARGS ?=
 PY         := $(VENV)/bin/python
 # JupyterLab refuses to start as root (containers, CI machines) unless told it is meant.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test test-fast dashboard bench clean-venv help
+.PHONY: setup lab test test-fast dashboard serve bench clean-venv help
 
 help:
 	@echo "make lab        set up .venv (first time) and open JupyterLab on notebooks/ at $(HOST)"
 	@echo "make test       set up .venv (first time) and run every test (unit, notebooks, papermill)"
 	@echo "make test-fast  unit tests only (no notebooks, no browser)"
 	@echo "make dashboard  serve notebooks/00_dashboard.ipynb as a web page (Voila) at $(HOST)"
+	@echo "make serve      OpenAI-compatible server (MODEL=tiny) at http://$(HOST):$(SERVE_PORT)/v1"
 	@echo "make bench      run the benchmark scripts in benchmarks/"
 	@echo "make clean-venv remove .venv (e.g. after changing TORCH_SPEC)"
 
@@ -49,6 +52,9 @@ test-fast: setup
 dashboard: setup
 	@echo "Dashboard: http://$(HOST):$(DASHBOARD_PORT)/  (Ctrl-C to stop)"
 	$(VENV)/bin/voila notebooks/00_dashboard.ipynb --no-browser --Voila.ip=$(HOST) --port=$(DASHBOARD_PORT)
+
+serve: setup
+	$(PY) -m mlsys_nb.inference.serve --model $(MODEL) --host $(HOST) --port $(SERVE_PORT)
 
 bench: setup
 	@for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

@@ -290,3 +290,18 @@ def test_workload_prefix_hits_equal_the_analytical_count(model):
     xs = [3.0, 1.0, 4.0, 1.5, 9.0]
     import numpy as np
     assert abs(percentile(xs, 90) - float(np.percentile(xs, 90))) < 1e-12
+
+
+@pytest.mark.slow
+def test_serving_benchmark_quick():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**__import__("os").environ, "PYTHONPATH": str(root)}
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "serving.py"), "--quick"], capture_output=True,
+                       text=True, timeout=300, env=env, cwd=root)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "engine vs transformers static batching:" in r.stdout
+    assert "Greedy outputs identical to transformers (left-padded batches) for 8/8 requests." in r.stdout
