@@ -301,7 +301,7 @@ def test_serving_benchmark_quick():
     root = Path(__file__).resolve().parent.parent
     env = {**__import__("os").environ, "PYTHONPATH": str(root)}
     r = subprocess.run([sys.executable, str(root / "benchmarks" / "serving.py"), "--quick"], capture_output=True,
-                       text=True, timeout=300, env=env, cwd=root)
+                       text=True, timeout=300, env=env, cwd=root, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "engine vs transformers static batching:" in r.stdout
     assert "Greedy outputs identical to transformers (left-padded batches) for 8/8 requests." in r.stdout
