@@ -92,8 +92,8 @@ def main() -> None:
     head = (f"{n} requests on `{preset}` ({sum(p.numel() for p in model.parameters()):,} parameters, context "
             f"{cfg.seq_len}), prompt and output lengths uniform in {lo}-{hi} (seed {a.seed}), all at t=0, at most "
             f"{a.batch} sequences in flight, greedy, {useful} output tokens, torch threads {a.threads}.")
-    lines = [head, "", "| system | seconds | output tokens/s | vs transformers | TTFT p50/p90/p99 (ms) "
-                       "| TPOT p50/p90/p99 (ms) | latency p50/p99 (ms) |", "|---|---|---|---|---|---|---|"]
+    lines = [head, "", ("| system | seconds | output tokens/s | vs transformers | TTFT p50/p90/p99 (ms) "
+                       "| TPOT p50/p90/p99 (ms) | latency p50/p99 (ms) |"), "|---|---|---|---|---|---|---|"]
 
     def pct(r, k):
         return "/".join(f"{r[f'{k}_p{p}']:.0f}" for p in (50, 90, 99)) if f"{k}_p50" in r else "n/a"
@@ -105,8 +105,8 @@ def main() -> None:
     e = rows["engine"]["output_tokens_per_s"]
     static = rows["engine, static batching"]["output_tokens_per_s"]
     nocache = rows["engine, no prefix caching"]["output_tokens_per_s"]
-    lines += ["", f"engine vs transformers static batching: {e / base:.2f}x (target >= 2x); vs the engine's own "
-                  f"static batching: {e / static:.2f}x; prefix caching on/off: {e / nocache:.2f}x.",
+    lines += ["", (f"engine vs transformers static batching: {e / base:.2f}x (target >= 2x); vs the engine's own "
+                  f"static batching: {e / static:.2f}x; prefix caching on/off: {e / nocache:.2f}x."),
               f"Greedy outputs identical to transformers (left-padded batches) for {same}/{n} requests."]
     text = "\n".join(lines)
     print(text)
