@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 
 
 from mlsys_nb.widgets.memory import MemoryWidget  # noqa: E402
-from mlsys_nb.machine import summary as machine
+from mlsys_nb.runtime.machine import summary as machine
 
 TARGET_S = 0.100
 CHANGES = [{"seq_len": 8192}, {"tp": 4}, {"zero": 3}, {"model": "llama-3.1-70b"},
@@ -33,7 +33,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--quick", action="store_true", help="3 repeats, no record")
     args = ap.parse_args()
+    if args.quick:
+        args.repeats, args.out = 3, None
     w = MemoryWidget()
     calc, full, calc_cpu, full_cpu = [], [], [], []
     for i in range(args.repeats + 2):

@@ -8,7 +8,7 @@ import pytest
 
 import mlsys_nb
 from mlsys_nb import comm
-from mlsys_nb.collectives import chunk_bounds, verify_against_torch
+from mlsys_nb.comm.collectives import chunk_bounds, verify_against_torch
 
 TOL = 1e-5
 E = 4  # float32 bytes
@@ -60,7 +60,8 @@ def test_from_scratch_collectives_equal_torch_and_count_closed_form_bytes(n):
     assert (worst <= TOL).all(), f"n={n}: differs from torch.distributed:\n{worst[worst > TOL]}"
     for _, row in df.iterrows():
         want = _expected_bytes(row, n, row["rank"])
-        assert row["bytes_sent"] == want, f"n={n} rank {row['rank']} {row['algorithm']} numel {row['numel']}: sent {row['bytes_sent']} B, closed form {want} B"
+        assert row["bytes_sent"] == want, (f"n={n} rank {row['rank']} {row['algorithm']} numel {row['numel']}: "
+                                           f"sent {row['bytes_sent']} B, closed form {want} B")
     # bytes are conserved: what all ranks send, all ranks receive
     tot = df.groupby(["algorithm", "numel"])[["bytes_sent", "bytes_received"]].sum()
     assert (tot["bytes_sent"] == tot["bytes_received"]).all()
@@ -88,7 +89,7 @@ def test_chunk_bounds_match_tensor_split():
 @pytest.mark.slow
 def test_semantics_pictures_match_torch_distributed():
     """The symbolic before/after that the notebook draws is what torch.distributed does."""
-    from mlsys_nb.collectives import SEMANTICS_OPS, check_semantics
+    from mlsys_nb.comm.collectives import SEMANTICS_OPS, check_semantics
 
     per_rank = mlsys_nb.launch(check_semantics, 3, kwargs=dict(root=1, seed=5), backend="gloo",
                                timeout=60, output="quiet")
@@ -98,7 +99,7 @@ def test_semantics_pictures_match_torch_distributed():
 
 
 def test_semantics_shapes_by_hand():
-    from mlsys_nb.collectives import collective_semantics
+    from mlsys_nb.comm.collectives import collective_semantics
 
     before, after = collective_semantics("all_to_all", 3)
     assert after[2] == [frozenset({(0, 2)}), frozenset({(1, 2)}), frozenset({(2, 2)})]

@@ -7,8 +7,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from mlsys_nb.inference import KVCache, kv_cache_bytes
-from mlsys_nb.models import from_hf, to_hf
+from mlsys_nb.inference import KVCache, kv_cache_bytes  # noqa: E402
+from mlsys_nb.models import from_hf, to_hf  # noqa: E402
 
 TOL = {"rtol": 1e-4, "atol": 1e-4}
 
@@ -20,7 +20,8 @@ def random_config(seed, kind="llama", **over):
     n_heads = n_kv * r(1, 4)
     head_dim = 2 * r(2, 9)
     kw = {"vocab_size": r(40, 120), "hidden_size": n_heads * head_dim * r(1, 3), "intermediate_size": r(16, 80),
-              "num_hidden_layers": r(1, 4), "num_attention_heads": n_heads, "num_key_value_heads": n_kv, "head_dim": head_dim,
+              "num_hidden_layers": r(1, 4), "num_attention_heads": n_heads, "num_key_value_heads": n_kv,
+              "head_dim": head_dim,
               "max_position_embeddings": 64, "rms_norm_eps": float(10.0 ** -r(4, 7)),
               "rope_parameters": {"rope_type": "default", "rope_theta": float(r(100, 500_000))},
               "tie_word_embeddings": bool(r(0, 2)), "initializer_range": 0.2}  # logits of order 1, not 1e-3

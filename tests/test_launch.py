@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 
 import mlsys_nb
-from mlsys_nb.launch import RankError, RankTimeoutError, launch, resolve_backend
+from mlsys_nb.runtime.launcher import RankError, RankTimeoutError, launch, resolve_backend
 
-launch_module = importlib.import_module("mlsys_nb.launch")  # mlsys_nb.launch is the function
+launch_module = importlib.import_module("mlsys_nb.runtime.launcher")
 TESTS_DIR = str(Path(__file__).resolve().parent)
 
 
@@ -298,6 +298,9 @@ def test_keyboard_interrupt_stops_every_rank(tmp_path):
     stopped_after_s = time.monotonic() - interrupted["at"]
     assert _pids_alive(interrupted["pids"]) == [], "ranks survived the interrupt"
     print(f"ranks stopped {stopped_after_s:.3f} s after SIGINT")
+    # The README promises "within 2 s"; 10 s is a generous bound on a loaded 2-core machine (not a
+    # benchmark), but a launcher that waited for the 100 s timeout or the ranks' 120 s sleep fails it.
+    assert stopped_after_s < 10, f"ranks stopped {stopped_after_s:.1f} s after the interrupt (README: within 2 s)"
 
 
 PARENT_SCRIPT = """
@@ -432,7 +435,7 @@ def test_torchrun_entry_point_two_nodes_on_loopback():
 
 @pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # pytest's captured stderr has no fd
 def test_run_without_torchrun_environment_explains_itself(monkeypatch, capsys):
-    from mlsys_nb import run
+    from mlsys_nb.runtime import torchrun as run
 
     for name in run.ENV_NEEDED:
         monkeypatch.delenv(name, raising=False)

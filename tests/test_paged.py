@@ -8,7 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mlsys_nb.inference.paged import BlockManager, OutOfBlocksError, block_hash, fragmentation, paged_attention
+from mlsys_nb.inference.paged import (
+    BlockManager,
+    OutOfBlocksError,
+    block_hash,
+    fragmentation,
+    paged_attention,
+)
 
 
 def contiguous_reference(q, k_full, v_full, lens):
@@ -291,3 +297,192 @@ def test_fragmentation_waste_per_sequence_is_below_a_block(block_size):
     assert max(r["waste_per_seq"]) <= block_size - 1
     assert r["contiguous_slots"] - r["tokens"] == sum(2048 - n for n in lengths)
     assert r["paged_slots"] - r["tokens"] == sum(r["waste_per_seq"])
+
+
+# ---- PagedKVCache: the object the model calls ------------------------------------------------------
+
+def test_paged_kv_cache_attend_equals_full_causal_attention_over_prefill_fork_and_decode():
+    """Drive the protocol (plan, begin, attend, commit) as a 2-layer model would, with random q/k/v per
+    token; compare every step with SDPA over each sequence's whole history, including a forked
+    sequence that copies its shared last block."""
+    from mlsys_nb.config import ModelConfig
+    from mlsys_nb.inference.paged import PagedKVCache
+
+    cfg = ModelConfig(n_layers=2, hidden=32, n_heads=4, n_kv_heads=2, ffn_hidden=64, vocab_size=64, seq_len=64)
+    cache = PagedKVCache(cfg, num_blocks=24, block_size=4)
+    gen = torch.Generator().manual_seed(0)
+    hist = {}  # seq -> per layer (k, v) [n_kv, t, d]
+
+    def step(seq_ids, n_new):
+        cache.plan(seq_ids)
+        pos = cache.begin(len(seq_ids), n_new)
+        assert pos.tolist() == [list(range(cache.computed[s], cache.computed[s] + n_new)) for s in seq_ids]
+        for layer in range(cfg.n_layers):
+            q = torch.randn(len(seq_ids), 4, n_new, 8, generator=gen)
+            k = torch.randn(len(seq_ids), 2, n_new, 8, generator=gen)
+            v = torch.randn(len(seq_ids), 2, n_new, 8, generator=gen)
+            out = cache.attend(layer, q, k, v)
+            for i, s in enumerate(seq_ids):
+                hk, hv = hist[s][layer]
+                hist[s][layer] = (torch.cat([hk, k[i]], 1), torch.cat([hv, v[i]], 1))
+                kk, vv = hist[s][layer]
+                ref = contiguous_reference(q[i:i + 1], kk[None], vv[None], torch.tensor([kk.shape[1]]))
+                assert (out[i:i + 1] - ref).abs().max() < 1e-6
+        cache.commit()
+
+    for s, first in (("a", 100), ("b", 200)):
+        assert cache.add_sequence(s, list(range(first, first + 7))) == 0
+        hist[s] = [(torch.zeros(2, 0, 8), torch.zeros(2, 0, 8)) for _ in range(cfg.n_layers)]
+    step(["a", "b"], 7)
+    cache.fork("a", "c")
+    hist["c"] = list(hist["a"])
+    for t in range(6):  # the fork shares a half-full block: the first append of each copies it
+        cache.append_tokens({"a": t, "b": t, "c": 50 + t})
+        step(["a", "b", "c"], 1)
+        cache.manager.check_invariants()
+    cache.free("b")
+    cache.manager.check_invariants()
+
+
+def tiny_model(n_heads=4, n_kv=2, seed=0, seq_len=64):
+    from mlsys_nb.config import ModelConfig
+    from mlsys_nb.models import Transformer
+
+    torch.manual_seed(seed)
+    cfg = ModelConfig(n_layers=2, hidden=8 * n_heads, n_heads=n_heads, n_kv_heads=n_kv, vocab_size=61,
+                      seq_len=seq_len)
+    return Transformer(cfg).eval()
+
+
+@pytest.mark.parametrize("heads,block_size,seed", [((4, 4), 3, 0), ((4, 2), 16, 1), ((4, 1), 1, 2)],
+                         ids=["MHA", "GQA", "MQA"])
+@torch.no_grad()
+def test_paged_decode_equals_contiguous_cache_and_full_recompute(heads, block_size, seed):
+    """The package's Transformer: prefill + greedy-free decode of a batch through PagedKVCache gives the
+    logits of the contiguous KVCache and of recomputing each whole sequence (fp32, 1e-5)."""
+    from mlsys_nb.inference import KVCache
+    from mlsys_nb.inference.paged import PagedKVCache
+
+    g = torch.Generator().manual_seed(seed)
+    m = tiny_model(*heads, seed=seed)
+    b, prompt, total = 3, int(torch.randint(2, 20, (1,), generator=g)), 30
+    x = torch.randint(0, 61, (b, total), generator=g)
+    bs = block_size
+    paged = PagedKVCache(m, num_blocks=b * (-(-total // bs)), block_size=bs)
+    contiguous = KVCache(m, b, total)
+    for i in range(b):
+        paged.add_sequence(i, x[i, :prompt].tolist())
+    out_p, out_c = [m(x[:, :prompt], cache=paged)], [m(x[:, :prompt], cache=contiguous)]
+    for t in range(prompt, total):
+        paged.append_tokens({i: int(x[i, t]) for i in range(b)})
+        out_p.append(m(x[:, t:t + 1], cache=paged))
+        out_c.append(m(x[:, t:t + 1], cache=contiguous))
+    out_p, out_c = torch.cat(out_p, 1), torch.cat(out_c, 1)
+    torch.testing.assert_close(out_p, out_c, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out_p, m(x), rtol=1e-5, atol=1e-5)
+    paged.manager.check_invariants()
+    assert paged.lengths == dict.fromkeys(range(b), total)
+
+
+@torch.no_grad()
+def test_prefix_cache_hits_fork_and_ragged_chunked_prefill_through_the_model():
+    """Requests sharing a prefix compute only their suffix; a fork decodes different continuations
+    (copy-on-write); one ragged step mixes a prefill chunk with decodes. All equal a full recompute."""
+    from mlsys_nb.inference.paged import PagedKVCache
+
+    m = tiny_model(4, 2, seed=3)
+    g = torch.Generator().manual_seed(3)
+    cache = PagedKVCache(m, num_blocks=40, block_size=4)
+    system = torch.randint(0, 61, (13,), generator=g).tolist()
+    seqs = {"r0": system + [1, 2, 3], "r1": system + [4, 5]}
+    logits = {}
+    for sid, p in seqs.items():
+        n_cached = cache.add_sequence(sid, p)
+        assert n_cached == (0 if sid == "r0" else 12)  # the 3 whole blocks inside the 13 shared tokens
+        cache.plan([sid])
+        logits[sid] = m(torch.tensor([p[n_cached:]]), cache=cache)[0, -1]
+        torch.testing.assert_close(logits[sid], m(torch.tensor([p]))[0, -1], rtol=1e-5, atol=1e-5)
+    cache.fork("r1", "r1b")  # parallel sampling: two continuations of r1 share its 15 tokens
+    seqs["r1b"] = list(seqs["r1"])
+    cache.add_sequence("r2", system + [9] * 10)  # a long prompt, prefilled in chunks beside decodes
+    seqs["r2"] = system + [9] * 10
+    for step in range(4):
+        nxt = {"r0": 7 + step, "r1": 20 + step, "r1b": 40 + step}
+        cache.append_tokens(nxt)
+        for sid, tok in nxt.items():
+            seqs[sid].append(tok)
+        ids = ["r0", "r1", "r1b"] + (["r2"] if cache.pending("r2") else [])
+        n_new = [1, 1, 1] + ([min(3, cache.pending("r2"))] if "r2" in ids else [])
+        start_r2 = cache.computed["r2"]
+        rows = [[seqs[s][-1]] + [0] * (max(n_new) - 1) for s in ids[:3]]
+        if "r2" in ids:
+            rows.append(seqs["r2"][start_r2:start_r2 + n_new[3]] + [0] * (max(n_new) - n_new[3]))
+        cache.plan(ids, n_new)
+        out = m(torch.tensor(rows), cache=cache)
+        for i, sid in enumerate(ids):
+            upto = cache.computed[sid]
+            ref = m(torch.tensor([seqs[sid][:upto]]))[0, upto - n_new[i]:upto]
+            torch.testing.assert_close(out[i, :n_new[i]], ref, rtol=1e-5, atol=1e-5)
+        cache.manager.check_invariants()
+    assert cache.computed["r2"] == len(seqs["r2"])
+
+
+@torch.no_grad()
+def test_paged_protocol_bad_input_leaves_the_cache_usable():
+    from mlsys_nb.inference.paged import PagedKVCache
+
+    m = tiny_model(seq_len=32)
+    cache = PagedKVCache(m, num_blocks=4, block_size=8)
+    with pytest.raises(ValueError, match="prompt of 40 tokens exceeds the context max_seq_len=32"):
+        cache.add_sequence(0, range(40))
+    with pytest.raises(ValueError, match="max_seq_len=64 is out of range"):
+        PagedKVCache(m, num_blocks=4, max_seq_len=64)
+    cache.add_sequence(0, range(10))
+    with pytest.raises(ValueError, match="the batch has 2 rows but the plan has 1 sequences"):
+        m(torch.zeros(2, 10, dtype=torch.long), cache=cache)
+    cache.plan([0], [11])
+    with pytest.raises(ValueError, match=r"n_new=11 out of range: allowed \[1, min\(s=11, uncomputed tokens=10\)\]"):
+        m(torch.zeros(1, 11, dtype=torch.long), cache=cache)
+    with pytest.raises(OutOfBlocksError, match="needs 3 free blocks, 2 of num_blocks=4"):
+        cache.add_sequence(1, [50] * 20)
+    cache.manager.check_invariants()
+    out = m(torch.arange(10)[None], cache=cache)  # still works after the failures
+    torch.testing.assert_close(out, m(torch.arange(10)[None]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("chained", [True, False], ids=["chained", "unchained-hash-is-caught"])
+@torch.no_grad()
+def test_prefix_keys_must_chain_on_the_parent(monkeypatch, chained):
+    """Without the parent in the key, a block of the same tokens after another prefix is reused and its
+    K/V (computed after that other prefix) are wrong: the model's logits then differ from a recompute."""
+    from mlsys_nb.inference import paged
+
+    if not chained:
+        monkeypatch.setattr(paged, "block_hash", lambda token_ids, parent=paged.NO_HASH: hash(tuple(token_ids)))
+    m = tiny_model(4, 2, seed=5)
+    cache = paged.PagedKVCache(m, num_blocks=20, block_size=4)
+    P, Q, X = [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]
+    for sid, prompt in (("A", P + X + [13]), ("E", Q + X + [14])):
+        n = cache.add_sequence(sid, prompt)
+        cache.plan([sid])
+        m(torch.tensor([prompt[n:]]), cache=cache)
+    f = Q + X + [15, 16]
+    n = cache.add_sequence("F", f)
+    assert n == 8  # F finds Q and X in the prefix cache either way
+    cache.plan(["F"])
+    got = m(torch.tensor([f[n:]]), cache=cache)[0, -1]
+    err = (got - m(torch.tensor([f]))[0, -1]).abs().max().item()
+    assert (err < 1e-5) if chained else (err > 1e-3), err
+
+
+def test_paged_cache_dtype_names_and_size():
+    from mlsys_nb.inference import kv_cache_bytes
+    from mlsys_nb.inference.paged import PagedKVCache
+
+    m = tiny_model()
+    cache = PagedKVCache(m.cfg, num_blocks=5, block_size=4, dtype="bf16")
+    assert cache.k.dtype == torch.bfloat16
+    assert cache.nbytes == kv_cache_bytes(m.cfg, 5 * 4, "bf16")  # the pool holds num_blocks * block_size tokens
+    assert PagedKVCache(m, num_blocks=1, block_size=1, dtype=torch.float16).k.dtype == torch.float16
+    with pytest.raises(ValueError, match="dtype='int3'"):
+        PagedKVCache(m, num_blocks=1, dtype="int3")

@@ -10,10 +10,11 @@ Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
   ``max_concurrent_sequences(model, gpu, seq_len, ...)``: sizes in bytes (MHA/GQA/MQA and MLA).
 - ``ByteTokenizer`` (``tokenizer``): ids 0-255 are bytes, ``eos_id`` = 256; incremental decoding
   (``decode_stream``) holds back an incomplete UTF-8 character.
-- ``generate(model, tokenizer, prompts, ...)`` (``generate``): greedy/sampled decoding with the cache.
+- ``generate(model, tokenizer, prompts, ...)`` (``generation``): greedy/sampled decoding with the cache.
 - Roofline (``roofline``): ``step_cost``, ``prefill_cost``, ``decode_cost`` -> ``StepCost`` (FLOPs,
   bytes, arithmetic intensity, compute- or memory-bound, modelled time per token on a GPU of
-  data/hardware.yaml); ``measure_throughput`` measures tokens/s on this machine.
+  data/hardware.yaml); ``measure_throughput`` measures tokens/s on this machine and
+  ``machine_roofline`` its matmul FLOP/s and copy bandwidth.
 - Paged KV cache and prefix caching (``paged``, ``radix``): ``BlockManager``, ``PagedKVCache``,
   ``paged_attention``, ``RadixCache``.
 - The serving engine, in vLLM's style (``engine``, ``scheduler``, ``model_runner``, ``sampler``,
@@ -33,6 +34,7 @@ __all__ = [
     "BlockManager",
     "ByteTokenizer",
     "CompletionOutput",
+    "Generation",
     "KVCache",
     "LLMEngine",
     "PagedKVCache",
@@ -40,10 +42,13 @@ __all__ = [
     "RequestOutput",
     "SamplingParams",
     "StepCost",
+    "attention_flops",
     "decode_cost",
     "generate",
     "kv_bytes_per_token",
     "kv_cache_bytes",
+    "machine_roofline",
+    "matmul_params",
     "max_concurrent_sequences",
     "measure_throughput",
     "paged_attention",
@@ -53,9 +58,10 @@ __all__ = [
 ]
 
 _LAZY = {
-    "generate": ".generate",
+    "generate": ".generation",
     "StepCost": ".roofline", "step_cost": ".roofline", "prefill_cost": ".roofline", "decode_cost": ".roofline",
-    "measure_throughput": ".roofline",
+    "measure_throughput": ".roofline", "machine_roofline": ".roofline", "matmul_params": ".roofline",
+    "attention_flops": ".roofline", "Generation": ".generation",
     "BlockManager": ".paged", "PagedKVCache": ".paged", "paged_attention": ".paged",
     "RadixCache": ".radix",
     "LLM": ".engine", "LLMEngine": ".engine", "SamplingParams": ".sampling_params",

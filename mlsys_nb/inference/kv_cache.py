@@ -50,30 +50,16 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..config import ModelConfig
+from ..config import DTYPE_BYTES, ModelConfig, dtype_bytes, torch_dtype
 
-# bytes per element; mirrors mlsys_nb.config.DTYPE_BYTES (issue 13) until it lands on main
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
-_TORCH_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int8: "int8",
-                torch.float64: "fp64"}
-
+__all__ = ["DTYPE_BYTES", "KVCache", "kv_bytes_per_token", "kv_cache_bytes", "max_concurrent_sequences",
+           "weight_bytes"]
 
 def _dtype_bytes(dtype) -> float:
-    if isinstance(dtype, torch.dtype):
-        return torch.tensor([], dtype=dtype).element_size()
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"dtype={dtype!r}: allowed {sorted(DTYPE_BYTES)} or a torch.dtype")
-    return DTYPE_BYTES[dtype]
+    return dtype_bytes(dtype)
 
-
-def _torch_dtype(dtype) -> torch.dtype:
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype or torch.float32
-    table = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-    if dtype not in table:
-        raise ValueError(f"dtype={dtype!r}: a cache tensor can be {sorted(table)} or a torch.dtype")
-    return table[dtype]
-
+def _torch_dtype(dtype):
+    return torch.float32 if dtype is None else torch_dtype(dtype)
 
 def _config(model) -> ModelConfig:
     """A ModelConfig from a preset name, a ModelConfig, or anything with ``.cfg`` (Transformer)."""
@@ -88,7 +74,6 @@ def _config(model) -> ModelConfig:
         return cfg
     raise TypeError(f"model must be a preset name, a ModelConfig or a Transformer, got {type(model).__name__}")
 
-
 # ---- sizes ---------------------------------------------------------------------------------------
 def kv_bytes_per_token(model, dtype="bf16") -> float:
     """Bytes cached per token over all layers (K and V; MLA: latent + shared RoPE key)."""
@@ -97,7 +82,6 @@ def kv_bytes_per_token(model, dtype="bf16") -> float:
     if cfg.kv_lora_rank:  # MLA (DeepSeek-V2/V3)
         return (cfg.kv_lora_rank + cfg.rope_head_dim) * cfg.n_layers * b
     return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * b
-
 
 def kv_cache_bytes(model, tokens: int, dtype="bf16") -> int:
     """Bytes to cache ``tokens`` tokens (summed over sequences), all layers, K and V.
@@ -109,13 +93,11 @@ def kv_cache_bytes(model, tokens: int, dtype="bf16") -> int:
         raise ValueError(f"tokens={tokens!r} is out of range: allowed an int >= 0")
     return math.ceil(kv_bytes_per_token(model, dtype) * tokens)
 
-
 def weight_bytes(model, dtype="bf16") -> float:
     """Bytes of all parameters (a tied head once) at ``dtype``."""
     from ..memory import param_count
 
     return int(param_count(_config(model))) * _dtype_bytes(dtype)
-
 
 def max_concurrent_sequences(model, gpu, seq_len: int, *, dtype="bf16", weight_dtype="bf16", tp: int = 1,
                              gpu_memory_utilization: float = 0.9) -> int:
@@ -142,7 +124,6 @@ def max_concurrent_sequences(model, gpu, seq_len: int, *, dtype="bf16", weight_d
     kv_shards = 1 if cfg.kv_lora_rank else min(tp, cfg.n_kv_heads)
     per_seq = kv_cache_bytes(cfg, seq_len, dtype) / kv_shards
     return int(budget // per_seq)
-
 
 # ---- the contiguous cache ------------------------------------------------------------------------
 class KVCache:

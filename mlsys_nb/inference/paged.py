@@ -18,8 +18,10 @@ Three pieces, each readable on its own:
 - ``paged_attention(q, k_cache, v_cache, block_tables, context_lens)``: attention over K/V read
   through block tables (grouped-query heads supported), causal relative to each sequence's length.
 - ``PagedKVCache``: K/V tensors ``[n_layers, num_blocks, block_size, n_kv_heads, head_dim]`` plus a
-  ``BlockManager``; the package's ``Transformer`` calls ``cache.attend(layer, q, k, v)``, which writes
-  the new K/V into their slots and returns ``paged_attention`` over the whole context.
+  ``BlockManager``, implementing the cache protocol of ``mlsys_nb.inference.kv_cache`` (``plan``,
+  ``begin``, ``attend``, ``commit``): in every layer the package's ``Transformer`` calls
+  ``cache.attend(layer, q, k, v)``, which writes the new K/V into their slots and returns
+  ``paged_attention`` over the whole context.
 
 Errors name the value and the limit, and a failing call changes nothing (the tests run
 ``check_invariants()`` after every failing call).
@@ -31,6 +33,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
+
+from ..config import torch_dtype
 
 __all__ = [
     "BlockManager",
@@ -294,53 +299,83 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     k_cache, v_cache: [num_blocks, block_size, n_kv_heads, head_dim] (n_heads a multiple of n_kv_heads);
     block_tables: [batch, max_blocks] int physical block ids (entries past a sequence's end are ignored);
     context_lens: [batch] tokens in each sequence *including* the q_len new ones.
-    Query i of sequence b sits at position ``context_lens[b] - q_len + i`` and sees keys 0..that position.
+    Query i of sequence b sits at position ``context_lens[b] - q_len + i`` and sees keys 0..that position
+    (a row padded to q_len passes the length it would have if its padding were real tokens: its real
+    queries see exactly their causal context, its padding rows are finite and meaningless).
     Returns [batch, n_heads, q_len, head_dim]."""
     b, h, q_len, d = q.shape
     n_kv = k_cache.shape[2]
-    group = h // n_kv
     if h % n_kv:
         raise ValueError(f"n_heads={h} must be a multiple of n_kv_heads={n_kv}")
-    tables = block_tables.clamp(min=0).long()
-    # Gather each sequence's blocks: [batch, max_blocks, block_size, n_kv, d] -> [batch, n_kv, T, d]
-    k = k_cache[tables].flatten(1, 2).permute(0, 2, 1, 3)
-    v = v_cache[tables].flatten(1, 2).permute(0, 2, 1, 3)
+    flat = block_tables.clamp(min=0).long().reshape(-1)
+    # Gather each sequence's blocks in table order: [batch * max_blocks, block_size, n_kv, d]
+    # -> [batch, n_kv, T, d] with T = max_blocks * block_size. (A GPU kernel reads the blocks in place.)
+    k = k_cache.index_select(0, flat).view(b, -1, n_kv, d).transpose(1, 2)
+    v = v_cache.index_select(0, flat).view(b, -1, n_kv, d).transpose(1, 2)
     t = k.shape[2]
     lens = context_lens.to(device=q.device, dtype=torch.long).view(b, 1, 1)
     q_pos = lens - q_len + torch.arange(q_len, device=q.device).view(1, q_len, 1)
     k_pos = torch.arange(t, device=q.device).view(1, 1, t)
     mask = k_pos <= q_pos  # [batch, q_len, T]: causal, and nothing past the sequence's end
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    qg = q.view(b, n_kv, group, q_len, d)  # query heads h = kv_head * group + g, as repeat_interleave
-    scores = (qg @ k.unsqueeze(2).transpose(-2, -1)) * scale  # [batch, n_kv, group, q_len, T]
-    scores = scores.masked_fill(~mask.view(b, 1, 1, q_len, t), float("-inf"))
-    out = scores.softmax(dim=-1) @ v.unsqueeze(2)
-    return out.view(b, h, q_len, d)
+    # enable_gqa: query head j reads KV head j // (n_heads // n_kv_heads), as repeat_interleave would
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1), scale=scale, enable_gqa=True)
 
 
 class PagedKVCache:
-    """K/V of a ``Transformer`` in blocks, used as ``model(tokens, cache=cache)``.
+    """K/V of a ``Transformer`` in blocks; implements the cache protocol of ``mlsys_nb.inference.kv_cache``
+    (``plan``, ``begin``, ``attend``, ``commit``), so ``model(tokens, cache=cache)`` works unchanged.
 
-    Lifecycle: ``n_cached = cache.add_sequence(seq_id, prompt_ids)`` (prefix-cache hits are skipped),
-    ``cache.set_batch([seq_id, ...])``, ``model(prompt_ids[n_cached:][None], cache=cache)`` for the
-    prefill; then per decode step ``cache.append_tokens({seq_id: token, ...})`` and
-    ``model(tokens[:, None], cache=cache)``; ``cache.free(seq_id)`` at the end.
+    Unlike the contiguous ``KVCache``, the paged cache knows each sequence's token ids (the block
+    manager hashes them for prefix caching), so tokens are registered before the forward that
+    computes them:
 
-    Inside the model every attention layer calls ``cache.attend(layer_idx, q, k, v)`` with q/k/v after
-    RoPE ([batch, heads, new_tokens, head_dim]): the cache writes k/v into the slots of the batch's
-    new tokens and returns ``paged_attention`` over each sequence's whole context."""
+    - ``n_cached = cache.add_sequence(seq_id, prompt_ids)``: blocks for the prompt; the first
+      ``n_cached`` tokens (whole blocks found in the prefix cache) need no compute. Then
+      ``cache.plan([seq_id])`` and ``model(tensor([prompt_ids[n_cached:]]), cache=cache)``.
+    - per decode step: ``cache.append_tokens({seq_id: token, ...})`` (may copy a shared last block),
+      ``cache.plan(seq_ids)`` and ``model(tokens[:, None], cache=cache)``.
+    - ``cache.fork(parent, child)`` (shares all blocks), ``cache.free(seq_id)`` at the end.
 
-    def __init__(self, cfg, *, num_blocks: int, block_size: int = 16, dtype=torch.float32, device="cpu",
+    Without ``plan``, the rows of the next forward are the sequences with uncomputed tokens, in the
+    order they were added. ``plan(seq_ids, n_new)`` may compute fewer tokens than are pending
+    (chunked prefill) and mixes prefill chunks with decodes (rows padded to the longest).
+    Prefix-cache keys are registered when blocks are allocated, so sequences sharing a prefix must
+    be computed in the order they were added, or in the same forward.
+
+    ``k``, ``v``: [n_layers, num_blocks, block_size, n_kv_heads, head_dim]; ``dtype``: "fp32", "bf16",
+    "fp16" or a ``torch.dtype`` (default: the model's parameters' dtype, fp32 for a ``ModelConfig``)."""
+
+    def __init__(self, model, *, num_blocks: int, block_size: int = 16, dtype=None, device=None,
                  prefix_caching: bool = True, max_seq_len: int | None = None):
-        cfg = getattr(cfg, "cfg", cfg)  # a Transformer or its ModelConfig
+        cfg = getattr(model, "cfg", model)  # a Transformer or its ModelConfig
+        if dtype is None and isinstance(model, torch.nn.Module):
+            p = next(model.parameters())
+            dtype, device = p.dtype, device or p.device
+        if max_seq_len is not None and not (isinstance(max_seq_len, int) and 1 <= max_seq_len <= cfg.seq_len):
+            raise ValueError(f"max_seq_len={max_seq_len!r} is out of range: allowed [1, cfg.seq_len={cfg.seq_len}]")
         self.cfg, self.block_size = cfg, block_size
         self.manager = BlockManager(num_blocks, block_size, prefix_caching=prefix_caching,
-                                    max_seq_len=max_seq_len if max_seq_len is not None else cfg.seq_len)
+                                    max_seq_len=max_seq_len or cfg.seq_len)
         shape = (cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = torch.zeros(shape, dtype=torch.float32 if dtype is None else torch_dtype(dtype),
+                             device=device)
+        self.v = torch.zeros_like(self.k)
         self.computed: dict[object, int] = {}  # tokens of each sequence whose K/V are in the cache
-        self.batch: list = []
+        self._planned = None
+        self._step = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    @property
+    def lengths(self) -> dict:
+        """Cached (computed) tokens per sequence: ``{seq_id: n}``."""
+        return dict(self.computed)
+
+    def pending(self, seq_id) -> int:
+        """Tokens of ``seq_id`` registered but not yet computed by a forward."""
+        return self.manager.num_tokens(seq_id) - self.computed[seq_id]
 
     # ---- sequence management -------------------------------------------------------------------
     def add_sequence(self, seq_id, token_ids) -> int:
@@ -359,58 +394,92 @@ class PagedKVCache:
                 self.v[:, dst] = self.v[:, src]
 
     def fork(self, parent_id, child_id) -> None:
+        """``child_id`` continues ``parent_id`` (same tokens, same blocks, nothing copied yet)."""
+        if self.pending(parent_id):
+            raise ValueError(f"fork of seq_id={parent_id!r} with {self.pending(parent_id)} uncomputed tokens: "
+                             "run the forward first")
         self.manager.fork(parent_id, child_id)
         self.computed[child_id] = self.computed[parent_id]
 
     def free(self, seq_id) -> None:
         self.manager.free_seq(seq_id)
-        self.computed.pop(seq_id, None)
-        self.batch = [s for s in self.batch if s != seq_id]
+        del self.computed[seq_id]
 
-    def set_batch(self, seq_ids) -> None:
-        """The sequences (rows of the next ``tokens`` tensor) the next forward computes, in order."""
-        seq_ids = list(seq_ids)
-        new = {self.manager.num_tokens(s) - self.computed[s] for s in seq_ids}
-        if len(new) != 1 or 0 in new:
-            raise ValueError(f"every sequence of a batch must have the same number (>= 1) of uncomputed tokens, "
-                             f"got {sorted(new)}")
-        self.batch = seq_ids
+    def reset(self, seq_ids=None) -> None:
+        """Free sequences (all by default)."""
+        for sid in list(self.computed) if seq_ids is None else list(seq_ids):
+            self.free(sid)
 
-    # ---- what the model calls ------------------------------------------------------------------
-    def positions(self) -> torch.Tensor:
-        """Positions [batch, new_tokens] of the tokens the next forward computes (for RoPE)."""
-        rows = [torch.arange(self.computed[s], self.manager.num_tokens(s)) for s in self.batch]
-        return torch.stack(rows).to(self.k.device)
+    # ---- the protocol the model calls ----------------------------------------------------------
+    def plan(self, seq_ids=None, n_new=None) -> None:
+        """Row i of the next forward is ``seq_ids[i]`` with ``n_new[i]`` new tokens (default: all pending)."""
+        ids = None if seq_ids is None else list(seq_ids)
+        if ids is not None:
+            for sid in ids:
+                self.manager._seq(sid)
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"seq_ids {ids} repeat a sequence: each row needs its own")
+        n = None if n_new is None else [int(x) for x in (n_new.tolist() if torch.is_tensor(n_new) else n_new)]
+        if ids is not None and n is not None and len(ids) != len(n):
+            raise ValueError(f"seq_ids has {len(ids)} entries but n_new has {len(n)}")
+        self._planned = (ids, n)
 
-    def _slots(self, seq_id) -> torch.Tensor:
-        bs, table = self.block_size, self.manager.seqs[seq_id].table
-        pos = range(self.computed[seq_id], self.manager.num_tokens(seq_id))
-        return torch.tensor([table[p // bs] * bs + p % bs for p in pos], dtype=torch.long)
-
-    def block_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Block tables [batch, max_blocks] (padded with 0) and context lengths [batch] of the batch."""
-        tables = [self.manager.seqs[s].table for s in self.batch]
+    def begin(self, b: int, s: int) -> torch.Tensor:
+        ids, n = self._planned or (None, None)
+        self._planned, self._step = None, None
+        if ids is None:
+            ids = [sid for sid in self.computed if self.pending(sid)]
+        if n is None:
+            n = [self.pending(sid) for sid in ids]
+        if len(ids) != b or len(n) != b:
+            waiting = [x for x in self.computed if self.pending(x)]
+            raise ValueError(f"the batch has {b} rows but the plan has {len(ids)} sequences / {len(n)} new-token "
+                             f"counts (sequences with uncomputed tokens: {waiting})")
+        for sid, cnt in zip(ids, n):
+            if not 1 <= cnt <= min(s, self.pending(sid)):
+                raise ValueError(f"seq_id={sid!r}: n_new={cnt} out of range: allowed [1, min(s={s}, "
+                                 f"uncomputed tokens={self.pending(sid)})]")
+        bs = self.block_size
+        start = [self.computed[sid] for sid in ids]
+        slots = [self.manager.seqs[sid].table[p // bs] * bs + p % bs
+                 for sid, lo, cnt in zip(ids, start, n) for p in range(lo, lo + cnt)]
+        tables = [self.manager.seqs[sid].table for sid in ids]
         width = max(map(len, tables))
-        padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
-        lens = torch.tensor([self.manager.num_tokens(s) for s in self.batch], dtype=torch.long)
-        return padded.to(self.k.device), lens.to(self.k.device)
+        dev = self.k.device
+        start_t = torch.tensor(start, dtype=torch.long)
+        n_t = torch.tensor(n, dtype=torch.long)
+        valid = torch.arange(s)[None, :] < n_t[:, None]  # [b, s]: which row positions are real tokens
+        self._step = {
+            "ids": ids, "n": n,
+            "slots": torch.tensor(slots, dtype=torch.long, device=dev),
+            "valid": None if bool(valid.all()) else valid.to(dev),
+            "tables": torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long, device=dev),
+            "lens": (start_t + s).to(dev),  # query j of row i sits at start_i + j (padding: beyond, ignored)
+        }
+        return start_t[:, None] + torch.minimum(torch.arange(s)[None, :], n_t[:, None] - 1)
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if q.shape[0] != len(self.batch):
-            raise ValueError(f"batch of {q.shape[0]} rows but set_batch named {len(self.batch)} sequences")
-        if layer_idx == 0 or self._step is None:
-            slots = torch.cat([self._slots(s) for s in self.batch]).to(self.k.device)
-            self._step = (slots, *self.block_tables())
-        slots, tables, lens = self._step
+        st = self._step
+        if st is None:
+            raise RuntimeError("cache.attend called outside a step: the model calls cache.begin first")
         n_kv, d = k.shape[1], k.shape[3]
-        # [batch, n_kv, new, d] -> [batch * new, n_kv, d], written into the flat slot view of this layer
-        self.k[layer_idx].view(-1, n_kv, d)[slots] = k.transpose(1, 2).reshape(-1, n_kv, d).to(self.k.dtype)
-        self.v[layer_idx].view(-1, n_kv, d)[slots] = v.transpose(1, 2).reshape(-1, n_kv, d).to(self.v.dtype)
-        out = paged_attention(q, self.k[layer_idx], self.v[layer_idx], tables, lens)
-        if layer_idx == self.cfg.n_layers - 1:  # the last layer has written: these tokens are now cached
-            for s in self.batch:
-                self.computed[s] = self.manager.num_tokens(s)
-            self._step = None
-        return out.to(q.dtype)
+        k_new, v_new = k.transpose(1, 2), v.transpose(1, 2)  # [b, s, n_kv, d]
+        if st["valid"] is not None:
+            k_new, v_new = k_new[st["valid"]], v_new[st["valid"]]
+        # write the new tokens into their slots (the flat view of this layer's pool), then attend
+        self.k[layer_idx].view(-1, n_kv, d).index_copy_(0, st["slots"], k_new.reshape(-1, n_kv, d).to(self.k.dtype))
+        self.v[layer_idx].view(-1, n_kv, d).index_copy_(0, st["slots"], v_new.reshape(-1, n_kv, d).to(self.v.dtype))
+        out = paged_attention(q, self.k[layer_idx].to(q.dtype), self.v[layer_idx].to(q.dtype), st["tables"], st["lens"])
+        return out
 
-    _step = None
+    def commit(self) -> None:
+        if self._step is None:
+            raise RuntimeError("cache.commit called without cache.begin")
+        for sid, cnt in zip(self._step["ids"], self._step["n"]):
+            self.computed[sid] += cnt
+        self._step = None
+
+    def __repr__(self):
+        return (f"PagedKVCache(num_blocks={self.manager.num_blocks}, block_size={self.block_size}, "
+                f"free={self.manager.num_free_blocks()}, sequences={len(self.computed)}, "
+                f"{self.nbytes / 2**20:.2f} MiB)")

@@ -1,8 +1,18 @@
-"""The package's real small transformer (Llama- or GPT-style), built from a ``ModelConfig``.
+"""The real models the kit runs, the data they learn and the measurements taken on them.
 
-- ``Transformer(cfg)``: ``forward(tokens, targets=None, *, positions=None, cache=None)``; with a
-  cache (``mlsys_nb.inference.KVCache``) it prefills and decodes.
-- ``from_hf(hf_model)`` / ``to_hf(model)`` (``hf``): transformers Llama/Qwen2/Mistral <-> Transformer.
+- ``Transformer(cfg)`` (``transformer``): the package's small Llama- or GPT-style transformer,
+  built from a ``mlsys_nb.config.ModelConfig`` (also ``Block``, ``Attention``, ``MLP``, ``MoE``).
+- ``measure``: memory measured on a real model: ``saved_activation_bytes``,
+  ``measure_activations``, ``measure_model_states`` and ``measured_state_bytes`` (the bytes of
+  parameters, gradients and optimizer states a rank holds, from its tensors), which the formulas
+  of ``mlsys_nb.memory`` are tested against.
+- ``corpus``: ``MarkovLanguage``, a synthetic language with a known entropy rate (the loss floor).
+- ``ladder``: the scaling ladder: tiny transformers trained on that language under several
+  compute budgets, to which ``mlsys_nb.scaling.fit`` is fitted (notebook 11).
+- ``hf``: ``from_hf(hf_model)`` / ``to_hf(model)``: transformers Llama/Qwen2/Mistral <-> Transformer
+  (logits equal to 1e-4; unsupported RoPE scaling refused). ``Transformer.forward(tokens,
+  targets=None, *, positions=None, cache=None)`` prefills and decodes with a cache
+  (``mlsys_nb.inference.KVCache``).
 """
 from .transformer import MLP, Attention, Block, MoE, Transformer, build_norm, rope_tables
 

@@ -133,7 +133,8 @@ def to_hf(model: Transformer):
     if bad:
         raise NotImplementedError(f"to_hf maps Llama-style models only (swiglu, rmsnorm, no bias, dense); got {bad}")
     kw = {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn_hidden,
-              "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
+              "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+              "num_key_value_heads": cfg.n_kv_heads,
               "head_dim": cfg.head_dim, "max_position_embeddings": cfg.seq_len, "rms_norm_eps": cfg.norm_eps,
               "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
               "tie_word_embeddings": cfg.tied_embeddings, "hidden_act": "silu"}
