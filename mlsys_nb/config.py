@@ -290,6 +290,7 @@ OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adam-8bit")
 RECOMPUTE = ("none", "selective", "full")
 # the names of mlsys_nb.pipeline.SCHEDULES whose activation memory mlsys_nb.memory models
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv")
+ZERO_LAYOUTS = ("flat", "units", "fsdp2")
 KERNELS = ("fused", "eager")
 DEVICES = ("cuda", "cpu")
 
@@ -312,6 +313,14 @@ class TrainConfig:
     - parallel degrees ``dp``, ``tp`` (``sp`` = sequence parallelism in the TP group), ``pp`` with
       ``pp_schedule`` and ``virtual_stages``, ``cp``, ``ep``; ``n_microbatches`` per step per
       pipeline (gradient accumulation; default ``pp``); ``zero`` stage 0-3 over the dp x cp group.
+    - ``zero_layout``: how ZeRO cuts the states into N shards, which decides the padding:
+      ``flat`` (one flat buffer per stage, padded to a multiple of N: the textbook figure),
+      ``units`` (this package's ``parallel.zero``: one flat buffer per unit, i.e. the embedding, each
+      block, the final norm, the LM head, each padded to a multiple of N; below stage 3 the full
+      parameters live in those padded buffers, and at stage 1 the gradients too), ``fsdp2``
+      (PyTorch's ``fully_shard``: every parameter split along dim 0 into ⌈rows/N⌉-row shards).
+      ``units`` and ``fsdp2`` are exact for tp = pp = ep = cp = 1 (what those implementations run);
+      otherwise ``flat`` is used.
     - ``flash_attention``: no s^2 tensors are stored (q, k, v, output and a fp32 log-sum-exp).
     - ``kernels``: ``fused`` (GPU training stack: fused norms save input + rstd, GQA-aware attention,
       fused RoPE) or ``eager`` (this package's Transformer exactly as written, as measured on CPU).
@@ -337,6 +346,7 @@ class TrainConfig:
     cp: int = 1
     ep: int = 1
     zero: int = 0
+    zero_layout: str = "flat"
     flash_attention: bool = True
     kernels: str = "fused"
     device: str = "cuda"
@@ -351,7 +361,8 @@ class TrainConfig:
         if self.n_microbatches is not None:
             check_int("n_microbatches", self.n_microbatches)
         for name, allowed in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS), ("recompute", RECOMPUTE),
-                              ("pp_schedule", PP_SCHEDULES), ("kernels", KERNELS), ("device", DEVICES)):
+                              ("pp_schedule", PP_SCHEDULES), ("kernels", KERNELS), ("device", DEVICES),
+                              ("zero_layout", ZERO_LAYOUTS)):
             check_choice(name, getattr(self, name), allowed)
         if self.sp and self.tp == 1:
             raise ValueError("sp=True needs tp > 1 (sequence parallelism lives inside the TP group)")
