@@ -1,6 +1,6 @@
 """Serving throughput: the engine vs transformers ``generate`` with static batching, and engine ablations.
 
-    .venv/bin/python benchmarks/serving.py [--quick] [--out data/measured/serving.md]
+    .venv/bin/python benchmarks/serving.py [--quick] [--requests 64] [--batch 16] [--out data/measured/serving.md]
 
 One seeded workload (full: 64 requests, prompt and output lengths uniform in 16-256, all arriving at
 t=0) on the ``small`` preset with random weights (its RoPE table extended to 512 positions so that a
@@ -63,12 +63,13 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16, help="sequences in flight at most (all systems)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="append the results (markdown) to this file")
+    ap.add_argument("--out", default="data/measured/serving.md",
+                    help="append the results (markdown) to this file (never in --quick mode)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from mlsys_nb.config import load_model_preset
     from mlsys_nb.inference.workload import make_workload
-    from mlsys_nb.machine import summary as machine
+    from mlsys_nb.runtime.machine import summary as machine
     from mlsys_nb.models import Transformer, to_hf
 
     if a.quick:
@@ -110,7 +111,7 @@ def main() -> None:
               f"Greedy outputs identical to transformers (left-padded batches) for {same}/{n} requests."]
     text = "\n".join(lines)
     print(text)
-    if a.out:
+    if a.out and not a.quick:
         with open(a.out, "a") as f:
             f.write(f"\n## {machine()}\n\n{text}\n")
 

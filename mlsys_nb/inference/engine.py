@@ -248,7 +248,9 @@ class LLM:
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """One ``RequestOutput`` per prompt, in order. ``prompts``: a string, a list of token ids, or a list of those."""
+        """One ``RequestOutput`` per prompt, in order.
+
+        ``prompts``: a string, a list of token ids, or a list of those."""
         single = isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
                                               and isinstance(prompts[0], int))
         prompts = [prompts] if single else list(prompts)

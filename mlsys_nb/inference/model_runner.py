@@ -11,6 +11,10 @@ object passed to the model as ``cache`` is a ``StepBatch``; every attention laye
 2. attends each query over its own sequence's blocks with ``paged_attention``: all one-token rows
    (decodes) in one batched call, each prefill chunk in its own call.
 
+Storage and bookkeeping are ``paged.PagedKVCache``'s (its ``k``/``v`` pools, its ``BlockManager``,
+``append_tokens`` with copy-on-write); its own ``plan``/``begin`` path pads every row to the longest
+(a 256-token prefill chunk would pad 15 decodes to 256 tokens each), so the engine packs instead.
+
 Logits are taken only at each sequence's last new token, and only for sequences whose prompt is
 complete after this step (a middle prefill chunk samples nothing).
 
@@ -80,8 +84,8 @@ class StepBatch:
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         kc, vc = self.kv.k[layer_idx], self.kv.v[layer_idx]  # [num_blocks, block_size, n_kv, d]
         n_kv, d = kc.shape[2], kc.shape[3]
-        kc.view(-1, n_kv, d)[self.slots] = k[0].transpose(0, 1).to(kc.dtype)  # [T, n_kv, d] into slots
-        vc.view(-1, n_kv, d)[self.slots] = v[0].transpose(0, 1).to(vc.dtype)
+        kc.view(-1, n_kv, d).index_copy_(0, self.slots, k[0].transpose(0, 1).to(kc.dtype))  # [T, n_kv, d]
+        vc.view(-1, n_kv, d).index_copy_(0, self.slots, v[0].transpose(0, 1).to(vc.dtype))
         outs, D = [], self.num_decodes
         if D:
             qd = q[0, :, :D].transpose(0, 1).unsqueeze(2)  # [D, heads, 1, d]

@@ -215,8 +215,9 @@ def build_app(engine, model_name: str):
                  "total_tokens": len(out.prompt_token_ids) + n_out}
         choices = []
         for c in out.outputs:
-            lp = None if c.logprobs is None else {"tokens": [engine.decode([t]) for t in c.token_ids],
-                                                 "token_logprobs": [e[t].logprob for t, e in zip(c.token_ids, c.logprobs)]}
+            lp = None if c.logprobs is None else {
+                "tokens": [engine.decode([t]) for t in c.token_ids],
+                "token_logprobs": [e[t].logprob for t, e in zip(c.token_ids, c.logprobs)]}
             if chat:
                 choices.append({"index": c.index, "message": {"role": "assistant", "content": c.text},
                                 "logprobs": lp, "finish_reason": c.finish_reason})
@@ -289,6 +290,7 @@ def main(argv=None) -> None:
     ap.add_argument("--num-blocks", type=int, default=None)
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 avoids oversubscription on small CPUs)")
     ap.add_argument("--log-level", default="warning")
     args = ap.parse_args(argv)
     import torch
@@ -296,7 +298,7 @@ def main(argv=None) -> None:
 
     from .engine import LLMEngine
 
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    torch.set_num_threads(args.threads)
     engine = LLMEngine(args.model, block_size=args.block_size, num_blocks=args.num_blocks,
                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                        seed=args.seed)
