@@ -11,9 +11,11 @@ Systems, run one after the other in the same process on the same weights:
 - ``engine``: ``LLM`` with continuous batching, chunked prefill, prefix caching (the defaults);
 - ``engine, static batching``: the same engine admitting a new batch only when the last one is done;
 - ``engine, no prefix caching``: (this workload shares no prefixes, so it should change little);
+- ``engine, 4x in flight``: the engine with four times as many sequences in flight (paging makes room);
 - ``transformers generate (static)``: ``to_hf(model)`` (a ``LlamaForCausalLM`` with the same weights),
   batches of ``--batch`` requests in arrival order, left-padded, ``generate(do_sample=False)`` for the
-  longest output of the batch (shorter requests keep their first tokens: the waste of static batching).
+  longest output of the batch (shorter requests keep their first tokens: the waste of static batching),
+  in batches of ``--batch`` and of 4x that.
 
 Prints output tokens/s (useful tokens only), ratios to transformers, and TTFT/TPOT/latency percentiles
 from the engine's per-request metrics. ``--quick``: 8 short requests on ``tiny`` (a few seconds).
@@ -81,14 +83,18 @@ def main() -> None:
     reqs = make_workload(n, prompt_len=(lo, hi), output_len=(lo, hi), vocab_size=min(cfg.vocab_size, 256),
                          seed=a.seed)
     rows, outputs = {}, {}
-    systems = [("engine", {}), ("engine, static batching", {"continuous_batching": False}),
-               ("engine, no prefix caching", {"enable_prefix_caching": False})]
-    for name, kw in systems:
-        rows[name], outputs[name] = run_engine(model, reqs, a.batch, **kw)
+    big = 4 * a.batch
+    systems = [("engine", a.batch, {}), ("engine, static batching", a.batch, {"continuous_batching": False}),
+               ("engine, no prefix caching", a.batch, {"enable_prefix_caching": False}),
+               (f"engine, {big} in flight", big, {})]
+    for name, batch, kw in systems:
+        rows[name], outputs[name] = run_engine(model, reqs, batch, **kw)
     hf = to_hf(model)
-    rows["transformers generate (static)"], outputs["hf"] = run_hf(hf, reqs, a.batch)
+    hf_name = "transformers generate (static)"
+    rows[hf_name], outputs["hf"] = run_hf(hf, reqs, a.batch)
+    rows[f"transformers generate (static), batches of {big}"], _ = run_hf(hf, reqs, big)
     same = sum(x == y for x, y in zip(outputs["engine"], outputs["hf"]))
-    base = rows["transformers generate (static)"]["output_tokens_per_s"]
+    base = rows[hf_name]["output_tokens_per_s"]
     useful = sum(r.max_tokens for r in reqs)
     head = (f"{n} requests on `{preset}` ({sum(p.numel() for p in model.parameters()):,} parameters, context "
             f"{cfg.seq_len}), prompt and output lengths uniform in {lo}-{hi} (seed {a.seed}), all at t=0, at most "
@@ -106,8 +112,11 @@ def main() -> None:
     e = rows["engine"]["output_tokens_per_s"]
     static = rows["engine, static batching"]["output_tokens_per_s"]
     nocache = rows["engine, no prefix caching"]["output_tokens_per_s"]
-    lines += ["", (f"engine vs transformers static batching: {e / base:.2f}x (target >= 2x); vs the engine's own "
-                  f"static batching: {e / static:.2f}x; prefix caching on/off: {e / nocache:.2f}x."),
+    best_engine = max(r["output_tokens_per_s"] for k, r in rows.items() if k.startswith("engine"))
+    best_hf = max(r["output_tokens_per_s"] for k, r in rows.items() if k.startswith("transformers"))
+    lines += ["", (f"engine vs transformers static batching (both {a.batch} in flight): {e / base:.2f}x "
+                   f"(target >= 2x); best engine row vs best transformers row: {best_engine / best_hf:.2f}x; vs the "
+                   f"engine's own static batching: {e / static:.2f}x; prefix caching on/off: {e / nocache:.2f}x."),
               f"Greedy outputs identical to transformers (left-padded batches) for {same}/{n} requests."]
     text = "\n".join(lines)
     print(text)
