@@ -107,6 +107,10 @@ def test_chat_completions(client):
     s1 = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=1.0, seed=3)
     s2 = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=1.0, seed=3)
     assert s1.choices[0].message.content == s2.choices[0].message.content, "seeded sampling is reproducible"
+    r = client.completions.create(model="tiny", prompt="hi", n=2, max_tokens=4, temperature=1.0, seed=0, logprobs=0,
+                                  extra_body={"ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1] and r.usage.completion_tokens == 8
+    assert len(r.choices[0].logprobs.token_logprobs) == 4 and all(x <= 0 for x in r.choices[0].logprobs.token_logprobs)
 
 
 def test_openai_style_errors(server, client):
