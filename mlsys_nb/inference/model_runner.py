@@ -8,8 +8,10 @@ object passed to the model as ``cache`` is a ``StepBatch``; every attention laye
 
 1. writes the new K/V into their slots (``slot = block_table[pos // block_size] * block_size +
    pos % block_size``) in the ``PagedKVCache`` tensors, then
-2. attends each query over its own sequence's blocks with ``paged_attention``: all one-token rows
-   (decodes) in one batched call, each prefill chunk in its own call.
+2. attends each query over its own sequence's blocks with ``paged_attention``: one-token rows
+   (decodes) sorted by context length in batched calls of ``DECODE_GROUP`` rows (a batched call
+   gathers every row's blocks padded to the longest row: on CPU that copy is the step's largest
+   cost), each prefill chunk in its own call.
 
 Storage and bookkeeping are ``paged.PagedKVCache``'s (its ``k``/``v`` pools, its ``BlockManager``,
 ``append_tokens`` with copy-on-write); its own ``plan``/``begin`` path pads every row to the longest
@@ -34,6 +36,9 @@ from .paged import PagedKVCache, paged_attention
 from .sequence import Sequence
 
 
+DECODE_GROUP = 4  # decode rows per attention call (sorted by length, so little padding is gathered)
+
+
 class StepBatch:
     """One step's packed batch: what the model reads through ``cache=`` (see the module docstring).
 
@@ -43,7 +48,8 @@ class StepBatch:
         self.kv = kv
         bs = kv.block_size
         # decodes (one new token) first, then prefill chunks: the decodes share one attention call
-        order = sorted(range(len(scheduled)), key=lambda i: scheduled[i][1] != 1)
+        order = sorted(range(len(scheduled)),  # decodes by context length: groups of similar lengths
+                       key=lambda i: (scheduled[i][1] != 1, scheduled[i][0].num_computed_tokens))
         self.seqs = [scheduled[i][0] for i in order]
         tokens, positions, slots, self.prefills, dec_tables, dec_lens = [], [], [], [], [], []
         self.sample_rows, self.sample_seqs = [], []
@@ -72,6 +78,13 @@ class StepBatch:
             width = max(map(len, dec_tables))
             self.dec_tables = torch.tensor([t + [0] * (width - len(t)) for t in dec_tables], device=dev)
             self.dec_lens = torch.tensor(dec_lens, device=dev)
+            # one attention call per group of DECODE_GROUP rows, each padded only to its own longest table
+            self.dec_groups = []
+            for lo in range(0, len(dec_tables), DECODE_GROUP):
+                group = dec_tables[lo:lo + DECODE_GROUP]
+                w = max(map(len, group))
+                self.dec_groups.append((lo, lo + len(group), self.dec_tables[lo:lo + len(group), :w],
+                                        self.dec_lens[lo:lo + len(group)]))
         self.scheduled = [(s, n) for s, n in (scheduled[i] for i in order)]
 
     def begin(self, b: int, s: int) -> torch.Tensor:
@@ -87,10 +100,10 @@ class StepBatch:
         kc.view(-1, n_kv, d).index_copy_(0, self.slots, k[0].transpose(0, 1).to(kc.dtype))  # [T, n_kv, d]
         vc.view(-1, n_kv, d).index_copy_(0, self.slots, v[0].transpose(0, 1).to(vc.dtype))
         outs, D = [], self.num_decodes
-        if D:
-            qd = q[0, :, :D].transpose(0, 1).unsqueeze(2)  # [D, heads, 1, d]
-            out = paged_attention(qd, kc, vc, self.dec_tables, self.dec_lens)
-            outs.append(out.squeeze(2).transpose(0, 1))  # [heads, D, d]
+        for lo, hi, tables, lens in self.dec_groups if D else ():
+            qd = q[0, :, lo:hi].transpose(0, 1).unsqueeze(2)  # [rows, heads, 1, d]
+            out = paged_attention(qd, kc, vc, tables, lens)
+            outs.append(out.squeeze(2).transpose(0, 1))  # [heads, rows, d]
         for off, n, table, ctx in self.prefills:
             outs.append(paged_attention(q[:, :, off:off + n], kc, vc, table[None].to(q.device), ctx.to(q.device))[0])
         return torch.cat(outs, dim=1)[None].to(q.dtype)
@@ -208,3 +221,4 @@ class _StaticDecode(StepBatch):
         self.slots = torch.zeros(b, dtype=torch.long, device=dev)
         self.dec_tables = torch.zeros(b, width, dtype=torch.long, device=dev)
         self.dec_lens = torch.ones(b, dtype=torch.long, device=dev)
+        self.dec_groups = [(0, b, self.dec_tables, self.dec_lens)]  # one group: fixed shapes for the graph
