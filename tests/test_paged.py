@@ -278,7 +278,7 @@ def test_bad_input_names_value_and_limit_and_changes_nothing():
 
 
 @pytest.mark.parametrize("args", [{"num_blocks": 0}, {"block_size": 0}, {"max_seq_len": 0},
-                                  {"num_blocks": 2.5}])
+                                  {"num_blocks": 2.5}, {"block_size": True}])
 def test_constructor_rejects_bad_sizes(args):
     kw = {"num_blocks": 4, "block_size": 4} | args
     name = next(iter(args))

@@ -139,7 +139,7 @@ def test_capacity_bounds_size_with_lru_eviction():
 
 
 def test_bad_input():
-    with pytest.raises(ValueError, match="capacity_tokens=0: must be an integer >= 1"):
+    with pytest.raises(ValueError, match="capacity_tokens must be an int >= 1, got 0"):
         RadixCache(capacity_tokens=0)
     cache = RadixCache()
     cache.insert([1, 2, 3])
@@ -158,3 +158,25 @@ def test_check_invariants_catches_a_wrong_size():
     cache.size += 1
     with pytest.raises(AssertionError, match="size=4 but the edges hold 3 tokens"):
         cache.check_invariants()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_radix_hits_equal_token_level_block_hashing(seed):
+    """Two independent designs agree: hash-chained blocks of ONE token (a trie keyed by chained hashes)
+    find the radix tree's match, capped so the last prompt token is computed."""
+    from mlsys_nb.inference.paged import BlockManager
+
+    rng = random.Random(seed)
+    wl = [(None, [rng.randrange(3) for _ in range(rng.randrange(2, 15))],
+           [rng.randrange(3) for _ in range(rng.randrange(0, 5))]) for _ in range(40)]
+    wl += multi_turn_workload(n_systems=2, conversations=2, turns=3, system_len=9, user_len=3, reply_len=4,
+                              first_id=10)
+    radix, blocks = RadixCache(), BlockManager(num_blocks=2000, block_size=1)
+    for i, (_, prompt, reply) in enumerate(wl):
+        n, node, _ = radix.match_prefix(prompt)
+        assert blocks.allocate(i, prompt) == min(n, len(prompt) - 1)
+        for t in reply:
+            blocks.append_token(i, t)
+        radix.insert(prompt + reply)
+        blocks.free_seq(i)
+    blocks.check_invariants()

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from ..config import torch_dtype
+from ..config import check_int, torch_dtype
 
 __all__ = [
     "BlockManager",
@@ -77,11 +77,9 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int = 16, *, max_seq_len: int | None = None,
                  prefix_caching: bool = True):
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r}: must be an integer >= 1")
-        if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 1):
-            raise ValueError(f"max_seq_len={max_seq_len!r}: must be an integer >= 1 (or None)")
+        num_blocks, block_size = check_int("num_blocks", num_blocks), check_int("block_size", block_size)
+        if max_seq_len is not None:
+            max_seq_len = check_int("max_seq_len", max_seq_len)
         self.num_blocks, self.block_size = num_blocks, block_size
         self.max_seq_len = max_seq_len if max_seq_len is not None else num_blocks * block_size
         self.prefix_caching = prefix_caching

@@ -22,6 +22,8 @@ from __future__ import annotations
 import heapq
 import itertools
 
+from ..config import check_int
+
 __all__ = ["RadixCache", "RadixNode", "multi_turn_workload"]
 
 
@@ -44,8 +46,8 @@ class RadixCache:
     """Prefix cache over token ids; ``capacity_tokens`` (optional) evicts LRU leaves after each insert."""
 
     def __init__(self, capacity_tokens: int | None = None):
-        if capacity_tokens is not None and (not isinstance(capacity_tokens, int) or capacity_tokens < 1):
-            raise ValueError(f"capacity_tokens={capacity_tokens!r}: must be an integer >= 1 (or None)")
+        if capacity_tokens is not None:
+            capacity_tokens = check_int("capacity_tokens", capacity_tokens)
         self.capacity = capacity_tokens
         self.root = RadixNode()
         self.root.lock_ref = 1  # the root is never evicted
