@@ -304,3 +304,25 @@ def test_workload_prefix_hits_equal_the_analytical_count(model):
     import numpy as np
     assert abs(percentile(xs, 90) - float(np.percentile(xs, 90))) < 1e-12
 
+
+
+def test_load_weights_from_a_transformers_state_dict(hf_model):
+    """RLHF pushes a trained transformers model's weights into a running engine."""
+    transformers = pytest.importorskip("transformers")
+    llm = LLM(copy.deepcopy(hf_model))
+    torch.manual_seed(7)
+    trained = transformers.LlamaForCausalLM(hf_model.config).eval()
+    prompt = random_prompts(1, 10, 20, seed=11, vocab=320)[0]
+    llm.load_weights(trained.state_dict())
+    got = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)[0]
+    with torch.no_grad():
+        want = trained.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                do_sample=False, max_new_tokens=8, min_new_tokens=8, pad_token_id=0)[0, len(prompt):]
+    assert got.outputs[0].token_ids == want.tolist()
+
+
+def test_cuda_graphs_need_cuda(model):
+    llm = LLM(model)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA graphs need"):
+            llm.engine.runner.capture_cuda_graphs()

@@ -211,7 +211,19 @@ class LLMEngine:
     def load_weights(self, state_dict) -> None:
         """Swap the model's weights in place and forget the prefix cache (its K/V came from the old weights).
 
-        Requests already running keep the K/V they computed with the old weights (as in vLLM)."""
+        ``state_dict`` uses the package's parameter names, or ``transformers``' (``model.layers.N...``, e.g.
+        a trained ``LlamaForCausalLM``'s), mapped as ``models.from_hf`` does. Requests already running keep
+        the K/V they computed with the old weights (as in vLLM)."""
+        if any(k.startswith("model.") for k in state_dict):
+            from ..models.hf import _name_map
+
+            names = _name_map(self.model.cfg)
+            missing = [theirs for theirs in names.values() if theirs not in state_dict]
+            if missing:
+                raise KeyError(f"transformers-style state_dict lacks {missing[:3]} ({len(missing)} missing in all)")
+            state_dict = {ours: state_dict[theirs] for ours, theirs in names.items()}
+            if self.model.cfg.tied_embeddings:  # one tensor under both names
+                state_dict["lm_head.weight"] = state_dict["embed.weight"]
         with torch.no_grad():
             self.model.load_state_dict(state_dict, strict=True)
         self.scheduler.ready_hash = [-1] * self.kv.manager.num_blocks
