@@ -134,6 +134,9 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()                                   # 1. schedule
         t("schedule")
         if not scheduled:
+            if self.scheduler.waiting and not self.scheduler.running and not self.scheduler.swapped:
+                raise RuntimeError(f"{len(self.scheduler.waiting)} waiting requests and none can be admitted "
+                                   f"({self.kv.manager.num_free_blocks()} free blocks): the engine would hang")
             return []
         logits, batch = self.runner.run(scheduled, timer=t)                     # 2. prepare + forward
         tokens, logprobs = sample(logits, batch.sample_seqs, self.generator,   # 3. sample
