@@ -93,7 +93,14 @@ class AsyncEngine:
                     self.work.clear()
                     continue
                 before = self.engine.stats["generation_tokens"]
-                outputs = self.engine.step()
+                try:
+                    outputs = self.engine.step()
+                except Exception as e:  # fail every pending request (500) rather than leave it waiting forever
+                    for rid, (loop, q) in list(self.queues.items()):
+                        self.engine.abort_request(rid)
+                        loop.call_soon_threadsafe(q.put_nowait, e)
+                    self.queues.clear()
+                    continue
                 self.token_log.append((time.perf_counter(), self.engine.stats["generation_tokens"] - before))
                 targets = [(out, self.queues.get(out.request_id)) for out in outputs]
                 for out in outputs:
@@ -108,6 +115,13 @@ class AsyncEngine:
         self.stopped = True
         self.work.set()
         self.thread.join(timeout=5)
+
+
+def _checked(item):
+    """An output from the engine thread, or the exception that stopped its step (-> HTTP 500)."""
+    if isinstance(item, Exception):
+        raise APIError(500, f"the engine failed: {type(item).__name__}: {item}", type_="internal_error")
+    return item
 
 
 def _visible(text: str, finished: bool, stops: list[str]) -> str:
@@ -202,7 +216,7 @@ def build_app(engine, model_name: str):
         if body.get("stream"):
             return StreamingResponse(stream(rid, q, params, chat), media_type="text/event-stream")
         try:
-            while not (out := await q.get()).finished:
+            while not (out := _checked(await q.get())).finished:
                 pass
         finally:
             if rid in aengine.queues:
@@ -245,7 +259,7 @@ def build_app(engine, model_name: str):
                     yield chunk(i, "", role=True)
             done = False
             while not done:
-                out = await q.get()
+                out = _checked(await q.get())
                 done = out.finished
                 for c in out.outputs:
                     text = _visible(c.text, c.finish_reason is not None, params.stop)
