@@ -46,7 +46,7 @@ from . import hardware, memory
 from .comm import collective_time
 from .config import ModelConfig, TrainConfig
 
-__all__ = ["Layout", "Plan", "search", "evaluate", "COLUMNS", "SCHEDULES", "DEFAULTS"]
+__all__ = ["Layout", "Plan", "search", "evaluate", "rank_of", "clear_caches", "COLUMNS", "SCHEDULES", "DEFAULTS"]
 
 COLUMNS = ["dp", "tp", "pp", "cp", "ep", "zero", "recompute", "micro_batch", "schedule", "v",
            "memory_bytes", "step_s", "mfu", "bottleneck"]
@@ -611,6 +611,13 @@ def search(model, *, gpus: int, gpu: str, global_batch_tokens: int, seq_len: int
                          assumptions={k: getattr(ctx, k) for k in DEFAULTS}, gpu_memory_bytes=cap,
                          gpus=gpus, gpu=gpu, global_batch_tokens=global_batch_tokens, seq_len=seq_len))
     return df
+
+
+def clear_caches() -> None:
+    """Forget the memoised closed forms (benchmarks time a cold search with it)."""
+    for f in (_layer_flops, _stage_compute, _coll, _bubble_ratio, _stage_states, _states_bytes, _act_layer,
+              _in_flight_last, _min_layers):
+        f.cache_clear()
 
 
 def rank_of(df, **layout) -> int | None:
