@@ -67,9 +67,11 @@ def _check(results, cases, world):
                 assert r["moved"] > 100 * TOL  # the parameters did change over the run
 
 
+@pytest.mark.slow
 def test_dp_tp_and_dp_pp_on_four_ranks_equal_single_process(four):
     _check(four, FOUR, 4)
 
 
+@pytest.mark.slow
 def test_dp_pp_tp_on_eight_ranks_equals_single_process(eight):
     _check(eight, EIGHT, 8)
