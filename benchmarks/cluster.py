@@ -22,11 +22,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from mlsys_nb.runtime.machine import summary as machine  # noqa: E402
+
 TRIVIAL = "pass"
 ALL_REDUCE = "t = torch.ones(1)\ndist.all_reduce(t)"
 IN_RANK = """
 import time, statistics
-from mlsys_nb.machine import summary as machine
 t = torch.ones(1)
 for _ in range(20):
     dist.all_reduce(t)

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/collectives.py [--ranks 4] [--repeats 7] [--out data/measured/collectives.md]
 
 On ``--ranks`` ranks (gloo on CPU; NCCL with ``--backend nccl`` on GPUs) it times, interleaved in
-one launch, ``mlsys_nb.collectives.ring_all_reduce`` (isend/irecv, pipelined pieces, in-place adds)
+one launch, ``mlsys_nb.comm.collectives.ring_all_reduce`` (isend/irecv, pipelined pieces, in-place adds)
 and ``dist.all_reduce`` at 1, 16 and 64 MiB, and measures memcpy bandwidth in the same run.
 Prints a table of medians, busbw (nccl-tests: algbw x 2(n-1)/n), busbw as a fraction of memcpy
 bandwidth and the ratio ring / torch. Target: ring >= 0.5x torch's busbw at >= 16 MiB.
@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mlsys_nb import comm  # noqa: E402
-from mlsys_nb.machine import info as machine
+from mlsys_nb.runtime.machine import info as machine
 
 MiB = 1 << 20
 SIZES = (1 * MiB, 16 * MiB, 64 * MiB)

@@ -16,8 +16,8 @@ import statistics
 
 
 import mlsys_nb
-from mlsys_nb.parallel.dp_runs import TIMING_VARIANTS, time_ddp_steps
-from mlsys_nb.machine import summary as machine
+from mlsys_nb.parallel.harness import TIMING_VARIANTS, time_ddp_steps
+from mlsys_nb.runtime.machine import summary as machine
 
 
 def main() -> None:

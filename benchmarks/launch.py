@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
-from mlsys_nb.machine import summary as machine
+from mlsys_nb.runtime.machine import summary as machine
 
 METHODS = ("mlsys_nb", "accelerate", "mp_spawn")
 BASELINE = "accelerate.notebook_launcher warm"

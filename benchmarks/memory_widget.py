@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 
 
 from mlsys_nb.widgets.memory import MemoryWidget  # noqa: E402
-from mlsys_nb.machine import summary as machine
+from mlsys_nb.runtime.machine import summary as machine
 
 TARGET_S = 0.100
 CHANGES = [{"seq_len": 8192}, {"tp": 4}, {"zero": 3}, {"model": "llama-3.1-70b"},

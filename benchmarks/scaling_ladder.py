@@ -1,5 +1,5 @@
 """Regenerate data/measured/scaling_ladder.csv and .md: a ladder of tiny Llama-style transformers
-trained on the synthetic Markov language (mlsys_nb.corpus) under several FLOP budgets, and the
+trained on the synthetic Markov language (mlsys_nb.models.corpus) under several FLOP budgets, and the
 Chinchilla-form fit to the measured losses (Huber on log-loss, L-BFGS grid, bootstrap CIs).
 
     .venv/bin/python benchmarks/scaling_ladder.py            # full run (a few CPU-minutes, 1 thread)
@@ -14,8 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mlsys_nb import ladder  # noqa: E402
-from mlsys_nb.machine import summary as machine
+from mlsys_nb.models import ladder  # noqa: E402
+from mlsys_nb.runtime.machine import summary as machine
 
 
 def main(argv=None):

@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from mlsys_nb.machine import summary as machine
+from mlsys_nb.runtime.machine import summary as machine
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))

@@ -9,23 +9,21 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-# Imported eagerly on purpose: the function ``launch`` must shadow the submodule of the same
-# name, whatever is imported first.
-from .launch import device, launch  # noqa: E402
+from .runtime.launcher import device, launch  # noqa: E402
 
 __all__ = ["__version__", "launch", "device", "Cluster", "load_ipython_extension"]
 
 
 def __getattr__(name):  # PEP 562: the live-rank cluster loads on first use
     if name == "Cluster":
-        from .cluster import Cluster
+        from .runtime.cluster import Cluster
 
         return Cluster
     raise AttributeError(f"module 'mlsys_nb' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython):
-    """``%load_ext mlsys_nb`` registers the ``%%ranks`` cell magic (see ``mlsys_nb.cluster``)."""
-    from .cluster import load_ipython_extension as _load
+    """``%load_ext mlsys_nb`` registers the ``%%ranks`` cell magic (see ``mlsys_nb.runtime.cluster``)."""
+    from .runtime.cluster import load_ipython_extension as _load
 
     _load(ipython)

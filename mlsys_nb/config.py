@@ -18,12 +18,52 @@ _ACTIVATIONS = ("swiglu", "gelu", "relu")
 _NORMS = ("rmsnorm", "layernorm")
 
 
-def _check_int(name: str, value, lo: int = 1, hi: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    if value < lo or (hi is not None and value > hi):
-        rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise ValueError(f"{name}={value} is out of range: allowed {rng}")
+class ArgumentError(ValueError):
+    """A bad argument: the message names the parameter, the allowed range and the value given.
+
+    Raised by every check in the kit (``check_int``, ``check_number``, ``check_choice``) before
+    any work starts (no rank process, no model); a ``ValueError``, so ``except ValueError`` works."""
+
+
+def check_int(name: str, value, lo: int = 1, hi: int | None = None) -> int:
+    """``value`` must be an int (not a bool) in ``[lo, hi]`` (``hi=None``: no upper bound)."""
+    allowed = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+        raise ArgumentError(f"{name} must be an int {allowed}, got {value!r}")
+    return value
+
+
+def check_number(name: str, value, lo: float | None = None, hi: float | None = None, *,
+                 lo_open: bool = False, unit: str = "") -> float:
+    """``value`` must be a real number (not a bool) with ``lo <= value <= hi`` (``lo < value``
+    when ``lo_open``); ``None`` bounds are not checked. ``unit`` only words the message."""
+    parts = []
+    if lo is not None:
+        parts.append(f"{'>' if lo_open else '>='} {lo:g}")
+    if hi is not None:
+        parts.append(f"<= {hi:g}")
+    allowed = " and ".join(parts) or "finite"
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and value == value
+    if ok and lo is not None:
+        ok = value > lo if lo_open else value >= lo
+    if ok and hi is not None:
+        ok = value <= hi
+    if not ok:
+        what = f"a number of {unit}" if unit else "a number"
+        raise ArgumentError(f"{name} must be {what} {allowed}, got {value!r}")
+    return float(value)
+
+
+def check_seconds(name: str, value) -> float:
+    """A duration in seconds, > 0."""
+    return check_number(name, value, 0, lo_open=True, unit="seconds")
+
+
+def check_choice(name: str, value, choices) -> object:
+    """``value`` must be one of ``choices`` (compared with ``==``)."""
+    if value not in tuple(choices):
+        raise ArgumentError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -66,11 +106,11 @@ class ModelConfig:
     rope_head_dim: int = 0
 
     def __post_init__(self):
-        _check_int("n_layers", self.n_layers)
-        _check_int("hidden", self.hidden)
-        _check_int("n_heads", self.n_heads)
-        _check_int("vocab_size", self.vocab_size, 2)
-        _check_int("seq_len", self.seq_len)
+        check_int("n_layers", self.n_layers)
+        check_int("hidden", self.hidden)
+        check_int("n_heads", self.n_heads)
+        check_int("vocab_size", self.vocab_size, 2)
+        check_int("seq_len", self.seq_len)
         if self.activation not in _ACTIVATIONS:
             raise ValueError(f"activation={self.activation!r}: allowed {_ACTIVATIONS}")
         if self.norm not in _NORMS:
@@ -82,10 +122,10 @@ class ModelConfig:
             else:
                 f = 4 * self.hidden
             object.__setattr__(self, "ffn_hidden", f)
-        _check_int("ffn_hidden", self.ffn_hidden)
+        check_int("ffn_hidden", self.ffn_hidden)
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
-        _check_int("n_kv_heads", self.n_kv_heads, 1, self.n_heads)
+        check_int("n_kv_heads", self.n_kv_heads, 1, self.n_heads)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads} (GQA groups)"
@@ -97,17 +137,17 @@ class ModelConfig:
                     "pass head_dim explicitly or change one of them"
                 )
             object.__setattr__(self, "head_dim", self.hidden // self.n_heads)
-        _check_int("head_dim", self.head_dim)
-        _check_int("n_experts", self.n_experts, 0)
-        _check_int("n_shared_experts", self.n_shared_experts, 0)
-        _check_int("n_dense_layers", self.n_dense_layers, 0, self.n_layers)
+        check_int("head_dim", self.head_dim)
+        check_int("n_experts", self.n_experts, 0)
+        check_int("n_shared_experts", self.n_shared_experts, 0)
+        check_int("n_dense_layers", self.n_dense_layers, 0, self.n_layers)
         if self.n_experts:
-            _check_int("top_k", self.top_k, 1, self.n_experts)
+            check_int("top_k", self.top_k, 1, self.n_experts)
             if self.expert_ffn_hidden is None:
                 object.__setattr__(self, "expert_ffn_hidden", self.ffn_hidden)
-            _check_int("expert_ffn_hidden", self.expert_ffn_hidden)
+            check_int("expert_ffn_hidden", self.expert_ffn_hidden)
         for name in ("q_lora_rank", "kv_lora_rank", "rope_head_dim"):
-            _check_int(name, getattr(self, name), 0)
+            check_int(name, getattr(self, name), 0)
         if not (0.0 <= self.dropout < 1.0):
             raise ValueError(f"dropout={self.dropout} is out of range: allowed [0, 1)")
 
@@ -246,10 +286,10 @@ class TrainConfig:
 
     def __post_init__(self):
         for name in ("micro_batch", "seq_len", "dp", "tp", "pp", "virtual_stages", "cp", "ep"):
-            _check_int(name, getattr(self, name))
-        _check_int("zero", self.zero, 0, 3)
+            check_int(name, getattr(self, name))
+        check_int("zero", self.zero, 0, 3)
         if self.n_microbatches is not None:
-            _check_int("n_microbatches", self.n_microbatches)
+            check_int("n_microbatches", self.n_microbatches)
         if self.pp_layers is not None:
             object.__setattr__(self, "pp_layers", tuple(int(x) for x in self.pp_layers))
             if len(self.pp_layers) != self.pp:

@@ -9,7 +9,7 @@ stage, head on the last; DualPipe ranks hold two stages), EP (experts) and ZeRO 
 Activations are summed from named saved-for-backward tensors of one transformer layer
 (``layer_terms``), so every number can be traced to a tensor; ``kernels="eager"`` describes this
 package's ``Transformer`` exactly as PyTorch runs it (validated on CPU against
-``torch.autograd.graph.saved_tensors_hooks``, ``mlsys_nb.measure``), ``kernels="fused"`` a GPU
+``torch.autograd.graph.saved_tensors_hooks``, ``mlsys_nb.models.measure``), ``kernels="fused"`` a GPU
 training stack (Korthikanti et al. 2022's accounting, formulas.md §8). TP shards the head-split and
 FFN-width terms; SP additionally shards the h-wide terms (norm inputs, dropout masks); the s^2
 attention terms are split over heads (/tp, with or without SP); CP divides everything by cp;

@@ -15,7 +15,7 @@ from torch import nn
 from mlsys_nb.config import ModelConfig
 from mlsys_nb.models.transformer import MLP, Attention, Block, Transformer
 from mlsys_nb.parallel import tensor as tp
-from mlsys_nb.parallel.counting import CommCounter
+from mlsys_nb.comm.counting import CommCounter
 
 B, S = 2, 16
 CFG = ModelConfig(n_layers=2, hidden=64, n_heads=8, n_kv_heads=4, vocab_size=128, seq_len=S, ffn_hidden=96)

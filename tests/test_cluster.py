@@ -17,7 +17,7 @@ import torch
 import mlsys_nb
 from IPython.core.error import UsageError
 
-from mlsys_nb.cluster import Cluster, RankError, RankTimeout, current
+from mlsys_nb.runtime.cluster import Cluster, RankError, RankTimeoutError, current
 
 pytestmark = pytest.mark.slow
 
@@ -155,7 +155,7 @@ def test_deadlock_is_stopped_with_stacks_and_cluster_recovers(cluster):
                 "if rank < 2:\n"
                 "    dist.send(t, dst=1 - rank)   # both ranks send first: deadlock\n"
                 "    dist.recv(t, src=1 - rank)\n")
-        with pytest.raises(RankTimeout) as info:
+        with pytest.raises(RankTimeoutError) as info:
             cluster.execute(cell, ranks=[0, 1], timeout=2)
         err = info.value
         assert isinstance(err, TimeoutError) and err.restarted and set(err.stacks) == {0, 1}

@@ -8,7 +8,7 @@ import pytest
 
 import mlsys_nb
 from mlsys_nb import comm
-from mlsys_nb.collectives import chunk_bounds, verify_against_torch
+from mlsys_nb.comm.collectives import chunk_bounds, verify_against_torch
 
 TOL = 1e-5
 E = 4  # float32 bytes
@@ -88,7 +88,7 @@ def test_chunk_bounds_match_tensor_split():
 @pytest.mark.slow
 def test_semantics_pictures_match_torch_distributed():
     """The symbolic before/after that the notebook draws is what torch.distributed does."""
-    from mlsys_nb.collectives import SEMANTICS_OPS, check_semantics
+    from mlsys_nb.comm.collectives import SEMANTICS_OPS, check_semantics
 
     per_rank = mlsys_nb.launch(check_semantics, 3, kwargs=dict(root=1, seed=5), backend="gloo",
                                timeout=60, output="quiet")
@@ -98,7 +98,7 @@ def test_semantics_pictures_match_torch_distributed():
 
 
 def test_semantics_shapes_by_hand():
-    from mlsys_nb.collectives import collective_semantics
+    from mlsys_nb.comm.collectives import collective_semantics
 
     before, after = collective_semantics("all_to_all", 3)
     assert after[2] == [frozenset({(0, 2)}), frozenset({(1, 2)}), frozenset({(2, 2)})]

@@ -4,8 +4,8 @@ import pandas as pd
 import pytest
 
 from mlsys_nb import comm
-from mlsys_nb import comm_plots as P
-from mlsys_nb.collectives import SEMANTICS_OPS, collective_semantics
+from mlsys_nb.comm import plots as P
+from mlsys_nb.comm.collectives import SEMANTICS_OPS, collective_semantics
 
 
 @pytest.mark.parametrize("n", [2, 5])

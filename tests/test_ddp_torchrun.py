@@ -21,7 +21,7 @@ def _free_port() -> int:
 def test_ddp_and_zero_under_torchrun_equal_single_process():
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                "--master-port", str(_free_port()), "-m", "mlsys_nb.run",
-               "mlsys_nb.parallel.dp_runs:max_differences", "--timeout", "60"]
+               "mlsys_nb.parallel.harness:max_differences", "--timeout", "60"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=240, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = {int(m.group(1)): ast.literal_eval(m.group(2))

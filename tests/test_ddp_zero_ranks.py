@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 import mlsys_nb
-from mlsys_nb.parallel.counting import CommCounter
-from mlsys_nb.parallel.dp_runs import IMPLEMENTATIONS, compare_implementations
+from mlsys_nb.comm.counting import CommCounter
+from mlsys_nb.parallel.harness import IMPLEMENTATIONS, compare_implementations
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks get this module's functions by value
 
@@ -124,7 +124,7 @@ def _memory_module_prediction(world, stage, optimizer):
     """The same numbers from ``mlsys_nb.memory.estimate`` (model states of the tiny config)."""
     from mlsys_nb.config import TrainConfig
     from mlsys_nb.memory import estimate
-    from mlsys_nb.parallel.dp_runs import tiny_config
+    from mlsys_nb.parallel.harness import tiny_config
 
     train = TrainConfig(micro_batch=2, seq_len=16, precision="fp32", optimizer="adamw" if optimizer == "adamw" else "sgd-momentum",
                         dp=world, zero=stage, device="cpu", kernels="eager")
@@ -174,7 +174,7 @@ def test_zero3_gathers_one_unit_at_a_time_and_two_with_prefetch(runs):
     two with prefetch, which is what mlsys_nb.memory budgets ("2 x largest layer")."""
     from mlsys_nb.config import TrainConfig
     from mlsys_nb.memory import estimate
-    from mlsys_nb.parallel.dp_runs import tiny_config
+    from mlsys_nb.parallel.harness import tiny_config
 
     world, _, per_rank = runs
     cfg = tiny_config()

@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 
 import mlsys_nb
-from mlsys_nb.launch import RankError, RankTimeoutError, launch, resolve_backend
+from mlsys_nb.runtime.launcher import RankError, RankTimeoutError, launch, resolve_backend
 
-launch_module = importlib.import_module("mlsys_nb.launch")  # mlsys_nb.launch is the function
+launch_module = importlib.import_module("mlsys_nb.runtime.launcher")
 TESTS_DIR = str(Path(__file__).resolve().parent)
 
 
@@ -432,7 +432,7 @@ def test_torchrun_entry_point_two_nodes_on_loopback():
 
 @pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # pytest's captured stderr has no fd
 def test_run_without_torchrun_environment_explains_itself(monkeypatch, capsys):
-    from mlsys_nb import run
+    from mlsys_nb.runtime import torchrun as run
 
     for name in run.ENV_NEEDED:
         monkeypatch.delenv(name, raising=False)

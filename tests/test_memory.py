@@ -8,7 +8,7 @@ import torch
 from mlsys_nb import memory
 from mlsys_nb.config import load_yaml
 from mlsys_nb.memory import GB, GiB, ModelConfig, TrainConfig, estimate, param_count, playbook_estimate
-from mlsys_nb.measure import measure_activations, measure_model_states
+from mlsys_nb.models.measure import measure_activations, measure_model_states
 from mlsys_nb.models import Transformer
 
 RAW = load_yaml("models.yaml")["models"]

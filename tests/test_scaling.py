@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from mlsys_nb import scaling
-from mlsys_nb.corpus import MarkovLanguage
+from mlsys_nb.models.corpus import MarkovLanguage
 
 
 def test_published_constants_and_allocation_exponents():

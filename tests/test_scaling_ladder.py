@@ -4,8 +4,9 @@ import math
 
 import pytest
 
-from mlsys_nb import flops, ladder
-from mlsys_nb.corpus import MarkovLanguage
+from mlsys_nb import flops
+from mlsys_nb.models import ladder
+from mlsys_nb.models.corpus import MarkovLanguage
 
 
 def test_plan_turns_budgets_into_tokens():

@@ -6,8 +6,9 @@ import torch
 
 from mlsys_nb.models import Transformer
 from mlsys_nb.parallel.ddp import DataParallel
-from mlsys_nb.parallel.dp_runs import local_slice, make_batches, tiny_config
-from mlsys_nb.parallel.zero import ZeRO, default_units, model_state_bytes
+from mlsys_nb.parallel.harness import local_slice, make_batches, tiny_config
+from mlsys_nb.models.measure import measured_state_bytes
+from mlsys_nb.parallel.zero import ZeRO, default_units
 
 
 def test_default_units_are_embedding_blocks_norm_head_in_forward_order():
@@ -25,21 +26,21 @@ def test_tiny_config_units_divide_by_8_so_shards_need_no_padding():
         assert sum(p.numel() for p in u.parameters()) % 8 == 0, u
 
 
-def test_model_state_bytes_of_plain_adamw_training():
+def test_measured_state_bytes_of_plain_adamw_training():
     model = Transformer(tiny_config())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = make_batches(tiny_config(), 1, 2)[0]
     model(x, y).backward()
     opt.step()
     n = sum(p.numel() for p in model.parameters())
-    got = model_state_bytes(model, opt)
+    got = measured_state_bytes(model, opt)
     assert got == dict(params=4 * n, grads=4 * n, optimizer=8 * n, step_counters=4 * len(list(model.parameters())))
 
 
-def test_model_state_bytes_counts_shared_storage_once():
+def test_measured_state_bytes_counts_shared_storage_once():
     model = Transformer(tiny_config(tied_embeddings=True))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    assert model_state_bytes(model, opt)["params"] == 4 * model.num_parameters()
+    assert measured_state_bytes(model, opt)["params"] == 4 * model.num_parameters()
 
 
 def test_bad_arguments_are_explained():

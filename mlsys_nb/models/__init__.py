@@ -1,4 +1,15 @@
-"""The package's real small transformer (Llama- or GPT-style), built from a ``ModelConfig``."""
+"""The real models the kit runs, the data they learn and the measurements taken on them.
+
+- ``Transformer(cfg)`` (``transformer``): the package's small Llama- or GPT-style transformer,
+  built from a ``mlsys_nb.config.ModelConfig`` (also ``Block``, ``Attention``, ``MLP``, ``MoE``).
+- ``measure``: memory measured on a real model: ``saved_activation_bytes``,
+  ``measure_activations``, ``measure_model_states`` and ``measured_state_bytes`` (the bytes of
+  parameters, gradients and optimizer states a rank holds, from its tensors), which the formulas
+  of ``mlsys_nb.memory`` are tested against.
+- ``corpus``: ``MarkovLanguage``, a synthetic language with a known entropy rate (the loss floor).
+- ``ladder``: the scaling ladder: tiny transformers trained on that language under several
+  compute budgets, to which ``mlsys_nb.scaling.fit`` is fitted (notebook 11).
+"""
 from .transformer import MLP, Attention, Block, MoE, Transformer, build_norm, rope_tables
 
 __all__ = ["Transformer", "Block", "Attention", "MLP", "MoE", "build_norm", "rope_tables"]

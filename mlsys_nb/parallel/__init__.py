@@ -1,0 +1,16 @@
+"""Parallelism on real ranks, one readable file per strategy, each checked against a reference.
+
+- ``ddp``: data parallelism from scratch: ``allreduce_gradients(model)`` and
+  ``DataParallel(model, bucket_cap_mb=25, overlap=True)`` (buckets, overlap, ``no_sync``).
+- ``zero``: ZeRO stages 1-3 (``ZeRO(model, make_optimizer, stage=3, prefetch=True)``, ``FlatUnit``,
+  ``default_units``) with reduce-scatter and all-gather.
+- ``tensor``: Megatron-style tensor and sequence parallelism (``ColumnParallelLinear``,
+  ``RowParallelLinear``, ``TPMLP``, ``TPAttention``, ``TPTransformer``, ...).
+- ``harness``: the run-and-compare harness: the same seeded model and batches under every
+  data-parallel implementation (``compare_implementations``, ``train_parallel``, ``train_single``,
+  ``tiny_config``, ``make_batches``, ``time_ddp_steps``), compared with single-process training
+  and with PyTorch's DDP/FSDP2.
+
+Every module imports torch; import the one you need (``from mlsys_nb.parallel import ddp``).
+Bytes on the wire are counted by ``mlsys_nb.comm.counting.CommCounter``.
+"""

@@ -33,7 +33,7 @@ gradients summed over the group after backward: ``sync_sequence_parallel_grads(m
 not bit-equal to the single-process model (Megatron keeps separate RNG streams for that).
 
 All collectives go through ``torch.distributed`` functions looked up at call time, so
-``mlsys_nb.parallel.counting.CommCounter`` sees (and counts the bytes of) every message. The code
+``mlsys_nb.comm.counting.CommCounter`` sees (and counts the bytes of) every message. The code
 assumes an initialised process group (``mlsys_nb.launch``); ``group=None`` means the world group.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ from ..models.transformer import apply_rope, attention_core, build_norm, rope_ta
 
 SEQ_DIM = 1  # activations are [batch, seq, hidden]
 # torch 2.13 marks the *_tensor collectives deprecated in favour of *_single; the byte counter
-# (mlsys_nb.parallel.counting) and torch's own DTensor code still use these names.
+# (mlsys_nb.comm.counting) and torch's own DTensor code still use these names.
 warnings.filterwarnings(
     "ignore", message=r".*`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
     category=FutureWarning)

@@ -264,34 +264,3 @@ class ZeRO:
             if not was:
                 u.free()
         return {n: out[id(p)] for n, p in self.model.named_parameters()}
-
-
-def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, extra_params=()) -> dict[str, int]:
-    """Bytes this rank holds right now for parameters, gradients and optimizer states.
-
-    Measured from the tensors themselves, whatever produced them: unique storages (views of one
-    buffer count once; freed storages count 0), DTensors (FSDP2) counted by their local shard.
-    ``extra_params``: tensors outside ``model.parameters()`` (e.g. ZeRO's shards). Optimizer state
-    counts every tensor in ``optimizer.state`` except 0-d step counters (4 B each, not in the
-    formulas), which are returned separately as ``step_counters``."""
-
-    def local(t):
-        return t.to_local() if hasattr(t, "to_local") else t
-
-    def unique_bytes(tensors) -> int:
-        seen = {}
-        for t in tensors:
-            st = local(t).untyped_storage()
-            if st.nbytes():
-                seen[st.data_ptr()] = st.nbytes()
-        return sum(seen.values())
-
-    params = list(model.parameters()) + list(extra_params)
-    grads = [p.grad for p in params if p.grad is not None]
-    states = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    return dict(
-        params=unique_bytes(params),
-        grads=unique_bytes(grads),
-        optimizer=unique_bytes([v for v in states if v.dim() > 0]),
-        step_counters=sum(local(v).numel() * v.element_size() for v in states if v.dim() == 0),
-    )

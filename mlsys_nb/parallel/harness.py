@@ -20,9 +20,10 @@ import torch.distributed as dist
 
 from ..config import ModelConfig
 from ..models import Transformer
-from .counting import CommCounter
+from ..comm.counting import CommCounter
 from .ddp import DataParallel, allreduce_gradients
-from .zero import ZeRO, model_state_bytes
+from ..models.measure import measured_state_bytes
+from .zero import ZeRO
 
 IMPLEMENTATIONS = ("naive", "ddp", "ddp_no_overlap", "ddp_accum", "torch_ddp",
                    "zero1", "zero2", "zero3", "zero3_prefetch", "fsdp2")
@@ -124,7 +125,7 @@ def train_parallel(impl: str, cfg: ModelConfig, batches, optimizer: str = "adamw
             opt.step()
             if batch is batches[-1]:
                 extra = [u.shard for u in zero.units] if zero else ()
-                memory = model_state_bytes(model, zero.optimizer if zero else opt, extra)
+                memory = measured_state_bytes(model, zero.optimizer if zero else opt, extra)
             opt.zero_grad()
     if zero is not None:
         params = zero.full_parameters()
@@ -175,7 +176,7 @@ def compare_implementations(impls=IMPLEMENTATIONS, optimizers=("adamw", "sgd"), 
 
 
 def max_differences(impls=("ddp", "zero1", "zero2", "zero3"), optimizer: str = "adamw", steps: int = 2) -> dict:
-    """Rank function for ``torchrun -m mlsys_nb.run mlsys_nb.parallel.dp_runs:max_differences``:
+    """Rank function for ``torchrun -m mlsys_nb.run mlsys_nb.parallel.harness:max_differences``:
     {impl: max |parameter - single-process parameter|} after ``steps`` steps."""
     out = compare_implementations(impls=impls, optimizers=(optimizer,), steps=steps)
     return {impl: r["max_diff_single"] for impl, r in out["results"][optimizer].items()}

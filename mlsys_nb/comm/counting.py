@@ -7,7 +7,7 @@ older names ``all_gather_into_tensor`` / ``reduce_scatter_tensor``, deprecated i
 Not counted: code that imported a function by name before the counter was entered, and C++
 internals such as ``torch.nn.parallel.DistributedDataParallel``'s reducer.
 
-    from mlsys_nb.parallel.counting import CommCounter
+    from mlsys_nb.comm.counting import CommCounter
     with CommCounter() as cc:
         dist.all_reduce(x)
     cc.sent_bytes          # bytes this rank sends under the ring algorithms (formulas §1.2)

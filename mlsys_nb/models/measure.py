@@ -9,6 +9,8 @@
   matmuls) and dtype (fp32, or bf16 for the 16-bit precisions).
 - ``measure_model_states(model_cfg, precision)``: bytes of parameters, gradients, optimizer states
   and fp32 master weights after one real optimizer step, summed over the real tensors.
+- ``measured_state_bytes(model, optimizer)``: the same bytes for a model and optimizer a rank holds
+  right now (DDP, ZeRO, FSDP2), used by ``mlsys_nb.parallel.harness``.
 
 CPU caveats (pitfalls.md, formulas §8.3): dropout masks are saved in the activation dtype (not as
 1-byte masks); SDPA with dropout > 0 falls back to a math path that upcasts bf16 to fp32, so measure
@@ -21,11 +23,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import ModelConfig, TrainConfig
-from .models import Transformer
+from ..config import ModelConfig, TrainConfig
+from .transformer import Transformer
 
 __all__ = ["SavedBytes", "saved_activation_bytes", "measure_activations", "measure_model_states",
-           "cpu_setting", "torch_dtype"]
+           "measured_state_bytes", "cpu_setting", "torch_dtype"]
 
 
 def torch_dtype(precision: str) -> torch.dtype:
@@ -109,12 +111,39 @@ def measure_activations(model_cfg: ModelConfig, train: TrainConfig, *, seed: int
     return saved_activation_bytes(model, tokens, targets)
 
 
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t  # a DTensor (FSDP2): this rank's shard
+
+
 def _unique_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (views of one buffer count once; freed
+    storages count 0; DTensors count their local shard)."""
     seen = {}
     for t in tensors:
-        st = t.untyped_storage()
-        seen[st.data_ptr()] = st.nbytes()
+        st = _local(t).untyped_storage()
+        if st.nbytes():
+            seen[st.data_ptr()] = st.nbytes()
     return sum(seen.values())
+
+
+def measured_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra_params=()) -> dict[str, int]:
+    """Bytes this rank holds right now for parameters, gradients and optimizer states (measured).
+
+    The measurement that ``mlsys_nb.memory.model_state_bytes`` (the formula) is tested against.
+    Measured from the tensors themselves, whatever produced them (DDP, ZeRO, FSDP2): unique
+    storages, DTensors by their local shard. ``extra_params``: tensors outside
+    ``model.parameters()`` (e.g. ZeRO's shards). Optimizer state counts every tensor in
+    ``optimizer.state`` except 0-d step counters (4 B each, not in the formulas), which are
+    returned separately as ``step_counters``."""
+    params = list(model.parameters()) + list(extra_params)
+    grads = [p.grad for p in params if p.grad is not None]
+    states = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return dict(
+        params=_unique_bytes(params),
+        grads=_unique_bytes(grads),
+        optimizer=_unique_bytes([v for v in states if v.dim() > 0]),
+        step_counters=sum(_local(v).numel() * v.element_size() for v in states if v.dim() == 0),
+    )
 
 
 def measure_model_states(model_cfg: ModelConfig, precision: str = "bf16-mixed", optimizer: str = "adam", *,

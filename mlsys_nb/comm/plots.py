@@ -1,7 +1,7 @@
 """Pictures for collectives and their cost: who holds what, and time/bandwidth vs message size.
 
 - :func:`draw_collective` / :func:`draw_collectives`: before/after per rank for the eight
-  collectives, drawn from ``mlsys_nb.collectives.collective_semantics`` (one colour per source
+  collectives, drawn from ``mlsys_nb.comm.collectives.collective_semantics`` (one colour per source
   rank; a reduced block shows one stripe per contributing rank; hatched = undefined).
 - :func:`draw_ring_schedule`: which chunk each rank sends at each step of ring all-reduce.
 - :func:`plot_times`, :func:`plot_busbw`: a ``mlsys_nb.comm.sweep`` DataFrame, log-log time vs
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .plots import PALETTE, label, new_figure, style
+from ..plots import PALETTE, label, new_figure, style
 
 LETTERS = "abcdefghijklmnop"
 
@@ -177,7 +177,7 @@ def plot_algorithms(model, n: int, sizes=None, algorithms=("ring", "tree", "recu
                     op: str = "all_reduce", ax=None, title: str | None = None):
     """α-β model time of each algorithm vs size for ``model`` (an ``AlphaBeta``) on ``n`` ranks;
     the ring/tree crossover (if any) is marked."""
-    from .comm import crossover_bytes
+    from .cost import crossover_bytes
 
     sizes = np.logspace(3, 31, 120, base=2) if sizes is None else np.asarray(sizes, dtype=float)
     fig, ax = new_figure() if ax is None else (ax.figure, ax)

@@ -85,7 +85,7 @@ def _chunk_sizes(numel: int, n: int) -> list[int]:
 
 
 def ring_bytes_sent(op: str, numel: int, n: int, rank: int, element_size: int = 4) -> int:
-    """Exact bytes rank ``rank`` sends in the ring algorithms of ``mlsys_nb.collectives`` for a
+    """Exact bytes rank ``rank`` sends in the ring algorithms of ``mlsys_nb.comm.collectives`` for a
     tensor of ``numel`` elements (chunks cut like ``torch.tensor_split``).
 
     all_reduce: every chunk but its own in the reduce-scatter phase and every chunk but chunk
@@ -216,7 +216,7 @@ class AlphaBeta:
     @classmethod
     def from_link(cls, name: str) -> "AlphaBeta":
         """From ``data/hardware.yaml``: its latency and per-direction bandwidth."""
-        from .hardware import link
+        from ..hardware import link
 
         ln = link(name)
         return cls(ln.latency_s, ln.per_direction_bytes_per_s)
@@ -387,7 +387,7 @@ def _sweep_worker(cases, warmup: int, repeats: int, dtype_name: str):
     import torch.distributed as dist
 
     from . import collectives as C
-    from .launch import device as _device
+    from ..runtime.ranks import device as _device
 
     dev = _device()
     dtype = getattr(torch, dtype_name)
@@ -424,7 +424,7 @@ def sweep(ops=("all_reduce",), sizes=(1 << 10, 1 << 16, 1 << 20), world_sizes=(2
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from .launch import launch, resolve_backend
+    from ..runtime.launcher import launch, resolve_backend
 
     for op in ops:
         if op not in IMPLEMENTATIONS:

@@ -22,7 +22,7 @@ Algorithms (``n`` ranks, a tensor of ``S`` bytes):
 
 Checks: :func:`verify_against_torch` (every algorithm vs ``torch.distributed``, with byte counts)
 and :func:`check_semantics` (the symbolic before/after of :func:`collective_semantics`, which
-``mlsys_nb.comm_plots.draw_collective`` draws, vs ``torch.distributed``).
+``mlsys_nb.comm.plots.draw_collective`` draws, vs ``torch.distributed``).
 
 Reduction ops: ``"sum"``, ``"product"``, ``"max"``, ``"min"`` (in place on the receiving buffer).
 """
@@ -473,7 +473,7 @@ def verify_against_torch(numels=(1, 7, 1001), seed: int = 0, piece_bytes: int = 
     ranks' buffers are undefined).
     """
     n, r = dist.get_world_size(), dist.get_rank()
-    from .launch import device as _device
+    from ..runtime.ranks import device as _device
 
     dev = _device()
     rows = []
@@ -606,7 +606,7 @@ def check_semantics(ops=SEMANTICS_OPS, m: int = 3, seed: int = 0, root: int = 0)
     """Run inside a rank: each op with ``torch.distributed``, compared block by block with
     :func:`collective_semantics`. Returns ``{op: max_abs_err}`` over the defined blocks."""
     n, r = dist.get_world_size(), dist.get_rank()
-    from .launch import device as _device
+    from ..runtime.ranks import device as _device
 
     dev = _device()
 

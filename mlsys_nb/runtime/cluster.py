@@ -30,13 +30,13 @@ Each rank process:
 - ignores SIGINT (an interrupted kernel kills and restarts its ranks instead: a rank blocked
   inside gloo would not react anyway), dies with the forkserver (``PR_SET_PDEATHSIG``), which
   itself exits when the kernel goes away;
-- runs ``torch.set_num_threads(num_threads)`` (default 1: several ranks share few cores);
+- runs ``torch.set_num_threads(threads)`` (default 1: several ranks share few cores);
 - joins the process group through a ``TCPStore`` held by the kernel and listening on
   127.0.0.1 only, with gloo bound to the loopback interface and a finite timeout;
 - keeps its own namespace with ``rank``, ``world_size``, ``dist``, ``torch``, ``device`` ready;
 - dumps its Python stack on SIGUSR1 (``faulthandler``) so a hung cell can be explained.
 
-A call that does not finish within its timeout raises :class:`RankTimeout` carrying each running
+A call that does not finish within its timeout raises :class:`RankTimeoutError` carrying each running
 rank's stack, after the cluster was restarted (namespaces are fresh again). An exception on a rank
 raises :class:`RankError` with that rank's traceback; the cluster stays as it was, unless the
 other ranks are still busy ``error_grace`` seconds later (typically blocked in a collective the
@@ -64,62 +64,24 @@ import weakref
 
 import cloudpickle
 
-__all__ = ["Cluster", "RankError", "RankTimeout", "current", "load_ipython_extension"]
+from ..config import check_int, check_seconds
+from .ranks import (HOST, RankError, RankTimeoutError, context, device, die_with_parent, open_store,
+                    rank_environment, resolve_backend, run_on_rank, without_main_module)
+
+__all__ = ["Cluster", "RankError", "RankTimeoutError", "current", "load_ipython_extension"]
 
 _clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 _current: "weakref.ref[Cluster] | None" = None
 
 
 # --------------------------------------------------------------------------------------------
-# errors
-# --------------------------------------------------------------------------------------------
-class RankError(RuntimeError):
-    """One or more ranks failed. ``errors`` maps rank -> traceback text; ``stacks`` maps rank ->
-    Python stack of ranks that were still running (then ``restarted`` is True)."""
-
-    def __init__(self, message, errors=None, stacks=None, restarted=False, outputs=None):
-        super().__init__(message)
-        self.errors = dict(errors or {})
-        self.stacks = dict(stacks or {})
-        self.restarted = restarted
-        self.outputs = dict(outputs or {})
-
-    def report(self) -> str:
-        """Every rank's traceback and stack, grouped by rank (what ``%%ranks`` prints)."""
-        parts = [str(self)]
-        for r in sorted(self.errors):
-            parts.append(f"--- rank {r}: traceback ---\n{self.errors[r].rstrip()}")
-        for r in sorted(self.stacks):
-            parts.append(f"--- rank {r}: stack when stopped (most recent call first) ---\n"
-                         f"{self.stacks[r].rstrip()}")
-        return "\n".join(parts)
-
-
-class RankTimeout(RankError, TimeoutError):
-    """A call did not finish in time (deadlock or slow code). The cluster was restarted.
-    Also a ``TimeoutError``, like ``mlsys_nb.launch``'s ``RankTimeoutError``."""
-
-
-# --------------------------------------------------------------------------------------------
-# helpers shared by both sides
-# --------------------------------------------------------------------------------------------
-from .launch import (HOST, _check_int, _check_seconds, _context, _die_with_parent,
-                     _open_store, _without_main_module, device, resolve_backend, run_on_rank)
-
-
-# --------------------------------------------------------------------------------------------
 # rank side
 # --------------------------------------------------------------------------------------------
-def _rank_main(rank, world_size, backend, store_port, conn, pg_timeout_s, num_threads, workdir):
+def _rank_main(rank, world_size, backend, store_port, conn, pg_timeout_s, threads, workdir):
     """Entry point of a rank process: join the group, then serve the kernel's requests."""
-    _die_with_parent()  # the forkserver exits with the kernel, so the rank does too
+    die_with_parent()  # the forkserver exits with the kernel, so the rank does too
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel decides: it restarts the ranks
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR=HOST,
-                      MASTER_PORT=str(store_port))
-    if sys.platform.startswith("linux"):  # gloo/NCCL sockets on loopback only
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    rank_environment(rank, world_size, store_port, threads)
     stack_file = open(os.path.join(workdir, f"rank{rank}.stack"), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     out = open(os.path.join(workdir, f"rank{rank}.out"), "w+", encoding="utf-8", errors="replace")
@@ -135,7 +97,7 @@ def _rank_main(rank, world_size, backend, store_port, conn, pg_timeout_s, num_th
         timeout = datetime.timedelta(seconds=pg_timeout_s)
         store = dist.TCPStore(HOST, store_port, is_master=False, timeout=timeout)
         run_on_rank(_serve_forever, (conn, out), {}, rank=rank, world_size=world_size,
-                    local_rank=rank, backend=backend, timeout=pg_timeout_s, threads=num_threads,
+                    local_rank=rank, backend=backend, timeout=pg_timeout_s, threads=threads,
                     store=store, on_ready=on_ready)
     except BaseException:
         if not ready:
@@ -198,7 +160,7 @@ def _serve(op, payload, ns, out):
         status, detail = "ok", value
     except BaseException as exc:  # report everything, keep serving
         tb = traceback.TracebackException.from_exception(exc)
-        frames = [f for f in tb.stack if not f.filename.endswith(os.path.join("mlsys_nb", "cluster.py"))]
+        frames = [f for f in tb.stack if os.path.join("mlsys_nb", "runtime", "") not in f.filename]
         tb.stack = traceback.StackSummary.from_list(frames)
         status, detail = "error", "".join(tb.format())
     finally:
@@ -243,8 +205,7 @@ def _finalize(procs, conns, store, workdir):
 _BROKEN_GROUP = re.compile(r"^\S*(DistBackendError|DistNetworkError|DistStoreError|RuntimeError: "
                            r"\[\S*gloo\S*\]|.*Connection (closed|reset) by peer)", re.M)
 _FRAME = re.compile(r'^(\s*File "(.+)", line (\d+) in .*)$')
-_HIDE = (os.sep + "multiprocessing" + os.sep, os.path.join("mlsys_nb", "cluster.py"),
-         os.path.join("mlsys_nb", "launch.py"),
+_HIDE = (os.sep + "multiprocessing" + os.sep, os.path.join("mlsys_nb", "runtime", ""),
          "c10d_logger.py", "<string>")
 
 
@@ -275,7 +236,7 @@ class Cluster:
     backend: "auto" (nccl with enough GPUs, else gloo), "gloo" or "nccl".
     timeout: seconds a call (cell, ``run``, ``pull``, ``push``) may take before the ranks' stacks
         are dumped and the cluster restarts; override per call with ``timeout=``.
-    num_threads: ``torch.set_num_threads`` on every rank.
+    threads: ``torch.set_num_threads`` on every rank (default 1: several ranks share few cores).
     error_grace: seconds to wait for the other ranks after one rank raised.
     pg_timeout: process-group timeout in seconds (finite; default ``timeout + 30`` so that the
         cluster's own timeout, which shows stacks, fires first). A rank whose collective times
@@ -283,19 +244,19 @@ class Cluster:
         Changing the attribute takes effect at the next ``restart()``.
     """
 
-    def __init__(self, world_size=4, backend="auto", timeout=60.0, *, num_threads=1,
+    def __init__(self, world_size=4, backend="auto", timeout=60.0, *, threads=1,
                  error_grace=3.0, pg_timeout=None, start_timeout=120.0):
-        _check_int("world_size", world_size, 1)
+        check_int("world_size", world_size, 1)
         for name, value in (("timeout", timeout), ("error_grace", error_grace),
                             ("start_timeout", start_timeout)):
-            _check_seconds(name, value)
-        _check_int("num_threads", num_threads, 1)
+            check_seconds(name, value)
+        check_int("threads", threads, 1)
         if pg_timeout is not None:
-            _check_seconds("pg_timeout", pg_timeout)
+            check_seconds("pg_timeout", pg_timeout)
         self.world_size = world_size
         self.backend = resolve_backend(backend, world_size)
         self.timeout = float(timeout)
-        self.num_threads = num_threads
+        self.threads = threads
         self.error_grace = float(error_grace)
         self.pg_timeout = float(pg_timeout if pg_timeout is not None else timeout + 30.0)
         self.start_timeout = float(start_timeout)
@@ -315,16 +276,16 @@ class Cluster:
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def _start(self):
-        ctx = _context()
+        ctx = context()
         t0 = time.perf_counter()
-        self._store[:] = [_open_store(self.start_timeout)]  # a fresh store per generation
+        self._store[:] = [open_store(self.start_timeout)]  # a fresh store per generation
         port = self._store[0].port
-        with _without_main_module():  # a script's __main__ is not re-imported in each rank
+        with without_main_module():  # a script's __main__ is not re-imported in each rank
             for r in range(self.world_size):
                 parent, child = ctx.Pipe(duplex=True)
                 p = ctx.Process(target=_rank_main, name=f"mlsys_nb-rank{r}", daemon=True,
                                 args=(r, self.world_size, self.backend, port, child,
-                                      self.pg_timeout, self.num_threads, self._workdir))
+                                      self.pg_timeout, self.threads, self._workdir))
                 p.start()
                 child.close()
                 self._procs.append(p)
@@ -479,7 +440,7 @@ class Cluster:
                 err = RankError(msg + "; the cluster was restarted (namespaces are fresh)",
                                 errors=errors, stacks=stacks, restarted=True, outputs=outputs)
             else:
-                err = RankTimeout(f"timed out after {timeout:g} s: rank(s) {running} still running; "
+                err = RankTimeoutError(f"timed out after {timeout:g} s: rank(s) {running} still running; "
                                   "the cluster was restarted (namespaces are fresh)",
                                   stacks=stacks, restarted=True, outputs=outputs)
             self.last_error = err
@@ -685,7 +646,7 @@ def ranks_magic(line, cell, ipython=None):
     try:
         ranks = _parse_ranks(args.ranks, cluster.world_size)
         if args.timeout is not None:
-            _check_seconds("--timeout", args.timeout)
+            check_seconds("--timeout", args.timeout)
     except ValueError as err:
         raise UsageError(str(err)) from None
     try:

@@ -33,137 +33,37 @@ and every process, pipe and port is closed when ``launch`` returns or raises.
 from __future__ import annotations
 
 import codecs
-import contextlib
 import faulthandler
 import linecache
-import multiprocessing as mp
 import os
 import pickle
 import re
 import signal
-import socket
 import sys
 import threading
 import time
 import traceback
-import types
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing import connection
 
 import cloudpickle
 
-HOST = "127.0.0.1"
-BACKENDS = ("auto", "gloo", "nccl")
+from ..config import check_choice, check_int, check_seconds
+from .ranks import (HOST, RankError, RankFailure, RankTimeoutError, context, device, die_with_parent,
+                    open_store, prestart, rank_environment, resolve_backend, run_on_rank,
+                    without_main_module)
+
+__all__ = ["launch", "device", "prestart", "resolve_backend", "RankError", "RankTimeoutError", "OUTPUT_MODES"]
+
 OUTPUT_MODES = ("stream", "grouped", "quiet")
-# Imported once by the forkserver, so every rank starts with them already loaded.
-PRELOAD = ["torch", "torch.distributed", "cloudpickle", "mlsys_nb.launch"]
 FAILURE_GRACE_S = 2.0  # after the first failure, seconds to let the other ranks report
 STACK_WAIT_S = 2.0  # at most this long to collect stack dumps after a timeout
-# Messages a rank gets because *another* rank died or stalled: consequences, not causes.
-COLLATERAL_PATTERNS = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "Broken pipe",
-    "Timed out waiting",
-    "timed out",
-    "DistNetworkError",
-    "DistStoreError",
-    "DistBackendError",
-    "aborted",
-)
-
-
-# --------------------------------------------------------------------------------------------
-# Errors
-# --------------------------------------------------------------------------------------------
-@dataclass
-class RankFailure:
-    """What went wrong on one rank: an exception it raised, or its process exiting early."""
-
-    rank: int
-    type_name: str  # e.g. "ValueError", or "exit" when the process died without reporting
-    message: str
-    traceback: str = ""  # the remote traceback, formatted on the rank
-    exitcode: int | None = None
-    exception: BaseException | None = None  # the original exception when it could be unpickled
-
-    def is_collateral(self) -> bool:
-        """True when the message looks like a consequence of another rank failing."""
-        text = f"{self.type_name}: {self.message}"
-        return any(p in text for p in COLLATERAL_PATTERNS)
-
-    def summary(self, width: int = 160) -> str:
-        """One line: ``rank r: Type: first line of the message`` (cut to ``width`` characters)."""
-        first = (self.message.strip().splitlines() or [""])[0]
-        return f"rank {self.rank}: {self.type_name}: {first}"[:width]
-
-
-class RankError(RuntimeError):
-    """One or more ranks failed; all ranks were stopped.
-
-    ``failures``: {rank: RankFailure} for the ranks that caused the failure (their remote
-    tracebacks are in the message); ``consequences``: {rank: str} what happened to the others
-    (e.g. "Connection closed by peer" because a peer died, or "stopped by the launcher").
-    """
-
-    def __init__(self, message: str, failures: dict | None = None, consequences: dict | None = None):
-        super().__init__(message)  # (defaults keep the error picklable)
-        self.failures = failures or {}
-        self.consequences = consequences or {}
-
-    @property
-    def ranks(self) -> list[int]:
-        return sorted(self.failures)
-
-
-class RankTimeoutError(TimeoutError):
-    """Ranks did not finish within ``timeout`` seconds; all ranks were killed.
-
-    ``stacks``: {rank: str} the Python stack of every rank that was still running, dumped just
-    before it was killed (shows where each rank was blocked).
-    """
-
-    def __init__(self, message: str, stacks: dict | None = None):
-        super().__init__(message)
-        self.stacks = stacks or {}
 
 
 # --------------------------------------------------------------------------------------------
 # Argument checks (all of them run before any process starts)
 # --------------------------------------------------------------------------------------------
-def resolve_backend(backend: str, world_size: int) -> str:
-    """Return the concrete backend for ``world_size`` ranks on this machine.
-
-    ``"auto"`` -> ``"nccl"`` when at least ``world_size`` CUDA devices are visible (one GPU per
-    rank), else ``"gloo"`` (CPU). ``"nccl"`` without enough GPUs raises ``ValueError``.
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    _check_int("world_size", world_size, 1)
-    import torch
-
-    n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if backend == "auto":
-        return "nccl" if n_gpus >= world_size else "gloo"
-    if backend == "nccl" and n_gpus < world_size:
-        raise ValueError(
-            f"backend='nccl' needs one CUDA device per rank: world_size={world_size} but "
-            f"torch.cuda.device_count()={n_gpus}; use backend='gloo' or 'auto'"
-        )
-    return backend
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
-def _check_seconds(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
-
-
 def _pickle_job(fn, args, kwargs) -> bytes:
     """cloudpickle ``(fn, args, kwargs)``; on failure name the part that cannot travel."""
     try:
@@ -183,46 +83,6 @@ def _pickle_job(fn, args, kwargs) -> bytes:
 # --------------------------------------------------------------------------------------------
 # Inside a rank
 # --------------------------------------------------------------------------------------------
-def device():
-    """This rank's ``torch.device``: ``cuda:<LOCAL_RANK>`` under NCCL, else ``cpu``."""
-    import torch
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
-
-
-def run_on_rank(fn, args, kwargs, *, rank, world_size, local_rank, backend, timeout, threads,
-                store=None, on_ready=None):
-    """Set up one rank, run ``fn(*args, **kwargs)`` and tear the process group down.
-
-    Shared by ``launch`` (``store`` = the launcher's TCPStore) and ``python -m mlsys_nb.run``
-    under torchrun (``store=None``: rendezvous from MASTER_ADDR/MASTER_PORT, ``env://``).
-    ``timeout``: seconds any collective may wait before raising (torch's default is 30 min).
-    ``threads``: intra-op threads for this rank. ``on_ready()`` is called once the group is up.
-    """
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(threads)  # before any op: ranks must not oversubscribe the cores
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-    init = {"store": store} if store is not None else {"init_method": "env://"}
-    dist.init_process_group(backend, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout), **init)
-    # Every rank has now connected to every other before fn starts; without this a rank
-    # whose fn is quick could exit while a slower peer is still connecting to it.
-    dist.barrier()
-    if on_ready is not None:
-        on_ready()
-    value = fn(*args, **kwargs)
-    # Only on success: after an error the process exits instead (tearing down a group with
-    # collectives still pending can block, e.g. under NCCL).
-    dist.destroy_process_group()
-    return value
-
-
 def _watch_parent(lifeline_fd: int) -> None:
     """Kill this rank when the launching process dies (its end of the lifeline pipe closes)."""
     while True:
@@ -236,20 +96,14 @@ def _watch_parent(lifeline_fd: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _die_with_parent() -> None:
-    """Linux: ask the kernel to SIGKILL this process when its parent (the forkserver) exits."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+_RUNTIME_FILES = (__file__, sys.modules[run_on_rank.__module__].__file__)
 
 
 def _describe(exc: BaseException, rank: int) -> RankFailure:
     """Turn an exception on a rank into a picklable RankFailure (traceback starts at ``fn``)."""
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-        tb = tb.tb_next  # skip the launcher's own frames: the learner's code comes first
+    while tb is not None and tb.tb_frame.f_code.co_filename in _RUNTIME_FILES:
+        tb = tb.tb_next  # skip the runtime's own frames: the learner's code comes first
     tb = "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
     try:
         cloudpickle.loads(cloudpickle.dumps(exc))
@@ -262,7 +116,7 @@ def _describe(exc: BaseException, rank: int) -> RankFailure:
 def _rank_main(rank, world_size, port, backend, payload, timeout, start_timeout, threads, pipes):
     """Entry point of a rank process started by ``launch`` (runs in the child)."""
     out_w, err_w, stack_w, result_w, lifeline_r = pipes
-    _die_with_parent()
+    die_with_parent()
     threading.Thread(target=_watch_parent, args=(lifeline_r.fileno(),), daemon=True,
                      name="mlsys_nb-lifeline").start()
     # fds 1 and 2 now lead to the launcher (C-level output, e.g. from gloo, included).
@@ -274,12 +128,7 @@ def _rank_main(rank, world_size, port, backend, payload, timeout, start_timeout,
     sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
     faulthandler.enable(file=sys.stderr)  # a segfault prints a stack instead of vanishing
     faulthandler.register(signal.SIGUSR1, file=stack_w, all_threads=True)  # the timeout dump
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR=HOST, MASTER_PORT=str(port),
-                      OMP_NUM_THREADS=str(threads))
-    if sys.platform.startswith("linux"):  # gloo/NCCL sockets on loopback only, unless the user chose
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    rank_environment(rank, world_size, port, threads)
 
     def send(message):
         sys.stdout.flush()
@@ -310,62 +159,6 @@ def _rank_main(rank, world_size, port, backend, payload, timeout, start_timeout,
 # --------------------------------------------------------------------------------------------
 # In the calling process
 # --------------------------------------------------------------------------------------------
-def _context():
-    """The multiprocessing context: a forkserver that preloads torch (started on first use)."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    return ctx
-
-
-def prestart() -> None:
-    """Start the forkserver now, so that the first ``launch`` does not wait for it.
-
-    Returns at once; the forkserver imports torch in the background (about 2 s here). Call it
-    in a notebook's import cell. Without it the first ``launch`` pays that import ("cold").
-    """
-    from multiprocessing import forkserver
-
-    _context()
-    forkserver.ensure_running()
-
-
-def _open_store(start_timeout: float):
-    """A TCPStore server in this process, listening on 127.0.0.1 only, on a port the OS picks.
-
-    (``TCPStore(host, 0, is_master=True)`` would listen on every interface, so we bind the
-    socket ourselves and hand it over; the store owns and closes it.)
-    """
-    import torch.distributed as dist
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind((HOST, 0))
-    sock.listen(128)
-    port = sock.getsockname()[1]
-    return dist.TCPStore(HOST, port, None, is_master=True, wait_for_workers=False,
-                         timeout=timedelta(seconds=start_timeout), master_listen_fd=sock.detach())
-
-
-_MAIN_SWAP_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _without_main_module():
-    """Hide the caller's ``__main__`` while ranks start.
-
-    multiprocessing makes each child re-import the parent's main script (so pickled references
-    to ``__main__.f`` resolve). The ranks never need it: cloudpickle sends functions and classes
-    of ``__main__`` by value. Re-importing it would re-run a script that lacks an
-    ``if __name__ == "__main__"`` guard, and cost time on every launch.
-    """
-    with _MAIN_SWAP_LOCK:  # two threads launching at once must not restore each other's dummy
-        main = sys.modules["__main__"]
-        sys.modules["__main__"] = types.ModuleType("__main__")
-        try:
-            yield
-        finally:
-            sys.modules["__main__"] = main
-
-
 @dataclass
 class _Stream:
     """One output pipe of a rank (stdout or stderr), decoded and split into lines."""
@@ -540,7 +333,7 @@ def launch(fn, world_size: int = 4, *, args=(), kwargs=None, backend: str = "aut
     - ``backend``: ``"auto"`` (NCCL if there is one GPU per rank, else gloo), ``"gloo"``, ``"nccl"``.
     - ``timeout``: seconds ``fn`` may run, counted from the moment every rank has joined the
       process group. On expiry every rank's Python stack is dumped, all ranks are killed and
-      ``RankTimeoutError`` (a ``TimeoutError``) is raised. Collectives inside the ranks give up
+      ``RankTimeoutError`` (a ``RankError`` and a ``TimeoutError``) is raised. Collectives inside the ranks give up
       10 s later on their own (torch's default would be 30 minutes).
     - ``start_timeout``: seconds the ranks may take to start and join the group.
     - ``threads``: intra-op threads per rank (default 1: ranks share the cores).
@@ -557,22 +350,21 @@ def launch(fn, world_size: int = 4, *, args=(), kwargs=None, backend: str = "aut
     if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
         raise TypeError("args must be a tuple and kwargs a dict")
     backend = resolve_backend(backend, world_size)
-    _check_seconds("timeout", timeout)
-    _check_seconds("start_timeout", start_timeout)
-    _check_int("threads", threads, 1)
-    if output not in OUTPUT_MODES:
-        raise ValueError(f"output must be one of {OUTPUT_MODES}, got {output!r}")
+    check_seconds("timeout", timeout)
+    check_seconds("start_timeout", start_timeout)
+    check_int("threads", threads, 1)
+    check_choice("output", output, OUTPUT_MODES)
     payload = _pickle_job(fn, tuple(args), kwargs)
 
-    ctx = _context()
+    ctx = context()
     # Ranks get 10 s more than the launcher for their collectives, so a hang is caught by the
     # launcher (which dumps stacks) rather than by a rank-side timeout error.
     rank_timeout = timeout + 10.0
-    store = _open_store(start_timeout)
+    store = open_store(start_timeout)
     lifeline_r, lifeline_w = ctx.Pipe(duplex=False)
     ranks: list[_Rank] = []
     try:
-        with _without_main_module():
+        with without_main_module():
             for r in range(world_size):
                 ranks.append(_start_rank(ctx, r, world_size, store.port, backend, payload,
                                          rank_timeout, start_timeout, threads, lifeline_r,
@@ -667,7 +459,7 @@ def _rank_error(ranks: list[_Rank]) -> RankError:
     if consequences:
         lines += ["", "Consequences on the other ranks (not causes):"]
         lines += [f"  {text}" for _, text in sorted(consequences.items())]
-    error = RankError("\n".join(lines), {f.rank: f for f in causes}, consequences)
+    error = RankError("\n".join(lines), failures={f.rank: f for f in causes}, consequences=consequences)
     if causes[0].exception is not None:
         error.__cause__ = causes[0].exception
     return error
@@ -692,4 +484,4 @@ def _raise_timeout(ranks: list[_Rank], limit: float, phase: str, output: str):
     done = [r.rank for r in ranks if r.state == "done"]
     if done:
         lines += ["", f"ranks {done} had already returned."]
-    raise RankTimeoutError("\n".join(lines), {r.rank: r.stack_text for r in stuck})
+    raise RankTimeoutError("\n".join(lines), stacks={r.rank: r.stack_text for r in stuck})

@@ -15,9 +15,9 @@ import math
 import time
 
 
-from .config import ModelConfig
+from ..config import ModelConfig
 from .corpus import MarkovLanguage
-from .flops import flops_per_token, parameter_count
+from ..flops import flops_per_token, parameter_count
 
 # (n_layers, hidden): head_dim 8, SwiGLU width ~8/3 h, all Llama-style
 SIZES = [(1, 8), (2, 16), (2, 24), (2, 32), (2, 48), (3, 64)]
@@ -66,7 +66,7 @@ def train_run(cfg: ModelConfig, steps: int, lang: MarkovLanguage, *, batch: int,
     import torch
     import torch.nn.functional as F
 
-    from .models import Transformer
+    from .transformer import Transformer
 
     torch.manual_seed(seed)
     model = Transformer(cfg)
@@ -147,7 +147,7 @@ def load_measured(path=None):
     """The stored full ladder (``data/measured/scaling_ladder.csv``) with the language's attrs."""
     import pandas as pd
 
-    from .config import DATA_DIR
+    from ..config import DATA_DIR
 
     table = pd.read_csv(path or DATA_DIR / "measured" / "scaling_ladder.csv")
     lang = MarkovLanguage(**LANGUAGE)
@@ -157,7 +157,7 @@ def load_measured(path=None):
 
 def fit_ladder(table, **kw):
     """Fit the Chinchilla form to a ladder table (columns ``N (params)``, ``D (tokens)``, ``loss``)."""
-    from .scaling import fit
+    from ..scaling import fit
 
     return fit(table["N (params)"].to_numpy(float), table["D (tokens)"].to_numpy(float),
                table["loss"].to_numpy(float), name="ladder fit", **kw)

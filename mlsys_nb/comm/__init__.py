@@ -1,0 +1,32 @@
+"""Communication: collectives written from point-to-point, their α-β cost, byte counting, plots.
+
+- ``collectives``: ring / tree / recursive-doubling / pairwise collectives built from
+  ``send``/``recv`` (``CountingComm`` counts what each rank sends), checked against torch's own
+  (``verify_against_torch``) and against their definitions (``check_semantics``).
+- ``cost`` (its names are re-exported here, e.g. ``mlsys_nb.comm.ring_bytes_sent``): closed-form
+  bytes per rank, α-β time models (``AlphaBeta``, ``collective_time``, ``cost_coefficients``),
+  ``algbw``/``busbw``, ``fit_alpha_beta``, ``crossover_bytes``, and the measured ``sweep`` on real
+  ranks and ``memcpy_bandwidth``.
+- ``counting``: ``CommCounter`` wraps ``torch.distributed`` to count each op's payload and the
+  bytes a rank sends (``bytes_sent``) under the ring algorithm, from ``cost``'s formulas.
+- ``plots``: who holds what before/after each collective, ring schedule, time and busbw vs size.
+
+The cost functions are light (numpy only); ``collectives``, ``counting`` (torch) and ``plots``
+(matplotlib) load when first used.
+"""
+from .cost import (ALGORITHMS, OPS, AlphaBeta, AlphaBetaFit, MemcpyBandwidth, algbw, busbw, busbw_factor,
+                   bytes_sent_per_rank, collective_time, cost_coefficients, crossover_bytes, fit_alpha_beta,
+                   memcpy_bandwidth, recursive_doubling_bytes_sent, ring_bytes_sent, sweep, tree_bytes_sent)
+
+__all__ = ["OPS", "ALGORITHMS", "AlphaBeta", "AlphaBetaFit", "MemcpyBandwidth", "algbw", "busbw",
+           "busbw_factor", "bytes_sent_per_rank", "collective_time", "cost_coefficients", "crossover_bytes",
+           "fit_alpha_beta", "memcpy_bandwidth", "recursive_doubling_bytes_sent", "ring_bytes_sent", "sweep",
+           "tree_bytes_sent", "CommCounter"]
+
+
+def __getattr__(name):  # torch loads on first use
+    if name == "CommCounter":
+        from .counting import CommCounter
+
+        return CommCounter
+    raise AttributeError(f"module 'mlsys_nb.comm' has no attribute {name!r}")

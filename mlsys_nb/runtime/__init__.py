@@ -1,0 +1,30 @@
+"""Runtime: real ``torch.distributed`` ranks from a notebook, and everything around them.
+
+- ``launch(fn, world_size=4, ...)`` (``launcher``): run ``fn`` on fresh ranks, results by rank;
+  ``prestart()`` starts the rank factory early. Also ``mlsys_nb.launch``.
+- ``Cluster(world_size, ...)`` (``cluster``): live ranks kept across cells, ``%%ranks`` cell
+  magic (``%load_ext mlsys_nb``), ``current()``.
+- ``ranks``: the rank runtime both share: ``run_on_rank``, ``device()``, ``resolve_backend``,
+  the forkserver ``context()``, the 127.0.0.1 rendezvous store, and the one error family
+  ``RankError`` / ``RankTimeoutError`` (a ``RankError`` and a ``TimeoutError``).
+- ``torchrun``: the entry point of ``python -m mlsys_nb.run`` / ``mlsys-nb-run``.
+- ``machine``: a one-line description of this machine for benchmark records.
+
+Thread count: every entry point takes ``threads=`` (intra-op threads per rank, default 1).
+"""
+from .ranks import BACKENDS, RankError, RankFailure, RankTimeoutError, device, prestart, resolve_backend
+
+__all__ = ["launch", "Cluster", "current", "prestart", "device", "resolve_backend", "BACKENDS",
+           "RankError", "RankTimeoutError", "RankFailure", "load_ipython_extension"]
+
+
+def __getattr__(name):  # the launcher and the cluster load on first use
+    if name == "launch":
+        from .launcher import launch
+
+        return launch
+    if name in ("Cluster", "current", "load_ipython_extension"):
+        from . import cluster
+
+        return getattr(cluster, name)
+    raise AttributeError(f"module 'mlsys_nb.runtime' has no attribute {name!r}")
