@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mlsys_nb.machine import summary as machine  # noqa: E402
+from mlsys_nb.runtime.machine import summary as machine  # noqa: E402
 
 CASES = {
     "Llama 3.1 405B, 16,384 H100, 16M tokens x 8K": (
