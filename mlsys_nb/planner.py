@@ -95,6 +95,12 @@ class Layout:
     schedule: str = "1f1b"
     v: int = 1
 
+    def __post_init__(self):  # accept numpy scalars (a DataFrame row) as plain Python values
+        for name in self.__dataclass_fields__:
+            v = getattr(self, name)
+            if hasattr(v, "item") and not isinstance(v, (int, str)):
+                object.__setattr__(self, name, v.item())
+
     @property
     def gpus(self) -> int:
         return self.dp * self.tp * self.pp * self.cp

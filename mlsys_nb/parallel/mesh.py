@@ -310,8 +310,12 @@ def train_worker(cases: list[dict], steps: int = 3, lr: float = 0.1, seed: int =
 
 
 def train(cases: list[dict], world_size: int, *, steps: int = 3, lr: float = 0.1, seed: int = 0,
-          timeout: float = 180.0, output: str = "quiet") -> list[list[dict]]:
-    """Launch ``train_worker`` on ``world_size`` gloo ranks; check every case's degrees first."""
+          timeout: float = 180.0, output: str = "quiet", backend: str = "gloo") -> list[list[dict]]:
+    """Launch ``train_worker`` on ``world_size`` ranks (CPU; ``backend`` "gloo", or "auto" which
+    means gloo here: the runs are on CPU); check every case's degrees before any rank starts.
+    Returns ``results[rank][case]`` (see ``train_worker``)."""
+    if backend not in ("gloo", "auto"):
+        raise ValueError(f"backend={backend!r}: allowed 'gloo' or 'auto' (these runs use CPU tensors)")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r}: allowed an int >= 1")
     for case in cases:
