@@ -5,7 +5,8 @@ import pytest
 from mlsys_nb.parallel import mesh
 
 TOL = 1e-5
-FOUR = [{"dp": 2, "tp": 2}, {"dp": 2, "pp": 2}, {"dp": 2, "tp": 2, "broken": "dp"}]
+FOUR = [{"dp": 2, "tp": 2}, {"dp": 2, "pp": 2}, {"dp": 2, "tp": 2, "broken": "dp"},
+        {"dp": 2, "tp": 2, "impl": "torch"}]  # PyTorch's FSDP2 + tensor parallel on the same 2D mesh
 EIGHT = [{"pp": 2, "dp": 2, "tp": 2}]
 
 
@@ -38,6 +39,8 @@ def test_train_rejects_before_launch():
         mesh.train([{"dp": 2, "tp": 2}], world_size=8)
     with pytest.raises(ValueError, match="cp"):
         mesh.train([{"dp": 2, "cp": 2}], world_size=4)
+    with pytest.raises(ValueError, match="pp must be 1"):
+        mesh.train([{"dp": 2, "pp": 2, "impl": "torch"}], world_size=4)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +55,7 @@ def eight():
 
 def _check(results, cases, world):
     for c, case in enumerate(cases):
-        dims = {k: v for k, v in case.items() if k != "broken"}
+        dims = {k: v for k, v in case.items() if k not in ("broken", "impl")}
         coords = mesh.coordinates(**dims)
         for rank in range(world):
             r = results[rank][c]
@@ -70,6 +73,11 @@ def _check(results, cases, world):
 @pytest.mark.slow
 def test_dp_tp_and_dp_pp_on_four_ranks_equal_single_process(four):
     _check(four, FOUR, 4)
+    for rank in range(4):  # the kit's DDP + TP/SP and PyTorch's FSDP2 + TP see the same losses
+        kit, torch_run = four[rank][0], four[rank][3]
+        assert torch_run["impl"] == "torch" and kit["impl"] == "kit"
+        for (a, _), (b, _) in zip(kit["losses"], torch_run["losses"]):
+            assert abs(a - b) < TOL
 
 
 @pytest.mark.slow

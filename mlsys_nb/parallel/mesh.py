@@ -196,6 +196,59 @@ def _train_tp_dp(mesh: Mesh, steps: int, lr: float, seed: int, broken: str | Non
     return {"max_err": max(errs.values()), "n_tensors": len(errs), "moved": moved, "losses": losses}
 
 
+def _train_torch_fsdp_tp(mesh: Mesh, steps: int, lr: float, seed: int, broken: str | None = None, batch: int = 4,
+                         seq: int = 16) -> dict:
+    """PyTorch's own composition on the same 2D mesh: ``parallelize_module`` (ColwiseParallel q/k/v,
+    gate/up; RowwiseParallel o/down) over the tp dimension, then FSDP2 ``fully_shard`` over dp."""
+    import torch
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from ..models import Transformer
+
+    cfg = _config(seq_len=seq)
+    torch.manual_seed(seed)
+    ref = Transformer(cfg, attn_impl="matmul")
+    init = {n: p.detach().clone() for n, p in ref.named_parameters()}
+    torch.manual_seed(seed)
+    model = Transformer(cfg, attn_impl="matmul")
+    dm = mesh.device_mesh
+    plan = {"attn.q_proj": ColwiseParallel(), "attn.k_proj": ColwiseParallel(), "attn.v_proj": ColwiseParallel(),
+            "attn.o_proj": RowwiseParallel(), "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel()}
+    for blk in model.blocks:
+        parallelize_module(blk, dm["tp"], plan)
+        if broken != "dp":
+            fully_shard(blk, mesh=dm["dp"])
+    if broken != "dp":
+        fully_shard(model, mesh=dm["dp"])
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(seed + 1)
+    dp, d = mesh.size("dp"), mesh.coord("dp")
+    losses = []
+    for _ in range(steps):
+        tokens = torch.randint(0, cfg.vocab_size, (batch * dp, seq + 1), generator=g)
+        x, y = tokens[:, :-1], tokens[:, 1:]
+        mine = slice(d * batch, (d + 1) * batch)
+        loss = model(x[mine], y[mine])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        ref_loss = ref(x, y)
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad(set_to_none=True)
+        losses.append((loss.item(), ref_loss.item()))
+    ref_params = dict(ref.named_parameters())
+    err = 0.0
+    for n, p in model.named_parameters():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        err = max(err, (full.detach() - ref_params[n].detach()).abs().max().item())
+    moved = max((p.detach() - init[n]).abs().max().item() for n, p in ref.named_parameters())
+    return {"max_err": err, "n_tensors": len(ref_params), "moved": moved, "losses": losses}
+
+
 def _tp_stage_block(cfg, full_block, tp_group):
     """A pipeline block that is tensor-parallel over ``tp_group``, loaded from a full block."""
     import torch
@@ -297,15 +350,18 @@ def train_worker(cases: list[dict], steps: int = 3, lr: float = 0.1, seed: int =
     difference must be far below it) and ``losses`` (this replica's, the single process's)."""
     out = []
     for case in cases:
-        dims = {k: v for k, v in case.items() if k != "broken"}
+        dims = {k: v for k, v in case.items() if k not in ("broken", "impl")}
         mesh = build_mesh(**dims)
-        fn = _train_pp if mesh.size("pp") > 1 else _train_tp_dp
+        if case.get("impl") == "torch":
+            fn = _train_torch_fsdp_tp
+        else:
+            fn = _train_pp if mesh.size("pp") > 1 else _train_tp_dp
         res = fn(mesh, steps, lr, seed, case.get("broken"))
         import torch.distributed as dist
 
         groups = {k: dist.get_process_group_ranks(mesh.group(k)) for k in DIM_ORDER}
         out.append({"dims": dict(mesh.sizes), "rank": mesh.rank, "coords": dict(mesh.coords), "groups": groups,
-                    "broken": case.get("broken"), **res})
+                    "broken": case.get("broken"), "impl": case.get("impl", "kit"), **res})
     return out
 
 
@@ -321,7 +377,11 @@ def train(cases: list[dict], world_size: int, *, steps: int = 3, lr: float = 0.1
     for case in cases:
         if case.get("broken") not in (None, "dp"):
             raise ValueError(f"broken={case['broken']!r}: allowed None or 'dp' (skip the data-parallel gradient sync)")
-        d = check_dims(world_size, **{k: v for k, v in case.items() if k != "broken"})
+        if case.get("impl", "kit") not in ("kit", "torch"):
+            raise ValueError(f"impl={case['impl']!r}: allowed 'kit' or 'torch' (FSDP2 + tensor parallel, pp = 1)")
+        d = check_dims(world_size, **{k: v for k, v in case.items() if k not in ("broken", "impl")})
+        if case.get("impl") == "torch" and d["pp"] > 1:
+            raise ValueError("impl='torch' composes FSDP2 with tensor parallelism: pp must be 1")
         if d["cp"] > 1:
             raise ValueError("cp > 1: context parallelism is not part of these training runs (cp=1)")
         if d["tp"] > (2 if d["pp"] > 1 else 4):
