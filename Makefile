@@ -14,12 +14,14 @@ PY         := $(VENV)/bin/python
 # JupyterLab refuses to start as root (containers, CI machines) unless told it is meant.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test test-fast dashboard bench clean-venv help
+.PHONY: setup lab test test-fast lint format dashboard bench clean-venv help
 
 help:
 	@echo "make lab        set up .venv (first time) and open JupyterLab on notebooks/ at $(HOST)"
 	@echo "make test       set up .venv (first time) and run every test (unit, notebooks, papermill)"
 	@echo "make test-fast  unit tests only (no notebooks, no browser)"
+	@echo "make lint       ruff check over the code and the notebooks (also run by make test)"
+	@echo "make format     ruff format, then ruff check --fix (rewrites files)"
 	@echo "make dashboard  serve notebooks/00_dashboard.ipynb as a web page (Voila) at $(HOST)"
 	@echo "make bench      run the benchmark scripts in benchmarks/"
 	@echo "make clean-venv remove .venv (e.g. after changing TORCH_SPEC)"
@@ -45,6 +47,13 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest tests -m "not notebook and not browser" $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 
 dashboard: setup
 	@echo "Dashboard: http://$(HOST):$(DASHBOARD_PORT)/  (Ctrl-C to stop)"

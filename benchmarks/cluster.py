@@ -25,6 +25,9 @@ sys.path.insert(0, str(ROOT))
 from mlsys_nb.runtime.machine import summary as machine  # noqa: E402
 
 TRIVIAL = "pass"
+IN_RANK_ROW = "1-element all_reduce (median over ranks' medians)"
+RESTART_ROW = "restart (kill + start + init group)"
+IPP_RESTART_ROW = "restart engines + import torch"
 ALL_REDUCE = "t = torch.ones(1)\ndist.all_reduce(t)"
 IN_RANK = """
 import time, statistics
@@ -63,7 +66,7 @@ def measure_cluster(world_size, repeats):
                  None, None))
     t = time.perf_counter()
     cluster.restart()
-    rows.append(("mlsys_nb.Cluster", "restart (kill + start + init group)",
+    rows.append(("mlsys_nb.Cluster", RESTART_ROW,
                  (time.perf_counter() - t) * 1e3, None, None))
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "mlsys_nb")
@@ -72,9 +75,9 @@ def measure_cluster(world_size, repeats):
         for name, cell in (("%%ranks trivial cell", TRIVIAL),
                            ("%%ranks 1-element all_reduce cell", ALL_REDUCE)):
             rows.append(("mlsys_nb.Cluster", name,
-                         *_median_ms(lambda: ip.run_cell_magic("ranks", "", cell), repeats)))
+                         *_median_ms(lambda cell=cell: ip.run_cell_magic("ranks", "", cell), repeats)))
         inside = cluster.execute(IN_RANK.format(n=repeats), show=False)
-    rows.append(("baseline: inside a rank", "1-element all_reduce (median over ranks' medians)",
+    rows.append(("baseline: inside a rank", IN_RANK_ROW,
                  statistics.median(float(v) for v in inside) * 1e3, None, None))
     cluster.shutdown()
     return rows
@@ -96,7 +99,7 @@ def measure_ipyparallel(world_size, repeats):
     cluster.restart_engines_sync()
     rc.wait_for_engines(world_size, timeout=120)
     rc[:].execute("import torch", block=True)
-    rows.append(("ipyparallel 9", "restart engines + import torch", (time.perf_counter() - t) * 1e3,
+    rows.append(("ipyparallel 9", IPP_RESTART_ROW, (time.perf_counter() - t) * 1e3,
                  None, None))
     cluster.stop_cluster_sync()
     return rows
@@ -108,7 +111,10 @@ def main():
     ap.add_argument("--repeats", type=int, default=200)
     ap.add_argument("--no-ipyparallel", action="store_true")
     ap.add_argument("--out", default=None, help="also write the table as markdown to this file")
+    ap.add_argument("--quick", action="store_true", help="seconds: 2 ranks, 10 repeats, no ipyparallel, no record")
     args = ap.parse_args()
+    if args.quick:
+        args.world_size, args.repeats, args.no_ipyparallel, args.out = 2, 10, True, None
     info = machine()
     rows = measure_cluster(args.world_size, args.repeats)
     if not args.no_ipyparallel:
@@ -125,12 +131,12 @@ def main():
               f"{'met' if trivial <= 20 else 'NOT met'})",
               f"- all_reduce cell: {reduce_cell:.2f} ms (target <= 30 ms: "
               f"{'met' if reduce_cell <= 30 else 'NOT met'}); cell overhead above the in-rank "
-              f"all_reduce: {reduce_cell - by[('baseline: inside a rank', '1-element all_reduce (median over ranks' + chr(39) + ' medians)')]:.2f} ms"]
+              f"all_reduce: {reduce_cell - by[('baseline: inside a rank', IN_RANK_ROW)]:.2f} ms"]
     if not args.no_ipyparallel:
         ipp_trivial = by[("ipyparallel 9", "trivial execute")]
         ratios.append(f"- ipyparallel trivial execute / %%ranks trivial cell: {ipp_trivial / trivial:.1f}x")
         ratios.append(f"- ipyparallel restart / Cluster restart: "
-                      f"{by[('ipyparallel 9', 'restart engines + import torch')] / by[('mlsys_nb.Cluster', 'restart (kill + start + init group)')]:.1f}x")
+                      f"{by[('ipyparallel 9', IPP_RESTART_ROW)] / by[('mlsys_nb.Cluster', RESTART_ROW)]:.1f}x")
     text = "\n".join([info, "", *lines, "", *ratios])
     print(text)
     if args.out:

@@ -141,7 +141,10 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=1)
     parser.add_argument("--call-timeout", type=float, default=90.0,
                         help="seconds without a finished call before a child counts as hung")
+    parser.add_argument("--quick", action="store_true", help="one round, 2 ranks, 1 warm call")
     ns = parser.parse_args()
+    if ns.quick:
+        ns.rounds, ns.warm_calls, ns.spawn_calls, ns.world_size = 1, 1, 1, 2
     if ns.child:
         child(ns.child, ns.world_size, ns.calls)
         return

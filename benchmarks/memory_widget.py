@@ -33,7 +33,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--quick", action="store_true", help="3 repeats, no record")
     args = ap.parse_args()
+    if args.quick:
+        args.repeats, args.out = 3, None
     w = MemoryWidget()
     calc, full, calc_cpu, full_cpu = [], [], [], []
     for i in range(args.repeats + 2):

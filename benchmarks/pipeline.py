@@ -34,23 +34,26 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--quick", action="store_true", help="p=8, m=32, 1 repeat, no record")
     args = ap.parse_args()
+    if args.quick:
+        args.repeats, args.out = 1, None
 
-    import torch
 
     from mlsys_nb.pipeline import schedule, simulate
 
-    P, M = 64, 512
+    P, M = (8, 32) if args.quick else (64, 512)
     cases = [("gpipe", None), ("1f1b", None), ("interleaved-1f1b", 4), ("zb-h1", None), ("zb-h2", None),
              ("zbv", None), ("dualpipe", None), ("dualpipev", None)]
     rows = []
     for name, v in cases:
         split = name in ("zb-h1", "zb-h2", "zbv", "dualpipe", "dualpipev")
         costs = dict(F=1.0, B=1.0, W=1.0) if split else dict(F=1.0, B=2.0)
-        gen = timed(lambda: schedule(name, P, M, v), args.repeats)
+        gen = timed(lambda name=name, v=v: schedule(name, P, M, v), args.repeats)
         s = schedule(name, P, M, v)
-        first = timed(lambda: simulate(schedule(name, P, M, v), **costs), args.repeats)  # build + simulate
-        sim = timed(lambda: simulate(s, **costs), args.repeats)  # schedule reused
+        first = timed(lambda name=name, v=v, costs=costs: simulate(schedule(name, P, M, v), **costs),
+                      args.repeats)  # build + simulate
+        sim = timed(lambda s=s, costs=costs: simulate(s, **costs), args.repeats)  # schedule reused
         ops = sum(map(len, s.compute))
         rows.append((name, s.v, ops, gen, first, sim))
     base = rows[0][4][0]
@@ -59,7 +62,7 @@ def main():
 
     w = PipelineWidget(schedule="interleaved-1f1b", p=16, m=64, v=2)
     moves = []
-    for i in range(max(args.repeats, 7)):
+    for i in range(3 if args.quick else max(args.repeats, 7)):
         t, c = time.perf_counter(), time.process_time()
         w.controls["F"].value = 1.0 + 0.1 * (i + 1)
         moves.append((time.perf_counter() - t, time.process_time() - c))
@@ -72,11 +75,13 @@ def main():
         f"Machine: {machine()} "
         "(the machine was shared with other jobs: wall times are inflated, CPU times less so).",
         "",
-        f"Medians of {args.repeats} runs; regenerate with `.venv/bin/python benchmarks/pipeline.py --out data/measured/pipeline.md`.",
+        f"Medians of {args.repeats} runs; regenerate with "
+        "`.venv/bin/python benchmarks/pipeline.py --out data/measured/pipeline.md`.",
         "",
         f"## Simulating p = {P}, m = {M} (target: interleaved v = 4 in < 1 s)",
         "",
-        "| schedule | v | ops | generate wall (s) | generate + simulate wall (s) | CPU (s) | simulate only wall (s) | CPU (s) | ratio to gpipe (generate + simulate) |",
+        "| schedule | v | ops | generate wall (s) | generate + simulate wall (s) | CPU (s) "
+        "| simulate only wall (s) | CPU (s) | ratio to gpipe (generate + simulate) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, v, ops, gen, first, sim in rows:

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mlsys_nb.models import ladder  # noqa: E402
-from mlsys_nb.runtime.machine import summary as machine
+from mlsys_nb.runtime.machine import summary as machine  # noqa: E402
 
 
 def main(argv=None):
@@ -61,7 +61,8 @@ def main(argv=None):
         "",
         opt.to_markdown(index=False, floatfmt=".4g"),
         "",
-        f"## Fit L = E + A/N^alpha + B/D^beta (Huber delta 1e-3 on log-loss, L-BFGS grid, {args.bootstrap} bootstrap resamples, 95% percentile CI)",
+        f"## Fit L = E + A/N^alpha + B/D^beta (Huber delta 1e-3 on log-loss, L-BFGS grid, "
+        f"{args.bootstrap} bootstrap resamples, 95% percentile CI)",
         "",
         fit_frame.to_markdown(floatfmt=".4g"),
         "",

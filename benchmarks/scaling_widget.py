@@ -35,9 +35,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--quick", action="store_true", help="3 repeats, no record")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.repeats, args.out = 3, None
 
-    import torch
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     from mlsys_nb.widgets.scaling import ScalingWidget
@@ -62,7 +64,6 @@ def main(argv=None):
     base = timed(lambda i: canvas.draw(), args.repeats)
     rows = [("render only (baseline)", *base), ("compute slider", *timed(slider, args.repeats)),
             ("law switch", *timed(law_switch, args.repeats)), ("inference demand on", *timed(inference, args.repeats))]
-    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else ["?"]
     lines = ["| action | wall median (ms) | CPU median (ms) | wall / baseline |", "|---|---|---|---|"]
     for name, wall, cpu in rows:
         lines.append(f"| {name} | {wall * 1e3:.1f} | {cpu * 1e3:.1f} | {wall / base[0]:.2f} |")

@@ -1,7 +1,8 @@
 """Responsiveness of the dashboard: time from a control change to the updated figure, per tab.
 
 (a) in-process: ``tab.set_state(change)`` in this Python process: calculator, redraw and the PNG
-    the tab puts in its ``Image`` widget (what the front end receives); the baseline; (b) in the browser: Voilà + headless Chromium, from the key press on a slider to the
+    the tab puts in its ``Image`` widget (what the front end receives); the baseline; (b) in the
+    browser: Voilà + headless Chromium, from the key press on a slider to the
     new figure image in the page (kernel round trip + PNG transfer + decode).
 Targets: (a) <= 100 ms median, (b) <= 300 ms median. Prints a table of medians and p90s and, with
 ``--record``, writes data/measured/widgets.md.
@@ -87,11 +88,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--record", action="store_true", help="write data/measured/widgets.md")
+    ap.add_argument("--quick", action="store_true", help="3 repeats in-process only (no browser), no record")
     args = ap.parse_args()
     if args.repeats < 3:
         ap.error("--repeats must be >= 3")
-    a, b = in_process(args.repeats), in_browser(args.repeats)
-    lines = ["| tab | in-process median (ms) | in-process p90 (ms) | browser median (ms) | browser p90 (ms) | browser / in-process |",
+    if args.quick:
+        args.repeats, args.record = 3, False
+    a, b = in_process(args.repeats), ({} if args.quick else in_browser(args.repeats))
+    lines = ["| tab | in-process median (ms) | in-process p90 (ms) | browser median (ms) | browser p90 (ms) "
+             "| browser / in-process |",
              "|---|---|---|---|---|---|"]
     for key in IN_PROCESS:
         ma, pa = statistics.median(a[key]) * 1e3, pct(a[key], 0.9) * 1e3

@@ -5,12 +5,20 @@ PyTorch model (``mlsys_nb.models.Transformer``) and feeds the calculators (``mls
 ``mlsys_nb.flops``), so a preset's published shape can be instantiated small and measured.
 
 Presets with published shapes and their sources live in ``data/models.yaml``
-(``load_model_preset(name)``).
+(``load_model_preset(name)``, ``model_presets()``).
+
+Also here, because every part of the kit uses them: the one argument validator (``check_int``,
+``check_number``, ``check_seconds``, ``check_choice``, raising ``ArgumentError``, a ``ValueError``
+naming the parameter and its allowed range) and the one dtype table (``DTYPE_BYTES``,
+``dtype_bytes``, ``dtype_name``, ``torch_dtype``).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
@@ -18,39 +26,41 @@ _ACTIVATIONS = ("swiglu", "gelu", "relu")
 _NORMS = ("rmsnorm", "layernorm")
 
 
+# ---- argument checks: the one validator of the kit --------------------------------------------
 class ArgumentError(ValueError):
     """A bad argument: the message names the parameter, the allowed range and the value given.
 
-    Raised by every check in the kit (``check_int``, ``check_number``, ``check_choice``) before
-    any work starts (no rank process, no model); a ``ValueError``, so ``except ValueError`` works."""
+    Raised by the checks below (``check_int``, ``check_number``, ``check_seconds``,
+    ``check_choice``), which every entry point runs before any work starts (no rank process, no
+    model); a ``ValueError``, so ``except ValueError`` catches it."""
 
 
-def check_int(name: str, value, lo: int = 1, hi: int | None = None) -> int:
-    """``value`` must be an int (not a bool) in ``[lo, hi]`` (``hi=None``: no upper bound)."""
+def check_int(name: str, value, lo: int = 1, hi: int | None = None, *,
+              error: type[ArgumentError] = ArgumentError) -> int:
+    """``value`` must be an int (not a bool) in ``[lo, hi]`` (``hi=None``: no upper bound).
+    ``error``: ``ArgumentError`` or a subclass (e.g. ``mlsys_nb.pipeline.ScheduleError``)."""
     allowed = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
-        raise ArgumentError(f"{name} must be an int {allowed}, got {value!r}")
-    return value
+    if (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < lo
+            or (hi is not None and value > hi)):
+        raise error(f"{name} must be an int {allowed}, got {value!r}")
+    return int(value)
 
 
 def check_number(name: str, value, lo: float | None = None, hi: float | None = None, *,
-                 lo_open: bool = False, unit: str = "") -> float:
-    """``value`` must be a real number (not a bool) with ``lo <= value <= hi`` (``lo < value``
+                 lo_open: bool = False, unit: str = "", error: type[ArgumentError] = ArgumentError) -> float:
+    """``value`` must be a finite real number (not a bool) with ``lo <= value <= hi`` (``lo < value``
     when ``lo_open``); ``None`` bounds are not checked. ``unit`` only words the message."""
-    parts = []
-    if lo is not None:
-        parts.append(f"{'>' if lo_open else '>='} {lo:g}")
+    parts = [f"{'>' if lo_open else '>='} {lo:g}"] if lo is not None else []
     if hi is not None:
         parts.append(f"<= {hi:g}")
-    allowed = " and ".join(parts) or "finite"
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and value == value
+    ok = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
     if ok and lo is not None:
         ok = value > lo if lo_open else value >= lo
     if ok and hi is not None:
         ok = value <= hi
     if not ok:
-        what = f"a number of {unit}" if unit else "a number"
-        raise ArgumentError(f"{name} must be {what} {allowed}, got {value!r}")
+        what = f"a finite number of {unit}" if unit else "a finite number"
+        raise error(f"{name} must be {what} {' and '.join(parts)}, got {value!r}".replace("  ", " "))
     return float(value)
 
 
@@ -59,11 +69,55 @@ def check_seconds(name: str, value) -> float:
     return check_number(name, value, 0, lo_open=True, unit="seconds")
 
 
-def check_choice(name: str, value, choices) -> object:
+def check_choice(name: str, value, choices, *, error: type[ArgumentError] = ArgumentError):
     """``value`` must be one of ``choices`` (compared with ``==``)."""
-    if value not in tuple(choices):
-        raise ArgumentError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+    choices = tuple(choices)
+    if value not in choices:
+        raise error(f"{name}={value!r} is not allowed: {name} must be one of {choices}")
     return value
+
+
+# ---- number formats: the one table of dtype names and bytes --------------------------------------
+# Bytes per element of each format the kit names. Every ``dtype=`` argument in the kit takes one of
+# these names or a ``torch.dtype`` (``dtype_bytes``, ``dtype_name``, ``torch_dtype``).
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+# torch.dtype (by its name after "torch.") -> the table's name. tf32 is a matmul mode of fp32
+# tensors, and int4 has no torch tensor dtype of its own, so neither is a torch name here.
+_TORCH_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8",
+                "float8_e5m2": "fp8", "float8_e4m3fnuz": "fp8", "float8_e5m2fnuz": "fp8", "int8": "int8"}
+_TO_TORCH = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16",
+             "fp8": "float8_e4m3fn", "int8": "int8"}
+
+
+def dtype_name(dtype, name: str = "dtype") -> str:
+    """The table name (``"bf16"``, ...) of ``dtype``: a name of ``DTYPE_BYTES`` or a ``torch.dtype``
+    (``torch.bfloat16`` -> ``"bf16"``). ``name`` is the parameter named in the error."""
+    if isinstance(dtype, str):
+        return check_choice(name, dtype, DTYPE_BYTES)
+    text = str(dtype)
+    if type(dtype).__name__ == "dtype" and text.startswith("torch."):
+        if text[6:] in _TORCH_NAMES:
+            return _TORCH_NAMES[text[6:]]
+        raise ArgumentError(f"{name}={text} has no entry in the dtype table: use one of "
+                            f"{tuple(DTYPE_BYTES)} or torch.{', torch.'.join(_TORCH_NAMES)}")
+    raise ArgumentError(f"{name} must be one of {tuple(DTYPE_BYTES)} or a torch.dtype, got {dtype!r}")
+
+
+def dtype_bytes(dtype) -> float:
+    """Bytes per element of ``dtype`` (a name of ``DTYPE_BYTES`` or a ``torch.dtype``):
+    fp32/tf32 4, bf16/fp16 2, fp8/int8 1, int4 0.5."""
+    return DTYPE_BYTES[dtype_name(dtype)]
+
+
+def torch_dtype(dtype):
+    """The ``torch.dtype`` that stores ``dtype`` (tf32 -> float32, fp8 -> float8_e4m3fn); int4
+    has none and raises ``ArgumentError``."""
+    import torch
+
+    key = dtype_name(dtype)
+    if key not in _TO_TORCH:
+        raise ArgumentError(f"dtype={key!r} has no torch tensor dtype: use one of {tuple(_TO_TORCH)}")
+    return getattr(torch, _TO_TORCH[key])
 
 
 @dataclass(frozen=True)
@@ -166,11 +220,11 @@ class ModelConfig:
         """Width of the concatenated key (or value) heads, n_kv_heads * head_dim."""
         return self.n_kv_heads * self.head_dim
 
-    def replace(self, **changes) -> "ModelConfig":
+    def replace(self, **changes) -> ModelConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
-    def scaled_down(self, *, n_layers=2, hidden=64, n_heads=4, vocab_size=256, seq_len=64) -> "ModelConfig":
+    def scaled_down(self, *, n_layers=2, hidden=64, n_heads=4, vocab_size=256, seq_len=64) -> ModelConfig:
         """The same architecture (activation, norm, GQA ratio, tying, MoE layout) at a small size,
         so a preset can be instantiated and measured on a laptop."""
         group = self.n_heads // self.n_kv_heads  # query heads per KV head, kept if it fits
@@ -203,8 +257,8 @@ def load_yaml(name: str) -> dict:
 _MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
 
 
-def model_presets() -> dict[str, ModelConfig]:
-    """All presets from ``data/models.yaml``, by name."""
+@lru_cache(maxsize=1)
+def _read_presets() -> dict[str, ModelConfig]:
     raw = load_yaml("models.yaml")["models"]
     out = {}
     for name, spec in raw.items():
@@ -214,9 +268,14 @@ def model_presets() -> dict[str, ModelConfig]:
     return out
 
 
+def model_presets() -> dict[str, ModelConfig]:
+    """All presets from ``data/models.yaml``, by name (read once; a fresh dict each call)."""
+    return dict(_read_presets())
+
+
 def load_model_preset(name: str) -> ModelConfig:
     """One preset from ``data/models.yaml``; the error lists the valid names."""
-    presets = model_presets()
+    presets = _read_presets()
     if name not in presets:
         raise KeyError(f"unknown model preset {name!r}: choose one of {sorted(presets)}")
     return presets[name]
@@ -226,7 +285,8 @@ def load_model_preset(name: str) -> ModelConfig:
 PRECISIONS = ("fp32", "bf16-mixed", "bf16-nomaster", "fp8-te", "fp8-dsv3")
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adam-8bit")
 RECOMPUTE = ("none", "selective", "full")
-PP_SCHEDULES = ("afab", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipe")
+# the names of mlsys_nb.pipeline.SCHEDULES whose activation memory mlsys_nb.memory models
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipe")
 KERNELS = ("fused", "eager")
 DEVICES = ("cuda", "cpu")
 
@@ -296,8 +356,7 @@ class TrainConfig:
                 raise ValueError(f"pp_layers={self.pp_layers}: need one layer count per stage (pp={self.pp})")
         for name, allowed in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS), ("recompute", RECOMPUTE),
                               ("pp_schedule", PP_SCHEDULES), ("kernels", KERNELS), ("device", DEVICES)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}={getattr(self, name)!r}: allowed {allowed}")
+            check_choice(name, getattr(self, name), allowed)
         if self.sp and self.tp == 1:
             raise ValueError("sp=True needs tp > 1 (sequence parallelism lives inside the TP group)")
         if self.virtual_stages > 1 and self.pp_schedule != "interleaved-1f1b":
@@ -317,5 +376,5 @@ class TrainConfig:
         """GPUs in the job: dp x tp x pp x cp (EP is carved out of dp x cp)."""
         return self.dp * self.tp * self.pp * self.cp
 
-    def replace(self, **changes) -> "TrainConfig":
+    def replace(self, **changes) -> TrainConfig:
         return dataclasses.replace(self, **changes)

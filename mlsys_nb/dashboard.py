@@ -2,12 +2,13 @@
 
 It opens in JupyterLab (``notebooks/00_dashboard.ipynb``) and as a standalone web page served by
 Voilà (``make dashboard``). It computes nothing itself: each tab is a widget object from
-``mlsys_nb.widgets`` following one small protocol,
+``mlsys_nb.widgets`` following one small protocol, ``mlsys_nb.widgets.base.Widget``:
 
 - ``.widget``: the ipywidgets container to display,
 - ``.state() -> dict`` / ``.set_state(dict)``: its settings, JSON-serialisable,
 - ``.figure``: the current matplotlib Figure, ``.table() -> pandas.DataFrame``: the numbers shown,
 - ``.error``: ``None`` or the message shown in place for an invalid combination,
+- ``.on_update(callback)``: the tab calls ``callback()`` after every redraw,
 
 and the dashboard adds what is common: a numbers view, figure/CSV export, and a shareable
 configuration (JSON text or a ``?config=...`` query string that Voilà passes to the kernel).
@@ -24,6 +25,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 
 import ipywidgets as W
+
+from .widgets.base import Widget
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,10 @@ TABS = (
     TabSpec("pipeline", "Pipeline schedules", "mlsys_nb.widgets.pipeline", "PipelineWidget",
             probe={"m": 16}, invalid={"schedule": "interleaved-1f1b", "p": 4, "v": 2, "m": 3}),
 )
+
+# Values that older versions of the kit wrote into shared configurations, read as today's names:
+# {tab: {setting: {old value: new value}}}. The memory tab called the GPipe schedule "afab".
+LEGACY_VALUES = {"memory": {"pp_schedule": {"afab": "gpipe"}}}
 
 _VALUE_WIDGETS = (W.ValueWidget,)
 _DISPLAY_ONLY = (W.HTML, W.HTMLMath, W.Label, W.Textarea, W.Image)
@@ -140,21 +147,14 @@ class Dashboard:
         panel.add_class(f"mlsys-panel-{spec.key}")
         return panel
 
-    def _follow_updates(self, key: str, obj) -> None:
-        """Refresh the numbers view after every redraw of the tab. A tab with an ``update()``
-        method (all of ours) is followed exactly, however many controls one change touches;
-        otherwise the dashboard observes each control (its handler runs after the tab's own)."""
-        if callable(getattr(obj, "update", None)):
-            redraw = obj.update
-
-            def update_then_refresh(*args, **kwargs):
-                redraw(*args, **kwargs)
-                self._refresh_numbers(key)
-
-            obj.update = update_then_refresh
-        else:
-            for ctl in _controls(obj.widget):
-                ctl.observe(lambda _change: self._refresh_numbers(key), names="value")
+    def _follow_updates(self, key: str, obj: Widget) -> None:
+        """Refresh the numbers view after every redraw of the tab (the protocol's ``on_update``)."""
+        if not isinstance(obj, Widget):
+            missing = [n for n in ("widget", "figure", "error", "state", "set_state", "table", "on_update")
+                       if not hasattr(obj, n)]
+            raise TypeError(f"tab {key!r} ({type(obj).__name__}) does not follow mlsys_nb.widgets.base.Widget: "
+                            f"missing {missing}")
+        obj.on_update(lambda: self._refresh_numbers(key))
 
     def _refresh_numbers(self, key: str) -> None:
         obj = self.tabs[key]
@@ -201,7 +201,7 @@ class Dashboard:
             raise ValueError(f"unknown keys {sorted(unknown)} in configuration: allowed 'tab' and {sorted(self.tabs)}")
         for key, tab_state in state.items():
             if key != "tab":
-                self.tabs[key].set_state(tab_state)
+                self.tabs[key].set_state(_upgrade(key, tab_state))
                 self._refresh_numbers(key)
         if "tab" in state:
             self._tab(state["tab"])
@@ -234,6 +234,14 @@ class Dashboard:
             self.share_message.value = f'<span class="mlsys-error">Could not load: {e}</span>'
         else:
             self.share_message.value = "<span>Loaded.</span>"
+
+
+def _upgrade(key: str, tab_state):
+    """A tab's saved settings with old value names replaced (``LEGACY_VALUES``)."""
+    legacy = LEGACY_VALUES.get(key, {})
+    if not isinstance(tab_state, dict) or not legacy:
+        return tab_state
+    return {k: legacy.get(k, {}).get(v, v) if isinstance(v, str) else v for k, v in tab_state.items()}
 
 
 def in_voila() -> bool:

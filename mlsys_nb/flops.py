@@ -28,12 +28,10 @@ and ``FlopCounterMode`` does not count it either. Embedding lookups cost 0 FLOPs
 """
 from __future__ import annotations
 
-import functools
-import math
 import time
 from dataclasses import dataclass, field
 
-from .config import ModelConfig
+from .config import ModelConfig, check_int, check_number, dtype_name
 
 COMPONENTS = ("qkv", "attn_scores", "attn_values", "out_proj", "mlp", "lm_head")
 SECONDS_PER_DAY = 86400.0
@@ -53,35 +51,11 @@ def _config(model) -> ModelConfig:
 
 
 def _check_seq_len(seq_len) -> int:
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"seq_len={seq_len!r} is out of range: allowed an int >= 1 (tokens)")
-    return seq_len
+    return check_int("seq_len (tokens)", seq_len, 1)
 
 
 def _check_positive(name: str, value, hi: float | None = None) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a number, got {value!r}") from None
-    if not math.isfinite(v) or v <= 0 or (hi is not None and v > hi):
-        rng = f"(0, {hi}]" if hi is not None else "> 0"
-        raise ValueError(f"{name}={value!r} is out of range: allowed {rng}")
-    return v
-
-
-@functools.lru_cache(maxsize=256)
-def _param_counts(cfg: ModelConfig) -> tuple[int, int, int]:
-    """(total, embedding-table, LM-head-only) parameter counts, from the real module on ``meta``."""
-    import torch
-
-    from .models import Transformer
-
-    with torch.device("meta"):
-        m = Transformer(cfg)
-    total = m.num_parameters()
-    embed = m.embed.weight.numel()
-    head = 0 if cfg.tied_embeddings else m.lm_head.weight.numel()
-    return total, embed, head
+    return check_number(name, value, 0, hi, lo_open=True)
 
 
 def parameter_count(model, *, exclude_embedding: bool = False, active: bool = True) -> float:
@@ -89,19 +63,14 @@ def parameter_count(model, *, exclude_embedding: bool = False, active: bool = Tr
 
     ``exclude_embedding`` drops the embedding table and an untied LM head (Kaplan's N).
     ``active`` (MoE only) counts the experts a token actually uses (top_k routed + shared),
-    which is what enters ``6N``."""
+    which is what enters ``6N``. The counts come from ``mlsys_nb.memory.param_count``."""
     if isinstance(model, (int, float)) and not isinstance(model, bool):
         return _check_positive("model (parameter count)", model)
-    cfg = _config(model)
-    total, embed, head = _param_counts(cfg)
-    n = total - (embed + head if exclude_embedding else 0)
-    if active and cfg.is_moe:
-        unused = cfg.n_experts - cfg.top_k
-        mult = 3 if cfg.activation == "swiglu" else 2
-        f = cfg.expert_ffn_hidden
-        per_expert = mult * cfg.hidden * f + (((mult - 1) * f + cfg.hidden) if cfg.bias else 0)
-        n -= (cfg.n_layers - cfg.n_dense_layers) * unused * per_expert
-    return float(n)
+    from .memory import param_count
+
+    pc = param_count(_config(model))
+    n = pc.active if active else pc.total
+    return float(n - (pc.embedding + pc.head if exclude_embedding else 0))
 
 
 # ---- exact per-token FLOPs -----------------------------------------------------------------------
@@ -267,9 +236,11 @@ def count_flops(model, tokens, *, backward: bool = True) -> dict:
 
 
 # ---- MFU / HFU ---------------------------------------------------------------------------------
-def _peak(gpu, dtype: str) -> float:
+def _peak(gpu, dtype) -> float:
     """Peak FLOP/s per device: a number, or a GPU name from data/hardware.yaml (a unique prefix
-    such as ``"A100-80GB"`` for ``"A100-80GB-SXM"`` is accepted)."""
+    such as ``"A100-80GB"`` for ``"A100-80GB-SXM"`` is accepted) at ``dtype`` (a name of
+    ``mlsys_nb.config.DTYPE_BYTES`` or a ``torch.dtype``)."""
+    dtype = dtype_name(dtype)
     if isinstance(gpu, (int, float)) and not isinstance(gpu, bool):
         return _check_positive("gpu (peak FLOP/s)", gpu)
     from . import hardware
@@ -284,7 +255,7 @@ def _peak(gpu, dtype: str) -> float:
 
 
 def mfu(model, tokens_per_s: float, *, seq_len: int | None = None, gpu, n_gpus: int = 1,
-        dtype: str = "bf16", causal: bool = True, per_token_flops: float | None = None) -> float:
+        dtype="bf16", causal: bool = True, per_token_flops: float | None = None) -> float:
     """Model FLOPs utilisation = tokens/s x model FLOPs per token / (n_gpus x peak FLOP/s).
 
     Model FLOPs exclude recomputation. ``model`` may be a number N (then ``6N`` is used), or pass
@@ -297,7 +268,7 @@ def mfu(model, tokens_per_s: float, *, seq_len: int | None = None, gpu, n_gpus: 
 
 
 def hfu(model, tokens_per_s: float, *, seq_len: int | None = None, gpu, n_gpus: int = 1,
-        dtype: str = "bf16", recompute: str = "none", causal: bool = True) -> float:
+        dtype="bf16", recompute: str = "none", causal: bool = True) -> float:
     """Hardware FLOPs utilisation: like ``mfu`` but counting recomputed forwards."""
     cfg = _config(model)
     per_tok = hardware_flops_per_token(cfg, seq_len or cfg.seq_len, recompute=recompute, causal=causal)
@@ -414,7 +385,7 @@ class TrainingEstimate:
         return pd.DataFrame(rows, columns=["quantity", "value", "unit"]).set_index("quantity")
 
 
-def training_time(model, tokens: float, *, gpu, n_gpus: int, mfu: float, dtype: str = "bf16",
+def training_time(model, tokens: float, *, gpu, n_gpus: int, mfu: float, dtype="bf16",
                   seq_len: int | None = None, causal: bool = True,
                   price_per_gpu_hour: float | None = None) -> TrainingEstimate:
     """``T = C / (n_gpus x peak x MFU)`` seconds for ``C = training_flops(model, tokens)``.
@@ -432,7 +403,7 @@ def training_time(model, tokens: float, *, gpu, n_gpus: int, mfu: float, dtype: 
                             seconds=c / (n_gpus * peak * u), price_per_gpu_hour=price)
 
 
-def implied_mfu(model, tokens: float, gpu_hours: float, *, gpu, dtype: str = "bf16",
+def implied_mfu(model, tokens: float, gpu_hours: float, *, gpu, dtype="bf16",
                 seq_len: int | None = None, causal: bool = True) -> float:
     """MFU implied by a reported GPU-hour total: ``C / (gpu_hours x 3600 x peak)``."""
     c = training_flops(model, tokens, seq_len=seq_len, causal=causal)

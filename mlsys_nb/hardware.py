@@ -4,20 +4,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from .config import load_yaml
+from .config import dtype_name, load_yaml
 
 
 @dataclass(frozen=True)
 class GPU:
     name: str
-    memory_bytes: float
+    memory_bytes: float  # total the device reports (bytes), or the datasheet figure: see memory_source
     hbm_bandwidth_bytes_per_s: float
     peak_flops: dict = field(default_factory=dict)  # dtype -> dense FLOP/s
     nvlink: str | None = None
     source: str = ""
+    memory_source: str = ""  # "reported: ..." (device total) or "datasheet: ..." (decimal GB)
 
-    def peak(self, dtype: str = "bf16") -> float:
-        """Dense peak throughput in FLOP/s for ``dtype``; the error lists what the datasheet has."""
+    def peak(self, dtype="bf16") -> float:
+        """Dense peak throughput in FLOP/s for ``dtype`` (a name of ``mlsys_nb.config.DTYPE_BYTES``
+        or a ``torch.dtype``); the error lists what the datasheet has."""
+        dtype = dtype_name(dtype)
         if dtype not in self.peak_flops:
             raise KeyError(f"{self.name} has no {dtype!r} peak: choose one of {sorted(self.peak_flops)}")
         return float(self.peak_flops[dtype])
@@ -38,7 +41,8 @@ def _raw() -> dict:
 
 
 def gpus() -> dict[str, GPU]:
-    return {n: GPU(name=n, **{k: v for k, v in s.items()}) for n, s in _raw()["gpus"].items()}
+    return {n: GPU(name=n, **{k: (float(v) if k == "memory_bytes" else v) for k, v in s.items()})
+            for n, s in _raw()["gpus"].items()}
 
 
 def links() -> dict[str, Link]:

@@ -55,7 +55,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipe")
 DEFAULTS = dict(gpus_per_node=8, network="infiniband-ndr", nvlink=None, precision="bf16-mixed", dtype="bf16",
                 compute_efficiency=1.0, dp_overlap=0.8, overhead_bytes=4e9, ep_copies=None, ep_bytes=2.0)
 _ACT_BYTES = 2  # bf16 activations on the wire
-_MEM_SCHEDULE = {"none": "1f1b", "gpipe": "afab"}  # planner name -> mlsys_nb.memory name
+_MEM_SCHEDULE = {"none": "1f1b"}  # planner name -> mlsys_nb.memory name (pp = 1: no schedule)
 
 
 def _pos_int(name, value, lo=1):

@@ -101,7 +101,9 @@ class Law:
             lo, hi = math.log(ns[i - 1]), math.log(ns[i + 1])
             for _ in range(60):
                 m1, m2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
-                f = lambda ln: 6 * math.exp(ln) * float(self.tokens_for_loss(target, math.exp(ln))) + 2 * math.exp(ln) * d_inf  # noqa: E731
+                def f(ln):
+                    n = math.exp(ln)
+                    return 6 * n * float(self.tokens_for_loss(target, n)) + 2 * n * d_inf
                 if f(m1) < f(m2):
                     hi = m2
                 else:
@@ -341,9 +343,9 @@ def fit(N, D, loss, *, delta: float = 1e-3, grid="coarse", bootstrap: int = 0, c
     Minimises ``sum Huber_delta(log L_pred - log L)`` with L-BFGS from every point of ``grid``
     (``"coarse"``: 243 starts; ``"paper"``: the 4,500 starts of Hoffmann et al./Epoch; or a dict of
     lists for ``alpha, beta, e, a, b``) and keeps the best. ``starts=k`` runs L-BFGS only from the
-    k grid points with the lowest objective (a cheap screen; ``"all"`` = the paper's procedure). ``bootstrap`` resamples the points with
-    replacement and refits from the best estimate and the ``n_restarts - 1`` next-best distinct optima; ``ci`` is the
-    two-sided percentile interval."""
+    k grid points with the lowest objective (a cheap screen; ``"all"`` = the paper's procedure).
+    ``bootstrap`` resamples the points with replacement and refits from the best estimate and the
+    ``n_restarts - 1`` next-best distinct optima; ``ci`` is the two-sided percentile interval."""
     N, D, L = _positive("N", N).ravel(), _positive("D", D).ravel(), _positive("loss", loss).ravel()
     if not (len(N) == len(D) == len(L)):
         raise ValueError(f"N, D, loss must have the same length, got {len(N)}, {len(D)}, {len(L)}")

@@ -54,7 +54,7 @@ def voila_server(notebook: str = "00_dashboard.ipynb", log_path: Path | None = N
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"voila did not answer on {url} within {START_TIMEOUT_S} s")
+                    raise TimeoutError(f"voila did not answer on {url} within {START_TIMEOUT_S} s") from None
                 time.sleep(0.3)
         yield url
     finally:

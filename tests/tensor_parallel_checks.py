@@ -165,7 +165,7 @@ def _check_model(out, t, r):
             with torch.no_grad():
                 out[f"err/{tag}/logits"] = _max_err(model(tokens), tp.shard(logits_ref, -1, r, t))
             _errs(out, tag, tp.compare_with_full(model, ref_grads))
-            out[f"bytes/{tag}/measured"] = cc.sent_bytes
+            out[f"bytes/{tag}/measured"] = cc.bytes_sent
             out[f"bytes/{tag}/formula"] = _model_step_bytes(cfg, t, sp)
 
 
@@ -211,10 +211,10 @@ def _check_comm(out, t, r):
             blk(x, cos, sin).sum().backward()
         with CommCounter() as cc_sync:
             tp.sync_sequence_parallel_grads(blk)
-        out[f"bytes/{tag}/measured"] = cc.sent_bytes
+        out[f"bytes/{tag}/measured"] = cc.bytes_sent
         out[f"bytes/{tag}/formula"] = _layer_step_bytes(h, t, sp, regather)
         out[f"calls/{tag}"] = {op: v["calls"] for op, v in cc.by_op().items()}
-        out[f"bytes/{tag}/norm_grad_sync"] = cc_sync.sent_bytes
+        out[f"bytes/{tag}/norm_grad_sync"] = cc_sync.bytes_sent
 
 
 def _saved_bytes(fn, exclude):
@@ -264,7 +264,7 @@ def _check_memory(out, t, r):
             blk = tp.TPBlock(GPT, sequence_parallel=sp, attn_impl="matmul")
         x = torch.randn(B, S // t if sp else S, GPT.hidden, requires_grad=True)
         blk.train()
-        measured, y = _saved_bytes(lambda: blk(x, cos, sin), [*blk.parameters(), cos, sin])
+        measured, y = _saved_bytes(lambda blk=blk, x=x: blk(x, cos, sin), [*blk.parameters(), cos, sin])
         y.sum().backward()  # the saved graph is valid
         tt = 1 if sp is None else t
         train = TrainConfig(micro_batch=B, seq_len=S, precision="fp32", tp=tt, sp=bool(sp), recompute="none",

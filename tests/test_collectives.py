@@ -60,7 +60,8 @@ def test_from_scratch_collectives_equal_torch_and_count_closed_form_bytes(n):
     assert (worst <= TOL).all(), f"n={n}: differs from torch.distributed:\n{worst[worst > TOL]}"
     for _, row in df.iterrows():
         want = _expected_bytes(row, n, row["rank"])
-        assert row["bytes_sent"] == want, f"n={n} rank {row['rank']} {row['algorithm']} numel {row['numel']}: sent {row['bytes_sent']} B, closed form {want} B"
+        assert row["bytes_sent"] == want, (f"n={n} rank {row['rank']} {row['algorithm']} numel {row['numel']}: "
+                                           f"sent {row['bytes_sent']} B, closed form {want} B")
     # bytes are conserved: what all ranks send, all ranks receive
     tot = df.groupby(["algorithm", "numel"])[["bytes_sent", "bytes_received"]].sum()
     assert (tot["bytes_sent"] == tot["bytes_received"]).all()

@@ -37,7 +37,7 @@ def test_exports_are_real_files(dash):
         header = files["csv"].splitlines()[0]
         assert header.count(",") >= 1, f"{spec.key}: CSV has no columns: {header!r}"
         dash._show_exports(spec.key)
-        assert 'download="%s.png"' % spec.key in dash._exports[spec.key].value
+        assert f'download="{spec.key}.png"' in dash._exports[spec.key].value
 
 
 def test_configuration_round_trip(dash):
@@ -62,3 +62,13 @@ def test_bad_configuration_is_explained(dash):
     dash._load_from_text()
     assert "Could not load" in dash.share_message.value
     assert dash.load_query("") is False
+
+
+def test_an_old_link_with_afab_opens_as_gpipe():
+    """The memory tab called the GPipe schedule "afab" before the kit used one name for it."""
+    import urllib.parse
+
+    old = Dashboard()
+    query = "?" + urllib.parse.urlencode({"config": json.dumps({"memory": {"pp": 4, "pp_schedule": "afab"}})})
+    assert old.load_query(query)
+    assert old.tabs["memory"].state()["pp_schedule"] == "gpipe" and not old.tabs["memory"].error

@@ -98,7 +98,8 @@ def test_shared_link_restores_settings(server, page):
     press_slider(page, ".mlsys-memory-tp", "Home")
     press_slider(page, ".mlsys-memory-tp", "ArrowRight")
     press_slider(page, ".mlsys-memory-tp", "ArrowRight")                        # TP = 4
-    page.wait_for_function("() => document.querySelector('.mlsys-memory-tp .widget-readout').textContent.trim() === '4'")
+    page.wait_for_function(
+        "() => document.querySelector('.mlsys-memory-tp .widget-readout').textContent.trim() === '4'")
     # The front end may still hold the last slider value while the kernel redraws: copy until the
     # kernel has seen it (each click re-reads the state).
     deadline = time.monotonic() + 60

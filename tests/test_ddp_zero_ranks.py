@@ -24,7 +24,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks get this mo
 WORLD_SIZES = (2, 4)
 TOL = 1e-5
 DDP_LIKE = ("naive", "ddp", "ddp_no_overlap", "ddp_accum", "zero1", "zero2")
-OPT_STATE_BYTES = {"adamw": 8, "sgd": 4}  # fp32 m and v / fp32 momentum, per parameter
+OPT_STATE_BYTES = {"adamw": 8, "sgd-momentum": 4}  # fp32 m and v / fp32 momentum, per parameter
 
 
 def _count_probe(sizes):
@@ -60,7 +60,7 @@ def _count_probe(sizes):
 
 
 def _rank_checks(sizes):
-    result = compare_implementations(impls=IMPLEMENTATIONS, optimizers=("adamw", "sgd"), steps=3)
+    result = compare_implementations(impls=IMPLEMENTATIONS, optimizers=("adamw", "sgd-momentum"), steps=3)
     result["probe"] = _count_probe(sizes)
     return result
 
@@ -79,9 +79,11 @@ def test_every_implementation_equals_single_process_training(runs):
     world, _, per_rank = runs
     for rank, out in enumerate(per_rank):
         for optimizer, res in out["results"].items():
-            assert out["moved"][optimizer] > 1e-3, f"training barely changed the weights ({optimizer}): the check would be vacuous"
+            assert out["moved"][optimizer] > 1e-3, \
+                f"training barely changed the weights ({optimizer}): the check would be vacuous"
             for impl, r in res.items():
-                assert r["max_diff_single"] < TOL, f"world {world} rank {rank} {optimizer} {impl}: {r['max_diff_single']:.3g}"
+                assert r["max_diff_single"] < TOL, \
+                    f"world {world} rank {rank} {optimizer} {impl}: {r['max_diff_single']:.3g}"
 
 
 def test_every_implementation_equals_pytorch_ddp_and_fsdp2(runs):
@@ -89,7 +91,8 @@ def test_every_implementation_equals_pytorch_ddp_and_fsdp2(runs):
     for out in per_rank:
         for optimizer, res in out["results"].items():
             for impl, r in res.items():
-                assert r["max_diff_torch_ddp"] < TOL, f"world {world} {optimizer} {impl} vs torch DDP: {r['max_diff_torch_ddp']:.3g}"
+                assert r["max_diff_torch_ddp"] < TOL, \
+                    f"world {world} {optimizer} {impl} vs torch DDP: {r['max_diff_torch_ddp']:.3g}"
             fsdp2 = res["fsdp2"]["max_diff_single"]
             assert fsdp2 < TOL, f"FSDP2 vs single process: {fsdp2:.3g}"
 
@@ -99,16 +102,16 @@ def test_bytes_communicated_per_step_match_formulas(runs):
     for out in per_rank:
         psi_bytes = 4 * out["n_params"]  # fp32 gradients / parameters
         ring = (world - 1) / world
-        for optimizer, res in out["results"].items():
+        for res in out["results"].values():
             for impl in DDP_LIKE:  # one all-reduce, or reduce-scatter + all-gather, of everything
-                assert res[impl]["sent_bytes_per_step"] == pytest.approx(2 * ring * psi_bytes, rel=1e-12), impl
+                assert res[impl]["bytes_sent_per_step"] == pytest.approx(2 * ring * psi_bytes, rel=1e-12), impl
             for impl in ("zero3", "zero3_prefetch"):  # gather twice, reduce-scatter once
-                assert res[impl]["sent_bytes_per_step"] == pytest.approx(3 * ring * psi_bytes, rel=1e-12), impl
-                assert res[impl]["sent_bytes_per_step"] / res["ddp"]["sent_bytes_per_step"] == pytest.approx(1.5)
+                assert res[impl]["bytes_sent_per_step"] == pytest.approx(3 * ring * psi_bytes, rel=1e-12), impl
+                assert res[impl]["bytes_sent_per_step"] / res["ddp"]["bytes_sent_per_step"] == pytest.approx(1.5)
             ops = res["zero1"]["by_op"]
             assert set(ops) == {"reduce_scatter_single", "all_gather_single"}, ops
             # FSDP2 reshards the blocks after forward but not its root (embedding, norm, head)
-            assert 2 * ring * psi_bytes < res["fsdp2"]["sent_bytes_per_step"] <= 3 * ring * psi_bytes
+            assert 2 * ring * psi_bytes < res["fsdp2"]["bytes_sent_per_step"] <= 3 * ring * psi_bytes
 
 
 def _predicted_model_states(n_params, world, stage, optimizer):
@@ -126,7 +129,7 @@ def _memory_module_prediction(world, stage, optimizer):
     from mlsys_nb.memory import estimate
     from mlsys_nb.parallel.harness import tiny_config
 
-    train = TrainConfig(micro_batch=2, seq_len=16, precision="fp32", optimizer="adamw" if optimizer == "adamw" else "sgd-momentum",
+    train = TrainConfig(micro_batch=2, seq_len=16, precision="fp32", optimizer=optimizer,
                         dp=world, zero=stage, device="cpu", kernels="eager")
     est = estimate(tiny_config(), train)
     return dict(params=est.params, grads=est.grads, optimizer=est.optimizer + est.master)
@@ -146,7 +149,6 @@ STAGES = dict(naive=0, ddp=0, torch_ddp=0, zero1=1, zero2=2, zero3=3, zero3_pref
 
 
 def test_per_rank_model_state_bytes_match_mlsys_nb_memory(runs):
-    pytest.importorskip("mlsys_nb.memory", reason="mlsys_nb.memory (issue: memory calculator) has not landed")
     world, _, per_rank = runs
     for optimizer, res in per_rank[0]["results"].items():
         for impl, stage in STAGES.items():
@@ -160,12 +162,12 @@ def test_comm_counter_counts_ring_bytes_of_each_collective(runs):
     ring = (world - 1) / world
     for rank, out in enumerate(per_rank):
         probe = out["probe"]
-        for (op, k), factor in zip(zip(("all_reduce", "reduce_scatter_single", "all_gather_single", "broadcast"), sizes),
-                                   (2 * ring, ring, ring, 1.0)):
+        ops = ("all_reduce", "reduce_scatter_single", "all_gather_single", "broadcast")
+        for (op, k), factor in zip(zip(ops, sizes), (2 * ring, ring, ring, 1.0)):
             full = 4 * k * world  # bytes of the full tensor (formulas §1.2 "S is")
             assert probe[op]["ok"], f"rank {rank}: wrapped {op} returned a wrong result"
             assert probe[op]["calls"] == 1 and probe[op]["payload_bytes"] == full, (op, probe[op])
-            assert probe[op]["sent_bytes"] == pytest.approx(factor * full), (op, probe[op])
+            assert probe[op]["bytes_sent"] == pytest.approx(factor * full), (op, probe[op])
         assert probe["nested"] == (2, 1, True), probe["nested"]
 
 
@@ -186,4 +188,5 @@ def test_zero3_gathers_one_unit_at_a_time_and_two_with_prefetch(runs):
         for res in out["results"].values():
             assert res["zero3"]["peak_gathered_bytes"] == block, res["zero3"]["peak_gathered_bytes"]
             assert res["zero3_prefetch"]["peak_gathered_bytes"] == 2 * block
-            assert res["zero3_prefetch"]["peak_gathered_bytes"] == est.detail["temporary"]["ZeRO-3 gathered layers (2 x largest)"]
+            want = est.detail["temporary"]["ZeRO-3 gathered layers (2 x largest)"]
+            assert res["zero3_prefetch"]["peak_gathered_bytes"] == want

@@ -16,3 +16,17 @@ def test_every_number_is_a_number_with_a_source():
 def test_published_ridge_point():
     h100 = hardware.gpu("H100-SXM")
     assert round(h100.peak("bf16") / h100.hbm_bandwidth_bytes_per_s) == 295  # formulas.md 1.5
+
+
+def test_memory_is_what_the_device_reports_where_published():
+    """An "80 GB" H100 reports 81,559 MiB (85.52e9 B): fits / OOM verdicts use the reported total."""
+    MiB = 1 << 20
+    assert hardware.gpu("H100-SXM").memory_bytes == 81559 * MiB
+    assert hardware.gpu("A100-80GB-SXM").memory_bytes == 81920 * MiB
+    assert hardware.gpu("A100-40GB-SXM").memory_bytes == 40960 * MiB
+    assert hardware.gpu("L4").memory_bytes == 23034 * MiB
+    for g in hardware.gpus().values():
+        kind = g.memory_source.split(":")[0]
+        assert kind in ("reported", "datasheet"), f"{g.name}: memory_source must say reported or datasheet"
+        if kind == "reported":
+            assert g.memory_bytes % MiB == 0 or g.memory_bytes % 4096 == 0, g.name  # a device total, not a round GB

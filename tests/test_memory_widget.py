@@ -46,3 +46,34 @@ def test_playbook_toggle_and_fit_verdict():
     w2 = MemoryWidget(**w.state())
     assert w2.state() == w.state()
     assert w2.table().equals(w.table())
+
+
+def _extremes(control):
+    """The first and last value a control offers (options, or min/max of a slider)."""
+    if hasattr(control, "options") and control.options:
+        opts = [o[1] if isinstance(o, tuple) else o for o in control.options]
+        return [opts[0], opts[-1]]
+    if hasattr(control, "min") and hasattr(control, "max"):
+        return [control.min, control.max]
+    if isinstance(control.value, bool):
+        return [False, True]
+    return []
+
+
+@pytest.mark.parametrize("playbook", [False, True])
+def test_every_control_at_its_extremes_draws_or_explains(playbook):
+    """Each control at its min and max, alone, from the default state: a figure or a message, no crash."""
+    for name, control in MemoryWidget().controls.items():
+        for value in _extremes(control):
+            w = MemoryWidget(playbook=playbook)
+            w.set_state({name: value})
+            assert w.error or not w.table().empty, (name, value)
+            if w.error:
+                assert "Invalid" in w.message.value, (name, value)
+
+
+def test_playbook_byte_labels_past_a_petabyte():
+    assert memory.format_playbook_bytes(1024**5) == "1.00 PB"
+    assert memory.format_playbook_bytes(3.5 * 1024**6) == "3.50 EB"
+    assert memory.format_playbook_bytes(1024**9 * 5) == "5120.00 YB"
+    assert memory.format_playbook_bytes(512) == "512.00 Bytes"

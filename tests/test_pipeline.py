@@ -151,7 +151,7 @@ def test_timeline_respects_dependencies_and_order():
                 assert row.start >= ends[dep] - 1e-9, (name, row)
             if row.kind == "W":
                 assert row.start >= ends[("B", row.microbatch, row.stage)] - 1e-9
-        for rank, g in tl.groupby("rank"):  # a rank runs one op at a time
+        for _, g in tl.groupby("rank"):  # a rank runs one op at a time
             g = g.sort_values("start")
             assert (g.start.values[1:] >= g.end.values[:-1] - 1e-9).all(), name
 
@@ -180,8 +180,9 @@ def test_validate_catches_broken_schedules():
 def test_send_recv_lowering_pairs_up():
     for name in SCHEDULES:
         s = schedule(name, 4, 8)
-        sends = [(a.kind[-1], a.microbatch, r, a.peer) for r in range(4) for a in s.actions[r] if a.kind.startswith("SEND")]
-        recvs = [(a.kind[-1], a.microbatch, a.peer, r) for r in range(4) for a in s.actions[r] if a.kind.startswith("RECV")]
+        acts = [(r, a) for r in range(4) for a in s.actions[r]]
+        sends = [(a.kind[-1], a.microbatch, r, a.peer) for r, a in acts if a.kind.startswith("SEND")]
+        recvs = [(a.kind[-1], a.microbatch, a.peer, r) for r, a in acts if a.kind.startswith("RECV")]
         assert sorted(sends) == sorted(recvs) and sends, name
         # every cross-rank boundary of every micro-batch carries one activation and one gradient
         expected = sum(1 for j in range(8) for st in range(s.n_stages - 1)

@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from mlsys_nb.pipeline import schedule, simulate
-from mlsys_nb.widgets.pipeline import PipelineWidget, compare
+from mlsys_nb.pipeline.compare import compare
+from mlsys_nb.widgets.pipeline import PipelineWidget
 
 
 def test_widget_updates_and_reports_errors():

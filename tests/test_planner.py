@@ -37,7 +37,7 @@ def test_table_shape_order_and_rules(small):
     for r in df.itertuples():
         assert r.dp * r.tp * r.pp * r.cp == SMALL["gpus"]
         assert r.tp <= 8 and cfg.n_heads % r.tp == 0 and seqs % (r.dp * r.micro_batch) == 0
-        assert r.memory_bytes <= 80e9
+        assert r.memory_bytes <= hardware.gpu("H100-SXM").memory_bytes
         assert (r.schedule == "none") == (r.pp == 1)
         assert isinstance(r.bottleneck, str) and "% of step" in r.bottleneck
     assert 0 < df["mfu"].max() <= 1
@@ -48,7 +48,7 @@ def test_memory_column_is_the_heaviest_stage_estimate(small):
     cfg = memory.preset("llama-3-8b")
     for r in small[small.pp > 1].head(5).itertuples():
         t = TrainConfig(micro_batch=r.micro_batch, seq_len=4096, recompute=r.recompute, dp=r.dp, tp=r.tp,
-                        sp=r.tp > 1, pp=r.pp, pp_schedule={"gpipe": "afab"}.get(r.schedule, r.schedule),
+                        sp=r.tp > 1, pp=r.pp, pp_schedule=r.schedule,
                         virtual_stages=r.v if r.schedule == "interleaved-1f1b" else 1,
                         n_microbatches=256 // (r.dp * r.micro_batch), cp=r.cp, zero=r.zero, overhead_bytes=4e9)
         per_stage = [memory.estimate(cfg, t, stage=s).total for s in range(r.pp)]
@@ -116,7 +116,7 @@ def test_tp_and_other_groups_use_their_links():
 
 def test_h800_in_hardware_table():
     h800, h100 = hardware.gpu("H800-SXM"), hardware.gpu("H100-SXM")
-    assert h800.peak_flops == h100.peak_flops and h800.memory_bytes == h100.memory_bytes
+    assert h800.peak_flops == h100.peak_flops and h800.memory_bytes == 80e9  # datasheet (no reported total)
     assert hardware.link(h800.nvlink).bidirectional_bytes_per_s == 400e9 and "arXiv:2412.19437" in h800.source
 
 
@@ -228,7 +228,9 @@ def test_deepseek_v3_layout_fits_and_ranks_near_the_top(dsv3):
     full, pub = dsv3
     assert len(pub) > 0
     best = pub.iloc[0]
-    assert best.schedule == "dualpipe" and best.zero in (1, 2)
+    z1 = pub[pub.zero == 1]  # the published ZeRO-1 variant is as fast as the best variant of these degrees
+    assert best.schedule == "dualpipe" and len(z1) and z1.iloc[0].step_s == best.step_s
+    assert z1.iloc[0].schedule == "dualpipe"
     assert planner.rank_of(full, **DSV3_PUB) is not None  # among the 40 best of the whole space
     assert best.step_s <= 1.10 * full.step_s.iloc[0]
     cfg = memory.preset("deepseek-v3")

@@ -9,18 +9,21 @@
   ranks and ``memcpy_bandwidth``.
 - ``counting``: ``CommCounter`` wraps ``torch.distributed`` to count each op's payload and the
   bytes a rank sends (``bytes_sent``) under the ring algorithm, from ``cost``'s formulas.
+- ``wire``: ``WireCounter`` reads what this rank's TCP sockets really sent and received (Linux
+  ``TCP_INFO``), so the model bytes above can be shown beside a measurement; ``gloo_bytes_sent``
+  (in ``cost``) gives what gloo's own algorithms send, which is not always the ring.
 - ``plots``: who holds what before/after each collective, ring schedule, time and busbw vs size.
 
 The cost functions are light (numpy only); ``collectives``, ``counting`` (torch) and ``plots``
 (matplotlib) load when first used.
 """
 from .cost import (ALGORITHMS, OPS, AlphaBeta, AlphaBetaFit, MemcpyBandwidth, algbw, busbw, busbw_factor,
-                   bytes_sent_per_rank, collective_time, cost_coefficients, crossover_bytes, fit_alpha_beta,
+                   bytes_sent_per_rank, collective_time, gloo_bytes_sent, cost_coefficients, crossover_bytes, fit_alpha_beta,
                    memcpy_bandwidth, recursive_doubling_bytes_sent, ring_bytes_sent, sweep, tree_bytes_sent)
 
 __all__ = ["OPS", "ALGORITHMS", "AlphaBeta", "AlphaBetaFit", "MemcpyBandwidth", "algbw", "busbw",
            "busbw_factor", "bytes_sent_per_rank", "collective_time", "cost_coefficients", "crossover_bytes",
-           "fit_alpha_beta", "memcpy_bandwidth", "recursive_doubling_bytes_sent", "ring_bytes_sent", "sweep",
+           "fit_alpha_beta", "gloo_bytes_sent", "memcpy_bandwidth", "recursive_doubling_bytes_sent", "ring_bytes_sent", "sweep",
            "tree_bytes_sent", "CommCounter"]
 
 

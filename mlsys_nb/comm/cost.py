@@ -13,7 +13,7 @@ Conventions (formulas.md §1):
 
 Pure functions (no processes): :func:`busbw_factor`, :func:`algbw`, :func:`busbw`,
 :func:`ring_bytes_sent`, :func:`tree_bytes_sent`, :func:`recursive_doubling_bytes_sent`,
-:func:`bytes_sent_per_rank`, :func:`cost_coefficients`, :func:`collective_time`,
+:func:`bytes_sent_per_rank`, :func:`gloo_bytes_sent`, :func:`cost_coefficients`, :func:`collective_time`,
 :func:`fit_alpha_beta`, :func:`crossover_bytes`, :class:`AlphaBeta`.
 Measurements: :func:`memcpy_bandwidth` (this process) and :func:`sweep` (real ranks via
 ``mlsys_nb.launch``, returns a pandas DataFrame).
@@ -25,6 +25,8 @@ import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from ..config import check_choice, check_int
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
 ALGORITHMS = {
@@ -38,15 +40,11 @@ ALGORITHMS = {
 
 
 def _check_n(n) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n (world size) must be an int >= 1, got {n!r}")
-    return int(n)
+    return check_int("n (world size)", n, 1)
 
 
 def _check_op(op: str) -> str:
-    if op not in OPS:
-        raise ValueError(f"op={op!r} is not known: choose one of {list(OPS)}")
-    return op
+    return check_choice("op", op, OPS)
 
 
 def _log2ceil(n: int) -> int:
@@ -156,6 +154,39 @@ def bytes_sent_per_rank(op: str, nbytes: float, n: int, algorithm: str = "ring")
                      "(the tree's differs per rank: use tree_bytes_sent)")
 
 
+
+def _gloo_broadcast_children(vr: int, n: int) -> int:
+    # gloo's binomial broadcast: virtual rank vr sends to vr + 2^k for every 2^k > vr with vr + 2^k < n
+    return sum(1 for k in range(max(n - 1, 1).bit_length()) if (1 << k) > vr and vr + (1 << k) < n)
+
+
+def gloo_bytes_sent(op: str, nbytes: float, n: int, rank: int, root: int = 0) -> float:
+    """Bytes rank ``rank`` sends in gloo's CPU algorithms (``nbytes`` = S as in :func:`busbw_factor`).
+
+    Measured on the wire with ``mlsys_nb.comm.wire`` (tests pin every line): all_reduce is the ring,
+    ``2(n-1)/n·S``; **reduce_scatter is an all_reduce followed by a local slice**, ``2(n-1)/n·S`` (twice
+    the ring's ``(n-1)/n·S``); all_gather the ring, ``(n-1)/n·S``; all_to_all pairwise, ``(n-1)/n·S``;
+    broadcast a binomial tree in which virtual rank ``v`` sends S to ``v + 2^k`` for every ``2^k > v``
+    (the root ``⌈log2 n⌉·S``, leaves nothing); reduce a ring reduce-scatter then a gather of the
+    chunks to the root: ``(n-1)/n·S`` on the root, ``S`` on every other rank.
+    """
+    _check_op(op)
+    n = _check_n(n)
+    if not 0 <= rank < n:
+        raise ValueError(f"rank={rank} is out of range: allowed [0, {n - 1}]")
+    if n == 1:
+        return 0.0
+    ring = (n - 1) / n * nbytes
+    if op in ("all_reduce", "reduce_scatter"):
+        return 2 * ring
+    if op in ("all_gather", "all_to_all"):
+        return ring
+    vr = (rank - root) % n
+    if op == "broadcast":
+        return float(nbytes * _gloo_broadcast_children(vr, n))
+    return ring if vr == 0 else float(nbytes)  # reduce
+
+
 # ----------------------------------------------------------------------------- α-β model [Thakur]
 def cost_coefficients(op: str, algorithm: str, n: int) -> tuple[float, float]:
     """``(k_alpha, k_beta)`` with ``T = k_alpha·α + k_beta·S/β``.
@@ -214,7 +245,7 @@ class AlphaBeta:
     beta_bytes_per_s: float
 
     @classmethod
-    def from_link(cls, name: str) -> "AlphaBeta":
+    def from_link(cls, name: str) -> AlphaBeta:
         """From ``data/hardware.yaml``: its latency and per-direction bandwidth."""
         from ..hardware import link
 
@@ -386,11 +417,12 @@ def _sweep_worker(cases, warmup: int, repeats: int, dtype_name: str):
     import torch
     import torch.distributed as dist
 
-    from . import collectives as C
+    from ..config import torch_dtype
     from ..runtime.ranks import device as _device
+    from . import collectives as C
 
     dev = _device()
-    dtype = getattr(torch, dtype_name)
+    dtype = torch_dtype(dtype_name)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     comm = C.CountingComm(count=False)
     n = dist.get_world_size()
@@ -412,20 +444,26 @@ def _sweep_worker(cases, warmup: int, repeats: int, dtype_name: str):
 
 def sweep(ops=("all_reduce",), sizes=(1 << 10, 1 << 16, 1 << 20), world_sizes=(2, 4),
           impls=("torch",), backend: str = "auto", warmup: int = 2, repeats: int = 5,
-          dtype: str = "float32", timeout: float = 120.0, progress: bool = True):
+          dtype="fp32", timeout: float = 120.0, progress: bool = True):
     """Benchmark collectives on real ranks: one ``mlsys_nb.launch`` per world size.
 
     ``sizes`` are nccl-tests' S in bytes; ``impls`` picks ``"torch"`` (``torch.distributed``'s
     own) and/or the from-scratch algorithms (see ``IMPLEMENTATIONS``; pairs that do not exist are
-    skipped), either for every op or per op as a dict ``{op: impls}``. The time of one call is the slowest rank's (per iteration), summarised over
-    ``repeats`` by median and quartiles. Returns a DataFrame with columns ``op, impl, backend,
-    world_size, bytes, median_s, q25_s, q75_s, min_s, algbw_Bps, busbw_Bps, repeats``.
+    skipped), either for every op or per op as a dict ``{op: impls}``. The time of one call is the
+    slowest rank's (per iteration), summarised over ``repeats`` by median and quartiles. Returns a
+    DataFrame with columns ``op, impl, backend, world_size, bytes, median_s, q25_s, q75_s, min_s,
+    algbw_Bps, busbw_Bps, repeats``.
+    ``dtype``: element type of the buffers, a name of ``mlsys_nb.config.DTYPE_BYTES`` or a
+    ``torch.dtype``.
     """
     import pandas as pd
     from tqdm.auto import tqdm
 
+    from ..config import dtype_name, torch_dtype
     from ..runtime.launcher import launch, resolve_backend
 
+    dtype = dtype_name(dtype)
+    torch_dtype(dtype)  # a name without a torch tensor type (int4) is refused before any rank starts
     for op in ops:
         if op not in IMPLEMENTATIONS:
             raise ValueError(f"op={op!r} cannot be swept: choose one of {list(IMPLEMENTATIONS)}")

@@ -10,7 +10,7 @@ internals such as ``torch.nn.parallel.DistributedDataParallel``'s reducer.
     from mlsys_nb.comm.counting import CommCounter
     with CommCounter() as cc:
         dist.all_reduce(x)
-    cc.sent_bytes          # bytes this rank sends under the ring algorithms (formulas §1.2)
+    cc.bytes_sent          # bytes this rank sends under the ring algorithms (formulas §1.2)
     cc.to_frame()          # one row per op: calls, payload bytes, sent bytes
 
 For every call we record the op, the payload ``S`` (the size that formulas.md §1.2 names in its
@@ -29,25 +29,35 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-# op name -> factor(n) on the payload S giving the bytes one rank sends (ring algorithms)
-_RING = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "reduce_scatter_single": lambda n: (n - 1) / n,
-    "reduce_scatter_tensor": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_gather_single": lambda n: (n - 1) / n,
-    "all_gather_into_tensor": lambda n: (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "all_to_all_single": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-    "send": lambda n: 1.0,
-    "isend": lambda n: 1.0,
-    "recv": lambda n: 0.0,
-    "irecv": lambda n: 0.0,
+from .cost import bytes_sent_per_rank
+
+# wrapped torch.distributed function -> (collective in mlsys_nb.comm.cost, algorithm whose bytes we count)
+_COLLECTIVES = {
+    "all_reduce": ("all_reduce", "ring"),
+    "reduce_scatter_single": ("reduce_scatter", "ring"),
+    "reduce_scatter_tensor": ("reduce_scatter", "ring"),
+    "reduce_scatter": ("reduce_scatter", "ring"),
+    "all_gather_single": ("all_gather", "ring"),
+    "all_gather_into_tensor": ("all_gather", "ring"),
+    "all_gather": ("all_gather", "ring"),
+    "all_to_all_single": ("all_to_all", "pairwise"),
+    "all_to_all": ("all_to_all", "pairwise"),
+    "broadcast": ("broadcast", "pipelined_chain"),
+    "reduce": ("reduce", "pipelined_chain"),
 }
-WRAPPED_OPS = tuple(op for op in _RING if hasattr(dist, op))  # *_single names are new in torch 2.13
+_POINT_TO_POINT = {"send": 1.0, "isend": 1.0, "recv": 0.0, "irecv": 0.0}  # share of S this rank sends
+# *_single names are new in torch 2.13
+WRAPPED_OPS = tuple(op for op in (*_COLLECTIVES, *_POINT_TO_POINT) if hasattr(dist, op))
+
+
+def bytes_sent(op: str, payload_bytes: float, n: int) -> float:
+    """Bytes one rank sends for one call of ``torch.distributed.<op>`` with payload ``S`` in a
+    group of ``n`` ranks: ``mlsys_nb.comm.cost.bytes_sent_per_rank`` of the matching collective
+    (ring, pairwise all_to_all, pipelined-chain broadcast/reduce); ``S`` for send, 0 for recv."""
+    if op in _POINT_TO_POINT:
+        return payload_bytes * _POINT_TO_POINT[op]
+    collective, algorithm = _COLLECTIVES[op]
+    return bytes_sent_per_rank(collective, payload_bytes, n, algorithm)
 
 
 def _nbytes(t) -> int:
@@ -76,18 +86,19 @@ def _payload(op: str, args, kwargs) -> int:
 class CommRecord:
     op: str
     payload_bytes: int  # S (formulas §1.2)
-    sent_bytes: float  # ring-model bytes this rank sends
+    bytes_sent: float  # ring-model bytes this rank sends
     group_size: int
 
 
 # position of the ``group`` argument when passed positionally
 _GROUP_POS = {
     "all_reduce": 2, "broadcast": 2, "reduce": 3, "reduce_scatter_single": 3, "reduce_scatter_tensor": 3,
-    "reduce_scatter": 3, "all_gather_single": 2, "all_gather_into_tensor": 2, "all_gather": 2, "all_to_all_single": 4, "all_to_all": 2,
+    "reduce_scatter": 3, "all_gather_single": 2, "all_gather_into_tensor": 2, "all_gather": 2,
+    "all_to_all_single": 4, "all_to_all": 2,
     "send": 2, "isend": 2, "recv": 2, "irecv": 2,
 }
 
-_active: list["CommCounter"] = []
+_active: list[CommCounter] = []
 _originals: dict[str, object] = {}
 _lock = threading.Lock()
 _depth = threading.local()  # a wrapped function calling another wrapped one is counted once
@@ -100,7 +111,7 @@ def _make_wrapper(op: str, original):
             group = kwargs.get("group", args[pos] if len(args) > pos else None)
             n = dist.get_world_size(group)
             s = _payload(op, args, kwargs)
-            rec = CommRecord(op, s, s * _RING[op](n), n)
+            rec = CommRecord(op, s, bytes_sent(op, s, n), n)
             with _lock:
                 for counter in _active:
                     counter.records.append(rec)
@@ -147,9 +158,9 @@ class CommCounter:
         self.records.clear()
 
     @property
-    def sent_bytes(self) -> float:
+    def bytes_sent(self) -> float:
         """Bytes this rank sends in total (ring model, formulas §1.2)."""
-        return sum(r.sent_bytes for r in self.records)
+        return sum(r.bytes_sent for r in self.records)
 
     @property
     def payload_bytes(self) -> int:
@@ -160,13 +171,13 @@ class CommCounter:
         return len(self.records)
 
     def by_op(self) -> dict[str, dict[str, float]]:
-        """{op: {"calls", "payload_bytes", "sent_bytes"}} (plain dict, picklable)."""
-        out: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "payload_bytes": 0, "sent_bytes": 0.0})
+        """{op: {"calls", "payload_bytes", "bytes_sent"}} (plain dict, picklable)."""
+        out: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "payload_bytes": 0, "bytes_sent": 0.0})
         for r in self.records:
             row = out[r.op]
             row["calls"] += 1
             row["payload_bytes"] += r.payload_bytes
-            row["sent_bytes"] += r.sent_bytes
+            row["bytes_sent"] += r.bytes_sent
         return dict(out)
 
     def to_frame(self):

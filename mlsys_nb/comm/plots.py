@@ -190,6 +190,7 @@ def plot_algorithms(model, n: int, sizes=None, algorithms=("ring", "tree", "recu
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         label(ax, "message size S (bytes)", "model time (s)",
-              title or f"{op} on {n} ranks: α = {model.alpha_s * 1e6:.3g} µs, β = {model.beta_bytes_per_s / 1e9:.3g} GB/s")
+              title or f"{op} on {n} ranks: α = {model.alpha_s * 1e6:.3g} µs, "
+                       f"β = {model.beta_bytes_per_s / 1e9:.3g} GB/s")
         ax.legend()
     return fig

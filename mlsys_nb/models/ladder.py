@@ -73,9 +73,12 @@ def train_run(cfg: ModelConfig, steps: int, lang: MarkovLanguage, *, batch: int,
     lr = lr_for(cfg.hidden)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     warm = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: (i + 1) / warm if i < warm else 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (i - warm) / max(1, steps - warm)))
-    )
+    def lr_factor(i):  # linear warm-up, then cosine decay to 10%
+        if i < warm:
+            return (i + 1) / warm
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (i - warm) / max(1, steps - warm)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     s = cfg.seq_len
     t0 = time.perf_counter()
     model.train()

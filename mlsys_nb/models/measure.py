@@ -27,10 +27,10 @@ from ..config import ModelConfig, TrainConfig
 from .transformer import Transformer
 
 __all__ = ["SavedBytes", "saved_activation_bytes", "measure_activations", "measure_model_states",
-           "measured_state_bytes", "cpu_setting", "torch_dtype"]
+           "measured_state_bytes", "cpu_setting", "precision_dtype"]
 
 
-def torch_dtype(precision: str) -> torch.dtype:
+def precision_dtype(precision: str) -> torch.dtype:
     """Activation/parameter dtype of the small model for a ``TrainConfig.precision``."""
     return torch.float32 if precision in ("fp32", "fp8-te") else torch.bfloat16
 
@@ -102,7 +102,7 @@ def measure_activations(model_cfg: ModelConfig, train: TrainConfig, *, seed: int
     torch.manual_seed(seed)
     impl = "sdpa" if train.flash_attention else "matmul"
     with torch.device(device):
-        model = Transformer(model_cfg, recompute=train.recompute, attn_impl=impl).to(torch_dtype(train.precision))
+        model = Transformer(model_cfg, recompute=train.recompute, attn_impl=impl).to(precision_dtype(train.precision))
     model.train()
     g = torch.Generator().manual_seed(seed)
     shape = (train.micro_batch, train.seq_len)

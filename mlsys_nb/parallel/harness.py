@@ -13,12 +13,13 @@ parameters, gradients and optimizer states this rank holds after the last step.
 """
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
 import torch.distributed as dist
 
-from ..config import ModelConfig
+from ..config import ModelConfig, check_choice
 from ..models import Transformer
 from ..comm.counting import CommCounter
 from .ddp import DataParallel, allreduce_gradients
@@ -27,12 +28,23 @@ from .zero import ZeRO
 
 IMPLEMENTATIONS = ("naive", "ddp", "ddp_no_overlap", "ddp_accum", "torch_ddp",
                    "zero1", "zero2", "zero3", "zero3_prefetch", "fsdp2")
+# The optimizers the harness trains with, by their names in ``mlsys_nb.config.OPTIMIZERS``.
 # AdamW's lr is kept small: its update g/sqrt(v) amplifies summation-order rounding of small
 # gradients (differences from single-process grow ~linearly with lr: max 8e-6 at lr 1e-3, N = 3)
-OPTIMIZERS = {
-    "adamw": lambda params: torch.optim.AdamW(params, lr=5e-4, weight_decay=0.1),
-    "sgd": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+_OPTIMIZER_SETTINGS = {
+    "adamw": (torch.optim.AdamW, dict(lr=5e-4, weight_decay=0.1)),
+    "adam": (torch.optim.Adam, dict(lr=5e-4)),
+    "sgd-momentum": (torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
+    "sgd": (torch.optim.SGD, dict(lr=0.1)),
 }
+
+
+def make_optimizer(name: str, params) -> torch.optim.Optimizer:
+    """The optimizer ``name`` (one of ``mlsys_nb.config.OPTIMIZERS`` the harness runs: adamw,
+    adam, sgd-momentum, sgd) over ``params``, with the harness's hyper-parameters."""
+    check_choice("optimizer", name, tuple(_OPTIMIZER_SETTINGS))
+    cls, kwargs = _OPTIMIZER_SETTINGS[name]
+    return cls(params, **kwargs)
 
 
 def tiny_config(**overrides) -> ModelConfig:
@@ -70,7 +82,7 @@ def build_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
 def train_single(cfg: ModelConfig, batches, optimizer: str = "adamw", seed: int = 0) -> dict[str, torch.Tensor]:
     """The reference: one process, full batches. Returns {name: parameter}."""
     model = build_model(cfg, seed)
-    opt = OPTIMIZERS[optimizer](model.parameters())
+    opt = make_optimizer(optimizer, model.parameters())
     for x, y in batches:
         model(x, y).backward()
         opt.step()
@@ -86,7 +98,8 @@ def train_parallel(impl: str, cfg: ModelConfig, batches, optimizer: str = "adamw
         raise ValueError(f"impl={impl!r}: allowed {IMPLEMENTATIONS}")
     rank, world = dist.get_rank(), dist.get_world_size()
     model = build_model(cfg, seed)
-    make_opt = OPTIMIZERS[optimizer]
+    check_choice("optimizer", optimizer, tuple(_OPTIMIZER_SETTINGS))
+    make_opt = functools.partial(make_optimizer, optimizer)
     zero = ddp = None
     if impl.startswith("zero"):
         stage = int(impl[4])
@@ -133,7 +146,7 @@ def train_parallel(impl: str, cfg: ModelConfig, batches, optimizer: str = "adamw
         params = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
     else:
         params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    return dict(params=params, sent_bytes_per_step=cc.sent_bytes / len(batches), calls_per_step=cc.calls / len(batches),
+    return dict(params=params, bytes_sent_per_step=cc.bytes_sent / len(batches), calls_per_step=cc.calls / len(batches),
                 by_op=cc.by_op(), memory=memory, peak_gathered_bytes=zero.peak_gathered_bytes if zero else None)
 
 
@@ -143,12 +156,12 @@ def max_diff(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
-def compare_implementations(impls=IMPLEMENTATIONS, optimizers=("adamw", "sgd"), steps: int = 3,
+def compare_implementations(impls=IMPLEMENTATIONS, optimizers=("adamw", "sgd-momentum"), steps: int = 3,
                             per_rank_batch: int = 2, cfg_overrides: dict | None = None, seed: int = 0) -> dict:
     """Rank function: train with each implementation and optimizer; compare with the single-process
     reference (full batch) and with PyTorch DDP. Returns plain numbers (no tensors):
     ``{"n_params", "world_size", "moved": {optimizer: max |reference - initial|},
-    "results": {optimizer: {impl: {max_diff_single, max_diff_torch_ddp, sent_bytes_per_step,
+    "results": {optimizer: {impl: {max_diff_single, max_diff_torch_ddp, bytes_sent_per_step,
     calls_per_step, by_op, memory, seconds}}}}``."""
     world = dist.get_world_size()
     cfg = tiny_config(**(cfg_overrides or {}))
@@ -203,7 +216,7 @@ def time_ddp_steps(variants=TIMING_VARIANTS, hidden: int = 1024, layers: int = 8
     ``compute_only``: no communication at all (the lower bound); ``no_overlap``: our DDP, all
     buckets after backward; ``overlap``: our DDP, buckets launched during backward; ``torch_ddp``:
     PyTorch's DDP (same bucket size). Returns ``{"times": {variant: [s, ...]}, "timeline":
-    {variant: [bucket dicts, seconds relative to the step start]}, "sent_bytes_per_step": {variant:
+    {variant: [bucket dicts, seconds relative to the step start]}, "bytes_sent_per_step": {variant:
     bytes counted by CommCounter (0 for torch_ddp: its C++ reducer is not visible)}, "grad_bytes",
     "flops_per_step"}``.
     """
@@ -233,7 +246,7 @@ def time_ddp_steps(variants=TIMING_VARIANTS, hidden: int = 1024, layers: int = 8
                 loss = torch.nn.functional.mse_loss(net(x), target)
                 loss.backward()
                 t1 = time.perf_counter()
-            sent[v] = cc.sent_bytes
+            sent[v] = cc.bytes_sent
             for p in net.parameters():
                 p.grad = None
             if i >= warmup:
@@ -242,5 +255,5 @@ def time_ddp_steps(variants=TIMING_VARIANTS, hidden: int = 1024, layers: int = 8
                 timeline[v] = [{k: (val - t0 if k not in ("bucket", "numel") else val) for k, val in b.items()}
                                for b in net.timeline]
     n_params = sum(p.numel() for p in mlp_stack(hidden, 1).parameters()) * layers
-    return dict(times=times, timeline=timeline, sent_bytes_per_step=sent, grad_bytes=4 * n_params,
+    return dict(times=times, timeline=timeline, bytes_sent_per_step=sent, grad_bytes=4 * n_params,
                 flops_per_step=6 * rows * n_params)

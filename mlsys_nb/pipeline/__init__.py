@@ -4,7 +4,8 @@
   ``.compute[rank]`` (F/B/W/FB only); names in ``SCHEDULES``; ``validate(schedule)``.
 - ``simulate(schedule, F=1.0, B=1.0, W=None, comm=0.0)`` -> ``SimResult`` (makespan,
   bubble_fraction, bubble_ratio, peak_activations, timeline).
-- ``closed_form(name, p, m, v, ...)``: the formulas.md §4 values the simulator is tested against.
+- ``closed_form(name, p, m, v, ...)``: the closed-form values the simulator is tested against;
+  ``peak_in_flight(name, p, m, v)``: micro-batches in flight per rank (used by ``mlsys_nb.memory``).
 - ``run_schedules(names, world_size, ...)`` (``executor``): the same schedules on real ranks,
   gradients compared with the unpipelined model, measured timelines.
 - ``plot_timeline(result)``, ``plot_sim_vs_real`` (``plots``): Gantt charts per rank.
@@ -12,11 +13,11 @@
 """
 from .schedules import (COMM_KINDS, COMPUTE_KINDS, SCHEDULES, Action, Schedule, ScheduleError,
                         check_args, schedule, validate)
-from .closed_forms import closed_form
+from .closed_forms import closed_form, peak_in_flight
 from .simulate import SimResult, simulate
 
 __all__ = ["SCHEDULES", "COMPUTE_KINDS", "COMM_KINDS", "Action", "Schedule", "ScheduleError",
-           "check_args", "schedule", "validate", "simulate", "SimResult", "closed_form",
+           "check_args", "schedule", "validate", "simulate", "SimResult", "closed_form", "peak_in_flight",
            "run_schedules", "plot_timeline"]
 
 

@@ -12,7 +12,33 @@ micro-batches × L/p layers). Keys that a formula does not cover for these input
 """
 from __future__ import annotations
 
-from .schedules import check_args
+from ..config import check_int
+from .schedules import ScheduleError, check_args
+
+
+def peak_in_flight(name: str, p: int, m: int, v: int | None = None) -> list[float]:
+    """Per rank, the most micro-batches whose activations the rank holds at once, in micro-batches
+    × L/p layers (an interleaved chunk counts 1/v): GPipe ``m``; 1F1B and ZB-H1 ``min(p − r, m)``;
+    ZB-H2 ``min(2p − 1 − 2r, m)``; interleaved 1F1B ``min(2(p − r − 1) + (v − 1)p + 1, m·v) / v``
+    (Narayanan et al., 2021, arXiv:2104.04473, §2.2); ZBV ``p`` once ``m >= 2p − 1``, and at most
+    ``min(m, p)`` below that (an upper bound: ``simulate`` gives the exact values). The closed form
+    ``closed_form`` reports and ``mlsys_nb.memory`` uses; checks only that p, m, v are positive."""
+    for label, value in (("p", p), ("m", m), ("v", v if v is not None else 1)):
+        check_int(label, value, 1, error=ScheduleError)
+    if name in ("gpipe",):
+        return [float(m)] * p
+    if name in ("1f1b", "zb-h1"):
+        return [float(min(p - r, m)) for r in range(p)]
+    if name == "zb-h2":
+        return [float(min(2 * p - 1 - 2 * r, m)) for r in range(p)]
+    if name == "interleaved-1f1b":
+        v = 2 if v is None else v
+        # rank 0: p + (p−1)/v [PTD-P]; rank r: one more than its warm-up forwards, in chunks of 1/v
+        return [min(2 * (p - r - 1) + (v - 1) * p + 1, m * v) / v for r in range(p)]
+    if name == "zbv":
+        return [float(p) if m >= 2 * p - 1 else float(min(m, p))] * p
+    raise ScheduleError(f"no closed form for the in-flight micro-batches of {name!r}: "
+                        f"allowed gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zbv")
 
 
 def closed_form(name: str, p: int, m: int, v: int | None = None, F: float = 1.0, B: float = 1.0,
@@ -26,22 +52,21 @@ def closed_form(name: str, p: int, m: int, v: int | None = None, F: float = 1.0,
     equal = W is not None and F == B == W
     if name in ("gpipe", "1f1b"):
         out["bubble_time"] = (p - 1) * (F + b_full)
-        out["peak_activations"] = [m] * p if name == "gpipe" else [min(p - r, m) for r in range(p)]
+        out["peak_activations"] = peak_in_flight(name, p, m)
     elif name == "interleaved-1f1b":
         out["bubble_time"] = (p - 1) * (F + b_full) / v
-        # rank 0: p + (p−1)/v [PTD-P]; rank r: one more than its warm-up forwards, in chunks of 1/v
-        out["peak_activations"] = [min(2 * (p - r - 1) + (v - 1) * p + 1, m * v) / v for r in range(p)]
+        out["peak_activations"] = peak_in_flight(name, p, m, v)
     elif name == "zb-h1":
         if m >= p:  # the zero-bubble paper's ZB1P bubble; needs a full warm-up
             out["bubble_time"] = (p - 1) * (F + B - Wc)
-        out["peak_activations"] = [min(p - r, m) for r in range(p)]
+        out["peak_activations"] = peak_in_flight(name, p, m)
     elif name == "zb-h2":
-        out["peak_activations"] = [min(2 * p - 1 - 2 * r, m) for r in range(p)]
+        out["peak_activations"] = peak_in_flight(name, p, m)
         if equal and m >= 2 * p - 1:
             out["internal_idle"] = [0.0] * p
             out["bubble_time"] = (p - 1) * F  # only the start-offset parallelogram remains
     elif name == "zbv":
-        out["peak_activations"] = [float(p)] * p if m >= 2 * p - 1 else None  # 2p half-size chunks
+        out["peak_activations"] = peak_in_flight(name, p, m) if m >= 2 * p - 1 else None  # 2p half-size chunks
         if equal and m >= 2 * p - 1:
             out["internal_idle"] = [0.0] * p
             out["bubble_time"] = (p - 1) * F / 2

@@ -1,7 +1,8 @@
 """Run pipeline schedules on real ranks: real stages, real send/recv, a measured timeline per rank.
 
 The model is a stack of ``n_layers`` residual MLP blocks (``x + W2·gelu(W1·LayerNorm(x))``) or of
-the package's Llama-style transformer blocks (``block="transformer"``), cut into the schedule's ``n_stages`` consecutive stages. Every rank builds the same seeded model and
+the package's Llama-style transformer blocks (``block="transformer"``), cut into the schedule's
+``n_stages`` consecutive stages. Every rank builds the same seeded model and
 keeps the stages it holds (DualPipe: two copies, stage r and stage p−1−r). The last stage's loss is
 the mean-squared error of its micro-batch divided by m, so the summed gradients equal those of the
 unpipelined model under the mean loss over micro-batches.
@@ -33,7 +34,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from .schedules import SCHEDULES, Schedule, schedule, validate
+from .schedules import SCHEDULES, Schedule, dependency, schedule, validate
 
 
 @dataclass(frozen=True)
@@ -246,7 +247,7 @@ def run_step(sched: Schedule, spec: ModelSpec, group=None, *, mods=None, batch=N
         w.wait()
     dist.barrier(group=group)
     out = {}
-    for (path, s), mod in mods.items():
+    for (_path, s), mod in mods.items():
         for i, blk in zip(_layers_of(sched, spec, s), mod):
             for n, p in blk.named_parameters():
                 key = f"{i}.{n}"
@@ -299,10 +300,10 @@ class RealRun:
 
     def causal(self) -> bool:
         """Did every op that needs another rank's data start after that data was produced?"""
-        tl, S = self.timeline, self.schedule.n_stages
+        tl = self.timeline
         ends = {(k, j, st): e for k, j, st, e in zip(tl.kind, tl.microbatch, tl.stage, tl.end)}
         for k, j, st, start in zip(tl.kind, tl.microbatch, tl.stage, tl.start):
-            dep = ("F", j, st - 1) if k == "F" and st > 0 else ("B", j, st + 1) if k == "B" and st < S - 1 else None
+            dep = dependency(self.schedule, k, j, st)
             if dep is not None and start < ends[dep]:
                 return False
         return True
@@ -310,13 +311,13 @@ class RealRun:
     def comm_latency(self) -> float:
         """Median measured delay (s) between an op finishing on one rank and the op that needs its
         output starting on another, over the cases where the receiving rank was idle waiting."""
-        tl, S = self.timeline, self.schedule.n_stages
+        tl = self.timeline
         ends = {(k, j, st): e for k, j, st, e in zip(tl.kind, tl.microbatch, tl.stage, tl.end)}
         delays = []
         for _, g in tl.sort_values("start").groupby("rank"):
             prev_end = 0.0
             for k, j, st, start, end in zip(g.kind, g.microbatch, g.stage, g.start, g.end):
-                dep = ("F", j, st - 1) if k == "F" and st > 0 else ("B", j, st + 1) if k == "B" and st < S - 1 else None
+                dep = dependency(self.schedule, k, j, st)
                 if dep is not None and self.schedule.rank_of(j, dep[2]) != self.schedule.rank_of(j, st) \
                         and ends[dep] >= prev_end:
                     delays.append(start - ends[dep])

@@ -36,12 +36,14 @@ import gc
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ..config import ArgumentError, check_choice, check_int
+
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipe", "dualpipev")
 COMPUTE_KINDS = ("F", "B", "W", "FB")
 COMM_KINDS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 
 
-class ScheduleError(ValueError):
+class ScheduleError(ArgumentError):
     """An invalid schedule or an invalid (name, p, m, v) combination."""
 
 
@@ -241,20 +243,14 @@ def paused_gc():
             gc.enable()
 
 
-def _check_int(name, value, lo):
-    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
-        raise ScheduleError(f"{name} must be an integer >= {lo}, got {value!r}")
-
-
 def check_args(name: str, p: int, m: int, v: int | None = None) -> int:
     """Raise ``ScheduleError`` naming the parameter if (name, p, m, v) is not allowed; return v."""
-    if name not in SCHEDULES:
-        raise ScheduleError(f"schedule must be one of {SCHEDULES}, got {name!r}")
-    _check_int("p", p, 1)
-    _check_int("m", m, 1)
+    check_choice("schedule", name, SCHEDULES, error=ScheduleError)
+    check_int("p", p, 1, error=ScheduleError)
+    check_int("m", m, 1, error=ScheduleError)
     if name == "interleaved-1f1b":
         v = 2 if v is None else v
-        _check_int("v", v, 2)
+        check_int("v", v, 2, error=ScheduleError)
         if m % p:
             raise ScheduleError(f"interleaved-1f1b needs m to be a multiple of p (m % p == 0), got m={m}, p={p}")
     elif name in ("zbv", "dualpipe", "dualpipev"):

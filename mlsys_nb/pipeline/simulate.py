@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..config import check_number
 from .schedules import Schedule, ScheduleError, paused_gc
 
 
@@ -82,8 +83,8 @@ class SimResult:
     def rows(self):
         """The timeline as a list of tuples (same columns as ``timeline``), without pandas."""
         out = []
-        for r, a, s, e in ((r, a, s, s + d) for r in range(self.p) for a, s, d in
-                           zip(self.schedule.compute[r], self._starts[r], self._durs[r])):
+        for r, a, s, e in ((rank, a, s, s + d) for rank in range(self.p) for a, s, d in
+                           zip(self.schedule.compute[rank], self._starts[rank], self._durs[rank])):
             if a.kind == "FB":
                 fa, ba = a.sub
                 cut = s + (e - s) * self.costs["_f_share"][r]
@@ -105,8 +106,7 @@ class SimResult:
 def _pos(name, x, allow_zero=True):
     if x is None:
         return
-    if not isinstance(x, (int, float)) or x < 0 or (x == 0 and not allow_zero):
-        raise ValueError(f"{name} must be a number {'>= 0' if allow_zero else '> 0'}, got {x!r}")
+    check_number(name, x, 0, lo_open=not allow_zero)
 
 
 def simulate(schedule: Schedule, F: float = 1.0, B: float = 1.0, W: float | None = None,

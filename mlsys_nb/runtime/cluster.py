@@ -70,8 +70,8 @@ from .ranks import (HOST, RankError, RankTimeoutError, context, device, die_with
 
 __all__ = ["Cluster", "RankError", "RankTimeoutError", "current", "load_ipython_extension"]
 
-_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
-_current: "weakref.ref[Cluster] | None" = None
+_clusters: weakref.WeakSet[Cluster] = weakref.WeakSet()
+_current: weakref.ref[Cluster] | None = None
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,22 +1,60 @@
-"""What every visualizer in ``mlsys_nb.widgets`` shares: the dashboard protocol.
+"""What every visualizer in ``mlsys_nb.widgets`` shares: the ``Widget`` protocol the dashboard
+relies on, and ``ControlPanel``, the base class that implements it.
 
 A subclass builds ``self.controls`` (name -> ipywidgets control), ``self.widget`` (the container
-to display), ``self.figure`` (a matplotlib Figure it redraws in place) and ``self.image`` (from
-``self._make_image()``: an ``Image`` widget showing the figure as PNG), then calls
-``self._wire()`` and implements ``update()``:
+to display), ``self.figure`` (a matplotlib Figure it redraws in place), ``self.image`` (from
+``self._make_image()``: an ``Image`` widget showing the figure as PNG), ``self.message`` and
+``self.stats`` (HTML widgets), then calls ``self._wire()`` and implements ``update()``:
 read ``self.state()``, call a calculator, set ``self.error`` (None or the message shown in place)
-and ``self._table``, redraw, and ``self._show()``. The widget computes nothing itself.
+and ``self._table``, redraw, and ``self._show()``. The widget computes nothing itself. Every
+redraw caused by a control or by ``set_state`` then calls the ``on_update`` callbacks.
 """
 from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+from collections.abc import Callable
 
 import pandas as pd
 
 
+@runtime_checkable
+class Widget(Protocol):
+    """What the dashboard needs from a tab (``mlsys_nb.dashboard``).
+
+    - ``widget``: the ipywidgets container to display;
+    - ``state() -> dict`` / ``set_state(dict)``: its settings, JSON-serialisable; ``set_state``
+      raises ``ValueError`` for an unknown name and shows an invalid value as ``error``;
+    - ``figure``: the current matplotlib Figure; ``table() -> DataFrame``: the numbers shown;
+    - ``error``: ``None`` or the message shown in place of the figure for an invalid combination;
+    - ``on_update(callback)``: call ``callback()`` after every redraw (control change or ``set_state``).
+    """
+
+    widget: object
+    figure: object
+    error: str | None
+
+    def state(self) -> dict: ...
+
+    def set_state(self, state: dict) -> None: ...
+
+    def table(self) -> pd.DataFrame: ...
+
+    def on_update(self, callback: Callable[[], None]) -> None: ...
+
+
 class ControlPanel:
-    controls: dict
+    """Implements ``Widget`` for a panel of controls over one calculator (see the module docstring)."""
+
+    controls: dict  # name -> ipywidgets control; ``state()`` reads them
+    widget: object  # the container to display
+    figure: object  # matplotlib Figure, redrawn in place
+    image: object  # ipywidgets Image showing ``figure`` as PNG
+    message: object  # ipywidgets HTML: the error message, shown in place of the figure
+    stats: object  # ipywidgets HTML: headline numbers
     error: str | None = None
     _table: pd.DataFrame = pd.DataFrame()
-    _hold: bool = False
+    _hold: bool = False  # set_state is changing several controls: redraw once at the end
+    _listeners: tuple = ()  # on_update callbacks
 
     def _wire(self) -> None:
         """Redraw on every control change (set_state holds redraws until all values are set)."""
@@ -25,12 +63,22 @@ class ControlPanel:
 
     def _on_change(self, _change) -> None:
         if not self._hold:
-            self.update()
+            self._redraw()
+
+    def _redraw(self) -> None:
+        """``update()``, then every ``on_update`` callback."""
+        self.update()
+        for callback in self._listeners:
+            callback()
 
     def update(self) -> None:  # pragma: no cover - every subclass implements it
         raise NotImplementedError
 
     # ---- the dashboard protocol ----------------------------------------------------------------
+    def on_update(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after every redraw caused by a control or by ``set_state``."""
+        self._listeners = (*self._listeners, callback)
+
     def state(self) -> dict:
         """The settings as a JSON-serialisable dict (numpy floats become Python floats)."""
         return {k: (float(c.value) if isinstance(c.value, float) else c.value) for k, c in self.controls.items()}
@@ -47,7 +95,7 @@ class ControlPanel:
                 self.controls[k].value = v
         finally:
             self._hold = False
-        self.update()
+        self._redraw()
 
     def _show_error(self, error: str, label: str = "Invalid combination") -> None:
         """Show ``error`` in place of the figure and the numbers (the dashboard protocol's

@@ -1,9 +1,10 @@
 """Pipeline schedule explorer: pick a schedule, p, m, v and op costs; see the simulated timeline.
 
 ``PipelineWidget().widget`` is the ipywidgets container. Everything shown comes from
-``mlsys_nb.pipeline.simulate`` (a simulation; notebook 08 checks it against closed forms and real
-ranks). Invalid combinations (e.g. dualpipe with odd p, interleaving with m not a multiple of p,
-v ≠ 1 for a one-chunk schedule) are shown as a message in place of the chart.
+``mlsys_nb.pipeline.simulate`` and ``mlsys_nb.pipeline.compare`` (a simulation; notebook 08
+checks it against closed forms and real ranks). Invalid combinations (e.g. dualpipe with odd p,
+interleaving with m not a multiple of p, v ≠ 1 for a one-chunk schedule) are shown as a message in
+place of the chart.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pandas as pd
 from matplotlib import rc_context
 from matplotlib.collections import PolyCollection
 
-from ..pipeline import SCHEDULES, ScheduleError, check_args, schedule, simulate
+from ..pipeline import SCHEDULES, ScheduleError, check_args
+from ..pipeline.compare import cached_schedule, cached_simulation, compare
 from ..pipeline.plots import plot_timeline
 from ..plots import label, style
 from .base import ControlPanel
@@ -23,47 +25,9 @@ DEFAULTS = {"schedule": "1f1b", "p": 4, "m": 8, "v": 1, "F": 1.0, "B": 1.0, "W":
             "color_by": "kind"}
 
 
-@lru_cache(maxsize=64)
-def _schedule(name, p, m, v):
-    """Schedules are rebuilt only when (name, p, m, v) change; cost sliders reuse them (and the
-    simulator's cached dependency plan). Never mutated here."""
-    return schedule(name, p, m, v)
-
-
-@lru_cache(maxsize=64)
-def _simulate(name, p, m, v, F, B, W, comm):
-    """One simulation per (schedule, sizes, costs): the chart and the comparison table share it."""
-    return simulate(_schedule(name, p, m, v), F=F, B=B, W=W, comm=comm)
-
-
-def compare(p: int, m: int, v: int, F: float, B: float, W: float, comm: float) -> pd.DataFrame:
-    """Every schedule at these settings (interleaved-1f1b uses ``v``, or 2 if v < 2; V-shaped and
-    DualPipe schedules use their 2 chunks). Invalid ones keep a row with the reason."""
-    return _compare(p, m, v, F, B, W, comm).copy()
-
-
-@lru_cache(maxsize=32)
-def _compare(p, m, v, F, B, W, comm) -> pd.DataFrame:
-    """``compare`` cached: picking a schedule or a colouring does not re-simulate all of them."""
-    rows = []
-    for name in SCHEDULES:
-        vv = max(v, 2) if name == "interleaved-1f1b" else None
-        try:
-            r = _simulate(name, p, m, _schedule(name, p, m, vv).v, F, B, W, comm)
-        except (ScheduleError, ValueError) as e:
-            rows.append({"schedule": name, "v": vv, "note": str(e)})
-            continue
-        rows.append({"schedule": name, "v": r.schedule.v, "makespan": r.makespan,
-                     "bubble_fraction (idle/total)": r.bubble_fraction,
-                     "bubble_ratio (idle/busy)": r.bubble_ratio,
-                     "peak_activations rank 0 (mb×L/p)": r.peak_activations[0],
-                     "peak_activations max (mb×L/p)": max(r.peak_activations), "note": ""})
-    return pd.DataFrame(rows)
-
-
 @lru_cache(maxsize=32)
 def _compare_html(*args) -> str:
-    return _compare(*args).to_html(index=False, float_format=lambda x: f"{x:.3f}", na_rep="")
+    return compare(*args).to_html(index=False, float_format=lambda x: f"{x:.3f}", na_rep="")
 
 
 class PipelineWidget(ControlPanel):
@@ -127,7 +91,7 @@ class PipelineWidget(ControlPanel):
 
     def _on_change(self, change):
         if not self._hold and change["owner"] is not self.controls["schedule"]:
-            self.update()
+            self._redraw()
 
     def update(self) -> None:
         s = self.state()
@@ -137,8 +101,8 @@ class PipelineWidget(ControlPanel):
             if ax.get_legend() is not None:
                 ax.get_legend().remove()
         try:
-            sched = _schedule(s["schedule"], s["p"], s["m"], s["v"])
-            res = _simulate(s["schedule"], s["p"], s["m"], s["v"], s["F"], s["B"], s["W"], s["comm"])
+            sched = cached_schedule(s["schedule"], s["p"], s["m"], s["v"])
+            res = cached_simulation(s["schedule"], s["p"], s["m"], s["v"], s["F"], s["B"], s["W"], s["comm"])
         except (ScheduleError, ValueError) as e:
             self._result = None
             self.table_html.value = ""

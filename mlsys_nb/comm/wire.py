@@ -1,0 +1,147 @@
+"""Bytes on the wire: what this rank's TCP sockets really sent and received (Linux ``TCP_INFO``).
+
+The byte counter (``CommCounter``) records what the *code asked for* and prices it with an algorithm's
+formula. This module reads what the operating system says went over the sockets, so a notebook can
+show a measurement beside the model:
+
+    with WireCounter() as w:          # inside a rank, around any communication
+        dist.all_reduce(x)
+    w.sent_bytes, w.received_bytes    # payload bytes the kernel acknowledged / received, all sockets
+
+How: every TCP socket this process holds (gloo's pairs; the rendezvous store's connection is left
+out by its port) is opened through ``/proc/self/fd`` and asked for ``TCP_INFO``; ``tcpi_bytes_acked``
+and ``tcpi_bytes_received`` (Linux >= 4.1/4.2) count TCP payload, without headers. The difference
+between two snapshots is what this rank sent and received in between, plus a small overhead (gloo's
+own framing, a barrier used to fence the region). ``calibrate()`` measures that overhead on an empty
+region so it can be subtracted.
+
+What gloo sends is not always the ring: its reduce_scatter is an all_reduce followed by a local slice
+(``2(n-1)/n·S`` per rank instead of ``(n-1)/n·S``), its broadcast is a binomial tree, its reduce a
+ring reduce-scatter then a gather to the root. ``gloo_bytes_sent`` in ``mlsys_nb.comm.cost`` gives
+those formulas; tests pin each against this counter.
+
+Where the OS has no such counter (macOS, Windows) ``available()`` is False and ``WireCounter`` raises
+``WireCounterUnavailable``; notebooks then show the model only and say so.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import sys
+from dataclasses import dataclass
+
+# struct tcp_info (include/uapi/linux/tcp.h): tcpi_bytes_acked at byte 120, tcpi_bytes_received at 128
+_TCP_INFO_LEN = 232
+_BYTES_ACKED_OFFSET = 120
+
+
+class WireCounterUnavailable(RuntimeError):
+    """This operating system offers no per-socket byte counters (only Linux's TCP_INFO is read)."""
+
+
+def available() -> bool:
+    """True where per-socket counters can be read (Linux with ``TCP_INFO`` byte counters)."""
+    return sys.platform.startswith("linux") and hasattr(socket, "TCP_INFO") and os.path.isdir("/proc/self/fd")
+
+
+@dataclass(frozen=True)
+class SocketBytes:
+    local_port: int | None
+    peer_port: int | None
+    acked: int  # bytes this socket sent that the peer acknowledged
+    received: int  # bytes this socket received
+
+
+def socket_bytes() -> dict[str, SocketBytes]:
+    """Counters of every TCP socket of this process, keyed by the socket's inode (``socket:[N]``)."""
+    if not available():
+        raise WireCounterUnavailable(f"no TCP_INFO byte counters on {sys.platform}")
+    out: dict[str, SocketBytes] = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile (e.g. the listdir's own fd)
+        if not link.startswith("socket:[") or link in out:
+            continue
+        try:
+            s = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+        try:
+            if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+            if len(info) < _BYTES_ACKED_OFFSET + 16:
+                continue  # kernel older than 4.2
+            acked, received = struct.unpack_from("QQ", info, _BYTES_ACKED_OFFSET)
+            try:
+                local, peer = s.getsockname()[1], s.getpeername()[1]
+            except OSError:
+                local = peer = None  # listening socket
+            out[link] = SocketBytes(local, peer, acked, received)
+        finally:
+            s.close()  # closes our duplicate only
+    return out
+
+
+def _store_port() -> int | None:
+    port = os.environ.get("MASTER_PORT")
+    return int(port) if port else None
+
+
+def _totals(snapshot: dict[str, SocketBytes], exclude_port: int | None) -> tuple[int, int]:
+    rows = [b for b in snapshot.values() if exclude_port is None or exclude_port not in (b.local_port, b.peer_port)]
+    return sum(b.acked for b in rows), sum(b.received for b in rows)
+
+
+class WireCounter:
+    """Context manager: bytes this process's TCP sockets sent and received inside the block.
+
+    ``exclude_port`` (default: ``$MASTER_PORT``, the rendezvous store) leaves that connection out.
+    ``baseline`` (bytes, e.g. from ``calibrate()``) is subtracted from ``sent_bytes``/``received_bytes``;
+    ``raw_sent_bytes`` keeps the unsubtracted count. Sockets opened inside the block count from zero.
+    """
+
+    def __init__(self, exclude_port: int | None = -1, baseline: tuple[float, float] = (0.0, 0.0)):
+        self.exclude_port = _store_port() if exclude_port == -1 else exclude_port
+        self.baseline = baseline
+        self.raw_sent_bytes = 0
+        self.raw_received_bytes = 0
+
+    def __enter__(self):
+        self._before = socket_bytes()
+        return self
+
+    def __exit__(self, *exc):
+        after = socket_bytes()
+        before = {k: v for k, v in self._before.items() if k in after}
+        s0, r0 = _totals(before, self.exclude_port)
+        s1, r1 = _totals(after, self.exclude_port)
+        self.raw_sent_bytes, self.raw_received_bytes = s1 - s0, r1 - r0
+        return False
+
+    @property
+    def sent_bytes(self) -> float:
+        return self.raw_sent_bytes - self.baseline[0]
+
+    @property
+    def received_bytes(self) -> float:
+        return self.raw_received_bytes - self.baseline[1]
+
+
+def calibrate(fence, repeats: int = 5) -> tuple[float, float]:
+    """Median (sent, received) bytes of an empty region closed by ``fence()`` (e.g. ``dist.barrier``).
+
+    Call it inside a rank with the same fence the measured regions use; pass the result as
+    ``WireCounter(baseline=...)``."""
+    import statistics
+
+    sent, recv = [], []
+    for _ in range(repeats):
+        with WireCounter() as w:
+            fence()
+        sent.append(w.raw_sent_bytes)
+        recv.append(w.raw_received_bytes)
+    return float(statistics.median(sent)), float(statistics.median(recv))
