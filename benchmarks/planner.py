@@ -109,7 +109,7 @@ def main():
     lines.append("")
     text = "\n".join(lines)
     print(text)
-    if args.out:
+    if args.out and not args.quick:  # quick runs are smoke tests: never a record
         Path(args.out).write_text(text)
 
 
