@@ -20,7 +20,8 @@ Everything here is a model (no GPU is touched), built only from the package's ca
   GPU). TP with sequence parallelism: 4 all-gathers + 4 reduce-scatters of the activations per
   layer per micro-batch (forward + backward; + 4 with full recomputation), not overlapped. CP:
   all-gather of K and V per layer (reduce-scatter of their gradients in backward), as Llama 3 does,
-  not overlapped. EP: dispatch + combine all-to-all per MoE layer, forward and backward; the
+  not overlapped. EP: dispatch + combine all-to-all per MoE layer, forward and backward, of
+  ``ep_copies`` token copies (default top_k) at ``ep_bytes`` bytes per element (default 2); the
   ``dualpipe`` schedule hides it behind the other micro-batch's compute (DeepSeek-AI 2024,
   arXiv:2412.19437, §3.2.1), other schedules expose it. PP: one activation send per stage boundary
   per micro-batch and direction. DP: gradient all-reduce (ZeRO-1/2: reduce-scatter + all-gather, the
