@@ -411,7 +411,7 @@ def _bottleneck(t: dict, step: float, mem: float, cap: float) -> str:
     name, worst = max(loss.items(), key=lambda kv: kv[1])
     parts = []
     if mem > 0.9 * cap:
-        parts.append(f"memory ({mem / cap:.0%} of {cap / 1e9:.0f} GB)")
+        parts.append(f"memory ({mem / cap:.0%} of {cap / 1e9:.1f} GB)")
     if worst > 0.0:
         parts.append(f"{name} ({worst / step:.0%} of step)")
     else:
