@@ -79,8 +79,11 @@ def main():
     cases = dict(list(CASES.items())[:1]) if args.quick else CASES
     rows = []
     for label, (model, kw) in cases.items():
-        cold = timed(lambda: planner.search(model, **kw), repeats, before=planner.clear_caches)
-        warm = timed(lambda: planner.search(model, **kw), repeats)
+        def run(model=model, kw=kw):
+            return planner.search(model, **kw)
+
+        cold = timed(run, repeats, before=planner.clear_caches)
+        warm = timed(run, repeats)
         df = cold[2]
         per, n, done = exhaustive(model, kw, sample=200 if args.quick else None)
         rows.append((label, df.attrs, cold, warm, per * n, done == n, df.iloc[0]))

@@ -577,7 +577,7 @@ def search(model, *, gpus: int, gpu: str, global_batch_tokens: int, seq_len: int
     timed.sort(key=lambda x: x[0])
     # 2) memory estimates in order of step time until `top` layouts fit
     plans, evaluated, best_short = [], 0, None  # best_short: (shortfall bytes, layout, bytes)
-    for step, lay, tm in timed:
+    for _step, lay, tm in timed:
         plan = _plan(ctx, lay, tm)
         evaluated += 1
         if not plan.fits:
