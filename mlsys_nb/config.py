@@ -150,6 +150,8 @@ class ModelConfig:
     n_dense_layers: int = 0
     dropout: float = 0.0
     rope_theta: float = 10000.0
+    norm_eps: float = 1e-5  # epsilon of every RMSNorm/LayerNorm (Llama checkpoints: 1e-5 or 1e-6)
+    qkv_bias: bool = False  # biases on the q/k/v projections only (Qwen2); ``bias`` puts them everywhere
     name: str = ""
     source: str = field(default="", compare=False)
     # Multi-head latent attention (DeepSeek-V2/V3), counted by mlsys_nb.memory only (the small
@@ -202,6 +204,7 @@ class ModelConfig:
             check_int("expert_ffn_hidden", self.expert_ffn_hidden)
         for name in ("q_lora_rank", "kv_lora_rank", "rope_head_dim"):
             check_int(name, getattr(self, name), 0)
+        check_number("norm_eps", self.norm_eps, 0.0, 1.0, lo_open=True)
         if not (0.0 <= self.dropout < 1.0):
             raise ValueError(f"dropout={self.dropout} is out of range: allowed [0, 1)")
 
@@ -287,6 +290,7 @@ OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adam-8bit")
 RECOMPUTE = ("none", "selective", "full")
 # the names of mlsys_nb.pipeline.SCHEDULES whose activation memory mlsys_nb.memory models
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipe")
+ZERO_LAYOUTS = ("flat", "units", "fsdp2")
 KERNELS = ("fused", "eager")
 DEVICES = ("cuda", "cpu")
 
@@ -311,6 +315,14 @@ class TrainConfig:
       ⌈L/pp⌉, see ``mlsys_nb.memory.stage_layers``; ``dualpipe``: each rank holds stages i and
       pp-1-i), ``cp``, ``ep``; ``n_microbatches`` per step per
       pipeline (gradient accumulation; default ``pp``); ``zero`` stage 0-3 over the dp x cp group.
+    - ``zero_layout``: how ZeRO cuts the states into N shards, which decides the padding:
+      ``flat`` (one flat buffer per stage, padded to a multiple of N: the textbook figure),
+      ``units`` (this package's ``parallel.zero``: one flat buffer per unit, i.e. the embedding, each
+      block, the final norm, the LM head, each padded to a multiple of N; below stage 3 the full
+      parameters live in those padded buffers, and at stage 1 the gradients too), ``fsdp2``
+      (PyTorch's ``fully_shard``: every parameter split along dim 0 into ⌈rows/N⌉-row shards).
+      ``units`` and ``fsdp2`` are exact for tp = pp = ep = cp = 1 (what those implementations run);
+      otherwise ``flat`` is used.
     - ``flash_attention``: no s^2 tensors are stored (q, k, v, output and a fp32 log-sum-exp).
     - ``kernels``: ``fused`` (GPU training stack: fused norms save input + rstd, GQA-aware attention,
       fused RoPE) or ``eager`` (this package's Transformer exactly as written, as measured on CPU).
@@ -337,6 +349,7 @@ class TrainConfig:
     cp: int = 1
     ep: int = 1
     zero: int = 0
+    zero_layout: str = "flat"
     flash_attention: bool = True
     kernels: str = "fused"
     device: str = "cuda"
@@ -355,7 +368,8 @@ class TrainConfig:
             if len(self.pp_layers) != self.pp:
                 raise ValueError(f"pp_layers={self.pp_layers}: need one layer count per stage (pp={self.pp})")
         for name, allowed in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS), ("recompute", RECOMPUTE),
-                              ("pp_schedule", PP_SCHEDULES), ("kernels", KERNELS), ("device", DEVICES)):
+                              ("pp_schedule", PP_SCHEDULES), ("kernels", KERNELS), ("device", DEVICES),
+                              ("zero_layout", ZERO_LAYOUTS)):
             check_choice(name, getattr(self, name), allowed)
         if self.sp and self.tp == 1:
             raise ValueError("sp=True needs tp > 1 (sequence parallelism lives inside the TP group)")

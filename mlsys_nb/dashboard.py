@@ -50,6 +50,8 @@ TABS = (
             probe={"compute": 1e24}, invalid={"mfu": 1.5}),
     TabSpec("pipeline", "Pipeline schedules", "mlsys_nb.widgets.pipeline", "PipelineWidget",
             probe={"m": 16}, invalid={"schedule": "interleaved-1f1b", "p": 4, "v": 2, "m": 3}),
+    TabSpec("inference", "Inference", "mlsys_nb.widgets.inference", "InferenceWidget",
+            probe={"batch": 64}, invalid={"batch": 0}),
 )
 
 # Values that older versions of the kit wrote into shared configurations, read as today's names:

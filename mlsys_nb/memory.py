@@ -82,8 +82,9 @@ def _attn_params(m: ModelConfig, tp: int) -> tuple[float, int]:
     kv_heads_rank = m.n_kv_heads / tp if tp <= m.n_kv_heads else 1  # KV heads replicated past n_kv
     shard = h * m.q_dim / tp + 2 * h * d * kv_heads_rank + m.q_dim * h / tp
     rep = 0
-    if m.bias:
+    if m.bias or m.qkv_bias:
         shard += m.q_dim / tp + 2 * d * kv_heads_rank
+    if m.bias:
         rep += h
     return shard, rep
 
@@ -195,6 +196,53 @@ def _bytes_per_param(precision: str, optimizer: str, fp32_grad_accum: bool, k: f
 def _sharded(n: float, group: int, on: bool) -> float:
     """Elements one rank holds of ``n`` when ZeRO shards them over ``group`` (flat, padded)."""
     return math.ceil(n / group) if (on and group > 1) else n
+
+
+@lru_cache(maxsize=64)
+def _module_layout(model: ModelConfig) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """(elements per ZeRO unit, shape of every parameter) of ``Transformer(model)``, built on the
+    meta device (no memory); units as ``parallel.zero.default_units`` cuts them, a tied weight
+    counted in its first unit only."""
+    import torch
+
+    from .models import Transformer
+    from .parallel.zero import default_units
+
+    with torch.device("meta"):
+        module = Transformer(model)
+    seen, units = set(), []
+    for unit in default_units(module):
+        fresh = [p for p in unit.parameters() if id(p) not in seen]
+        seen.update(id(p) for p in fresh)
+        units.append(sum(p.numel() for p in fresh))
+    return tuple(units), tuple(tuple(p.shape) for p in module.parameters())
+
+
+def sharded_elements(model: ModelConfig, n: int, layout: str, rank: int = 0) -> dict[str, int]:
+    """Exact elements per rank when ``n`` ranks shard ``Transformer(model)``'s parameters.
+
+    ``layout="units"`` (``mlsys_nb.parallel.zero``): each unit's flat buffer is padded to a multiple
+    of ``n``; ``full`` = the padded buffers (what a rank holds of the parameters below stage 3),
+    ``shard`` = their ``1/n``. ``layout="fsdp2"`` (``fully_shard``): every parameter of ``r`` rows is
+    split along dim 0 into ``⌈r/n⌉``-row shards; ``full`` = the unpadded parameters. ``layout="flat"``:
+    one buffer, ``⌈P/n⌉``. ``total`` = the parameters without padding. ``local``: the unpadded
+    elements of ``rank``'s shard, what an optimizer built on FSDP2's local tensors allocates (the
+    last ranks hold fewer rows; rank 0 always the most); for the other layouts the shard itself."""
+    if not 0 <= rank < n:
+        raise ValueError(f"rank={rank}: allowed 0..{n - 1}")
+    units, shapes = _module_layout(model)
+    total = sum(units)
+    if layout == "units":
+        padded = [math.ceil(u / n) * n for u in units]
+        return dict(total=total, full=sum(padded), shard=sum(padded) // n, local=sum(padded) // n)
+    if layout == "fsdp2":
+        rows = [(s[0], math.prod(s) // s[0]) if s else (1, 1) for s in shapes]
+        shard = sum(math.ceil(r / n) * c for r, c in rows)
+        local = sum(max(0, min(math.ceil(r / n), r - rank * math.ceil(r / n))) * c for r, c in rows)
+        return dict(total=total, full=total, shard=shard, local=local)
+    if layout == "flat":
+        return dict(total=total, full=total, shard=math.ceil(total / n), local=math.ceil(total / n))
+    raise ValueError(f"layout={layout!r}: allowed 'flat', 'units', 'fsdp2'")
 
 
 def model_state_bytes(n_params: float, *, dp: int = 1, zero: int = 0, precision: str = "bf16-mixed",
@@ -518,7 +566,18 @@ def estimate(model: ModelConfig, train: TrainConfig | None = None, *, stage: int
             dense, expert, largest, nlay = dense + d2, expert + e2, max(largest, l2), nlay + n2
             stages.append(mirror)
         states = {}
+        exact = (t.zero_layout != "flat" and t.zero >= 1 and zgroup > 1
+                 and t.tp == t.pp == t.ep == t.cp == 1)
+        if exact:  # the implementation's own padding (see TrainConfig.zero_layout)
+            el = sharded_elements(model, zgroup, t.zero_layout)
+            full = el["full"] if t.zero_layout == "units" else el["total"]
+            held = dict(param=el["shard"] if t.zero >= 3 else full,
+                        grad=el["shard"] if t.zero >= 2 else full,
+                        optimizer=el["shard"], master=el["shard"])
+            states = {key: bpp[key] * held[key] for key in held}
         for key, zmin in (("param", 3), ("grad", 2), ("optimizer", 1), ("master", 1)):
+            if exact:
+                break
             n = _sharded(dense, zgroup, t.zero >= zmin) + _sharded(expert, egroup, t.zero >= zmin)
             states[key] = bpp[key] * n
         per_layer_terms = layer_terms(model, t)
@@ -538,6 +597,8 @@ def estimate(model: ModelConfig, train: TrainConfig | None = None, *, stage: int
         # transient buffers at the peak
         temp = {}
         if t.zero >= 3 and zgroup > 1:  # current + prefetched gathered layer
+            if exact and t.zero_layout == "units":  # a unit is gathered into its padded flat buffer
+                largest = math.ceil(largest / zgroup) * zgroup
             temp["ZeRO-3 gathered layers (2 x largest)"] = 2 * largest * bpp["param"]
         if t.recompute != "none":
             work = sum(b for _, b in layer_terms(model, t, layer=stage_layer, recompute="none"))

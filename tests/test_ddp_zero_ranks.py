@@ -21,7 +21,7 @@ from mlsys_nb.parallel.harness import IMPLEMENTATIONS, compare_implementations
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks get this module's functions by value
 
-WORLD_SIZES = (2, 4)
+WORLD_SIZES = (2, 3)  # 3: shards do not divide the model, so the padding is tested too
 TOL = 1e-5
 DDP_LIKE = ("naive", "ddp", "ddp_no_overlap", "ddp_accum", "zero1", "zero2")
 OPT_STATE_BYTES = {"adamw": 8, "sgd-momentum": 4}  # fp32 m and v / fp32 momentum, per parameter
@@ -101,47 +101,79 @@ def test_bytes_communicated_per_step_match_formulas(runs):
     world, _, per_rank = runs
     for out in per_rank:
         psi_bytes = 4 * out["n_params"]  # fp32 gradients / parameters
+        padded_bytes = 4 * _padded_layout(world)[1]  # ZeRO's flat units, each padded to a multiple of world
         ring = (world - 1) / world
         for res in out["results"].values():
             for impl in DDP_LIKE:  # one all-reduce, or reduce-scatter + all-gather, of everything
-                assert res[impl]["bytes_sent_per_step"] == pytest.approx(2 * ring * psi_bytes, rel=1e-12), impl
+                psi = padded_bytes if impl.startswith("zero") else psi_bytes
+                assert res[impl]["bytes_sent_per_step"] == pytest.approx(2 * ring * psi, rel=1e-12), impl
             for impl in ("zero3", "zero3_prefetch"):  # gather twice, reduce-scatter once
-                assert res[impl]["bytes_sent_per_step"] == pytest.approx(3 * ring * psi_bytes, rel=1e-12), impl
-                assert res[impl]["bytes_sent_per_step"] / res["ddp"]["bytes_sent_per_step"] == pytest.approx(1.5)
+                assert res[impl]["bytes_sent_per_step"] == pytest.approx(3 * ring * padded_bytes, rel=1e-12), impl
+                assert res[impl]["bytes_sent_per_step"] / res["zero1"]["bytes_sent_per_step"] == pytest.approx(1.5)
             ops = res["zero1"]["by_op"]
             assert set(ops) == {"reduce_scatter_single", "all_gather_single"}, ops
             # FSDP2 reshards the blocks after forward but not its root (embedding, norm, head)
             assert 2 * ring * psi_bytes < res["fsdp2"]["bytes_sent_per_step"] <= 3 * ring * psi_bytes
 
 
-def _predicted_model_states(n_params, world, stage, optimizer):
-    """formulas.md §2.3 in fp32 (4 B params, 4 B grads, no separate master copy)."""
-    return dict(
-        params=4 * n_params // (world if stage >= 3 else 1),
-        grads=4 * n_params // (world if stage >= 2 else 1),
-        optimizer=OPT_STATE_BYTES[optimizer] * n_params // (world if stage >= 1 else 1),
-    )
+def _padded_layout(world):
+    """By hand, from the module: (unpadded total, padded unit total, FSDP2 per-rank local elements,
+    FSDP2 padded shard). ZeRO units (embedding, blocks, norm, head) are each padded to a multiple of
+    ``world``; FSDP2 splits every parameter's rows into ceil(rows/world)-row shards."""
+    from mlsys_nb.models import Transformer
+    from mlsys_nb.parallel.harness import tiny_config
+    from mlsys_nb.parallel.zero import default_units
+
+    model = Transformer(tiny_config())
+    units = [sum(p.numel() for p in u.parameters()) for u in default_units(model)]
+    padded = sum(-(-u // world) * world for u in units)
+    shard_rows = [(-(-p.shape[0] // world), p.numel() // p.shape[0]) for p in model.parameters()]
+    fsdp2_shard = sum(r * c for r, c in shard_rows)
+    fsdp2_local = [sum(max(0, min(r, p.shape[0] - k * r)) * c for (r, c), p in zip(shard_rows, model.parameters()))
+                   for k in range(world)]
+    return sum(units), padded, fsdp2_local, fsdp2_shard
 
 
-def _memory_module_prediction(world, stage, optimizer):
-    """The same numbers from ``mlsys_nb.memory.estimate`` (model states of the tiny config)."""
+def _predicted_model_states(n_params, world, stage, optimizer, impl="zero", rank=0):
+    """ZeRO paper's model states (Rajbhandari et al. 2020, section 3) in fp32 (4 B params, 4 B grads,
+    no separate master copy), with each implementation's padding worked out by hand."""
+    total, padded, fsdp2_local, fsdp2_shard = _padded_layout(world)
+    assert total == n_params
+    k = OPT_STATE_BYTES[optimizer] // 4  # fp32 states per parameter
+    if stage == 0:
+        return dict(params=4 * total, grads=4 * total, optimizer=4 * k * total)
+    if impl == "fsdp2":
+        return dict(params=4 * fsdp2_shard, grads=4 * fsdp2_shard, optimizer=4 * k * fsdp2_local[rank])
+    return dict(params=4 * (padded // world if stage >= 3 else padded),
+                grads=4 * (padded // world if stage >= 2 else padded),
+                optimizer=4 * k * padded // world)
+
+
+def _memory_module_prediction(world, stage, optimizer, impl="zero", rank=0):
+    """The same numbers from ``mlsys_nb.memory.estimate`` (model states of the tiny config), with the
+    implementation's ``zero_layout``; FSDP2's optimizer states on ranks past 0 from ``sharded_elements``."""
     from mlsys_nb.config import TrainConfig
-    from mlsys_nb.memory import estimate
+    from mlsys_nb.memory import estimate, sharded_elements
     from mlsys_nb.parallel.harness import tiny_config
 
+    layout = "fsdp2" if impl == "fsdp2" else "units"
     train = TrainConfig(micro_batch=2, seq_len=16, precision="fp32", optimizer=optimizer,
-                        dp=world, zero=stage, device="cpu", kernels="eager")
+                        dp=world, zero=stage, zero_layout=layout, device="cpu", kernels="eager")
     est = estimate(tiny_config(), train)
-    return dict(params=est.params, grads=est.grads, optimizer=est.optimizer + est.master)
+    opt = est.optimizer + est.master
+    if impl == "fsdp2" and rank:
+        el = sharded_elements(tiny_config(), world, "fsdp2", rank=rank)
+        opt = opt * el["local"] // el["shard"]
+    return dict(params=est.params, grads=est.grads, optimizer=opt)
 
 
 def test_per_rank_model_state_bytes_match_prediction(runs):
     world, _, per_rank = runs
-    for out in per_rank:
+    for rank, out in enumerate(per_rank):
         for optimizer, res in out["results"].items():
             for impl, stage in STAGES.items():
                 measured = {k: res[impl]["memory"][k] for k in ("params", "grads", "optimizer")}
-                expected = _predicted_model_states(out["n_params"], world, stage, optimizer)
+                expected = _predicted_model_states(out["n_params"], world, stage, optimizer, impl, rank)
                 assert measured == expected, f"{impl} {optimizer}: measured {measured} vs formula {expected}"
 
 
@@ -150,11 +182,13 @@ STAGES = dict(naive=0, ddp=0, torch_ddp=0, zero1=1, zero2=2, zero3=3, zero3_pref
 
 def test_per_rank_model_state_bytes_match_mlsys_nb_memory(runs):
     world, _, per_rank = runs
-    for optimizer, res in per_rank[0]["results"].items():
-        for impl, stage in STAGES.items():
-            measured = {k: res[impl]["memory"][k] for k in ("params", "grads", "optimizer")}
-            predicted = _memory_module_prediction(world, stage, optimizer)
-            assert measured == predicted, f"{impl} {optimizer}: measured {measured} vs mlsys_nb.memory {predicted}"
+    for rank, out in enumerate(per_rank):
+        for optimizer, res in out["results"].items():
+            for impl, stage in STAGES.items():
+                measured = {k: res[impl]["memory"][k] for k in ("params", "grads", "optimizer")}
+                predicted = _memory_module_prediction(world, stage, optimizer, impl, rank)
+                assert measured == predicted, \
+                    f"rank {rank} {impl} {optimizer}: measured {measured} vs mlsys_nb.memory {predicted}"
 
 
 def test_comm_counter_counts_ring_bytes_of_each_collective(runs):
@@ -182,8 +216,9 @@ def test_zero3_gathers_one_unit_at_a_time_and_two_with_prefetch(runs):
     cfg = tiny_config()
     block = 4 * (cfg.hidden * (2 * cfg.q_dim + 2 * cfg.kv_dim) + 3 * cfg.hidden * cfg.ffn_hidden
                  + 2 * cfg.hidden)  # q, o, k, v + gate, up, down + 2 norms, fp32
+    block = 4 * -(-block // 4 // world) * world  # gathered into the unit's flat buffer, padded to a multiple of world
     est = estimate(cfg, TrainConfig(micro_batch=2, seq_len=cfg.seq_len, precision="fp32", optimizer="adamw", dp=world,
-                                    zero=3, device="cpu", kernels="eager"))
+                                    zero=3, zero_layout="units", device="cpu", kernels="eager"))
     for out in per_rank:
         for res in out["results"].values():
             assert res["zero3"]["peak_gathered_bytes"] == block, res["zero3"]["peak_gathered_bytes"]

@@ -306,3 +306,25 @@ def test_published_playbook_plot_values():
     z = [estimate(cfg, TrainConfig(precision="bf16-nomaster", dp=8, zero=s, seq_len=1024)) for s in range(4)]
     assert [e.params / GiB for e in z] == pytest.approx([14.957, 14.957, 14.957, 14.957 / 8], abs=2e-3)
     assert [e.optimizer / GiB for e in z] == pytest.approx([59.828, 59.828 / 8, 59.828 / 8, 59.828 / 8], abs=3e-3)
+
+
+def test_zero_layouts_pad_like_the_implementations_measured_on_three_ranks():
+    """Elements per rank of the tiny model on 3 ranks, as measured (tests/test_ddp_zero_ranks.py):
+    ZeRO units padded 22,695 (full) and 7,565 (shard); FSDP2 shards 7,863, rank 2's optimizer holds
+    6,962 per state. The textbook one-buffer figure ("flat") misses them, so the layout matters."""
+    from mlsys_nb.parallel.harness import tiny_config
+
+    cfg = tiny_config()
+    units = memory.sharded_elements(cfg, 3, "units")
+    assert (units["full"], units["shard"]) == (22695, 7565)
+    assert memory.sharded_elements(cfg, 3, "fsdp2")["shard"] == 7863
+    assert memory.sharded_elements(cfg, 3, "fsdp2", rank=2)["local"] == 6962
+    flat = memory.sharded_elements(cfg, 3, "flat")
+    assert flat["shard"] != units["shard"] and flat["total"] == units["total"] == 22688
+    for n in (1, 2, 4, 8):  # where n divides every unit, every layout agrees with P/n
+        el = {lay: memory.sharded_elements(cfg, n, lay)["shard"] for lay in ("flat", "units")}
+        assert el["flat"] == el["units"] == 22688 // n
+    t = TrainConfig(precision="fp32", optimizer="adamw", dp=3, zero=1, zero_layout="units", seq_len=16)
+    assert estimate(cfg, t).params == 4 * 22695  # below stage 3 the params live in the padded buffers
+    with pytest.raises(ValueError, match="zero_layout"):
+        TrainConfig(zero_layout="rows")

@@ -73,7 +73,8 @@ def test_every_collective_sends_what_gloos_algorithm_says(measured, op):
     for r in range(n):
         expected = cost.gloo_bytes_sent(op, SIZE, n, r)
         got = per_rank[r][op][0]
-        assert abs(got - expected) <= 0.03 * SIZE, f"{op} n={n} rank {r}: measured {got:.0f} B, gloo's formula {expected:.0f} B"
+        assert abs(got - expected) <= 0.03 * SIZE, \
+            f"{op} n={n} rank {r}: measured {got:.0f} B, gloo's formula {expected:.0f} B"
 
 
 @pytest.mark.slow

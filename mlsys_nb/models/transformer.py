@@ -9,6 +9,12 @@ untied LM head, and optional activation recomputation:
   recomputed in backward, as in Korthikanti et al. 2022;
 - ``recompute="full"``: only each block's input is saved; the block is recomputed in backward.
 
+Decoding: ``forward(tokens, cache=cache)`` runs prefill (a whole prompt) and decode (one new token
+per sequence) through the same code. Each attention layer computes q, k, v, rotates q and k at the
+tokens' absolute positions, and hands them to ``cache.attend(layer_idx, q, k, v)``, which stores k, v
+and returns the attention of the new queries over everything cached so far. The protocol (and a
+contiguous implementation) is in ``mlsys_nb.inference.kv_cache``.
+
 ``attn_impl="sdpa"`` uses ``F.scaled_dot_product_attention``; ``attn_impl="matmul"`` writes the
 attention out as explicit matmuls so ``FlopCounterMode`` can count it (SDPA counts 0 FLOPs on CPU)
 and saved tensors are visible one by one. Both give the same output (tested).
@@ -30,8 +36,8 @@ ATTN_IMPLS = ("sdpa", "matmul")
 
 def build_norm(cfg: ModelConfig) -> nn.Module:
     if cfg.norm == "rmsnorm":
-        return nn.RMSNorm(cfg.hidden, eps=1e-5)
-    return nn.LayerNorm(cfg.hidden, eps=1e-5, bias=cfg.bias)
+        return nn.RMSNorm(cfg.hidden, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps, bias=cfg.bias)
 
 
 def rope_tables(head_dim: int, seq_len: int, theta: float = 10000.0, device=None):
@@ -42,7 +48,9 @@ def rope_tables(head_dim: int, seq_len: int, theta: float = 10000.0, device=None
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[..., :d/2], x[..., d/2:]) of x [b, heads, s, d] by position angles."""
+    """Rotate pairs (x[..., :d/2], x[..., d/2:]) of x [b, heads, s, d] by position angles.
+
+    cos, sin: [s, d/2] (the same positions for every sequence) or [b, 1, s, d/2] (per sequence)."""
     d2 = x.shape[-1] // 2
     x1, x2 = x[..., :d2], x[..., d2:]
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
@@ -62,27 +70,35 @@ def attention_core(q, k, v, *, dropout_p: float = 0.0, impl: str = "sdpa", train
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, attn_impl: str = "sdpa"):
+    def __init__(self, cfg: ModelConfig, attn_impl: str = "sdpa", layer_idx: int = 0):
         super().__init__()
-        self.cfg, self.attn_impl = cfg, attn_impl
-        self.q_proj = nn.Linear(cfg.hidden, cfg.q_dim, bias=cfg.bias)
-        self.k_proj = nn.Linear(cfg.hidden, cfg.kv_dim, bias=cfg.bias)
-        self.v_proj = nn.Linear(cfg.hidden, cfg.kv_dim, bias=cfg.bias)
+        self.cfg, self.attn_impl, self.layer_idx = cfg, attn_impl, layer_idx
+        qkv_bias = cfg.bias or cfg.qkv_bias
+        self.q_proj = nn.Linear(cfg.hidden, cfg.q_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden, cfg.kv_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden, cfg.kv_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(cfg.q_dim, cfg.hidden, bias=cfg.bias)
         self.selective_recompute = False
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None) -> torch.Tensor:
+        """x [b, s, hidden]; cos, sin: the full RoPE tables [seq_len, d/2] (positions 0..s-1 are used)
+        or per-token tables [b, 1, s, d/2]; with ``cache`` the attention is ``cache.attend``."""
         cfg = self.cfg
         b, s, _ = x.shape
         # heads = -1: under PyTorch tensor parallelism (ColwiseParallel) a rank holds n_heads / tp heads
         q = self.q_proj(x).view(b, s, -1, cfg.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, s, -1, cfg.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, s, -1, cfg.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos[:s], sin[:s]), apply_rope(k, cos[:s], sin[:s])
+        if cos.dim() == 2:
+            cos, sin = cos[:s], sin[:s]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:  # the cache stores k, v (n_kv_heads) and owns attention over its tokens
+            y = cache.attend(self.layer_idx, q, k, v).transpose(1, 2).reshape(b, s, cfg.q_dim)
+            return F.dropout(self.o_proj(y), p=cfg.dropout, training=self.training)
         group = cfg.n_heads // cfg.n_kv_heads
         if group > 1:  # grouped-query attention: each KV head serves `group` query heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        kw = dict(dropout_p=cfg.dropout, impl=self.attn_impl, training=self.training)
+        kw = {"dropout_p": cfg.dropout, "impl": self.attn_impl, "training": self.training}
         if self.selective_recompute and torch.is_grad_enabled():
             y = checkpoint(attention_core, q, k, v, use_reentrant=False, **kw)
         else:
@@ -145,13 +161,13 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int = 0, attn_impl: str = "sdpa"):
         super().__init__()
         self.attn_norm = build_norm(cfg)
-        self.attn = Attention(cfg, attn_impl)
+        self.attn = Attention(cfg, attn_impl, layer_idx)
         self.mlp_norm = build_norm(cfg)
         moe = cfg.is_moe and layer_idx >= cfg.n_dense_layers
         self.mlp = MoE(cfg) if moe else MLP(cfg)
 
-    def forward(self, x, cos, sin):
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+    def forward(self, x, cos, sin, cache=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -159,7 +175,11 @@ class Transformer(nn.Module):
     """Decoder-only LM: embedding -> dropout -> L blocks -> final norm -> LM head.
 
     ``forward(tokens)`` returns logits [b, s, vocab]; ``forward(tokens, targets)`` returns the mean
-    cross-entropy loss (a scalar)."""
+    cross-entropy loss (a scalar). ``positions`` ([s] or [b, s] absolute positions, int64) sets the
+    RoPE angles (default 0..s-1). ``forward(tokens, cache=cache)`` (inference) asks the cache for
+    the positions of the new tokens (``cache.begin``), lets it attend in every layer
+    (``cache.attend``) and commits the new lengths (``cache.commit``) after the last layer; see
+    ``mlsys_nb.inference.kv_cache`` for the protocol."""
 
     def __init__(self, cfg: ModelConfig, *, recompute: str = "none", attn_impl: str = "sdpa"):
         super().__init__()
@@ -209,16 +229,39 @@ class Transformer(nn.Module):
                 n -= self.lm_head.weight.numel()
         return n
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None):
-        s = tokens.shape[1]
-        if s > self.cfg.seq_len:
+    def _rope_at(self, positions: torch.Tensor, b: int, s: int):
+        """Per-token RoPE tables [b, 1, s, d/2] for absolute ``positions`` ([s] or [b, s])."""
+        if positions.dim() == 1:
+            positions = positions.unsqueeze(0).expand(b, s)
+        if tuple(positions.shape) != (b, s):
+            raise ValueError(f"positions has shape {tuple(positions.shape)}: expected ({b}, {s}) or ({s},)")
+        if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= self.cfg.seq_len):
+            raise ValueError(f"positions range [{int(positions.min())}, {int(positions.max())}] is out of "
+                             f"range: allowed [0, cfg.seq_len={self.cfg.seq_len})")
+        return self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *,
+                positions: torch.Tensor | None = None, cache=None):
+        b, s = tokens.shape
+        if cache is not None:
+            cache_positions = cache.begin(b, s)  # [b, s]: cached length + 0..s-1 of each sequence
+            positions = cache_positions if positions is None else positions
+        elif s > self.cfg.seq_len:
             raise ValueError(f"sequence length {s} exceeds cfg.seq_len={self.cfg.seq_len}")
+        if positions is None:
+            cos, sin = self.rope_cos, self.rope_sin
+        else:
+            cos, sin = self._rope_at(positions.to(self.rope_cos.device), b, s)
         x = F.dropout(self.embed(tokens), p=self.cfg.dropout, training=self.training)
         for blk in self.blocks:
-            if self.recompute == "full" and torch.is_grad_enabled():
-                x = checkpoint(blk, x, self.rope_cos, self.rope_sin, use_reentrant=False)
+            if cache is not None:
+                x = blk(x, cos, sin, cache)
+            elif self.recompute == "full" and torch.is_grad_enabled():
+                x = checkpoint(blk, x, cos, sin, use_reentrant=False)
             else:
-                x = blk(x, self.rope_cos, self.rope_sin)
+                x = blk(x, cos, sin)
+        if cache is not None:
+            cache.commit()  # only now do the new tokens count as cached
         logits = self.lm_head(self.norm(x))
         if targets is None:
             return logits

@@ -1,0 +1,63 @@
+"""Inference: what happens after training. The KV cache, paged blocks, prefix caching, the roofline.
+
+Everything runs on the package's own ``mlsys_nb.models.Transformer`` (which can be loaded from a
+Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
+
+- ``KVCache(model, n_seqs, max_len)`` (``kv_cache``): the contiguous cache; its module docstring is
+  the cache PROTOCOL every cache implements (``plan``, ``begin``, ``attend``, ``commit``) and that
+  ``Transformer.forward(tokens, cache=cache)`` calls.
+- ``kv_cache_bytes(model, tokens, dtype)``, ``kv_bytes_per_token``, ``weight_bytes``,
+  ``max_concurrent_sequences(model, gpu, seq_len, ...)``: sizes in bytes (MHA/GQA/MQA and MLA).
+- ``ByteTokenizer`` (``tokenizer``): ids 0-255 are bytes, ``eos_id`` = 256; incremental decoding
+  (``decode_stream``) holds back an incomplete UTF-8 character.
+- ``generate(model, tokenizer, prompts, ...)`` (``generation``): greedy/sampled decoding with the cache.
+- Roofline (``roofline``): ``step_cost``, ``prefill_cost``, ``decode_cost`` -> ``StepCost`` (FLOPs,
+  bytes, arithmetic intensity, compute- or memory-bound, modelled time per token on a GPU of
+  data/hardware.yaml); ``measure_throughput`` measures tokens/s on this machine and
+  ``machine_roofline`` its matmul FLOP/s and copy bandwidth.
+- Paged KV cache and prefix caching (``paged``, ``radix``): ``BlockManager``, ``PagedKVCache``,
+  ``paged_attention``, ``RadixCache``.
+"""
+from .kv_cache import DTYPE_BYTES, KVCache, kv_bytes_per_token, kv_cache_bytes, max_concurrent_sequences, weight_bytes
+from .tokenizer import ByteTokenizer
+
+__all__ = [
+    "DTYPE_BYTES",
+    "BlockManager",
+    "ByteTokenizer",
+    "Generation",
+    "KVCache",
+    "PagedKVCache",
+    "RadixCache",
+    "StepCost",
+    "attention_flops",
+    "decode_cost",
+    "generate",
+    "kv_bytes_per_token",
+    "kv_cache_bytes",
+    "machine_roofline",
+    "matmul_params",
+    "max_concurrent_sequences",
+    "measure_throughput",
+    "paged_attention",
+    "prefill_cost",
+    "step_cost",
+    "weight_bytes",
+]
+
+_LAZY = {
+    "generate": ".generation",
+    "StepCost": ".roofline", "step_cost": ".roofline", "prefill_cost": ".roofline", "decode_cost": ".roofline",
+    "measure_throughput": ".roofline", "machine_roofline": ".roofline", "matmul_params": ".roofline",
+    "attention_flops": ".roofline", "Generation": ".generation",
+    "BlockManager": ".paged", "PagedKVCache": ".paged", "paged_attention": ".paged",
+    "RadixCache": ".radix",
+}
+
+
+def __getattr__(name):  # the roofline, paged and radix parts load on first use
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module 'mlsys_nb.inference' has no attribute {name!r}")

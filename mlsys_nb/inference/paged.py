@@ -1,0 +1,483 @@
+"""A paged KV cache: fixed-size blocks, block tables, reference counts, copy-on-write, prefix hashing.
+
+The idea is PagedAttention's (Kwon et al., 2023, arXiv:2309.06180, §4): instead of reserving
+``max_seq_len`` contiguous slots per request, the cache is a pool of ``num_blocks`` blocks of
+``block_size`` token slots; each sequence owns a *block table* (logical block i -> physical block id)
+and attention gathers K/V through it. A sequence wastes at most ``block_size - 1`` slots (its last,
+partly filled block) instead of ``max_seq_len - len``.
+
+Three pieces, each readable on its own:
+
+- ``BlockManager``: bookkeeping only (no tensors). A free list, per-sequence block tables, a
+  reference count per block, copy-on-write when a sequence appends into a last block it shares
+  (after ``fork``, as in parallel sampling), and hash-chained prefix caching: a *full* block is keyed
+  by ``hash((parent block's hash, its token ids))`` so two prompts share blocks exactly as far as their
+  token prefixes agree (the design of nano-vllm's ``block_manager.py`` and vLLM's automatic prefix
+  caching). Freed blocks keep their hash until the pool hands them out again, so a later request
+  with the same prefix can revive them. ``check_invariants()`` re-derives every count from scratch.
+- ``paged_attention(q, k_cache, v_cache, block_tables, context_lens)``: attention over K/V read
+  through block tables (grouped-query heads supported), causal relative to each sequence's length.
+- ``PagedKVCache``: K/V tensors ``[n_layers, num_blocks, block_size, n_kv_heads, head_dim]`` plus a
+  ``BlockManager``, implementing the cache protocol of ``mlsys_nb.inference.kv_cache`` (``plan``,
+  ``begin``, ``attend``, ``commit``): in every layer the package's ``Transformer`` calls
+  ``cache.attend(layer, q, k, v)``, which writes the new K/V into their slots and returns
+  ``paged_attention`` over the whole context.
+
+Errors name the value and the limit, and a failing call changes nothing (the tests run
+``check_invariants()`` after every failing call).
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ..config import check_int, torch_dtype
+
+__all__ = [
+    "BlockManager",
+    "OutOfBlocksError",
+    "PagedKVCache",
+    "block_hash",
+    "fragmentation",
+    "paged_attention",
+]
+
+NO_HASH = -1
+
+
+class OutOfBlocksError(RuntimeError):
+    """No free block right now (a scheduler would wait or preempt); the request itself is valid."""
+
+
+def block_hash(token_ids, parent: int = NO_HASH) -> int:
+    """The prefix-cache key of one full block: a hash of the parent block's key and this block's tokens.
+
+    Chaining makes the key depend on the whole prefix, not just the block: two blocks with the same
+    16 tokens after different prefixes get different keys (their K/V differ, through attention)."""
+    return hash((parent, tuple(int(t) for t in token_ids)))
+
+
+@dataclass
+class _Seq:
+    tokens: list[int]
+    table: list[int] = field(default_factory=list)
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
+
+
+class BlockManager:
+    """Free list, block tables, reference counts, copy-on-write and hash-chained prefix caching.
+
+    Parameters: ``num_blocks`` blocks of ``block_size`` token slots each; ``max_seq_len`` the longest
+    sequence (prompt + generated tokens) allowed (default: the whole pool); ``prefix_caching``
+    shares full blocks between sequences with the same token prefix."""
+
+    def __init__(self, num_blocks: int, block_size: int = 16, *, max_seq_len: int | None = None,
+                 prefix_caching: bool = True):
+        num_blocks, block_size = check_int("num_blocks", num_blocks), check_int("block_size", block_size)
+        if max_seq_len is not None:
+            max_seq_len = check_int("max_seq_len", max_seq_len)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.max_seq_len = max_seq_len if max_seq_len is not None else num_blocks * block_size
+        self.prefix_caching = prefix_caching
+        self.ref_count = [0] * num_blocks
+        self.hash_of = [NO_HASH] * num_blocks          # key of a full block whose contents are cached
+        self.tokens_of: list[tuple[int, ...]] = [()] * num_blocks  # its token ids (checked on a hit)
+        self.cached: dict[int, int] = {}                # block key -> physical block id
+        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))  # LRU order
+        self.seqs: dict[object, _Seq] = {}
+        self.stats = {"prompt_tokens": 0, "cached_tokens": 0}
+
+    # ---- queries -------------------------------------------------------------------------------
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    def block_table(self, seq_id) -> list[int]:
+        return list(self._seq(seq_id).table)
+
+    def num_tokens(self, seq_id) -> int:
+        return len(self._seq(seq_id).tokens)
+
+    def cached_tokens(self, seq_id) -> int:
+        """Prompt tokens of ``seq_id`` whose K/V were found in the prefix cache at ``allocate``."""
+        return self._seq(seq_id).cached_tokens
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return math.ceil(num_tokens / self.block_size)
+
+    def waste(self, seq_id) -> int:
+        """Reserved but unused slots of one sequence (its last block's empty slots): <= block_size - 1."""
+        s = self._seq(seq_id)
+        return len(s.table) * self.block_size - len(s.tokens)
+
+    def _seq(self, seq_id) -> _Seq:
+        if seq_id not in self.seqs:
+            raise KeyError(f"seq_id={seq_id!r} is not allocated (allocated: {sorted(map(str, self.seqs))[:10]})")
+        return self.seqs[seq_id]
+
+    # ---- allocation ----------------------------------------------------------------------------
+    def _check_length(self, n: int, what: str) -> None:
+        if n > self.max_seq_len:
+            raise ValueError(f"{what} of {n} tokens exceeds the context max_seq_len={self.max_seq_len}")
+        if self.blocks_needed(n) > self.num_blocks:
+            raise ValueError(f"{what} of {n} tokens needs {self.blocks_needed(n)} blocks of {self.block_size} "
+                             f"tokens but the block budget is num_blocks={self.num_blocks}")
+
+    def _take_free(self) -> int:
+        """Pop the least recently freed block; it forgets the prefix it cached."""
+        b, _ = self.free.popitem(last=False)
+        if self.hash_of[b] != NO_HASH and self.cached.get(self.hash_of[b]) == b:
+            del self.cached[self.hash_of[b]]
+        self.hash_of[b], self.tokens_of[b] = NO_HASH, ()
+        return b
+
+    def allocate(self, seq_id, token_ids) -> int:
+        """Give ``seq_id`` a block table for its prompt; return how many leading tokens are already cached.
+
+        Full blocks whose chained key is cached are shared (reference count + 1). At least the last
+        prompt token is always left uncached, so the model computes the logits of the next token."""
+        tokens = [int(t) for t in token_ids]
+        if seq_id in self.seqs:
+            raise ValueError(f"seq_id={seq_id!r} is already allocated")
+        if not tokens:
+            raise ValueError("token_ids is empty: a sequence needs at least one token")
+        self._check_length(len(tokens), "prompt")
+        bs, n_blocks = self.block_size, self.blocks_needed(len(tokens))
+        # Plan first (no state changes), so a failure leaves the manager untouched.
+        plan, parent, hit = [], NO_HASH, self.prefix_caching
+        for i in range(n_blocks):
+            chunk = tuple(tokens[i * bs:(i + 1) * bs])
+            key = block_hash(chunk, parent) if len(chunk) == bs else NO_HASH
+            b = self.cached.get(key) if hit and key != NO_HASH and (i + 1) * bs < len(tokens) else None
+            if b is None or self.tokens_of[b] != chunk:
+                hit, b = False, None
+            plan.append((b, key, chunk))
+            parent = key
+        fresh = sum(b is None for b, _, _ in plan)
+        revived = sum(b is not None and self.ref_count[b] == 0 for b, _, _ in plan)
+        if fresh + revived > len(self.free):
+            raise OutOfBlocksError(f"prompt of {len(tokens)} tokens needs {fresh + revived} free blocks, "
+                                   f"{len(self.free)} of num_blocks={self.num_blocks} are free")
+        seq = _Seq(tokens)
+        for b, _, _ in plan:  # revive cached blocks nobody was using before taking fresh ones
+            if b is not None:
+                self.free.pop(b, None)
+                seq.cached_tokens += bs
+        for b, key, chunk in plan:
+            if b is None:
+                b = self._take_free()
+                if key != NO_HASH and self.prefix_caching:
+                    self._register(b, key, chunk)
+            self.ref_count[b] += 1
+            seq.table.append(b)
+        self.seqs[seq_id] = seq
+        self.stats["prompt_tokens"] += len(tokens)
+        self.stats["cached_tokens"] += seq.cached_tokens
+        return seq.cached_tokens
+
+    def _register(self, b: int, key: int, chunk: tuple) -> None:
+        self.hash_of[b], self.tokens_of[b] = key, chunk
+        self.cached.setdefault(key, b)  # an equal block computed twice: the first stays the cached one
+
+    def append_token(self, seq_id, token_id: int) -> tuple[int, int] | None:
+        """Reserve the slot of one more token of ``seq_id``.
+
+        Returns ``(src, dst)`` when the last block was shared and had to be copied first
+        (copy-on-write: the caller copies the K/V of block ``src`` to ``dst``), else ``None``."""
+        s = self._seq(seq_id)
+        n, bs = len(s.tokens), self.block_size
+        self._check_length(n + 1, "sequence")
+        copy = None
+        if n % bs == 0:  # the last block is full (or there is none): start a new one
+            if not self.free:
+                raise OutOfBlocksError(f"seq_id={seq_id!r} needs a new block at {n + 1} tokens, "
+                                       f"0 of num_blocks={self.num_blocks} are free")
+            b = self._take_free()
+            self.ref_count[b] += 1
+            s.table.append(b)
+        elif self.ref_count[s.table[-1]] > 1:  # shared, partly filled last block: copy before writing
+            if not self.free:
+                raise OutOfBlocksError(f"seq_id={seq_id!r} must copy its shared last block, "
+                                       f"0 of num_blocks={self.num_blocks} are free")
+            src, dst = s.table[-1], self._take_free()
+            self.ref_count[src] -= 1
+            self.ref_count[dst] += 1
+            s.table[-1] = dst
+            copy = (src, dst)
+        s.tokens.append(int(token_id))
+        if len(s.tokens) % bs == 0 and self.prefix_caching:  # the block just filled up: make it findable
+            parent = self.hash_of[s.table[-2]] if len(s.table) > 1 else NO_HASH
+            chunk = tuple(s.tokens[-bs:])
+            if len(s.table) == 1 or parent != NO_HASH:
+                self._register(s.table[-1], block_hash(chunk, parent), chunk)
+        return copy
+
+    def fork(self, parent_id, child_id) -> None:
+        """``child_id`` shares every block of ``parent_id`` (parallel sampling, beam search)."""
+        p = self._seq(parent_id)
+        if child_id in self.seqs:
+            raise ValueError(f"child_id={child_id!r} is already allocated")
+        for b in p.table:
+            self.ref_count[b] += 1
+        self.seqs[child_id] = _Seq(list(p.tokens), list(p.table), p.cached_tokens)
+
+    def free_seq(self, seq_id) -> None:
+        """Drop ``seq_id``'s references; blocks nobody references go back to the free list."""
+        s = self._seq(seq_id)
+        for b in reversed(s.table):  # tail blocks first, so shared prefixes are the last to be reused
+            self.ref_count[b] -= 1
+            if self.ref_count[b] == 0:
+                self.free_block(b)
+        del self.seqs[seq_id]
+
+    def free_block(self, block_id: int) -> None:
+        """Return one unreferenced block to the free list (it keeps its cached prefix until reused)."""
+        if not isinstance(block_id, int) or not 0 <= block_id < self.num_blocks:
+            raise ValueError(f"block_id={block_id!r}: must be in [0, {self.num_blocks})")
+        if self.ref_count[block_id] > 0:
+            users = [sid for sid, s in self.seqs.items() if block_id in s.table]
+            raise ValueError(f"block {block_id} is still referenced: ref_count={self.ref_count[block_id]} "
+                             f"(block tables of seq_ids {users}); free those sequences first")
+        if block_id in self.free:
+            raise ValueError(f"block {block_id} is already free (double free)")
+        self.free[block_id] = None
+
+    # ---- checks --------------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Recount everything from the block tables; raise ``AssertionError`` naming the first broken rule."""
+        counts = [0] * self.num_blocks
+        for sid, s in self.seqs.items():
+            assert len(set(s.table)) == len(s.table), f"seq {sid!r}: a block appears twice in {s.table}"
+            need = self.blocks_needed(len(s.tokens))
+            assert len(s.table) == need, f"seq {sid!r}: {len(s.table)} blocks for {len(s.tokens)} tokens (need {need})"
+            for b in s.table:
+                counts[b] += 1
+            for i, b in enumerate(s.table):
+                if self.hash_of[b] != NO_HASH:
+                    chunk = tuple(s.tokens[i * self.block_size:(i + 1) * self.block_size])
+                    assert self.tokens_of[b] == chunk, f"seq {sid!r}: cached block {b} holds other tokens"
+        for b in range(self.num_blocks):
+            assert counts[b] == self.ref_count[b], \
+                f"block {b}: ref_count={self.ref_count[b]} but {counts[b]} block-table references"
+            assert (b in self.free) == (counts[b] == 0), \
+                f"block {b}: {'free' if b in self.free else 'not free'} with {counts[b]} references"
+        assert len(self.free) + sum(c > 0 for c in counts) == self.num_blocks, "free + used != num_blocks"
+        for key, b in self.cached.items():
+            assert self.hash_of[b] == key, f"prefix cache maps key to block {b}, which holds another key"
+
+
+def fragmentation(lengths, *, block_size: int, max_seq_len: int) -> dict:
+    """Allocate sequences of ``lengths`` tokens in a ``BlockManager`` and measure reserved vs used slots.
+
+    Returns token slots used, slots reserved by paging (whole blocks), slots a contiguous allocator
+    reserving ``max_seq_len`` per sequence would hold, and the per-sequence paging waste (each
+    <= block_size - 1)."""
+    lengths = [int(n) for n in lengths]
+    num_blocks = sum(math.ceil(n / block_size) for n in lengths)
+    m = BlockManager(num_blocks, block_size, max_seq_len=max_seq_len, prefix_caching=False)
+    for i, n in enumerate(lengths):
+        m.allocate(i, range(n))
+    m.check_invariants()
+    waste = [m.waste(i) for i in range(len(lengths))]
+    used = sum(lengths)
+    paged = sum(len(m.block_table(i)) for i in range(len(lengths))) * block_size
+    contiguous = max_seq_len * len(lengths)
+    return {"tokens": used, "paged_slots": paged, "contiguous_slots": contiguous, "waste_per_seq": waste,
+            "paged_utilization": used / paged, "contiguous_utilization": used / contiguous}
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                    context_lens: torch.Tensor, *, scale: float | None = None) -> torch.Tensor:
+    """Causal attention of new queries over K/V stored in blocks.
+
+    q: [batch, n_heads, q_len, head_dim], the last ``q_len`` tokens of each sequence;
+    k_cache, v_cache: [num_blocks, block_size, n_kv_heads, head_dim] (n_heads a multiple of n_kv_heads);
+    block_tables: [batch, max_blocks] int physical block ids (entries past a sequence's end are ignored);
+    context_lens: [batch] tokens in each sequence *including* the q_len new ones.
+    Query i of sequence b sits at position ``context_lens[b] - q_len + i`` and sees keys 0..that position
+    (a row padded to q_len passes the length it would have if its padding were real tokens: its real
+    queries see exactly their causal context, its padding rows are finite and meaningless).
+    Returns [batch, n_heads, q_len, head_dim]."""
+    b, h, q_len, d = q.shape
+    n_kv = k_cache.shape[2]
+    if h % n_kv:
+        raise ValueError(f"n_heads={h} must be a multiple of n_kv_heads={n_kv}")
+    flat = block_tables.clamp(min=0).long().reshape(-1)
+    # Gather each sequence's blocks in table order: [batch * max_blocks, block_size, n_kv, d]
+    # -> [batch, n_kv, T, d] with T = max_blocks * block_size. (A GPU kernel reads the blocks in place.)
+    k = k_cache.index_select(0, flat).view(b, -1, n_kv, d).transpose(1, 2)
+    v = v_cache.index_select(0, flat).view(b, -1, n_kv, d).transpose(1, 2)
+    t = k.shape[2]
+    lens = context_lens.to(device=q.device, dtype=torch.long).view(b, 1, 1)
+    q_pos = lens - q_len + torch.arange(q_len, device=q.device).view(1, q_len, 1)
+    k_pos = torch.arange(t, device=q.device).view(1, 1, t)
+    mask = k_pos <= q_pos  # [batch, q_len, T]: causal, and nothing past the sequence's end
+    # enable_gqa: query head j reads KV head j // (n_heads // n_kv_heads), as repeat_interleave would
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1), scale=scale, enable_gqa=True)
+
+
+class PagedKVCache:
+    """K/V of a ``Transformer`` in blocks; implements the cache protocol of ``mlsys_nb.inference.kv_cache``
+    (``plan``, ``begin``, ``attend``, ``commit``), so ``model(tokens, cache=cache)`` works unchanged.
+
+    Unlike the contiguous ``KVCache``, the paged cache knows each sequence's token ids (the block
+    manager hashes them for prefix caching), so tokens are registered before the forward that
+    computes them:
+
+    - ``n_cached = cache.add_sequence(seq_id, prompt_ids)``: blocks for the prompt; the first
+      ``n_cached`` tokens (whole blocks found in the prefix cache) need no compute. Then
+      ``cache.plan([seq_id])`` and ``model(tensor([prompt_ids[n_cached:]]), cache=cache)``.
+    - per decode step: ``cache.append_tokens({seq_id: token, ...})`` (may copy a shared last block),
+      ``cache.plan(seq_ids)`` and ``model(tokens[:, None], cache=cache)``.
+    - ``cache.fork(parent, child)`` (shares all blocks), ``cache.free(seq_id)`` at the end.
+
+    Without ``plan``, the rows of the next forward are the sequences with uncomputed tokens, in the
+    order they were added. ``plan(seq_ids, n_new)`` may compute fewer tokens than are pending
+    (chunked prefill) and mixes prefill chunks with decodes (rows padded to the longest).
+    Prefix-cache keys are registered when blocks are allocated, so sequences sharing a prefix must
+    be computed in the order they were added, or in the same forward.
+
+    ``k``, ``v``: [n_layers, num_blocks, block_size, n_kv_heads, head_dim]; ``dtype``: "fp32", "bf16",
+    "fp16" or a ``torch.dtype`` (default: the model's parameters' dtype, fp32 for a ``ModelConfig``)."""
+
+    def __init__(self, model, *, num_blocks: int, block_size: int = 16, dtype=None, device=None,
+                 prefix_caching: bool = True, max_seq_len: int | None = None):
+        cfg = getattr(model, "cfg", model)  # a Transformer or its ModelConfig
+        if dtype is None and isinstance(model, torch.nn.Module):
+            p = next(model.parameters())
+            dtype, device = p.dtype, device or p.device
+        if max_seq_len is not None and not (isinstance(max_seq_len, int) and 1 <= max_seq_len <= cfg.seq_len):
+            raise ValueError(f"max_seq_len={max_seq_len!r} is out of range: allowed [1, cfg.seq_len={cfg.seq_len}]")
+        self.cfg, self.block_size = cfg, block_size
+        self.manager = BlockManager(num_blocks, block_size, prefix_caching=prefix_caching,
+                                    max_seq_len=max_seq_len or cfg.seq_len)
+        shape = (cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=torch.float32 if dtype is None else torch_dtype(dtype),
+                             device=device)
+        self.v = torch.zeros_like(self.k)
+        self.computed: dict[object, int] = {}  # tokens of each sequence whose K/V are in the cache
+        self._planned = None
+        self._step = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    @property
+    def lengths(self) -> dict:
+        """Cached (computed) tokens per sequence: ``{seq_id: n}``."""
+        return dict(self.computed)
+
+    def pending(self, seq_id) -> int:
+        """Tokens of ``seq_id`` registered but not yet computed by a forward."""
+        return self.manager.num_tokens(seq_id) - self.computed[seq_id]
+
+    # ---- sequence management -------------------------------------------------------------------
+    def add_sequence(self, seq_id, token_ids) -> int:
+        """Allocate blocks for a prompt; return how many leading tokens already have K/V (prefix cache)."""
+        n = self.manager.allocate(seq_id, token_ids)
+        self.computed[seq_id] = n
+        return n
+
+    def append_tokens(self, tokens: dict) -> None:
+        """One new token per sequence (``{seq_id: token_id}``) ahead of a decode step; copies on write."""
+        for sid, tok in tokens.items():
+            copy = self.manager.append_token(sid, int(tok))
+            if copy is not None:
+                src, dst = copy
+                self.k[:, dst] = self.k[:, src]
+                self.v[:, dst] = self.v[:, src]
+
+    def fork(self, parent_id, child_id) -> None:
+        """``child_id`` continues ``parent_id`` (same tokens, same blocks, nothing copied yet)."""
+        if self.pending(parent_id):
+            raise ValueError(f"fork of seq_id={parent_id!r} with {self.pending(parent_id)} uncomputed tokens: "
+                             "run the forward first")
+        self.manager.fork(parent_id, child_id)
+        self.computed[child_id] = self.computed[parent_id]
+
+    def free(self, seq_id) -> None:
+        self.manager.free_seq(seq_id)
+        del self.computed[seq_id]
+
+    def reset(self, seq_ids=None) -> None:
+        """Free sequences (all by default)."""
+        for sid in list(self.computed) if seq_ids is None else list(seq_ids):
+            self.free(sid)
+
+    # ---- the protocol the model calls ----------------------------------------------------------
+    def plan(self, seq_ids=None, n_new=None) -> None:
+        """Row i of the next forward is ``seq_ids[i]`` with ``n_new[i]`` new tokens (default: all pending)."""
+        ids = None if seq_ids is None else list(seq_ids)
+        if ids is not None:
+            for sid in ids:
+                self.manager._seq(sid)
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"seq_ids {ids} repeat a sequence: each row needs its own")
+        n = None if n_new is None else [int(x) for x in (n_new.tolist() if torch.is_tensor(n_new) else n_new)]
+        if ids is not None and n is not None and len(ids) != len(n):
+            raise ValueError(f"seq_ids has {len(ids)} entries but n_new has {len(n)}")
+        self._planned = (ids, n)
+
+    def begin(self, b: int, s: int) -> torch.Tensor:
+        ids, n = self._planned or (None, None)
+        self._planned, self._step = None, None
+        if ids is None:
+            ids = [sid for sid in self.computed if self.pending(sid)]
+        if n is None:
+            n = [self.pending(sid) for sid in ids]
+        if len(ids) != b or len(n) != b:
+            waiting = [x for x in self.computed if self.pending(x)]
+            raise ValueError(f"the batch has {b} rows but the plan has {len(ids)} sequences / {len(n)} new-token "
+                             f"counts (sequences with uncomputed tokens: {waiting})")
+        for sid, cnt in zip(ids, n):
+            if not 1 <= cnt <= min(s, self.pending(sid)):
+                raise ValueError(f"seq_id={sid!r}: n_new={cnt} out of range: allowed [1, min(s={s}, "
+                                 f"uncomputed tokens={self.pending(sid)})]")
+        bs = self.block_size
+        start = [self.computed[sid] for sid in ids]
+        slots = [self.manager.seqs[sid].table[p // bs] * bs + p % bs
+                 for sid, lo, cnt in zip(ids, start, n) for p in range(lo, lo + cnt)]
+        tables = [self.manager.seqs[sid].table for sid in ids]
+        width = max(map(len, tables))
+        dev = self.k.device
+        start_t = torch.tensor(start, dtype=torch.long)
+        n_t = torch.tensor(n, dtype=torch.long)
+        valid = torch.arange(s)[None, :] < n_t[:, None]  # [b, s]: which row positions are real tokens
+        self._step = {
+            "ids": ids, "n": n,
+            "slots": torch.tensor(slots, dtype=torch.long, device=dev),
+            "valid": None if bool(valid.all()) else valid.to(dev),
+            "tables": torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long, device=dev),
+            "lens": (start_t + s).to(dev),  # query j of row i sits at start_i + j (padding: beyond, ignored)
+        }
+        return start_t[:, None] + torch.minimum(torch.arange(s)[None, :], n_t[:, None] - 1)
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        st = self._step
+        if st is None:
+            raise RuntimeError("cache.attend called outside a step: the model calls cache.begin first")
+        n_kv, d = k.shape[1], k.shape[3]
+        k_new, v_new = k.transpose(1, 2), v.transpose(1, 2)  # [b, s, n_kv, d]
+        if st["valid"] is not None:
+            k_new, v_new = k_new[st["valid"]], v_new[st["valid"]]
+        # write the new tokens into their slots (the flat view of this layer's pool), then attend
+        self.k[layer_idx].view(-1, n_kv, d).index_copy_(0, st["slots"], k_new.reshape(-1, n_kv, d).to(self.k.dtype))
+        self.v[layer_idx].view(-1, n_kv, d).index_copy_(0, st["slots"], v_new.reshape(-1, n_kv, d).to(self.v.dtype))
+        out = paged_attention(q, self.k[layer_idx].to(q.dtype), self.v[layer_idx].to(q.dtype), st["tables"], st["lens"])
+        return out
+
+    def commit(self) -> None:
+        if self._step is None:
+            raise RuntimeError("cache.commit called without cache.begin")
+        for sid, cnt in zip(self._step["ids"], self._step["n"]):
+            self.computed[sid] += cnt
+        self._step = None
+
+    def __repr__(self):
+        return (f"PagedKVCache(num_blocks={self.manager.num_blocks}, block_size={self.block_size}, "
+                f"free={self.manager.num_free_blocks()}, sequences={len(self.computed)}, "
+                f"{self.nbytes / 2**20:.2f} MiB)")

@@ -1,0 +1,215 @@
+"""Prefill vs decode on the roofline (a model), and tokens/s measured on this machine.
+
+The roofline (Williams et al., 2009, CACM 52(4)): a step that does F FLOPs and moves B bytes takes
+at least max(F / peak_flops, B / bandwidth). Its arithmetic intensity I = F / B (FLOP/byte) is
+compared with the GPU's ridge point peak_flops / bandwidth: below it the step is memory-bound.
+
+One forward step of a decoder over ``batch`` sequences, each with ``context`` cached tokens and
+``new`` new tokens (prefill: new = prompt length, context = 0; decode: new = 1):
+
+- FLOPs = 2 · N_matmul · batch · new                      (every weight multiplies every new token)
+        + 4 · L · n_heads · head_dim · batch · (new·context + new·(new+1)/2)   (QKᵀ and PV, causal)
+  where N_matmul = parameters excluding the embedding table and norms (the LM head counts, tied or
+  not; MoE: the active experts).
+- Bytes = N_matmul · weight_bytes                          (weights read once per step; MoE: all
+                                                            experts, an upper bound at small batch)
+        + batch · context · kv_bytes_per_token            (the cache read)
+        + batch · new · kv_bytes_per_token                (the new K/V written)
+  Activations are ignored (small next to weights and cache). Kaplan et al., 2020 (arXiv:2001.08361,
+  Table 1) for 2N per token; Pope et al., 2022 (arXiv:2211.05102, §3) for decode being bound by
+  reading weights and cache.
+
+Decode at batch 1 reads every weight to produce ONE token: 2 FLOPs per parameter over 2 bytes
+per parameter in bf16, I ≈ 1 FLOP/byte, far below an H100's ridge (~295 FLOP/byte in bf16), so
+time per token ≈ weight bytes / HBM bandwidth. Prefill of hundreds of tokens reuses
+each weight hundreds of times and is compute-bound. Batching decode raises I linearly in batch
+until the KV-cache reads (which do not amortise across sequences) dominate.
+
+``measure_throughput`` measures prefill and decode tokens/s of the package's Transformer on this
+machine (CPU), and ``machine_roofline`` measures this machine's matmul FLOP/s and copy bandwidth so
+the same model can be drawn beside the measurement. Both are labelled measured; the rest is model.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+from ..config import dtype_name
+from .kv_cache import _config, _dtype_bytes, kv_bytes_per_token
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """A modelled forward step (units in names). ``tokens`` = new tokens over the batch."""
+
+    phase: str
+    batch: int
+    new_tokens_per_seq: int
+    context: int
+    flops: float
+    bytes: float
+    peak_flops: float
+    bandwidth_bytes_per_s: float
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.new_tokens_per_seq
+
+    @property
+    def intensity_flop_per_byte(self) -> float:
+        return self.flops / self.bytes
+
+    @property
+    def ridge_flop_per_byte(self) -> float:
+        return self.peak_flops / self.bandwidth_bytes_per_s
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.intensity_flop_per_byte >= self.ridge_flop_per_byte else "memory"
+
+    @property
+    def compute_time_s(self) -> float:
+        return self.flops / self.peak_flops
+
+    @property
+    def memory_time_s(self) -> float:
+        return self.bytes / self.bandwidth_bytes_per_s
+
+    @property
+    def time_s(self) -> float:
+        """Roofline time: the slower of compute and memory (no overlap loss, 100% of peak)."""
+        return max(self.compute_time_s, self.memory_time_s)
+
+    @property
+    def time_per_token_s(self) -> float:
+        return self.time_s / self.tokens
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.time_s
+
+
+def matmul_params(model, *, active: bool = True) -> int:
+    """Weights of the matrix multiplies one token goes through: all parameters but the embedding
+    table and the norms (the LM head counts, tied or not). ``active``: MoE counts the routed top-k
+    experts only; ``active=False`` counts every expert (the bytes a large batch reads)."""
+    from ..memory import _norm_params, param_count
+
+    cfg = _config(model)
+    pc = param_count(cfg)
+    n = pc.active if active else pc.total
+    return int(n - pc.embedding - (2 * cfg.n_layers + 1) * _norm_params(cfg) + (pc.embedding if cfg.tied_embeddings
+                                                                                else 0))
+
+
+def attention_flops(model, new: int, context: int) -> float:
+    """QKᵀ and PV FLOPs of one sequence: query j (0-based) of ``new`` sees context + j + 1 keys."""
+    cfg = _config(model)
+    keys = new * context + new * (new + 1) // 2
+    if cfg.kv_lora_rank:  # MLA scores use head_dim + rope_head_dim; values head_dim
+        per_key = 2 * cfg.n_heads * (2 * cfg.head_dim + cfg.rope_head_dim)
+    else:
+        per_key = 4 * cfg.n_heads * cfg.head_dim
+    return float(cfg.n_layers * per_key * keys)
+
+
+def _peak(gpu, dtype):
+    from .. import hardware
+
+    g = hardware.gpu(gpu) if isinstance(gpu, str) else gpu
+    return g.peak(dtype_name(dtype)), g.hbm_bandwidth_bytes_per_s
+
+
+def step_cost(model, gpu, *, batch: int = 1, new_tokens_per_seq: int = 1, context: int = 0, dtype="bf16",
+              kv_dtype=None, phase: str | None = None) -> StepCost:
+    """The modelled cost of one forward step (see the module docstring). ``gpu``: a name in
+    data/hardware.yaml or a ``hardware.GPU``; ``dtype``: weights and compute; ``kv_dtype``: the
+    cache (default ``dtype``)."""
+    for name, v, lo in (("batch", batch, 1), ("new_tokens_per_seq", new_tokens_per_seq, 1), ("context", context, 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name}={v!r} is out of range: allowed an int >= {lo}")
+    peak, bw = _peak(gpu, dtype)
+    kv_tok = kv_bytes_per_token(model, kv_dtype or dtype)
+    flops = (2.0 * matmul_params(model) * batch * new_tokens_per_seq
+             + batch * attention_flops(model, new_tokens_per_seq, context))
+    nbytes = matmul_params(model, active=False) * _dtype_bytes(dtype) + batch * (context + new_tokens_per_seq) * kv_tok
+    phase = phase or ("decode" if new_tokens_per_seq == 1 and context > 0 else "prefill")
+    return StepCost(phase, batch, new_tokens_per_seq, context, flops, nbytes, peak, bw)
+
+
+def prefill_cost(model, gpu, prompt_len: int, *, batch: int = 1, dtype="bf16", kv_dtype=None) -> StepCost:
+    return step_cost(model, gpu, batch=batch, new_tokens_per_seq=prompt_len, context=0, dtype=dtype,
+                     kv_dtype=kv_dtype, phase="prefill")
+
+
+def decode_cost(model, gpu, context: int, *, batch: int = 1, dtype="bf16", kv_dtype=None) -> StepCost:
+    return step_cost(model, gpu, batch=batch, new_tokens_per_seq=1, context=context, dtype=dtype,
+                     kv_dtype=kv_dtype, phase="decode")
+
+
+# ---- measured on this machine ---------------------------------------------------------------------
+def machine_roofline(*, n: int = 1024, copy_mib: int = 256, reps: int = 5):
+    """This machine's measured fp32 matmul FLOP/s and memory-copy bandwidth, as a ``hardware.GPU``
+    (name "this-cpu") so ``step_cost`` can model it. Medians of ``reps``."""
+    import torch
+
+    from ..hardware import GPU
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        ts.append(time.perf_counter() - t0)
+    flops = 2 * n**3 / statistics.median(ts)
+    src = torch.ones(copy_mib * 2**20 // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        ts.append(time.perf_counter() - t0)
+    bw = 2 * src.nbytes / statistics.median(ts)  # read + write
+    return GPU("this-cpu", memory_bytes=0.0, hbm_bandwidth_bytes_per_s=bw, peak_flops={"fp32": flops},
+               source=f"measured: {n}x{n} fp32 matmul, {copy_mib} MiB copy, median of {reps}")
+
+
+def measure_throughput(model, batch_sizes=(1, 2, 4, 8), *, prompt_len: int = 64, decode_steps: int = 16,
+                       reps: int = 3, progress: bool = True) -> list[dict]:
+    """Measured prefill and decode tokens/s of ``model`` on this machine, per batch size.
+
+    Prefill: one forward of ``batch × prompt_len`` tokens into an empty cache. Decode: ``decode_steps``
+    single-token steps after that prompt. Median over ``reps`` repetitions; ``torch.no_grad``."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from .kv_cache import KVCache
+
+    cfg = model.cfg
+    if prompt_len + decode_steps > cfg.seq_len:
+        raise ValueError(f"prompt_len + decode_steps = {prompt_len + decode_steps} exceeds cfg.seq_len={cfg.seq_len}")
+    rows = []
+    g = torch.Generator().manual_seed(0)
+    model.eval()
+    for b in tqdm(list(batch_sizes), desc="batch sizes", disable=not progress, leave=False):
+        pre, dec = [], []
+        x = torch.randint(0, cfg.vocab_size, (b, prompt_len), generator=g)
+        with torch.no_grad():
+            for _ in range(reps):
+                cache = KVCache(model, b, prompt_len + decode_steps)
+                t0 = time.perf_counter()
+                logits = model(x, cache=cache)
+                pre.append(time.perf_counter() - t0)
+                tok = logits[:, -1:].argmax(-1)
+                t0 = time.perf_counter()
+                for _ in range(decode_steps):
+                    tok = model(tok, cache=cache)[:, -1:].argmax(-1)
+                dec.append(time.perf_counter() - t0)
+        rows.append({"batch": b, "prefill_tokens_per_s": b * prompt_len / statistics.median(pre),
+                     "decode_tokens_per_s": b * decode_steps / statistics.median(dec),
+                     "decode_step_s": statistics.median(dec) / decode_steps, "prompt_len": prompt_len,
+                     "decode_steps": decode_steps})
+    return rows
