@@ -247,3 +247,13 @@ def test_mla_flops_match_the_active_parameter_count():
     matmul_params = pc.active - pc.embedding - norms  # every other weight is used once per token
     assert b["qkv"] + b["out_proj"] + b["mlp"] + b["lm_head"] == pytest.approx(2 * matmul_params, rel=1e-12)
     assert math.isclose(b["attn_scores"] / b["attn_values"], (128 + 64) / 128)
+
+
+def test_uneven_stage_check_fails_when_layers_are_dropped(monkeypatch):
+    """A split that forgets the L mod pp extra layers (7 x 16 = 112 of 126) is caught by the per-stage
+    parameter check above: stage 1 would hold 7 layers, not 8."""
+    cfg = memory.preset("llama-3.1-405b")
+    per_layer = memory.param_count(cfg).per_layer
+    monkeypatch.setattr(memory, "stage_layers", lambda L, pp, split=None: (L // pp,) * pp)
+    b = memory.estimate(cfg, TrainConfig(pp=16, dp=1, seq_len=8192), stage=1)
+    assert not (b.layers == 8 and b.n_params_rank == pytest.approx(sum(per_layer[7:15])))
