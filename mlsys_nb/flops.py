@@ -2,7 +2,7 @@
 
 Units: a *FLOP count* is a number of floating-point operations ("FLOPs"); a *rate* is FLOP/s.
 One multiply-accumulate = 2 FLOPs, so a matmul ``[m, k] @ [k, n]`` costs ``2 m n k`` FLOPs
-(formulas.md §0.1, §10.1).
+(Kaplan et al. 2020, arXiv:2001.08361, §2.1; Chowdhery et al. 2022, arXiv:2204.02311, App. B).
 
 Exact per-token count (``breakdown``), per layer, forward, with ``a`` query heads, ``n_kv`` KV heads
 of width ``d_h``, hidden ``h``, FFN width ``f`` and sequence length ``s``:

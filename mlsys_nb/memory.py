@@ -2,21 +2,22 @@
 
 ``estimate(model, train)`` returns a ``Breakdown`` whose fields are **bytes per rank** (the
 heaviest pipeline stage unless ``stage=`` is given). Model states follow the ZeRO paper's analysis
-(formulas.md §2.3, §9.2) with exact parameter counts (GQA, SwiGLU, untied head, MoE total vs active,
-DeepSeek MLA) sharded by TP (Megatron column/row split, vocab-parallel embedding), PP (``stage_layers``: ⌊L/pp⌋ or
-⌈L/pp⌉ layers per stage, or a published uneven split ``train.pp_layers``; embedding on the first
-stage, head on the last; DualPipe ranks hold two stages), EP (experts) and ZeRO 0-3 over dp x cp.
+(Rajbhandari et al. 2020, arXiv:1910.02054, §3; Micikevicius et al. 2018, arXiv:1710.03740) with exact
+parameter counts (GQA, SwiGLU, untied head, MoE total vs active,
+DeepSeek MLA) sharded by TP (Megatron column/row split, vocab-parallel embedding), PP (``stage_layers``:
+⌊L/pp⌋ or ⌈L/pp⌉ layers per stage, or a published uneven split ``train.pp_layers``; embedding on the
+first stage, head on the last; DualPipe ranks hold two stages), EP (experts) and ZeRO 0-3 over dp x cp.
 Activations are summed from named saved-for-backward tensors of one transformer layer
 (``layer_terms``), so every number can be traced to a tensor; ``kernels="eager"`` describes this
 package's ``Transformer`` exactly as PyTorch runs it (validated on CPU against
 ``torch.autograd.graph.saved_tensors_hooks``, ``mlsys_nb.models.measure``), ``kernels="fused"`` a GPU
-training stack (Korthikanti et al. 2022's accounting, formulas.md §8). TP shards the head-split and
+training stack (Korthikanti et al. 2022's accounting, arXiv:2205.05198, eq. 1-2, Table 2). TP shards the head-split and
 FFN-width terms; SP additionally shards the h-wide terms (norm inputs, dropout masks); the s^2
 attention terms are split over heads (/tp, with or without SP); CP divides everything by cp;
 PP multiplies by the schedule's in-flight micro-batches.
 
 ``playbook_estimate(**inputs)`` ports the Ultra-Scale Playbook widget exactly (its bugs included,
-formulas.md §15); ``estimate(..., compat="playbook")`` shows it for a model/training pair. The
+docs/references.md#playbook-memory-widget); ``estimate(..., compat="playbook")`` shows it for a model/training pair. The
 default mode fixes those bugs (tests in ``tests/test_memory.py`` pin each fix).
 
 Units: bytes everywhere; ``GB = 1e9``, ``GiB = 2**30``.
@@ -249,7 +250,7 @@ def model_state_bytes(n_params: float, *, dp: int = 1, zero: int = 0, precision:
                       optimizer: str = "adam", fp32_grad_accum: bool = False,
                       optimizer_bytes_per_param: float | None = None) -> ModelStates:
     """Bytes per rank of params + grads + optimizer states (+ fp32 master) for ``n_params``
-    parameters replicated over ``dp`` ranks with ZeRO stage ``zero`` (ZeRO paper, formulas §2.3):
+    parameters replicated over ``dp`` ranks with ZeRO stage ``zero`` (ZeRO paper, arXiv:1910.02054, §3):
     stage 1 shards optimizer states and master weights, 2 also gradients, 3 also parameters."""
     if zero not in (0, 1, 2, 3):
         raise ValueError(f"zero={zero}: allowed 0, 1, 2, 3")
@@ -623,14 +624,14 @@ def estimate(model: ModelConfig, train: TrainConfig | None = None, *, stage: int
     return max(results, key=lambda r: r.total)
 
 
-# ---- the Ultra-Scale Playbook widget, exactly (formulas.md §15) ------------------------------
+# ---- the Ultra-Scale Playbook widget, exactly (docs/references.md#playbook-memory-widget) ----
 def _playbook_data() -> dict:
     from .config import load_yaml
 
     return load_yaml("playbook_memory.yaml")
 
 
-# the widget's presets and initial page (data/playbook_memory.yaml, formulas §15.2)
+# the widget's presets and initial page (data/playbook_memory.yaml)
 PLAYBOOK_PRESETS = {k: v["inputs"] for k, v in _playbook_data()["presets"].items()}
 PLAYBOOK_INITIAL = _playbook_data()["initial"]["inputs"]
 
@@ -648,7 +649,7 @@ def format_playbook_bytes(n: float) -> str:
 
 def playbook_estimate(*, a=8, b=32, h=512, h_ff=2048, L=12, s=128, v=30522, tp=8, k=8, dp=1, mixed=True,
                       seq_parallel=False, recomputation="none", zero=0, ff_activation="relu") -> dict:
-    """The Playbook widget's numbers exactly (``src/memory.js``; bugs included, formulas §15.3).
+    """The Playbook widget's numbers exactly (``src/memory.js``; bugs included).
 
     Returns bytes: ``activations`` (with its parts), ``parameters``, ``gradients``, ``optimizer``,
     ``total``, the widget's parameter count ``N`` and ``shown`` (its label: GiB printed as "GB")."""
@@ -722,3 +723,118 @@ def _playbook_breakdown(model: ModelConfig, train: TrainConfig) -> Breakdown:
         layers=model.n_layers, in_flight=1.0, stage=0, gpu=train.gpu,
         gpu_memory=hardware.gpu(train.gpu).memory_bytes, mode="playbook", detail={"playbook": r},
     )
+
+
+# ---- RLHF: four models and the rollouts' KV cache ---------------------------------------------
+def _rlhf_dtype_bytes(x, name: str = "dtype") -> float:
+    from .config import DTYPE_BYTES, dtype_name
+
+    return DTYPE_BYTES[dtype_name(x, name)]
+
+
+def scalar_head_params(model: ModelConfig) -> int:
+    """Parameters of ``model`` with its LM head replaced by a scalar head ``Linear(h, 1)`` (critic, reward)."""
+    p = param_count(model)
+    return p.total - p.head + model.hidden + 1
+
+
+@dataclass(frozen=True)
+class RLHFMemory:
+    """Bytes per GPU of one PPO-RLHF setup, by role (a model of the states: no activations, no allocator
+    fragmentation, no communication buffers). ``roles[name]`` = (GPUs of that role, bytes per GPU
+    by part); ``per_gpu`` = the heaviest GPU; ``params`` = parameter counts of the four models."""
+
+    placement: str
+    n_gpus: int
+    roles: dict
+    params: dict
+
+    @property
+    def per_gpu(self) -> float:
+        return max(sum(parts.values()) for _, parts in self.roles.values())
+
+    def table(self) -> list[dict]:
+        """One row per role and part, in GB (1e9 B) per GPU, for display."""
+        return [{"role": r, "gpus": g, "part": k, "GB per GPU": v / GB}
+                for r, (g, parts) in self.roles.items() for k, v in parts.items()]
+
+
+_RLHF_ROLES = ("actor", "critic", "reference", "reward", "rollout")
+
+
+def rlhf_estimate(actor="llama-2-7b", *, critic=None, reward=None, n_gpus: int = 8, placement: str = "colocated",
+                  split: dict | None = None, rollout_batch: int = 256, prompt_len: int = 512, response_len: int = 512,
+                  rollout_tp: int = 1, precision: str = "bf16-mixed", optimizer: str = "adam", frozen_dtype="bf16",
+                  kv_dtype="bf16") -> RLHFMemory:
+    """Memory per GPU of PPO-RLHF with four models (InstructGPT, Ouyang et al., 2022, arXiv:2203.02155):
+
+    - actor (trained, LM head) and critic (trained, the actor's trunk with a scalar head unless ``critic``
+      is given): params + grads + fp32 master + optimizer states EACH (``precision``/``optimizer`` as in
+      ``model_state_bytes``: 16 B/param for bf16-mixed Adam), ZeRO-3-sharded over the GPUs of their role;
+    - reference (frozen copy of the actor) and reward (frozen, scalar head; ``reward`` or the critic's
+      shape): weights only in ``frozen_dtype``, sharded over their GPUs;
+    - rollout engine: the actor's weights in ``frozen_dtype`` split ``rollout_tp`` ways (tensor parallel)
+      and the KV cache of ``rollout_batch`` sequences of ``prompt_len + response_len`` tokens,
+      ``2 * L * n_kv * d_h`` elements per token (GQA; ``inference.kv_bytes_per_token``), spread evenly
+      over the rollout GPUs.
+
+    ``placement="colocated"``: every role on all ``n_gpus`` (verl's hybrid engine; the parts add up on
+    each GPU). ``placement="split"``: disjoint GPU groups, ``split`` = GPUs per role (keys actor, critic,
+    reference, reward, rollout; default n/4, n/4, n/8, n/8, n/4), and the heaviest group sets ``per_gpu``.
+    Models: a preset name (``presets()``) or a ``ModelConfig``. Bytes; ``GB = 1e9``.
+    """
+    models = {}
+    for name, m in (("actor", actor), ("critic", critic), ("reward", reward)):
+        if m is not None and not isinstance(m, ModelConfig):
+            m = preset(m)
+        models[name] = m
+    a = models["actor"]
+    for name, v in (("n_gpus", n_gpus), ("rollout_batch", rollout_batch), ("rollout_tp", rollout_tp),
+                    ("response_len", response_len)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}={v!r}: allowed an int >= 1")
+    if not isinstance(prompt_len, int) or prompt_len < 0:
+        raise ValueError(f"prompt_len={prompt_len!r}: allowed an int >= 0")
+    if a.n_kv_heads % rollout_tp:
+        raise ValueError(f"rollout_tp={rollout_tp}: must divide the actor's {a.n_kv_heads} KV heads")
+    n = {"actor": param_count(a).total, "reference": param_count(a).total,
+         "critic": param_count(models["critic"]).total if models["critic"] else scalar_head_params(a)}
+    n["reward"] = (param_count(models["reward"]).total if models["reward"] else n["critic"])
+    if placement == "colocated":
+        groups = dict.fromkeys(_RLHF_ROLES, n_gpus)
+    elif placement == "split":
+        if split is None:
+            if n_gpus % 8:
+                raise ValueError(f"n_gpus={n_gpus}: the default split needs a multiple of 8; pass split=")
+            split = {"actor": n_gpus // 4, "critic": n_gpus // 4, "reference": n_gpus // 8, "reward": n_gpus // 8,
+                     "rollout": n_gpus // 4}
+        if set(split) != set(_RLHF_ROLES) or any(not isinstance(v, int) or v < 1 for v in split.values()):
+            raise ValueError(f"split={split!r}: allowed a dict of GPU counts >= 1 for exactly {_RLHF_ROLES}")
+        if sum(split.values()) != n_gpus:
+            raise ValueError(f"split={split!r}: its GPU counts add up to {sum(split.values())}, not n_gpus={n_gpus}")
+        groups = dict(split)
+    else:
+        raise ValueError(f"placement={placement!r}: allowed 'colocated', 'split'")
+    if groups["rollout"] % rollout_tp:
+        raise ValueError(f"rollout_tp={rollout_tp}: must divide the rollout GPUs ({groups['rollout']})")
+    fb = _rlhf_dtype_bytes(frozen_dtype, "frozen_dtype")
+    parts = {}
+    for role in ("actor", "critic"):
+        s = model_state_bytes(n[role], dp=groups[role], zero=3, precision=precision, optimizer=optimizer)
+        parts[role] = {f"{role} params": s.params, f"{role} grads": s.grads, f"{role} optimizer": s.optimizer,
+                       f"{role} master": s.master}
+    for role in ("reference", "reward"):
+        parts[role] = {f"{role} weights": fb * math.ceil(n[role] / groups[role])}
+    from .inference import kv_cache  # the one KV-per-token formula (GQA: n_kv heads; MLA: the latent)
+
+    _rlhf_dtype_bytes(kv_dtype, "kv_dtype")
+    kv = rollout_batch * (prompt_len + response_len) * kv_cache.kv_bytes_per_token(a, kv_dtype)
+    parts["rollout"] = {"rollout weights": fb * n["actor"] / rollout_tp, "KV cache": kv / groups["rollout"]}
+    if placement == "colocated":
+        roles = {"all": (n_gpus, {k: v for p in parts.values() for k, v in p.items()})}
+    else:
+        roles = {r: (groups[r], parts[r]) for r in _RLHF_ROLES}
+    return RLHFMemory(placement, n_gpus, roles, n)
+
+
+__all__ += ["RLHFMemory", "rlhf_estimate", "scalar_head_params"]

@@ -2,13 +2,13 @@
 
 ``L(N, D) = E + A / N^alpha + B / D^beta`` (Chinchilla's parametric form; N parameters, D training
 tokens, L in nats/token). Under ``C = 6 N D`` FLOPs the loss-minimising split is closed-form
-(formulas.md §11.1)::
+(Hoffmann et al. 2022, arXiv:2203.15556, §3.3)::
 
     N*(C) = G (C/6)^a,  D*(C) = (C/6)^b / G,  a = beta/(alpha+beta), b = alpha/(alpha+beta),
     G = (alpha A / (beta B))^(1/(alpha+beta))
 
 so the optimal tokens per parameter ``D*/N* = (C/6)^(b-a) / G^2`` is a constant only if alpha = beta:
-"20 tokens per parameter" is a rounding of Chinchilla's approaches 1-2, not a law (seed-errata).
+"20 tokens per parameter" is a rounding of Chinchilla's approaches 1-2, not a law.
 
 Kaplan et al.'s joint law ``L = [(N_c/N)^(alpha_N/alpha_D) + D_c/D]^alpha_D`` is included with its
 published compute-efficient allocation ``N_opt = 1.3e9 (C/PF-day)^0.73``.

@@ -41,3 +41,11 @@ def run_notebook(name: str, **parameters):
 def printed_text(nb) -> str:
     """Everything the executed notebook's code cells printed (stream outputs), in order."""
     return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+
+
+def assert_exercises_passed(text: str, n: int) -> None:
+    """A ``solutions=True`` run printed the pass line of exercises 1..n and no "not attempted"."""
+    for k in range(1, n + 1):
+        assert f"check passed: exercise {k}" in text, f"exercise {k}: its check did not print its pass line"
+    assert f"check passed: exercise {n + 1}" not in text, f"more than {n} exercises: update the test"
+    assert "not attempted" not in text, "with solutions=True every exercise must run its solution"

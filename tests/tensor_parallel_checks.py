@@ -169,10 +169,10 @@ def _check_model(out, t, r):
             out[f"bytes/{tag}/formula"] = _model_step_bytes(cfg, t, sp)
 
 
-# ---- closed forms (formulas.md §1.2, §3.2, §7, §8) ---------------------------------------------
+# ---- closed forms (ring traffic, Megatron TP, exact counts, Korthikanti activations) ---------------
 def _layer_step_bytes(h, t, sp, regather, elem=4):
     """Per-rank ring bytes of one transformer layer, forward + backward, activations [B, S, h].
-    No SP: 4 all-reduces of b·s·h -> 8(t-1)/t·bsh elements [formulas §3.2]. SP: 4 all-gathers + 4
+    No SP: 4 all-reduces of b·s·h -> 8(t-1)/t·bsh elements (Shoeybi et al. 2019). SP: 4 all-gathers + 4
     reduce-scatters of the full b·s·h array -> the same 8(t-1)/t·bsh; Megatron's re-gather of the
     two column-parallel inputs in backward adds 2(t-1)/t·bsh."""
     bsh = B * S * h
@@ -236,7 +236,8 @@ def _saved_bytes(fn, exclude):
 
 
 def _layer_activation_formula(cfg, t, sp, B_=4, M=4):
-    """Korthikanti et al. 2022 per-layer activations with general widths (formulas §8.1-8.3):
+    """Korthikanti et al. 2022 per-layer activations with general widths (arXiv:2205.05198, eq. 1-2;
+    on CPU dropout masks are saved in the activation dtype):
     replicated under TP without SP: LayerNorm inputs 2B, QKV input B, MLP input B, 2 dropout masks
     M (all ·sbh); split by t: Q, K, V, O-input 4B·sbh, GeLU input and output 8B·sbh, attention core
     a·s²·b·(2B + M). With SP everything is split by t. Plus what the paper neglects and eager
@@ -272,7 +273,7 @@ def _check_memory(out, t, r):
         out[f"act/{tag}/measured"] = measured
         out[f"act/{tag}/formula"] = _layer_activation_formula(GPT, tt, bool(sp))
         out[f"act/{tag}/memory.layer_terms"] = sum(b for _, b in memory.layer_terms(GPT, train))
-    # parameters: Llama-style exact count (formulas §7), matrices split by t, norms replicated
+    # parameters: Llama-style exact count (Llama Team 2024 shapes), matrices split by t, norms replicated
     for tied in (False, True):
         cfg = CFG.replace(tied_embeddings=tied)
         model = tp.TPTransformer(cfg)

@@ -1,4 +1,4 @@
-"""Cost models, busbw factors and fits against hand-worked values (formulas.md §1.2–1.4)."""
+"""Cost models, busbw factors and fits against hand-worked values (nccl-tests PERFORMANCE.md, Thakur et al. 2005)."""
 
 import numpy as np
 import pytest
@@ -48,7 +48,7 @@ def test_busbw_factors_and_worked_example():
     assert comm.busbw_factor("all_gather", 8) == 0.875
     assert comm.busbw_factor("reduce_scatter", 2) == 0.5
     assert comm.busbw_factor("broadcast", 8) == 1.0
-    # formulas.md §1.4: 4 ranks, 419,430,400 B
+    # nccl-tests busbw, worked by hand: 4 ranks, 419,430,400 B
     assert comm.algbw(419_430_400, 2.15e-3) / 1e9 == pytest.approx(195.08, abs=0.01)
     assert comm.busbw("all_reduce", 419_430_400, 2.15e-3, 4) / 1e9 == pytest.approx(292.63, abs=0.01)
     assert comm.busbw("all_reduce", 419_430_400, 2.15e-3, 4) / GiB == pytest.approx(272.53, abs=0.01)

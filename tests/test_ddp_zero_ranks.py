@@ -3,8 +3,9 @@
 Each launch trains the small transformer for 3 steps with every implementation and both AdamW and
 SGD (momentum), and returns numbers only; the tests below compare them with independent
 references: single-process training on the full batch (computed inside each rank without any
-communication), PyTorch's DistributedDataParallel, the ring-traffic closed forms of formulas.md
-§1.2/§2.4 and the model-state closed forms of §2.3 / ``mlsys_nb.memory``.
+communication), PyTorch's DistributedDataParallel, the ring-traffic closed forms
+(Patarasuk & Yuan 2009; ZeRO arXiv:1910.02054 §7) and the model-state closed forms (ZeRO §3 /
+``mlsys_nb.memory``).
 """
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ def test_every_implementation_equals_pytorch_ddp_and_fsdp2(runs):
             assert fsdp2 < TOL, f"FSDP2 vs single process: {fsdp2:.3g}"
 
 
-def test_bytes_communicated_per_step_match_formulas(runs):
+def test_bytes_communicated_per_step_match_closed_forms(runs):
     world, _, per_rank = runs
     for out in per_rank:
         psi_bytes = 4 * out["n_params"]  # fp32 gradients / parameters
@@ -198,7 +199,7 @@ def test_comm_counter_counts_ring_bytes_of_each_collective(runs):
         probe = out["probe"]
         ops = ("all_reduce", "reduce_scatter_single", "all_gather_single", "broadcast")
         for (op, k), factor in zip(zip(ops, sizes), (2 * ring, ring, ring, 1.0)):
-            full = 4 * k * world  # bytes of the full tensor (formulas §1.2 "S is")
+            full = 4 * k * world  # bytes of the full tensor (S as nccl-tests defines it)
             assert probe[op]["ok"], f"rank {rank}: wrapped {op} returned a wrong result"
             assert probe[op]["calls"] == 1 and probe[op]["payload_bytes"] == full, (op, probe[op])
             assert probe[op]["bytes_sent"] == pytest.approx(factor * full), (op, probe[op])

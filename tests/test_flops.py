@@ -1,5 +1,5 @@
 """FLOPs per token against FlopCounterMode on the real small transformer, the 6N approximations
-against published/derived values (formulas.md §10), MFU, training time and cost."""
+against published/derived values (Kaplan 2020, PaLM 2022, Llama 2 2023), MFU, training time and cost."""
 
 import pytest
 import torch
@@ -8,7 +8,7 @@ from mlsys_nb import flops
 from mlsys_nb.config import ModelConfig
 from mlsys_nb.models import Transformer
 
-# Published shapes (formulas.md §7); built inline so the tests do not depend on data/models.yaml.
+# Published shapes (papers' tables, HF configs); built inline so the tests do not depend on data/models.yaml.
 LLAMA2_7B = ModelConfig(n_layers=32, hidden=4096, n_heads=32, n_kv_heads=32, ffn_hidden=11008,
                         vocab_size=32000, seq_len=4096)
 LLAMA2_13B = ModelConfig(n_layers=40, hidden=5120, n_heads=40, ffn_hidden=13824, vocab_size=32000, seq_len=4096)
@@ -94,10 +94,10 @@ def test_causal_count_keeps_the_lower_triangle():
 
 
 def test_parameter_count_and_6n_attention_share():
-    # formulas.md §7 totals and §10.1 attention share over 6N (derived, exact N)
+    # exact totals and the attention share over 6N (derived, exact N)
     assert flops.parameter_count(LLAMA2_7B) == 6_738_415_616
     assert flops.parameter_count(LLAMA2_70B) == 68_976_648_192
-    # formulas.md's non-embedding count is the blocks only; ours keeps the final norm (h = 8192)
+    # a non-embedding count of the blocks only would drop it; ours keeps the final norm (h = 8192)
     assert flops.parameter_count(LLAMA2_70B, exclude_embedding=True) == 68_452_352_000 + 8192
     share = lambda cfg, s: flops.six_n_attention(cfg, s) / flops.six_n(cfg) - 1  # noqa: E731
     assert share(LLAMA2_7B, 4096) == pytest.approx(0.159, abs=5e-4)
@@ -110,15 +110,15 @@ def test_parameter_count_and_6n_attention_share():
 
 
 def test_gpt3_forward_without_attention_matches_ipn_value():
-    # IPN calculate_transformer_flops(12288, 96, 2048, 50257): fwd total 349,127,467,008 (24h^2 per
-    # layer + 2hV head), seed-errata §7
+    # a textbook calculate_transformer_flops(12288, 96, 2048, 50257): fwd total 349,127,467,008 (24h^2 per
+    # layer + 2hV head), a hand-worked GPT-3 count
     b = flops.breakdown(GPT3, 2048, causal=False)
     assert b.forward_total - b.forward["attn_scores"] - b.forward["attn_values"] == 349_127_467_008
     assert (b.forward["qkv"] + b.forward["out_proj"] + b.forward["mlp"]) / 96 == 3_623_878_656
 
 
 def test_worked_training_times():
-    # formulas.md §10.2 (derived): 70B, 2T tokens
+    # derived: 70B, 2T tokens
     assert flops.training_flops(70e9, 2e12) == pytest.approx(8.4e23)
     est = flops.training_time(70e9, 2e12, gpu="A100-80GB", n_gpus=512, mfu=0.5)
     assert est.peak_flops_per_s == 312e12
@@ -136,7 +136,7 @@ def test_worked_training_times():
 
 
 def test_llama2_implied_mfu():
-    # formulas.md §10.2: reported A100 GPU-hours, 2T tokens, 312 TFLOP/s
+    # Llama 2 (arXiv:2307.09288) Table 2: reported A100 GPU-hours, 2T tokens, 312 TFLOP/s
     hours = {7e9: 184_320, 13e9: 368_640, 70e9: 1_720_320}
     nominal = [flops.implied_mfu(n, 2e12, h, gpu="A100-80GB") for n, h in hours.items()]
     assert nominal == pytest.approx([0.406, 0.377, 0.435], abs=5e-4)
@@ -153,7 +153,7 @@ def test_mfu_and_hfu_from_step_time():
     assert flops.mfu(c, tps, seq_len=16, gpu=1e9, n_gpus=4) == pytest.approx(tps * per_tok / 4e9)
     h = flops.hfu(c, tps, seq_len=16, gpu=1e9, recompute="full")
     assert h > flops.mfu(c, tps, seq_len=16, gpu=1e9)
-    # a linear-only model with textbook full recompute: HFU / MFU = 4/3 (formulas.md §10.2)
+    # a linear-only model with textbook full recompute: HFU / MFU = 4/3 (PaLM, arXiv:2204.02311, App. B)
     assert flops.mfu(7e9, 1000, gpu="H100-SXM") == pytest.approx(1000 * 42e9 / 989.4e12)
     m = Transformer(c, attn_impl="matmul")
     meas = flops.measure_step(m, torch.randint(0, 50, (2, 17)), repeats=2)

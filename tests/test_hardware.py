@@ -9,13 +9,13 @@ def test_every_number_is_a_number_with_a_source():
         assert g.source and (g.nvlink is None or g.nvlink in hardware.links())
     for ln in hardware.links().values():
         assert isinstance(ln.per_direction_bytes_per_s, float) and ln.source, ln
-        # bidirectional is both directions added (formulas.md 0.1)
+        # bidirectional is both directions added (NVIDIA datasheets)
         assert ln.bidirectional_bytes_per_s == 2 * ln.per_direction_bytes_per_s, ln
 
 
 def test_published_ridge_point():
     h100 = hardware.gpu("H100-SXM")
-    assert round(h100.peak("bf16") / h100.hbm_bandwidth_bytes_per_s) == 295  # formulas.md 1.5
+    assert round(h100.peak("bf16") / h100.hbm_bandwidth_bytes_per_s) == 295  # H100 SXM ridge point
 
 
 def test_memory_is_what_the_device_reports_where_published():

@@ -148,3 +148,12 @@ def test_cache_tensors_match_kv_cache_bytes():
             cache = KVCache(m, 3, 17, dtype=dtype)
             assert cache.nbytes == kv_cache_bytes(m, 3 * 17, dtype)
             assert cache.nbytes == kv_cache_bytes(m.cfg, 3 * 17, "bf16" if dtype == torch.bfloat16 else "fp32")
+
+
+def test_norm_eps_reaches_the_norms_and_is_validated():
+    m = model(seed=8, norm_eps=1e-6)
+    assert all(n.eps == 1e-6 for n in m.modules() if isinstance(n, torch.nn.RMSNorm))
+    assert ModelConfig(n_layers=1, hidden=8, n_heads=2, vocab_size=10).norm_eps == 1e-5  # default unchanged
+    for bad in (0.0, -1e-5, 1.5, True):
+        with pytest.raises(ValueError, match="norm_eps"):
+            ModelConfig(n_layers=1, hidden=8, n_heads=2, vocab_size=10, norm_eps=bad)

@@ -25,7 +25,7 @@ def test_preset_param_count_equals_the_module_on_meta(name):
     cfg = memory.preset(name)
     pc = param_count(cfg)
     assert pc.total == meta_count(cfg), name
-    if "params_exact" in RAW[name]:  # derived values in formulas.md §5 / §7
+    if "params_exact" in RAW[name]:  # exact counts derived from the published shapes
         assert pc.total == RAW[name]["params_exact"]
     if "params_active_exact" in RAW[name]:
         assert pc.active == RAW[name]["params_active_exact"]
@@ -56,7 +56,7 @@ def test_random_shapes_count_equals_the_module(seed):
 
 # ---- model states -------------------------------------------------------------------------------
 def test_zero_worked_values_70b():
-    """formulas.md §2.3: 70B on N_d = 64, and the K = 8 (no master) table."""
+    """ZeRO (arXiv:1910.02054) §3: 70B on N_d = 64, and the K = 8 (no master) table."""
     got = [memory.model_state_bytes(70e9, dp=64, zero=z).total / GB for z in range(4)]
     assert got == pytest.approx([1120, 293.125, 155.3125, 17.5])
     got = [memory.model_state_bytes(8.75e9, dp=8, zero=z).total / GB for z in range(4)]
@@ -84,7 +84,7 @@ def test_model_states_equal_real_tensors(name):
             meas["params"], meas["grads"], meas["optimizer"], meas["master"]), (precision, optimizer)
 
 
-# ---- activations against Korthikanti et al. (formulas §8.1-8.2) -----------------------------
+# ---- activations against Korthikanti et al. (arXiv:2205.05198, eq. 1-2, Table 2) -----------------------------
 def _korthikanti_layer(tp, sp, rc, s=2048, b=1):
     cfg = memory.preset("gpt-3-175b")
     t = TrainConfig(micro_batch=b, seq_len=s, tp=tp, sp=sp, recompute=rc, flash_attention=False)
@@ -166,9 +166,9 @@ def test_cpu_dropout_masks_take_the_activation_dtype():
     assert measure_activations(cfg, t).total == cpu.activations != cuda.activations
 
 
-# ---- the Playbook widget port: golden values (formulas §15.4) --------------------------------
+# ---- the Playbook widget port: golden values (docs/references.md#playbook-memory-widget) -----------------------------
 PB = load_yaml("playbook_memory.yaml")
-GOLDEN = {None: PB["initial"], **PB["presets"]}  # formulas §15.4
+GOLDEN = {None: PB["initial"], **PB["presets"]}  # data/playbook_memory.yaml
 
 
 @pytest.mark.parametrize("preset", list(GOLDEN), ids=str)
@@ -197,7 +197,7 @@ def test_compat_mode_of_estimate_is_the_widget():
     assert b.total == GOLDEN["Llama 3 8B"]["golden"]["total"] and b.mode == "playbook"
 
 
-# ---- each Playbook bug, fixed in the default mode (formulas §15.5) ---------------------------
+# ---- each Playbook bug, fixed in the default mode ------------------------
 def test_fix1_tp_shards_params_grads_and_optimizer():
     cfg = memory.preset("llama-3.1-70b")
     one, eight = estimate(cfg, TrainConfig(seq_len=1024)), estimate(cfg, TrainConfig(seq_len=1024, tp=8))
@@ -205,7 +205,7 @@ def test_fix1_tp_shards_params_grads_and_optimizer():
         assert getattr(one, f) / 8 <= getattr(eight, f) <= getattr(one, f) / 8 * 1.001
     pb = [playbook_estimate(**{**memory.PLAYBOOK_PRESETS["Llama 3 70B"], "tp": tp})["parameters"] for tp in (1, 8)]
     assert pb[0] == pb[1]  # the widget's bug
-    # Playbook TP plot (formulas §8.5b, 12 B/param): 131.4 GiB -> 16.44 GiB per rank at TP 8
+    # Playbook TP plot (Tazi et al. 2025, 12 B/param): 131.4 GiB -> 16.44 GiB per rank at TP 8
     nm = estimate(cfg, TrainConfig(seq_len=1024, tp=8, precision="bf16-nomaster"))
     assert nm.params / GiB == pytest.approx(16.438, rel=2e-3)
 
@@ -245,7 +245,7 @@ def test_fix6_fp32_gradient_accumulation_buffer():
 def test_fix8_pipeline_stages_hold_their_layers_and_the_embedding():
     cfg = memory.preset("llama-3.1-8b")
     first = estimate(cfg, TrainConfig(pp=8, seq_len=4096), stage=0)
-    assert first.n_params_rank == 1_397_784_576  # formulas §4.5
+    assert first.n_params_rank == 1_397_784_576  # Llama-3.1-8B first of 8 stages: 4 layers + embedding
     assert first.layers == 4
     gpipe = estimate(cfg, TrainConfig(pp=8, n_microbatches=32, pp_schedule="gpipe", seq_len=4096), stage=0)
     one = estimate(cfg, TrainConfig(pp=8, n_microbatches=32, seq_len=4096), stage=0)
@@ -298,7 +298,7 @@ def test_breakdown_table_and_units():
 
 
 def test_published_playbook_plot_values():
-    """formulas.md §8.5: measured Llama-1B fp32 states on H100 (4.60 / 9.21 GiB) and the ZeRO plot
+    """The Playbook (Tazi et al. 2025): measured Llama-1B fp32 states on H100 (4.60 / 9.21 GiB) and the ZeRO plot
     (8B, DP 8, 12 B/param accounting: 14.957 GiB params, 59.828 GiB optimizer before sharding)."""
     one_b = estimate(memory.preset("llama-3.2-1b"), TrainConfig(precision="fp32", seq_len=1024))
     assert round(one_b.params / GiB, 2) == 4.60 and round(one_b.optimizer / GiB, 2) == 9.21

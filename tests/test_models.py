@@ -8,7 +8,7 @@ from mlsys_nb.models import Transformer
 
 
 def llama_count(c: ModelConfig) -> int:
-    """Llama-style exact count (formulas.md §7), written independently of the module."""
+    """Llama-style exact count (GQA + SwiGLU + RMSNorm), written independently of the module."""
     h, f = c.hidden, c.ffn_hidden
     mlp = (3 if c.activation == "swiglu" else 2) * h * f
     layer = h * c.q_dim + 2 * h * c.kv_dim + c.q_dim * h + mlp + 2 * h

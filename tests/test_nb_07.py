@@ -2,13 +2,14 @@
 under nbval): every check cell must pass with t = 2 as well, with sizes derived from the parameters."""
 import pytest
 
-from nbrun import printed_text, run_notebook
+from nbrun import assert_exercises_passed, printed_text, run_notebook
 
 
 @pytest.mark.notebook
 @pytest.mark.slow
 def test_tensor_parallelism_notebook_with_two_ranks():
-    nb = run_notebook("07_tensor_parallelism.ipynb", world_size=2, seed=1)
+    nb = run_notebook("07_tensor_parallelism.ipynb", world_size=2, seed=1, solutions=True)
     text = printed_text(nb)
     assert "t = 2 ranks" in text
     assert "equal the single-process model" in text
+    assert_exercises_passed(text, 2)

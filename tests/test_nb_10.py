@@ -2,15 +2,16 @@
 preset (tied embeddings), another GPU, another sequence length and 2 ranks for the ZeRO section."""
 import pytest
 
-from nbrun import printed_text, run_notebook
+from nbrun import assert_exercises_passed, printed_text, run_notebook
 
 
 @pytest.mark.notebook
 @pytest.mark.slow
 def test_training_memory_notebook_other_preset_two_ranks():
     nb = run_notebook("10_training_memory.ipynb", world_size=2, preset_name="llama-3.2-1b",
-                      gpu_name="A100-40GB-SXM", seq_len=2048, seed=1)
+                      gpu_name="A100-40GB-SXM", seq_len=2048, seed=1, solutions=True)
     text = printed_text(nb)
     assert "llama-3.2-1b: 1,235,814,400 parameters" in text
     assert "2 ranks x 4 stages: measured per-rank model states equal mlsys_nb.memory to the byte" in text
     assert "largest relative error" in text
+    assert_exercises_passed(text, 2)

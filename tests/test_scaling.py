@@ -1,4 +1,4 @@
-"""Scaling laws against formulas.md §11 (published constants, derived allocation tables), the
+"""Scaling laws against published constants (arXiv:2203.15556, 2404.10102, 2001.08361), derived allocation tables), the
 fitter's recovery of known constants, the synthetic language's exact entropy rate, and the ladder."""
 import numpy as np
 import pytest

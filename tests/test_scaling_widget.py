@@ -19,7 +19,7 @@ def test_widget_follows_the_law_and_redraws():
     assert t0.loc["wall-clock", "value"] == pytest.approx(est.days)
     assert t0.loc["cost", "value"] == pytest.approx(est.cost_usd)
     w.controls["compute"].value = 1e21  # a single control change redraws
-    assert w.table().loc["D*/N*", "value"] == pytest.approx(50.08, abs=0.01)  # formulas.md §11.1
+    assert w.table().loc["D*/N*", "value"] == pytest.approx(50.08, abs=0.01)  # Chinchilla approach 3, C = 1e21
     assert _lines(w.figure) != l0
     w.set_state({"law": "epoch"})
     assert w.table().loc["D*/N*", "value"] == pytest.approx(21.59, abs=0.01)

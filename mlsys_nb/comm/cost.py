@@ -1,14 +1,15 @@
 """The cost of communication: closed-form bytes, α-β time models, algbw/busbw, fits and sweeps.
 
-Conventions (formulas.md §1):
+Conventions (sources: docs/references.md#nccl-tests, #thakur2005, #patarasuk2009):
 
 - ``nbytes`` (``S``) is the size nccl-tests uses: the tensor for all_reduce/broadcast/reduce, the
   **full** array for all_gather (output) and reduce_scatter (input), one rank's send buffer for
   all_to_all.
-- α-β model [Thakur]: ``T = k_alpha(n) * alpha + k_beta(n) * S / beta`` with ``alpha`` the
+- α-β model (Thakur, Rabenseifner & Gropp 2005): ``T = k_alpha(n) * alpha + k_beta(n) * S / beta`` with ``alpha`` the
   per-message latency (seconds) and ``beta`` the per-direction link bandwidth (bytes/s);
   :func:`cost_coefficients` gives ``(k_alpha, k_beta)`` per op and algorithm.
-- ``algbw = S / t``, ``busbw = algbw * busbw_factor(op, n)`` [NCCLT]; busbw approaches the link
+- ``algbw = S / t``, ``busbw = algbw * busbw_factor(op, n)`` (nccl-tests ``doc/PERFORMANCE.md``); busbw approaches the
+  link
   rate whatever the op and world size.
 
 Pure functions (no processes): :func:`busbw_factor`, :func:`algbw`, :func:`busbw`,
@@ -51,7 +52,7 @@ def _log2ceil(n: int) -> int:
     return (n - 1).bit_length()  # ceil(log2 n) for n >= 1
 
 
-# ----------------------------------------------------------------------------- busbw [NCCLT]
+# ----------------------------------------------------------------------------- busbw (nccl-tests)
 def busbw_factor(op: str, n: int) -> float:
     """nccl-tests' bus-bandwidth factor: ``2(n-1)/n`` for all_reduce, ``(n-1)/n`` for all_gather,
     reduce_scatter and all_to_all, ``1`` for broadcast and reduce."""
@@ -137,7 +138,7 @@ def recursive_doubling_bytes_sent(nbytes: int, n: int, rank: int) -> int:
 
 
 def bytes_sent_per_rank(op: str, nbytes: float, n: int, algorithm: str = "ring") -> float:
-    """The textbook per-rank volume (formulas.md §1.2): ring all_reduce ``2(n-1)/n·S``; ring
+    """The textbook per-rank volume (Patarasuk & Yuan 2009; Thakur et al. 2005): ring all_reduce ``2(n-1)/n·S``; ring
     all_gather / reduce_scatter and pairwise all_to_all ``(n-1)/n·S``; recursive doubling
     all_reduce ``log2(n)·S`` (n a power of two); broadcast/reduce ≈ ``S`` (pipelined chain)."""
     _check_op(op)
@@ -187,7 +188,7 @@ def gloo_bytes_sent(op: str, nbytes: float, n: int, rank: int, root: int = 0) ->
     return ring if vr == 0 else float(nbytes)  # reduce
 
 
-# ----------------------------------------------------------------------------- α-β model [Thakur]
+# ----------------------------------------------------------------------------- α-β model (Thakur 2005)
 def cost_coefficients(op: str, algorithm: str, n: int) -> tuple[float, float]:
     """``(k_alpha, k_beta)`` with ``T = k_alpha·α + k_beta·S/β``.
 

@@ -10,11 +10,11 @@ internals such as ``torch.nn.parallel.DistributedDataParallel``'s reducer.
     from mlsys_nb.comm.counting import CommCounter
     with CommCounter() as cc:
         dist.all_reduce(x)
-    cc.bytes_sent          # bytes this rank sends under the ring algorithms (formulas §1.2)
+    cc.bytes_sent          # bytes this rank sends under the ring algorithms (Patarasuk & Yuan 2009)
     cc.to_frame()          # one row per op: calls, payload bytes, sent bytes
 
-For every call we record the op, the payload ``S`` (the size that formulas.md §1.2 names in its
-"S is" column: the tensor for all_reduce, the full input for reduce_scatter, the full output for
+For every call we record the op, the payload ``S`` (the size nccl-tests' ``doc/PERFORMANCE.md``
+calls S: the tensor for all_reduce, the full input for reduce_scatter, the full output for
 all_gather, the send buffer for all_to_all) and the bytes this rank sends (= receives) under the
 bandwidth-optimal ring algorithm: all_reduce ``2(n-1)/n·S``, reduce_scatter / all_gather /
 all_to_all ``(n-1)/n·S``, broadcast / reduce ``S`` (the root; a pipelined chain), send ``S``.
@@ -67,7 +67,7 @@ def _nbytes(t) -> int:
 
 
 def _payload(op: str, args, kwargs) -> int:
-    """S of formulas.md §1.2 for one call, in bytes."""
+    """S (as nccl-tests defines it) for one call, in bytes."""
     a = list(args) + [None] * 3
 
     def arg(i, name):
@@ -85,7 +85,7 @@ def _payload(op: str, args, kwargs) -> int:
 @dataclass
 class CommRecord:
     op: str
-    payload_bytes: int  # S (formulas §1.2)
+    payload_bytes: int  # S (as nccl-tests defines it)
     bytes_sent: float  # ring-model bytes this rank sends
     group_size: int
 
@@ -159,7 +159,7 @@ class CommCounter:
 
     @property
     def bytes_sent(self) -> float:
-        """Bytes this rank sends in total (ring model, formulas §1.2)."""
+        """Bytes this rank sends in total (ring model, Patarasuk & Yuan 2009)."""
         return sum(r.bytes_sent for r in self.records)
 
     @property

@@ -210,10 +210,12 @@ class KVCache:
             raise RuntimeError("cache.attend called outside a step: the model calls cache.begin first")
         ids, n, start, b, s = self._step
         kc, vc = self.k[layer_idx], self.v[layer_idx]
-        for i in range(b):  # append the valid new tokens of each row after its cached ones
-            seq, lo, cnt = int(ids[i]), int(start[i]), int(n[i])
-            kc[seq, :, lo:lo + cnt] = k[i, :, :cnt].to(kc.dtype)
-            vc[seq, :, lo:lo + cnt] = v[i, :, :cnt].to(vc.dtype)
+        # append the valid new tokens (row i, j < n_new[i]) at positions lengths[seq] + j, in one scatter
+        row, j = (torch.arange(s)[None, :] < n[:, None]).nonzero(as_tuple=True)
+        dev = kc.device
+        seq, pos = ids[row].to(dev), (start[row] + j).to(dev)
+        kc[seq, :, pos] = k[row.to(k.device), :, j.to(k.device)].to(kc.dtype)
+        vc[seq, :, pos] = v[row.to(v.device), :, j.to(v.device)].to(vc.dtype)
         t = int((start + n).max())
         if torch.equal(ids, torch.arange(b)):  # rows 0..b-1: a view, no copy
             keys, values = kc[:b, :, :t], vc[:b, :, :t]

@@ -2,6 +2,9 @@
 
 - ``Transformer(cfg)`` (``transformer``): the package's small Llama- or GPT-style transformer,
   built from a ``mlsys_nb.config.ModelConfig`` (also ``Block``, ``Attention``, ``MLP``, ``MoE``).
+- ``routing``: mixture-of-experts routing shared by ``MoE`` and expert parallelism: softmax or
+  sigmoid (DeepSeek-V3, bias-balanced) top-k gating, capacity with the pinned drop rule,
+  load-balancing and z losses (``route``, ``Routing``, ``update_bias``).
 - ``measure``: memory measured on a real model: ``saved_activation_bytes``,
   ``measure_activations``, ``measure_model_states`` and ``measured_state_bytes`` (the bytes of
   parameters, gradients and optimizer states a rank holds, from its tensors), which the formulas

@@ -12,7 +12,7 @@
 - ``measured_state_bytes(model, optimizer)``: the same bytes for a model and optimizer a rank holds
   right now (DDP, ZeRO, FSDP2), used by ``mlsys_nb.parallel.harness``.
 
-CPU caveats (pitfalls.md, formulas §8.3): dropout masks are saved in the activation dtype (not as
+CPU caveats (measured here, see ``tests/test_memory.py``): dropout masks are saved in the activation dtype (not as
 1-byte masks); SDPA with dropout > 0 falls back to a math path that upcasts bf16 to fp32, so measure
 dropout runs with ``flash_attention=False``; compare with ``estimate`` under
 ``kernels="eager", device="cpu"`` (``cpu_setting``).

@@ -29,6 +29,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..config import ModelConfig
+from .routing import check_router_args, load_balancing_loss, load_balancing_terms, route, update_bias, z_loss_sum
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 ATTN_IMPLS = ("sdpa", "matmul")
@@ -132,29 +133,53 @@ class MLP(nn.Module):
 
 class MoE(nn.Module):
     """Top-k routed experts (+ shared experts), computed by dense dispatch: each expert runs on
-    the tokens routed to it and its output is weighted by the renormalised router probability."""
+    the tokens routed to it and its output is weighted by the renormalised gate weight.
 
-    def __init__(self, cfg: ModelConfig):
+    ``gating``: ``"softmax"`` (top-k of softmax) or ``"sigmoid"`` (DeepSeek-V3: top-k of
+    sigmoid + ``router_bias``, weights renormalised; the bias buffer is moved by ``update_bias``,
+    not by gradients). ``capacity_factor``: None (no drops) or cf > 0: each expert accepts
+    ``⌈cf·T·k/E⌉`` assignments of the batch's T tokens, filled first choices first, tokens in order
+    (``mlsys_nb.models.routing``). After each forward: ``last_routing`` (choices, weights, which
+    assignments were dropped), ``last_aux_loss`` (Switch/GShard load-balancing loss, 1.0 when
+    uniform), ``last_z_loss`` (router z-loss), ``last_load`` (kept assignments per expert) and
+    ``last_dropped`` (dropped assignments). The losses are differentiable and *not* added to the
+    output: add ``α·last_aux_loss + β·last_z_loss`` to your loss."""
+
+    def __init__(self, cfg: ModelConfig, *, gating: str = "softmax", capacity_factor: float | None = None):
         super().__init__()
-        self.cfg = cfg
+        check_router_args(cfg.n_experts, cfg.top_k, gating, capacity_factor)
+        self.cfg, self.gating, self.capacity_factor = cfg, gating, capacity_factor
         self.router = nn.Linear(cfg.hidden, cfg.n_experts, bias=False)
         self.experts = nn.ModuleList(MLP(cfg, cfg.expert_ffn_hidden) for _ in range(cfg.n_experts))
         self.shared = nn.ModuleList(MLP(cfg, cfg.expert_ffn_hidden) for _ in range(cfg.n_shared_experts))
+        self.register_buffer("router_bias", torch.zeros(cfg.n_experts), persistent=False)
+        self.last_routing = self.last_aux_loss = self.last_z_loss = self.last_load = None
+        self.last_dropped = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
         flat = x.reshape(-1, h)
-        probs = self.router(flat).softmax(dim=-1)
-        weight, idx = probs.topk(self.cfg.top_k, dim=-1)
-        weight = weight / weight.sum(dim=-1, keepdim=True)
+        E, T = self.cfg.n_experts, flat.shape[0]
+        r = route(self.router(flat), self.cfg.top_k, gating=self.gating, bias=self.router_bias,
+                  capacity_factor=self.capacity_factor)
+        counts, prob_sums = load_balancing_terms(r, E)
+        self.last_routing, self.last_dropped = r, r.dropped
+        self.last_aux_loss = load_balancing_loss(counts, prob_sums, T, self.cfg.top_k)
+        self.last_z_loss = z_loss_sum(r.logits) / T
+        self.last_load = r.counts(E, kept_only=True)
         out = torch.zeros_like(flat)
         for e, expert in enumerate(self.experts):
-            token, slot = (idx == e).nonzero(as_tuple=True)
+            token, slot = ((r.idx == e) & r.keep).nonzero(as_tuple=True)
             if token.numel():
-                out.index_add_(0, token, expert(flat[token]) * weight[token, slot, None])
+                out.index_add_(0, token, expert(flat[token]) * r.weight[token, slot, None])
         for expert in self.shared:
             out = out + expert(flat)
         return out.view(b, s, h)
+
+    def update_bias(self, gamma: float = 1e-3, load: torch.Tensor | None = None) -> None:
+        """Auxiliary-loss-free balancing step on ``router_bias`` from ``load`` (default: the last
+        forward's assignments per expert before drops)."""
+        update_bias(self.router_bias, self.last_routing.counts(self.cfg.n_experts) if load is None else load, gamma)
 
 
 class Block(nn.Module):

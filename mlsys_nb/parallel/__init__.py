@@ -6,6 +6,12 @@
   ``default_units``) with reduce-scatter and all-gather.
 - ``tensor``: Megatron-style tensor and sequence parallelism (``ColumnParallelLinear``,
   ``RowParallelLinear``, ``TPMLP``, ``TPAttention``, ``TPTransformer``, ...).
+- ``expert``: expert parallelism for mixture-of-experts layers (``EPMoE``: all_to_all dispatch with
+  the counts exchanged first, local experts, all_to_all combine; capacity and drops as the dense
+  ``mlsys_nb.models.MoE``), ``check_ep_args``, ``ep_bytes_per_layer``, ``tp_moe_bytes_per_layer``.
+- ``context``: context parallelism: ``ring_attention`` (K/V on a ring, isend/irecv overlapped with
+  the block compute, log-sum-exp merge, causal zig-zag chunks, GQA), ``allgather_attention`` (the
+  Llama 3 variant), ``shard_sequence``, ``positions``, ``check_cp_args``, ``causal_work``.
 - ``harness``: the run-and-compare harness: the same seeded model and batches under every
   data-parallel implementation (``compare_implementations``, ``train_parallel``, ``train_single``,
   ``tiny_config``, ``make_batches``, ``time_ddp_steps``), compared with single-process training

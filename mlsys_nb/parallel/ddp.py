@@ -1,6 +1,6 @@
 """Data parallelism from scratch: every rank holds the whole model and a shard of the batch.
 
-Why it works (formulas.md §2.1): the loss of a batch split into N equal shards is the mean of the
+Why it works: the loss of a batch split into N equal shards is the mean of the
 shard losses, so its gradient is the mean of the shard gradients. Averaging gradients with
 ``all_reduce(SUM) / N`` before the optimizer step makes every rank take exactly the step that
 single-process training on the full batch would take; the replicas stay identical.
@@ -21,7 +21,7 @@ the next backward outside the context all-reduces the accumulated sum (one all-r
 micro-batches). Divide each micro-batch loss by k, as in single-process accumulation.
 
 Communication per step per rank: one all-reduce of all gradients, ``2(N-1)/N · Ψ`` elements
-(formulas §2.2), whatever the bucket size. ``timeline`` records, for each bucket, when its
+(Li et al. 2020, arXiv:2006.15704), whatever the bucket size. ``timeline`` records, for each bucket, when its
 gradients were ready, when its all-reduce was launched and when it completed (seconds,
 ``time.perf_counter``), which notebook 05 plots per rank.
 """

@@ -21,7 +21,8 @@ The module's parameters become views into that buffer, and the optimizer (any *e
 SGD, Adam, AdamW...) is built on the N-th shards only. Everything is in the parameters' dtype
 (fp32 here), so the shard is also the master copy.
 
-Communication per step per rank (formulas.md §2.4, elements): stages 1 and 2 reduce-scatter the
+Communication per step per rank (Rajbhandari et al. 2020, arXiv:1910.02054, §7; elements): stages 1
+and 2 reduce-scatter the
 gradients and all-gather the parameters, ``2(N-1)/N·Ψ`` like DDP's all-reduce; stage 3 all-gathers
 the parameters twice (forward and backward) and reduce-scatters once, ``3(N-1)/N·Ψ`` = 1.5× DDP.
 

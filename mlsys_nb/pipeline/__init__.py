@@ -2,7 +2,7 @@
 
 - ``schedule(name, p, m, v=None)`` -> ``Schedule`` with ``.actions[rank]`` (with send/recv) and
   ``.compute[rank]`` (F/B/W/FB only); names in ``SCHEDULES``; ``validate(schedule)``.
-- ``simulate(schedule, F=1.0, B=1.0, W=None, comm=0.0)`` -> ``SimResult`` (makespan,
+- ``simulate(schedule, F=1.0, B=1.0, W=None, comm=0.0, a2a=0.0)`` -> ``SimResult`` (makespan,
   bubble_fraction, bubble_ratio, peak_activations, timeline).
 - ``closed_form(name, p, m, v, ...)``: the closed-form values the simulator is tested against;
   ``peak_in_flight(name, p, m, v)``: micro-batches in flight per rank (used by ``mlsys_nb.memory``).

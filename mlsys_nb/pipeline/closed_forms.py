@@ -1,4 +1,5 @@
-"""Closed forms for pipeline bubbles and activation memory (formulas.md §4.2–§4.5).
+"""Closed forms for pipeline bubbles and activation memory (sources: docs/references.md#gpipe, #pipedream-flush,
+#megatron-ptdp, #zero-bubble, #zero-bubble-v, #dualpipe).
 
 ``closed_form(name, p, m, v, F, B, W, FB)`` returns what the formulas predict for the quantities the
 simulator measures, in the simulator's units (costs per micro-batch over L/p layers; activations in
@@ -33,7 +34,7 @@ def peak_in_flight(name: str, p: int, m: int, v: int | None = None) -> list[floa
         return [float(min(2 * p - 1 - 2 * r, m)) for r in range(p)]
     if name == "interleaved-1f1b":
         v = 2 if v is None else v
-        # rank 0: p + (p−1)/v [PTD-P]; rank r: one more than its warm-up forwards, in chunks of 1/v
+        # rank 0: p + (p−1)/v (arXiv:2104.04473); rank r: one more than its warm-up forwards, in chunks of 1/v
         return [min(2 * (p - r - 1) + (v - 1) * p + 1, m * v) / v for r in range(p)]
     if name == "zbv":
         return [float(p) if m >= 2 * p - 1 else float(min(m, p))] * p

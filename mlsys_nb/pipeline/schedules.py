@@ -26,7 +26,8 @@ Communication kinds (in ``Schedule.actions``, the lowered list): ``"SEND_F"``, `
 ``"SEND_B"``, ``"RECV_B"`` with ``peer`` the other rank. Sends are asynchronous (``isend``) and a
 receive blocks until its data arrived: that is how ``validate`` and the executor treat them.
 
-Op orders follow formulas.md §4.3 (Megatron depth-first interleaving, the zero-bubble paper's ZB-H1/H2,
+Op orders follow the papers and reference code (docs/references.md#pipeline-parallelism: Megatron
+depth-first interleaving, the zero-bubble paper's ZB-H1/H2,
 PyTorch's ``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV``, DeepSeek's ``dualpipe.py``).
 """
 from __future__ import annotations

@@ -2,19 +2,20 @@
 
 Every rank runs its ops in the schedule's order; an op starts at
 ``max(rank is free, each dependency finished + comm latency if it ran on another rank)``
-(formulas.md §4.1). Costs are the times of one micro-batch through one rank's share of the model
+(the dependency model of every schedule paper, e.g. Qi et al. 2024, arXiv:2401.10241). Costs are the
+times of one micro-batch through one rank's share of the model
 (L/p layers); an op on a chunk costs ``cost × schedule.chunk_weight × imbalance[rank]``.
 
 Metrics (both bubble conventions are exposed, named):
 
 - ``bubble_fraction`` = idle / total rank time = Σ_r (makespan − busy_r) / (p · makespan);
-  (p−1)/(m+p−1) for 1F1B at equal costs (zero-bubble README, the tutorial).
+  (p−1)/(m+p−1) for 1F1B at equal costs (the zero-bubble README, arXiv:2401.10241).
 - ``bubble_ratio`` = idle / busy = Σ_r (makespan − busy_r) / Σ_r busy_r ("bubble over ideal");
-  (p−1)/m for 1F1B (Megatron, the Playbook). The two are related by ``x/(1+x)``.
+  (p−1)/m for 1F1B (Narayanan et al. 2021, arXiv:2104.04473; the Playbook). The two are related by ``x/(1+x)``.
 - ``bubble_time`` = makespan − mean busy time of a rank.
 - ``peak_activations[r]`` = max over time of (#F done − #B done) on rank r, in units of one
   micro-batch's activations over L/p layers (a chunk counts ``chunk_weight``); ``peak_chunks``
-  is the raw count. Input-gradient B frees the activations (formulas.md §4.1).
+  is the raw count. Input-gradient B frees the activations (Qi et al. 2024).
 """
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ def _pos(name, x, allow_zero=True):
 
 
 def simulate(schedule: Schedule, F: float = 1.0, B: float = 1.0, W: float | None = None,
-             comm: float = 0.0, *, FB: float | None = None, imbalance=None) -> SimResult:
+             comm: float = 0.0, *, FB: float | None = None, imbalance=None, a2a: float = 0.0) -> SimResult:
     """Simulate one step of ``schedule``.
 
     F, B, W: time of a forward, backward and weight-gradient op for one micro-batch over L/p layers.
@@ -118,13 +119,17 @@ def simulate(schedule: Schedule, F: float = 1.0, B: float = 1.0, W: float | None
     then raises). With ``W`` given, ``B`` is the input-gradient part and a full backward costs B + W.
     ``comm``: latency added to every dependency that crosses ranks. ``FB``: duration of an overlapped
     forward+backward pair (DualPipe; default F + full backward). ``imbalance``: per-rank multipliers.
+    ``a2a``: expert-parallel all-to-all time (dispatch + combine) inside every F and every B (input
+    gradient) op, on the critical path: F costs F + a2a, B costs B + a2a (W has none). In an
+    overlapped FB pair each half's all-to-all hides behind the other half's compute (DualPipe,
+    DeepSeek-V3 Sec. 3.2.1): the pair costs ``max(F, a2a) + max(B_full, a2a)`` (default FB only).
     """
     with paused_gc():
-        return _simulate(schedule, F, B, W, comm, FB, imbalance)
+        return _simulate(schedule, F, B, W, comm, FB, imbalance, a2a)
 
 
-def _simulate(sched, F, B, W, comm, FB, imbalance) -> SimResult:
-    _pos("F", F, False), _pos("B", B, False), _pos("W", W), _pos("comm", comm), _pos("FB", FB)
+def _simulate(sched, F, B, W, comm, FB, imbalance, a2a=0.0) -> SimResult:
+    _pos("F", F, False), _pos("B", B, False), _pos("W", W), _pos("comm", comm), _pos("FB", FB), _pos("a2a", a2a)
     if W is None and sched.split_backward:
         raise ScheduleError(f"{sched.name} splits the backward into B (input grad) and W (weight grad): pass W")
     imb = [1.0] * sched.p if imbalance is None else [float(x) for x in imbalance]
@@ -133,9 +138,12 @@ def _simulate(sched, F, B, W, comm, FB, imbalance) -> SimResult:
     wgt = sched.chunk_weight
     b_full = B + (W or 0.0)
     fb = F + b_full if FB is None else FB
+    if a2a and FB is None:
+        fb = max(F, a2a) + max(b_full, a2a)
 
     plan = _plan(sched)
-    dur_of = {("F", True): F, ("B", True): b_full, ("B", False): B, ("W", True): W or 0.0, ("FB", True): fb}
+    dur_of = {("F", True): F + a2a, ("B", True): b_full + a2a, ("B", False): B + a2a, ("W", True): W or 0.0,
+              ("FB", True): fb}
     end = [-1.0] * (3 * sched.n_stages * sched.m)
     waiting: list = [None] * len(end)  # key -> ranks blocked on it
     ptr, free = [0] * sched.p, [0.0] * sched.p
@@ -196,8 +204,8 @@ def _simulate(sched, F, B, W, comm, FB, imbalance) -> SimResult:
     if stuck:
         raise ScheduleError(f"{sched.name}: deadlock in simulation, ranks wait at {stuck}")
     peaks = _peak_chunks(sched)
-    costs = {"F": F, "B": B, "W": W, "comm": comm, "FB": FB, "imbalance": imb,
-             "_f_share": [F / fb if fb else 0.5] * sched.p}
+    costs = {"F": F, "B": B, "W": W, "comm": comm, "FB": FB, "imbalance": imb, "a2a": a2a,
+             "_f_share": [(max(F, a2a) if a2a and FB is None else F) / fb if fb else 0.5] * sched.p}
     first = [st[0] if st else 0.0 for st in starts]
     return SimResult(sched, costs, max(free), busy, first, free, peaks, starts, durations)
 
