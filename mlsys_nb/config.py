@@ -103,10 +103,10 @@ def dtype_name(dtype, name: str = "dtype") -> str:
     raise ArgumentError(f"{name} must be one of {tuple(DTYPE_BYTES)} or a torch.dtype, got {dtype!r}")
 
 
-def dtype_bytes(dtype) -> float:
+def dtype_bytes(dtype, name: str = "dtype") -> float:
     """Bytes per element of ``dtype`` (a name of ``DTYPE_BYTES`` or a ``torch.dtype``):
-    fp32/tf32 4, bf16/fp16 2, fp8/int8 1, int4 0.5."""
-    return DTYPE_BYTES[dtype_name(dtype)]
+    fp32/tf32 4, bf16/fp16 2, fp8/int8 1, int4 0.5. ``name``: the parameter named in the error."""
+    return DTYPE_BYTES[dtype_name(dtype, name)]
 
 
 def torch_dtype(dtype):

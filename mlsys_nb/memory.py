@@ -28,7 +28,7 @@ import math
 from functools import lru_cache
 from dataclasses import asdict, dataclass, field
 
-from .config import ModelConfig, TrainConfig, load_model_preset, model_presets
+from .config import ModelConfig, TrainConfig, dtype_bytes, load_model_preset, model_presets
 from .pipeline.closed_forms import peak_in_flight
 
 __all__ = [
@@ -726,12 +726,6 @@ def _playbook_breakdown(model: ModelConfig, train: TrainConfig) -> Breakdown:
 
 
 # ---- RLHF: four models and the rollouts' KV cache ---------------------------------------------
-def _rlhf_dtype_bytes(x, name: str = "dtype") -> float:
-    from .config import DTYPE_BYTES, dtype_name
-
-    return DTYPE_BYTES[dtype_name(x, name)]
-
-
 def scalar_head_params(model: ModelConfig) -> int:
     """Parameters of ``model`` with its LM head replaced by a scalar head ``Linear(h, 1)`` (critic, reward)."""
     p = param_count(model)
@@ -817,7 +811,7 @@ def rlhf_estimate(actor="llama-2-7b", *, critic=None, reward=None, n_gpus: int =
         raise ValueError(f"placement={placement!r}: allowed 'colocated', 'split'")
     if groups["rollout"] % rollout_tp:
         raise ValueError(f"rollout_tp={rollout_tp}: must divide the rollout GPUs ({groups['rollout']})")
-    fb = _rlhf_dtype_bytes(frozen_dtype, "frozen_dtype")
+    fb = dtype_bytes(frozen_dtype, "frozen_dtype")
     parts = {}
     for role in ("actor", "critic"):
         s = model_state_bytes(n[role], dp=groups[role], zero=3, precision=precision, optimizer=optimizer)
@@ -827,7 +821,7 @@ def rlhf_estimate(actor="llama-2-7b", *, critic=None, reward=None, n_gpus: int =
         parts[role] = {f"{role} weights": fb * math.ceil(n[role] / groups[role])}
     from .inference import kv_cache  # the one KV-per-token formula (GQA: n_kv heads; MLA: the latent)
 
-    _rlhf_dtype_bytes(kv_dtype, "kv_dtype")
+    dtype_bytes(kv_dtype, "kv_dtype")
     kv = rollout_batch * (prompt_len + response_len) * kv_cache.kv_bytes_per_token(a, kv_dtype)
     parts["rollout"] = {"rollout weights": fb * n["actor"] / rollout_tp, "KV cache": kv / groups["rollout"]}
     if placement == "colocated":
