@@ -18,7 +18,8 @@ Systems, run one after the other in the same process on the same weights:
   in batches of ``--batch`` and of 4x that.
 
 Prints output tokens/s (useful tokens only), ratios to transformers, and TTFT/TPOT/latency percentiles
-from the engine's per-request metrics. ``--quick``: 8 short requests on ``tiny`` (a few seconds).
+from the engine's per-request metrics; then the CPU overhead of a decode step by phase at several batch
+sizes with the overlap-scheduling closed form applied to it. ``--quick``: 8 short requests on ``tiny`` (a few seconds).
 """
 from __future__ import annotations
 
@@ -56,6 +57,24 @@ def run_hf(hf, reqs, batch):
         tokens += sum(r.max_tokens for r in group)
     secs = time.perf_counter() - t0
     return {"duration_s": secs, "output_tokens_per_s": tokens / secs}, outs
+
+
+def cpu_overhead_table(model, batch_sizes, steps) -> list[str]:
+    """Median phase times of pure decode steps per batch size, and the overlap-scheduling model on them."""
+    from mlsys_nb.inference.engine import PHASES, LLMEngine
+    from mlsys_nb.inference.metrics import measure_decode_overhead, overlap_speedup
+
+    rows = measure_decode_overhead(lambda: LLMEngine(model, max_num_seqs=max(batch_sizes)), batch_sizes,
+                                   prompt_len=64, steps=steps)
+    out = ["", f"CPU overhead of a decode step (64-token prompts, median of {steps} decode steps; ms):", "",
+           "| batch | " + " | ".join(PHASES) + " | CPU (all but model) | CPU share | overlap speed-up (model) |",
+           "|---" * (len(PHASES) + 4) + "|"]
+    for r in rows:
+        out.append(f"| {r['batch']} | " + " | ".join(f"{1e3 * r[p]:.3f}" for p in PHASES)
+                   + f" | {1e3 * r['cpu']:.3f} | {r['cpu_share']:.0%} | {overlap_speedup(r['cpu'], r['model']):.2f}x |")
+    out += ["", "Overlap speed-up = (cpu + model) / max(cpu, model): the closed form of preparing step N+1 while "
+                "step N runs, applied to the measured phases (a model: on a CPU the model runs on the same cores)."]
+    return out
 
 
 def main() -> None:
@@ -128,6 +147,7 @@ def main() -> None:
                    f"(target >= 2x); best engine row vs best transformers row: {best_engine / best_hf:.2f}x; vs the "
                    f"engine's own static batching: {e / static:.2f}x; prefix caching on/off: {e / nocache:.2f}x."),
               f"Greedy outputs identical to transformers (left-padded batches) for {same}/{n} requests."]
+    lines += cpu_overhead_table(model, [1, 4] if a.quick else [1, 4, 16, 64], 4 if a.quick else 30)
     text = "\n".join(lines)
     print(text)
     if a.out and not a.quick:
