@@ -86,8 +86,15 @@ def test_32_concurrent_requests_stream_equals_non_stream(server, client):
         futures = [pool.submit(plain, p) for p in prompts] + [pool.submit(streamed, p) for p in prompts]
         results = [f.result(timeout=300) for f in futures]
     plain_out, stream_out = results[:32], results[32:]
-    offline = LLM("tiny", seed=0).generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
-                                           use_tqdm=False)
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the server runs: the same reduction order, bit-identical logits
+    try:
+        offline = LLM("tiny", seed=0).generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+                                               use_tqdm=False)
+    finally:
+        torch.set_num_threads(threads)
     for p, r, (text, finish), o in zip(prompts, plain_out, stream_out, offline):
         assert r.choices[0].text == o.outputs[0].text, "the server must answer what the offline engine computes"
         assert text == r.choices[0].text, "streamed deltas must concatenate to the non-streamed text"
