@@ -326,3 +326,25 @@ def test_cuda_graphs_need_cuda(model):
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA graphs need"):
             llm.engine.runner.capture_cuda_graphs()
+
+
+def test_cuda_graph_padding_changes_nothing(model):
+    """The CUDA-graph path's static buffers, run eagerly on CPU: a decode batch padded to its bucket by
+    repeating row 0 gives the same logits as the unpadded packed batch."""
+    from mlsys_nb.inference.model_runner import StepBatch, _StaticDecode
+
+    llm = LLM(model, block_size=4)
+    eng = llm.engine
+    for i, p in enumerate(random_prompts(3, 5, 30, seed=12)):
+        eng.add_request(str(i), p, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    for _ in range(4):
+        eng.step()
+    scheduled = eng.scheduler.schedule()
+    assert all(n == 1 for _, n in scheduled) and len(scheduled) == 3
+    batch = StepBatch(eng.kv, scheduled)
+    with torch.no_grad():
+        want = model(batch.tokens, positions=batch.positions, cache=batch)[0, batch.sample_rows]
+        io = _StaticDecode(eng.kv, 8, eng.kv.manager.blocks_needed(eng.max_model_len), "cpu")
+        io.load(batch)
+        got = model(io.tokens, positions=io.positions, cache=io)[0][:3][batch.sample_rows]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -198,17 +198,10 @@ class CUDAGraphRunner:
         return batch.num_decodes <= self.buckets[-1] and batch.dec_tables.shape[1] <= self.width
 
     def run(self, batch: StepBatch) -> torch.Tensor:
-        n = batch.num_decodes
-        b = next(x for x in self.buckets if x >= n)
-        io, pad = self.io[b], [0] * (b - n)  # padding repeats row 0
-        io.tokens[0] = batch.tokens[0][list(range(n)) + pad]
-        io.positions[0] = batch.positions[0][list(range(n)) + pad]
-        io.slots.copy_(batch.slots[list(range(n)) + pad])
-        io.dec_tables.zero_()
-        io.dec_tables[:, :batch.dec_tables.shape[1]] = batch.dec_tables[list(range(n)) + pad]
-        io.dec_lens.copy_(batch.dec_lens[list(range(n)) + pad])
+        b = next(x for x in self.buckets if x >= batch.num_decodes)
+        self.io[b].load(batch)
         self.graphs[b].replay()
-        return io.logits[:n][batch.sample_rows]
+        return self.io[b].logits[:batch.num_decodes][batch.sample_rows]
 
 
 class _StaticDecode(StepBatch):
@@ -222,3 +215,14 @@ class _StaticDecode(StepBatch):
         self.dec_tables = torch.zeros(b, width, dtype=torch.long, device=dev)
         self.dec_lens = torch.ones(b, dtype=torch.long, device=dev)
         self.dec_groups = [(0, b, self.dec_tables, self.dec_lens)]  # one group: fixed shapes for the graph
+
+    def load(self, batch: StepBatch) -> None:
+        """Copy a decode batch of n <= b rows into the static buffers; rows n..b-1 repeat row 0."""
+        n, b = batch.num_decodes, self.num_decodes
+        rows = list(range(n)) + [0] * (b - n)
+        self.tokens[0] = batch.tokens[0][rows]
+        self.positions[0] = batch.positions[0][rows]
+        self.slots.copy_(batch.slots[rows])
+        self.dec_tables.zero_()
+        self.dec_tables[:, :batch.dec_tables.shape[1]] = batch.dec_tables[rows]
+        self.dec_lens.copy_(batch.dec_lens[rows])
