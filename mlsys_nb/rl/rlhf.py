@@ -172,9 +172,10 @@ class ScalarModel(nn.Module):
         return ((self.values(tokens)[:, PROMPT_LEN:] * mask).sum(1) - self.offset) / self.scale
 
     @torch.no_grad()
-    def normalize(self, policy, n: int = 256, seed: int = 0) -> "ScalarModel":
-        """Shift and scale the score so the policy's samples score mean 0, std 1 (Ouyang et al., 2022,
-        §C.2 normalise their reward model the same way): the KL coefficient then has a fixed meaning."""
+    def normalize(self, policy, n: int = 256, seed: int = 0) -> ScalarModel:
+        """Shift and scale the score so the policy's samples score mean 0, std 1. Ouyang et al., 2022, §3.5,
+        shift their reward model so demonstrations score 0 on average; scaling too gives the KL coefficient a
+        fixed meaning (reward in standard deviations of the SFT policy's scores per nat of KL)."""
         self.offset.zero_()
         self.scale.fill_(1.0)
         ro = rollout(policy, [PROMPTS[i % len(PROMPTS)] for i in range(n)],
