@@ -135,3 +135,18 @@ def test_sft_reward_model_and_ppo_raise_true_reward_with_bounded_kl_and_kl0_hack
     # the same check fails when the idea is broken: without the KL term the reward model is exploited
     _, h0 = R.ppo(pol, rm, seed=0, kl_coef=0.0, progress=False)
     assert h0.rm_score.iloc[-1] > end.rm_score and h0.true_reward.iloc[-1] < end.true_reward - 2, h0
+
+
+def test_hidden_states_are_the_forward_without_the_head_and_scores_sum_over_response_tokens():
+    pol = R.new_policy(seed=2)
+    tokens, mask = R.encode_batch(["Q1:", "Q2:"], ["ab", "aaaa"])
+    torch.testing.assert_close(pol.lm_head(R.hidden_states(pol, tokens)), pol(tokens))
+    rm = R.ScalarModel(pol)
+    torch.nn.init.normal_(rm.head.weight, generator=torch.Generator().manual_seed(0))
+    v = rm.values(tokens)
+    want = torch.stack([v[0, 3:6].sum(), v[1, 3:8].sum()])  # "ab" + EOS, "aaaa" + EOS
+    torch.testing.assert_close(rm.score(tokens, mask), want)
+    rm.normalize(pol, n=64, seed=5)
+    ro = R.rollout(pol, [R.PROMPTS[i % 4] for i in range(64)], generator=torch.Generator().manual_seed(5))
+    s = rm.score(ro.tokens, ro.mask).detach()
+    assert abs(float(s.mean())) < 1e-4 and float(s.std()) == pytest.approx(1.0, rel=1e-4)

@@ -35,7 +35,8 @@ from ``mlsys_nb.rl.ppo.ppo_loss``.
   same preference pairs, no reward model, no sampling.
 
 Rollouts come from ``rollout``: one batched sampling loop over the kit's ``inference.KVCache`` (prefill the
-prompts, then one token per step), returning the tokens and the sampler's log-probabilities.
+prompts, then one token per step), returning the tokens and the sampler's log-probabilities. It is the one
+function to change to sample with a serving engine instead.
 
 Compute is reported two ways: wall seconds (measured on this machine) and FLOPs (a model: 2 N FLOPs per
 token for a forward pass, 6 N for forward + backward, N = parameters of the model that ran; Kaplan et al.,
@@ -182,7 +183,7 @@ class ScalarModel(nn.Module):
                      generator=torch.Generator().manual_seed(seed))
         s = self.score(ro.tokens, ro.mask)
         self.offset.fill_(float(s.mean()))
-        self.scale.fill_(float(s.std()))
+        self.scale.fill_(float(s.std()) if float(s.std()) > 0 else 1.0)  # an untrained (zero) head scores 0
         return self
 
 
