@@ -164,7 +164,11 @@ def main(argv=None):
             "", *lines, "",
             f"Best draft-model speed-up: {best:.2f}× (target ≥ 1.5×). The model columns are Leviathan et al., 2023 "
             "(arXiv:2211.17192), Eq. 1 and Theorem 3.8, evaluated at the measured α and c; the n-gram proposer "
-            "costs no forward (c = 0 in the model, its Python lookup is not free).", "",
+            "costs no forward (c = 0 in the model, its Python lookup is not free)"
+            " and proposes fewer than k tokens (none when the context has no earlier match), "
+            "so its model row (k drafts every step) overstates it. The target is trained for only a few minutes: "
+            "its greedy output is repetitive, which makes α high for both proposers; a better-trained pair would "
+            "have a lower α.", "",
             "Regenerate with `.venv/bin/python benchmarks/speculative.py --out data/measured/speculative.md`.", ""]))
     return 0
 

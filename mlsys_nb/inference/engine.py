@@ -26,6 +26,7 @@ from .model_runner import ModelRunner, SwapPool
 from .paged import PagedKVCache
 from .sampler import sample
 from .sampling_params import SamplingParams
+from .structured import apply_mask
 from .scheduler import PREEMPTION_MODES, Scheduler
 from .sequence import RequestOutput, Sequence, SequenceStatus
 from .tokenizer import ByteTokenizer, decode_stream
@@ -107,15 +108,34 @@ class LLMEngine:
         if len(ids) >= self.max_model_len:
             raise ValueError(f"prompt of {len(ids)} tokens is too long: the context is max_model_len="
                              f"{self.max_model_len} tokens, including at least one generated token")
+        grammar = self._grammar(params, ids) if params.structured else None  # errors before anything is allocated
         now = time.perf_counter() if arrival_time is None else arrival_time
         seqs = []
         for i in range(params.n):
             gen = None if params.seed is None else torch.Generator(device="cpu").manual_seed(params.seed + i)
             seq = Sequence(next(self._ids), request_id, ids, params, index=i, arrival_time=now, generator=gen,
                            prompt=prompt if isinstance(prompt, str) else None)
+            seq.allowed = None if grammar is None else grammar.walker(params.max_tokens)
             self.scheduler.add(seq)
             seqs.append(seq)
         self.requests[request_id] = seqs
+
+    def _grammar(self, params: SamplingParams, ids: list[int]):
+        """Compile a request's json_schema/regex/choice into a budget-aware token mask (structured.py)."""
+        from .structured import Grammar, GrammarError
+
+        if not isinstance(self.tokenizer, ByteTokenizer) or not self.eos_token_ids:
+            raise GrammarError("structured outputs need the byte tokenizer with an end-of-sequence id "
+                               "(vocab_size > 256)")
+        g = Grammar.compile(json_schema=params.json_schema, regex=params.regex, choice=params.choice,
+                            vocab_size=self.model.cfg.vocab_size, eos_id=min(self.eos_token_ids))
+        if params.max_tokens < max(1, g.min_tokens):
+            raise GrammarError(f"max_tokens={params.max_tokens} is out of range: the shortest match takes "
+                               f"{g.min_tokens} tokens")
+        if len(ids) + g.min_tokens > self.max_model_len:
+            raise GrammarError(f"prompt of {len(ids)} tokens + the shortest match ({g.min_tokens}) exceeds "
+                               f"max_model_len={self.max_model_len}")
+        return g
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now (e.g. its client went away) and free its blocks."""
@@ -139,6 +159,12 @@ class LLMEngine:
                                    f"({self.kv.manager.num_free_blocks()} free blocks): the engine would hang")
             return []
         logits, batch = self.runner.run(scheduled, timer=t)                     # 2. prepare + forward
+        if any(getattr(s, "allowed", None) is not None for s in batch.sample_seqs):  # grammar masks
+            logits = logits.clone()
+            for i, seq in enumerate(batch.sample_seqs):
+                mask = None if seq.allowed is None else seq.allowed(seq.output_token_ids)
+                if mask is not None:
+                    logits[i] = apply_mask(logits[i], mask)
         tokens, logprobs = sample(logits, batch.sample_seqs, self.generator,   # 3. sample
                                   self.tokenizer if any(s.params.logprobs for s in batch.sample_seqs) else None)
         t("sample")

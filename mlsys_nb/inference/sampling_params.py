@@ -11,6 +11,11 @@
   before temperature, top-k and top-p: vLLM v1's default ``raw_logprobs``).
 - ``seed``: a per-request random generator, so the request's samples do not depend on what else is
   in the batch; ``n`` completions per prompt (they share the prompt's KV blocks).
+- Structured outputs (``structured.py``): ``json_schema`` (a dict or JSON string), ``regex`` or
+  ``choice`` (a list of strings), at most one: every token is masked so the text matches, compact
+  JSON, within ``max_tokens`` (a budget below the shortest match is rejected when the request is
+  added). A deliberate simplification of vLLM's structured-output parameters
+  (``StructuredOutputsParams(json=..., regex=..., choice=..., grammar=...)``): no CFG, no backend choice.
 """
 from __future__ import annotations
 
@@ -29,6 +34,9 @@ class SamplingParams:
     logprobs: int | None = None
     seed: int | None = None
     n: int = 1
+    json_schema: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
 
     def __post_init__(self):
         def bad(name, allowed):
@@ -54,6 +62,20 @@ class SamplingParams:
         if not all(isinstance(s, str) for s in self.stop):
             bad("stop", "must be a string or a list of strings")
         self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+        given = [n for n in ("json_schema", "regex", "choice") if getattr(self, n) is not None]
+        if len(given) > 1:
+            bad(given[1], f"give at most one of json_schema, regex, choice (got {given})")
+        if self.regex is not None and (not isinstance(self.regex, str) or not self.regex):
+            bad("regex", "must be a non-empty string")
+        if self.choice is not None and (isinstance(self.choice, str) or not isinstance(self.choice, (list, tuple))
+                                        or not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
+            bad("choice", "must be a non-empty list of non-empty strings")
+        if self.json_schema is not None and not isinstance(self.json_schema, (dict, str)):
+            bad("json_schema", "must be a dict or a JSON string")
+
+    @property
+    def structured(self) -> bool:
+        return self.json_schema is not None or self.regex is not None or self.choice is not None
 
     @property
     def greedy(self) -> bool:

@@ -37,7 +37,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from .sampling_params import SamplingParams
 
 ALLOWED_SAMPLING = ("temperature", "top_p", "top_k", "max_tokens", "stop", "stop_token_ids", "ignore_eos",
-                    "logprobs", "seed", "n")
+                    "logprobs", "seed", "n", "regex", "choice")
 
 
 class APIError(Exception):
@@ -201,6 +201,17 @@ def build_app(engine, model_name: str):
         elif kw.get("logprobs") is False:
             kw.pop("logprobs")
         kw.setdefault("max_tokens", body.get("max_completion_tokens") or 16)
+        fmt = body.get("response_format")
+        if fmt is not None:  # OpenAI's structured outputs: {"type": "json_schema", "json_schema": {"schema": ...}}
+            kind = fmt.get("type") if isinstance(fmt, dict) else None
+            if kind == "json_schema" and isinstance(fmt.get("json_schema"), dict) and "schema" in fmt["json_schema"]:
+                kw["json_schema"] = fmt["json_schema"]["schema"]
+            elif kind == "json_object":
+                kw["json_schema"] = {"type": "object"}
+            elif kind != "text":
+                raise APIError(400, "response_format must be {'type': 'text'}, {'type': 'json_object'} or "
+                               "{'type': 'json_schema', 'json_schema': {'name': ..., 'schema': {...}}}",
+                               "response_format")
         try:
             return SamplingParams(**kw)
         except (ValueError, TypeError) as e:
