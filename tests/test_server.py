@@ -150,3 +150,27 @@ def test_disconnect_mid_stream_frees_blocks(server):
         assert time.monotonic() < deadline, f"blocks not freed after the client went away: {m}"
         time.sleep(0.1)
     assert m["requests_aborted_total"] == before["requests_aborted_total"] + 1
+
+
+def test_response_format_json_schema(client):
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "required": ["city", "n"],
+              "properties": {"city": {"type": "string", "maxLength": 10}, "n": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    for seed in range(2):
+        r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a city?"}],
+                                           max_tokens=40, temperature=1.5, seed=seed, response_format=fmt)
+        jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}
+    with pytest.raises(openai.BadRequestError, match="json_schema"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=40,
+                                       response_format=bad)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=3,
+                                       response_format=fmt)
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=40,
+                                       response_format=fmt)  # the server still serves
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)

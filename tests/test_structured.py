@@ -135,3 +135,28 @@ def test_mask_overhead_is_measured(model):
     assert g.mask_calls >= len(_) and g.mask_seconds > 0
     print(f"mask: {g.mask_seconds / g.mask_calls * 1e6:.0f} µs per token vs {s.seconds / s.target_forwards * 1e3:.2f} "
           f"ms per step")
+
+
+def test_engine_structured_outputs():
+    from mlsys_nb.inference import LLM, SamplingParams
+
+    llm = LLM("tiny", seed=0)
+    schema = SCHEMAS[0]
+    free = llm.engine.kv.manager.num_free_blocks()
+    params = [SamplingParams(json_schema=schema, max_tokens=m, temperature=t, seed=s)
+              for m, t, s in ((19, 1.0, 0), (40, 3.0, 1), (40, 0.0, 2))]
+    params += [SamplingParams(regex=r"[a-c]{2}-\d", max_tokens=8, temperature=2.0, seed=3),
+               SamplingParams(choice=["red", "green"], max_tokens=6, temperature=2.0, seed=4)]
+    outs = llm.generate(["a", "bb", "ccc", "d", "e"], params)
+    for o in outs[:3]:
+        jsonschema.validate(json.loads(o.outputs[0].text), schema)
+    assert re.fullmatch(r"[a-c]{2}-\d", outs[3].outputs[0].text)
+    assert outs[4].outputs[0].text in ("red", "green")
+    for bad, match in ((dict(json_schema=schema, max_tokens=5), "max_tokens"),
+                       (dict(regex="a{", max_tokens=5), "regex"),
+                       (dict(json_schema={"type": "nope"}), "json_schema")):
+        with pytest.raises(ValueError, match=match):
+            llm.generate(["x"], SamplingParams(**bad))
+    assert llm.engine.kv.manager.num_free_blocks() == free and not llm.engine.requests  # nothing left allocated
+    with pytest.raises(ValueError, match="at most one"):
+        SamplingParams(regex="a", choice=["a"])
