@@ -151,3 +151,40 @@ def test_bad_arguments(models):
     other = Transformer(ModelConfig(n_layers=1, hidden=32, n_heads=2, vocab_size=300, seq_len=512))
     with pytest.raises(ValueError, match="vocab_size"):
         spec.speculative_generate(target, PROMPT, draft=other)
+
+
+def test_llm_speculative_model_and_structured():
+    import json
+
+    import jsonschema
+
+    from mlsys_nb.config import load_model_preset
+    from mlsys_nb.inference import LLM, SamplingParams
+
+    torch.manual_seed(0)
+    target = Transformer(load_model_preset("tiny")).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(20)
+    near = copy.deepcopy(target)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for prm in near.parameters():
+            prm.mul_(1 + 0.1 * torch.randn(prm.shape, generator=g))
+    prompts = ["the cat sat on the mat; the cat ", "abcabcabc"]
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    ref = [o.outputs[0].token_ids for o in LLM(target).generate(prompts, greedy, use_tqdm=False)]
+    for draft in (near, "ngram"):
+        llm = LLM(target, speculative_model=draft, num_speculative_tokens=3)
+        outs = llm.generate(prompts, greedy, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == ref
+        assert sum(s.target_forwards for s in llm.spec_stats) < 48
+    schema = {"type": "object", "required": ["a"], "properties": {"a": {"type": "array", "items": {"type": "integer"}}}}
+    llm = LLM(target, speculative_model=near, num_speculative_tokens=4)
+    for seed in range(2):
+        o = llm.generate(["x"], SamplingParams(json_schema=schema, max_tokens=30, temperature=1.5, seed=seed),
+                         use_tqdm=False)[0]
+        jsonschema.validate(json.loads(o.outputs[0].text), schema)
+    with pytest.raises(ValueError, match="top_p"):
+        llm.generate(["x"], SamplingParams(top_p=0.5))
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        LLM(target, speculative_model="ngram", num_speculative_tokens=0)

@@ -28,7 +28,7 @@ from .sampler import sample
 from .sampling_params import SamplingParams
 from .structured import apply_mask
 from .scheduler import PREEMPTION_MODES, Scheduler
-from .sequence import RequestOutput, Sequence, SequenceStatus
+from .sequence import CompletionOutput, RequestOutput, Sequence, SequenceStatus
 from .tokenizer import ByteTokenizer, decode_stream
 
 PHASES = ("schedule", "prepare", "model", "sample", "postprocess")
@@ -270,16 +270,35 @@ class LLMEngine:
 
 
 class LLM:
-    """Offline generation in vLLM's style: ``LLM(model).generate(prompts, SamplingParams(...))``."""
+    """Offline generation in vLLM's style: ``LLM(model).generate(prompts, SamplingParams(...))``.
+
+    ``speculative_model`` (a ``Transformer``, a preset name or ``"ngram"``) with
+    ``num_speculative_tokens`` = k switches ``generate`` to speculative decoding (``speculative.py``):
+    each request runs ALONE (batch 1, contiguous caches), not in the paged continuous-batching
+    scheduler; temperature, max_tokens, seed, EOS and json_schema/regex/choice are honoured
+    (drafted tokens are masked by the grammar too); top_k/top_p, stop strings, logprobs and n > 1 are
+    not (ValueError). ``spec_stats``: one ``SpecStats`` per request (α, tokens per forward)."""
 
     def __init__(self, model, *, tokenizer=None, block_size: int = 16, num_blocks: int | None = None,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 512, enable_prefix_caching: bool = True,
-                 enable_chunked_prefill: bool = True, seed: int = 0, **engine_options):
+                 enable_chunked_prefill: bool = True, seed: int = 0, speculative_model=None,
+                 num_speculative_tokens: int = 4, **engine_options):
         self.engine = LLMEngine(model, tokenizer, block_size=block_size, num_blocks=num_blocks,
                                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                 enable_prefix_caching=enable_prefix_caching,
                                 enable_chunked_prefill=enable_chunked_prefill, seed=seed, **engine_options)
         self._next = itertools.count()
+        self.seed, self.spec_stats = seed, []
+        self.speculative_model, self.num_speculative_tokens = None, num_speculative_tokens
+        if speculative_model is not None:
+            k = num_speculative_tokens
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise ValueError(f"num_speculative_tokens={k!r} is out of range: allowed an int >= 1")
+            draft = "ngram" if speculative_model == "ngram" else resolve_model(speculative_model, seed + 1).eval()
+            if draft != "ngram" and draft.cfg.vocab_size != self.engine.model.cfg.vocab_size:
+                raise ValueError(f"speculative_model vocab_size={draft.cfg.vocab_size} differs from the target's "
+                                 f"{self.engine.model.cfg.vocab_size}")
+            self.speculative_model = draft
 
     def get_tokenizer(self):
         return self.engine.tokenizer
@@ -298,6 +317,8 @@ class LLM:
         params = sampling_params if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"sampling_params has {len(params)} entries for {len(prompts)} prompts")
+        if self.speculative_model is not None:
+            return self._generate_speculative(prompts, params)
         ids = []
         for prompt, p in zip(prompts, params):
             ids.append(str(next(self._next)))
@@ -312,6 +333,39 @@ class LLM:
                         done[out.request_id] = out
                         bar.update(1)
         return [done[i] for i in ids]
+
+
+    def _generate_speculative(self, prompts, params) -> list[RequestOutput]:
+        from .speculative import speculative_generate
+
+        eng, outs = self.engine, []
+        checked = []
+        for prompt, p in zip(prompts, params):  # every request is validated before any runs
+            p = p or SamplingParams()
+            for name, ok in (("top_k", p.top_k == -1), ("top_p", p.top_p == 1.0), ("stop", not p.stop),
+                             ("stop_token_ids", not p.stop_token_ids), ("logprobs", p.logprobs is None),
+                             ("n", p.n == 1)):
+                if not ok:
+                    raise ValueError(f"{name}={getattr(p, name)!r} is not supported with speculative decoding here")
+            ids = eng.encode(prompt)
+            if not ids:
+                raise ValueError("prompt is empty: a request needs at least one token")
+            grammar = eng._grammar(p, ids) if p.structured else None
+            checked.append((prompt, p, ids, grammar))
+        for prompt, p, ids, grammar in checked:
+            eos = None if p.ignore_eos or not eng.eos_token_ids else min(eng.eos_token_ids)
+            toks, stats = speculative_generate(
+                eng.model, ids, draft=self.speculative_model, k=self.num_speculative_tokens,
+                max_new_tokens=p.max_tokens, temperature=p.temperature, seed=self.seed if p.seed is None else p.seed,
+                eos_id=eos, allowed=None if grammar is None else grammar.walker(p.max_tokens))
+            self.spec_stats.append(stats)
+            stop = bool(toks) and toks[-1] == eos
+            text_ids = toks[:-1] if stop and toks[-1] == eos else toks
+            text = eng.decode(text_ids) if eng.tokenizer is not None else ""
+            out = CompletionOutput(0, text, list(toks), None, None, "stop" if stop else "length")
+            outs.append(RequestOutput(str(next(self._next)), prompt if isinstance(prompt, str) else None, ids, [out],
+                                      True))
+        return outs
 
 
 # ---- resolving models and tokenizers -----------------------------------------------------------
