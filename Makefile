@@ -14,7 +14,7 @@ PY         := $(VENV)/bin/python
 # JupyterLab refuses to start as root (containers, CI machines) unless told it is meant.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test test-fast lint format dashboard bench clean-venv help
+.PHONY: setup lab test test-fast lint format dashboard bench worksheets clean-venv help
 
 help:
 	@echo "make lab        set up .venv (first time) and open JupyterLab on notebooks/ at $(HOST)"
@@ -24,6 +24,7 @@ help:
 	@echo "make format     ruff format, then ruff check --fix (rewrites files)"
 	@echo "make dashboard  serve notebooks/00_dashboard.ipynb as a web page (Voila) at $(HOST)"
 	@echo "make bench      run the benchmark scripts in benchmarks/"
+	@echo "make worksheets SEED=n  printable interview worksheets + answer keys in worksheets/"
 	@echo "make clean-venv remove .venv (e.g. after changing TORCH_SPEC)"
 
 $(VENV)/.stamp-torch:
@@ -61,6 +62,11 @@ dashboard: setup
 
 bench: setup
 	@for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+SEED ?= 0
+N ?= 8
+worksheets: setup
+	$(PY) -m mlsys_nb.quiz --html worksheets --seed $(SEED) -n $(N)
 
 clean-venv:
 	rm -rf $(VENV)

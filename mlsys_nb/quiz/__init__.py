@@ -9,7 +9,7 @@
   of the wrong dimension raises ``UnitError`` (``check`` reports it, never converts it).
 - ``python -m mlsys_nb.quiz --topic pipeline -n 10``: practice in a terminal; ``html.write_worksheets``:
   printable sheets and a separate answer key (``make worksheets``).
-- Families live in ``quiz.families`` (one module per area); spot-the-error cards in ``families.cards``.
+- Families live in ``quiz.bank`` (one module per area); spot-the-error cards in ``bank.cards``.
 """
 from .core import TOPICS, CheckResult, Question, Worksheet, draw, families, family_info, make, topics, worksheet
 from .units import UnitError, parse

@@ -159,7 +159,7 @@ def family(name: str, topic: str, *, difficulty: int = 1, section: str = "", ref
 def _load():
     import importlib
 
-    importlib.import_module(__name__.rsplit(".", 1)[0] + ".families")  # registers every family
+    importlib.import_module(__name__.rsplit(".", 1)[0] + ".bank")  # registers every family
 
 
 def families(topic: str | None = None) -> list[str]:

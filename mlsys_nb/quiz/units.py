@@ -70,12 +70,10 @@ def parse(text, unit: str) -> float:
     if not suffix:
         return value
     key = suffix.lower().replace(" ", "")
-    if key in UNIT_TABLE:
+    if dim == "count" and key[:1] in _COUNT_SUFFIX and key[1:] in ("", "tokens", "params"):
+        rdim, f = dim, _COUNT_SUFFIX[key[:1]]  # "7B" parameters, "1.4T tokens"
+    elif key in UNIT_TABLE:
         rdim, f = UNIT_TABLE[key]
-    elif dim in ("count", "flops") and key[:1] in _COUNT_SUFFIX and (key[1:] in ("", "tokens", "params", "flops")):
-        rdim, f = dim, _COUNT_SUFFIX[key[:1]]
-        if dim == "flops" and key[1:] == "" and key[:1] == "b":
-            rdim = "bytes"  # "3 B" on a FLOPs question is bytes
     elif dim == "gpu-hours" and key in ("gpu-hours", "gpuh", "gpu·h", "h", "hours"):
         rdim, f = dim, 1.0
     else:

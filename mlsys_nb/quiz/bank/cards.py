@@ -29,7 +29,8 @@ def _c_zero3(rng):
     r = zero_bytes_per_step(7e9, n, 3) / zero_bytes_per_step(7e9, n, 0)
     return card(rng, "ZeRO-3 sends 3× the bytes of DDP per step.", "ZeRO-3 sends 1.5× the bytes of DDP per step.",
                 [f"At n = {n}: DDP all-reduce = reduce-scatter + all-gather; ZeRO-3 adds one all-gather.",
-                 f"Ratio of bytes per rank (comm.bytes_sent_per_rank): {r:.3g}; tests/test_zero.py counts it on ranks."],
+                 f"Ratio of bytes per rank (comm.bytes_sent_per_rank): {r:.3g};"
+                 " tests/test_zero.py counts it on ranks."],
                 "A ring all-reduce is already two phases.")
 
 

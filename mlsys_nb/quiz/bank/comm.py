@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ... import comm
 from ..core import family
-from ._util import MB, gb, gbps, pick, us
+from ._util import MB, gbps, pick, us
 
 REF_COMM = "docs/references.md#thakur2005 (Thakur, Rabenseifner & Gropp 2005), #patarasuk2009, #nccl-tests"
 SEC_COST = "notebooks/04_communication_cost.ipynb, section 'the α-β model'"
@@ -24,8 +24,10 @@ def _link(rng):
 _TIME_FAMILIES = [
     ("comm.allreduce_time", "all_reduce", "ring", "a ring all-reduce"),
     ("comm.allreduce_tree_time", "all_reduce", "tree", "a pipelined (NCCL-style) tree all-reduce"),
-    ("comm.allreduce_binomial_time", "all_reduce", "binomial_tree", "an unpipelined binomial-tree all-reduce (reduce + broadcast)"),
-    ("comm.allreduce_rabenseifner_time", "all_reduce", "rabenseifner", "a Rabenseifner (recursive halving + doubling) all-reduce"),
+    ("comm.allreduce_binomial_time", "all_reduce", "binomial_tree",
+     "an unpipelined binomial-tree all-reduce (reduce + broadcast)"),
+    ("comm.allreduce_rabenseifner_time", "all_reduce", "rabenseifner",
+     "a Rabenseifner (recursive halving + doubling) all-reduce"),
     ("comm.allreduce_recursive_doubling_time", "all_reduce", "recursive_doubling", "a recursive-doubling all-reduce"),
     ("comm.allgather_time", "all_gather", "ring", "a ring all-gather (S = the full gathered output)"),
     ("comm.reduce_scatter_time", "reduce_scatter", "ring", "a ring reduce-scatter (S = the full input)"),
@@ -108,7 +110,8 @@ def _ag_bytes(rng):
     n = pick(rng, [2, 4, 8, 16, 32])
     nbytes = pick(rng, [64, 256, 1024]) * MB
     b = comm.bytes_sent_per_rank("all_gather", nbytes, n, "ring")
-    return dict(text=f"A ring all-gather produces a {nbytes / MB:g} MB output on each of {n} ranks. Bytes sent per rank?",
+    return dict(text=f"A ring all-gather produces a {nbytes / MB:g} MB output on each of {n} ranks. "
+                     f"Bytes sent per rank?",
                 params={"bytes": nbytes, "n": n}, answer=b, unit="bytes",
                 hints=["Each rank starts with S/n and needs the other n−1 chunks.", "(n−1)/n·S."],
                 solution=[f"(n−1)/n × S = {(n - 1)}/{n} × {nbytes:.4g} B = {b:.4g} B."],
@@ -210,7 +213,8 @@ def _zero_bytes(rng):
                 params={"n_params": n_params, "n": n, "zero": z}, answer=b, unit="bytes",
                 hints=["Stages 1-2: reduce-scatter the gradients, all-gather the updated parameters.",
                        "Stage 3 gathers the parameters twice (forward and backward): 3 × (n−1)/n × 2N."],
-                solution=[f"Each collective sends (n−1)/n × 2N = {comm.bytes_sent_per_rank('all_gather', 2 * n_params, n):.4g} B.",
+                solution=[f"Each collective sends (n−1)/n × 2N = "
+                          f"{comm.bytes_sent_per_rank('all_gather', 2 * n_params, n):.4g} B.",
                           f"Stage {z}: {2 if z < 3 else 3} collectives = {b:.4g} B."],
                 diagnostics=[(zero_bytes_per_step(n_params, n, 3) / b if z < 3 else 2 / 3,
                               "ZeRO-1/2 move the same bytes as DDP; only stage 3 adds a parameter all-gather"

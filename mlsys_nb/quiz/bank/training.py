@@ -9,7 +9,7 @@ from __future__ import annotations
 from ... import comm, flops, hardware, memory, scaling
 from ...config import TrainConfig
 from ..core import family
-from ._util import GB, gb, gbps, pick
+from ._util import gb, gbps, pick
 
 REF_MEM = "docs/references.md#zero (Rajbhandari et al. 2020, arXiv:1910.02054, §3), #mixed-precision"
 SEC_MEM = "notebooks/10_training_memory.ipynb"
@@ -69,7 +69,8 @@ def _acts(rng):
                     recompute=pick(rng, ["none", "selective", "full"]))
     b = memory.estimate(memory.preset(model), t)
     return dict(text=f"Training {model} (flash attention, fused kernels, bf16 activations), micro-batch "
-                     f"{t.micro_batch} × {t.seq_len} tokens, recompute={t.recompute}: activation bytes stored per layer?",
+                     f"{t.micro_batch} × {t.seq_len} tokens, recompute={t.recompute}: "
+                     f"activation bytes stored per layer?",
                 params={"model": model, "micro_batch": t.micro_batch, "seq_len": t.seq_len, "recompute": t.recompute},
                 answer=b.activations_per_layer, unit="bytes", tolerance=0.05,
                 hints=["Add the tensors each op saves for backward, per token, then × b·s.",
@@ -100,7 +101,8 @@ _KNOBS = {
 }
 
 
-@family("memory.oom_knob", "memory", kind="choice", difficulty=3, section=SEC_MEM + ", section 'which knob fixes the OOM'",
+@family("memory.oom_knob", "memory", kind="choice", difficulty=3,
+        section=SEC_MEM + ", section 'which knob fixes the OOM'",
         reference=REF_MEM)
 def _oom(rng):
     for _ in range(200):
@@ -221,7 +223,8 @@ def _implied(rng):
                      f"What MFU does that imply (6ND)?",
                 params={"n_params": n, "tokens": d, "gpu_hours": gpuh, "gpu": g}, answer=u, unit="fraction",
                 hints=["MFU = 6ND / (GPU-hours × 3600 × peak)."],
-                solution=[f"6ND = {6 * n * d:.4g}; GPU-seconds × peak = {gpuh * 3600 * hardware.gpu(g).peak('bf16'):.4g}.",
+                solution=[f"6ND = {6 * n * d:.4g}; GPU-seconds × peak = "
+                          f"{gpuh * 3600 * hardware.gpu(g).peak('bf16'):.4g}.",
                           f"MFU = {u:.4g} (flops.implied_mfu)."])
 
 
@@ -291,7 +294,8 @@ def _twenty(rng):
     n, d = scaling.twenty_tokens_per_param(c)
     return dict(text=f"With the '20 tokens per parameter' heuristic and C = 6ND, what N fits C = {c:.3g} FLOPs?",
                 params={"C": c}, answer=float(n), unit="params",
-                hints=["C = 6·N·(20N) = 120 N²."], solution=[f"N = sqrt(C/120) = {float(n):.4g}; D = 20N = {float(d):.4g}."],
+                hints=["C = 6·N·(20N) = 120 N²."],
+                solution=[f"N = sqrt(C/120) = {float(n):.4g}; D = 20N = {float(d):.4g}."],
                 diagnostics=[(20.0 ** 0.5, "N = sqrt(C/120), not sqrt(C/6)")])
 
 
@@ -302,7 +306,8 @@ def _loss(rng):
     law = scaling.law(law_name)
     v = float(law.loss(n, d))
     return dict(text=f"Predicted loss (nats/token) of N = {n:.3g} parameters trained on D = {d:.3g} tokens under the "
-                     f"'{law_name}' fit (E = {law.E}, A = {law.A:.4g}, B = {law.B:.4g}, α = {law.alpha}, β = {law.beta})?",
+                     f"'{law_name}' fit (E = {law.E}, A = {law.A:.4g}, B = {law.B:.4g}, "
+                     f"α = {law.alpha}, β = {law.beta})?",
                 params={"law": law_name, "N": n, "D": d}, answer=v, unit="nats/token", tolerance=0.005,
                 hints=["L = E + A/N^α + B/D^β."], solution=[f"L = {v:.4f} (scaling.law(...).loss)."])
 
@@ -338,7 +343,8 @@ def _tp_node(rng):
     t_ib = comm.collective_time("all_reduce", x, tp, 10e-6, ib)
     r = t_ib / t_nv
     return dict(text=f"One TP all-reduce of {x / 1e6:.4g} MB over tp = 8: how many times slower across nodes "
-                     f"(β = {gbps(ib)}, α = 10 us) than inside an NVLink4 node (β = {gbps(nv.per_direction_bytes_per_s)},"
+                     f"(β = {gbps(ib)}, α = 10 us) than inside an NVLink4 node "
+                     f"(β = {gbps(nv.per_direction_bytes_per_s)},"
                      f" α = 5 us)?",
                 params={"bytes": x, "tp": tp, "beta_inter": ib}, answer=r, unit="ratio",
                 hints=["Both are ring all-reduces: compare α-β times.", "Bandwidth dominates at this size."],
