@@ -30,6 +30,7 @@ def test_family_draws_50_seeds_checks_right_and_rejects_wrong(name):
         q = quiz.make(name, seed)
         assert q.family == name and q.text and q.hints and q.solution and q.section and q.reference
         assert q.check(q.answer).ok, (name, seed, q.answer)
+        assert q.check(q.answer_response()).ok, (name, seed, q.answer_response())
         if q.is_choice:
             wrong = [c for c in q.choices if c != q.answer]
             assert wrong and not q.check(wrong[0]).ok

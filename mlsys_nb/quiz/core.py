@@ -70,6 +70,24 @@ class Question:
     def answer_text(self) -> str:
         return self.answer if self.is_choice else fmt(self.answer, self.unit)
 
+    def answer_response(self) -> str:
+        """The key written as a learner would type it, with a unit (``"17.18 GB"``, ``"3.4 ms"``,
+        ``"12.5%"``): what worked solutions fill in, read back through ``check``'s parser."""
+        if self.is_choice:
+            return self.answer
+        v = float(self.answer)
+        if self.unit == "bytes":
+            return f"{v / 1e9:.7g} GB"
+        if self.unit == "seconds":
+            return f"{v * 1e3:.7g} ms"
+        if self.unit == "fraction":
+            return f"{v * 100:.7g}%"
+        if self.unit == "days":
+            return f"{v:.7g} days"
+        if self.unit == "USD":
+            return f"${v:,.2f}"
+        return f"{v:.7g}"
+
     def solution_text(self) -> str:
         lines = [f"{i}. {s}" for i, s in enumerate(self.solution, 1)]
         lines.append(f"Answer: {self.answer_text()}")
