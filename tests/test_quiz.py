@@ -169,6 +169,71 @@ def _hand(q):
         r, v, g, lam = p["rewards"], p["values"], p["gamma"], p["lam"]
         vals = v + [p["last_value"]]
         return sum((g * lam) ** t * (r[t] + g * vals[t + 1] - vals[t]) for t in range(len(r)))
+    if f == "expert_context.ep_all_to_all_time":
+        n, S = p["ep"], p["top_k"] * p["tokens"] * p["hidden"] * 2
+        return (n - 1) * p["alpha"] + (n - 1) / n * S / p["beta"]
+    if f == "expert_context.cp_ring_bytes":
+        blk = 2 * p["b"] * p["seq_len"] // p["cp"] * p["n_kv_heads"] * p["head_dim"] * 2
+        return (p["cp"] - 1 if p["pass"] == "forward" else 2 * p["cp"] - 1) * blk
+    if f == "tensor.tp_allreduce_time_per_layer":
+        n, S = p["tp"], p["b"] * p["s"] * p["h"] * 2
+        return 2 * (2 * (n - 1) * p["alpha"] + 2 * (n - 1) / n * S / p["beta"])
+    if f == "comm.busbw":
+        n = p["n"]
+        factor = 2 * (n - 1) / n if p["op"] == "all_reduce" else (n - 1) / n
+        return p["bytes"] / p["seconds"] * factor
+    if f in ("flops.gpu_hours", "flops.cost_usd"):
+        from mlsys_nb import hardware
+        h = 6 * p["n_params"] * p["tokens"] / (hardware.gpu(p["gpu"]).peak("bf16") * p["mfu"]) / 3600
+        return h * p.get("price", 1.0)
+    if f == "flops.implied_mfu":
+        from mlsys_nb import hardware
+        return 6 * p["n_params"] * p["tokens"] / (p["gpu_hours"] * 3600 * hardware.gpu(p["gpu"]).peak("bf16"))
+    if f == "memory.bytes_per_param":  # params + grads + optimizer states + fp32 master, by hand
+        table = {("bf16-mixed", "adam"): 2 + 2 + 4 + 4 + 4, ("fp32", "adam"): 4 + 4 + 4 + 4,
+                 ("bf16-mixed", "sgd-momentum"): 2 + 2 + 4 + 4, ("fp32", "sgd"): 4 + 4,
+                 ("bf16-mixed", "adam-8bit"): 2 + 2 + 1 + 1 + 4}
+        return table[(p["precision"], p["optimizer"])]
+    if f.startswith("scaling.") and "law" in p:
+        from mlsys_nb import scaling
+        L = scaling.law(p["law"])
+        if f == "scaling.loss":
+            return L.E + L.A / p["N"] ** L.alpha + L.B / p["D"] ** L.beta
+        a, b = L.alpha, L.beta
+        G = (a * L.A / (b * L.B)) ** (1 / (a + b))
+        n = G * (p["C"] / 6) ** (b / (a + b))
+        d = p["C"] / (6 * n)
+        return {"scaling.chinchilla_params": n, "scaling.chinchilla_tokens": d, "scaling.tokens_per_param": d / n}[f]
+    if f == "inference.kv_bytes_per_token":
+        from mlsys_nb import memory
+        c = memory.preset(p["preset"])
+        if c.kv_lora_rank:
+            return (c.kv_lora_rank + c.rope_head_dim) * c.n_layers * 2
+        return 2 * c.n_layers * c.n_kv_heads * c.head_dim * 2
+    if f == "inference.ridge_point":
+        from mlsys_nb import hardware
+        g = hardware.gpu(p["gpu"])
+        return g.peak("bf16") / g.hbm_bandwidth_bytes_per_s
+    if f == "serving.speculative_speedup":
+        return sum(p["alpha"] ** i for i in range(p["k"] + 1)) / (p["k"] * p["c"] + 1)
+    if f == "rl.weight_sync_time":
+        return (p["n"] - 1) * p["alpha"] + 2 * p["n_params"] / p["beta"]
+    if f == "pipeline.makespan":
+        from mlsys_nb import pipeline as pl
+        bt = pl.closed_form(p["schedule"], p["p"], p["m"], p["v"], F=1.0, B=1.0, W=1.0)["bubble_time"]
+        return None if bt is None else 3.0 * p["m"] + bt
+    if f == "pipeline.min_microbatches":
+        q, t = p["p"] - 1, p["target"]
+        return max(1, math.ceil(q * (1 - t) / t - 1e-9))
+    if f.startswith("pipeline.peak_activations_"):  # the closed form vs the simulator's count
+        from mlsys_nb import pipeline as pl
+        if p["schedule"] == "zbv" and p["m"] < 2 * p["p"] - 1:
+            return None
+        return pl.peak_in_flight(p["schedule"], p["p"], p["m"], p["v"])[0]
+    if f == "layout.modelled_mfu":
+        from mlsys_nb import flops, hardware, memory
+        c = flops.flops_per_token(memory.preset(p["model"]), 4096) * p["global_batch_tokens"]
+        return c / (p["gpus"] * hardware.gpu(p["gpu"]).peak("bf16") * p["step_s"])
     return None
 
 
@@ -183,7 +248,13 @@ HAND = ["comm.allreduce_time", "comm.allreduce_tree_time", "comm.allreduce_binom
         "inference.kv_cache_bytes", "pipeline.bubble_fraction", "pipeline.bubble_ratio", "pipeline.interleaving_gain",
         "pipeline.peak_activations_gpipe", "pipeline.peak_activations_1f1b", "pipeline.peak_activations_zb_h1",
         "serving.speculative_tokens_per_step", "serving.prefix_sharing_savings", "serving.paged_utilization",
-        "rl.gae_advantage"]
+        "rl.gae_advantage", "expert_context.ep_all_to_all_time", "expert_context.cp_ring_bytes",
+        "tensor.tp_allreduce_time_per_layer", "comm.busbw", "flops.gpu_hours", "flops.cost_usd", "flops.implied_mfu",
+        "memory.bytes_per_param", "scaling.loss", "scaling.chinchilla_params", "scaling.chinchilla_tokens",
+        "scaling.tokens_per_param", "inference.kv_bytes_per_token", "inference.ridge_point",
+        "serving.speculative_speedup", "rl.weight_sync_time", "pipeline.makespan", "pipeline.min_microbatches",
+        "pipeline.peak_activations_interleaved_1f1b", "pipeline.peak_activations_zb_h2",
+        "pipeline.peak_activations_zbv", "layout.modelled_mfu"]
 
 
 @pytest.mark.parametrize("name", HAND)

@@ -381,3 +381,20 @@ def _cp_imbalance(rng):
                 hints=["Rank r's queries see r+1 chunks of keys.", "Busiest / least = cp."],
                 solution=[f"Work per rank ∝ r+1: {work[0]} ... {work[-1]} (parallel.context.causal_work).",
                           f"Ratio = {r:g}; the zig-zag layout makes it 1."])
+
+
+@family("expert_context.ep_all_to_all_time", "expert_context", difficulty=2, section=SEC_EC + ", expert parallelism",
+        reference=REF_EP + ", " + REF_COMM)
+def _ep_time(rng):
+    tokens, h, k = pick(rng, [4096, 8192]), pick(rng, [4096, 7168]), pick(rng, [2, 8])
+    ep = pick(rng, [8, 16, 64])
+    alpha, beta = _link(rng)
+    s = k * tokens * h * 2
+    t = comm.collective_time("all_to_all", s, ep, alpha, beta, "pairwise")
+    return dict(text=f"One MoE dispatch all-to-all: each of ep = {ep} ranks sends its T = {tokens} tokens × top-{k} "
+                     f"copies × hidden {h} in bf16 (S = k·T·h·2 B per rank), pairwise, α = {us(alpha)}, "
+                     f"β = {gbps(beta)}. Seconds?",
+                params={"tokens": tokens, "hidden": h, "top_k": k, "ep": ep, "alpha": alpha, "beta": beta},
+                answer=t, unit="seconds",
+                hints=["Pairwise all-to-all: (n−1) messages, (n−1)/n·S bytes.", "T = (n−1)α + (n−1)/n·S/β."],
+                solution=[f"S = {s:.4g} B; T = {t * 1e3:.4g} ms (comm.collective_time all_to_all, pairwise)."])

@@ -413,3 +413,119 @@ def _gae(rng):
                 answer=a0, unit="ratio", tolerance=0.01,
                 hints=["δ_t = r_t + γ V_{t+1} − V_t.", "A_0 = δ_0 + γλ δ_1 + (γλ)² δ_2."],
                 solution=[f"A = {[round(float(a), 4) for a in adv]} (rl.gae.gae); A_0 = {a0:.4g}."])
+
+
+# ---- layouts from the planner (a model: mlsys_nb.planner) ---------------------------------------
+SEC12 = "notebooks/12_putting_parallelism_together.ipynb, section 'the planner'"
+REF_PLAN = "docs/references.md#megatron-ptdp (Narayanan et al. 2021, arXiv:2104.04473), #llama3"
+_LAYOUTS = {
+    "dp only, ZeRO-3": dict(tp=1, zero=3),
+    "tp=2, ZeRO-1": dict(tp=2, zero=1),
+    "tp=8, ZeRO-1": dict(tp=8, zero=1),
+    "tp=4 x pp=2 (1F1B), ZeRO-1": dict(tp=4, pp=2, schedule="1f1b", zero=1),
+}
+
+
+def _plan_case(rng):
+    return (pick(rng, ["llama-3-8b", "llama-2-13b", "llama-3.2-3b"]), pick(rng, [32, 64, 128]),
+            pick(rng, ["H100-SXM", "A100-80GB-SXM"]), pick(rng, [2, 4, 8]) * 2**20)
+
+
+def _evaluate(model, lay, gpus, gpu, tokens):
+    from ... import planner
+
+    try:
+        return planner.evaluate(model, gpus=gpus, gpu=gpu, global_batch_tokens=tokens, seq_len=4096, **lay)
+    except ValueError:
+        return None
+
+
+@family("layout.fastest_layout", "layout", kind="choice", difficulty=3, section=SEC12, reference=REF_PLAN)
+def _fastest(rng):
+    model, gpus, gpu, tokens = _plan_case(rng)
+    plans = {k: _evaluate(model, v, gpus, gpu, tokens) for k, v in _LAYOUTS.items()}
+    ok = {k: p for k, p in plans.items() if p is not None and p.fits}
+    ans = min(ok, key=lambda k: ok[k].step_s) if ok else "none fits"
+    return dict(text=f"Training {model} on {gpus} × {gpu} (8 per node, InfiniBand between nodes), global batch "
+                     f"{tokens / 2**20:g}M tokens of 4096: which layout has the shortest modelled step among those "
+                     f"that fit (the kit's planner: α-β communication, 80 % of DP traffic overlapped, 100 % of peak)?",
+                params={"model": model, "gpus": gpus, "gpu": gpu, "global_batch_tokens": tokens},
+                answer=ans, choices=[*_LAYOUTS, "none fits"],
+                hints=["TP traffic is per layer and per micro-batch; DP traffic once per step (and mostly hidden).",
+                       "ZeRO-3 adds parameter all-gathers every micro-batch."],
+                solution=[f"{k}: " + (f"step {p.step_s:.3g} s, {gb(p.memory_bytes)}, fits={p.fits}; {p.bottleneck}"
+                                      if p is not None else "not allowed") for k, p in plans.items()]
+                         + [f"Fastest that fits: {ans} (planner.evaluate)."])
+
+
+@family("layout.modelled_mfu", "layout", difficulty=3, section=SEC12, reference=REF_PLAN)
+def _plan_mfu(rng):
+    for _ in range(50):
+        model, gpus, gpu, tokens = _plan_case(rng)
+        name = pick(rng, list(_LAYOUTS))
+        p = _evaluate(model, _LAYOUTS[name], gpus, gpu, tokens)
+        if p is not None:
+            break
+    return dict(text=f"The planner's modelled step for {model} on {gpus} × {gpu} with '{name}', global batch "
+                     f"{tokens / 2**20:g}M tokens of 4096, takes {p.step_s:.4g} s. What MFU is that (model FLOPs "
+                     f"per step / (GPUs × bf16 peak × step time))?",
+                params={"model": model, "gpus": gpus, "gpu": gpu, "layout": name, "global_batch_tokens": tokens,
+                        "step_s": p.step_s},
+                answer=p.mfu, unit="fraction",
+                hints=["Model FLOPs per step = exact FLOPs per token × tokens per step.",
+                       "Divide by GPUs × peak × step seconds."],
+                solution=["Time by component: " + ", ".join(f"{k} {v:.3g} s" for k, v in p.time.items()),
+                          f"MFU = {p.mfu:.4g} (planner.evaluate(...).mfu)."])
+
+
+# ---- more memory knobs ---------------------------------------------------------------------------
+@family("tensor.params_per_rank", "tensor", section="notebooks/07_tensor_parallelism.ipynb, section 'memory per "
+        "rank'", reference="docs/references.md#megatron (arXiv:1909.08053)")
+def _tp_params(rng):
+    model = pick(rng, ["llama-2-7b", "llama-3-8b", "llama-2-13b", "llama-3-70b"])
+    tp = pick(rng, [2, 4, 8])
+    b = memory.estimate(memory.preset(model), TrainConfig(tp=tp))
+    return dict(text=f"{model} under tensor parallelism tp = {tp} (vocab-parallel embedding and head, norms "
+                     f"replicated): parameters held per rank?",
+                params={"model": model, "tp": tp}, answer=b.n_params_rank, unit="params",
+                hints=["Attention and MLP weight matrices and the vocabulary are split tp ways.",
+                       "Norm weights are replicated on every rank."],
+                solution=[f"Total {b.n_params_total:.4g}; per rank {b.n_params_rank:.4g} (memory.estimate(...)"
+                          ".n_params_rank)."],
+                diagnostics=[(b.n_params_total / tp / b.n_params_rank, "close: the norms are not split")])
+
+
+@family("tensor.sp_activation_saving", "tensor", difficulty=2, section="notebooks/07_tensor_parallelism.ipynb, "
+        "section 'sequence parallelism'", reference="docs/references.md#megatron-sp (arXiv:2205.05198, Table 2)")
+def _sp_save(rng):
+    model = pick(rng, ["llama-2-7b", "llama-3-8b", "llama-2-13b"])
+    tp = pick(rng, [2, 4, 8])
+    s = pick(rng, [2048, 4096])
+    m = memory.preset(model)
+    a = memory.estimate(m, TrainConfig(tp=tp, seq_len=s)).activations
+    b = memory.estimate(m, TrainConfig(tp=tp, sp=True, seq_len=s)).activations
+    return dict(text=f"{model}, tp = {tp}, micro-batch 1 × {s}, flash attention: by what factor does turning on "
+                     f"sequence parallelism divide the stored activations?",
+                params={"model": model, "tp": tp, "seq_len": s}, answer=a / b, unit="ratio",
+                hints=["Without SP the norm and dropout inputs (h-wide) are replicated on every TP rank.",
+                       "SP splits them along the sequence: everything is then divided by tp."],
+                solution=[f"Without SP {gb(a)}, with SP {gb(b)} (memory.estimate).", f"Factor {a / b:.4g}."])
+
+
+@family("memory.recompute_saving", "memory", difficulty=2, section=SEC_MEM + ", section 'recomputation'",
+        reference="docs/references.md#activation-checkpointing (Chen et al. 2016), #megatron-sp")
+def _rc(rng):
+    model = pick(rng, ["llama-2-7b", "llama-3-8b", "gpt-2-small"])
+    mode = pick(rng, ["selective", "full"])
+    s = pick(rng, [2048, 4096])
+    m = memory.preset(model)
+    kw = dict(seq_len=s, flash_attention=False)
+    a = memory.estimate(m, TrainConfig(**kw)).activations_layers
+    b = memory.estimate(m, TrainConfig(recompute=mode, **kw)).activations_layers
+    return dict(text=f"{model}, micro-batch 1 × {s}, WITHOUT flash attention (scores stored): by what factor does "
+                     f"{mode} recomputation divide the activations stored by the transformer layers?",
+                params={"model": model, "recompute": mode, "seq_len": s}, answer=a / b, unit="ratio",
+                hints=["Selective drops the s²-sized attention tensors; full keeps only each block's input.",
+                       "Full: 2·h bytes per token per layer remain."],
+                solution=[f"none {gb(a)}, {mode} {gb(b)} (memory.estimate(...).activations_layers).",
+                          f"Factor {a / b:.4g}."])
