@@ -234,6 +234,15 @@ def _hand(q):
         from mlsys_nb import flops, hardware, memory
         c = flops.flops_per_token(memory.preset(p["model"]), 4096) * p["global_batch_tokens"]
         return c / (p["gpus"] * hardware.gpu(p["gpu"]).peak("bf16") * p["step_s"])
+    if f == "inference.gqa_kv_saving":
+        from mlsys_nb import memory
+        c = memory.preset(p["preset"])
+        return c.n_heads / c.n_kv_heads
+    if f == "serving.static_batching_utilization":
+        return sum(p["lengths"]) / (len(p["lengths"]) * max(p["lengths"]))
+    if f == "rl.ppo_clipped_objective":
+        r, a, e = p["ratio"], p["advantage"], p["clip"]
+        return min(r * a, min(max(r, 1 - e), 1 + e) * a)
     return None
 
 
@@ -254,7 +263,8 @@ HAND = ["comm.allreduce_time", "comm.allreduce_tree_time", "comm.allreduce_binom
         "scaling.tokens_per_param", "inference.kv_bytes_per_token", "inference.ridge_point",
         "serving.speculative_speedup", "rl.weight_sync_time", "pipeline.makespan", "pipeline.min_microbatches",
         "pipeline.peak_activations_interleaved_1f1b", "pipeline.peak_activations_zb_h2",
-        "pipeline.peak_activations_zbv", "layout.modelled_mfu"]
+        "pipeline.peak_activations_zbv", "layout.modelled_mfu", "inference.gqa_kv_saving",
+        "serving.static_batching_utilization", "rl.ppo_clipped_objective"]
 
 
 @pytest.mark.parametrize("name", HAND)
@@ -342,3 +352,34 @@ def test_html_worksheets(tmp_path):
     import html as h
 
     assert h.escape(first.answer_text()) not in sheet and h.escape(first.answer_text()) in key
+
+
+def test_max_micro_batch_is_the_edge_of_fitting():
+    """Second route for the search families: the answer fits and one more does not."""
+    from mlsys_nb import memory
+    from mlsys_nb.config import TrainConfig
+
+    for seed in range(5):
+        q = quiz.make("memory.max_micro_batch", seed)
+        p = q.params
+        t = TrainConfig(seq_len=p["seq_len"], dp=p["dp"], zero=p["zero"], recompute=p["recompute"], gpu=p["gpu"])
+        m = memory.preset(p["model"])
+        b = memory.estimate(m, t.replace(micro_batch=int(q.answer)))
+        nxt = memory.estimate(m, t.replace(micro_batch=int(q.answer) + 1))
+        assert b.total <= b.gpu_memory < nxt.total
+
+
+def test_oom_knob_has_exactly_one_fix():
+    from mlsys_nb import memory
+    from mlsys_nb.config import TrainConfig
+
+    for seed in range(5):
+        q = quiz.make("memory.oom_knob", seed)
+        p = q.params
+        t = TrainConfig(micro_batch=p["micro_batch"], seq_len=p["seq_len"], dp=p["dp"], zero=p["zero"], gpu=p["gpu"])
+        m = memory.preset(p["model"])
+        assert not memory.estimate(m, t).fits
+        changes = {"ZeRO-3": dict(zero=3), "full recompute": dict(recompute="full"),
+                   "TP = 8 with SP": dict(tp=8, sp=True), "halve the micro-batch": dict(micro_batch=max(1, t.micro_batch // 2))}
+        fits = [k for k in q.choices if memory.estimate(m, t.replace(**changes[k])).fits]
+        assert fits == [q.answer]

@@ -267,3 +267,39 @@ def _spec2(rng):
                 params={"alpha": a, "k": k, "c": c}, answer=s, unit="ratio",
                 hints=["Tokens per step (1 − α^(k+1))/(1 − α).", "Cost per step: k drafts (k·c) + 1 target pass."],
                 solution=[f"{expected_tokens_per_step(a, k):.4g} tokens / ({k} × {c} + 1) = {s:.4g}×."])
+
+
+@family("inference.gqa_kv_saving", "inference", section=SEC13 + ", section 'the KV cache'", reference=REF_KV)
+def _gqa(rng):
+    from ...memory import preset
+
+    model = pick(rng, ["llama-2-70b", "llama-3-8b", "llama-3-70b", "mixtral-8x7b", "llama-3.1-405b", "llama-3.2-1b"])
+    c = preset(model)
+    r = inference.kv_bytes_per_token(c.replace(n_kv_heads=c.n_heads)) / inference.kv_bytes_per_token(c)
+    return dict(text=f"{model} has {c.n_heads} query heads and {c.n_kv_heads} KV heads. By what factor is its KV cache "
+                     f"smaller than the same model with full multi-head attention?",
+                params={"preset": model}, answer=r, unit="ratio",
+                hints=["The cache stores K and V per KV head; head_dim is unchanged."],
+                solution=[f"{inference.kv_bytes_per_token(c.replace(n_kv_heads=c.n_heads)):.6g} vs "
+                          f"{inference.kv_bytes_per_token(c):.6g} B/token: {r:g}× (inference.kv_bytes_per_token)."])
+
+
+def static_batch_utilization(lengths) -> float:
+    """Static batching: every sequence's slot is held until the longest output finishes; the
+    fraction of decode slot-steps doing useful work is Σ len / (n · max len) (Yu et al. 2022, Orca §2)."""
+    return sum(lengths) / (len(lengths) * max(lengths))
+
+
+@family("serving.static_batching_utilization", "serving", section="continuous batching (Orca, Yu et al. 2022)",
+        reference="docs/references.md#orca (Yu et al. 2022, OSDI, §2.2)")
+def _static(rng):
+    lengths = [pick(rng, [16, 32, 64, 128, 256, 512]) for _ in range(pick(rng, [4, 8]))]
+    if len(set(lengths)) == 1:
+        lengths[0] = lengths[0] // 2
+    u = static_batch_utilization(lengths)
+    return dict(text=f"Static batching of {len(lengths)} requests whose outputs are {lengths} tokens long: the batch "
+                     f"runs until the longest finishes. What fraction of the decode slot-steps produce a token? "
+                     f"(Continuous batching refills a finished slot at once.)",
+                params={"lengths": lengths}, answer=u, unit="fraction",
+                hints=["Steps = max length; slots = batch size.", "Useful = Σ lengths."],
+                solution=[f"Σ len = {sum(lengths)}, n × max = {len(lengths) * max(lengths)}.", f"Utilization {u:.4g}."])

@@ -529,3 +529,73 @@ def _rc(rng):
                        "Full: 2·h bytes per token per layer remain."],
                 solution=[f"none {gb(a)}, {mode} {gb(b)} (memory.estimate(...).activations_layers).",
                           f"Factor {a / b:.4g}."])
+
+
+@family("memory.max_micro_batch", "memory", difficulty=2, section=SEC_MEM + ", section 'does it fit?'",
+        reference=REF_MEM)
+def _max_mb(rng):
+    for _ in range(100):
+        model = pick(rng, ["llama-2-7b", "llama-3-8b", "llama-3.2-3b", "llama-2-13b"])
+        t = TrainConfig(seq_len=pick(rng, [2048, 4096]), dp=pick(rng, [8, 16, 64]), zero=pick(rng, [1, 2, 3]),
+                        recompute=pick(rng, ["none", "selective", "full"]),
+                        gpu=pick(rng, ["H100-SXM", "A100-80GB-SXM"]))
+        m = memory.preset(model)
+        best = 0
+        for mb in range(1, 65):
+            if memory.estimate(m, t.replace(micro_batch=mb)).fits:
+                best = mb
+            else:
+                break
+        if 1 <= best < 64:
+            break
+    first = memory.estimate(m, t.replace(micro_batch=1))
+    return dict(text=f"{model}, sequences of {t.seq_len} tokens, dp = {t.dp} with ZeRO-{t.zero}, recompute="
+                     f"{t.recompute}, bf16-mixed Adam, on {t.gpu}: the largest micro-batch (sequences) that fits?",
+                params={"model": model, "seq_len": t.seq_len, "dp": t.dp, "zero": t.zero, "recompute": t.recompute,
+                        "gpu": t.gpu},
+                answer=best, unit="count", tolerance=0.0,
+                hints=["Model states do not depend on the micro-batch; activations grow linearly with it.",
+                       f"At micro-batch 1: states {gb(first.model_states)}, activations {gb(first.activations)}."],
+                solution=["Free after states and temporaries: compare with the activations per sequence.",
+                          f"micro-batch {best} fits, {best + 1} does not (memory.estimate(...).fits)."])
+
+
+@family("scaling.inference_optimal_shrink", "scaling", difficulty=3, section=SEC_FLOPS + ", section 'inference-aware'",
+        reference="docs/references.md#sardana2023 (Sardana et al. 2023, arXiv:2401.00448)")
+def _inf_opt(rng):
+    c = pick(rng, [1e22, 1e23, 1e24])
+    mult = pick(rng, [1, 3, 10])
+    law = scaling.law("chinchilla")
+    n0, d0 = law.compute_optimal(c)
+    r = law.inference_optimal(c, mult * d0)
+    ratio = r["chinchilla_N"] / r["N"]
+    return dict(text=f"Budget C = {c:.3g} FLOPs, Chinchilla law. The model will then serve {mult}× its "
+                     f"Chinchilla-optimal training tokens at inference (2N FLOPs per token). "
+                     f"Reaching the same loss with the least lifetime compute, by what factor is the model smaller than Chinchilla-optimal?",
+                params={"C": c, "inference_multiple": mult}, answer=ratio, unit="ratio", tolerance=0.02,
+                hints=["Lifetime = 6·N·D_train + 2·N·D_inference.", "Along the iso-loss curve, trade N for D."],
+                solution=[f"Chinchilla N* = {n0:.4g}; inference-aware N = {r['N']:.4g} trained on {r['D']:.4g} tokens.",
+                          f"Factor {ratio:.4g} (scaling.law('chinchilla').inference_optimal)."])
+
+
+@family("rl.ppo_clipped_objective", "rl", difficulty=2, section="notebooks/17_rl_fundamentals.ipynb, section 'PPO'",
+        reference="docs/references.md#ppo (Schulman et al. 2017, arXiv:1707.06347, eq. 7)")
+def _ppo(rng):
+    import math
+
+    import torch
+
+    from ...rl.ppo import ppo_loss
+
+    ratio = pick(rng, [0.5, 0.7, 0.9, 1.1, 1.3, 1.6])
+    adv = pick(rng, [-2.0, -1.0, 1.0, 2.0])
+    eps = pick(rng, [0.1, 0.2])
+    t = lambda x: torch.tensor([x])  # noqa: E731
+    _, parts = ppo_loss(t(math.log(ratio)), t(0.0), t(adv), t(0.0), t(0.0), t(0.0), clip=eps, normalize=False)
+    obj = -float(parts["policy"])
+    return dict(text=f"PPO with clip ε = {eps}: probability ratio r = {ratio}, advantage A = {adv}. The clipped "
+                     f"surrogate objective (to maximise) for this sample?",
+                params={"ratio": ratio, "advantage": adv, "clip": eps}, answer=obj, unit="ratio", tolerance=0.005,
+                hints=["L = min(r·A, clip(r, 1−ε, 1+ε)·A).", "For A < 0 the min picks the more negative value."],
+                solution=[f"r·A = {ratio * adv:.4g}; clip(r)·A = {min(max(ratio, 1 - eps), 1 + eps) * adv:.4g}.",
+                          f"min = {obj:.4g} (rl.ppo.ppo_loss, policy part negated)."])
