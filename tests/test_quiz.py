@@ -57,6 +57,7 @@ def test_same_seed_same_question_in_another_process():
     ("3,200 MB", "bytes", 3.2e9), ("12 ms", "seconds", 0.012), ("45%", "fraction", 0.45), ("2.5 days", "days", 2.5),
     ("60 h", "days", 2.5), ("7B", "params", 7e9), ("1.5x", "ratio", 1.5), ("$1,000", "USD", 1000.0),
     ("450 GB/s", "bytes/s", 450e9), ("3e21 FLOPs", "FLOPs", 3e21), ("12 us", "seconds", 12e-6),
+    ("62 count", "count", 62), ("3 micro-batches", "micro-batches", 3),
 ])
 def test_parse(text, unit, value):
     assert units.parse(text, unit) == pytest.approx(value)
@@ -380,6 +381,7 @@ def test_oom_knob_has_exactly_one_fix():
         m = memory.preset(p["model"])
         assert not memory.estimate(m, t).fits
         changes = {"ZeRO-3": dict(zero=3), "full recompute": dict(recompute="full"),
-                   "TP = 8 with SP": dict(tp=8, sp=True), "halve the micro-batch": dict(micro_batch=max(1, t.micro_batch // 2))}
+                   "TP = 8 with SP": dict(tp=8, sp=True),
+                   "halve the micro-batch": dict(micro_batch=max(1, t.micro_batch // 2))}
         fits = [k for k in q.choices if memory.estimate(m, t.replace(**changes[k])).fits]
         assert fits == [q.answer]

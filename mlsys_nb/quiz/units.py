@@ -70,6 +70,8 @@ def parse(text, unit: str) -> float:
     if not suffix:
         return value
     key = suffix.lower().replace(" ", "")
+    if key == unit.lower().replace(" ", ""):  # the question's own unit name ("62 count", "3 micro-batches")
+        return value
     if dim == "count" and key[:1] in _COUNT_SUFFIX and key[1:] in ("", "tokens", "params"):
         rdim, f = dim, _COUNT_SUFFIX[key[:1]]  # "7B" parameters, "1.4T tokens"
     elif key in UNIT_TABLE:

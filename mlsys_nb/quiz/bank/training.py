@@ -571,7 +571,8 @@ def _inf_opt(rng):
     ratio = r["chinchilla_N"] / r["N"]
     return dict(text=f"Budget C = {c:.3g} FLOPs, Chinchilla law. The model will then serve {mult}× its "
                      f"Chinchilla-optimal training tokens at inference (2N FLOPs per token). "
-                     f"Reaching the same loss with the least lifetime compute, by what factor is the model smaller than Chinchilla-optimal?",
+                     f"Reaching the same loss with the least lifetime compute, by what factor is the model "
+                     f"smaller than Chinchilla-optimal?",
                 params={"C": c, "inference_multiple": mult}, answer=ratio, unit="ratio", tolerance=0.02,
                 hints=["Lifetime = 6·N·D_train + 2·N·D_inference.", "Along the iso-loss curve, trade N for D."],
                 solution=[f"Chinchilla N* = {n0:.4g}; inference-aware N = {r['N']:.4g} trained on {r['D']:.4g} tokens.",
