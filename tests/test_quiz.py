@@ -385,3 +385,29 @@ def test_oom_knob_has_exactly_one_fix():
                    "halve the micro-batch": dict(micro_batch=max(1, t.micro_batch // 2))}
         fits = [k for k in q.choices if memory.estimate(m, t.replace(**changes[k])).fits]
         assert fits == [q.answer]
+
+
+def test_each_solution_cites_a_real_notebook_section_and_reference_entry():
+    """Sections name existing notebooks and their real headings; references name real entries of
+    docs/references.md."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    anchors = set(re.findall(r"^### .*\[([a-z0-9-]+)\]\s*$", (root / "docs" / "references.md").read_text(), re.M))
+    headings = {}
+    for nb in (root / "notebooks").glob("*.ipynb"):
+        cells = json.loads(nb.read_text())["cells"]
+        text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+        headings[nb.name] = [re.sub(r"[`*]", "", h) for h in re.findall(r"^## (.*)$", text, re.M)]
+    for name in FAMILIES:
+        q = quiz.make(name, 0)
+        for nb, secs in re.findall(r"notebooks/(\d\d_\w+\.ipynb)((?:, §[^,;]+)*)", q.section):
+            assert nb in headings, (name, nb)
+            for num, title in re.findall(r"§(\d+) ([^,;(]+)", secs):
+                want = f"{num} · {title.strip()}"
+                assert any(h.replace(".", " ·", 1).startswith(want) or h.startswith(want) for h in headings[nb]), (
+                    name, nb, want)
+        refs = re.findall(r"#([a-z0-9-]+)", q.reference)
+        assert refs, (name, q.reference)
+        assert set(refs) <= anchors, (name, set(refs) - anchors)

@@ -22,8 +22,9 @@ def card(rng, wrong: str, right: str, evidence: list[str], hint: str) -> dict:
                                      ["So the statement is true."]))
 
 
-@family("cards.zero3_traffic", "data_parallel", kind="card", section="notebooks/06_zero_and_fsdp.ipynb, section "
-        "'communication volume'", reference="docs/references.md#zero (arXiv:1910.02054, §7.2.2)")
+@family("cards.zero3_traffic", "data_parallel", kind="card",
+        section="notebooks/06_zero_and_fsdp.ipynb, §5 ZeRO-3 (FSDP): shard the parameters too",
+        reference="docs/references.md#zero (arXiv:1910.02054, §7.2.2)")
 def _c_zero3(rng):
     n = pick(rng, [8, 64, 1024])
     r = zero_bytes_per_step(7e9, n, 3) / zero_bytes_per_step(7e9, n, 0)
@@ -34,8 +35,9 @@ def _c_zero3(rng):
                 "A ring all-reduce is already two phases.")
 
 
-@family("cards.one_f_one_b_bubble", "pipeline", kind="card", section="notebooks/08_pipeline_parallelism.ipynb, section "
-        "'1F1B'", reference="docs/references.md#pipedream-flush (arXiv:2006.09503)")
+@family("cards.one_f_one_b_bubble", "pipeline", kind="card",
+        section="notebooks/08_pipeline_parallelism.ipynb, §4 1F1B and activation memory",
+        reference="docs/references.md#pipedream-flush (arXiv:2006.09503)")
 def _c_1f1b(rng):
     p, m = pick(rng, [4, 8]), pick(rng, [8, 16, 32])
     g = pl.simulate(pl.schedule("gpipe", p, m), F=1, B=2)
@@ -48,8 +50,9 @@ def _c_1f1b(rng):
                 "Simulate both and compare the idle time.")
 
 
-@family("cards.adam_bytes_per_param", "memory", kind="card", section="notebooks/10_training_memory.ipynb, section "
-        "'model states'", reference="docs/references.md#zero (arXiv:1910.02054, §3.1), #mixed-precision")
+@family("cards.adam_bytes_per_param", "memory", kind="card",
+        section="notebooks/10_training_memory.ipynb, §1 Model states: parameters, gradients, optimizer, master weights",
+        reference="docs/references.md#zero (arXiv:1910.02054, §3.1), #mixed-precision")
 def _c_adam(rng):
     b = memory.model_state_bytes(1).total
     b12 = memory.model_state_bytes(1, precision="bf16-nomaster").total
@@ -61,7 +64,7 @@ def _c_adam(rng):
 
 
 @family("cards.twenty_tokens_per_param", "scaling", kind="card", section="notebooks/11_compute_and_scaling_laws.ipynb, "
-        "section '20 tokens per parameter?'", reference="docs/references.md#chinchilla, #epoch-chinchilla")
+        "§5 Scaling laws and compute-optimal allocation", reference="docs/references.md#chinchilla, #epoch-chinchilla")
 def _c_twenty(rng):
     law = scaling.law("epoch")
     lo, hi = float(law.tokens_per_parameter(1e20)), float(law.tokens_per_parameter(1e26))
@@ -72,8 +75,9 @@ def _c_twenty(rng):
                 "Compute D*/N* at two budgets far apart.")
 
 
-@family("cards.sp_traffic", "tensor", kind="card", section="notebooks/07_tensor_parallelism.ipynb, section "
-        "'sequence parallelism'", reference="docs/references.md#megatron-sp (arXiv:2205.05198, §4.2.2)")
+@family("cards.sp_traffic", "tensor", kind="card",
+        section="notebooks/07_tensor_parallelism.ipynb, §5 Sequence parallelism",
+        reference="docs/references.md#megatron-sp (arXiv:2205.05198, §4.2.2)")
 def _c_sp(rng):
     tp = pick(rng, [2, 4, 8])
     a, b = tp_bytes_per_layer(1, 4096, 4096, tp, False), tp_bytes_per_layer(1, 4096, 4096, tp, True)
@@ -84,8 +88,9 @@ def _c_sp(rng):
                 "Write the all-reduce as its two phases.")
 
 
-@family("cards.decode_bound", "inference", kind="card", section="notebooks/13_inference_anatomy.ipynb, section "
-        "'the roofline'", reference="docs/references.md#roofline, #scaling-book")
+@family("cards.decode_bound", "inference", kind="card",
+        section="notebooks/13_inference_anatomy.ipynb, §4 Prefill and decode on the roofline",
+        reference="docs/references.md#roofline, #scaling-book")
 def _c_decode(rng):
     g = pick(rng, ["H100-SXM", "A100-80GB-SXM"])
     c = inference.decode_cost("llama-3-8b", g, 1024, batch=1)
@@ -96,8 +101,9 @@ def _c_decode(rng):
                 "Compare FLOPs per byte read with the GPU's ridge point.")
 
 
-@family("cards.ring_bytes_grow", "comm", kind="card", section="notebooks/03_collectives.ipynb, section 'ring "
-        "all-reduce'", reference="docs/references.md#patarasuk2009")
+@family("cards.ring_bytes_grow", "comm", kind="card",
+        section="notebooks/03_collectives.ipynb, §4 Count the bytes, compare with the closed forms",
+        reference="docs/references.md#patarasuk2009")
 def _c_ring(rng):
     vals = {n: comm.bytes_sent_per_rank("all_reduce", 1e9, n) for n in (2, 8, 64, 1024)}
     return card(rng, "A ring all-reduce sends more bytes per rank as you add ranks, roughly in proportion to n.",
@@ -107,8 +113,9 @@ def _c_ring(rng):
                 "2(n−1)/n·S.")
 
 
-@family("cards.mfu_recompute", "compute", kind="card", section="notebooks/11_compute_and_scaling_laws.ipynb, section "
-        "'MFU vs HFU'", reference="docs/references.md#palm (Chowdhery et al. 2022, Appendix B)")
+@family("cards.mfu_recompute", "compute", kind="card",
+        section="notebooks/11_compute_and_scaling_laws.ipynb, §3 MFU: how much of the peak a training step uses",
+        reference="docs/references.md#palm (Chowdhery et al. 2022, Appendix B)")
 def _c_mfu(rng):
     cfg = memory.preset("llama-2-7b")
     m = flops.flops_per_token(cfg, 4096)
@@ -120,8 +127,9 @@ def _c_mfu(rng):
                 "Which FLOPs does the M in MFU count?")
 
 
-@family("cards.gqa_kv", "inference", kind="card", section="notebooks/13_inference_anatomy.ipynb, section 'the KV "
-        "cache'", reference="docs/references.md#gqa (arXiv:2305.13245)")
+@family("cards.gqa_kv", "inference", kind="card",
+        section="notebooks/13_inference_anatomy.ipynb, §2 Why a KV cache, and why it is exact",
+        reference="docs/references.md#gqa (arXiv:2305.13245)")
 def _c_gqa(rng):
     a = inference.kv_bytes_per_token("llama-2-70b")
     cfg = memory.preset("llama-2-70b")

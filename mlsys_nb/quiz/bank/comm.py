@@ -11,7 +11,7 @@ from ..core import family
 from ._util import MB, gbps, pick, us
 
 REF_COMM = "docs/references.md#thakur2005 (Thakur, Rabenseifner & Gropp 2005), #patarasuk2009, #nccl-tests"
-SEC_COST = "notebooks/04_communication_cost.ipynb, section 'the α-β model'"
+SEC_COST = "notebooks/04_communication_cost.ipynb, §1 The α-β model"
 
 
 def _link(rng):
@@ -88,7 +88,8 @@ for _spec in _TIME_FAMILIES:
     _time_family(*_spec)
 
 
-@family("comm.ring_allreduce_bytes_sent", "comm", section="notebooks/03_collectives.ipynb, section 'ring all-reduce'",
+@family("comm.ring_allreduce_bytes_sent", "comm",
+        section="notebooks/03_collectives.ipynb, §4 Count the bytes, compare with the closed forms",
         reference=REF_COMM)
 def _ring_bytes(rng):
     n = pick(rng, [2, 3, 4, 8, 16, 64, 256])
@@ -104,7 +105,8 @@ def _ring_bytes(rng):
                              (2 * nbytes / b, "2S is the large-n limit; at this n it is 2(n−1)/n·S")])
 
 
-@family("comm.allgather_bytes_sent", "comm", section="notebooks/03_collectives.ipynb, section 'all-gather'",
+@family("comm.allgather_bytes_sent", "comm",
+        section="notebooks/03_collectives.ipynb, §1 Semantics: who holds what, before and after",
         reference=REF_COMM)
 def _ag_bytes(rng):
     n = pick(rng, [2, 4, 8, 16, 32])
@@ -118,7 +120,8 @@ def _ag_bytes(rng):
                 diagnostics=[(2.0 * (n - 1) / n * nbytes / b, "that is an all-reduce; all-gather is one phase")])
 
 
-@family("comm.busbw", "comm", section="notebooks/04_communication_cost.ipynb, section 'algbw and busbw'",
+@family("comm.busbw", "comm",
+        section="notebooks/04_communication_cost.ipynb, §2 algbw and busbw, as nccl-tests defines them",
         reference="docs/references.md#nccl-tests")
 def _busbw(rng):
     op = pick(rng, ["all_reduce", "all_gather", "reduce_scatter"])
@@ -169,7 +172,7 @@ def _faster(rng):
 
 # ---- DDP / ZeRO traffic -------------------------------------------------------------------------
 REF_ZERO = "docs/references.md#zero (Rajbhandari et al. 2020, arXiv:1910.02054, §7), #pytorch-ddp"
-SEC_ZERO = "notebooks/06_zero_and_fsdp.ipynb, section 'communication volume'"
+SEC_ZERO = "notebooks/06_zero_and_fsdp.ipynb, §5 ZeRO-3 (FSDP): shard the parameters too"
 
 
 def zero_bytes_per_step(n_params: float, n: int, zero: int, dtype_bytes: float = 2) -> float:
@@ -187,7 +190,7 @@ def zero_bytes_per_step(n_params: float, n: int, zero: int, dtype_bytes: float =
 
 
 @family("data_parallel.ddp_bytes_per_step", "data_parallel", section="notebooks/05_data_parallelism.ipynb, "
-        "section 'gradient all-reduce'", reference=REF_ZERO)
+        "§2 Naive DDP: one all-reduce per parameter", reference=REF_ZERO)
 def _ddp_bytes(rng):
     n_params = pick(rng, [125e6, 350e6, 1.3e9, 7e9])
     n = pick(rng, [2, 4, 8, 16, 64])
@@ -236,7 +239,7 @@ def _z3_ratio(rng):
 
 # ---- tensor / sequence parallelism ------------------------------------------------------------
 REF_TP = "docs/references.md#megatron (Shoeybi et al. 2019, arXiv:1909.08053), #megatron-sp (Korthikanti et al. 2022)"
-SEC_TP = "notebooks/07_tensor_parallelism.ipynb, section 'communication per layer'"
+SEC_TP = "notebooks/07_tensor_parallelism.ipynb, §7 What TP costs at scale, and why it stays inside a node"
 
 
 def tp_bytes_per_layer(b: int, s: int, h: int, tp: int, sp: bool, dtype_bytes: float = 2) -> float:
@@ -303,7 +306,8 @@ REF_CP = "docs/references.md#ring-attention (Liu et al. 2023, arXiv:2310.01889)"
 SEC_EC = "notebooks/09_experts_and_context.ipynb"
 
 
-@family("expert_context.ep_bytes_per_layer", "expert_context", difficulty=2, section=SEC_EC + ", expert parallelism",
+@family("expert_context.ep_bytes_per_layer", "expert_context", difficulty=2,
+        section=SEC_EC + ", §3 Expert parallelism: two all-to-alls on real ranks",
         reference=REF_EP)
 def _ep_bytes(rng):
     from ...parallel.expert import ep_bytes_per_layer
@@ -326,7 +330,8 @@ def _ep_bytes(rng):
                              (0.25, "4 all-to-alls per step: dispatch + combine, forward + backward")])
 
 
-@family("expert_context.ep_vs_tp_moe", "expert_context", difficulty=3, section=SEC_EC + ", EP vs TP for experts",
+@family("expert_context.ep_vs_tp_moe", "expert_context", difficulty=3,
+        section=SEC_EC + ", §4 EP or TP for the experts? Bytes and memory per rank",
         reference=REF_EP)
 def _ep_vs_tp(rng):
     from ...parallel.expert import ep_bytes_per_layer, tp_moe_bytes_per_layer
@@ -344,7 +349,8 @@ def _ep_vs_tp(rng):
                           f"Ratio = k = {r:.3g}."])
 
 
-@family("expert_context.cp_ring_bytes", "expert_context", difficulty=2, section=SEC_EC + ", ring attention",
+@family("expert_context.cp_ring_bytes", "expert_context", difficulty=2,
+        section=SEC_EC + ", §6 Ring attention and zig-zag chunks on real ranks",
         reference=REF_CP)
 def _cp_bytes(rng):
     from ...parallel.context import ring_bytes_per_layer
@@ -366,7 +372,8 @@ def _cp_bytes(rng):
                 diagnostics=[(0.5, "K and V both travel: 2 tensors per block")])
 
 
-@family("expert_context.cp_causal_imbalance", "expert_context", difficulty=2, section=SEC_EC + ", zig-zag layout",
+@family("expert_context.cp_causal_imbalance", "expert_context", difficulty=2,
+        section=SEC_EC + ", §6 Ring attention and zig-zag chunks on real ranks",
         reference=REF_CP)
 def _cp_imbalance(rng):
     from ...parallel.context import causal_work
@@ -383,7 +390,8 @@ def _cp_imbalance(rng):
                           f"Ratio = {r:g}; the zig-zag layout makes it 1."])
 
 
-@family("expert_context.ep_all_to_all_time", "expert_context", difficulty=2, section=SEC_EC + ", expert parallelism",
+@family("expert_context.ep_all_to_all_time", "expert_context", difficulty=2,
+        section=SEC_EC + ", §3 Expert parallelism: two all-to-alls on real ranks",
         reference=REF_EP + ", " + REF_COMM)
 def _ep_time(rng):
     tokens, h, k = pick(rng, [4096, 8192]), pick(rng, [4096, 7168]), pick(rng, [2, 8])

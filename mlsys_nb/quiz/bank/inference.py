@@ -29,7 +29,9 @@ def _shape(model):
     return c, f"{c.n_layers} layers, {c.n_heads} query heads, {c.n_kv_heads} KV heads of dim {c.head_dim}"
 
 
-@family("inference.kv_cache_bytes", "inference", section=SEC13 + ", section 'the KV cache'", reference=REF_KV)
+@family("inference.kv_cache_bytes", "inference",
+        section=SEC13 + ", §2 Why a KV cache, and why it is exact",
+        reference=REF_KV)
 def _kv(rng):
     model = pick(rng, MODELS)
     tokens = pick(rng, [1024, 4096, 8192, 32768, 128000, 1_000_000])
@@ -48,7 +50,9 @@ def _kv(rng):
                    if c.n_heads != c.n_kv_heads else []))
 
 
-@family("inference.kv_bytes_per_token", "inference", section=SEC13 + ", section 'the KV cache'", reference=REF_KV)
+@family("inference.kv_bytes_per_token", "inference",
+        section=SEC13 + ", §2 Why a KV cache, and why it is exact",
+        reference=REF_KV)
 def _kvt(rng):
     model = pick(rng, MODELS + ["deepseek-v3"])
     b = inference.kv_bytes_per_token(model, "bf16")
@@ -65,7 +69,7 @@ def _kvt(rng):
                 diagnostics=[(0.5, "off by a factor 2: did you count K and V?")] if not mla else [])
 
 
-@family("inference.weight_bytes", "inference", section=SEC13 + ", section 'sizing real models'", reference=REF_KV)
+@family("inference.weight_bytes", "inference", section=SEC13 + ", §3 Sizing the cache of real models", reference=REF_KV)
 def _wb(rng):
     model = pick(rng, MODELS)
     dtype = pick(rng, ["bf16", "fp8", "int4"])
@@ -79,8 +83,9 @@ def _wb(rng):
                 solution=[f"{n:,} × {DTYPE_BYTES[dtype]} = {gb(b)} (inference.weight_bytes)."])
 
 
-@family("inference.max_concurrent_sequences", "inference", difficulty=2, section=SEC13 + ", section 'how many "
-        "sequences fit'", reference=REF_KV)
+@family("inference.max_concurrent_sequences", "inference", difficulty=2,
+        section=SEC13 + ", §3 Sizing the cache of real models",
+        reference=REF_KV)
 def _conc(rng):
     for _ in range(100):
         model = pick(rng, MODELS[:6])
@@ -105,7 +110,8 @@ def _roof_case(rng):
     return pick(rng, MODELS[:6]), pick(rng, GPUS), pick(rng, [1, 8, 32, 128])
 
 
-@family("inference.decode_step_time", "inference", difficulty=2, section=SEC13 + ", section 'the roofline'",
+@family("inference.decode_step_time", "inference", difficulty=2,
+        section=SEC13 + ", §4 Prefill and decode on the roofline",
         reference=REF_ROOF)
 def _decode(rng):
     model, g, batch = _roof_case(rng)
@@ -121,7 +127,7 @@ def _decode(rng):
                           f"{c.bound}-bound: {c.time_s * 1e3:.4g} ms (inference.decode_cost)."])
 
 
-@family("inference.prefill_time", "inference", difficulty=2, section=SEC13 + ", section 'the roofline'",
+@family("inference.prefill_time", "inference", difficulty=2, section=SEC13 + ", §4 Prefill and decode on the roofline",
         reference=REF_ROOF)
 def _prefill(rng):
     model, g, batch = _roof_case(rng)
@@ -135,7 +141,7 @@ def _prefill(rng):
                           f"{c.bound}-bound, {c.time_s * 1e3:.4g} ms (inference.prefill_cost)."])
 
 
-@family("inference.decode_bound", "inference", kind="choice", section=SEC13 + ", section 'the roofline'",
+@family("inference.decode_bound", "inference", kind="choice", section=SEC13 + ", §4 Prefill and decode on the roofline",
         reference=REF_ROOF)
 def _bound(rng):
     model, g, _ = _roof_case(rng)
@@ -150,7 +156,9 @@ def _bound(rng):
                           f"{c.bound}-bound (inference.decode_cost)."])
 
 
-@family("inference.ridge_point", "inference", section=SEC13 + ", section 'the roofline'", reference=REF_ROOF)
+@family("inference.ridge_point", "inference",
+        section=SEC13 + ", §4 Prefill and decode on the roofline",
+        reference=REF_ROOF)
 def _ridge(rng):
     g = pick(rng, GPUS)
     c = inference.decode_cost("llama-2-7b", g, 16)
@@ -161,8 +169,9 @@ def _ridge(rng):
                 solution=[f"{c.ridge_flop_per_byte:.4g} FLOP/B (StepCost.ridge_flop_per_byte)."])
 
 
-@family("serving.decode_throughput", "serving", difficulty=2, section=SEC13 + ", section 'measured prefill and "
-        "decode tokens/s'", reference="docs/references.md#orca (Yu et al. 2022), #vllm")
+@family("serving.decode_throughput", "serving", difficulty=2,
+        section=SEC13 + ", §5 Measured on this machine",
+        reference="docs/references.md#orca (Yu et al. 2022), #vllm")
 def _tput(rng):
     model, g, _ = _roof_case(rng)
     batch = pick(rng, [1, 8, 32, 64, 128])
@@ -177,7 +186,7 @@ def _tput(rng):
                           "(inference.decode_cost(...).tokens_per_s)."])
 
 
-@family("serving.batching_speedup", "serving", difficulty=2, section=SEC13 + ", section 'the roofline'",
+@family("serving.batching_speedup", "serving", difficulty=2, section=SEC13 + ", §4 Prefill and decode on the roofline",
         reference="docs/references.md#orca (Yu et al. 2022)")
 def _bs(rng):
     model, g, _ = _roof_case(rng)
@@ -195,7 +204,8 @@ def _bs(rng):
                 diagnostics=[(batch / r, "not ×batch: the KV-cache reads grow with the batch")])
 
 
-@family("serving.paged_utilization", "serving", difficulty=2, section=SEC14 + ", section 'fragmentation'",
+@family("serving.paged_utilization", "serving", difficulty=2,
+        section=SEC14 + ", §1 Why blocks: what a contiguous reservation wastes",
         reference="docs/references.md#vllm (Kwon et al. 2023, arXiv:2309.06180, §4)")
 def _frag(rng):
     from ...inference.paged import fragmentation
@@ -213,7 +223,8 @@ def _frag(rng):
                           f"max-length allocator: {r['contiguous_utilization']:.4g}."])
 
 
-@family("serving.prefix_sharing_savings", "serving", difficulty=2, section=SEC14 + ", section 'prefix caching'",
+@family("serving.prefix_sharing_savings", "serving", difficulty=2,
+        section=SEC14 + ", §4 Prefix caching by hash-chained blocks",
         reference="docs/references.md#sglang (Zheng et al. 2023, arXiv:2312.07104), #vllm")
 def _prefix(rng):
     model = pick(rng, MODELS[:6])
@@ -269,7 +280,9 @@ def _spec2(rng):
                 solution=[f"{expected_tokens_per_step(a, k):.4g} tokens / ({k} × {c} + 1) = {s:.4g}×."])
 
 
-@family("inference.gqa_kv_saving", "inference", section=SEC13 + ", section 'the KV cache'", reference=REF_KV)
+@family("inference.gqa_kv_saving", "inference",
+        section=SEC13 + ", §2 Why a KV cache, and why it is exact",
+        reference=REF_KV)
 def _gqa(rng):
     from ...memory import preset
 

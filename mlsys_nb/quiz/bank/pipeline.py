@@ -59,7 +59,8 @@ def _v_text(name, v):
     return f", v = {v} chunks per rank" if name == "interleaved-1f1b" else ""
 
 
-@family("pipeline.bubble_fraction", "pipeline", difficulty=2, section=SEC + ", section 'the bubble'",
+@family("pipeline.bubble_fraction", "pipeline", difficulty=2,
+        section=SEC + ", §1 Cutting a model into stages, and the bubble",
         reference=REF["1f1b"])
 def _bubble_fraction(rng):
     for _ in range(50):  # a zero bubble cannot be checked relatively: draw again
@@ -80,7 +81,9 @@ def _bubble_fraction(rng):
                                                                   "asks idle / total time")])
 
 
-@family("pipeline.bubble_ratio", "pipeline", section=SEC + ", section 'the bubble'", reference=REF["1f1b"])
+@family("pipeline.bubble_ratio", "pipeline",
+        section=SEC + ", §1 Cutting a model into stages, and the bubble",
+        reference=REF["1f1b"])
 def _bubble_ratio(rng):
     name, p, m, v = pipeline_case(rng, pick(rng, ["gpipe", "1f1b", "interleaved-1f1b"]))
     r = sim(name, p, m, v)
@@ -92,7 +95,9 @@ def _bubble_ratio(rng):
                 diagnostics=[(r.bubble_fraction / r.bubble_ratio, "that is the idle fraction of the whole step")])
 
 
-@family("pipeline.makespan", "pipeline", section=SEC + ", section 'the bubble'", reference=REF["1f1b"])
+@family("pipeline.makespan", "pipeline",
+        section=SEC + ", §1 Cutting a model into stages, and the bubble",
+        reference=REF["1f1b"])
 def _makespan(rng):
     name, p, m, v = pipeline_case(rng)
     r = sim(name, p, m, v)
@@ -105,7 +110,7 @@ def _makespan(rng):
 
 def _acts_family(name):
     @family(f"pipeline.peak_activations_{name.replace('-', '_')}", "pipeline", difficulty=2,
-            section=SEC + ", section 'activation memory per schedule'", reference=REF[name])
+            section=SEC + ", §4 1F1B and activation memory, §9 All schedules side by side", reference=REF[name])
     def f(rng):
         _, p, m, v = pipeline_case(rng, name)
         r = sim(name, p, m, v)
@@ -128,7 +133,8 @@ for _n in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv"):
     _acts_family(_n)
 
 
-@family("pipeline.min_microbatches", "pipeline", difficulty=2, section=SEC + ", section 'the bubble'",
+@family("pipeline.min_microbatches", "pipeline", difficulty=2,
+        section=SEC + ", §1 Cutting a model into stages, and the bubble",
         reference=REF["1f1b"])
 def _min_m(rng):
     p = pick(rng, [2, 4, 8])
@@ -148,7 +154,7 @@ def _min_m(rng):
                           f"{frac(max(m - 1, 1)):.4g}."])
 
 
-@family("pipeline.interleaving_gain", "pipeline", section=SEC + ", section 'interleaved 1F1B'",
+@family("pipeline.interleaving_gain", "pipeline", section=SEC + ", §5 Interleaving: v chunks per rank",
         reference=REF["interleaved-1f1b"])
 def _interleave(rng):
     _, p, m, v = pipeline_case(rng, "interleaved-1f1b")
@@ -163,7 +169,7 @@ def _interleave(rng):
 
 
 @family("pipeline.best_schedule_for_memory", "pipeline", kind="choice", difficulty=2,
-        section=SEC + ", section 'activation memory per schedule'", reference=REF["1f1b"])
+        section=SEC + ", §4 1F1B and activation memory, §9 All schedules side by side", reference=REF["1f1b"])
 def _best(rng):
     p = pick(rng, [4, 8])
     m = pick(rng, [2 * p, 4 * p])

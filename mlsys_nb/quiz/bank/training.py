@@ -20,7 +20,9 @@ BF16_GPUS = [n for n, g in sorted(hardware.gpus().items()) if "bf16" in g.peak_f
 N_PARAMS = [125e6, 350e6, 1.3e9, 2.7e9, 7e9, 13e9, 34e9, 70e9, 175e9]
 
 
-@family("memory.model_states", "memory", section=SEC_MEM + ", section 'model states'", reference=REF_MEM)
+@family("memory.model_states", "memory",
+        section=SEC_MEM + ", §1 Model states: parameters, gradients, optimizer, master weights",
+        reference=REF_MEM)
 def _model_states(rng):
     n = pick(rng, N_PARAMS)
     dp = pick(rng, [1, 2, 4, 8, 16, 64])
@@ -41,7 +43,9 @@ def _model_states(rng):
                 diagnostics=diag)
 
 
-@family("memory.bytes_per_param", "memory", section=SEC_MEM + ", section 'model states'", reference=REF_MEM)
+@family("memory.bytes_per_param", "memory",
+        section=SEC_MEM + ", §1 Model states: parameters, gradients, optimizer, master weights",
+        reference=REF_MEM)
 def _bpp(rng):
     prec, opt = pick(rng, [("bf16-mixed", "adam"), ("fp32", "adam"), ("bf16-mixed", "sgd-momentum"),
                            ("fp32", "sgd"), ("bf16-mixed", "adam-8bit")])
@@ -61,7 +65,8 @@ def _train_case(rng):
     return model, t
 
 
-@family("memory.activations_per_layer", "memory", difficulty=2, section=SEC_MEM + ", section 'activations'",
+@family("memory.activations_per_layer", "memory", difficulty=2,
+        section=SEC_MEM + ", §2 Activations, measured on a real transformer",
         reference="docs/references.md#megatron-sp (Korthikanti et al. 2022, arXiv:2205.05198, §4)")
 def _acts(rng):
     model = pick(rng, ["llama-2-7b", "llama-3-8b", "gpt-2-small"])
@@ -79,7 +84,9 @@ def _acts(rng):
                          [f"Sum = {gb(b.activations_per_layer)} (memory.estimate(...).activations_per_layer)."])
 
 
-@family("memory.fits", "memory", kind="choice", section=SEC_MEM + ", section 'does it fit?'", reference=REF_MEM)
+@family("memory.fits", "memory", kind="choice",
+        section=SEC_MEM + ", §4 The whole GPU: one rank of a real model, §8 Sweeps",
+        reference=REF_MEM)
 def _fits(rng):
     model, t = _train_case(rng)
     b = memory.estimate(memory.preset(model), t)
@@ -102,7 +109,7 @@ _KNOBS = {
 
 
 @family("memory.oom_knob", "memory", kind="choice", difficulty=3,
-        section=SEC_MEM + ", section 'which knob fixes the OOM'",
+        section=SEC_MEM + ", §5 How each parallelism divides each term, §8 Sweeps",
         reference=REF_MEM)
 def _oom(rng):
     for _ in range(200):
@@ -145,7 +152,7 @@ def _run(rng):
     return n, d, pick(rng, BF16_GPUS), pick(rng, [64, 256, 1024, 2048, 8192]), pick(rng, [0.3, 0.35, 0.4, 0.45, 0.5])
 
 
-@family("flops.training_days", "compute", section=SEC_FLOPS + ", section 'training time'", reference=REF_FLOPS)
+@family("flops.training_days", "compute", section=SEC_FLOPS + ", §4 Training time and cost", reference=REF_FLOPS)
 def _days(rng):
     n, d, g, ng, u = _run(rng)
     est = flops.training_time(n, d, gpu=g, n_gpus=ng, mfu=u)
@@ -162,7 +169,9 @@ def _days(rng):
                              (u, "you divided by MFU twice or not at all"), (1 / u, "you forgot the MFU")])
 
 
-@family("flops.training_flops", "compute", section=SEC_FLOPS + ", section '6ND'", reference=REF_FLOPS)
+@family("flops.training_flops", "compute",
+        section=SEC_FLOPS + ", §1 FLOPs per token from first principles",
+        reference=REF_FLOPS)
 def _c(rng):
     n, d, *_ = _run(rng)
     c = flops.training_flops(n, d)
@@ -173,7 +182,7 @@ def _c(rng):
                 diagnostics=[(1 / 3, "2ND is the forward only")])
 
 
-@family("flops.gpu_hours", "compute", section=SEC_FLOPS + ", section 'cost'", reference=REF_FLOPS)
+@family("flops.gpu_hours", "compute", section=SEC_FLOPS + ", §4 Training time and cost", reference=REF_FLOPS)
 def _gpuh(rng):
     n, d, g, ng, u = _run(rng)
     est = flops.training_time(n, d, gpu=g, n_gpus=ng, mfu=u)
@@ -186,7 +195,7 @@ def _gpuh(rng):
                           "GPU-hours (flops.training_time)."])
 
 
-@family("flops.cost_usd", "compute", section=SEC_FLOPS + ", section 'cost'", reference=REF_FLOPS)
+@family("flops.cost_usd", "compute", section=SEC_FLOPS + ", §4 Training time and cost", reference=REF_FLOPS)
 def _cost(rng):
     n, d, g, ng, u = _run(rng)
     price = pick(rng, [1.5, 2.0, 2.5, 3.0, 4.0])
@@ -198,7 +207,9 @@ def _cost(rng):
                 solution=[f"{est.gpu_hours:.4g} GPU-hours × ${price} = ${est.cost_usd:.4g} (flops.training_time)."])
 
 
-@family("flops.mfu", "compute", section=SEC_FLOPS + ", section 'MFU'", reference=REF_FLOPS)
+@family("flops.mfu", "compute",
+        section=SEC_FLOPS + ", §3 MFU: how much of the peak a training step uses",
+        reference=REF_FLOPS)
 def _mfu(rng):
     n = pick(rng, [1.3e9, 7e9, 13e9, 70e9])
     g = pick(rng, BF16_GPUS)
@@ -214,7 +225,9 @@ def _mfu(rng):
                           f"/ ({ng} × {peak:.4g}) = {u:.4g} (flops.mfu)."])
 
 
-@family("flops.implied_mfu", "compute", difficulty=2, section=SEC_FLOPS + ", section 'MFU'", reference=REF_FLOPS)
+@family("flops.implied_mfu", "compute", difficulty=2,
+        section=SEC_FLOPS + ", §3 MFU: how much of the peak a training step uses",
+        reference=REF_FLOPS)
 def _implied(rng):
     n, d, g, _, u0 = _run(rng)
     gpuh = round(6 * n * d / (hardware.gpu(g).peak("bf16") * u0) / 3600, -3) or 1000.0
@@ -228,7 +241,8 @@ def _implied(rng):
                           f"MFU = {u:.4g} (flops.implied_mfu)."])
 
 
-@family("flops.flops_per_token", "compute", difficulty=2, section=SEC_FLOPS + ", section 'exact FLOP count'",
+@family("flops.flops_per_token", "compute", difficulty=2,
+        section=SEC_FLOPS + ", §2 Counting FLOPs with FlopCounterMode",
         reference=REF_FLOPS)
 def _fpt(rng):
     model = pick(rng, ["gpt-2-small", "llama-2-7b", "llama-3-8b", "llama-3.2-1b"])
@@ -249,7 +263,8 @@ def _budget(rng):
     return pick(rng, [1e21, 3e21, 1e22, 5.76e23, 1e23, 1e24, 3.8e25])
 
 
-@family("scaling.chinchilla_params", "scaling", difficulty=2, section=SEC_FLOPS + ", section 'compute-optimal'",
+@family("scaling.chinchilla_params", "scaling", difficulty=2,
+        section=SEC_FLOPS + ", §5 Scaling laws and compute-optimal allocation",
         reference=REF_CHIN)
 def _chin_n(rng):
     law_name = pick(rng, ["chinchilla", "epoch"])
@@ -263,7 +278,8 @@ def _chin_n(rng):
                 solution=[f"N* = {n:.4g}, D* = {d:.4g}, D*/N* = {d / n:.3g} (scaling.law(...).compute_optimal)."])
 
 
-@family("scaling.chinchilla_tokens", "scaling", difficulty=2, section=SEC_FLOPS + ", section 'compute-optimal'",
+@family("scaling.chinchilla_tokens", "scaling", difficulty=2,
+        section=SEC_FLOPS + ", §5 Scaling laws and compute-optimal allocation",
         reference=REF_CHIN)
 def _chin_d(rng):
     law_name = pick(rng, ["chinchilla", "epoch"])
@@ -275,7 +291,7 @@ def _chin_d(rng):
                 solution=[f"N* = {n:.4g}; D* = C/(6N*) = {d:.4g} tokens."])
 
 
-@family("scaling.tokens_per_param", "scaling", section=SEC_FLOPS + ", section '20 tokens per parameter?'",
+@family("scaling.tokens_per_param", "scaling", section=SEC_FLOPS + ", §5 Scaling laws and compute-optimal allocation",
         reference=REF_CHIN)
 def _tpp(rng):
     law_name = pick(rng, ["chinchilla", "epoch"])
@@ -287,7 +303,7 @@ def _tpp(rng):
                 solution=[f"D*/N* = {r:.4g} (scaling.law(...).tokens_per_parameter)."])
 
 
-@family("scaling.twenty_rule_params", "scaling", section=SEC_FLOPS + ", section '20 tokens per parameter?'",
+@family("scaling.twenty_rule_params", "scaling", section=SEC_FLOPS + ", §5 Scaling laws and compute-optimal allocation",
         reference=REF_CHIN)
 def _twenty(rng):
     c = _budget(rng)
@@ -299,7 +315,9 @@ def _twenty(rng):
                 diagnostics=[(20.0 ** 0.5, "N = sqrt(C/120), not sqrt(C/6)")])
 
 
-@family("scaling.loss", "scaling", section=SEC_FLOPS + ", section 'scaling laws'", reference=REF_CHIN)
+@family("scaling.loss", "scaling",
+        section=SEC_FLOPS + ", §5 Scaling laws and compute-optimal allocation",
+        reference=REF_CHIN)
 def _loss(rng):
     law_name = pick(rng, ["chinchilla", "epoch"])
     n, d = pick(rng, [1e9, 7e9, 70e9]), pick(rng, [1e11, 1.4e12, 1.5e13])
@@ -314,7 +332,7 @@ def _loss(rng):
 
 # ---- layout ------------------------------------------------------------------------------------
 @family("layout.smallest_zero_stage", "layout", kind="choice", difficulty=2,
-        section=SEC_MEM + ", section 'choosing ZeRO and TP'", reference=REF_MEM)
+        section=SEC_MEM + ", §1 Model states, §5 How each parallelism divides each term", reference=REF_MEM)
 def _zstage(rng):
     for _ in range(200):
         n = pick(rng, N_PARAMS[3:])
@@ -332,8 +350,9 @@ def _zstage(rng):
                              [f"Smallest under {gb(cap)}: {ans} (memory.model_state_bytes)."])
 
 
-@family("layout.tp_within_node", "layout", kind="choice", section="notebooks/07_tensor_parallelism.ipynb, section "
-        "'TP across nodes'", reference="docs/references.md#megatron-ptdp (Narayanan et al. 2021, arXiv:2104.04473, §3)")
+@family("layout.tp_within_node", "layout", kind="choice",
+        section="notebooks/07_tensor_parallelism.ipynb, §7 What TP costs at scale, and why it stays inside a node",
+        reference="docs/references.md#megatron-ptdp (Narayanan et al. 2021, arXiv:2104.04473, §3)")
 def _tp_node(rng):
     b, s, h = 1, 4096, pick(rng, [5120, 8192])
     tp = 8
@@ -356,8 +375,8 @@ def _tp_node(rng):
 REF_RLHF = "docs/references.md#instructgpt (Ouyang et al. 2022, arXiv:2203.02155), #openrlhf"
 
 
-@family("rl.rlhf_memory_per_gpu", "rl", difficulty=3, section="notebook on RLHF systems (Ouyang et al. 2022); "
-        "mlsys_nb.memory.rlhf_estimate", reference=REF_RLHF)
+@family("rl.rlhf_memory_per_gpu", "rl", difficulty=3, section="mlsys_nb.memory.rlhf_estimate (its docstring; "
+        "the RLHF-systems notebook had not landed)", reference=REF_RLHF)
 def _rlhf(rng):
     actor = pick(rng, ["llama-2-7b", "llama-3-8b", "llama-2-13b"])
     ng = pick(rng, [8, 16, 32])
@@ -374,7 +393,8 @@ def _rlhf(rng):
                          [f"Total {gb(r.per_gpu)} per GPU (memory.rlhf_estimate)."])
 
 
-@family("rl.weight_sync_time", "rl", difficulty=2, section="RLHF weight sync (trainer -> rollout engine)",
+@family("rl.weight_sync_time", "rl", difficulty=2,
+        section="notebooks/04_communication_cost.ipynb, §1 The α-β model (applied to RLHF weight sync)",
         reference=REF_RLHF)
 def _sync(rng):
     n = pick(rng, [7e9, 13e9, 70e9])
@@ -390,7 +410,8 @@ def _sync(rng):
                 solution=[f"S = {nbytes:.4g} B; T = {t:.4g} s (comm.collective_time broadcast, pipelined_chain)."])
 
 
-@family("rl.gae_advantage", "rl", difficulty=2, section="notebooks/17_rl_fundamentals.ipynb, section 'GAE'",
+@family("rl.gae_advantage", "rl", difficulty=2,
+        section="notebooks/17_rl_fundamentals.ipynb, §3 Generalised advantage estimation",
         reference="docs/references.md#gae (Schulman et al. 2015, arXiv:1506.02438, eq. 16)")
 def _gae(rng):
     import numpy as np
@@ -416,7 +437,7 @@ def _gae(rng):
 
 
 # ---- layouts from the planner (a model: mlsys_nb.planner) ---------------------------------------
-SEC12 = "notebooks/12_putting_parallelism_together.ipynb, section 'the planner'"
+SEC12 = "notebooks/12_putting_parallelism_together.ipynb, §3 Searching the layout space: a planner"
 REF_PLAN = "docs/references.md#megatron-ptdp (Narayanan et al. 2021, arXiv:2104.04473), #llama3"
 _LAYOUTS = {
     "dp only, ZeRO-3": dict(tp=1, zero=3),
@@ -479,8 +500,9 @@ def _plan_mfu(rng):
 
 
 # ---- more memory knobs ---------------------------------------------------------------------------
-@family("tensor.params_per_rank", "tensor", section="notebooks/07_tensor_parallelism.ipynb, section 'memory per "
-        "rank'", reference="docs/references.md#megatron (arXiv:1909.08053)")
+@family("tensor.params_per_rank", "tensor",
+        section="notebooks/07_tensor_parallelism.ipynb, §7 What TP costs at scale, and why it stays inside a node",
+        reference="docs/references.md#megatron (arXiv:1909.08053)")
 def _tp_params(rng):
     model = pick(rng, ["llama-2-7b", "llama-3-8b", "llama-2-13b", "llama-3-70b"])
     tp = pick(rng, [2, 4, 8])
@@ -496,7 +518,7 @@ def _tp_params(rng):
 
 
 @family("tensor.sp_activation_saving", "tensor", difficulty=2, section="notebooks/07_tensor_parallelism.ipynb, "
-        "section 'sequence parallelism'", reference="docs/references.md#megatron-sp (arXiv:2205.05198, Table 2)")
+        "§5 Sequence parallelism", reference="docs/references.md#megatron-sp (arXiv:2205.05198, Table 2)")
 def _sp_save(rng):
     model = pick(rng, ["llama-2-7b", "llama-3-8b", "llama-2-13b"])
     tp = pick(rng, [2, 4, 8])
@@ -512,7 +534,8 @@ def _sp_save(rng):
                 solution=[f"Without SP {gb(a)}, with SP {gb(b)} (memory.estimate).", f"Factor {a / b:.4g}."])
 
 
-@family("memory.recompute_saving", "memory", difficulty=2, section=SEC_MEM + ", section 'recomputation'",
+@family("memory.recompute_saving", "memory", difficulty=2,
+        section=SEC_MEM + ", §3 Recomputation: memory against extra FLOPs",
         reference="docs/references.md#activation-checkpointing (Chen et al. 2016), #megatron-sp")
 def _rc(rng):
     model = pick(rng, ["llama-2-7b", "llama-3-8b", "gpt-2-small"])
@@ -531,7 +554,8 @@ def _rc(rng):
                           f"Factor {a / b:.4g}."])
 
 
-@family("memory.max_micro_batch", "memory", difficulty=2, section=SEC_MEM + ", section 'does it fit?'",
+@family("memory.max_micro_batch", "memory", difficulty=2,
+        section=SEC_MEM + ", §4 The whole GPU: one rank of a real model, §8 Sweeps",
         reference=REF_MEM)
 def _max_mb(rng):
     for _ in range(100):
@@ -560,7 +584,8 @@ def _max_mb(rng):
                           f"micro-batch {best} fits, {best + 1} does not (memory.estimate(...).fits)."])
 
 
-@family("scaling.inference_optimal_shrink", "scaling", difficulty=3, section=SEC_FLOPS + ", section 'inference-aware'",
+@family("scaling.inference_optimal_shrink", "scaling", difficulty=3,
+        section=SEC_FLOPS + ", §5 Scaling laws and compute-optimal allocation",
         reference="docs/references.md#sardana2023 (Sardana et al. 2023, arXiv:2401.00448)")
 def _inf_opt(rng):
     c = pick(rng, [1e22, 1e23, 1e24])
@@ -579,7 +604,8 @@ def _inf_opt(rng):
                           f"Factor {ratio:.4g} (scaling.law('chinchilla').inference_optimal)."])
 
 
-@family("rl.ppo_clipped_objective", "rl", difficulty=2, section="notebooks/17_rl_fundamentals.ipynb, section 'PPO'",
+@family("rl.ppo_clipped_objective", "rl", difficulty=2,
+        section="notebooks/17_rl_fundamentals.ipynb, §5 PPO's clipped objective",
         reference="docs/references.md#ppo (Schulman et al. 2017, arXiv:1707.06347, eq. 7)")
 def _ppo(rng):
     import math
