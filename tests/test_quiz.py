@@ -411,3 +411,14 @@ def test_each_solution_cites_a_real_notebook_section_and_reference_entry():
         refs = re.findall(r"#([a-z0-9-]+)", q.reference)
         assert refs, (name, q.reference)
         assert set(refs) <= anchors, (name, set(refs) - anchors)
+
+
+def test_bad_arguments_name_the_parameter():
+    from mlsys_nb.config import ArgumentError
+
+    with pytest.raises(ArgumentError, match="difficulty"):
+        quiz.draw(difficulty=5)
+    with pytest.raises(ArgumentError, match="topic"):
+        quiz.draw(topic="nope")
+    with pytest.raises(ArgumentError, match="family"):
+        quiz.draw(family="nope.nope")

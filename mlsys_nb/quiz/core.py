@@ -228,6 +228,8 @@ def draw(family: str | None = None, topic: str | None = None, seed=None, difficu
     ``difficulty`` (1 easy, 2 medium, 3 hard). ``seed=None`` draws a fresh random seed."""
     if seed is None:
         seed = secrets.randbelow(2**31)
+    if difficulty is not None:
+        check_choice("difficulty", difficulty, (1, 2, 3))
     if family is not None:
         return make(family, seed)
     pool = [n for n in families(topic) if difficulty is None or REGISTRY[n].difficulty == difficulty]
