@@ -244,6 +244,14 @@ def _hand(q):
     if f == "rl.ppo_clipped_objective":
         r, a, e = p["ratio"], p["advantage"], p["clip"]
         return min(r * a, min(max(r, 1 - e), 1 + e) * a)
+    if f == "data_parallel.grad_allreduce_time":
+        n = p["n"]
+        return 2 * (n - 1) * p["alpha"] + 2 * (n - 1) / n * 2 * p["n_params"] / p["beta"]
+    if f == "data_parallel.bucketing_speedup":
+        n, S, a, b = p["n"], p["bytes"], p["alpha"], p["beta"]
+        k = math.ceil(S / p["bucket"])
+        lat, bw = 2 * (n - 1) * a, 2 * (n - 1) / n * S / b
+        return (p["tensors"] * lat + bw) / (k * lat + bw)
     return None
 
 
@@ -265,7 +273,8 @@ HAND = ["comm.allreduce_time", "comm.allreduce_tree_time", "comm.allreduce_binom
         "serving.speculative_speedup", "rl.weight_sync_time", "pipeline.makespan", "pipeline.min_microbatches",
         "pipeline.peak_activations_interleaved_1f1b", "pipeline.peak_activations_zb_h2",
         "pipeline.peak_activations_zbv", "layout.modelled_mfu", "inference.gqa_kv_saving",
-        "serving.static_batching_utilization", "rl.ppo_clipped_objective"]
+        "serving.static_batching_utilization", "rl.ppo_clipped_objective", "data_parallel.grad_allreduce_time",
+        "data_parallel.bucketing_speedup"]
 
 
 @pytest.mark.parametrize("name", HAND)

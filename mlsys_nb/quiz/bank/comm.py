@@ -406,3 +406,41 @@ def _ep_time(rng):
                 answer=t, unit="seconds",
                 hints=["Pairwise all-to-all: (n−1) messages, (n−1)/n·S bytes.", "T = (n−1)α + (n−1)/n·S/β."],
                 solution=[f"S = {s:.4g} B; T = {t * 1e3:.4g} ms (comm.collective_time all_to_all, pairwise)."])
+
+
+@family("data_parallel.grad_allreduce_time", "data_parallel", section="notebooks/05_data_parallelism.ipynb, "
+        "§2 Naive DDP: one all-reduce per parameter", reference=REF_ZERO + ", " + REF_COMM)
+def _ddp_time(rng):
+    n_params = pick(rng, [125e6, 1.3e9, 7e9, 13e9])
+    n = pick(rng, [8, 16, 64, 256])
+    alpha, beta = _link(rng)
+    t = comm.collective_time("all_reduce", 2 * n_params, n, alpha, beta, "ring")
+    return dict(text=f"DDP over {n} ranks: one ring all-reduce of the bf16 gradients of {n_params:.3g} parameters, "
+                     f"α = {us(alpha)}, β = {gbps(beta)}. Seconds (nothing overlapped)?",
+                params={"n_params": n_params, "n": n, "alpha": alpha, "beta": beta}, answer=t, unit="seconds",
+                hints=["S = 2N bytes.", "T = 2(n−1)α + 2(n−1)/n·S/β."],
+                solution=[f"S = {2 * n_params:.4g} B; T = {t:.4g} s (comm.collective_time)."],
+                diagnostics=[(0.5, "a ring all-reduce moves 2(n−1)/n·S, not (n−1)/n·S")])
+
+
+@family("data_parallel.bucketing_speedup", "data_parallel", difficulty=2,
+        section="notebooks/05_data_parallelism.ipynb, §3 Bucketing: fewer, larger messages", reference=REF_ZERO)
+def _buckets(rng):
+    tensors = pick(rng, [100, 300, 1000])
+    total = pick(rng, [100, 500, 1000]) * MB
+    bucket = pick(rng, [25, 50]) * MB
+    n = pick(rng, [8, 32, 128])
+    alpha, beta = pick(rng, [10e-6, 20e-6, 50e-6]), pick(rng, [12.5e9, 25e9, 50e9])
+    naive = tensors * comm.collective_time("all_reduce", total / tensors, n, alpha, beta)
+    k = -(-int(total) // int(bucket))
+    bucketed = k * comm.collective_time("all_reduce", total / k, n, alpha, beta)
+    r = naive / bucketed
+    return dict(text=f"{total / MB:g} MB of gradients in {tensors} equal tensors, {n} ranks, α = {us(alpha)}, "
+                     f"β = {gbps(beta)}: how many times faster is all-reducing them in ⌈S/{bucket / MB:g} MB⌉ equal "
+                     f"buckets than one ring all-reduce per tensor?",
+                params={"tensors": tensors, "bytes": total, "bucket": bucket, "n": n, "alpha": alpha, "beta": beta},
+                answer=r, unit="ratio",
+                hints=["The bandwidth term is the same: only the number of messages changes.",
+                       "Each all-reduce costs 2(n−1)α in latency."],
+                solution=[f"per tensor: {tensors} × ... = {naive * 1e3:.4g} ms; {k} buckets: {bucketed * 1e3:.4g} ms "
+                          "(comm.collective_time).", f"Speed-up {r:.4g}×."])
