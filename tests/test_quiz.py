@@ -252,6 +252,19 @@ def _hand(q):
         k = math.ceil(S / p["bucket"])
         lat, bw = 2 * (n - 1) * a, 2 * (n - 1) / n * S / b
         return (p["tensors"] * lat + bw) / (k * lat + bw)
+    if f == "rl.grpo_advantage":
+        r, i = p["rewards"], p["index"]
+        mean = sum(r) / len(r)
+        std = math.sqrt(sum((x - mean) ** 2 for x in r) / (len(r) - 1))
+        return (r[i] - mean) / (std + 1e-6)
+    if f == "rl.dpo_loss":
+        m = p["beta"] * ((p["pc"] - p["rc"]) - (p["pr"] - p["rr"]))
+        return math.log1p(math.exp(-m))
+    if f == "rl.kl_k3_estimate":
+        q = p["logp_ref"] - p["logp"]
+        return math.exp(q) - q - 1
+    if f == "serving.overlap_scheduling_speedup":
+        return (p["cpu_s"] + p["model_s"]) / max(p["cpu_s"], p["model_s"])
     return None
 
 
@@ -274,7 +287,8 @@ HAND = ["comm.allreduce_time", "comm.allreduce_tree_time", "comm.allreduce_binom
         "pipeline.peak_activations_interleaved_1f1b", "pipeline.peak_activations_zb_h2",
         "pipeline.peak_activations_zbv", "layout.modelled_mfu", "inference.gqa_kv_saving",
         "serving.static_batching_utilization", "rl.ppo_clipped_objective", "data_parallel.grad_allreduce_time",
-        "data_parallel.bucketing_speedup"]
+        "data_parallel.bucketing_speedup", "rl.grpo_advantage", "rl.dpo_loss", "rl.kl_k3_estimate",
+        "serving.overlap_scheduling_speedup"]
 
 
 @pytest.mark.parametrize("name", HAND)

@@ -26,8 +26,9 @@ TOPICS = {  # topic -> (title, notebook that teaches it)
     "compute": ("FLOPs, MFU, time and cost", "notebooks/11_compute_and_scaling_laws.ipynb"),
     "scaling": ("Scaling laws", "notebooks/11_compute_and_scaling_laws.ipynb"),
     "inference": ("Inference: KV cache and roofline", "notebooks/13_inference_anatomy.ipynb"),
-    "serving": ("Serving: paging, prefixes, batching, speculation", "notebooks/14_kv_cache_management.ipynb"),
-    "rl": ("RL and RLHF", "notebooks/17_rl_fundamentals.ipynb"),
+    "serving": ("Serving: paging, prefixes, batching, speculation",
+                "notebooks/14_kv_cache_management.ipynb, 15_batching_and_scheduling.ipynb"),
+    "rl": ("RL and RLHF", "notebooks/17_rl_fundamentals.ipynb, 18_rlhf.ipynb"),
     "layout": ("Choosing a parallel layout", "notebooks/10_training_memory.ipynb"),
 }
 

@@ -303,7 +303,8 @@ def static_batch_utilization(lengths) -> float:
     return sum(lengths) / (len(lengths) * max(lengths))
 
 
-@family("serving.static_batching_utilization", "serving", section="continuous batching (Orca, Yu et al. 2022)",
+@family("serving.static_batching_utilization", "serving",
+        section="notebooks/15_batching_and_scheduling.ipynb, §1 Static vs continuous batching",
         reference="docs/references.md#orca (Yu et al. 2022, OSDI, §2.2)")
 def _static(rng):
     lengths = [pick(rng, [16, 32, 64, 128, 256, 512]) for _ in range(pick(rng, [4, 8]))]
@@ -316,3 +317,20 @@ def _static(rng):
                 params={"lengths": lengths}, answer=u, unit="fraction",
                 hints=["Steps = max length; slots = batch size.", "Useful = Σ lengths."],
                 solution=[f"Σ len = {sum(lengths)}, n × max = {len(lengths) * max(lengths)}.", f"Utilization {u:.4g}."])
+
+
+@family("serving.overlap_scheduling_speedup", "serving", difficulty=2,
+        section="notebooks/15_batching_and_scheduling.ipynb, §6 Overlap scheduling (a model, fed with the measured "
+        "phases)", reference="docs/references.md#nano-vllm, #sglang")
+def _overlap(rng):
+    from ...inference.metrics import overlap_speedup
+
+    cpu = pick(rng, [0.5, 1.0, 2.0, 3.0, 5.0]) * 1e-3
+    model = pick(rng, [2.0, 4.0, 8.0, 20.0]) * 1e-3
+    s = overlap_speedup(cpu, model)
+    return dict(text=f"A decode step spends {cpu * 1e3:g} ms on the CPU (scheduling, sampling, detokenizing) and "
+                     f"{model * 1e3:g} ms in the model. Overlapping the CPU work of step N+1 with the model of step N: "
+                     f"speed-up in steps per second?",
+                params={"cpu_s": cpu, "model_s": model}, answer=s, unit="ratio",
+                hints=["Serial: cpu + model per step.", "Overlapped: the slower of the two."],
+                solution=[f"({cpu * 1e3:g} + {model * 1e3:g}) / max = {s:.4g} (inference.metrics.overlap_speedup)."])

@@ -375,8 +375,8 @@ def _tp_node(rng):
 REF_RLHF = "docs/references.md#instructgpt (Ouyang et al. 2022, arXiv:2203.02155), #openrlhf"
 
 
-@family("rl.rlhf_memory_per_gpu", "rl", difficulty=3, section="mlsys_nb.memory.rlhf_estimate (its docstring; "
-        "the RLHF-systems notebook had not landed)", reference=REF_RLHF)
+@family("rl.rlhf_memory_per_gpu", "rl", difficulty=3, section="notebooks/18_rlhf.ipynb, §8 The memory of RLHF at scale",
+        reference=REF_RLHF)
 def _rlhf(rng):
     actor = pick(rng, ["llama-2-7b", "llama-3-8b", "llama-2-13b"])
     ng = pick(rng, [8, 16, 32])
@@ -626,3 +626,66 @@ def _ppo(rng):
                 hints=["L = min(r·A, clip(r, 1−ε, 1+ε)·A).", "For A < 0 the min picks the more negative value."],
                 solution=[f"r·A = {ratio * adv:.4g}; clip(r)·A = {min(max(ratio, 1 - eps), 1 + eps) * adv:.4g}.",
                           f"min = {obj:.4g} (rl.ppo.ppo_loss, policy part negated)."])
+
+
+# ---- RLHF objectives (mlsys_nb.rl.rlhf) ---------------------------------------------------------
+SEC18 = "notebooks/18_rlhf.ipynb"
+
+
+@family("rl.grpo_advantage", "rl", difficulty=2, section=SEC18 + ", §5 GRPO: group-relative advantages, no critic",
+        reference="docs/references.md#grpo (Shao et al. 2024, arXiv:2402.03300, §4.1.2)")
+def _grpo(rng):
+    import torch
+
+    from ...rl.rlhf import grpo_advantages
+
+    for _ in range(20):
+        g = pick(rng, [3, 4, 5])
+        r = [float(pick(rng, [0, 0.5, 1, 2])) for _ in range(g)]
+        i = rng.randrange(g)
+        if len(set(r)) > 1 and r[i] != sum(r) / g:
+            break
+    a = float(grpo_advantages(torch.tensor([r]))[0, i])
+    return dict(text=f"GRPO samples a group of {g} responses to one prompt with rewards {r}. The advantage of response "
+                     f"{i + 1} (group-normalised, sample standard deviation with Bessel's correction)?",
+                params={"rewards": r, "index": i}, answer=a, unit="ratio", tolerance=0.01,
+                hints=["A_i = (r_i − mean) / std of the group.", "std with n − 1 in the denominator."],
+                solution=[f"mean = {sum(r) / g:.4g}; A = {a:.4g} (rl.rlhf.grpo_advantages)."],
+                diagnostics=[((g / (g - 1)) ** 0.5, "use the sample std (n − 1), as torch.std does")])
+
+
+@family("rl.dpo_loss", "rl", difficulty=2, section=SEC18 + ", §6 DPO: the same preferences, offline, no reward model",
+        reference="docs/references.md#dpo (Rafailov et al. 2023, arXiv:2305.18290, eq. 7)")
+def _dpo(rng):
+    import torch
+
+    from ...rl.rlhf import dpo_loss
+
+    pc, pr = pick(rng, [-10.0, -12.0, -15.0]), pick(rng, [-11.0, -14.0, -18.0])
+    rc, rr = pick(rng, [-12.0, -13.0]), pick(rng, [-12.0, -13.0])
+    beta = pick(rng, [0.1, 0.5, 1.0])
+    t = lambda x: torch.tensor([x])  # noqa: E731
+    v = float(dpo_loss(t(pc), t(pr), t(rc), t(rr), beta=beta))
+    return dict(text=f"DPO with β = {beta}: sequence log-probs under the policy, chosen {pc}, rejected {pr}; under the "
+                     f"reference, chosen {rc}, rejected {rr}. The loss for this pair (nats)?",
+                params={"pc": pc, "pr": pr, "rc": rc, "rr": rr, "beta": beta}, answer=v, unit="nats/token",
+                tolerance=0.01,
+                hints=["margin = β·((π_c − ref_c) − (π_r − ref_r)).", "loss = −log σ(margin) = log(1 + e^(−margin))."],
+                solution=[f"margin = {beta * ((pc - rc) - (pr - rr)):.4g}; loss = {v:.4g} (rl.rlhf.dpo_loss)."])
+
+
+@family("rl.kl_k3_estimate", "rl", section=SEC18 + ", §3 PPO with a per-token KL penalty",
+        reference="docs/references.md#kl-approx (Schulman 2020)")
+def _k3(rng):
+    import torch
+
+    from ...rl.rlhf import kl_estimate
+
+    lp, lr = pick(rng, [-1.0, -2.0, -0.5]), pick(rng, [-1.5, -2.5, -0.2, -3.0])
+    v = float(kl_estimate(torch.tensor([lp]), torch.tensor([lr]), kind="k3")[0])
+    return dict(text=f"A sampled token has log π = {lp} under the policy and log π_ref = {lr} under the reference. "
+                     f"Schulman's k3 estimate of KL(π‖π_ref) for this sample?",
+                params={"logp": lp, "logp_ref": lr}, answer=v, unit="nats/token", tolerance=0.01,
+                hints=["q = log π_ref − log π.", "k3 = e^q − q − 1 (never negative)."],
+                solution=[f"q = {lr - lp:.4g}; k3 = {v:.4g} (rl.rlhf.kl_estimate(kind='k3'))."],
+                diagnostics=[(abs(lp - lr) / v if v else 1e9, "that is |k1|; k3 = e^q − q − 1")])
