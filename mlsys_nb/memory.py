@@ -4,8 +4,9 @@
 heaviest pipeline stage unless ``stage=`` is given). Model states follow the ZeRO paper's analysis
 (Rajbhandari et al. 2020, arXiv:1910.02054, §3; Micikevicius et al. 2018, arXiv:1710.03740) with exact
 parameter counts (GQA, SwiGLU, untied head, MoE total vs active,
-DeepSeek MLA) sharded by TP (Megatron column/row split, vocab-parallel embedding), PP (L/pp layers,
-embedding on the first stage, head on the last), EP (experts) and ZeRO 0-3 over dp x cp.
+DeepSeek MLA) sharded by TP (Megatron column/row split, vocab-parallel embedding), PP (``stage_layers``:
+⌊L/pp⌋ or ⌈L/pp⌉ layers per stage, or a published uneven split ``train.pp_layers``; embedding on the
+first stage, head on the last; DualPipe ranks hold two stages), EP (experts) and ZeRO 0-3 over dp x cp.
 Activations are summed from named saved-for-backward tensors of one transformer layer
 (``layer_terms``), so every number can be traced to a tensor; ``kernels="eager"`` describes this
 package's ``Transformer`` exactly as PyTorch runs it (validated on CPU against
@@ -27,13 +28,13 @@ import math
 from functools import lru_cache
 from dataclasses import asdict, dataclass, field
 
-from .config import ModelConfig, TrainConfig, load_model_preset, model_presets
+from .config import ModelConfig, TrainConfig, dtype_bytes, load_model_preset, model_presets
 from .pipeline.closed_forms import peak_in_flight
 
 __all__ = [
     "ModelConfig", "TrainConfig", "preset", "presets", "ParamCount", "param_count", "ModelStates",
     "model_state_bytes", "Breakdown", "estimate", "layer_terms", "playbook_estimate",
-    "playbook_inputs", "PLAYBOOK_PRESETS", "GB", "GiB", "format_playbook_bytes",
+    "playbook_inputs", "PLAYBOOK_PRESETS", "GB", "GiB", "format_playbook_bytes", "stage_layers",
 ]
 
 GB = 1e9
@@ -376,6 +377,8 @@ def _in_flight(t: TrainConfig, stage: int) -> float:
     stage holds at its peak: the pipeline schedule's own closed form (``peak_in_flight``)."""
     if t.pp == 1:
         return 1.0
+    if t.pp_schedule == "dualpipe":  # PP + 1 micro-batches in flight (DeepSeek-AI 2024, arXiv:2412.19437, Table 2)
+        return float(min(t.microbatches, t.pp + 1))
     v = t.virtual_stages if t.pp_schedule == "interleaved-1f1b" else None
     return float(peak_in_flight(t.pp_schedule, t.pp, t.microbatches, v)[stage])
 
@@ -456,8 +459,13 @@ def check(model: ModelConfig, train: TrainConfig) -> None:
                          "(KV heads split or replicated)")
     if m.ffn_hidden % t.tp or (m.is_moe and m.expert_ffn_hidden % t.tp):
         raise ValueError(f"tp={t.tp} must divide the FFN width ffn_hidden={m.ffn_hidden}")
-    if m.n_layers % (t.pp * t.virtual_stages):
-        raise ValueError(f"pp={t.pp} x virtual_stages={t.virtual_stages} must divide n_layers={m.n_layers}")
+    if t.pp * t.virtual_stages > m.n_layers:
+        raise ValueError(f"pp={t.pp} x virtual_stages={t.virtual_stages} must be <= n_layers={m.n_layers} "
+                         "(every pipeline chunk needs at least one layer)")
+    if t.pp_layers is not None:
+        stage_layers(m.n_layers, t.pp, t.pp_layers)  # raises naming pp_layers
+    if t.pp_schedule == "dualpipe" and t.pp > 1 and t.pp % 2:
+        raise ValueError(f"pp={t.pp}: pp_schedule='dualpipe' needs an even pp (stage i and pp-1-i share a rank)")
     if t.seq_len % t.cp:
         raise ValueError(f"cp={t.cp} must divide seq_len={t.seq_len}")
     if t.sp and t.seq_len // t.cp % t.tp:
@@ -476,12 +484,45 @@ def check(model: ModelConfig, train: TrainConfig) -> None:
         raise ValueError("n_microbatches must be >= 1")
 
 
+def stage_layers(n_layers: int, pp: int, split=None) -> tuple[int, ...]:
+    """Transformer layers on each of ``pp`` pipeline stages.
+
+    ``split`` (a published uneven split, e.g. from a paper) is validated and returned. Otherwise
+    every stage gets ⌊L/pp⌋ layers and the ``L mod pp`` extra layers go to the middle stages
+    1, 2, ... first (the first stage also holds the embedding, the last the LM head and loss), then
+    to stage 0 and stage pp-1. For Llama 3.1 405B (126 layers, PP16) this gives 7, 8 x 14, 7: the
+    split Meta describes ("one Transformer layer" fewer on the first and the last stage; Llama Team
+    2024, arXiv:2407.21783, §3.3.2)."""
+    if isinstance(pp, bool) or not isinstance(pp, int) or pp < 1:
+        raise ValueError(f"pp={pp!r}: allowed an int >= 1")
+    if pp > n_layers:
+        raise ValueError(f"pp={pp} is out of range: allowed 1..n_layers={n_layers} (a stage needs a layer)")
+    if split is not None:
+        split = tuple(int(x) for x in split)
+        if len(split) != pp or sum(split) != n_layers or min(split) < 1:
+            raise ValueError(f"pp_layers={split}: need {pp} stage sizes >= 1 summing to n_layers={n_layers}")
+        return split
+    q, r = divmod(n_layers, pp)
+    counts = [q] * pp
+    order = (list(range(1, pp - 1)) + [0, pp - 1]) if pp > 2 else list(range(pp))
+    for s in order[:r]:
+        counts[s] += 1
+    return tuple(counts)
+
+
+def _stage_range(m: ModelConfig, t: TrainConfig, stage: int) -> range:
+    sizes = stage_layers(m.n_layers, t.pp, t.pp_layers)
+    start = sum(sizes[:stage])
+    return range(start, start + sizes[stage])
+
+
 def _stage_params(m: ModelConfig, t: TrainConfig, stage: int) -> tuple[float, float, float, int]:
     """(dense, expert, largest layer) parameters on ``stage`` per TP/EP rank, and its layer count."""
-    per = m.n_layers // t.pp
+    layers = _stage_range(m, t, stage)
+    per = len(layers)
     dense = expert = 0.0
     largest = 0.0
-    for i, n in _kinds(m, range(stage * per, (stage + 1) * per)).items():
+    for i, n in _kinds(m, layers).items():
         lp = _layer_params(m, i, tp=t.tp, ep=t.ep)
         dense += n * lp["dense"]
         expert += n * lp["expert"]
@@ -519,6 +560,12 @@ def estimate(model: ModelConfig, train: TrainConfig | None = None, *, stage: int
     results = []
     for st in ([stage] if stage is not None else range(t.pp)):
         dense, expert, largest, nlay = _stage_params(model, t, st)
+        stages = [st]
+        if t.pp_schedule == "dualpipe" and t.pp > 1:  # DualPipe: this rank also holds stage pp-1-st
+            mirror = t.pp - 1 - st
+            d2, e2, l2, n2 = _stage_params(model, t, mirror)
+            dense, expert, largest, nlay = dense + d2, expert + e2, max(largest, l2), nlay + n2
+            stages.append(mirror)
         states = {}
         exact = (t.zero_layout != "flat" and t.zero >= 1 and zgroup > 1
                  and t.tp == t.pp == t.ep == t.cp == 1)
@@ -536,13 +583,18 @@ def estimate(model: ModelConfig, train: TrainConfig | None = None, *, stage: int
             states[key] = bpp[key] * n
         per_layer_terms = layer_terms(model, t)
         per_layer = sum(b for _, b in per_layer_terms)
-        first_layer = stage_layer = st * nlay
+        stage_layer = _stage_range(model, t, st).start
         acts_layers = sum(n * sum(b for _, b in layer_terms(model, t, layer=i))
-                          for i, n in _kinds(model, range(first_layer, first_layer + nlay)).items())
+                          for s_ in stages for i, n in _kinds(model, _stage_range(model, t, s_)).items())
+        acts_layers /= len(stages)  # DualPipe: in-flight micro-batches counted over one stage's layers
         fl = _in_flight(t, st)
         acts_layers *= fl
-        outside = _outside_terms(model, t, st == 0, st == t.pp - 1)
-        acts_out = sum(b for _, b in outside) * (fl if st == 0 else 1.0)
+        first, last = 0 in stages, t.pp - 1 in stages
+        outside = _outside_terms(model, t, first, last)
+        # embedding-side tensors wait for every in-flight micro-batch; the head's are freed by the
+        # backward that follows each forward at once (last stage), so they count once
+        first_out = _outside_terms(model, t, first, False) if first else []
+        acts_out = sum(b for _, b in outside) + sum(b for _, b in first_out) * (fl - 1.0)
         # transient buffers at the peak
         temp = {}
         if t.zero >= 3 and zgroup > 1:  # current + prefetched gathered layer
@@ -553,7 +605,7 @@ def estimate(model: ModelConfig, train: TrainConfig | None = None, *, stage: int
             work = sum(b for _, b in layer_terms(model, t, layer=stage_layer, recompute="none"))
             kept = sum(b for _, b in layer_terms(model, t, layer=stage_layer))
             temp["recompute working set (one layer)"] = work - kept if t.recompute == "selective" else work
-        if st == t.pp - 1:
+        if last:
             vp = t.tp if (t.vocab_parallel and t.tp > 1) else 1
             B = _PRECISION[t.precision]["act"]
             temp["logits + their gradient"] = (4 + B) * model.vocab_size * t.micro_batch * t.seq_len / t.cp / vp
@@ -671,3 +723,112 @@ def _playbook_breakdown(model: ModelConfig, train: TrainConfig) -> Breakdown:
         layers=model.n_layers, in_flight=1.0, stage=0, gpu=train.gpu,
         gpu_memory=hardware.gpu(train.gpu).memory_bytes, mode="playbook", detail={"playbook": r},
     )
+
+
+# ---- RLHF: four models and the rollouts' KV cache ---------------------------------------------
+def scalar_head_params(model: ModelConfig) -> int:
+    """Parameters of ``model`` with its LM head replaced by a scalar head ``Linear(h, 1)`` (critic, reward)."""
+    p = param_count(model)
+    return p.total - p.head + model.hidden + 1
+
+
+@dataclass(frozen=True)
+class RLHFMemory:
+    """Bytes per GPU of one PPO-RLHF setup, by role (a model of the states: no activations, no allocator
+    fragmentation, no communication buffers). ``roles[name]`` = (GPUs of that role, bytes per GPU
+    by part); ``per_gpu`` = the heaviest GPU; ``params`` = parameter counts of the four models."""
+
+    placement: str
+    n_gpus: int
+    roles: dict
+    params: dict
+
+    @property
+    def per_gpu(self) -> float:
+        return max(sum(parts.values()) for _, parts in self.roles.values())
+
+    def table(self) -> list[dict]:
+        """One row per role and part, in GB (1e9 B) per GPU, for display."""
+        return [{"role": r, "gpus": g, "part": k, "GB per GPU": v / GB}
+                for r, (g, parts) in self.roles.items() for k, v in parts.items()]
+
+
+_RLHF_ROLES = ("actor", "critic", "reference", "reward", "rollout")
+
+
+def rlhf_estimate(actor="llama-2-7b", *, critic=None, reward=None, n_gpus: int = 8, placement: str = "colocated",
+                  split: dict | None = None, rollout_batch: int = 256, prompt_len: int = 512, response_len: int = 512,
+                  rollout_tp: int = 1, precision: str = "bf16-mixed", optimizer: str = "adam", frozen_dtype="bf16",
+                  kv_dtype="bf16") -> RLHFMemory:
+    """Memory per GPU of PPO-RLHF with four models (InstructGPT, Ouyang et al., 2022, arXiv:2203.02155):
+
+    - actor (trained, LM head) and critic (trained, the actor's trunk with a scalar head unless ``critic``
+      is given): params + grads + fp32 master + optimizer states EACH (``precision``/``optimizer`` as in
+      ``model_state_bytes``: 16 B/param for bf16-mixed Adam), ZeRO-3-sharded over the GPUs of their role;
+    - reference (frozen copy of the actor) and reward (frozen, scalar head; ``reward`` or the critic's
+      shape): weights only in ``frozen_dtype``, sharded over their GPUs;
+    - rollout engine: the actor's weights in ``frozen_dtype`` split ``rollout_tp`` ways (tensor parallel)
+      and the KV cache of ``rollout_batch`` sequences of ``prompt_len + response_len`` tokens,
+      ``2 * L * n_kv * d_h`` elements per token (GQA; ``inference.kv_bytes_per_token``), spread evenly
+      over the rollout GPUs.
+
+    ``placement="colocated"``: every role on all ``n_gpus`` (verl's hybrid engine; the parts add up on
+    each GPU). ``placement="split"``: disjoint GPU groups, ``split`` = GPUs per role (keys actor, critic,
+    reference, reward, rollout; default n/4, n/4, n/8, n/8, n/4), and the heaviest group sets ``per_gpu``.
+    Models: a preset name (``presets()``) or a ``ModelConfig``. Bytes; ``GB = 1e9``.
+    """
+    models = {}
+    for name, m in (("actor", actor), ("critic", critic), ("reward", reward)):
+        if m is not None and not isinstance(m, ModelConfig):
+            m = preset(m)
+        models[name] = m
+    a = models["actor"]
+    for name, v in (("n_gpus", n_gpus), ("rollout_batch", rollout_batch), ("rollout_tp", rollout_tp),
+                    ("response_len", response_len)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}={v!r}: allowed an int >= 1")
+    if not isinstance(prompt_len, int) or prompt_len < 0:
+        raise ValueError(f"prompt_len={prompt_len!r}: allowed an int >= 0")
+    if a.n_kv_heads % rollout_tp:
+        raise ValueError(f"rollout_tp={rollout_tp}: must divide the actor's {a.n_kv_heads} KV heads")
+    n = {"actor": param_count(a).total, "reference": param_count(a).total,
+         "critic": param_count(models["critic"]).total if models["critic"] else scalar_head_params(a)}
+    n["reward"] = (param_count(models["reward"]).total if models["reward"] else n["critic"])
+    if placement == "colocated":
+        groups = dict.fromkeys(_RLHF_ROLES, n_gpus)
+    elif placement == "split":
+        if split is None:
+            if n_gpus % 8:
+                raise ValueError(f"n_gpus={n_gpus}: the default split needs a multiple of 8; pass split=")
+            split = {"actor": n_gpus // 4, "critic": n_gpus // 4, "reference": n_gpus // 8, "reward": n_gpus // 8,
+                     "rollout": n_gpus // 4}
+        if set(split) != set(_RLHF_ROLES) or any(not isinstance(v, int) or v < 1 for v in split.values()):
+            raise ValueError(f"split={split!r}: allowed a dict of GPU counts >= 1 for exactly {_RLHF_ROLES}")
+        if sum(split.values()) != n_gpus:
+            raise ValueError(f"split={split!r}: its GPU counts add up to {sum(split.values())}, not n_gpus={n_gpus}")
+        groups = dict(split)
+    else:
+        raise ValueError(f"placement={placement!r}: allowed 'colocated', 'split'")
+    if groups["rollout"] % rollout_tp:
+        raise ValueError(f"rollout_tp={rollout_tp}: must divide the rollout GPUs ({groups['rollout']})")
+    fb = dtype_bytes(frozen_dtype, "frozen_dtype")
+    parts = {}
+    for role in ("actor", "critic"):
+        s = model_state_bytes(n[role], dp=groups[role], zero=3, precision=precision, optimizer=optimizer)
+        parts[role] = {f"{role} params": s.params, f"{role} grads": s.grads, f"{role} optimizer": s.optimizer,
+                       f"{role} master": s.master}
+    for role in ("reference", "reward"):
+        parts[role] = {f"{role} weights": fb * math.ceil(n[role] / groups[role])}
+    from .inference import kv_cache  # the one KV-per-token formula (GQA: n_kv heads; MLA: the latent)
+
+    dtype_bytes(kv_dtype, "kv_dtype")
+    kv = rollout_batch * (prompt_len + response_len) * kv_cache.kv_bytes_per_token(a, kv_dtype)
+    parts["rollout"] = {"rollout weights": fb * n["actor"] / rollout_tp, "KV cache": kv / groups["rollout"]}
+    if placement == "colocated":
+        roles = {"all": (n_gpus, {k: v for p in parts.values() for k, v in p.items()})}
+    else:
+        roles = {r: (groups[r], parts[r]) for r in _RLHF_ROLES}
+    return RLHFMemory(placement, n_gpus, roles, n)
+
+
+__all__ += ["RLHFMemory", "rlhf_estimate", "scalar_head_params"]

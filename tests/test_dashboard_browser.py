@@ -36,6 +36,16 @@ ACTIONS = {
                             type_slider(pg, ".mlsys-pipeline-chunks-v", 2),
                             type_slider(pg, ".mlsys-pipeline-micro-batches-m", 3)),
     ),
+    "inference": dict(
+        title="Inference",
+        probe=lambda pg: type_text(pg, ".mlsys-inference-decode-batch", "64"),
+        invalid=lambda pg: type_text(pg, ".mlsys-inference-decode-batch", "0"),       # batch must be >= 1
+    ),
+    "planner": dict(
+        title="Parallelism planner",
+        probe=lambda pg: type_text(pg, ".mlsys-planner-gpus", "512"),
+        invalid=lambda pg: type_text(pg, ".mlsys-planner-sequences-step", "0"),       # sequences must be >= 1
+    ),
 }
 
 

@@ -279,7 +279,8 @@ def test_cp_divides_activations_and_ep_shards_experts():
 
 
 @pytest.mark.parametrize("kw,param", [
-    (dict(tp=3), "tp"), (dict(pp=5), "pp"), (dict(ep=2), "ep"), (dict(cp=3, seq_len=1000), "cp"),
+    (dict(tp=3), "tp"), (dict(pp=33), "pp"), (dict(pp=4, pp_layers=(8, 8, 8, 9)), "pp_layers"), (dict(ep=2), "ep"),
+    (dict(cp=3, seq_len=1000), "cp"),
     (dict(sp=True), "sp"), (dict(zero=4), "zero"), (dict(precision="fp16"), "precision"),
 ])
 def test_impossible_combinations_name_the_parameter(kw, param):

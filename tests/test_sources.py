@@ -142,6 +142,38 @@ def test_the_citation_check_catches_what_it_should(tmp_path, monkeypatch):
     assert any("no-such-anchor" in p for p in found)
 
 
+_NB_MENTION = re.compile(r"\b[Nn]otebooks? (\d\d)\b((?:(?:,| and|,? or| to|–|-) ?\d\d\b)*)")
+
+
+def notebook_mentions_missing(files: list[str] | None = None) -> list[str]:
+    """'notebook NN' (and 'notebooks NN and MM') naming a notebook that does not exist yet."""
+    have = {p.name[:2] for p in (ROOT / "notebooks").glob("*.ipynb")}
+    problems = []
+    for rel in files if files is not None else [f for f in _tracked() if f != SELF]:
+        for _, text in _texts(rel):
+            for m in _NB_MENTION.finditer(text):
+                for nn in [m.group(1), *re.findall(r"\d\d", m.group(2))]:
+                    if nn not in have:
+                        problems.append(f"{rel}: mentions notebook {nn}, which does not exist (yet)")
+    return problems
+
+
+def test_no_file_points_to_a_notebook_that_does_not_exist():
+    problems = notebook_mentions_missing()
+    assert not problems, "\n".join(problems)
+
+
+def test_the_notebook_mention_check_catches_a_missing_one(tmp_path):
+    probe = ROOT / "docs" / "_probe_mentions.md"
+    try:
+        probe.write_text("Notebook 03 and notebooks 05 and 99 come next; notebook 98 too.\n")
+        found = notebook_mentions_missing(["docs/_probe_mentions.md"])
+    finally:
+        probe.unlink()
+    assert sorted(found) == sorted(f"docs/_probe_mentions.md: mentions notebook {n}, which does not exist (yet)"
+                                   for n in ("99", "98")), found
+
+
 def test_references_anchors_are_unique():
     text = (ROOT / "docs" / "references.md").read_text()
     ids = re.findall(r"<a id=\"([^\"]+)\"", text)
@@ -171,14 +203,26 @@ def solution_problems(nb: dict, name: str) -> list[str]:
                 problems.append(f"{name}: solution cell {i} must be code starting with 'if solutions:'")
             if not c.get("metadata", {}).get("jupyter", {}).get("source_hidden"):
                 problems.append(f"{name}: solution cell {i} is not stored collapsed (jupyter.source_hidden)")
-            before = "".join(nb["cells"][i - 1]["source"]) if i else ""
-            after = "".join(nb["cells"][i + 1]["source"]) if i + 1 < len(nb["cells"]) else ""
-            if "..." not in before:
-                problems.append(f"{name}: the cell before solution cell {i} is not a stub with '...'")
-            if not ("not attempted" in after and "check passed: exercise" in after):
-                problems.append(f"{name}: the cell after solution cell {i} must check the exercise: print "
-                                "'not attempted' on a stub, else assert and print 'check passed: exercise N'")
+            def cell(j):
+                return "".join(nb["cells"][j]["source"]) if 0 <= j < len(nb["cells"]) else ""
+
+            if "..." not in cell(i - 1) + cell(i - 2):
+                problems.append(f"{name}: no stub with '...' just before solution cell {i}")
+            if _is_check(cell(i + 1)):
+                pass  # stub, solution, check: the check runs on the solution when solutions=True
+            elif _is_check(cell(i - 1)):
+                # stub, check, solution: the solution must call the check again, or it is never exercised
+                checks = re.findall(r"^def (\w+)\(", cell(i - 1), flags=re.M)
+                if not any(re.search(rf"\b{f}\(", src) for f in checks):
+                    problems.append(f"{name}: solution cell {i} follows its check but does not run it again")
+            else:
+                problems.append(f"{name}: no check next to solution cell {i} (it prints 'not attempted' on a "
+                                "stub, else asserts and prints 'check passed: ...')")
     return problems
+
+
+def _is_check(text: str) -> bool:
+    return "not attempted" in text and "check passed" in text
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
@@ -197,6 +241,6 @@ def test_notebook_convention_check_catches_violations():
                         "outputs": [], "execution_count": 3}
     found = solution_problems(bad, "x")
     assert any("solutions = False" in f for f in found)
-    assert any("must check the exercise" in f for f in found)
+    assert any("no check next to solution cell" in f or "does not run it again" in f for f in found)
     assert any("if solutions:" in f for f in found) and any("collapsed" in f for f in found)
     assert any("outputs" in f for f in found)

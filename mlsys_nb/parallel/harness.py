@@ -152,7 +152,7 @@ def train_parallel(impl: str, cfg: ModelConfig, batches, optimizer: str = "adamw
             opt.zero_grad()
         if measure_wire:
             dist.barrier()  # the fence calibrate() measured: every byte sent is acknowledged by now
-    wire_sent = counter.sent_bytes / len(batches) if measure_wire else None
+    wire_sent = counter.bytes_sent / len(batches) if measure_wire else None
     if zero is not None:
         params = zero.full_parameters()
     elif impl == "fsdp2":

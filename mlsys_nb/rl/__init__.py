@@ -1,0 +1,32 @@
+"""Reinforcement learning in plain PyTorch: GAE, REINFORCE, actor-critic, PPO on gymnasium.
+
+- ``gae(rewards, values, dones, last_value, gamma, lam)`` -> ``(advantages, returns)``, time-major
+  ``[T]`` / ``[T, N]``, torch tensors or numpy arrays; ``discounted_returns`` is its lam = 1 reference.
+- ``pg``: REINFORCE with and without a baseline (``reinforce_loss``, ``gradient_variance``: measured
+  variance of the gradient estimate), ``train_reinforce``, and the one-step actor-critic
+  ``train_actor_critic``.
+- ``ppo``: ``ppo_loss`` (clipped surrogate, value loss, entropy bonus, advantage normalisation),
+  ``train(env_id="CartPole-v1", seed=0, total_steps=None) -> (policy, curve)`` (vector envs with
+  same-step autoreset, minibatch epochs, stops at a greedy 100-episode mean of 475), ``Config``.
+- ``evaluate(policy, env_id, episodes, seed)`` -> returns per episode (episode i seeded ``seed + i``).
+- ``sb3_train``: the same task with stable-baselines3's PPO (rl-zoo settings), for comparisons.
+"""
+from .gae import discounted_returns, gae
+
+__all__ = ["discounted_returns", "evaluate", "gae", "pg", "ppo", "sb3_train", "train"]
+
+
+def __getattr__(name):  # torch, gymnasium and pandas load on first use
+    import importlib
+
+    if name in ("ppo", "pg"):
+        return importlib.import_module(f".{name}", __name__)
+    if name in ("evaluate", "train"):
+        from . import ppo
+
+        return getattr(ppo, name)
+    if name == "sb3_train":
+        from .baselines import sb3_train
+
+        return sb3_train
+    raise AttributeError(f"module 'mlsys_nb.rl' has no attribute {name!r}")

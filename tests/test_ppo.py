@@ -1,0 +1,157 @@
+"""PPO and policy gradients: the loss against its formula, clipping, same-step autoreset and truncation
+bootstrap on real gymnasium envs, evaluation seeding, bad input, REINFORCE variance, and (slow) CartPole to 475."""
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from mlsys_nb.rl import evaluate, pg, ppo
+
+SHORT = "mlsys_nb_test/CartPoleShort-v0"   # CartPole cut at 8 steps: nearly every episode is truncated
+if SHORT not in gym.registry:
+    gym.register(SHORT, entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv", max_episode_steps=8)
+
+
+def model(seed=0):
+    return ppo.ActorCritic(4, 2, 64, torch.Generator().manual_seed(seed))
+
+
+def test_ppo_loss_matches_the_formula_on_random_inputs():
+    g = torch.Generator().manual_seed(0)
+    new, old, adv, v, ret, ent = (torch.randn(64, generator=g, dtype=torch.float64) for _ in range(6))
+    new = old + 0.3 * new
+    loss, parts = ppo.ppo_loss(new, old, adv, v, ret, ent, clip=0.2, vf_coef=0.5, ent_coef=0.01)
+    a = adv.numpy()
+    a = (a - a.mean()) / (a.std(ddof=1) + 1e-8)
+    rho = np.exp(new.numpy() - old.numpy())
+    pol = -np.mean(np.minimum(rho * a, np.clip(rho, 0.8, 1.2) * a))
+    val = np.mean((v.numpy() - ret.numpy()) ** 2)
+    np.testing.assert_allclose(float(loss), pol + 0.5 * val - 0.01 * ent.numpy().mean(), rtol=1e-10)
+    np.testing.assert_allclose(float(parts["clip_fraction"]), np.mean(np.abs(rho - 1) > 0.2))
+
+
+@pytest.mark.parametrize("ratio, adv, moves", [(1.5, 1.0, False), (1.5, -1.0, True), (0.5, 1.0, True),
+                                               (0.5, -1.0, False), (1.1, 1.0, True), (0.9, -1.0, True)])
+def test_clipping_stops_the_gradient_only_where_it_should(ratio, adv, moves):
+    """Outside [1 - eps, 1 + eps] in the direction the advantage pushes, the gradient is zero (eq. 7)."""
+    new = torch.tensor([np.log(ratio)], requires_grad=True)
+    loss, _ = ppo.ppo_loss(new, torch.zeros(1), torch.tensor([adv]), torch.zeros(1), torch.zeros(1), torch.zeros(1),
+                           clip=0.2, normalize=False)
+    loss.backward()
+    assert (abs(float(new.grad)) > 1e-6) == moves
+    unclipped = torch.tensor([np.log(ratio)], requires_grad=True)
+    ppo.ppo_loss(unclipped, torch.zeros(1), torch.tensor([adv]), torch.zeros(1), torch.zeros(1), torch.zeros(1),
+                 clip=None, normalize=False)[0].backward()
+    assert abs(float(unclipped.grad)) > 1e-6          # without clipping it would always move
+
+
+def replay_env0(actions, seed):
+    """Env 0 of the vector env replayed alone (same seed, unseeded resets after): per step, the observation
+    the agent acted on, whether the step ended the episode, and the final observation when truncated."""
+    env = gym.make(SHORT)
+    obs, _ = env.reset(seed=seed)
+    seen, finals = [], {}
+    for t, a in enumerate(actions):
+        seen.append(obs)
+        obs, _, term, trunc, _ = env.step(int(a))
+        if trunc and not term:
+            finals[t] = obs
+        if term or trunc:
+            obs, _ = env.reset()
+    return np.array(seen), finals
+
+
+def test_rollout_has_no_fake_transitions_and_bootstraps_truncation():
+    m = model()
+    envs = ppo.make_envs(SHORT, 3)
+    try:
+        batch = ppo.Rollout(envs, m, seed=11, gamma=0.9, generator=torch.Generator().manual_seed(0)).collect(30)
+    finally:
+        envs.close()
+    seen, finals = replay_env0(batch["actions"][:, 0].numpy(), seed=11)
+    np.testing.assert_allclose(batch["obs"][:, 0].numpy(), seen, rtol=1e-6)  # every stored step is a real one
+    assert len(finals) >= 3 and batch["dones"][:, 0].sum() >= 3
+    for t, final in finals.items():
+        expected = 1.0 + 0.9 * float(m.value(torch.as_tensor(final)).detach())
+        np.testing.assert_allclose(float(batch["rewards"][t, 0]), expected, rtol=1e-5)
+    not_done = ~batch["dones"]
+    assert torch.all(batch["rewards"][not_done] == 1.0)
+
+
+def test_next_step_autoreset_would_store_fake_transitions():
+    """The same check catches gymnasium's default (NEXT_STEP) mode: the step after an episode's end is a reset
+    step whose action is ignored, so the stored observations no longer match a replay."""
+    envs = ppo.make_envs(SHORT, 3, same_step=False)
+    try:
+        batch = ppo.Rollout(envs, model(), seed=11, gamma=0.9, generator=torch.Generator().manual_seed(0)).collect(30)
+    finally:
+        envs.close()
+    seen, _ = replay_env0(batch["actions"][:, 0].numpy(), seed=11)
+    assert not np.allclose(batch["obs"][:, 0].numpy(), seen)
+
+
+def test_policy_is_greedy_and_accepts_one_or_many_observations():
+    policy = ppo.Policy(model(3))
+    obs = np.random.default_rng(0).normal(size=(50, 4)).astype(np.float32)
+    batch = policy(obs)
+    assert batch.shape == (50,) and batch.dtype == np.int64
+    assert [policy(o) for o in obs[:5]] == list(batch[:5])
+    assert np.array_equal(batch, policy(obs))
+    logits = policy.model.pi(torch.as_tensor(obs))
+    assert np.array_equal(batch, logits.argmax(-1).numpy())
+
+
+def test_evaluate_seeds_episode_i_with_seed_plus_i():
+    policy = ppo.Policy(model(1))   # untrained greedy policy: short episodes whose length depends on the seed
+    together = evaluate(policy, "CartPole-v1", 4, seed=20)
+    alone = np.concatenate([evaluate(policy, "CartPole-v1", 1, seed=20 + i) for i in range(4)])
+    np.testing.assert_array_equal(together, alone)
+    assert len(set(together)) > 1 and together.max() < 475
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="env_id 'CartPole-v9' is not a registered gymnasium environment"):
+        ppo.train("CartPole-v9", progress=False)
+    with pytest.raises(ValueError, match="env_id"):
+        evaluate(ppo.Policy(model()), "NoSuchEnv-v0", 3, 0)
+    with pytest.raises(TypeError, match="only Discrete"):
+        ppo.make_envs("Pendulum-v1", 2)
+    with pytest.raises(ValueError, match="episodes must be a positive int"):
+        evaluate(ppo.Policy(model()), "CartPole-v1", 0, 0)
+    with pytest.raises(ValueError, match="clip must be in"):
+        ppo.ppo_loss(*(torch.zeros(2),) * 6, clip=1.5)
+    with pytest.raises(ValueError, match="clip must be in"):
+        ppo.Config(clip=0.0)
+    with pytest.raises(ValueError, match="gamma must be in"):
+        ppo.Config(gamma=1.2)
+    with pytest.raises(ValueError, match="lam must be in"):
+        ppo.Config(lam=-0.5)
+    with pytest.raises(ValueError, match="batch_size must divide"):
+        ppo.Config(batch_size=100)
+    with pytest.raises(ValueError, match="total_steps must be a positive int"):
+        ppo.train(total_steps=0, progress=False)
+
+
+def test_baselines_reduce_measured_gradient_variance():
+    """Same expectation, less variance: total return > return-to-go > return-to-go minus a baseline."""
+    est = pg.gradient_variance(model(0), "CartPole-v1", episodes=60, seed=0)
+    v = {k: e["variance"] for k, e in est.items()}
+    assert v["total_return"] > 2 * v["reward_to_go"] > 2 * 1.2 * v["baseline"], v
+    m1, m2 = est["reward_to_go"]["mean"], est["baseline"]["mean"]
+    assert float(m1 @ m2 / (m1.norm() * m2.norm())) > 0.9   # an unbiased baseline keeps the direction
+
+
+def test_a_short_run_improves_and_the_curve_has_its_columns():
+    _, curve = ppo.train(seed=0, total_steps=6144, progress=False)
+    assert list(curve.columns[:3]) == ["env_steps", "wall_s", "mean_return"]
+    assert curve.env_steps.iloc[-1] == 6144 and curve.wall_s.is_monotonic_increasing
+    assert curve.mean_return.iloc[-1] > 2 * curve.mean_return.dropna().iloc[0]
+    assert curve.attrs["reached"] is None   # with total_steps there is no early stop
+
+
+@pytest.mark.slow
+def test_cartpole_reaches_475_over_100_fresh_greedy_episodes():
+    policy, curve = ppo.train("CartPole-v1", seed=1, progress=False)
+    assert curve.attrs["reached"] is not None and curve.eval_return.max() >= 475
+    returns = evaluate(policy, "CartPole-v1", episodes=100, seed=424242)  # seeds never used in training
+    assert returns.mean() >= 475, returns.mean()
