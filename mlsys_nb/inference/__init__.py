@@ -17,18 +17,30 @@ Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
   ``machine_roofline`` its matmul FLOP/s and copy bandwidth.
 - Paged KV cache and prefix caching (``paged``, ``radix``): ``BlockManager``, ``PagedKVCache``,
   ``paged_attention``, ``RadixCache``.
+- The serving engine, in vLLM's style (``engine``, ``scheduler``, ``model_runner``, ``sampler``,
+  ``sampling_params``, ``sequence``): ``LLM(model, ...).generate(prompts, SamplingParams(...))`` ->
+  ``RequestOutput``s; ``LLMEngine`` (``add_request``, ``step``, ``abort_request``) with continuous
+  batching, chunked prefill, preemption (recompute or swap), prefix caching; ``llm.load_weights``.
+- ``workload`` (Poisson arrivals, length distributions, shared prefixes) and ``metrics`` (TTFT,
+  TPOT, ITL, latency percentiles, throughput, CPU overhead per phase, the overlap-scheduling model).
+- ``python -m mlsys_nb.inference.serve --model tiny`` (``serve``): an OpenAI-compatible server.
 """
 from .kv_cache import DTYPE_BYTES, KVCache, kv_bytes_per_token, kv_cache_bytes, max_concurrent_sequences, weight_bytes
 from .tokenizer import ByteTokenizer
 
 __all__ = [
     "DTYPE_BYTES",
+    "LLM",
     "BlockManager",
     "ByteTokenizer",
+    "CompletionOutput",
     "Generation",
     "KVCache",
+    "LLMEngine",
     "PagedKVCache",
     "RadixCache",
+    "RequestOutput",
+    "SamplingParams",
     "StepCost",
     "attention_flops",
     "decode_cost",
@@ -52,6 +64,8 @@ _LAZY = {
     "attention_flops": ".roofline", "Generation": ".generation",
     "BlockManager": ".paged", "PagedKVCache": ".paged", "paged_attention": ".paged",
     "RadixCache": ".radix",
+    "LLM": ".engine", "LLMEngine": ".engine", "SamplingParams": ".sampling_params",
+    "RequestOutput": ".sequence", "CompletionOutput": ".sequence",
 }
 
 

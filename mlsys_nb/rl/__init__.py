@@ -10,16 +10,18 @@
   same-step autoreset, minibatch epochs, stops at a greedy 100-episode mean of 475), ``Config``.
 - ``evaluate(policy, env_id, episodes, seed)`` -> returns per episode (episode i seeded ``seed + i``).
 - ``sb3_train``: the same task with stable-baselines3's PPO (rl-zoo settings), for comparisons.
+- ``rlhf``: RLHF on a tiny language model: a hidden true reward, SFT, a Bradley-Terry reward model, PPO with
+  the four models and a per-token KL penalty, GRPO, DPO, and reward hacking at KL coefficient 0.
 """
 from .gae import discounted_returns, gae
 
-__all__ = ["discounted_returns", "evaluate", "gae", "pg", "ppo", "sb3_train", "train"]
+__all__ = ["discounted_returns", "evaluate", "gae", "pg", "ppo", "rlhf", "sb3_train", "train"]
 
 
 def __getattr__(name):  # torch, gymnasium and pandas load on first use
     import importlib
 
-    if name in ("ppo", "pg"):
+    if name in ("ppo", "pg", "rlhf"):
         return importlib.import_module(f".{name}", __name__)
     if name in ("evaluate", "train"):
         from . import ppo
