@@ -16,7 +16,7 @@ PY         := $(VENV)/bin/python
 # JupyterLab refuses to start as root (containers, CI machines) unless told it is meant.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test test-fast lint format dashboard serve bench clean-venv help
+.PHONY: setup lab test test-fast lint format dashboard serve bench worksheets clean-venv help
 
 help:
 	@echo "make lab        set up .venv (first time) and open JupyterLab on notebooks/ at $(HOST)"
@@ -27,6 +27,7 @@ help:
 	@echo "make dashboard  serve notebooks/00_dashboard.ipynb as a web page (Voila) at $(HOST)"
 	@echo "make serve      OpenAI-compatible server (MODEL=tiny) at http://$(HOST):$(SERVE_PORT)/v1"
 	@echo "make bench      run the benchmark scripts in benchmarks/"
+	@echo "make worksheets SEED=n  printable interview worksheets + answer keys in worksheets/"
 	@echo "make clean-venv remove .venv (e.g. after changing TORCH_SPEC)"
 
 $(VENV)/.stamp-torch:
@@ -67,6 +68,11 @@ serve: setup
 
 bench: setup
 	@for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+SEED ?= 0
+N ?= 8
+worksheets: setup
+	$(PY) -m mlsys_nb.quiz --html worksheets --seed $(SEED) -n $(N)
 
 clean-venv:
 	rm -rf $(VENV)

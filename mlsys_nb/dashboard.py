@@ -54,6 +54,8 @@ TABS = (
             probe={"batch": 64}, invalid={"batch": 0}),
     TabSpec("planner", "Parallelism planner", "mlsys_nb.widgets.planner", "PlannerWidget",
             probe={"gpus": 512}, invalid={"sequences": 0}),
+    TabSpec("practice", "Practice", "mlsys_nb.widgets.practice", "PracticeWidget",
+            probe={"seed": 1}, invalid={"seed": -1}),
 )
 
 # Values that older versions of the kit wrote into shared configurations, read as today's names:
