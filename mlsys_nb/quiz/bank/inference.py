@@ -245,11 +245,10 @@ def _prefix(rng):
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
-    """Speculative decoding: expected tokens per target-model verification with ``k`` drafted
-    tokens and per-token acceptance ``alpha`` (Leviathan et al. 2023, arXiv:2211.17192, eq. 1)."""
-    if not 0 <= alpha < 1:
-        raise ValueError(f"alpha={alpha}: allowed [0, 1)")
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
+    """Speculative decoding's closed form, from the kit (``mlsys_nb.inference.speculative``)."""
+    from mlsys_nb.inference.speculative import expected_tokens_per_step as closed_form
+
+    return closed_form(alpha, k)
 
 
 @family("serving.speculative_tokens_per_step", "serving", difficulty=2, section="speculative decoding (Leviathan et "
@@ -272,7 +271,9 @@ def _spec2(rng):
     a = pick(rng, [0.6, 0.7, 0.8, 0.9])
     k = pick(rng, [2, 3, 4, 6])
     c = pick(rng, [0.02, 0.05, 0.1])
-    s = expected_tokens_per_step(a, k) / (k * c + 1)
+    from mlsys_nb.inference.speculative import expected_speedup
+
+    s = expected_speedup(a, k, c)
     return dict(text=f"Draft model costs c = {c} of a target forward; k = {k}, α = {a}. Expected wall-clock speed-up "
                      f"over plain decoding?",
                 params={"alpha": a, "k": k, "c": c}, answer=s, unit="ratio",
