@@ -9,12 +9,14 @@ EXTRAS     ?= lab,test,bench,inference,rl
 HOST       ?= 127.0.0.1
 PORT       ?= 8888
 DASHBOARD_PORT ?= 8866
+SERVE_PORT ?= 8000
+MODEL      ?= tiny
 PYTEST_ARGS ?=
 PY         := $(VENV)/bin/python
 # JupyterLab refuses to start as root (containers, CI machines) unless told it is meant.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test test-fast lint format dashboard bench clean-venv help
+.PHONY: setup lab test test-fast lint format dashboard serve bench worksheets clean-venv help
 
 help:
 	@echo "make lab        set up .venv (first time) and open JupyterLab on notebooks/ at $(HOST)"
@@ -23,7 +25,9 @@ help:
 	@echo "make lint       ruff check over the code and the notebooks (also run by make test)"
 	@echo "make format     ruff format, then ruff check --fix (rewrites files)"
 	@echo "make dashboard  serve notebooks/00_dashboard.ipynb as a web page (Voila) at $(HOST)"
+	@echo "make serve      OpenAI-compatible server (MODEL=tiny) at http://$(HOST):$(SERVE_PORT)/v1"
 	@echo "make bench      run the benchmark scripts in benchmarks/"
+	@echo "make worksheets SEED=n  printable interview worksheets + answer keys in worksheets/"
 	@echo "make clean-venv remove .venv (e.g. after changing TORCH_SPEC)"
 
 $(VENV)/.stamp-torch:
@@ -59,8 +63,16 @@ dashboard: setup
 	@echo "Dashboard: http://$(HOST):$(DASHBOARD_PORT)/  (Ctrl-C to stop)"
 	$(VENV)/bin/voila notebooks/00_dashboard.ipynb --no-browser --Voila.ip=$(HOST) --port=$(DASHBOARD_PORT)
 
+serve: setup
+	$(PY) -m mlsys_nb.inference.serve --model $(MODEL) --host $(HOST) --port $(SERVE_PORT)
+
 bench: setup
 	@for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+SEED ?= 0
+N ?= 8
+worksheets: setup
+	$(PY) -m mlsys_nb.quiz --html worksheets --seed $(SEED) -n $(N)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -103,10 +103,10 @@ def dtype_name(dtype, name: str = "dtype") -> str:
     raise ArgumentError(f"{name} must be one of {tuple(DTYPE_BYTES)} or a torch.dtype, got {dtype!r}")
 
 
-def dtype_bytes(dtype) -> float:
+def dtype_bytes(dtype, name: str = "dtype") -> float:
     """Bytes per element of ``dtype`` (a name of ``DTYPE_BYTES`` or a ``torch.dtype``):
-    fp32/tf32 4, bf16/fp16 2, fp8/int8 1, int4 0.5."""
-    return DTYPE_BYTES[dtype_name(dtype)]
+    fp32/tf32 4, bf16/fp16 2, fp8/int8 1, int4 0.5. ``name``: the parameter named in the error."""
+    return DTYPE_BYTES[dtype_name(dtype, name)]
 
 
 def torch_dtype(dtype):
@@ -289,7 +289,7 @@ PRECISIONS = ("fp32", "bf16-mixed", "bf16-nomaster", "fp8-te", "fp8-dsv3")
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adam-8bit")
 RECOMPUTE = ("none", "selective", "full")
 # the names of mlsys_nb.pipeline.SCHEDULES whose activation memory mlsys_nb.memory models
-PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv")
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipe")
 ZERO_LAYOUTS = ("flat", "units", "fsdp2")
 KERNELS = ("fused", "eager")
 DEVICES = ("cuda", "cpu")
@@ -311,7 +311,9 @@ class TrainConfig:
       the master copy).
     - ``recompute``: none / selective (attention core) / full (store block inputs only).
     - parallel degrees ``dp``, ``tp`` (``sp`` = sequence parallelism in the TP group), ``pp`` with
-      ``pp_schedule`` and ``virtual_stages``, ``cp``, ``ep``; ``n_microbatches`` per step per
+      ``pp_schedule`` and ``virtual_stages`` (``pp_layers``: layers per stage, default ⌊L/pp⌋ or
+      ⌈L/pp⌉, see ``mlsys_nb.memory.stage_layers``; ``dualpipe``: each rank holds stages i and
+      pp-1-i), ``cp``, ``ep``; ``n_microbatches`` per step per
       pipeline (gradient accumulation; default ``pp``); ``zero`` stage 0-3 over the dp x cp group.
     - ``zero_layout``: how ZeRO cuts the states into N shards, which decides the padding:
       ``flat`` (one flat buffer per stage, padded to a multiple of N: the textbook figure),
@@ -343,6 +345,7 @@ class TrainConfig:
     pp_schedule: str = "1f1b"
     virtual_stages: int = 1
     n_microbatches: int | None = None
+    pp_layers: tuple | None = None  # layers per pipeline stage (a published uneven split); None: balanced
     cp: int = 1
     ep: int = 1
     zero: int = 0
@@ -360,6 +363,10 @@ class TrainConfig:
         check_int("zero", self.zero, 0, 3)
         if self.n_microbatches is not None:
             check_int("n_microbatches", self.n_microbatches)
+        if self.pp_layers is not None:
+            object.__setattr__(self, "pp_layers", tuple(int(x) for x in self.pp_layers))
+            if len(self.pp_layers) != self.pp:
+                raise ValueError(f"pp_layers={self.pp_layers}: need one layer count per stage (pp={self.pp})")
         for name, allowed in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS), ("recompute", RECOMPUTE),
                               ("pp_schedule", PP_SCHEDULES), ("kernels", KERNELS), ("device", DEVICES),
                               ("zero_layout", ZERO_LAYOUTS)):

@@ -52,6 +52,10 @@ TABS = (
             probe={"m": 16}, invalid={"schedule": "interleaved-1f1b", "p": 4, "v": 2, "m": 3}),
     TabSpec("inference", "Inference", "mlsys_nb.widgets.inference", "InferenceWidget",
             probe={"batch": 64}, invalid={"batch": 0}),
+    TabSpec("planner", "Parallelism planner", "mlsys_nb.widgets.planner", "PlannerWidget",
+            probe={"gpus": 512}, invalid={"sequences": 0}),
+    TabSpec("practice", "Practice", "mlsys_nb.widgets.practice", "PracticeWidget",
+            probe={"seed": 1}, invalid={"seed": -1}),
 )
 
 # Values that older versions of the kit wrote into shared configurations, read as today's names:

@@ -7,7 +7,8 @@ One multiply-accumulate = 2 FLOPs, so a matmul ``[m, k] @ [k, n]`` costs ``2 m n
 Exact per-token count (``breakdown``), per layer, forward, with ``a`` query heads, ``n_kv`` KV heads
 of width ``d_h``, hidden ``h``, FFN width ``f`` and sequence length ``s``:
 
-- ``qkv``: ``2 h (a d_h + 2 n_kv d_h)`` (GQA: K and V are narrower)
+- ``qkv``: ``2 h (a d_h + 2 n_kv d_h)`` (GQA: K and V are narrower; DeepSeek MLA presets: 2 x the
+  low-rank query/KV projection weights, and the scores use ``a (d_h + d_rope)``)
 - ``attn_scores``: ``2 a d_h s_eff`` (Q K^T)
 - ``attn_values``: ``2 a d_h s_eff`` (probabilities x V)
 - ``out_proj``: ``2 a d_h h``
@@ -129,9 +130,16 @@ def breakdown(model, seq_len: int, *, causal: bool = True) -> FlopBreakdown:
         mlp = cfg.n_dense_layers * dense_mlp + moe_layers * moe_mlp
     else:
         mlp = L * dense_mlp
+    if cfg.kv_lora_rank:  # DeepSeek MLA (as mlsys_nb.memory counts it): low-rank q and kv paths
+        a, d, dr, qr, kvr = cfg.n_heads, cfg.head_dim, cfg.rope_head_dim, cfg.q_lora_rank, cfg.kv_lora_rank
+        q_path = (h * qr + qr * a * (d + dr)) if qr else h * a * (d + dr)
+        qkv = q_path + h * (kvr + dr) + kvr * a * 2 * d
+        score_w = a * (d + dr)  # queries and keys carry the decoupled RoPE part
+    else:
+        qkv, score_w = h * (cfg.q_dim + 2 * cfg.kv_dim), cfg.q_dim
     fwd = {
-        "qkv": L * 2.0 * h * (cfg.q_dim + 2 * cfg.kv_dim),
-        "attn_scores": L * 2.0 * cfg.q_dim * s_eff,
+        "qkv": L * 2.0 * qkv,
+        "attn_scores": L * 2.0 * score_w * s_eff,
         "attn_values": L * 2.0 * cfg.q_dim * s_eff,
         "out_proj": L * 2.0 * cfg.q_dim * h,
         "mlp": mlp,

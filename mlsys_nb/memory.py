@@ -4,8 +4,9 @@
 heaviest pipeline stage unless ``stage=`` is given). Model states follow the ZeRO paper's analysis
 (Rajbhandari et al. 2020, arXiv:1910.02054, §3; Micikevicius et al. 2018, arXiv:1710.03740) with exact
 parameter counts (GQA, SwiGLU, untied head, MoE total vs active,
-DeepSeek MLA) sharded by TP (Megatron column/row split, vocab-parallel embedding), PP (L/pp layers,
-embedding on the first stage, head on the last), EP (experts) and ZeRO 0-3 over dp x cp.
+DeepSeek MLA) sharded by TP (Megatron column/row split, vocab-parallel embedding), PP (``stage_layers``:
+⌊L/pp⌋ or ⌈L/pp⌉ layers per stage, or a published uneven split ``train.pp_layers``; embedding on the
+first stage, head on the last; DualPipe ranks hold two stages), EP (experts) and ZeRO 0-3 over dp x cp.
 Activations are summed from named saved-for-backward tensors of one transformer layer
 (``layer_terms``), so every number can be traced to a tensor; ``kernels="eager"`` describes this
 package's ``Transformer`` exactly as PyTorch runs it (validated on CPU against
@@ -27,13 +28,13 @@ import math
 from functools import lru_cache
 from dataclasses import asdict, dataclass, field
 
-from .config import ModelConfig, TrainConfig, load_model_preset, model_presets
+from .config import ModelConfig, TrainConfig, dtype_bytes, load_model_preset, model_presets
 from .pipeline.closed_forms import peak_in_flight
 
 __all__ = [
     "ModelConfig", "TrainConfig", "preset", "presets", "ParamCount", "param_count", "ModelStates",
     "model_state_bytes", "Breakdown", "estimate", "layer_terms", "playbook_estimate",
-    "playbook_inputs", "PLAYBOOK_PRESETS", "GB", "GiB", "format_playbook_bytes",
+    "playbook_inputs", "PLAYBOOK_PRESETS", "GB", "GiB", "format_playbook_bytes", "stage_layers",
 ]
 
 GB = 1e9
@@ -376,6 +377,8 @@ def _in_flight(t: TrainConfig, stage: int) -> float:
     stage holds at its peak: the pipeline schedule's own closed form (``peak_in_flight``)."""
     if t.pp == 1:
         return 1.0
+    if t.pp_schedule == "dualpipe":  # PP + 1 micro-batches in flight (DeepSeek-AI 2024, arXiv:2412.19437, Table 2)
+        return float(min(t.microbatches, t.pp + 1))
     v = t.virtual_stages if t.pp_schedule == "interleaved-1f1b" else None
     return float(peak_in_flight(t.pp_schedule, t.pp, t.microbatches, v)[stage])
 
@@ -456,8 +459,13 @@ def check(model: ModelConfig, train: TrainConfig) -> None:
                          "(KV heads split or replicated)")
     if m.ffn_hidden % t.tp or (m.is_moe and m.expert_ffn_hidden % t.tp):
         raise ValueError(f"tp={t.tp} must divide the FFN width ffn_hidden={m.ffn_hidden}")
-    if m.n_layers % (t.pp * t.virtual_stages):
-        raise ValueError(f"pp={t.pp} x virtual_stages={t.virtual_stages} must divide n_layers={m.n_layers}")
+    if t.pp * t.virtual_stages > m.n_layers:
+        raise ValueError(f"pp={t.pp} x virtual_stages={t.virtual_stages} must be <= n_layers={m.n_layers} "
+                         "(every pipeline chunk needs at least one layer)")
+    if t.pp_layers is not None:
+        stage_layers(m.n_layers, t.pp, t.pp_layers)  # raises naming pp_layers
+    if t.pp_schedule == "dualpipe" and t.pp > 1 and t.pp % 2:
+        raise ValueError(f"pp={t.pp}: pp_schedule='dualpipe' needs an even pp (stage i and pp-1-i share a rank)")
     if t.seq_len % t.cp:
         raise ValueError(f"cp={t.cp} must divide seq_len={t.seq_len}")
     if t.sp and t.seq_len // t.cp % t.tp:
@@ -476,12 +484,45 @@ def check(model: ModelConfig, train: TrainConfig) -> None:
         raise ValueError("n_microbatches must be >= 1")
 
 
+def stage_layers(n_layers: int, pp: int, split=None) -> tuple[int, ...]:
+    """Transformer layers on each of ``pp`` pipeline stages.
+
+    ``split`` (a published uneven split, e.g. from a paper) is validated and returned. Otherwise
+    every stage gets ⌊L/pp⌋ layers and the ``L mod pp`` extra layers go to the middle stages
+    1, 2, ... first (the first stage also holds the embedding, the last the LM head and loss), then
+    to stage 0 and stage pp-1. For Llama 3.1 405B (126 layers, PP16) this gives 7, 8 x 14, 7: the
+    split Meta describes ("one Transformer layer" fewer on the first and the last stage; Llama Team
+    2024, arXiv:2407.21783, §3.3.2)."""
+    if isinstance(pp, bool) or not isinstance(pp, int) or pp < 1:
+        raise ValueError(f"pp={pp!r}: allowed an int >= 1")
+    if pp > n_layers:
+        raise ValueError(f"pp={pp} is out of range: allowed 1..n_layers={n_layers} (a stage needs a layer)")
+    if split is not None:
+        split = tuple(int(x) for x in split)
+        if len(split) != pp or sum(split) != n_layers or min(split) < 1:
+            raise ValueError(f"pp_layers={split}: need {pp} stage sizes >= 1 summing to n_layers={n_layers}")
+        return split
+    q, r = divmod(n_layers, pp)
+    counts = [q] * pp
+    order = (list(range(1, pp - 1)) + [0, pp - 1]) if pp > 2 else list(range(pp))
+    for s in order[:r]:
+        counts[s] += 1
+    return tuple(counts)
+
+
+def _stage_range(m: ModelConfig, t: TrainConfig, stage: int) -> range:
+    sizes = stage_layers(m.n_layers, t.pp, t.pp_layers)
+    start = sum(sizes[:stage])
+    return range(start, start + sizes[stage])
+
+
 def _stage_params(m: ModelConfig, t: TrainConfig, stage: int) -> tuple[float, float, float, int]:
     """(dense, expert, largest layer) parameters on ``stage`` per TP/EP rank, and its layer count."""
-    per = m.n_layers // t.pp
+    layers = _stage_range(m, t, stage)
+    per = len(layers)
     dense = expert = 0.0
     largest = 0.0
-    for i, n in _kinds(m, range(stage * per, (stage + 1) * per)).items():
+    for i, n in _kinds(m, layers).items():
         lp = _layer_params(m, i, tp=t.tp, ep=t.ep)
         dense += n * lp["dense"]
         expert += n * lp["expert"]
@@ -519,6 +560,12 @@ def estimate(model: ModelConfig, train: TrainConfig | None = None, *, stage: int
     results = []
     for st in ([stage] if stage is not None else range(t.pp)):
         dense, expert, largest, nlay = _stage_params(model, t, st)
+        stages = [st]
+        if t.pp_schedule == "dualpipe" and t.pp > 1:  # DualPipe: this rank also holds stage pp-1-st
+            mirror = t.pp - 1 - st
+            d2, e2, l2, n2 = _stage_params(model, t, mirror)
+            dense, expert, largest, nlay = dense + d2, expert + e2, max(largest, l2), nlay + n2
+            stages.append(mirror)
         states = {}
         exact = (t.zero_layout != "flat" and t.zero >= 1 and zgroup > 1
                  and t.tp == t.pp == t.ep == t.cp == 1)
@@ -536,13 +583,18 @@ def estimate(model: ModelConfig, train: TrainConfig | None = None, *, stage: int
             states[key] = bpp[key] * n
         per_layer_terms = layer_terms(model, t)
         per_layer = sum(b for _, b in per_layer_terms)
-        first_layer = stage_layer = st * nlay
+        stage_layer = _stage_range(model, t, st).start
         acts_layers = sum(n * sum(b for _, b in layer_terms(model, t, layer=i))
-                          for i, n in _kinds(model, range(first_layer, first_layer + nlay)).items())
+                          for s_ in stages for i, n in _kinds(model, _stage_range(model, t, s_)).items())
+        acts_layers /= len(stages)  # DualPipe: in-flight micro-batches counted over one stage's layers
         fl = _in_flight(t, st)
         acts_layers *= fl
-        outside = _outside_terms(model, t, st == 0, st == t.pp - 1)
-        acts_out = sum(b for _, b in outside) * (fl if st == 0 else 1.0)
+        first, last = 0 in stages, t.pp - 1 in stages
+        outside = _outside_terms(model, t, first, last)
+        # embedding-side tensors wait for every in-flight micro-batch; the head's are freed by the
+        # backward that follows each forward at once (last stage), so they count once
+        first_out = _outside_terms(model, t, first, False) if first else []
+        acts_out = sum(b for _, b in outside) + sum(b for _, b in first_out) * (fl - 1.0)
         # transient buffers at the peak
         temp = {}
         if t.zero >= 3 and zgroup > 1:  # current + prefetched gathered layer
@@ -553,7 +605,7 @@ def estimate(model: ModelConfig, train: TrainConfig | None = None, *, stage: int
             work = sum(b for _, b in layer_terms(model, t, layer=stage_layer, recompute="none"))
             kept = sum(b for _, b in layer_terms(model, t, layer=stage_layer))
             temp["recompute working set (one layer)"] = work - kept if t.recompute == "selective" else work
-        if st == t.pp - 1:
+        if last:
             vp = t.tp if (t.vocab_parallel and t.tp > 1) else 1
             B = _PRECISION[t.precision]["act"]
             temp["logits + their gradient"] = (4 + B) * model.vocab_size * t.micro_batch * t.seq_len / t.cp / vp
@@ -674,12 +726,6 @@ def _playbook_breakdown(model: ModelConfig, train: TrainConfig) -> Breakdown:
 
 
 # ---- RLHF: four models and the rollouts' KV cache ---------------------------------------------
-def _rlhf_dtype_bytes(x, name: str = "dtype") -> float:
-    from .config import DTYPE_BYTES, dtype_name
-
-    return DTYPE_BYTES[dtype_name(x, name)]
-
-
 def scalar_head_params(model: ModelConfig) -> int:
     """Parameters of ``model`` with its LM head replaced by a scalar head ``Linear(h, 1)`` (critic, reward)."""
     p = param_count(model)
@@ -765,7 +811,7 @@ def rlhf_estimate(actor="llama-2-7b", *, critic=None, reward=None, n_gpus: int =
         raise ValueError(f"placement={placement!r}: allowed 'colocated', 'split'")
     if groups["rollout"] % rollout_tp:
         raise ValueError(f"rollout_tp={rollout_tp}: must divide the rollout GPUs ({groups['rollout']})")
-    fb = _rlhf_dtype_bytes(frozen_dtype, "frozen_dtype")
+    fb = dtype_bytes(frozen_dtype, "frozen_dtype")
     parts = {}
     for role in ("actor", "critic"):
         s = model_state_bytes(n[role], dp=groups[role], zero=3, precision=precision, optimizer=optimizer)
@@ -775,7 +821,7 @@ def rlhf_estimate(actor="llama-2-7b", *, critic=None, reward=None, n_gpus: int =
         parts[role] = {f"{role} weights": fb * math.ceil(n[role] / groups[role])}
     from .inference import kv_cache  # the one KV-per-token formula (GQA: n_kv heads; MLA: the latent)
 
-    _rlhf_dtype_bytes(kv_dtype, "kv_dtype")
+    dtype_bytes(kv_dtype, "kv_dtype")
     kv = rollout_batch * (prompt_len + response_len) * kv_cache.kv_bytes_per_token(a, kv_dtype)
     parts["rollout"] = {"rollout weights": fb * n["actor"] / rollout_tp, "KV cache": kv / groups["rollout"]}
     if placement == "colocated":

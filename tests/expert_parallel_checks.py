@@ -118,7 +118,7 @@ def wire_case():
             dist.barrier()
     st = m.last_stats
     # received: data that arrived (the fence guarantees it); "acked" sent bytes may lag by a delayed ACK
-    return {"wire_received": w.received_bytes, "wire_sent": w.sent_bytes,
+    return {"wire_received": w.bytes_received, "wire_sent": w.bytes_sent,
             "rows_off_rank_bytes": st["dispatch_bytes_off_rank"] + st["combine_bytes_off_rank"]}
 
 

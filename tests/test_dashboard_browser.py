@@ -36,6 +36,21 @@ ACTIONS = {
                             type_slider(pg, ".mlsys-pipeline-chunks-v", 2),
                             type_slider(pg, ".mlsys-pipeline-micro-batches-m", 3)),
     ),
+    "inference": dict(
+        title="Inference",
+        probe=lambda pg: type_text(pg, ".mlsys-inference-decode-batch", "64"),
+        invalid=lambda pg: type_text(pg, ".mlsys-inference-decode-batch", "0"),       # batch must be >= 1
+    ),
+    "planner": dict(
+        title="Parallelism planner",
+        probe=lambda pg: type_text(pg, ".mlsys-planner-gpus", "512"),
+        invalid=lambda pg: type_text(pg, ".mlsys-planner-sequences-step", "0"),       # sequences must be >= 1
+    ),
+    "practice": dict(
+        title="Practice",
+        probe=lambda pg: type_text(pg, ".mlsys-practice-seed", 1),               # another question
+        invalid=lambda pg: type_text(pg, ".mlsys-practice-seed", -1),            # seeds are >= 0
+    ),
 }
 
 
@@ -120,3 +135,35 @@ def test_shared_link_restores_settings(server, page):
         fresh.screenshot(path=str(ARTIFACTS / "dashboard-from-link.png"))
     finally:
         fresh.close()
+
+
+def test_practice_answer_check_hint_new(page):
+    """Answer the Practice tab's question in the browser: the key (the same seed gives the same
+    question in this process) is accepted, a wrong answer is refused with a reason, Hint and New work."""
+    from mlsys_nb import quiz
+
+    open_tab(page, "Practice")
+    type_text(page, ".mlsys-practice-seed", 4)
+    q = quiz.draw(seed="4:0")                                   # what the tab draws for seed 4, first round
+    page.wait_for_function("t => document.querySelector('.mlsys-practice-question').textContent.includes(t)",
+                           arg=q.text[:40], timeout=30_000)
+    feedback = page.locator(".mlsys-practice-feedback")
+    wrong = [c for c in q.choices if c != q.answer][0] if q.is_choice else str(q.answer * 3)
+    page.locator(".mlsys-practice-answer input").fill(wrong)
+    page.locator(".mlsys-practice-check").click()
+    page.wait_for_function("() => document.querySelector('.mlsys-practice-feedback').textContent.includes('✗')",
+                           timeout=30_000)
+    page.locator(".mlsys-practice-answer input").fill(q.answer_response())
+    page.locator(".mlsys-practice-check").click()
+    page.wait_for_function("() => document.querySelector('.mlsys-practice-feedback').textContent.includes('✓')",
+                           timeout=30_000)
+    page.locator(".mlsys-practice-hint").click()
+    page.wait_for_function("() => document.querySelector('.mlsys-practice-feedback').textContent.includes('Hint 1')",
+                           timeout=30_000)
+    assert q.hints[0][:30] in feedback.text_content()
+    page.locator(".mlsys-practice-new").click()
+    nxt = quiz.draw(seed="4:1")
+    page.wait_for_function("t => document.querySelector('.mlsys-practice-question').textContent.includes(t)",
+                           arg=nxt.text[:40], timeout=30_000)
+    assert "0/1" in page.locator(".mlsys-panel-practice").inner_text()   # the first verdict (wrong) counts
+    page.screenshot(path=str(ARTIFACTS / "dashboard-practice-answered.png"))

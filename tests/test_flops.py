@@ -102,7 +102,11 @@ def test_parameter_count_and_6n_attention_share():
     share = lambda cfg, s: flops.six_n_attention(cfg, s) / flops.six_n(cfg) - 1  # noqa: E731
     assert share(LLAMA2_7B, 4096) == pytest.approx(0.159, abs=5e-4)
     assert share(LLAMA2_70B, 4096) == pytest.approx(0.078, abs=5e-4)
-    assert 12 * 96 * 12288 * 2048 / (6 * 175e9) == pytest.approx(0.028, abs=5e-4)  # GPT-3 (nominal N)
+    # GPT-3 with its nominal N = 175e9: the code's attention term 12·L·h·s over 6N (Chowdhery et al. 2022,
+    # arXiv:2204.02311, Appendix B)
+    attention = flops.six_n_attention(GPT3, 2048) - flops.six_n(GPT3)
+    assert attention == 12 * GPT3.n_layers * GPT3.q_dim * 2048
+    assert attention / (6 * 175e9) == pytest.approx(0.028, abs=5e-4)
     table = flops.approximation_table(LLAMA2_7B, 4096)
     assert table.loc["exact (this module)", "relative error"] == 0
     # the exact count includes the LM head and the attention; 6N (non-embedding) undercounts

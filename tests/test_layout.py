@@ -61,6 +61,11 @@ def test_one_error_family_for_launch_and_cluster():
     assert "from .launcher" not in source, "the cluster must use the shared rank runtime, not the launcher"
 
 
+def test_bytes_sent_is_the_only_spelling_of_the_bytes_a_rank_sends():
+    hits = [str(p.relative_to(ROOT)) for p in PKG.rglob("*.py") if "sent_bytes" in p.read_text()]
+    assert not hits, f"use bytes_sent / bytes_received: {hits}"
+
+
 def test_threads_is_the_only_spelling_of_the_thread_count():
     import inspect
 

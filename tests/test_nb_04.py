@@ -6,10 +6,10 @@ from nbrun import assert_exercises_passed, printed_text, run_notebook
 @pytest.mark.notebook
 @pytest.mark.slow
 def test_notebook_04_runs_with_other_parameters():
-    # world sizes {2, 3}: a non-power of two. Sizes reach 2 MiB so the bandwidth term is measured,
-    # not only jitter-dominated latency (3 repeats up to 512 KiB missed the stated error once in CI).
+    # world sizes {2, 3}: a non-power of two (shown, not asserted). The asserted prediction (2 ranks, fitted on
+    # point-to-point exchanges, ring all-reduce at 4-16x the fitted sizes) runs whatever the sweep sizes.
     nb = run_notebook("04_communication_cost.ipynb", world_size=3,
                       sizes=[2**k for k in range(10, 22)], repeats=5, warmup=1, solutions=True)
     text = printed_text(nb)
-    assert "held-out median relative error" in text and "of the memory-copy bandwidth" in text
+    assert "check passed: α, β from point-to-point exchanges" in text and "of the memory-copy bandwidth" in text
     assert_exercises_passed(text, 1)

@@ -43,7 +43,7 @@ def _measure_all(nbytes):
         with WireCounter(baseline=base) as w:
             op()
             dist.barrier()
-        measured[name] = (w.sent_bytes, w.received_bytes)
+        measured[name] = (w.bytes_sent, w.bytes_received)
     return measured
 
 

@@ -11,8 +11,14 @@
   bytes a rank sends (``bytes_sent``) under the ring algorithm, from ``cost``'s formulas.
 - ``wire``: ``WireCounter`` reads what this rank's TCP sockets really sent and received (Linux
   ``TCP_INFO``), so the model bytes above can be shown beside a measurement; ``gloo_bytes_sent``
-  (in ``cost``) gives what gloo's own algorithms send, which is not always the ring.
+  (in ``cost``) gives what gloo's own algorithms send, which is not always the ring;
+  ``framing_per_message`` measures gloo's per-message overhead and ``counting.gloo_bytes_from_ops``
+  prices a ``CommCounter``'s calls the way gloo sends them.
 - ``plots``: who holds what before/after each collective, ring schedule, time and busbw vs size.
+- ``pingpong``: fit α, β on point-to-point exchanges (and γ on a local add) at 2 ranks, predict
+  collectives at larger sizes from their step counts (notebook 04).
+- ``overlap``: blocking vs non-blocking send around a CPU-free wait, and the check that the
+  non-blocking one overlaps (notebook 02).
 
 The cost functions are light (numpy only); ``collectives``, ``counting`` (torch) and ``plots``
 (matplotlib) load when first used.

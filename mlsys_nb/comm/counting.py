@@ -60,6 +60,34 @@ def bytes_sent(op: str, payload_bytes: float, n: int) -> float:
     return bytes_sent_per_rank(collective, payload_bytes, n, algorithm)
 
 
+# messages one rank sends per call in gloo's algorithms: rings of n-1 steps (all_reduce and its
+# reduce_scatter: two passes), pairwise all_to_all, one message per send
+_GLOO_MESSAGES = {"all_reduce": lambda n: 2 * (n - 1), "reduce_scatter": lambda n: 2 * (n - 1),
+                  "all_gather": lambda n: n - 1, "all_to_all": lambda n: n - 1}
+
+
+def gloo_bytes_from_ops(by_op: dict, n: int, rank: int = 0, framing_bytes: float = 0.0) -> float:
+    """Bytes this rank sends on the wire under *gloo's* algorithms (``mlsys_nb.comm.cost.gloo_bytes_sent``)
+    for the calls in ``by_op`` (a ``CommCounter.by_op()``): the ring model's payloads priced the way
+    gloo really moves them (its reduce_scatter is an all_reduce plus a slice: twice the ring's bytes),
+    plus ``framing_bytes`` per message sent (``mlsys_nb.comm.wire.framing_per_message`` measures it).
+    Broadcast and reduce depend on the root, which ``by_op`` does not keep: they raise."""
+    from .cost import gloo_bytes_sent
+
+    total = 0.0
+    for op, row in by_op.items():
+        if op in _POINT_TO_POINT:
+            total += (row["payload_bytes"] + framing_bytes * row["calls"]) * _POINT_TO_POINT[op]
+            continue
+        collective = _COLLECTIVES[op][0]
+        if collective in ("broadcast", "reduce"):
+            raise ValueError(f"op={op!r}: gloo's bytes depend on the root, which by_op does not record")
+        total += gloo_bytes_sent(collective, row["payload_bytes"], n, rank)
+        if n > 1:
+            total += framing_bytes * row["calls"] * _GLOO_MESSAGES[collective](n)
+    return total
+
+
 def _nbytes(t) -> int:
     if isinstance(t, (list, tuple)):
         return sum(_nbytes(x) for x in t)

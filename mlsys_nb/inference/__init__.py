@@ -17,18 +17,35 @@ Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
   ``machine_roofline`` its matmul FLOP/s and copy bandwidth.
 - Paged KV cache and prefix caching (``paged``, ``radix``): ``BlockManager``, ``PagedKVCache``,
   ``paged_attention``, ``RadixCache``.
+- The serving engine, in vLLM's style (``engine``, ``scheduler``, ``model_runner``, ``sampler``,
+  ``sampling_params``, ``sequence``): ``LLM(model, ...).generate(prompts, SamplingParams(...))`` ->
+  ``RequestOutput``s; ``LLMEngine`` (``add_request``, ``step``, ``abort_request``) with continuous
+  batching, chunked prefill, preemption (recompute or swap), prefix caching; ``llm.load_weights``.
+- ``workload`` (Poisson arrivals, length distributions, shared prefixes) and ``metrics`` (TTFT,
+  TPOT, ITL, latency percentiles, throughput, CPU overhead per phase, the overlap-scheduling model).
+- ``python -m mlsys_nb.inference.serve --model tiny`` (``serve``): an OpenAI-compatible server.
+- Speculative decoding (``speculative``): ``speculative_generate(target, prompt_ids, draft=model|"ngram",
+  k=...)``, the rejection rule ``verify``, closed forms ``expected_tokens_per_step``,
+  ``expected_speedup``, ``best_k``.
+- Structured outputs (``structured``): ``Grammar.compile(json_schema=|regex=|choice=)``, a budget-aware
+  token mask over outlines-core's automaton, ``apply_mask``, ``generate_structured``.
 """
 from .kv_cache import DTYPE_BYTES, KVCache, kv_bytes_per_token, kv_cache_bytes, max_concurrent_sequences, weight_bytes
 from .tokenizer import ByteTokenizer
 
 __all__ = [
     "DTYPE_BYTES",
+    "LLM",
     "BlockManager",
     "ByteTokenizer",
+    "CompletionOutput",
     "Generation",
     "KVCache",
+    "LLMEngine",
     "PagedKVCache",
     "RadixCache",
+    "RequestOutput",
+    "SamplingParams",
     "StepCost",
     "attention_flops",
     "decode_cost",
@@ -43,6 +60,14 @@ __all__ = [
     "prefill_cost",
     "step_cost",
     "weight_bytes",
+    "Grammar",
+    "GrammarError",
+    "apply_mask",
+    "best_k",
+    "expected_speedup",
+    "expected_tokens_per_step",
+    "generate_structured",
+    "speculative_generate",
 ]
 
 _LAZY = {
@@ -52,6 +77,12 @@ _LAZY = {
     "attention_flops": ".roofline", "Generation": ".generation",
     "BlockManager": ".paged", "PagedKVCache": ".paged", "paged_attention": ".paged",
     "RadixCache": ".radix",
+    "LLM": ".engine", "LLMEngine": ".engine", "SamplingParams": ".sampling_params",
+    "RequestOutput": ".sequence", "CompletionOutput": ".sequence",
+    "speculative_generate": ".speculative", "best_k": ".speculative", "expected_speedup": ".speculative",
+    "expected_tokens_per_step": ".speculative",
+    "Grammar": ".structured", "GrammarError": ".structured", "apply_mask": ".structured",
+    "generate_structured": ".structured",
 }
 
 

@@ -151,7 +151,11 @@ def measure_model_states(model_cfg: ModelConfig, precision: str = "bf16-mixed", 
     """Bytes of params, grads, optimizer states and fp32 master weights after one real training
     step of ``Transformer(model_cfg)``. Mixed precision is done by hand as in Micikevicius et al.:
     bf16 model and gradients, an fp32 master copy that the fp32 optimizer updates, copied back.
-    Optimizer step counters (one scalar per tensor) are reported separately as ``step_counters``."""
+    Optimizer step counters (one scalar per tensor) are reported separately as ``step_counters``.
+    The other keys are what stays after the step (persistent); ``held_at_step`` counts every state
+    tensor alive at ``opt.step()`` (persistent + the transient fp32 gradient copies
+    ``master_grads_at_step`` + step counters). The optimizer's own scratch tensors inside ``step``
+    are not counted (no allocator statistics on CPU)."""
     opts = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
             "sgd-momentum": lambda p, lr: torch.optim.SGD(p, lr=lr, momentum=0.9),
             "sgd": lambda p, lr: torch.optim.SGD(p, lr=lr)}
@@ -171,6 +175,12 @@ def measure_model_states(model_cfg: ModelConfig, precision: str = "bf16-mixed", 
         for p, mp in zip(params, master):
             mp.grad = p.grad.float()  # transient fp32 copy for the update, freed below
     opt.step()
+    # what is held at the optimizer step (before the transient fp32 gradient copies are freed)
+    at_step = [*params, *(p.grad for p in params if p.grad is not None), *(master if mixed else ()),
+               *(mp.grad for mp in master if mixed and mp.grad is not None),
+               *(v for st in opt.state.values() for v in st.values() if torch.is_tensor(v))]
+    at_step_bytes = _unique_bytes(at_step)
+    master_grads = _unique_bytes(mp.grad for mp in master if mp.grad is not None) if mixed else 0
     if mixed:
         with torch.no_grad():
             for p, mp in zip(params, master):
@@ -185,4 +195,6 @@ def measure_model_states(model_cfg: ModelConfig, precision: str = "bf16-mixed", 
         "master": _unique_bytes(master) if mixed else 0,
         "step_counters": _unique_bytes(steps),
         "n_params": sum(p.numel() for p in params),
+        "master_grads_at_step": master_grads,  # transient fp32 gradient copies (mixed precision)
+        "held_at_step": at_step_bytes,  # every state tensor alive at opt.step(), step counters included
     }

@@ -86,9 +86,10 @@ class Attention(nn.Module):
         or per-token tables [b, 1, s, d/2]; with ``cache`` the attention is ``cache.attend``."""
         cfg = self.cfg
         b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, cfg.n_heads, cfg.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, s, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, s, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+        # heads = -1: under PyTorch tensor parallelism (ColwiseParallel) a rank holds n_heads / tp heads
+        q = self.q_proj(x).view(b, s, -1, cfg.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, -1, cfg.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, -1, cfg.head_dim).transpose(1, 2)
         if cos.dim() == 2:
             cos, sin = cos[:s], sin[:s]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -103,7 +104,7 @@ class Attention(nn.Module):
             y = checkpoint(attention_core, q, k, v, use_reentrant=False, **kw)
         else:
             y = attention_core(q, k, v, **kw)
-        y = y.transpose(1, 2).reshape(b, s, cfg.q_dim)
+        y = y.transpose(1, 2).reshape(b, s, -1)
         return F.dropout(self.o_proj(y), p=cfg.dropout, training=self.training)
 
 

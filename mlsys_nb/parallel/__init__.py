@@ -16,6 +16,9 @@
   data-parallel implementation (``compare_implementations``, ``train_parallel``, ``train_single``,
   ``tiny_config``, ``make_batches``, ``time_ddp_steps``), compared with single-process training
   and with PyTorch's DDP/FSDP2.
+- ``mesh``: a pp x dp x cp x tp device mesh (``build_mesh``, ``coordinates``, ``grid``,
+  ``group_ranks``) and training that combines DDP, TP/SP and the pipeline executor on it
+  (``train``), compared with single-process training.
 
 Every module imports torch; import the one you need (``from mlsys_nb.parallel import ddp``).
 Bytes on the wire are counted by ``mlsys_nb.comm.counting.CommCounter``.

@@ -13,6 +13,7 @@ parameters, gradients and optimizer states this rank holds after the last step.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 
@@ -21,6 +22,7 @@ import torch.distributed as dist
 
 from ..config import ModelConfig, check_choice
 from ..models import Transformer
+from ..comm import wire
 from ..comm.counting import CommCounter
 from .ddp import DataParallel, allreduce_gradients
 from ..models.measure import measured_state_bytes
@@ -123,7 +125,15 @@ def train_parallel(impl: str, cfg: ModelConfig, batches, optimizer: str = "adamw
         ddp = DataParallel(model, bucket_cap_mb=bucket_cap_mb, overlap=impl != "ddp_no_overlap")
         net, opt = ddp, make_opt(model.parameters())
     memory = None
-    with CommCounter() as cc:
+    measure_wire = wire.available()
+    if measure_wire:  # bytes the kernel saw leave this rank's sockets, minus an empty barrier's
+        dist.barrier()
+        base = wire.calibrate(dist.barrier)
+        framing = wire.framing_per_message(base)
+        counter = wire.WireCounter(baseline=base)
+    else:
+        counter = contextlib.nullcontext()
+    with counter, CommCounter() as cc:
         for batch in batches:
             x, y = local_slice(batch, rank, world)
             if impl == "ddp_accum":  # two micro-batches: the first without communication
@@ -140,14 +150,20 @@ def train_parallel(impl: str, cfg: ModelConfig, batches, optimizer: str = "adamw
                 extra = [u.shard for u in zero.units] if zero else ()
                 memory = measured_state_bytes(model, zero.optimizer if zero else opt, extra)
             opt.zero_grad()
+        if measure_wire:
+            dist.barrier()  # the fence calibrate() measured: every byte sent is acknowledged by now
+    wire_sent = counter.bytes_sent / len(batches) if measure_wire else None
     if zero is not None:
         params = zero.full_parameters()
     elif impl == "fsdp2":
         params = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
     else:
         params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    by_op = {op: {k: v / len(batches) for k, v in row.items()} for op, row in cc.by_op().items()}
     return dict(params=params, bytes_sent_per_step=cc.bytes_sent / len(batches), calls_per_step=cc.calls / len(batches),
-                by_op=cc.by_op(), memory=memory, peak_gathered_bytes=zero.peak_gathered_bytes if zero else None)
+                by_op=cc.by_op(), by_op_per_step=by_op, wire_sent_per_step=wire_sent,
+                wire_framing_per_message=framing if measure_wire else None, memory=memory,
+                peak_gathered_bytes=zero.peak_gathered_bytes if zero else None)
 
 
 def max_diff(a: dict, b: dict) -> float:

@@ -96,11 +96,16 @@ def build_blocks(spec: ModelSpec):
     torch.manual_seed(spec.seed)
     if spec.block == "mlp":
         return nn.ModuleList(MLPBlock(spec.hidden) for _ in range(spec.n_layers))
+    cfg = model_config(spec)
+    return nn.ModuleList(TransformerBlock(cfg, i) for i in range(spec.n_layers))
+
+
+def model_config(spec: ModelSpec):
+    """The ``ModelConfig`` of the transformer blocks (``block="transformer"``)."""
     from ..config import ModelConfig
 
-    cfg = ModelConfig(n_layers=spec.n_layers, hidden=spec.hidden, n_heads=spec.n_heads,
-                      n_kv_heads=max(1, spec.n_heads // 2), vocab_size=8, seq_len=spec.seq_len)
-    return nn.ModuleList(TransformerBlock(cfg, i) for i in range(spec.n_layers))
+    return ModelConfig(n_layers=spec.n_layers, hidden=spec.hidden, n_heads=spec.n_heads,
+                       n_kv_heads=max(1, spec.n_heads // 2), vocab_size=8, seq_len=spec.seq_len)
 
 
 def make_batch(spec: ModelSpec, m: int):
@@ -136,25 +141,38 @@ def _layers_of(sched: Schedule, spec: ModelSpec, stage: int) -> range:
     return range(stage * k, (stage + 1) * k)
 
 
-def run_step(sched: Schedule, spec: ModelSpec, group=None) -> dict:
-    """Inside a rank: one training step of ``sched`` (no optimizer). Returns this rank's gradients
-    keyed by the unpipelined model's parameter names, its loss sum and its timeline rows
-    (kind, microbatch, chunk, stage, full, start_s, end_s) in ``time.perf_counter`` seconds."""
-    import torch
-    import torch.distributed as dist
+def stage_modules(sched: Schedule, spec: ModelSpec, rank: int, blocks=None) -> dict:
+    """``{(path, stage): nn.Sequential}`` of the stages pipeline rank ``rank`` holds, cut from
+    ``blocks`` (default ``build_blocks(spec)``; DualPipe's second path gets a fresh copy)."""
     from torch import nn
 
-    dev = torch.device("cpu")
-    r, m, S = dist.get_rank(), sched.m, sched.n_stages
-    full_model = build_blocks(spec).to(dev)
-    x_all, y_all = (t.to(dev) for t in make_batch(spec, m))
-    # (path, stage) -> module made of that stage's blocks; DualPipe's two paths hold separate copies
+    full_model = build_blocks(spec) if blocks is None else blocks
     mods = {}
     for path, pl in enumerate(sched.placement):
-        for s, (rank, _chunk) in enumerate(pl):
-            if rank == r:
+        for s, (r, _chunk) in enumerate(pl):
+            if r == rank:
                 mods[(path, s)] = nn.Sequential(*[full_model[i] for i in _layers_of(sched, spec, s)])
-        full_model = build_blocks(spec).to(dev) if path + 1 < len(sched.placement) else full_model
+        full_model = build_blocks(spec) if path + 1 < len(sched.placement) else full_model
+    return mods
+
+
+def run_step(sched: Schedule, spec: ModelSpec, group=None, *, mods=None, batch=None) -> dict:
+    """Inside a rank: one training step of ``sched`` (no optimizer). Returns this rank's gradients
+    keyed by the unpipelined model's parameter names, its loss sum and its timeline rows
+    (kind, microbatch, chunk, stage, full, start_s, end_s) in ``time.perf_counter`` seconds.
+
+    ``group``: the pipeline's process group (peers are ranks *in this group*; default the world).
+    ``mods``: this rank's stage modules from ``stage_modules`` (kept across steps for training;
+    default: built fresh from ``spec``). ``batch``: ``(x, y)`` of shape [m, *spec.shape] (default
+    ``make_batch(spec, m)``)."""
+    import torch
+    import torch.distributed as dist
+
+    dev = torch.device("cpu")
+    r, m, S = dist.get_rank(group), sched.m, sched.n_stages
+    x_all, y_all = (t.to(dev) for t in (make_batch(spec, m) if batch is None else batch))
+    # (path, stage) -> module made of that stage's blocks; DualPipe's two paths hold separate copies
+    mods = stage_modules(sched, spec, r) if mods is None else mods
     for mod in mods.values():
         mod.zero_grad(set_to_none=True)
 
@@ -207,18 +225,18 @@ def run_step(sched: Schedule, spec: ModelSpec, group=None) -> dict:
         k = a.kind
         if k == "RECV_F":
             buf = torch.empty(shape, device=dev)
-            dist.recv(buf, src=a.peer, tag=tag("F", a.microbatch, a.stage), group=group)
+            dist.recv(buf, group_src=a.peer, tag=tag("F", a.microbatch, a.stage), group=group)
             acts[(a.microbatch, a.stage)] = buf
         elif k == "RECV_B":
             buf = torch.empty(shape, device=dev)
-            dist.recv(buf, src=a.peer, tag=tag("B", a.microbatch, a.stage), group=group)
+            dist.recv(buf, group_src=a.peer, tag=tag("B", a.microbatch, a.stage), group=group)
             grads[(a.microbatch, a.stage)] = buf
         elif k == "SEND_F":
             out = saved[(a.microbatch, a.stage)][1].detach()
-            sends.append(dist.isend(out, dst=a.peer, tag=tag("F", a.microbatch, a.stage + 1), group=group))
+            sends.append(dist.isend(out, group_dst=a.peer, tag=tag("F", a.microbatch, a.stage + 1), group=group))
         elif k == "SEND_B":
             g = grads.pop((a.microbatch, a.stage - 1))
-            sends.append(dist.isend(g.contiguous(), dst=a.peer, tag=tag("B", a.microbatch, a.stage - 1),
+            sends.append(dist.isend(g.contiguous(), group_dst=a.peer, tag=tag("B", a.microbatch, a.stage - 1),
                                     group=group))
         else:
             for x in (a.sub if k == "FB" else (a,)):

@@ -10,6 +10,8 @@
   same-step autoreset, minibatch epochs, stops at a greedy 100-episode mean of 475), ``Config``.
 - ``evaluate(policy, env_id, episodes, seed)`` -> returns per episode (episode i seeded ``seed + i``).
 - ``sb3_train``: the same task with stable-baselines3's PPO (rl-zoo settings), for comparisons.
+- ``rlhf``: RLHF on a tiny language model: a hidden true reward, SFT, a Bradley-Terry reward model, PPO with
+  the four models and a per-token KL penalty, GRPO, DPO, and reward hacking at KL coefficient 0.
 - ``weight_sync``: RLHF trainer -> rollout weight synchronisation on real ranks (file, bucketed
   broadcast, zero-copy shared memory), ZeRO-3 gathers bucketed to avoid the full-gather spike.
 - ``placement``: co-located vs disaggregated RLHF on Ray actors, measured against the closed forms.
@@ -17,14 +19,14 @@
 """
 from .gae import discounted_returns, gae
 
-__all__ = ["discounted_returns", "evaluate", "gae", "pg", "placement", "ppo", "sb3_train", "sizing", "train",
+__all__ = ["discounted_returns", "evaluate", "gae", "pg", "placement", "ppo", "rlhf", "sb3_train", "sizing", "train",
            "weight_sync"]
 
 
 def __getattr__(name):  # torch, gymnasium and pandas load on first use
     import importlib
 
-    if name in ("ppo", "pg", "weight_sync", "placement", "sizing"):
+    if name in ("ppo", "pg", "rlhf", "weight_sync", "placement", "sizing"):
         return importlib.import_module(f".{name}", __name__)
     if name in ("evaluate", "train"):
         from . import ppo

@@ -2,7 +2,7 @@
 breakdown out (``mlsys_nb.memory.estimate``), as a stacked bar against the GPU's capacity, a table
 and a fits/OOM verdict. A toggle shows the Ultra-Scale Playbook widget's numbers for the same
 inputs (its bugs included; it prints GiB as "GB"). Invalid combinations (tp not dividing the
-heads, pp not dividing the layers, ...) are shown as a message in place of the chart.
+heads, more stages than layers, ...) are shown as a message in place of the chart.
 
 ``MemoryWidget().widget`` is the ipywidgets container; ``state()``/``set_state()``, ``figure``,
 ``table()`` and ``error`` follow the dashboard protocol.

@@ -1,0 +1,126 @@
+"""Fit α, β from point-to-point ping-pong, then predict collectives from their step counts.
+
+The honest test of an α-β model: fit it on one kind of measurement and predict another. Here the
+fit sees only **ping-pong** between two ranks (rank 0 sends S bytes, rank 1 sends them back; the
+one-way time is half the round trip, ``T = α + S/β``) at small sizes, plus a **local reduction**
+cost γ (seconds per byte of ``a += b``, timed inside a rank). The prediction is for collectives
+the fit never saw, at sizes 4-16x larger than any fitted size, from the algorithm's coefficients
+(``mlsys_nb.comm.cost.cost_coefficients``, Thakur et al. 2005):
+
+    all_reduce (ring):  2(n-1)·α + 2(n-1)/n·S/β + (n-1)/n·S·γ   (the reduce-scatter half reduces)
+    all_gather (ring):  (n-1)·α + (n-1)/n·S/β
+
+``measure`` is the rank function (two or more ranks; ping-pong between ranks 0 and 1); ``predict``
+and ``fit_ping_pong`` are pure functions over its numbers.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .cost import cost_coefficients, fit_alpha_beta
+
+REDUCES = {"all_reduce": True, "all_gather": False, "reduce_scatter": True}
+
+
+def measure(fit_sizes, predict_sizes, ops=("all_reduce", "all_gather"), repeats: int = 7, warmup: int = 2) -> dict:
+    """Rank function. Fastest of ``repeats`` (seconds) of: one-way ping-pong time per ``fit_sizes`` (ranks 0-1),
+    ``a += b`` per ``predict_sizes`` (rank 0) and each op per ``predict_sizes`` (the slowest rank's
+    time per call). Sizes in bytes (multiples of 4 x world size). Rounds are interleaved."""
+    import torch
+    import torch.distributed as dist
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    for s in list(fit_sizes) + list(predict_sizes):
+        if s % (4 * n) or s <= 0:
+            raise ValueError(f"size {s} B: sizes must be positive multiples of 4 x world_size = {4 * n}")
+    bufs = {s: torch.ones(s // 4) for s in set(fit_sizes) | set(predict_sizes)}
+    outs = {s: torch.empty(s // 4) for s in predict_sizes}
+    chunks = {s: torch.ones(s // 4 // n) for s in predict_sizes}
+    other = {s: torch.ones(s // 4) for s in predict_sizes}
+    inbox = {s: torch.empty(s // 4) for s in fit_sizes}
+
+    def ping(s):
+        b = bufs[s]
+        if rank == 0:
+            dist.send(b, 1)
+            dist.recv(b, 1)
+        elif rank == 1:
+            dist.recv(b, 0)
+            dist.send(b, 0)
+
+    def exchange(s):  # one ring step at n = 2: both ranks send and receive at once
+        if rank > 1:
+            return
+        peer = 1 - rank
+        works = [dist.isend(bufs[s], peer), dist.irecv(inbox[s], peer)]
+        for w in works:
+            w.wait()
+
+    def collective(op, s):
+        if op == "all_reduce":
+            dist.all_reduce(bufs[s])
+        elif op == "all_gather":
+            dist.all_gather_into_tensor(outs[s], chunks[s])
+        else:
+            dist.reduce_scatter_tensor(chunks[s], bufs[s])
+
+    def timed(fn, *args) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn(*args)
+        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(dt, op=dist.ReduceOp.MAX)  # the slowest rank's time
+        return float(dt.item())
+
+    cases = [("ping", s) for s in fit_sizes] + [("exchange", s) for s in fit_sizes] + \
+            [("reduce", s) for s in predict_sizes] + \
+            [(op, s) for op in ops for s in predict_sizes]
+    times: dict = {c: [] for c in cases}
+    for r in range(warmup + repeats):
+        for kind, s in cases:
+            if kind == "ping":
+                t = timed(ping, s) / 2  # one way
+            elif kind == "exchange":
+                t = timed(exchange, s)
+            elif kind == "reduce":
+                t = timed(bufs[s].add_, other[s])
+            else:
+                t = timed(collective, kind, s)
+            if r >= warmup:
+                times[(kind, s)].append(t)
+    # the fastest of the repeats: the undisturbed time (other processes share these cores; a median
+    # still moves with their load, the minimum much less), for the fit and the prediction alike
+    # the fastest of the repeats: the undisturbed time (other processes share these cores; a median
+    # still moves with their load, the minimum much less), for the fit and the prediction alike
+    med = {c: min(v) for c, v in times.items()}
+    return dict(n=n, fit_sizes=list(fit_sizes), predict_sizes=list(predict_sizes), ops=list(ops),
+                one_way_s=[med[("ping", s)] for s in fit_sizes],
+                exchange_s=[med[("exchange", s)] for s in fit_sizes],
+                reduce_s=[med[("reduce", s)] for s in predict_sizes],
+                collective_s={op: [med[(op, s)] for s in predict_sizes] for op in ops})
+
+
+def fit_ping_pong(sizes, one_way_s):
+    """α (s), β (B/s) of ``T = α + S/β`` fitted to one-way times (relative least squares)."""
+    return fit_alpha_beta(sizes, one_way_s, "broadcast", 2, "pipelined_chain")  # coefficients (1, 1) at n = 2
+
+
+def gamma_per_byte(sizes, reduce_s) -> float:
+    """γ (s per byte of the reduced tensor) of ``a += b``: the median of ``t / S``."""
+    return float(np.median(np.asarray(reduce_s) / np.asarray(sizes, dtype=float)))
+
+
+def predict(op: str, nbytes, n: int, alpha_s: float, beta_bytes_per_s: float, gamma_s_per_byte: float,
+            algorithm: str = "ring"):
+    """Seconds of ``op`` on ``n`` ranks from the algorithm's coefficients: ``k_α·α + k_β·S/β`` plus,
+    for reducing ops, the local reductions: the ring reduce-scatter (alone or inside all_reduce)
+    adds ``(n-1)/n`` of S, tree-like all_reduce algorithms ``k_β / 2`` of S (half their traffic is the
+    reduce phase)."""
+    ka, kb = cost_coefficients(op, algorithm, n)
+    s = np.asarray(nbytes, dtype=float)
+    kg = 0.0
+    if REDUCES.get(op):
+        kg = (n - 1) / n if algorithm in ("ring", "rabenseifner") or op == "reduce_scatter" else kb / 2
+    return ka * alpha_s + kb * s / beta_bytes_per_s + kg * s * gamma_s_per_byte

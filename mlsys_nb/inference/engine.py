@@ -1,0 +1,408 @@
+"""``LLMEngine`` (add requests, ``step()``, read outputs) and ``LLM`` (offline batch generation).
+
+``step()`` is the whole engine in one screen: schedule -> run the model on the batch -> sample ->
+update. The parts live in their own files: ``scheduler.py`` (queues, token budget, preemption),
+``model_runner.py`` (packed batch over paged K/V), ``sampler.py``, ``sequence.py`` (state and
+outputs); the K/V blocks and the block manager are ``paged.py``'s.
+
+``LLM(model, *, tokenizer=None, block_size=16, num_blocks=None, max_num_seqs=64,
+max_num_batched_tokens=512, enable_prefix_caching=True, enable_chunked_prefill=True, seed=0)``;
+``model`` is a preset name or ``ModelConfig`` (random weights from ``seed``), a package
+``Transformer``, or a ``transformers`` causal LM (converted to the package's model). With
+``num_blocks=None`` the cache gets ``kv_cache_memory`` bytes (default 256 MiB), capped at what
+``max_num_seqs`` sequences of the full context can use. Extra options (engine-only, for the
+notebook and the benchmark): ``continuous_batching=False`` (static batching),
+``preemption_mode="swap"`` with ``swap_blocks`` CPU blocks.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+
+import torch
+
+from .model_runner import ModelRunner, SwapPool
+from .paged import PagedKVCache
+from .sampler import sample
+from .sampling_params import SamplingParams
+from .structured import apply_mask
+from .scheduler import PREEMPTION_MODES, Scheduler
+from .sequence import CompletionOutput, RequestOutput, Sequence, SequenceStatus
+from .tokenizer import ByteTokenizer, decode_stream
+
+PHASES = ("schedule", "prepare", "model", "sample", "postprocess")
+
+
+class _Timer:
+    """Wall-clock seconds of consecutive phases: call ``t("name")`` at the end of each phase."""
+
+    def __init__(self):
+        self.last, self.times = time.perf_counter(), {}
+
+    def __call__(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.times[phase] = self.times.get(phase, 0.0) + now - self.last
+        self.last = now
+
+
+class LLMEngine:
+    def __init__(self, model, tokenizer=None, *, block_size: int = 16, num_blocks: int | None = None,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 512, enable_prefix_caching: bool = True,
+                 enable_chunked_prefill: bool = True, continuous_batching: bool = True,
+                 preemption_mode: str = "recompute", swap_blocks: int | None = None,
+                 kv_cache_memory: int = 256 * 2**20, seed: int = 0):
+        for name, value, low in (("block_size", block_size, 1), ("max_num_seqs", max_num_seqs, 1),
+                                 ("max_num_batched_tokens", max_num_batched_tokens, 1)):
+            if not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}={value!r}: must be an integer >= {low}")
+        if preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode={preemption_mode!r}: allowed {PREEMPTION_MODES}")
+        hf = _is_hf(model)
+        self.model = resolve_model(model, seed).eval()
+        self.tokenizer = resolve_tokenizer(tokenizer, self.model, hf)
+        # the end-of-sequence id: the tokenizer's, else a transformers model's generation config's
+        eos = getattr(self.tokenizer, "eos_token_id", None) if self.tokenizer is not None else \
+            getattr(getattr(model, "generation_config", None), "eos_token_id", None) if hf else None
+        self.eos_token_ids = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+        cfg = self.model.cfg
+        p = next(self.model.parameters())
+        block_bytes = 2 * cfg.n_layers * block_size * cfg.n_kv_heads * cfg.head_dim * p.element_size()
+        blocks_per_seq = math.ceil(cfg.seq_len / block_size)
+        if num_blocks is None:  # from the memory budget, capped at max_num_seqs full-length sequences
+            num_blocks = max(1, min(kv_cache_memory // block_bytes, max_num_seqs * blocks_per_seq))
+        if not isinstance(num_blocks, int) or num_blocks < 2:
+            raise ValueError(f"num_blocks={num_blocks!r}: must be an integer >= 2")
+        self.max_model_len = min(cfg.seq_len, num_blocks * block_size)  # one sequence alone always fits
+        if not enable_chunked_prefill and max_num_batched_tokens < self.max_model_len:
+            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} must be >= the context "
+                             f"max_model_len={self.max_model_len} without chunked prefill (a prompt is computed "
+                             f"in one step)")
+        self.kv = PagedKVCache(cfg, num_blocks=num_blocks, block_size=block_size, dtype=p.dtype, device=p.device,
+                               prefix_caching=enable_prefix_caching, max_seq_len=self.max_model_len)
+        pool = SwapPool(self.kv, swap_blocks or num_blocks) if preemption_mode == "swap" else None
+        self.scheduler = Scheduler(self.kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                   enable_chunked_prefill=enable_chunked_prefill,
+                                   continuous_batching=continuous_batching, preemption_mode=preemption_mode,
+                                   swap_pool=pool)
+        self.runner = ModelRunner(self.model, self.kv)
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.requests: dict[str, list[Sequence]] = {}
+        self.step_times: list[dict] = []  # per step: seconds per phase, sequences, tokens
+        self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generation_tokens": 0, "requests_finished": 0}
+        self._ids = itertools.count()
+
+    # ---- requests ------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None,
+                    arrival_time: float | None = None) -> None:
+        """Queue one request; ``prompt`` is a string (needs a tokenizer) or a list of token ids."""
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request_id={request_id!r} is already in use")
+        ids = self.encode(prompt)
+        vocab = self.model.cfg.vocab_size
+        if not ids:
+            raise ValueError("prompt is empty: a request needs at least one token")
+        if any(not 0 <= t < vocab for t in ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab}) (the model's vocab_size)")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt of {len(ids)} tokens is too long: the context is max_model_len="
+                             f"{self.max_model_len} tokens, including at least one generated token")
+        grammar = self._grammar(params, ids) if params.structured else None  # errors before anything is allocated
+        now = time.perf_counter() if arrival_time is None else arrival_time
+        seqs = []
+        for i in range(params.n):
+            gen = None if params.seed is None else torch.Generator(device="cpu").manual_seed(params.seed + i)
+            seq = Sequence(next(self._ids), request_id, ids, params, index=i, arrival_time=now, generator=gen,
+                           prompt=prompt if isinstance(prompt, str) else None)
+            seq.allowed = None if grammar is None else grammar.walker(params.max_tokens)
+            self.scheduler.add(seq)
+            seqs.append(seq)
+        self.requests[request_id] = seqs
+
+    def _grammar(self, params: SamplingParams, ids: list[int]):
+        """Compile a request's json_schema/regex/choice into a budget-aware token mask (structured.py)."""
+        from .structured import Grammar, GrammarError
+
+        if not isinstance(self.tokenizer, ByteTokenizer) or not self.eos_token_ids:
+            raise GrammarError("structured outputs need the byte tokenizer with an end-of-sequence id "
+                               "(vocab_size > 256)")
+        g = Grammar.compile(json_schema=params.json_schema, regex=params.regex, choice=params.choice,
+                            vocab_size=self.model.cfg.vocab_size, eos_id=min(self.eos_token_ids))
+        if params.max_tokens < max(1, g.min_tokens):
+            raise GrammarError(f"max_tokens={params.max_tokens} is out of range: the shortest match takes "
+                               f"{g.min_tokens} tokens")
+        if len(ids) + g.min_tokens > self.max_model_len:
+            raise GrammarError(f"prompt of {len(ids)} tokens + the shortest match ({g.min_tokens}) exceeds "
+                               f"max_model_len={self.max_model_len}")
+        return g
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request now (e.g. its client went away) and free its blocks."""
+        for seq in self.requests.pop(request_id, []):
+            if not seq.finished:
+                seq.finish_reason = "abort"
+                self.scheduler.finish(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the engine loop -----------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One iteration: schedule -> run the model on the batch -> sample -> update."""
+        t = _Timer()
+        scheduled = self.scheduler.schedule()                                   # 1. schedule
+        t("schedule")
+        if not scheduled:
+            if self.scheduler.waiting and not self.scheduler.running and not self.scheduler.swapped:
+                raise RuntimeError(f"{len(self.scheduler.waiting)} waiting requests and none can be admitted "
+                                   f"({self.kv.manager.num_free_blocks()} free blocks): the engine would hang")
+            return []
+        logits, batch = self.runner.run(scheduled, timer=t)                     # 2. prepare + forward
+        if any(getattr(s, "allowed", None) is not None for s in batch.sample_seqs):  # grammar masks
+            logits = logits.clone()
+            for i, seq in enumerate(batch.sample_seqs):
+                mask = None if seq.allowed is None else seq.allowed(seq.output_token_ids)
+                if mask is not None:
+                    logits[i] = apply_mask(logits[i], mask)
+        tokens, logprobs = sample(logits, batch.sample_seqs, self.generator,   # 3. sample
+                                  self.tokenizer if any(s.params.logprobs for s in batch.sample_seqs) else None)
+        t("sample")
+        self.scheduler.update(scheduled)                                        # 4. update: K/V are cached,
+        now = time.perf_counter()
+        for seq, tok, lp in zip(batch.sample_seqs, tokens, logprobs):           #    new tokens, stop checks
+            self._append_token(seq, tok, lp, now)
+        outputs = [self._output(rid) for rid in dict.fromkeys(s.request_id for s in batch.sample_seqs)]
+        t("postprocess")
+        self.step_times.append(dict(t.times, num_seqs=len(scheduled), num_tokens=sum(n for _, n in scheduled),
+                                    num_decodes=batch.num_decodes))
+        return outputs
+
+    def _append_token(self, seq: Sequence, tok: int, lp, now: float) -> None:
+        p, m = seq.params, seq.metrics
+        if seq.num_preemptions == 0 and not seq.output_token_ids:
+            self.stats["prompt_tokens"] += len(seq.prompt_token_ids)
+            self.stats["cached_tokens"] += seq.num_cached_tokens
+        seq.output_token_ids.append(tok)
+        self.stats["generation_tokens"] += 1
+        m.first_token_time = m.first_token_time or now
+        m.last_token_time = now
+        m.token_times.append(now)
+        if lp is not None:
+            seq.logprobs.append(lp)
+            seq.cumulative_logprob += lp[tok].logprob
+        is_eos = tok in self.eos_token_ids and not p.ignore_eos
+        if self.tokenizer is not None and not is_eos:  # incremental detokenization
+            seq.detok = seq.detok or decode_stream(self.tokenizer)
+            seq.text += seq.detok.step(tok)
+        if is_eos:
+            seq.finish_reason = "stop"
+        elif tok in p.stop_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", tok
+        elif p.stop and any(s in seq.text for s in p.stop):
+            cut, stop = min((seq.text.find(s), s) for s in p.stop if s in seq.text)
+            seq.text, seq.finish_reason, seq.stop_reason = seq.text[:cut], "stop", stop
+        elif len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            seq.finish_reason = "length"
+        if seq.finish_reason is not None and seq.detok is not None and seq.stop_reason not in p.stop:
+            seq.text += seq.detok.flush()  # an incomplete character at the end, as U+FFFD
+        if seq.finish_reason is not None:
+            m.finished_time = now
+            self.scheduler.finish(seq)
+
+    def _output(self, request_id: str) -> RequestOutput:
+        seqs = self.requests[request_id]
+        done = all(s.finished for s in seqs)
+        if done:
+            del self.requests[request_id]
+            self.stats["requests_finished"] += 1
+        s0 = seqs[0]
+        return RequestOutput(request_id, s0.prompt, list(s0.prompt_token_ids), [s.completion() for s in seqs],
+                             done, s0.metrics, s0.num_cached_tokens)
+
+    # ---- tokens <-> text -----------------------------------------------------------------------
+    def encode(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("a text prompt needs a tokenizer: pass tokenizer=... or a list of token ids")
+            return list(self.tokenizer.encode(prompt))
+        if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) for t in prompt):
+            raise ValueError(f"prompt must be a string or a list of int token ids, got {type(prompt).__name__}")
+        return list(prompt)
+
+    def decode(self, ids) -> str:
+        try:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+        except TypeError:
+            return self.tokenizer.decode(ids)
+
+    # ---- weights and state ---------------------------------------------------------------------
+    def load_weights(self, state_dict) -> None:
+        """Swap the model's weights in place and forget the prefix cache (its K/V came from the old weights).
+
+        ``state_dict`` uses the package's parameter names, or ``transformers``' (``model.layers.N...``, e.g.
+        a trained ``LlamaForCausalLM``'s), mapped as ``models.from_hf`` does. Requests already running keep
+        the K/V they computed with the old weights (as in vLLM)."""
+        if any(k.startswith("model.") for k in state_dict):
+            from ..models.hf import _name_map
+
+            names = _name_map(self.model.cfg)
+            missing = [theirs for theirs in names.values() if theirs not in state_dict]
+            if missing:
+                raise KeyError(f"transformers-style state_dict lacks {missing[:3]} ({len(missing)} missing in all)")
+            state_dict = {ours: state_dict[theirs] for ours, theirs in names.items()}
+            if self.model.cfg.tied_embeddings:  # one tensor under both names
+                state_dict["lm_head.weight"] = state_dict["embed.weight"]
+        with torch.no_grad():
+            self.model.load_state_dict(state_dict, strict=True)
+        self.scheduler.ready_hash = [-1] * self.kv.manager.num_blocks
+
+    def num_blocks_used(self) -> int:
+        m = self.kv.manager
+        return m.num_blocks - m.num_free_blocks()
+
+    def status(self) -> dict:
+        """Queue lengths and KV blocks in use (what ``/metrics`` exports)."""
+        s = self.scheduler
+        return {"running": len(s.running), "waiting": len(s.waiting), "swapped": len(s.swapped),
+                "blocks_used": self.num_blocks_used(), "blocks_total": self.kv.manager.num_blocks,
+                "preemptions": dict(s.num_preemptions), **self.stats}
+
+
+class LLM:
+    """Offline generation in vLLM's style: ``LLM(model).generate(prompts, SamplingParams(...))``.
+
+    ``speculative_model`` (a ``Transformer``, a preset name or ``"ngram"``) with
+    ``num_speculative_tokens`` = k switches ``generate`` to speculative decoding (``speculative.py``):
+    each request runs ALONE (batch 1, contiguous caches), not in the paged continuous-batching
+    scheduler; temperature, max_tokens, seed, EOS and json_schema/regex/choice are honoured
+    (drafted tokens are masked by the grammar too); top_k/top_p, stop strings, logprobs and n > 1 are
+    not (ValueError). ``spec_stats``: one ``SpecStats`` per request (α, tokens per forward)."""
+
+    def __init__(self, model, *, tokenizer=None, block_size: int = 16, num_blocks: int | None = None,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 512, enable_prefix_caching: bool = True,
+                 enable_chunked_prefill: bool = True, seed: int = 0, speculative_model=None,
+                 num_speculative_tokens: int = 4, **engine_options):
+        self.engine = LLMEngine(model, tokenizer, block_size=block_size, num_blocks=num_blocks,
+                                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                enable_prefix_caching=enable_prefix_caching,
+                                enable_chunked_prefill=enable_chunked_prefill, seed=seed, **engine_options)
+        self._next = itertools.count()
+        self.seed, self.spec_stats = seed, []
+        self.speculative_model, self.num_speculative_tokens = None, num_speculative_tokens
+        if speculative_model is not None:
+            k = num_speculative_tokens
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise ValueError(f"num_speculative_tokens={k!r} is out of range: allowed an int >= 1")
+            draft = "ngram" if speculative_model == "ngram" else resolve_model(speculative_model, seed + 1).eval()
+            if draft != "ngram" and draft.cfg.vocab_size != self.engine.model.cfg.vocab_size:
+                raise ValueError(f"speculative_model vocab_size={draft.cfg.vocab_size} differs from the target's "
+                                 f"{self.engine.model.cfg.vocab_size}")
+            self.speculative_model = draft
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def load_weights(self, state_dict) -> None:
+        self.engine.load_weights(state_dict)
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """One ``RequestOutput`` per prompt, in order.
+
+        ``prompts``: a string, a list of token ids, or a list of those."""
+        single = isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
+                                              and isinstance(prompts[0], int))
+        prompts = [prompts] if single else list(prompts)
+        params = sampling_params if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"sampling_params has {len(params)} entries for {len(prompts)} prompts")
+        if self.speculative_model is not None:
+            return self._generate_speculative(prompts, params)
+        ids = []
+        for prompt, p in zip(prompts, params):
+            ids.append(str(next(self._next)))
+            self.engine.add_request(ids[-1], prompt, p)
+        done: dict[str, RequestOutput] = {}
+        from tqdm.auto import tqdm
+
+        with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.finished:
+                        done[out.request_id] = out
+                        bar.update(1)
+        return [done[i] for i in ids]
+
+
+    def _generate_speculative(self, prompts, params) -> list[RequestOutput]:
+        from .speculative import speculative_generate
+
+        eng, outs = self.engine, []
+        checked = []
+        for prompt, p in zip(prompts, params):  # every request is validated before any runs
+            p = p or SamplingParams()
+            for name, ok in (("top_k", p.top_k == -1), ("top_p", p.top_p == 1.0), ("stop", not p.stop),
+                             ("stop_token_ids", not p.stop_token_ids), ("logprobs", p.logprobs is None),
+                             ("n", p.n == 1)):
+                if not ok:
+                    raise ValueError(f"{name}={getattr(p, name)!r} is not supported with speculative decoding here")
+            ids = eng.encode(prompt)
+            if not ids:
+                raise ValueError("prompt is empty: a request needs at least one token")
+            grammar = eng._grammar(p, ids) if p.structured else None
+            checked.append((prompt, p, ids, grammar))
+        for prompt, p, ids, grammar in checked:
+            eos = None if p.ignore_eos or not eng.eos_token_ids else min(eng.eos_token_ids)
+            toks, stats = speculative_generate(
+                eng.model, ids, draft=self.speculative_model, k=self.num_speculative_tokens,
+                max_new_tokens=p.max_tokens, temperature=p.temperature, seed=self.seed if p.seed is None else p.seed,
+                eos_id=eos, allowed=None if grammar is None else grammar.walker(p.max_tokens))
+            self.spec_stats.append(stats)
+            stop = bool(toks) and toks[-1] == eos
+            text_ids = toks[:-1] if stop and toks[-1] == eos else toks
+            text = eng.decode(text_ids) if eng.tokenizer is not None else ""
+            out = CompletionOutput(0, text, list(toks), None, None, "stop" if stop else "length")
+            outs.append(RequestOutput(str(next(self._next)), prompt if isinstance(prompt, str) else None, ids, [out],
+                                      True))
+        return outs
+
+
+# ---- resolving models and tokenizers -----------------------------------------------------------
+def resolve_model(model, seed: int = 0):
+    """A package ``Transformer`` from a preset name, a ``ModelConfig``, a ``Transformer`` or a transformers model."""
+    from ..config import ModelConfig, load_model_preset
+    from ..models import Transformer
+
+    if isinstance(model, str):
+        model = load_model_preset(model)
+    if isinstance(model, ModelConfig):
+        torch.manual_seed(seed)
+        return Transformer(model)
+    if isinstance(model, Transformer):
+        return model
+    if _is_hf(model):
+        from ..models import from_hf
+
+        return from_hf(model)
+    raise TypeError(f"model={type(model).__name__}: expected a preset name, a ModelConfig, a Transformer "
+                    "or a transformers causal LM")
+
+
+def _is_hf(model) -> bool:
+    return hasattr(model, "config") and hasattr(model, "generate") and not hasattr(model, "cfg")
+
+
+def resolve_tokenizer(tokenizer, model, hf: bool = False):
+    if isinstance(tokenizer, str):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(tokenizer)
+    if tokenizer is not None:
+        return tokenizer
+    if hf:
+        return None  # a converted transformers model: token ids only unless its tokenizer is passed
+    return ByteTokenizer(model.cfg.vocab_size) if model.cfg.vocab_size >= 256 else None
+
+
+__all__ = ["LLM", "PHASES", "LLMEngine", "SequenceStatus", "resolve_model", "resolve_tokenizer"]

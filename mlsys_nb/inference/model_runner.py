@@ -1,0 +1,228 @@
+"""The model runner: one engine step's batch -> one forward pass over paged K/V -> next-token logits.
+
+Continuous batching mixes, in ONE forward, decodes (one new token each) with prefill chunks (many
+tokens of one prompt). Rows of different lengths are *packed*: the batch is a single row of
+``T = sum(new tokens)`` tokens with explicit positions, as vLLM and nano-vllm do (no padding). The
+object passed to the model as ``cache`` is a ``StepBatch``; every attention layer calls
+``cache.attend(layer_idx, q, k, v)`` (q/k/v after RoPE, ``[1, heads, T, head_dim]``), which
+
+1. writes the new K/V into their slots (``slot = block_table[pos // block_size] * block_size +
+   pos % block_size``) in the ``PagedKVCache`` tensors, then
+2. attends each query over its own sequence's blocks with ``paged_attention``: one-token rows
+   (decodes) sorted by context length in batched calls of ``DECODE_GROUP`` rows (a batched call
+   gathers every row's blocks padded to the longest row: on CPU that copy is the step's largest
+   cost), each prefill chunk in its own call.
+
+Storage and bookkeeping are ``paged.PagedKVCache``'s (its ``k``/``v`` pools, its ``BlockManager``,
+``append_tokens`` with copy-on-write); its own ``plan``/``begin`` path pads every row to the longest
+(a 256-token prefill chunk would pad 15 decodes to 256 tokens each), so the engine packs instead.
+
+Logits are taken only at each sequence's last new token, and only for sequences whose prompt is
+complete after this step (a middle prefill chunk samples nothing).
+
+``SwapPool``: a CPU pool of blocks for preemption by swapping (a preempted sequence's K/V are copied
+out and copied back on resume, instead of being recomputed).
+
+``CUDAGraphRunner`` (CUDA only, guarded by ``torch.cuda.is_available()``): decode steps replay one
+captured CUDA graph per batch-size bucket; a batch is padded up to its bucket by repeating its first
+row (the repeated row writes the same K/V value into the same slot, so padding changes nothing).
+On CPU the launch overhead it removes is what ``LLMEngine.step_times`` measures as CPU time.
+"""
+from __future__ import annotations
+
+import torch
+
+from .paged import PagedKVCache, paged_attention
+from .sequence import Sequence
+
+
+DECODE_GROUP = 4  # decode rows per attention call (sorted by length, so little padding is gathered)
+
+
+class StepBatch:
+    """One step's packed batch: what the model reads through ``cache=`` (see the module docstring).
+
+    ``scheduled``: ``[(sequence, num_new_tokens)]`` in the scheduler's order."""
+
+    def __init__(self, kv: PagedKVCache, scheduled: list[tuple[Sequence, int]]):
+        self.kv = kv
+        bs = kv.block_size
+        # decodes (one new token) first, then prefill chunks: the decodes share one attention call
+        order = sorted(range(len(scheduled)),  # decodes by context length: groups of similar lengths
+                       key=lambda i: (scheduled[i][1] != 1, scheduled[i][0].num_computed_tokens))
+        self.seqs = [scheduled[i][0] for i in order]
+        tokens, positions, slots, self.prefills, dec_tables, dec_lens = [], [], [], [], [], []
+        self.sample_rows, self.sample_seqs = [], []
+        for seq, n in (scheduled[i] for i in order):
+            start = seq.num_computed_tokens
+            table = kv.manager.seqs[seq.seq_id].table
+            pos = range(start, start + n)
+            off = len(tokens)
+            tokens += seq.token_ids[start:start + n]
+            positions += pos
+            slots += [table[p // bs] * bs + p % bs for p in pos]
+            if n == 1:
+                dec_tables.append(table)
+                dec_lens.append(start + 1)
+            else:
+                self.prefills.append((off, n, torch.tensor(table), torch.tensor([start + n])))
+            if start + n == seq.num_tokens:  # this row ends the known tokens: sample the next one
+                self.sample_rows.append(len(tokens) - 1)
+                self.sample_seqs.append(seq)
+        self.num_decodes = len(dec_tables)
+        dev = kv.k.device
+        self.tokens = torch.tensor([tokens], device=dev)
+        self.positions = torch.tensor([positions], device=dev)
+        self.slots = torch.tensor(slots, device=dev)
+        if dec_tables:
+            width = max(map(len, dec_tables))
+            self.dec_tables = torch.tensor([t + [0] * (width - len(t)) for t in dec_tables], device=dev)
+            self.dec_lens = torch.tensor(dec_lens, device=dev)
+            # one attention call per group of DECODE_GROUP rows, each padded only to its own longest table
+            self.dec_groups = []
+            for lo in range(0, len(dec_tables), DECODE_GROUP):
+                group = dec_tables[lo:lo + DECODE_GROUP]
+                w = max(map(len, group))
+                self.dec_groups.append((lo, lo + len(group), self.dec_tables[lo:lo + len(group), :w],
+                                        self.dec_lens[lo:lo + len(group)]))
+        self.scheduled = [(s, n) for s, n in (scheduled[i] for i in order)]
+
+    def begin(self, b: int, s: int) -> torch.Tensor:
+        """The model's cache protocol: positions of the new tokens ([1, T], packed)."""
+        return self.positions
+
+    def commit(self) -> None:
+        """The model's cache protocol: nothing to do (the scheduler advances ``num_computed_tokens``)."""
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        kc, vc = self.kv.k[layer_idx], self.kv.v[layer_idx]  # [num_blocks, block_size, n_kv, d]
+        n_kv, d = kc.shape[2], kc.shape[3]
+        kc.view(-1, n_kv, d).index_copy_(0, self.slots, k[0].transpose(0, 1).to(kc.dtype))  # [T, n_kv, d]
+        vc.view(-1, n_kv, d).index_copy_(0, self.slots, v[0].transpose(0, 1).to(vc.dtype))
+        outs, D = [], self.num_decodes
+        for lo, hi, tables, lens in self.dec_groups if D else ():
+            qd = q[0, :, lo:hi].transpose(0, 1).unsqueeze(2)  # [rows, heads, 1, d]
+            out = paged_attention(qd, kc, vc, tables, lens)
+            outs.append(out.squeeze(2).transpose(0, 1))  # [heads, rows, d]
+        for off, n, table, ctx in self.prefills:
+            outs.append(paged_attention(q[:, :, off:off + n], kc, vc, table[None].to(q.device), ctx.to(q.device))[0])
+        return torch.cat(outs, dim=1)[None].to(q.dtype)
+
+
+class SwapPool:
+    """CPU blocks for preemption by swap: ``swap_out`` copies a sequence's blocks here, ``swap_in`` back."""
+
+    def __init__(self, kv: PagedKVCache, num_blocks: int):
+        shape = (kv.k.shape[0], num_blocks) + tuple(kv.k.shape[2:])
+        self.k = torch.zeros(shape, dtype=kv.k.dtype, device="cpu")
+        self.v = torch.zeros(shape, dtype=kv.v.dtype, device="cpu")
+        self.free = list(range(num_blocks))
+        self.held: dict[int, list[int]] = {}  # seq_id -> CPU block ids, in logical order
+
+    def can_hold(self, n_blocks: int) -> bool:
+        return n_blocks <= len(self.free)
+
+    def swap_out(self, seq_id: int, kv: PagedKVCache, gpu_blocks: list[int]) -> None:
+        cpu = [self.free.pop() for _ in gpu_blocks]
+        idx = torch.tensor(gpu_blocks)
+        self.k[:, cpu] = kv.k[:, idx].cpu()
+        self.v[:, cpu] = kv.v[:, idx].cpu()
+        self.held[seq_id] = cpu
+
+    def swap_in(self, seq_id: int, kv: PagedKVCache, gpu_blocks: list[int], first: int = 0) -> None:
+        """Copy blocks ``first..`` of ``seq_id`` back into ``gpu_blocks`` (earlier ones came from the prefix cache)."""
+        cpu = self.held.pop(seq_id)
+        if gpu_blocks[first:]:
+            src, dst = torch.tensor(cpu[first:]), torch.tensor(gpu_blocks[first:], device=kv.k.device)
+            kv.k[:, dst] = self.k[:, src].to(kv.k.device)
+            kv.v[:, dst] = self.v[:, src].to(kv.v.device)
+        self.free += cpu
+
+    def drop(self, seq_id: int) -> None:
+        self.free += self.held.pop(seq_id, [])
+
+
+class ModelRunner:
+    """Owns the model and the paged K/V; ``run(scheduled)`` -> (logits of the sampled rows, batch)."""
+
+    def __init__(self, model, kv: PagedKVCache):
+        self.model, self.kv = model, kv
+        self.graphs = None
+
+    @torch.inference_mode()
+    def run(self, scheduled: list[tuple[Sequence, int]], timer=None) -> tuple[torch.Tensor, StepBatch]:
+        batch = StepBatch(self.kv, scheduled)  # "prepare": block tables, slots, positions
+        if timer:
+            timer("prepare")
+        if self.graphs is not None and not batch.prefills and self.graphs.fits(batch):
+            logits = self.graphs.run(batch)
+        else:
+            logits = self.model(batch.tokens, positions=batch.positions, cache=batch)[0, batch.sample_rows]
+        if timer:
+            timer("model")
+        return logits.float(), batch
+
+    def capture_cuda_graphs(self, buckets=(1, 2, 4, 8, 16, 32, 64), max_blocks_per_seq=None) -> None:
+        """Capture one decode graph per batch bucket (CUDA only)."""
+        if not torch.cuda.is_available() or self.kv.k.device.type != "cuda":
+            raise RuntimeError("CUDA graphs need torch.cuda.is_available() and the model and cache on a CUDA device")
+        self.graphs = CUDAGraphRunner(self, buckets, max_blocks_per_seq)
+
+
+class CUDAGraphRunner:
+    """Decode-only CUDA graphs, one per batch bucket, over static input buffers (CUDA only).
+
+    A graph replays fixed kernels on fixed addresses, so every input lives in a static tensor that is
+    overwritten before ``replay()``: tokens, positions, slots, block tables padded to
+    ``max_blocks_per_seq`` columns, context lengths. Capture runs a warm-up pass on a side stream
+    first (as PyTorch's ``torch.cuda.graphs`` documentation requires)."""
+
+    def __init__(self, runner: ModelRunner, buckets, max_blocks_per_seq=None):
+        kv, dev = runner.kv, runner.kv.k.device
+        self.buckets = sorted(buckets)
+        self.width = max_blocks_per_seq or kv.manager.blocks_needed(kv.manager.max_seq_len)
+        self.graphs, self.io = {}, {}
+        for b in self.buckets:
+            io = _StaticDecode(kv, b, self.width, dev)
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s), torch.inference_mode():
+                runner.model(io.tokens, positions=io.positions, cache=io)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g), torch.inference_mode():
+                io.logits = runner.model(io.tokens, positions=io.positions, cache=io)[0]
+            self.graphs[b], self.io[b] = g, io
+
+    def fits(self, batch: StepBatch) -> bool:
+        return batch.num_decodes <= self.buckets[-1] and batch.dec_tables.shape[1] <= self.width
+
+    def run(self, batch: StepBatch) -> torch.Tensor:
+        b = next(x for x in self.buckets if x >= batch.num_decodes)
+        self.io[b].load(batch)
+        self.graphs[b].replay()
+        return self.io[b].logits[:batch.num_decodes][batch.sample_rows]
+
+
+class _StaticDecode(StepBatch):
+    """A decode batch of ``b`` rows in static buffers (for graph capture): attend = StepBatch's decode path."""
+
+    def __init__(self, kv, b, width, dev):
+        self.kv, self.num_decodes, self.prefills = kv, b, []
+        self.tokens = torch.zeros(1, b, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(1, b, dtype=torch.long, device=dev)
+        self.slots = torch.zeros(b, dtype=torch.long, device=dev)
+        self.dec_tables = torch.zeros(b, width, dtype=torch.long, device=dev)
+        self.dec_lens = torch.ones(b, dtype=torch.long, device=dev)
+        self.dec_groups = [(0, b, self.dec_tables, self.dec_lens)]  # one group: fixed shapes for the graph
+
+    def load(self, batch: StepBatch) -> None:
+        """Copy a decode batch of n <= b rows into the static buffers; rows n..b-1 repeat row 0."""
+        n, b = batch.num_decodes, self.num_decodes
+        rows = list(range(n)) + [0] * (b - n)
+        self.tokens[0] = batch.tokens[0][rows]
+        self.positions[0] = batch.positions[0][rows]
+        self.slots.copy_(batch.slots[rows])
+        self.dec_tables.zero_()
+        self.dec_tables[:, :batch.dec_tables.shape[1]] = batch.dec_tables[rows]
+        self.dec_lens.copy_(batch.dec_lens[rows])

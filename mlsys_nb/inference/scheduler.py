@@ -1,0 +1,186 @@
+"""The scheduler: which sequences run in the next step, and how many new tokens each feeds the model.
+
+Queues: ``waiting`` (new, or preempted by recompute), ``running`` (hold KV blocks), ``swapped``
+(preempted by swap: K/V in the CPU pool). Every step has a token budget,
+``max_num_batched_tokens`` (the new tokens of one forward pass), and at most ``max_num_seqs``
+sequences run. ``schedule()``:
+
+1. **running** sequences, oldest first: a decode costs 1 token of budget; a prompt still being
+   prefilled costs its remaining tokens, cut to the budget left (*chunked prefill*, Agrawal et al.,
+   2024, arXiv:2403.02310, Sarathi-Serve) so long prompts do not stall the decodes batched with them.
+   A decode needs a slot for its token; when no block is free the *youngest* running sequence is
+   *preempted* (vLLM's policy, Kwon et al., 2023, arXiv:2309.06180, §4.5): by **recompute** (drop its
+   blocks, requeue it at the front of ``waiting``; it later re-prefills prompt + generated tokens), or
+   by **swap** (copy its blocks to the CPU pool, resume later by copying them back).
+2. **swapped** sequences come back first when blocks allow; then
+3. **waiting** sequences are admitted while sequences, blocks and budget allow (*continuous
+   batching*, Yu et al., 2022, Orca, OSDI: requests join and leave at every step). Their prompt's full
+   blocks found in the prefix cache are not recomputed. With ``continuous_batching=False`` (static
+   batching, the baseline) a new batch is admitted only when the previous one has finished.
+
+After the forward pass ``update(scheduled)`` advances ``num_computed_tokens`` and marks the blocks
+now holding computed K/V; only marked blocks count as prefix-cache hits (a block registered by a
+prompt whose chunked prefill has not reached it yet holds no K/V).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from .model_runner import SwapPool
+from .paged import NO_HASH, OutOfBlocksError, PagedKVCache
+from .sequence import Sequence, SequenceStatus
+
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+class Scheduler:
+    def __init__(self, kv: PagedKVCache, *, max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
+                 enable_chunked_prefill: bool = True, continuous_batching: bool = True,
+                 preemption_mode: str = "recompute", swap_pool: SwapPool | None = None):
+        if preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode={preemption_mode!r}: allowed {PREEMPTION_MODES}")
+        if preemption_mode == "swap" and swap_pool is None:
+            raise ValueError("preemption_mode='swap' needs a swap_pool (a CPU pool of blocks)")
+        self.kv, self.manager = kv, kv.manager
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.chunked, self.continuous = enable_chunked_prefill, continuous_batching
+        self.preemption_mode, self.swap_pool = preemption_mode, swap_pool
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.swapped: deque[Sequence] = deque()
+        self.ready_hash = [NO_HASH] * self.manager.num_blocks  # block -> key of the K/V it holds
+        self.num_preemptions = {"recompute": 0, "swap": 0}
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    # ---- one step ------------------------------------------------------------------------------
+    def schedule(self) -> list[tuple[Sequence, int]]:
+        """``[(sequence, new tokens)]`` for the next forward pass (see the module docstring)."""
+        budget, out, preempted = self.max_num_batched_tokens, [], False
+        queue, kept = list(self.running), []
+        while queue:  # 1. running sequences, oldest first
+            seq = queue.pop(0)
+            n = min(seq.num_uncomputed, budget) if self.chunked else seq.num_uncomputed
+            if n == 0 or n > budget:
+                kept.append(seq)  # no budget left this step: it keeps its blocks and waits
+                continue
+            while not self._reserve(seq):  # no free slot for its token: preempt the youngest
+                victim = queue.pop() if queue else seq
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                out.append((seq, n))
+                budget -= n
+                kept.append(seq)
+        self.running = kept
+        while self.swapped and not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.swapped[0]  # 2. swapped sequences come back when their blocks fit
+            if not self._swap_in(seq) or not self._reserve(seq):
+                break
+            self.swapped.popleft()
+            self.running.append(seq)
+            n = min(seq.num_uncomputed, budget)
+            out.append((seq, n))
+            budget -= n
+        admit = self.continuous or not self.running  # static batching: only when the batch is done
+        while admit and self.waiting and not preempted and not self.swapped and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]  # 3. admit new (or recomputing) sequences
+            if self.continuous and budget == 0:
+                break
+            if not self.chunked and seq.num_tokens > budget and self.continuous:
+                break
+            if not self._allocate(seq):
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            n = min(seq.num_uncomputed, budget) if self.chunked else seq.num_uncomputed * (seq.num_uncomputed <= budget)
+            if n:
+                out.append((seq, n))
+                budget -= n
+        return out
+
+    def update(self, scheduled: list[tuple[Sequence, int]]) -> None:
+        """After the forward pass: the new tokens' K/V are cached; mark the blocks they completed."""
+        bs = self.manager.block_size
+        for seq, n in scheduled:
+            before = seq.num_computed_tokens
+            seq.num_computed_tokens += n
+            table = self.manager.seqs[seq.seq_id].table
+            for i in range(before // bs, seq.num_computed_tokens // bs):
+                self.ready_hash[table[i]] = self.manager.hash_of[table[i]]
+
+    def finish(self, seq: Sequence) -> None:
+        """Release a finished or aborted sequence's blocks (they stay in the prefix cache until reused)."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.manager.free_seq(seq.seq_id)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq in self.swapped:
+            self.swapped.remove(seq)
+            self.swap_pool.drop(seq.seq_id)
+        seq.status = SequenceStatus.FINISHED
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def _allocate(self, seq: Sequence) -> bool:
+        try:
+            cached = self.manager.allocate(seq.seq_id, seq.token_ids)
+        except OutOfBlocksError:
+            return False
+        seq.num_computed_tokens = self._ready_blocks(seq, cached) * self.manager.block_size
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens = seq.num_computed_tokens
+        seq.status = SequenceStatus.RUNNING
+        return True
+
+    def _ready_blocks(self, seq: Sequence, cached: int) -> int:
+        """Leading prefix-cache hits whose K/V were really computed (not just registered)."""
+        table, ready = self.manager.seqs[seq.seq_id].table, 0
+        while ready < cached // self.manager.block_size and \
+                self.ready_hash[table[ready]] == self.manager.hash_of[table[ready]] != NO_HASH:
+            ready += 1
+        return ready
+
+    def _reserve(self, seq: Sequence) -> bool:
+        """Slots for every token of ``seq`` the block manager does not hold yet (a decode's last token)."""
+        have = self.manager.num_tokens(seq.seq_id)
+        try:
+            for t in seq.token_ids[have:]:
+                self.kv.append_tokens({seq.seq_id: t})
+        except OutOfBlocksError:
+            return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        seq.num_preemptions += 1
+        sid, pool = seq.seq_id, self.swap_pool
+        self.running.remove(seq) if seq in self.running else None
+        n_blocks = self.manager.blocks_needed(seq.num_computed_tokens)
+        if self.preemption_mode == "swap" and n_blocks and pool.can_hold(n_blocks):
+            pool.swap_out(sid, self.kv, self.manager.block_table(sid)[:n_blocks])
+            self.manager.free_seq(sid)
+            seq.status = SequenceStatus.SWAPPED
+            self.swapped.append(seq)
+            self.num_preemptions["swap"] += 1
+        else:  # recompute (also the fallback when the CPU pool is full)
+            self.manager.free_seq(sid)
+            seq.num_computed_tokens = 0
+            seq.status = SequenceStatus.WAITING
+            self.waiting.appendleft(seq)
+            self.num_preemptions["recompute"] += 1
+
+    def _swap_in(self, seq: Sequence) -> bool:
+        n = seq.num_computed_tokens
+        if self.manager.blocks_needed(seq.num_tokens) > self.manager.num_free_blocks():
+            return False  # room for its cached tokens and for the ones it feeds next
+        cached = self.manager.allocate(seq.seq_id, seq.token_ids[:n])  # prefix-cache hits need no copy
+        table = self.manager.seqs[seq.seq_id].table
+        self.swap_pool.swap_in(seq.seq_id, self.kv, table, first=self._ready_blocks(seq, cached))
+        seq.status = SequenceStatus.RUNNING
+        return True

@@ -1,0 +1,639 @@
+"""A 5D-parallelism planner: search dp x tp x pp x cp x ep (+ ZeRO stage, recomputation,
+micro-batch, pipeline schedule) for a model on a cluster, rank the layouts by a *modelled* step time.
+
+``search(model, gpus=, gpu=, global_batch_tokens=, seq_len=)`` returns a pandas DataFrame of the
+configurations that fit in memory, best (shortest modelled step) first; ``evaluate(model, layout,
+...)`` returns one ``Plan`` with its memory ``Breakdown`` and its time breakdown (``Plan.to_frame()``).
+
+Everything here is a model (no GPU is touched), built only from the package's calculators:
+
+- **memory**: ``mlsys_nb.memory.estimate`` on the heaviest pipeline stage (stages get ⌊L/pp⌋ or
+  ⌈L/pp⌉ layers, ``memory.stage_layers``), plus ``overhead_bytes`` per GPU (CUDA context, NCCL
+  buffers, allocator fragmentation; an assumption, default 4 GB). A cheap closed-form lower bound
+  (model states only) prunes layouts before the full estimate is called.
+- **compute**: matmul FLOPs of the heaviest stage from ``mlsys_nb.flops`` (causal attention; full
+  recomputation re-runs the stage's forward, selective the attention scores), divided by
+  ``peak(dtype) x compute_efficiency`` (default 1.0: the modelled MFU is an upper bound).
+- **communication**: α-β costs (``mlsys_nb.comm.collective_time``) on the link each group uses.
+  Ranks are ordered tp (fastest), cp, ep, rest of dp, pp (Megatron-LM's order): a group whose span
+  fits in ``gpus_per_node`` uses the GPU's NVLink, otherwise the network (``network``, one NIC per
+  GPU). TP with sequence parallelism: 4 all-gathers + 4 reduce-scatters of the activations per
+  layer per micro-batch (forward + backward; + 4 with full recomputation), not overlapped. CP:
+  all-gather of K and V per layer (reduce-scatter of their gradients in backward), as Llama 3 does,
+  not overlapped. EP: dispatch + combine all-to-all per MoE layer, forward and backward, of
+  ``ep_copies`` token copies (default top_k) at ``ep_bytes`` bytes per element (default 2); the
+  ``dualpipe`` schedule hides it behind the other micro-batch's compute (DeepSeek-AI 2024,
+  arXiv:2412.19437, §3.2.1), other schedules expose it. PP: one activation send per stage boundary
+  per micro-batch and direction. DP: gradient all-reduce (ZeRO-1/2: reduce-scatter + all-gather, the
+  same bytes) over dp x cp (experts over dp x cp / ep) once per step, a fraction ``dp_overlap``
+  (default 0.8) hidden behind backward compute; ZeRO-3 also all-gathers parameters in forward and
+  backward of every micro-batch (same overlap).
+- **pipeline bubble**: ``mlsys_nb.pipeline.closed_form`` (1F1B ``(p-1)/m``, interleaved
+  ``(p-1)/(v m)``, ZB-H1, DualPipe) with backward = 2 x forward (+ recompute).
+
+Not modelled: kernel efficiency below peak (``compute_efficiency``), network congestion and
+stragglers, optimizer step time, load imbalance between experts, overlap of TP/CP communication.
+Published layouts reproduced in ``tests/test_planner.py``: Llama 3 405B on 16,384 H100 and
+DeepSeek-V3 on 2,048 H800.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from . import flops as _flops
+from . import hardware, memory
+from .comm import collective_time
+from .config import ModelConfig, TrainConfig
+
+__all__ = ["Layout", "Plan", "search", "evaluate", "rank_of", "clear_caches", "COLUMNS", "SCHEDULES", "DEFAULTS"]
+
+COLUMNS = ["dp", "tp", "pp", "cp", "ep", "zero", "recompute", "micro_batch", "schedule", "v",
+           "memory_bytes", "step_s", "mfu", "bottleneck"]
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipe")
+# the assumptions every number depends on (each is a keyword of search/evaluate)
+DEFAULTS = dict(gpus_per_node=8, network="infiniband-ndr", nvlink=None, precision="bf16-mixed", dtype="bf16",
+                compute_efficiency=1.0, dp_overlap=0.8, overhead_bytes=4e9, ep_copies=None, ep_bytes=2.0)
+_ACT_BYTES = 2  # bf16 activations on the wire
+_MEM_SCHEDULE = {"none": "1f1b"}  # planner name -> mlsys_nb.memory name (pp = 1: no schedule)
+
+
+def _pos_int(name, value, lo=1):
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ValueError(f"{name}={value!r} is out of range: allowed an int >= {lo}")
+    return value
+
+
+def _degrees(name, value, default):
+    """None -> the default candidates; an int -> just it; an iterable -> those values."""
+    if value is None:
+        return list(default)
+    vals = [value] if isinstance(value, int) and not isinstance(value, bool) else list(value)
+    for v in vals:
+        _pos_int(name, v)
+    return sorted(set(vals))
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One parallel configuration: degrees (``dp`` counts data-parallel replicas; ``ep`` is carved out
+    of dp x cp), ZeRO stage, recomputation, sequences per micro-batch, pipeline schedule and chunks
+    per rank ``v`` (``schedule="none"`` when pp = 1)."""
+
+    dp: int
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero: int = 1
+    recompute: str = "none"
+    micro_batch: int = 1
+    schedule: str = "1f1b"
+    v: int = 1
+
+    def __post_init__(self):  # accept numpy scalars (a DataFrame row) as plain Python values
+        for name in self.__dataclass_fields__:
+            v = getattr(self, name)
+            if hasattr(v, "item") and not isinstance(v, (int, str)):
+                object.__setattr__(self, name, v.item())
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+
+@dataclass
+class Plan:
+    """A layout's modelled cost: ``memory`` (``mlsys_nb.memory.Breakdown`` of the heaviest stage,
+    ``memory_bytes`` incl. overhead), ``time`` (seconds per step by component, summing to
+    ``step_s``), ``mfu`` (model FLOPs / (GPUs x peak x step)), ``bottleneck`` (a sentence)."""
+
+    layout: Layout
+    microbatches: int
+    memory_bytes: float
+    gpu_memory_bytes: float
+    step_s: float
+    mfu: float
+    bottleneck: str
+    time: dict = field(default_factory=dict)
+    links: dict = field(default_factory=dict)
+    memory: object = None
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes <= self.gpu_memory_bytes
+
+    def to_frame(self):
+        """Time components (seconds and share of the step) of this plan."""
+        import pandas as pd
+
+        df = pd.DataFrame({"seconds": self.time}).rename_axis("component")
+        df["share"] = df["seconds"] / self.step_s
+        return df
+
+
+# ---- the cluster and the model as the cost model sees them -----------------------------------
+@dataclass(frozen=True)
+class _Ctx:
+    model: ModelConfig
+    gpus: int
+    gpu: str
+    global_batch_tokens: int
+    seq_len: int
+    gpus_per_node: int
+    network: str
+    nvlink: str
+    precision: str
+    dtype: str
+    compute_efficiency: float
+    dp_overlap: float
+    overhead_bytes: float
+    ep_copies: float | None = None
+    ep_bytes: float = 2.0
+    nv_ab: tuple = ()  # (alpha s, beta B/s) of the NVLink and of the network, resolved once
+    net_ab: tuple = ()
+    peak: float = 0.0  # FLOP/s per GPU at dtype
+    cap: float = 0.0  # GPU memory, bytes
+
+    @property
+    def sequences(self) -> int:
+        return self.global_batch_tokens // self.seq_len
+
+
+def _context(model, *, gpus, gpu, global_batch_tokens, seq_len, gpus_per_node=8, network="infiniband-ndr",
+             nvlink=None, precision="bf16-mixed", dtype="bf16", compute_efficiency=1.0, dp_overlap=0.8,
+             overhead_bytes=4e9, ep_copies=None, ep_bytes=2.0) -> _Ctx:
+    if isinstance(model, str):
+        model = memory.preset(model)
+    if not isinstance(model, ModelConfig):
+        raise TypeError(f"model must be a ModelConfig or a preset name, got {type(model).__name__}")
+    _pos_int("gpus", gpus)
+    _pos_int("gpus_per_node", gpus_per_node)
+    _pos_int("seq_len", seq_len)
+    _pos_int("global_batch_tokens", global_batch_tokens)
+    g = hardware.gpu(gpu)  # KeyError listing the GPUs
+    if global_batch_tokens % seq_len:
+        raise ValueError(f"global_batch_tokens={global_batch_tokens} must be a multiple of seq_len={seq_len} "
+                         "(whole sequences per step)")
+    nv = nvlink or g.nvlink
+    if nv is None:
+        raise ValueError(f"gpu={gpu!r} has no NVLink in data/hardware.yaml: pass nvlink= (a link name)")
+    hardware.link(nv)
+    hardware.link(network)
+    g.peak(dtype)
+    if not 0.0 < compute_efficiency <= 1.0:
+        raise ValueError(f"compute_efficiency={compute_efficiency}: allowed (0, 1]")
+    if not 0.0 <= dp_overlap <= 1.0:
+        raise ValueError(f"dp_overlap={dp_overlap}: allowed [0, 1]")
+    if overhead_bytes < 0:
+        raise ValueError(f"overhead_bytes={overhead_bytes}: allowed >= 0")
+    memory._bytes_per_param(precision, "adam", False, None)  # raises naming precision
+    if ep_copies is not None and not 0 < ep_copies:
+        raise ValueError(f"ep_copies={ep_copies}: allowed > 0 (token copies sent per MoE layer) or None (top_k)")
+    if not 0 < ep_bytes <= 4:
+        raise ValueError(f"ep_bytes={ep_bytes}: allowed (0, 4] bytes per element on the wire")
+    nvl, net = hardware.link(nv), hardware.link(network)
+    return _Ctx(model, gpus, gpu, global_batch_tokens, seq_len, gpus_per_node, network, nv, precision, dtype,
+                float(compute_efficiency), float(dp_overlap), float(overhead_bytes), ep_copies, float(ep_bytes),
+                (nvl.latency_s, nvl.per_direction_bytes_per_s), (net.latency_s, net.per_direction_bytes_per_s),
+                g.peak(dtype), g.memory_bytes)
+
+
+@lru_cache(maxsize=64)
+def _layer_flops(model: ModelConfig, seq_len: int) -> tuple[tuple[float, ...], float, float]:
+    """(forward FLOPs per token of each layer, of the LM head, of one layer's attention scores)."""
+    b = _flops.breakdown(model, seq_len, causal=True).forward
+    L = model.n_layers
+    attn = (b["qkv"] + b["attn_scores"] + b["attn_values"] + b["out_proj"]) / L
+    dense = _flops._mlp_forward(model, model.ffn_hidden)
+    if model.is_moe:
+        moe = (2.0 * model.hidden * model.n_experts
+               + (model.top_k + model.n_shared_experts) * _flops._mlp_forward(model, model.expert_ffn_hidden))
+        per = tuple(attn + (moe if i >= model.n_dense_layers else dense) for i in range(L))
+    else:
+        per = (attn + dense,) * L
+    return per, b["lm_head"], b["attn_scores"] / L
+
+
+@lru_cache(maxsize=4096)
+def _stage_compute(model: ModelConfig, seq_len: int, pp: int, dualpipe: bool) -> tuple[float, float, float, int, int]:
+    """Heaviest rank: (forward FLOPs per token, of which in layers, attention scores, its layers,
+    its MoE layers)."""
+    per, head, scores = _layer_flops(model, seq_len)
+    sizes = memory.stage_layers(model.n_layers, pp)
+    starts = [sum(sizes[:i]) for i in range(pp)]
+    best = None
+    for st in range(pp):
+        stages = [st, pp - 1 - st] if (dualpipe and pp > 1) else [st]
+        layers = [i for s in stages for i in range(starts[s], starts[s] + sizes[s])]
+        lay = sum(per[i] for i in layers) / len(stages)  # DualPipe: two half-loaded stages per rank
+        fwd = lay + (head / len(stages) if pp - 1 in stages else 0.0)
+        moe = sum(1 for i in layers if model.is_moe and i >= model.n_dense_layers) / len(stages)
+        cand = (fwd, lay, scores * len(layers) / len(stages), len(layers) / len(stages), moe)
+        if best is None or cand[0] > best[0]:
+            best = cand
+    return best
+
+
+def _link(ctx: _Ctx, stride: int, size: int) -> tuple[str, float, float]:
+    """(name, alpha s, beta B/s) of the link a group of ``size`` ranks at ``stride`` uses."""
+    if stride * size <= ctx.gpus_per_node:
+        return (ctx.nvlink, *ctx.nv_ab)
+    return (ctx.network, *ctx.net_ab)
+
+
+@lru_cache(maxsize=1 << 16)
+def _coll(op: str, nbytes: float, n: int, alpha: float, beta: float) -> float:
+    if n == 1 or nbytes == 0:
+        return 0.0
+    return collective_time(op, nbytes, n, alpha, beta, "pairwise" if op == "all_to_all" else "ring")
+
+
+@lru_cache(maxsize=4096)
+def _bubble_ratio(schedule: str, p: int, m: int, v: int, r: float) -> float | None:
+    """Idle / busy from the closed forms, backward = 2 x forward + r (recomputation)."""
+    from .pipeline import closed_form
+
+    if p == 1:
+        return 0.0
+    name = "gpipe" if schedule == "gpipe" else schedule
+    try:
+        if schedule in ("zb-h1", "dualpipe"):
+            cf = closed_form(name, p, m, v if schedule == "dualpipe" else None, F=1.0, B=1.0 + r, W=1.0)
+        else:
+            cf = closed_form(name, p, m, v if schedule == "interleaved-1f1b" else None, F=1.0, B=2.0 + r)
+    except Exception:  # noqa: BLE001 - the schedule does not accept (p, m, v)
+        return None
+    return cf["bubble_ratio"]
+
+
+@lru_cache(maxsize=8192)
+def _stage_states(model: ModelConfig, tp: int, pp: int, ep: int, dualpipe: bool) -> tuple[float, float]:
+    """(dense, expert) parameters per rank on the heaviest stage (for the closed-form memory bound
+    and the DP gradient volume)."""
+    t = TrainConfig(tp=tp, pp=pp, ep=ep, dp=ep, pp_schedule="dualpipe" if dualpipe else "1f1b")
+    best = (0.0, 0.0)
+    for st in range(pp):
+        d, e, _, _ = memory._stage_params(model, t, st)
+        if dualpipe and pp > 1:
+            d2, e2, _, _ = memory._stage_params(model, t, pp - 1 - st)
+            d, e = d + d2, e + e2
+        if d + e > sum(best):
+            best = (d, e)
+    return best
+
+
+def _states_bound(ctx: _Ctx, lay: Layout) -> float:
+    """Closed-form lower bound of the memory per GPU: model states of the heaviest stage + overhead."""
+    return _states_bytes(ctx.model, ctx.precision, lay.tp, lay.pp, lay.ep, lay.schedule == "dualpipe", lay.dp * lay.cp,
+                         lay.zero) + ctx.overhead_bytes
+
+
+@lru_cache(maxsize=1 << 14)
+def _states_bytes(model, precision, tp, pp, ep, dual, zg, zero) -> float:
+    d, e = _stage_states(model, tp, pp, ep, dual)
+    b = memory._bytes_per_param(precision, "adam", False, None)
+    eg = zg // ep
+    tot = 0.0
+    for key, zmin in (("param", 3), ("grad", 2), ("optimizer", 1), ("master", 1)):
+        tot += b[key] * (d / zg if (zero >= zmin and zg > 1) else d)
+        tot += b[key] * (e / eg if (zero >= zmin and eg > 1) else e)
+    return tot
+
+
+@lru_cache(maxsize=8192)
+def _act_layer(model: ModelConfig, seq_len: int, precision: str, tp: int, cp: int, mb: int, recompute: str) -> float:
+    """Smallest saved activations of one layer for one micro-batch (bytes, ``memory.layer_terms``)."""
+    t = TrainConfig(micro_batch=mb, seq_len=seq_len, precision=precision, recompute=recompute, tp=tp, sp=tp > 1,
+                    cp=cp)
+    kinds = {0, model.n_layers - 1}
+    return min(sum(b for _, b in memory.layer_terms(model, t, layer=i)) for i in kinds)
+
+
+@lru_cache(maxsize=4096)
+def _in_flight_last(schedule: str, pp: int, m: int, v: int) -> float:
+    t = TrainConfig(pp=pp, n_microbatches=m, pp_schedule=_MEM_SCHEDULE.get(schedule, schedule),
+                    virtual_stages=v if schedule == "interleaved-1f1b" else 1)
+    return memory._in_flight(t, pp - 1)
+
+
+@lru_cache(maxsize=1024)
+def _min_layers(n_layers: int, pp: int) -> int:
+    return min(memory.stage_layers(n_layers, pp))
+
+
+def _bound(ctx: _Ctx, lay: Layout, m: int) -> float:
+    """Closed-form lower bound of the heaviest stage's memory (bytes): the larger of the model
+    states of the heaviest stage and the saved activations of the last stage (fewest layers,
+    fewest in-flight micro-batches), each with ``overhead_bytes``."""
+    states = _states_bound(ctx, lay)
+    fl = _in_flight_last(lay.schedule, lay.pp, m, lay.v)
+    n_min = _min_layers(ctx.model.n_layers, lay.pp)
+    acts = _act_layer(ctx.model, ctx.seq_len, ctx.precision, lay.tp, lay.cp, lay.micro_batch, lay.recompute)
+    return max(states, acts * n_min * fl + ctx.overhead_bytes)
+
+
+def _train_config(ctx: _Ctx, lay: Layout, m: int) -> TrainConfig:
+    return TrainConfig(
+        micro_batch=lay.micro_batch, seq_len=ctx.seq_len, precision=ctx.precision, recompute=lay.recompute,
+        dp=lay.dp, tp=lay.tp, sp=lay.tp > 1, pp=lay.pp, pp_schedule=_MEM_SCHEDULE.get(lay.schedule, lay.schedule),
+        virtual_stages=lay.v if lay.schedule == "interleaved-1f1b" else 1, n_microbatches=m, cp=lay.cp,
+        ep=lay.ep, zero=lay.zero, flash_attention=True, kernels="fused", device="cuda", gpu=ctx.gpu,
+        overhead_bytes=ctx.overhead_bytes)
+
+
+def _time(ctx: _Ctx, lay: Layout) -> tuple[dict, int, dict] | None:
+    """Modelled seconds per step by component, micro-batches per pipeline, links; None if the
+    schedule does not accept (pp, m, v)."""
+    model = ctx.model
+    m = ctx.sequences // (lay.dp * lay.micro_batch)
+    dual = lay.schedule == "dualpipe"
+    fwd_tok, lay_tok, scores_tok, n_lay, n_moe = _stage_compute(model, ctx.seq_len, lay.pp, dual)
+    r = {"none": 0.0, "selective": scores_tok / fwd_tok, "full": lay_tok / fwd_tok}[lay.recompute]
+    ratio = _bubble_ratio(lay.schedule, lay.pp, m, lay.v, r)
+    if ratio is None:
+        return None
+    peak = ctx.peak * ctx.compute_efficiency
+    tokens = lay.micro_batch * ctx.seq_len  # one micro-batch, before CP
+    f = fwd_tok * tokens / (lay.tp * lay.cp) / peak  # forward of one micro-batch through the stage
+    compute = 3.0 * f
+    recompute = r * f
+    # links: rank order tp, cp, ep, dp/ep, pp
+    tp_l = _link(ctx, 1, lay.tp)
+    cp_l = _link(ctx, lay.tp, lay.cp)
+    ep_l = _link(ctx, lay.tp * lay.cp, lay.ep)
+    dp_l = _link(ctx, lay.tp, lay.cp * lay.dp)  # gradients reduced over dp x cp
+    pp_l = _link(ctx, lay.tp * lay.cp * lay.dp, lay.pp)
+    h = model.hidden
+    act = tokens / lay.cp * h * _ACT_BYTES  # one micro-batch's hidden states on this CP rank
+    n_rc = 3 if lay.recompute == "full" else 2  # forward passes with TP/CP traffic (fwd, bwd, re-fwd)
+    tp_t = n_lay * n_rc * 2 * (_coll("all_gather", act, lay.tp, *tp_l[1:]) + _coll("reduce_scatter", act, lay.tp,
+                                                                                    *tp_l[1:]))
+    kv_heads = model.n_heads if model.kv_lora_rank else model.n_kv_heads
+    kv = 2 * tokens * kv_heads * model.head_dim * _ACT_BYTES / min(lay.tp, kv_heads)
+    cp_t = n_lay * (n_rc - 1) * _coll("all_gather", kv, lay.cp, *cp_l[1:]) + n_lay * _coll(
+        "reduce_scatter", kv, lay.cp, *cp_l[1:])
+    copies = ctx.ep_copies if ctx.ep_copies is not None else (model.top_k or 1)
+    a2a = tokens / lay.cp / lay.tp * copies * h * ctx.ep_bytes  # one rank's send buffer
+    ep_raw = n_moe * 4 * _coll("all_to_all", a2a, lay.ep, *ep_l[1:]) if lay.ep > 1 else 0.0
+    ep_t = max(0.0, ep_raw - (compute + recompute)) if dual else ep_raw
+    p2p = (pp_l[1] + act / (lay.tp if lay.tp > 1 else 1) / pp_l[2]) if lay.pp > 1 else 0.0
+    pp_t = 2 * (lay.v if lay.schedule == "interleaved-1f1b" else 1) * p2p
+    d_par, e_par = _stage_states(model, lay.tp, lay.pp, lay.ep, dual)
+    gbytes = _ACT_BYTES  # bf16 gradients on the wire
+    zg = lay.dp * lay.cp
+    dp_grad = _coll("all_reduce", d_par * gbytes, zg, *dp_l[1:]) + _coll("all_reduce", e_par * gbytes,
+                                                                         zg // lay.ep, *dp_l[1:])
+    z3 = 0.0
+    if lay.zero >= 3:  # gather parameters in forward and backward of every micro-batch
+        z3 = 2 * m * (_coll("all_gather", d_par * 2, zg, *dp_l[1:]) + _coll("all_gather", e_par * 2, zg // lay.ep,
+                                                                           *dp_l[1:]))
+    per_mb = compute + recompute + tp_t + cp_t + ep_t + pp_t
+    busy = m * per_mb
+    bubble = busy * ratio
+    bwd_total = m * 2.0 * f
+    dp_comm = dp_grad + z3
+    hidden = min(ctx.dp_overlap * dp_comm, bwd_total)
+    dp_exposed = dp_comm - hidden
+    t = {"compute": m * compute, "recompute": m * recompute, "TP comm": m * tp_t, "CP comm": m * cp_t,
+         "EP comm": m * ep_t, "PP comm": m * pp_t, "bubble": bubble, "DP comm": dp_exposed}
+    links = {"tp": tp_l[0], "cp": cp_l[0], "ep": ep_l[0], "dp": dp_l[0], "pp": pp_l[0]}
+    return t, m, links
+
+
+def _bottleneck(t: dict, step: float, mem: float, cap: float) -> str:
+    loss = {k: v for k, v in t.items() if k != "compute"}
+    name, worst = max(loss.items(), key=lambda kv: kv[1])
+    parts = []
+    if mem > 0.9 * cap:
+        parts.append(f"memory ({mem / cap:.0%} of {cap / 1e9:.1f} GB)")
+    if worst > 0.0:
+        parts.append(f"{name} ({worst / step:.0%} of step)")
+    else:
+        parts.append("compute-bound (no overhead modelled)")
+    return "; ".join(parts)
+
+
+def _model_flops(ctx: _Ctx) -> float:
+    return _flops.flops_per_token(ctx.model, ctx.seq_len, causal=True) * ctx.global_batch_tokens
+
+
+def _plan(ctx: _Ctx, lay: Layout, tm=None, with_memory: bool = True) -> Plan | None:
+    tm = tm or _time(ctx, lay)
+    if tm is None:
+        return None
+    t, m, links = tm
+    step = sum(t.values())
+    mfu = _model_flops(ctx) / (ctx.gpus * ctx.peak * step)
+    br = memory.estimate(ctx.model, _train_config(ctx, lay, m)) if with_memory else None
+    mem = br.total if br is not None else float("nan")
+    return Plan(layout=lay, microbatches=m, memory_bytes=mem, gpu_memory_bytes=ctx.cap, step_s=step,
+                mfu=mfu, bottleneck=_bottleneck(t, step, mem, ctx.cap), time=t, links=links, memory=br)
+
+
+def _rules(ctx: _Ctx, lay: Layout) -> str | None:
+    """Why a layout is not allowed (None if it is): the planner's rules, then mlsys_nb.memory.check."""
+    m = ctx.model
+    if lay.gpus != ctx.gpus:
+        return f"dp x tp x pp x cp = {lay.gpus} must equal gpus={ctx.gpus}"
+    if lay.tp > ctx.gpus_per_node:
+        return f"tp={lay.tp} must be <= gpus_per_node={ctx.gpus_per_node} (TP stays on NVLink)"
+    if ctx.sequences % (lay.dp * lay.micro_batch):
+        return (f"dp x micro_batch = {lay.dp * lay.micro_batch} must divide the {ctx.sequences} sequences of a step "
+                f"(global_batch_tokens / seq_len)")
+    if lay.pp == 1 and (lay.schedule != "none" or lay.v != 1):
+        return "pp=1 has no pipeline schedule (schedule='none', v=1)"
+    if lay.pp > 1 and lay.schedule not in SCHEDULES:
+        return f"schedule={lay.schedule!r}: allowed {SCHEDULES}"
+    try:
+        memory.check(m, _train_config(ctx, lay, ctx.sequences // (lay.dp * lay.micro_batch)))
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def evaluate(model, layout: Layout | None = None, *, gpus: int, gpu: str, global_batch_tokens: int, seq_len: int,
+             **kw) -> Plan:
+    """The modelled cost of one layout (``Layout(...)`` or its fields as keywords: ``dp=``,
+    ``tp=``, ...). Raises ValueError naming the rule a layout breaks; see ``search`` for the
+    assumptions (keywords ``DEFAULTS``)."""
+    lay_kw = {k: kw.pop(k) for k in list(kw) if k in Layout.__dataclass_fields__}
+    ctx = _context(model, gpus=gpus, gpu=gpu, global_batch_tokens=global_batch_tokens, seq_len=seq_len, **kw)
+    if layout is None:
+        if "dp" not in lay_kw:
+            lay_kw["dp"] = ctx.gpus // (lay_kw.get("tp", 1) * lay_kw.get("pp", 1) * lay_kw.get("cp", 1)) or 1
+        if lay_kw.get("pp", 1) == 1:
+            lay_kw.setdefault("schedule", "none")
+        layout = Layout(**lay_kw)
+    why = _rules(ctx, layout)
+    if why:
+        raise ValueError(f"layout {layout} is not allowed: {why}")
+    plan = _plan(ctx, layout)
+    if plan is None:
+        raise ValueError(f"schedule={layout.schedule!r} does not accept pp={layout.pp}, "
+                         f"m={ctx.sequences // (layout.dp * layout.micro_batch)} micro-batches, v={layout.v}")
+    return plan
+
+
+def _candidates(ctx: _Ctx, tp, pp, cp, ep, zero, recompute, micro_batch, schedules, v) -> tuple[list, dict]:
+    """Layouts passing the rules, and a count of rejections by reason (for the error message)."""
+    m = ctx.model
+    rejected: dict[str, int] = {}
+    out = []
+    pow2 = [2 ** i for i in range(0, 12)]
+    tps = _degrees("tp", tp, [d for d in pow2 if d <= ctx.gpus_per_node])
+    pps = _degrees("pp", pp, [d for d in _divisors(ctx.gpus) if d <= m.n_layers])
+    cps = _degrees("cp", cp, [d for d in pow2 if d <= 32 and ctx.seq_len // d >= 1024])
+    eps = _degrees("ep", ep, [d for d in _divisors(m.n_experts)] if m.is_moe else [1])
+    mbs = _degrees("micro_batch", micro_batch, [1, 2, 4, 8])
+    vs = _degrees("v", v, [2, 4])
+    for name, vals, allowed in (("zero", zero, (0, 1, 2, 3)), ("recompute", recompute, ("none", "selective", "full")),
+                                ("schedules", schedules, SCHEDULES)):
+        bad = [x for x in vals if x not in allowed]
+        if bad:
+            raise ValueError(f"{name}={bad}: allowed {allowed}")
+    for t_, p_, c_ in itertools.product(tps, pps, cps):
+        if ctx.gpus % (t_ * p_ * c_):
+            continue
+        d_ = ctx.gpus // (t_ * p_ * c_)
+        for e_ in eps:
+            chunks = {"interleaved-1f1b": vs, "dualpipe": [2]}
+            scheds = [("none", 1)] if p_ == 1 else [(s, vv) for s in schedules for vv in chunks.get(s, [1])]
+            base = Layout(dp=d_, tp=t_, pp=p_, cp=c_, ep=e_, micro_batch=1, schedule=scheds[0][0], v=scheds[0][1])
+            why = _rules(ctx, base) if ctx.sequences % d_ == 0 else (
+                f"dp={d_} must divide the {ctx.sequences} sequences of a step")
+            if why and "sequences" not in why:
+                key = why.split(":")[0][:120]
+                rejected[key] = rejected.get(key, 0) + 1
+                continue
+            for mb, (s, vv) in itertools.product(mbs, scheds):
+                if ctx.sequences % (d_ * mb):
+                    key = "dp x micro_batch must divide the sequences per step"
+                    rejected[key] = rejected.get(key, 0) + 1
+                    continue
+                if s == "interleaved-1f1b" and p_ * vv > m.n_layers:
+                    continue
+                for z, r in itertools.product(zero, recompute):
+                    out.append(Layout(d_, t_, p_, c_, e_, z, r, mb, s, vv))
+    return out, rejected
+
+
+def search(model, *, gpus: int, gpu: str, global_batch_tokens: int, seq_len: int, gpus_per_node: int = 8,
+           tp=None, pp=None, cp=None, ep=None, zero=(0, 1, 2, 3), recompute=("none", "selective", "full"),
+           micro_batch=None, schedules=("1f1b", "interleaved-1f1b", "zb-h1", "dualpipe"), v=None,
+           top: int | None = 50, **assumptions):
+    """Layouts of ``model`` (a ``ModelConfig`` or preset name) on ``gpus`` GPUs of type ``gpu``
+    (``data/hardware.yaml``) that fit in memory, best first by modelled step time (seconds).
+
+    ``global_batch_tokens`` per optimizer step, ``seq_len`` tokens per sequence (``dp x micro_batch``
+    must divide the sequences per step; the rest is gradient accumulation / pipeline micro-batches).
+    ``tp``/``pp``/``cp``/``ep``/``micro_batch``/``v``: an int or candidates (default: tp powers of 2
+    up to ``gpus_per_node``, pp divisors of ``gpus`` up to the layer count, cp 1..32, ep divisors of
+    the expert count, micro-batch 1..8 sequences, v in 2, 4 for interleaved 1F1B). ``top``: keep the
+    best ``top`` feasible rows (None: all). ``assumptions``: ``DEFAULTS`` (network link, NVLink override,
+    precision, peak dtype, compute_efficiency, dp_overlap, overhead_bytes); see the module docstring.
+
+    Returns a DataFrame with ``COLUMNS`` (``memory_bytes`` of the heaviest stage incl. overhead,
+    ``step_s`` modelled seconds per step, ``mfu`` model FLOPs utilisation, ``bottleneck`` in words),
+    index 0..n-1; ``.attrs`` holds the assumptions and counts. Raises ValueError when nothing fits,
+    naming the layout with the smallest memory shortfall (or the rules that rejected everything)."""
+    import pandas as pd
+
+    unknown = set(assumptions) - set(DEFAULTS)
+    if unknown:
+        raise TypeError(f"unknown keyword(s) {sorted(unknown)}; allowed assumptions: {sorted(DEFAULTS)}")
+    ctx = _context(model, gpus=gpus, gpu=gpu, global_batch_tokens=global_batch_tokens, seq_len=seq_len,
+                   gpus_per_node=gpus_per_node, **assumptions)
+    if top is not None:
+        _pos_int("top", top)
+    zero = [zero] if isinstance(zero, int) else list(zero)
+    recompute = [recompute] if isinstance(recompute, str) else list(recompute)
+    schedules = [schedules] if isinstance(schedules, str) else list(schedules)
+    cands, rejected = _candidates(ctx, tp, pp, cp, ep, zero, recompute, micro_batch, schedules, v)
+    if not cands:
+        reasons = "; ".join(f"{k} ({n}x)" for k, n in sorted(rejected.items(), key=lambda kv: -kv[1])[:5])
+        raise ValueError(f"no layout of {ctx.model.name or 'the model'} on gpus={gpus} passes the rules: {reasons}")
+    # 1) closed forms for every candidate: a memory lower bound (prune), then the step time
+    cap = ctx.cap
+    timed, pruned, cache = [], [], {}
+    for lay in cands:
+        m = ctx.sequences // (lay.dp * lay.micro_batch)
+        bound = _bound(ctx, lay, m)
+        if bound > cap:
+            pruned.append((bound, lay))
+            continue
+        key = (lay.dp, lay.tp, lay.pp, lay.cp, lay.ep, lay.zero == 3, lay.recompute, lay.micro_batch, lay.schedule,
+               lay.v)
+        if key not in cache:
+            cache[key] = _time(ctx, lay)
+        tm = cache[key]
+        if tm is not None:
+            timed.append((sum(tm[0].values()), lay, tm))
+    timed.sort(key=lambda x: x[0])
+    # 2) memory estimates in order of step time until `top` layouts fit
+    plans, evaluated, best_short = [], 0, None  # best_short: (shortfall bytes, layout, bytes)
+    for _step, lay, tm in timed:
+        plan = _plan(ctx, lay, tm)
+        evaluated += 1
+        if not plan.fits:
+            if best_short is None or plan.memory_bytes - cap < best_short[0]:
+                best_short = (plan.memory_bytes - cap, lay, plan.memory_bytes)
+            continue
+        plans.append(plan)
+        if top is not None and len(plans) >= top:
+            break
+    if not plans:
+        # branch and bound over the pruned layouts: their bound is a lower bound of their need
+        for bound, lay in sorted(pruned, key=lambda x: x[0]):
+            if best_short is not None and bound - cap >= best_short[0]:
+                break
+            m = ctx.sequences // (lay.dp * lay.micro_batch)
+            try:
+                need = memory.estimate(ctx.model, _train_config(ctx, lay, m)).total
+            except ValueError:
+                continue
+            evaluated += 1
+            if best_short is None or need - cap < best_short[0]:
+                best_short = (need - cap, lay, need)
+        if best_short is None:
+            raise ValueError("no candidate layout is accepted by its pipeline schedule (try schedules='1f1b')")
+        short, lay, mem = best_short
+        raise ValueError(
+            f"no layout fits in {gpu} memory ({cap / 1e9:.0f} GB): the closest, {lay}, needs {mem / 1e9:.1f} GB, "
+            f"{short / 1e9:.1f} GB too much (incl. overhead_bytes={ctx.overhead_bytes / 1e9:.1f} GB). "
+            "Add GPUs, recomputation, ZeRO, or a smaller micro-batch/sequence.")
+    rows = []
+    for p in plans:
+        lay = p.layout
+        rows.append(dict(dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep, zero=lay.zero,
+                         recompute=lay.recompute, micro_batch=lay.micro_batch, schedule=lay.schedule, v=lay.v,
+                         memory_bytes=p.memory_bytes, step_s=p.step_s, mfu=p.mfu, bottleneck=p.bottleneck))
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    df.attrs.update(dict(candidates=len(cands), pruned=len(pruned), timed=len(timed), memory_estimates=evaluated,
+                         assumptions={k: getattr(ctx, k) for k in DEFAULTS}, gpu_memory_bytes=cap,
+                         gpus=gpus, gpu=gpu, global_batch_tokens=global_batch_tokens, seq_len=seq_len))
+    return df
+
+
+def clear_caches() -> None:
+    """Forget the memoised closed forms (benchmarks time a cold search with it)."""
+    for f in (_layer_flops, _stage_compute, _coll, _bubble_ratio, _stage_states, _states_bytes, _act_layer,
+              _in_flight_last, _min_layers):
+        f.cache_clear()
+
+
+def rank_of(df, **layout) -> int | None:
+    """Position (0 = best) of the first row matching the given column values, or None."""
+    mask = None
+    for k, val in layout.items():
+        if k not in df.columns:
+            raise ValueError(f"{k!r} is not a column: allowed {list(df.columns)}")
+        mk = df[k] == val
+        mask = mk if mask is None else (mask & mk)
+    idx = df.index[mask] if mask is not None else df.index
+    return int(idx[0]) if len(idx) else None

@@ -1,0 +1,18 @@
+"""Interview practice: randomized, auto-checked questions whose answer keys are the kit's own calculators.
+
+- ``draw(family=None, topic=None, seed=None, difficulty=None)`` -> ``Question`` (``.family``,
+  ``.topic``, ``.text``, ``.params``, ``.answer`` in ``.unit``, ``.tolerance`` (2 % relative by
+  default), ``.check(response)`` -> ``CheckResult(ok, value, feedback)``, ``.hints``, ``.solution``).
+- ``families(topic=None)``: sorted family names; ``topics()``; ``worksheet(topics, n, seed)``.
+- Same family and seed, same question in every process (seeded from sha256, not ``hash()``).
+- ``units.parse``: ``"3.2 GB"``, ``"3.2GiB"``, ``"3.2e9"``, ``"3,200 MB"``, ``"12 ms"``, ``"45%"``; a unit
+  of the wrong dimension raises ``UnitError`` (``check`` reports it, never converts it).
+- ``python -m mlsys_nb.quiz --topic pipeline -n 10``: practice in a terminal; ``html.write_worksheets``:
+  printable sheets and a separate answer key (``make worksheets``).
+- Families live in ``quiz.bank`` (one module per area); spot-the-error cards in ``bank.cards``.
+"""
+from .core import TOPICS, CheckResult, Question, Worksheet, draw, families, family_info, make, topics, worksheet
+from .units import UnitError, parse
+
+__all__ = ["TOPICS", "CheckResult", "Question", "Worksheet", "UnitError", "draw", "families", "family_info", "make",
+           "parse", "topics", "worksheet"]

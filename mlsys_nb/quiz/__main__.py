@@ -1,0 +1,83 @@
+"""``python -m mlsys_nb.quiz --topic pipeline -n 10``: practice in a terminal.
+
+Interactive by default (type an answer, ``h`` for a hint, ``s`` to reveal, empty to skip).
+Non-interactive: ``--show-solutions`` prints every question with its worked solution;
+``--answers-file FILE`` checks one answer per line and prints a score.
+``--html DIR`` writes printable worksheets and a separate answer key (what ``make worksheets`` runs).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import core
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mlsys_nb.quiz", description=__doc__.splitlines()[0])
+    ap.add_argument("--topic", action="append", choices=list(core.TOPICS),
+                    help="topic (repeatable; default all topics)")
+    ap.add_argument("-n", type=int, default=5, help="questions per topic")
+    ap.add_argument("--seed", default="0", help="same seed, same questions")
+    ap.add_argument("--show-solutions", action="store_true", help="print the solutions (no prompt)")
+    ap.add_argument("--answers-file", help="one answer per line, checked in order (no prompt)")
+    ap.add_argument("--html", metavar="DIR", help="write printable HTML worksheets + answer keys to DIR")
+    ap.add_argument("--list", action="store_true", help="list the families and exit")
+    a = ap.parse_args(argv)
+    if a.n < 1:
+        ap.error(f"-n {a.n}: allowed >= 1")
+    if a.list:
+        for name in core.families():
+            print(f"{core.family_info(name).topic:15s} {name}")
+        return 0
+    if a.html:
+        from .html import write_worksheets
+
+        for p in write_worksheets(a.html, seed=a.seed, n=a.n, topics=a.topic):
+            print(p)
+        return 0
+    ws = core.worksheet(a.topic, a.n, seed=a.seed)
+    answers = None
+    if a.answers_file:
+        with open(a.answers_file) as fh:
+            answers = [line.strip() for line in fh]
+    score = 0
+    for i, q in enumerate(ws, 1):
+        print(f"\n[{i}] ({q.topic}, {q.family}) {q.text}")
+        if q.is_choice:
+            print("    options: " + ", ".join(f"{'abcdefgh'[j]}) {c}" for j, c in enumerate(q.choices)))
+        else:
+            print(f"    answer in {q.unit} (units accepted, e.g. 3.2 GB, 12 ms, 45%)")
+        if a.show_solutions:
+            print("    " + q.solution_text().replace("\n", "\n    "))
+            continue
+        if answers is not None:
+            resp = answers[i - 1] if i - 1 < len(answers) else ""
+            r = q.check(resp) if resp else None
+            print(f"    your answer: {resp or '(none)'} -> {r.feedback if r else 'not attempted'}")
+            score += bool(r and r.ok)
+            continue
+        hints = iter(q.hints)
+        while True:
+            try:
+                resp = input("    > ").strip()
+            except EOFError:
+                resp = ""
+            if resp == "h":
+                print("    hint: " + next(hints, "no more hints; 's' reveals the solution"))
+                continue
+            if resp in ("", "s"):
+                print("    " + q.solution_text().replace("\n", "\n    "))
+                break
+            r = q.check(resp)
+            print("    " + r.feedback)
+            if r.ok:
+                score += 1
+                break
+    if not a.show_solutions:
+        print(f"\nscore {score}/{len(ws)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,537 @@
+"""RLHF on a tiny language model, end to end on a CPU: SFT, a reward model, PPO with a KL penalty, GRPO, DPO.
+
+The task (readable, so a learner can see what the models are after)
+--------------------------------------------------------------------
+A prompt (``PROMPTS``: ``"Q1:"`` ... ``"Q4:"``) is followed by a response of letters ``a``/``b`` and an
+end-of-sequence token. The hidden **true reward** (``true_reward``) is a rule: +1 per ``a``, minus 2 per
+character beyond ``MAX_LEN = 8`` (rambling costs). The demonstrations (``make_demos``) are random a/b strings
+of 1-8 characters, so a fine-tuned (SFT) policy writes about 2.25 ``a`` on average and the best response is
+``"aaaaaaaa"`` (true reward 8).
+
+The reward model never sees the rule: it is trained (Bradley-Terry) on preference pairs of such strings,
+labelled by the true reward (``make_preferences``). In those pairs the **spurious feature, length,** goes with
+the label (a longer string has room for more ``a``: the chosen response is the longer one in about 3 of 4
+pairs), and no string is longer than 8, so the reward model has no evidence of the rambling penalty. A policy
+that optimises the reward model hard writes past 8 characters: the reward-model score goes up and the true
+reward goes down (reward hacking; Gao et al., 2022, arXiv:2210.10760, Figure 1). A KL penalty to the SFT
+policy keeps the policy near what the reward model was trained on.
+
+The four models of PPO-RLHF (Ouyang et al., 2022, arXiv:2203.02155, §3.5; Stiennon et al., 2020,
+arXiv:2009.01325, eq. 1): the **actor** (policy, trained, starts as the SFT model), the **critic** (value
+model, trained, starts as the reward model), the **reference** (frozen SFT model) and the **reward model**
+(frozen). Per-token reward of a response y_1..y_T (``shaped_rewards``):
+
+    r_t = -kl_coef * (log pi(y_t) - log pi_ref(y_t))  + [t == T] * RM(x, y)
+
+the KL term is the k1 estimator (the sampled log-ratio; its sum over t is an unbiased estimate of the
+sequence KL(pi || pi_ref)). Advantages come from ``mlsys_nb.rl.gae`` (gamma = 1) and the clipped loss
+from ``mlsys_nb.rl.ppo.ppo_loss``.
+
+- ``grpo``: group-relative advantages (Shao et al., 2024, arXiv:2402.03300, §4.1, eq. 3): G samples per
+  prompt, advantage (r - mean_group) / std_group on every token, no critic, the KL to the reference in the
+  loss with the k3 estimator ``exp(q) - q - 1``, q = log pi_ref - log pi (ibid., eq. 4; Schulman, 2020,
+  "Approximating KL divergence", joschu.net).
+- ``dpo``: Direct Preference Optimisation (Rafailov et al., 2023, arXiv:2305.18290, eq. 7), offline from the
+  same preference pairs, no reward model, no sampling.
+
+Rollouts come from ``rollout``: one batched sampling loop over the kit's ``inference.KVCache`` (prefill the
+prompts, then one token per step), returning the tokens and the sampler's log-probabilities. It is the one
+function to change to sample with a serving engine instead.
+
+Compute is reported two ways: wall seconds (measured on this machine) and FLOPs (a model: 2 N FLOPs per
+token for a forward pass, 6 N for forward + backward, N = parameters of the model that ran; Kaplan et al.,
+2020, arXiv:2001.08361, §2.1).
+"""
+from __future__ import annotations
+
+import copy
+import math
+import random
+import time
+from dataclasses import dataclass, replace
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ModelConfig
+from ..inference.kv_cache import KVCache
+from ..inference.tokenizer import ByteTokenizer
+from .gae import gae
+from .ppo import ppo_loss
+
+PROMPTS = ("Q1:", "Q2:", "Q3:", "Q4:")
+ALPHABET = "ab"
+MAX_LEN = 8  # longest demonstration; the true reward charges 2 per character beyond it
+MAX_NEW_TOKENS = 16  # room to ramble past MAX_LEN
+TOKENIZER = ByteTokenizer(320)
+EOS = TOKENIZER.eos_id
+PROMPT_LEN = 3  # every prompt is 3 bytes: no padding on the prompt side
+
+
+def true_reward(text: str) -> float:
+    """The hidden rule: +1 per ``a``, -2 per character beyond ``MAX_LEN`` (8)."""
+    return float(text.count("a") - 2 * max(0, len(text) - MAX_LEN))
+
+
+def tiny_config(seq_len: int = 32) -> ModelConfig:
+    """The ``tiny`` preset's shape (2 layers, hidden 64, 4 heads, 2 KV heads, byte vocabulary 320) with a
+    short context: enough for a 3-byte prompt and a 16-token response."""
+    from ..memory import preset
+
+    return replace(preset("tiny"), seq_len=seq_len, name="tiny-rlhf")
+
+
+def _check_int(name, v, lo):
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ValueError(f"{name}={v!r} is out of range: allowed an int >= {lo}")
+
+
+def _check_pos(name, v, lo=0.0, strict=False):
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v) or v < lo or (strict and v == lo):
+        raise ValueError(f"{name}={v!r} is out of range: allowed {'>' if strict else '>='} {lo}")
+
+
+# ------------------------------------------------------------------ data
+def _random_response(rng: random.Random) -> str:
+    return "".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, MAX_LEN)))
+
+
+def make_demos(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """``n`` demonstrations ``(prompt, response)``: random a/b strings of 1-8 characters."""
+    _check_int("n", n, 1)
+    rng = random.Random(seed)
+    return [(rng.choice(PROMPTS), _random_response(rng)) for _ in range(n)]
+
+
+def make_preferences(n: int, seed: int = 0) -> list[tuple[str, str, str]]:
+    """``n`` preference pairs ``(prompt, chosen, rejected)`` of random a/b strings (1-8 characters), labelled
+    by ``true_reward`` (ties are redrawn). Length goes with the label (a spurious feature: see the module)."""
+    _check_int("n", n, 1)
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        p, y1, y2 = rng.choice(PROMPTS), _random_response(rng), _random_response(rng)
+        r1, r2 = true_reward(y1), true_reward(y2)
+        if r1 != r2:
+            out.append((p, y1, y2) if r1 > r2 else (p, y2, y1))
+    return out
+
+
+def encode_batch(prompts, responses, *, eos: bool = True):
+    """Token ids [B, 3 + T] (responses right-padded with EOS) and the response mask [B, T] (True on the
+    response's tokens, its EOS included)."""
+    ids = [TOKENIZER.encode(r) + ([EOS] if eos else []) for r in responses]
+    t = max(len(x) for x in ids)
+    tokens = torch.full((len(ids), PROMPT_LEN + t), EOS, dtype=torch.long)
+    mask = torch.zeros(len(ids), t, dtype=torch.bool)
+    for i, (p, x) in enumerate(zip(prompts, ids)):
+        pi = TOKENIZER.encode(p)
+        if len(pi) != PROMPT_LEN:
+            raise ValueError(f"prompt {p!r} is not {PROMPT_LEN} bytes")
+        tokens[i, :PROMPT_LEN] = torch.tensor(pi)
+        tokens[i, PROMPT_LEN:PROMPT_LEN + len(x)] = torch.tensor(x)
+        mask[i, :len(x)] = True
+    return tokens, mask
+
+
+def decode_responses(tokens: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    """The response texts of a batch (prompt stripped, EOS and padding dropped)."""
+    return [TOKENIZER.decode(row[PROMPT_LEN:][m].tolist()) for row, m in zip(tokens, mask)]
+
+
+# ------------------------------------------------------------------ models
+def hidden_states(model, tokens: torch.Tensor) -> torch.Tensor:
+    """The transformer's final normalised hidden states [B, S, hidden] (its forward without the LM head)."""
+    x = model.embed(tokens)
+    for blk in model.blocks:
+        x = blk(x, model.rope_cos, model.rope_sin)
+    return model.norm(x)
+
+
+class ScalarModel(nn.Module):
+    """A transformer trunk with a scalar head: the reward model (score at the last response token) and the
+    critic (a value at every position)."""
+
+    def __init__(self, trunk: nn.Module):
+        super().__init__()
+        self.trunk = trunk
+        self.head = nn.Linear(trunk.cfg.hidden, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+        self.register_buffer("offset", torch.zeros(()))  # score = (sum - offset) / scale: see ``normalize``
+        self.register_buffer("scale", torch.ones(()))
+
+    def values(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One scalar per position [B, S]."""
+        return self.head(hidden_states(self.trunk, tokens)).squeeze(-1)
+
+    def score(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Score [B] of each sequence: the sum of the scalars at its response tokens (EOS included). A summed
+        score can count (``a`` by ``a``), and it keeps counting past any length it was trained on."""
+        return ((self.values(tokens)[:, PROMPT_LEN:] * mask).sum(1) - self.offset) / self.scale
+
+    @torch.no_grad()
+    def normalize(self, policy, n: int = 256, seed: int = 0) -> ScalarModel:
+        """Shift and scale the score so the policy's samples score mean 0, std 1. Ouyang et al., 2022, §3.5,
+        shift their reward model so demonstrations score 0 on average; scaling too gives the KL coefficient a
+        fixed meaning (reward in standard deviations of the SFT policy's scores per nat of KL)."""
+        self.offset.zero_()
+        self.scale.fill_(1.0)
+        ro = rollout(policy, [PROMPTS[i % len(PROMPTS)] for i in range(n)],
+                     generator=torch.Generator().manual_seed(seed))
+        s = self.score(ro.tokens, ro.mask)
+        self.offset.fill_(float(s.mean()))
+        self.scale.fill_(float(s.std()) if float(s.std()) > 0 else 1.0)  # an untrained (zero) head scores 0
+        return self
+
+
+def new_policy(cfg: ModelConfig | None = None, seed: int = 0):
+    """A random-weight ``mlsys_nb.models.Transformer`` (``tiny_config()`` by default)."""
+    from ..models.transformer import Transformer
+
+    torch.manual_seed(seed)
+    return Transformer(cfg or tiny_config())
+
+
+def n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def token_logprobs(model, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability [B, T] of each response token under ``model`` and the entropy [B, T] of its
+    next-token distribution (one forward over prompt + response)."""
+    logits = model(tokens)[:, PROMPT_LEN - 1:-1].float()
+    logp_all = logits.log_softmax(-1)
+    logp = logp_all.gather(-1, tokens[:, PROMPT_LEN:, None]).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
+
+
+# ------------------------------------------------------------------ SFT and the reward model
+def sft(model, demos, *, steps: int = 300, batch: int = 64, lr: float = 3e-3, seed: int = 0) -> list[float]:
+    """Supervised fine-tuning on ``(prompt, response)`` demonstrations: cross-entropy on the response tokens
+    (and EOS) only. Trains ``model`` in place; returns the loss per step."""
+    _check_int("steps", steps, 1)
+    _check_int("batch", batch, 1)
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        b = [demos[rng.randrange(len(demos))] for _ in range(batch)]
+        tokens, mask = encode_batch([p for p, _ in b], [r for _, r in b])
+        logp, _ = token_logprobs(model, tokens)
+        loss = -(logp * mask).sum() / mask.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """-log sigmoid(r_chosen - r_rejected), averaged (Bradley & Terry, 1952; Ouyang et al., 2022, eq. 1)."""
+    return -F.logsigmoid(chosen - rejected).mean()
+
+
+def _pair_tensors(pairs):
+    prompts = [p for p, _, _ in pairs]
+    return encode_batch(prompts, [c for _, c, _ in pairs]), encode_batch(prompts, [r for _, _, r in pairs])
+
+
+def preference_accuracy(rm: ScalarModel, pairs) -> float:
+    """Fraction of pairs where the reward model scores the chosen response higher."""
+    (tc, mc), (tr, mr) = _pair_tensors(pairs)
+    with torch.no_grad():
+        return float((rm.score(tc, mc) > rm.score(tr, mr)).float().mean())
+
+
+def train_reward_model(train_pairs, *, init=None, steps: int = 300, batch: int = 64, lr: float = 3e-3,
+                       seed: int = 0) -> tuple[ScalarModel, list[float]]:
+    """A reward model: a copy of ``init`` (a Transformer; a fresh ``tiny`` one if None) with a scalar head,
+    trained with the Bradley-Terry loss. Returns ``(rm, losses)``; ``rm`` is frozen (eval mode)."""
+    _check_int("steps", steps, 1)
+    trunk = copy.deepcopy(init) if init is not None else new_policy(seed=seed)
+    rm = ScalarModel(trunk)
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(rm.parameters(), lr=lr, weight_decay=0.0)
+    losses = []
+    for _ in range(steps):
+        (tc, mc), (tr, mr) = _pair_tensors([train_pairs[rng.randrange(len(train_pairs))] for _ in range(batch)])
+        loss = bradley_terry_loss(rm.score(tc, mc), rm.score(tr, mr))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    rm.eval().requires_grad_(False)
+    return rm, losses
+
+
+# ------------------------------------------------------------------ rollouts
+@dataclass
+class Rollouts:
+    tokens: torch.Tensor  # [B, 3 + T] prompt + response (EOS-padded after the end)
+    mask: torch.Tensor  # [B, T] True on response tokens (EOS included)
+    logprobs: torch.Tensor  # [B, T] the sampler's log-probabilities of the sampled tokens (0 on padding)
+
+    @property
+    def texts(self) -> list[str]:
+        return decode_responses(self.tokens, self.mask)
+
+
+@torch.no_grad()
+def rollout(policy, prompts, *, max_new_tokens: int = MAX_NEW_TOKENS, temperature: float = 1.0,
+            generator: torch.Generator | None = None) -> Rollouts:
+    """Sample one response per prompt with the kit's KV cache: prefill all prompts in one forward, then one
+    token per step for every row (rows that emitted EOS keep going, masked). Returns ``Rollouts``."""
+    _check_int("max_new_tokens", max_new_tokens, 1)
+    _check_pos("temperature", temperature, strict=True)
+    b = len(prompts)
+    tokens = torch.full((b, PROMPT_LEN + max_new_tokens), EOS, dtype=torch.long)
+    tokens[:, :PROMPT_LEN] = torch.tensor([TOKENIZER.encode(p) for p in prompts])
+    logprobs = torch.zeros(b, max_new_tokens)
+    mask = torch.zeros(b, max_new_tokens, dtype=torch.bool)
+    alive = torch.ones(b, dtype=torch.bool)
+    cache = KVCache(policy, b, PROMPT_LEN + max_new_tokens)
+    logits = policy(tokens[:, :PROMPT_LEN], cache=cache)[:, -1]
+    for t in range(max_new_tokens):
+        logp = (logits.float() / temperature).log_softmax(-1)
+        nxt = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+        mask[:, t] = alive
+        nxt = torch.where(alive, nxt, EOS)
+        logprobs[:, t] = torch.where(alive, logp.gather(-1, nxt[:, None]).squeeze(-1), 0.0)
+        tokens[:, PROMPT_LEN + t] = nxt
+        alive = alive & (nxt != EOS)
+        if not alive.any() or t == max_new_tokens - 1:
+            break
+        logits = policy(nxt[:, None], cache=cache)[:, -1]
+    return Rollouts(tokens, mask, logprobs)
+
+
+# ------------------------------------------------------------------ KL, evaluation
+def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k1") -> torch.Tensor:
+    """Per-sample estimate of KL(pi || pi_ref) from tokens sampled from pi (Schulman, 2020):
+    k1 = log pi - log pi_ref (unbiased, can be negative); k3 = exp(q) - q - 1 with q = log pi_ref - log pi
+    (unbiased, never negative, lower variance)."""
+    if kind == "k1":
+        return logp - logp_ref
+    if kind == "k3":
+        q = logp_ref - logp
+        return q.exp() - q - 1
+    raise ValueError(f"kind={kind!r}: allowed 'k1' or 'k3'")
+
+
+@torch.no_grad()
+def evaluate(policy, reference, reward_model, *, n: int = 128, seed: int = 1234) -> dict:
+    """Sample ``n`` responses (temperature 1) and report the mean true reward, reward-model score, response
+    length and KL(policy || reference) per sequence (k1 summed over tokens)."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
+    ro = rollout(policy, prompts, generator=gen)
+    ref_logp, _ = token_logprobs(reference, ro.tokens)
+    texts = ro.texts
+    return {"true_reward": sum(map(true_reward, texts)) / n,
+            "rm_score": float(reward_model.score(ro.tokens, ro.mask).mean()),
+            "kl": float(((ro.logprobs - ref_logp) * ro.mask).sum(1).mean()),
+            "length": sum(map(len, texts)) / n,
+            "sample": texts[0]}
+
+
+# ------------------------------------------------------------------ PPO
+def shaped_rewards(rm_score: torch.Tensor, logp: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor,
+                   kl_coef: float) -> torch.Tensor:
+    """Per-token rewards [B, T]: -kl_coef * k1 on every response token, plus the reward-model score on the
+    last one; 0 on padding."""
+    _check_pos("kl_coef", kl_coef)
+    r = -kl_coef * kl_estimate(logp, logp_ref, "k1") * mask
+    last = mask.sum(1) - 1
+    r[torch.arange(r.shape[0]), last] += rm_score
+    return r
+
+
+@dataclass
+class RLConfig:
+    """Settings of ``ppo``/``grpo`` (the defaults are the ones the notebook and tests use)."""
+
+    iterations: int = 30
+    batch: int = 32  # responses per iteration (GRPO: prompts x group_size)
+    epochs: int = 4  # passes over each batch
+    minibatches: int = 2
+    lr: float = 2e-3
+    clip: float = 0.2
+    kl_coef: float = 0.3
+    gamma: float = 1.0
+    lam: float = 0.95
+    vf_coef: float = 0.5
+    group_size: int = 8  # GRPO only
+    eval_every: int = 5
+
+    def check(self):
+        for k in ("iterations", "batch", "epochs", "minibatches", "eval_every"):
+            _check_int(k, getattr(self, k), 1)
+        _check_pos("kl_coef", self.kl_coef)
+        _check_pos("lr", self.lr, strict=True)
+        if not 0.0 < self.clip < 1.0:
+            raise ValueError(f"clip={self.clip!r} is out of range: allowed (0, 1)")
+        _check_int("group_size", self.group_size, 2)
+        return self
+
+
+def _history_row(it, policy, reference, rm, t0, flops, seed):
+    row = {"iteration": it, **evaluate(policy, reference, rm, seed=seed)}
+    row.update(wall_s=time.perf_counter() - t0, flops=flops)
+    return row
+
+
+def ppo(sft_model, reward_model: ScalarModel, cfg: RLConfig | None = None, *, seed: int = 0, progress: bool = True,
+        **overrides):
+    """PPO-RLHF with four models. Returns ``(actor, history)``; ``history`` is a DataFrame (iteration,
+    true_reward, rm_score, kl, length, wall_s, flops) evaluated every ``cfg.eval_every`` iterations."""
+    cfg = replace(cfg or RLConfig(), **overrides).check()
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    actor = copy.deepcopy(sft_model).train()
+    reference = copy.deepcopy(sft_model).eval().requires_grad_(False)
+    critic = copy.deepcopy(reward_model).requires_grad_(True).train()  # value model starts as the RM
+    opt = torch.optim.Adam(list(actor.parameters()) + list(critic.parameters()), lr=cfg.lr)
+    n_a, n_c = n_params(actor), n_params(critic)
+    t0, flops, hist = time.perf_counter(), 0.0, []
+    hist.append(_history_row(0, actor, reference, reward_model, t0, flops, seed + 10_000))
+    for it in _progress(range(1, cfg.iterations + 1), progress, "PPO"):
+        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(cfg.batch)]
+        ro = rollout(actor, prompts, generator=gen)
+        ntok = ro.tokens.numel()
+        with torch.no_grad():
+            ref_logp, _ = token_logprobs(reference, ro.tokens)
+            score = reward_model.score(ro.tokens, ro.mask)
+            values = critic.values(ro.tokens)[:, PROMPT_LEN - 1:-1] * ro.mask  # V of the state before token t
+        rewards = shaped_rewards(score, ro.logprobs, ref_logp, ro.mask, cfg.kl_coef)
+        dones = torch.zeros_like(ro.mask)
+        dones[torch.arange(cfg.batch), ro.mask.sum(1) - 1] = True
+        dones |= ~ro.mask
+        adv, ret = gae(rewards.T, values.T, dones.T, torch.zeros(cfg.batch), cfg.gamma, cfg.lam)
+        adv, ret = adv.T, ret.T
+        flops += 2 * (n_a + n_a + n_c + n_c) * ntok  # rollout + reference + reward + critic forwards
+        for _ in range(cfg.epochs):
+            for idx in torch.randperm(cfg.batch, generator=gen).chunk(cfg.minibatches):
+                m = ro.mask[idx]
+                new_logp, ent = token_logprobs(actor, ro.tokens[idx])
+                v = critic.values(ro.tokens[idx])[:, PROMPT_LEN - 1:-1]
+                loss, _ = ppo_loss(new_logp[m], ro.logprobs[idx][m], adv[idx][m], v[m], ret[idx][m], ent[m],
+                                   clip=cfg.clip, vf_coef=cfg.vf_coef)
+                opt.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(list(actor.parameters()) + list(critic.parameters()), 1.0)
+                opt.step()
+                flops += 6 * (n_a + n_c) * ro.tokens[idx].numel()
+        if it % cfg.eval_every == 0 or it == cfg.iterations:
+            hist.append(_history_row(it, actor, reference, reward_model, t0, flops, seed + 10_000))
+    return actor.eval(), pd.DataFrame(hist)
+
+
+# ------------------------------------------------------------------ GRPO
+def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Group-relative advantages: ``rewards`` [n_prompts, G] -> (r - group mean) / (group std + eps), the
+    std with Bessel's correction (``torch.std``). G must be >= 2."""
+    if rewards.dim() != 2 or rewards.shape[1] < 2:
+        raise ValueError(f"rewards must be [n_prompts, group_size] with group_size >= 2, got {tuple(rewards.shape)}")
+    return (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + eps)
+
+
+def grpo(sft_model, reward_model: ScalarModel, cfg: RLConfig | None = None, *, seed: int = 0, progress: bool = True,
+         **overrides):
+    """GRPO: ``cfg.batch // cfg.group_size`` prompts x ``group_size`` samples, group-relative advantages on
+    every token, the clipped loss, and ``kl_coef`` * k3 KL to the reference in the loss. No critic.
+    Returns ``(policy, history)`` like ``ppo``."""
+    cfg = replace(cfg or RLConfig(), **overrides).check()
+    if cfg.batch % cfg.group_size:
+        raise ValueError(f"batch={cfg.batch} must be a multiple of group_size={cfg.group_size}")
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    actor = copy.deepcopy(sft_model).train()
+    reference = copy.deepcopy(sft_model).eval().requires_grad_(False)
+    opt = torch.optim.Adam(actor.parameters(), lr=cfg.lr)
+    n_a, n_r = n_params(actor), n_params(reward_model)
+    n_groups = cfg.batch // cfg.group_size
+    t0, flops, hist = time.perf_counter(), 0.0, []
+    hist.append(_history_row(0, actor, reference, reward_model, t0, flops, seed + 10_000))
+    for it in _progress(range(1, cfg.iterations + 1), progress, "GRPO"):
+        prompts = [PROMPTS[(i // cfg.group_size) % len(PROMPTS)] for i in range(cfg.batch)]
+        ro = rollout(actor, prompts, generator=gen)
+        with torch.no_grad():
+            ref_logp, _ = token_logprobs(reference, ro.tokens)
+            score = reward_model.score(ro.tokens, ro.mask)
+        adv = grpo_advantages(score.view(n_groups, cfg.group_size)).reshape(-1, 1).expand_as(ro.logprobs)
+        flops += 2 * (n_a + n_a + n_r) * ro.tokens.numel()
+        for _ in range(cfg.epochs):
+            for idx in torch.randperm(cfg.batch, generator=gen).chunk(cfg.minibatches):
+                m = ro.mask[idx]
+                new_logp, ent = token_logprobs(actor, ro.tokens[idx])
+                zeros = torch.zeros(int(m.sum()))
+                pg, _ = ppo_loss(new_logp[m], ro.logprobs[idx][m], adv[idx][m], zeros, zeros, ent[m],
+                                 clip=cfg.clip, vf_coef=0.0, normalize=False)
+                kl = kl_estimate(new_logp[m], ref_logp[idx][m], "k3").mean()
+                loss = pg + cfg.kl_coef * kl
+                opt.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(actor.parameters(), 1.0)
+                opt.step()
+                flops += 6 * n_a * ro.tokens[idx].numel()
+        if it % cfg.eval_every == 0 or it == cfg.iterations:
+            hist.append(_history_row(it, actor, reference, reward_model, t0, flops, seed + 10_000))
+    return actor.eval(), pd.DataFrame(hist)
+
+
+# ------------------------------------------------------------------ DPO
+def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
+             ref_rejected: torch.Tensor, beta: float = 0.1) -> torch.Tensor:
+    """DPO loss (Rafailov et al., 2023, eq. 7), inputs are sequence log-probabilities [B]:
+    -log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r))), averaged."""
+    _check_pos("beta", beta, strict=True)
+    return -F.logsigmoid(beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))).mean()
+
+
+def sequence_logprob(model, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log pi(response | prompt) [B]: the sum of the response tokens' log-probabilities."""
+    logp, _ = token_logprobs(model, tokens)
+    return (logp * mask).sum(1)
+
+
+def dpo(sft_model, pairs, reward_model: ScalarModel, *, beta: float = 0.1, steps: int = 200,
+        batch: int = 64, lr: float = 1e-3, eval_every: int = 25, seed: int = 0, progress: bool = True):
+    """Offline DPO from preference pairs, starting from (and regularised towards) the SFT model. The reward
+    model is used only to report its score in the history. Returns ``(policy, history)`` like ``ppo``."""
+    _check_pos("beta", beta, strict=True)
+    _check_int("steps", steps, 1)
+    _check_int("batch", batch, 1)
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    policy = copy.deepcopy(sft_model).train()
+    reference = copy.deepcopy(sft_model).eval().requires_grad_(False)
+    opt = torch.optim.Adam(policy.parameters(), lr=lr)
+    n_a = n_params(policy)
+    t0, flops, hist = time.perf_counter(), 0.0, []
+    hist.append(_history_row(0, policy, reference, reward_model, t0, flops, seed + 10_000))
+    for it in _progress(range(1, steps + 1), progress, "DPO"):
+        (tc, mc), (tr, mr) = _pair_tensors([pairs[rng.randrange(len(pairs))] for _ in range(batch)])
+        with torch.no_grad():
+            ref_c, ref_r = sequence_logprob(reference, tc, mc), sequence_logprob(reference, tr, mr)
+        loss = dpo_loss(sequence_logprob(policy, tc, mc), sequence_logprob(policy, tr, mr), ref_c, ref_r, beta)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        flops += (2 * n_a + 6 * n_a) * (tc.numel() + tr.numel())
+        if it % eval_every == 0 or it == steps:
+            hist.append(_history_row(it, policy, reference, reward_model, t0, flops, seed + 10_000))
+    return policy.eval(), pd.DataFrame(hist)
+
+
+def _progress(it, on: bool, desc: str):
+    if not on:
+        return it
+    from tqdm.auto import tqdm
+
+    return tqdm(it, desc=desc, leave=False)

@@ -1,0 +1,127 @@
+"""Planner explorer: a model, a cluster and a batch in; the best parallel layouts
+(``mlsys_nb.planner.search``) out, with the chosen layout's step-time and memory breakdown
+(``mlsys_nb.planner.evaluate``) as two stacked bars. Everything shown is a model, not a measurement.
+
+``PlannerWidget().widget`` is the ipywidgets container; ``state()``/``set_state()``, ``figure``,
+``table()`` and ``error`` follow the dashboard protocol. Invalid input (a batch that is not whole
+sequences, 0 GPUs, a model that fits nowhere) is shown as a message in place of the chart.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from .. import hardware, memory, planner
+from ..plots import PALETTE, style
+from .base import ControlPanel
+
+DEFAULTS = {"model": "llama-3-70b", "gpu": "H100-SXM", "gpus": 256, "gpus_per_node": 8, "seq_len": 4096,
+            "sequences": 1024, "show": 0}
+SEQ_LENS = (1024, 2048, 4096, 8192, 16384, 32768, 131072)
+TOP = 10
+TIME_PARTS = ("compute", "recompute", "TP comm", "CP comm", "EP comm", "PP comm", "bubble", "DP comm")
+MEM_PARTS = (("parameters", "params"), ("gradients", "grads"), ("optimizer", "optimizer"), ("master", "master"),
+             ("activations", "activations"), ("temporary", "temporary"), ("overhead", "overhead"))
+
+
+class PlannerWidget(ControlPanel):
+    """Controls: model preset, GPU, number of GPUs, GPUs per node, sequence length, sequences per
+    step (the global batch is sequences x seq_len tokens) and which of the best layouts to break down."""
+
+    def __init__(self, **state):
+        import ipywidgets as w
+        from matplotlib.figure import Figure
+
+        s = DEFAULTS | state
+        lay = w.Layout(width="320px")
+        self.controls = {
+            "model": w.Dropdown(options=memory.presets(), value=s["model"], description="model", layout=lay),
+            "gpu": w.Dropdown(options=list(hardware.gpus()), value=s["gpu"], description="GPU", layout=lay),
+            "gpus": w.IntText(value=s["gpus"], description="GPUs", layout=lay),
+            "gpus_per_node": w.IntText(value=s["gpus_per_node"], description="GPUs per node", layout=lay),
+            "seq_len": w.Dropdown(options=SEQ_LENS, value=s["seq_len"], description="seq_len (tokens)", layout=lay),
+            "sequences": w.IntText(value=s["sequences"], description="sequences / step", layout=lay),
+            "show": w.IntSlider(value=s["show"], min=0, max=TOP - 1, description="break down #", layout=lay),
+        }
+        for c in self.controls.values():
+            c.style = {"description_width": "120px"}
+        self.message = w.HTML()
+        self.stats = w.HTML()
+        self.layouts = w.HTML()
+        self.image = self._make_image()
+        with style():
+            self.figure = Figure(figsize=(9.0, 2.6), layout="none")
+            self._ax_t, self._ax_m = self.figure.subplots(1, 2)
+        self.figure.subplots_adjust(left=0.03, right=0.99, top=0.86, bottom=0.38, wspace=0.08)
+        self.error: str | None = None
+        self._table = pd.DataFrame()
+        self._cache: dict = {}
+        c = list(self.controls.values())
+        self.widget = w.VBox([w.HBox([w.VBox(c[:4]), w.VBox(c[4:])]), self.message, self.stats, self.image,
+                              self.layouts])
+        self._wire()
+        self.update()
+
+    def compute(self, state: dict | None = None) -> tuple[pd.DataFrame, planner.Plan]:
+        """The best layouts and the chosen one's plan; raises ValueError/KeyError/TypeError on bad input."""
+        s = state or self.state()
+        seq = s["seq_len"]
+        kw = dict(gpus=s["gpus"], gpu=s["gpu"], global_batch_tokens=s["sequences"] * seq, seq_len=seq,
+                  gpus_per_node=s["gpus_per_node"])
+        if not isinstance(s["sequences"], int) or s["sequences"] < 1:
+            raise ValueError(f"sequences={s['sequences']!r}: allowed an int >= 1")
+        key = (s["model"], *kw.values())
+        if key not in self._cache:
+            self._cache[key] = planner.search(s["model"], **kw, top=TOP)
+        df = self._cache[key]
+        row = df.iloc[min(s["show"], len(df) - 1)]
+        fields = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", "micro_batch", "schedule", "v")
+        plan = planner.evaluate(s["model"], planner.Layout(**{f: row[f] for f in fields}), **kw)
+        return df, plan
+
+    def update(self) -> None:
+        s = self.state()
+        try:
+            df, plan = self.compute(s)
+        except (ValueError, KeyError, TypeError) as e:
+            self._show_error(str(e).strip("'\""), "No layout")
+            return
+        self.error = None
+        self.message.value = ""
+        self._table = df
+        lay = plan.layout
+        self.stats.value = (
+            f"<b>#{min(s['show'], len(df) - 1)}</b>: dp {lay.dp} &times; tp {lay.tp} &times; pp {lay.pp} &times; "
+            f"cp {lay.cp} (ep {lay.ep}), ZeRO-{lay.zero}, {lay.recompute} recompute, micro-batch {lay.micro_batch}, "
+            f"{lay.schedule}{f' v={lay.v}' if lay.v > 1 else ''}: modelled step <b>{plan.step_s:.2f} s</b>, "
+            f"MFU {plan.mfu:.0%} (compute at peak: an upper bound), {plan.memory_bytes / 1e9:.1f} GB of "
+            f"{plan.gpu_memory_bytes / 1e9:.0f} GB. Bottleneck: {plan.bottleneck}.")
+        shown = df.assign(memory_GB=(df.memory_bytes / 1e9).round(1), step_s=df.step_s.round(3),
+                          mfu=(100 * df.mfu).round(1)).drop(columns="memory_bytes")
+        self.layouts.value = "<small>" + shown.to_html(border=0) + "</small>"
+        self._draw(plan)
+        self._show()
+
+    def _draw(self, plan) -> None:
+        ax_t, ax_m = self._ax_t, self._ax_m
+        for ax in (ax_t, ax_m):
+            ax.clear()
+        with style():
+            left = 0.0
+            for i, k in enumerate(TIME_PARTS):
+                v = plan.time.get(k, 0.0)
+                if v > 0:
+                    ax_t.barh(0, v, left=left, color=PALETTE[i % len(PALETTE)], label=k)
+                    left += v
+            ax_t.set_title("modelled step time (s)", fontsize=10)
+            b = plan.memory
+            left = 0.0
+            for i, (name, attr) in enumerate(MEM_PARTS):
+                v = getattr(b, attr) / 1e9
+                if v > 0:
+                    ax_m.barh(0, v, left=left, color=PALETTE[i % len(PALETTE)], label=name)
+                    left += v
+            ax_m.axvline(plan.gpu_memory_bytes / 1e9, color="black", ls="--", lw=1)
+            ax_m.set_title("memory of the heaviest stage (GB; dashed: GPU)", fontsize=10)
+            for ax in (ax_t, ax_m):
+                ax.set_yticks([])
+                ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize=7, frameon=False)

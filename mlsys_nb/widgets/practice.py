@@ -1,0 +1,217 @@
+"""Interview practice: a question from ``mlsys_nb.quiz``, an answer box, Check / Hint / Reveal / New,
+a running score by topic, and a timed mock-interview mode (``mock_n`` questions, then a report by
+topic). The widget computes nothing itself: questions, keys and feedback come from ``mlsys_nb.quiz``.
+
+``PracticeWidget().widget`` is the ipywidgets container; ``state()``/``set_state()``, ``figure``
+(correct / attempted per topic), ``table()`` and ``error`` follow the dashboard protocol
+(``mlsys_nb.widgets.base``). Headless use: ``answer(text)``, ``hint()``, ``reveal()``, ``new()``.
+"""
+from __future__ import annotations
+
+import html
+import time
+
+import pandas as pd
+
+from .. import quiz
+from ..plots import PALETTE, label, style
+from .base import ControlPanel
+
+DEFAULTS = {"topic": "any", "difficulty": "any", "seed": 0, "mode": "practice", "mock_n": 5}
+
+
+class PracticeWidget(ControlPanel):
+    """Controls: topic, difficulty, seed (same seed, same questions), mode (practice / mock), mock_n."""
+
+    def __init__(self, **state):
+        import ipywidgets as w
+        from matplotlib.figure import Figure
+
+        s = DEFAULTS | state
+        lay = w.Layout(width="260px")
+        self.controls = {
+            "topic": w.Dropdown(options=["any", *quiz.topics()], value=s["topic"], description="topic", layout=lay),
+            "difficulty": w.Dropdown(options=["any", "1", "2", "3"], value=str(s["difficulty"]),
+                                     description="difficulty", layout=lay),
+            "seed": w.IntText(value=s["seed"], description="seed", layout=lay),
+            "mode": w.Dropdown(options=["practice", "mock interview"],
+                               value="mock interview" if s["mode"] in ("mock", "mock interview") else "practice",
+                               description="mode", layout=lay),
+            "mock_n": w.IntText(value=s["mock_n"], description="mock: questions", layout=lay),
+        }
+        for c in self.controls.values():
+            c.style = {"description_width": "100px"}
+        self.question_html = w.HTML()
+        self.answer_box = w.Text(placeholder="e.g. 3.2 GB, 12 ms, 45%, or an option", description="answer",
+                                 layout=w.Layout(width="420px"))
+        self.buttons = {}
+        for name in ("Check", "Hint", "Reveal", "New"):
+            b = w.Button(description=name, layout=w.Layout(width="90px"))
+            b.add_class(f"mlsys-practice-{name.lower()}")
+            self.buttons[name] = b
+        self.answer_box.add_class("mlsys-practice-answer")
+        self.question_html.add_class("mlsys-practice-question")
+        self.buttons["Check"].on_click(lambda _: self.answer(self.answer_box.value))
+        self.buttons["Hint"].on_click(lambda _: self.hint())
+        self.buttons["Reveal"].on_click(lambda _: self.reveal())
+        self.buttons["New"].on_click(lambda _: self.new())
+        self.feedback = w.HTML()
+        self.feedback.add_class("mlsys-practice-feedback")
+        self.message = w.HTML()
+        self.stats = w.HTML()
+        self.image = self._make_image()
+        with style():
+            self.figure = Figure(figsize=(6.5, 2.6), layout="none")
+            self._ax = self.figure.subplots()
+        self.figure.subplots_adjust(left=0.25, right=0.97, top=0.88, bottom=0.2)
+        self.results: list[dict] = []  # one per question attempted: topic, family, ok, hints, revealed, seconds
+        self.question = None
+        self._round = 0  # questions drawn since the settings last changed
+        self._current = None
+        self.error = None
+        c = list(self.controls.values())
+        self.widget = w.VBox([w.HBox([w.VBox(c[:3]), w.VBox(c[3:])]), self.message, self.question_html,
+                              w.HBox([self.answer_box, *self.buttons.values()]), self.feedback, self.stats,
+                              self.image])
+        self._wire()
+        self.update()
+
+    # ---- the protocol ------------------------------------------------------------------------
+    def _settings(self, s: dict) -> dict:
+        if not isinstance(s["seed"], int) or s["seed"] < 0:
+            raise ValueError(f"seed={s['seed']!r} is out of range: allowed an int >= 0")
+        if not isinstance(s["mock_n"], int) or not 1 <= s["mock_n"] <= 50:
+            raise ValueError(f"mock_n={s['mock_n']!r} is out of range: allowed 1..50 questions")
+        topic = None if s["topic"] == "any" else s["topic"]
+        diff = None if s["difficulty"] == "any" else int(s["difficulty"])
+        if topic is not None and diff is not None and not [
+                f for f in quiz.families(topic) if quiz.family_info(f).difficulty == diff]:
+            raise ValueError(f"no {topic} question at difficulty {diff}: choose another difficulty or 'any'")
+        return {"topic": topic, "difficulty": diff}
+
+    def update(self) -> None:
+        """Settings changed: start over (score kept in practice mode, reset for a new mock interview)."""
+        s = self.state()
+        try:
+            self._settings(s)
+        except ValueError as e:
+            self._show_error(str(e), "Invalid setting")
+            self.question_html.value = ""
+            return
+        self.error = None
+        self.message.value = ""
+        if s["mode"] == "mock interview":
+            self.results = []
+        self._round = 0
+        self._draw_question()
+
+    def _draw_question(self) -> None:
+        s = self.state()
+        k = self._settings(s)
+        self.question = quiz.draw(topic=k["topic"], difficulty=k["difficulty"], seed=f"{s['seed']}:{self._round}")
+        self._current = {"topic": self.question.topic, "family": self.question.family, "ok": False, "hints": 0,
+                         "revealed": False, "checked": False, "start": time.monotonic()}
+        q = self.question
+        opts = ("<br>Options: " + ", ".join(f"{'abcdefgh'[i]}) {html.escape(c)}" for i, c in enumerate(q.choices))
+                if q.is_choice else f"<br><i>Answer in {html.escape(q.unit)}.</i>")
+        mock = (f"<b>Mock interview, question {self._round + 1} of {s['mock_n']}.</b> "
+                if s["mode"] == "mock interview" else "")
+        self.question_html.value = (f"<p>{mock}<span style='color:#666'>[{q.topic} · {q.family}]</span><br>"
+                                    f"{html.escape(q.text)}{opts}</p>")
+        self.answer_box.value = ""
+        self.feedback.value = ""
+        self._refresh()
+
+    def _refresh(self) -> None:
+        rows = []
+        for t in sorted({r["topic"] for r in self.results}):
+            rs = [r for r in self.results if r["topic"] == t]
+            rows.append({"topic": t, "attempted": len(rs), "correct": sum(r["ok"] for r in rs),
+                         "hints": sum(r["hints"] for r in rs), "seconds": round(sum(r["seconds"] for r in rs), 1)})
+        df = pd.DataFrame(rows, columns=["topic", "attempted", "correct", "hints", "seconds"]).set_index("topic")
+        q = self.question
+        df.loc["(current question)"] = [0, 0, 0, 0]
+        df = df.astype(float)
+        df.attrs["question"] = f"{q.family} seed {q.seed}"
+        self._table = df.rename(index={"(current question)": f"(now: {q.family}, seed {q.seed})"})
+        done, correct = len(self.results), sum(r["ok"] for r in self.results)
+        s = self.state()
+        report = ""
+        if s["mode"] == "mock interview" and done >= s["mock_n"]:
+            report = "<br><b>Mock interview over.</b> By topic: " + "; ".join(
+                f"{t} {int(r['correct'])}/{int(r['attempted'])} in {r['seconds']:.0f} s"
+                for t, r in df.iloc[:-1].iterrows())
+        self.stats.value = f"Score: <b>{correct}/{done}</b> answered correctly.{report}"
+        self._draw(df.iloc[:-1])
+        self._show()
+
+    def _draw(self, df) -> None:
+        ax = self._ax
+        ax.clear()
+        with style():
+            if len(df):
+                y = range(len(df))
+                ax.barh(list(y), df["attempted"], color="#dddddd", label="attempted")
+                ax.barh(list(y), df["correct"], color=PALETTE[2], label="correct")
+                ax.set_yticks(list(y), list(df.index), fontsize=8)
+                ax.legend(fontsize=8, loc="lower right")
+            label(ax, "questions (count)", "topic (name)")
+            q = self.question
+            ax.set_title(("Score by topic" if len(df) else "Score by topic (answer a question)")
+                         + f" · now: {q.family} (seed {q.seed})", fontsize=9)
+
+    # ---- actions -----------------------------------------------------------------------------
+    def _record(self) -> None:
+        cur = self._current
+        if cur is not None and not cur["checked"]:
+            cur["checked"] = True
+            cur["seconds"] = time.monotonic() - cur["start"]
+            self.results.append(cur)
+
+    def answer(self, text: str):
+        """Check ``text`` against the current question; the first check is what the score counts."""
+        if self.error is not None or self.question is None:
+            return None
+        self.answer_box.value = str(text)
+        r = self.question.check(text)
+        if self._current is not None and not self._current["checked"]:
+            self._current["ok"] = r.ok and not self._current["revealed"]
+            self._record()
+        colour = "#009E73" if r.ok else "#D55E00"
+        self.feedback.value = f"<b style='color:{colour}'>{'✓' if r.ok else '✗'}</b> {html.escape(r.feedback)}"
+        self._refresh()
+        return r
+
+    def hint(self) -> str | None:
+        if self.question is None or self.error is not None:
+            return None
+        cur = self._current
+        i = cur["hints"]
+        text = self.question.hints[i] if i < len(self.question.hints) else "No more hints: Reveal shows the solution."
+        cur["hints"] = min(i + 1, len(self.question.hints))
+        self.feedback.value = f"<b>Hint {i + 1}:</b> {html.escape(text)}"
+        return text
+
+    def reveal(self) -> str | None:
+        if self.question is None or self.error is not None:
+            return None
+        self._current["revealed"] = True
+        self._record()
+        text = self.question.solution_text()
+        self.feedback.value = "<pre style='white-space:pre-wrap'>" + html.escape(text) + "</pre>"
+        self._refresh()
+        return text
+
+    def new(self) -> None:
+        """Next question (in a mock interview, until ``mock_n`` questions have been asked)."""
+        if self.error is not None:
+            return
+        s = self.state()
+        if s["mode"] == "mock interview" and self._round + 1 >= s["mock_n"]:
+            self._record()
+            self._refresh()
+            return
+        self._round += 1
+        self._draw_question()
+        for cb in self._listeners:
+            cb()

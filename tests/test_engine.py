@@ -1,0 +1,350 @@
+"""The serving engine: greedy outputs equal an independent reference token for token whatever the batch
+composition, chunk size, preemptions (recompute and swap) and prefix caching; seeded sampling is
+reproducible per request; logprobs, stops, errors, load_weights."""
+import copy
+import itertools
+
+import pytest
+import torch
+
+from mlsys_nb.config import load_model_preset
+from mlsys_nb.inference import LLM, SamplingParams
+from mlsys_nb.inference.sampler import filter_probs
+from mlsys_nb.models import Transformer
+
+VOCAB = 300  # > 256: the byte tokenizer has an end-of-sequence id
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread: small kernels on a shared 2-core machine run far faster without oversubscription."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m = Transformer(load_model_preset("tiny").replace(vocab_size=VOCAB)).eval()
+    with torch.no_grad():  # larger random weights: well separated logits, no near-ties for argmax
+        for p in m.parameters():
+            p.mul_(5)
+    return m
+
+
+def reference_greedy(model, prompt, n, eos=None):
+    """Greedy decoding by recomputing the whole sequence every token (no cache, no engine)."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+            if ids[-1] == eos:
+                break
+    return ids[len(prompt):]
+
+
+def random_prompts(k, lo=1, hi=60, seed=1, vocab=VOCAB):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(k)]
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+CONFIGS = {
+    "default": {},
+    "chunks of 7 tokens": {"max_num_batched_tokens": 7},
+    "no chunked prefill": {"enable_chunked_prefill": False, "max_num_batched_tokens": 128},
+    "static batching": {"continuous_batching": False, "max_num_seqs": 3},
+    "preempt by recompute": {"num_blocks": 24, "block_size": 4, "max_num_batched_tokens": 16},
+    "preempt by swap": {"num_blocks": 24, "block_size": 4, "preemption_mode": "swap"},
+    "swap pool too small (falls back to recompute)": {"num_blocks": 24, "block_size": 4, "preemption_mode": "swap",
+                                                          "swap_blocks": 12},
+    "no prefix caching, batch of 2": {"enable_prefix_caching": False, "max_num_seqs": 2},
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_greedy_equals_reference(model, name):
+    prompts = random_prompts(8)
+    prompts[3] = prompts[1][:40] + [7, 8, 9]  # a shared prefix (prefix-cache hits)
+    llm = LLM(model, **CONFIGS[name])
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    for p, o in zip(prompts, outs):
+        assert o.prompt_token_ids == p
+        assert o.outputs[0].token_ids == reference_greedy(model, p, 16), name
+        assert o.outputs[0].finish_reason == "length"
+    pre = llm.engine.status()["preemptions"]
+    if "preempt" in name:
+        assert sum(pre.values()) > 0, f"{name}: the configuration should have forced a preemption ({pre})"
+    if name == "preempt by swap":
+        assert pre["swap"] > 0 and pre["recompute"] == 0
+    if "too small" in name:
+        assert pre["swap"] > 0 and pre["recompute"] > 0
+    assert llm.engine.num_blocks_used() == 0, "finished requests must free their blocks"
+    llm.engine.kv.manager.check_invariants()
+
+
+def test_prefix_cache_hits_and_mid_prefill_preemption(model, monkeypatch):
+    """A request preempted in the middle of its chunked prefill left registered but never computed
+    blocks behind: only computed blocks may count as hits. Breaking that rule must break the output."""
+    from mlsys_nb.inference.scheduler import Scheduler
+
+    prompt = random_prompts(1, 40, 41, seed=5)[0]
+    want = reference_greedy(model, prompt, 8)
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+    def run():
+        llm = LLM(model, block_size=4, max_num_batched_tokens=8)
+        eng = llm.engine
+        eng.add_request("a", prompt, sp)
+        eng.step()  # 8 of 40 prompt tokens computed, all 10 blocks registered in the prefix cache
+        eng.scheduler._preempt(eng.requests["a"][0])
+        outs = []
+        while eng.has_unfinished_requests():
+            outs += [o for o in eng.step() if o.finished]
+        return outs[0].outputs[0].token_ids
+
+    assert run() == want
+    monkeypatch.setattr(Scheduler, "_ready_blocks", lambda self, seq, cached: cached // self.manager.block_size)
+    assert run() != want, "trusting registered-but-uncomputed blocks should have corrupted the output"
+
+
+def test_prefix_caching_saves_prefill(model):
+    shared = random_prompts(1, 48, 49, seed=2)[0]
+    prompts = [shared + [i] for i in range(4)]
+    llm = LLM(model, block_size=16)
+    outs = llm.generate(prompts[:1], GREEDY, use_tqdm=False) + llm.generate(prompts[1:], GREEDY, use_tqdm=False)
+    assert [o.num_cached_tokens for o in outs] == [0, 48, 48, 48]
+    for p, o in zip(prompts, outs):
+        assert o.outputs[0].token_ids == reference_greedy(model, p, 16)
+
+
+def test_swap_must_copy_back(model, monkeypatch):
+    """The swap test is able to fail: a swap-in that forgets to copy the K/V back changes the outputs."""
+    from mlsys_nb.inference.model_runner import SwapPool
+
+    prompts = random_prompts(8)
+    def forgetful_swap_in(self, sid, kv, blocks, first=0):
+        self.free.extend(self.held.pop(sid))  # frees the CPU blocks without copying anything back
+
+    monkeypatch.setattr(SwapPool, "swap_in", forgetful_swap_in)
+    llm = LLM(model, num_blocks=24, block_size=4, preemption_mode="swap", enable_prefix_caching=False)
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert llm.engine.status()["preemptions"]["swap"] > 0
+    assert any(o.outputs[0].token_ids != reference_greedy(model, p, 16) for p, o in zip(prompts, outs))
+
+
+def test_seeded_sampling_is_per_request(model):
+    prompts = random_prompts(6, seed=3)
+    sp = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, max_tokens=12, seed=123, ignore_eos=True)
+    alone = LLM(model, seed=0).generate([prompts[0]], sp, use_tqdm=False)[0].outputs[0].token_ids
+    batched = LLM(model, seed=7, max_num_batched_tokens=9).generate(prompts, [sp] + [SamplingParams(
+        temperature=1.0, max_tokens=12, ignore_eos=True)] * 5, use_tqdm=False)[0].outputs[0].token_ids
+    assert alone == batched, "a seeded request must not depend on its batch or on the engine seed"
+    other = LLM(model).generate([prompts[0]], SamplingParams(temperature=0.8, max_tokens=12, seed=124,
+                                                               ignore_eos=True), use_tqdm=False)
+    assert other[0].outputs[0].token_ids != alone
+    n3 = LLM(model).generate([prompts[0]], SamplingParams(temperature=1.0, max_tokens=12, seed=5, n=3,
+                                                           ignore_eos=True), use_tqdm=False)[0]
+    assert [c.index for c in n3.outputs] == [0, 1, 2] and len({tuple(c.token_ids) for c in n3.outputs}) == 3
+
+
+def test_filter_probs_against_brute_force():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(50, generator=g)
+    for temp, k, p in [(1.0, -1, 1.0), (0.7, 10, 1.0), (1.3, -1, 0.8), (0.5, 20, 0.5)]:
+        probs = (logits / temp).softmax(-1)
+        order = probs.argsort(descending=True).tolist()
+        keep = order[:k] if k > 0 else order
+        kept = probs[keep] / probs[keep].sum()
+        mass, nucleus = 0.0, []
+        for tok, q in zip(keep, kept.tolist()):
+            if mass >= p:
+                break
+            nucleus.append(tok)
+            mass += q
+        want = torch.zeros(50)
+        want[nucleus] = probs[nucleus] / probs[nucleus].sum()
+        torch.testing.assert_close(filter_probs(logits, temp, k, p), want)
+
+
+def test_logprobs_are_the_models(model):
+    prompt = random_prompts(1, seed=4)[0]
+    out = LLM(model).generate(prompt, SamplingParams(temperature=0, max_tokens=5, logprobs=2, ignore_eos=True),
+                              use_tqdm=False)[0].outputs[0]
+    ids = list(prompt)
+    total = 0.0
+    with torch.no_grad():
+        for tok, entry in zip(out.token_ids, out.logprobs):
+            lp = model(torch.tensor([ids]))[0, -1].log_softmax(-1)
+            assert entry[tok].rank == 1 and abs(entry[tok].logprob - float(lp[tok])) < 1e-4
+            second = int(lp.topk(2).indices[1])
+            assert abs(entry[second].logprob - float(lp[second])) < 1e-4 and entry[second].rank == 2
+            total += float(lp[tok])
+            ids.append(tok)
+    assert abs(out.cumulative_logprob - total) < 1e-3
+
+
+def test_stops(model):
+    prompt = random_prompts(1, seed=6)[0]
+    ref = reference_greedy(model, prompt, 16)
+    llm = LLM(model)
+    stop_tok = ref[5]
+    o = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=16, stop_token_ids=[stop_tok]),
+                     use_tqdm=False)[0].outputs[0]
+    assert o.finish_reason == "stop" and o.stop_reason == stop_tok and o.token_ids == ref[:ref.index(stop_tok) + 1]
+    llm.engine.eos_token_ids = {stop_tok}  # the model's end-of-sequence id stops it unless ignore_eos
+    o = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)[0].outputs[0]
+    assert o.finish_reason == "stop" and o.token_ids == reference_greedy(model, prompt, 16, eos=stop_tok)
+    o = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)[0]
+    assert o.outputs[0].token_ids == ref
+    text = llm.engine.decode(ref)
+    stop = next(text[i:i + 1] for i in range(2, len(text)) if text[i:i + 1].isprintable() and text[i] != "\ufffd")
+    o = LLM(model).generate(prompt, SamplingParams(temperature=0, max_tokens=16, stop=[stop], ignore_eos=True),
+                            use_tqdm=False)[0].outputs[0]
+    assert o.finish_reason == "stop" and o.stop_reason == stop and o.text == text[:text.index(stop)]
+
+
+def test_text_prompts_and_metrics(model):
+    llm = LLM(model)
+    outs = llm.generate(["hello", "a longer prompt with words"], SamplingParams(temperature=0, max_tokens=4,
+                                                                                ignore_eos=True), use_tqdm=False)
+    for o, p in zip(outs, ["hello", "a longer prompt with words"]):
+        assert o.prompt == p and o.prompt_token_ids == list(p.encode())
+        assert isinstance(o.outputs[0].text, str)
+        m = o.metrics
+        assert m.arrival_time <= m.first_token_time <= m.last_token_time <= m.finished_time
+        assert len(m.token_times) == 4 and m.ttft >= 0 and m.tpot >= 0
+
+
+def test_bad_inputs(model):
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0)
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+    llm = LLM(model)
+    with pytest.raises(ValueError, match="too long.*max_model_len=128"):
+        llm.generate([[1] * 200], GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match=r"\[0, 300\)"):
+        llm.generate([[1, 999]], GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        LLM(model, enable_chunked_prefill=False, max_num_batched_tokens=16)
+    with pytest.raises(ValueError, match="preemption_mode"):
+        LLM(model, preemption_mode="drop")
+    assert llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)[0].outputs[0].token_ids  # still serves
+
+
+def test_load_weights_clears_prefix_cache(model):
+    prompt = random_prompts(1, 40, 41, seed=8)[0]
+    llm = LLM(copy.deepcopy(model), block_size=8)
+    llm.generate(prompt, GREEDY, use_tqdm=False)
+    torch.manual_seed(1)
+    new = Transformer(model.cfg).eval()
+    with torch.no_grad():
+        for p in new.parameters():
+            p.mul_(5)
+    llm.load_weights(new.state_dict())
+    out = llm.generate(prompt, GREEDY, use_tqdm=False)[0]
+    assert out.num_cached_tokens == 0, "the prefix cache holds K/V of the old weights"
+    assert out.outputs[0].token_ids == reference_greedy(new, prompt, 16)
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                   rms_norm_eps=1e-6, initializer_range=0.1,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 5000.0})
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("kw", [{}, {"num_blocks": 20, "block_size": 4, "max_num_batched_tokens": 12},
+                                {"num_blocks": 20, "block_size": 4, "preemption_mode": "swap",
+                                 "max_num_batched_tokens": 5}],
+                         ids=["default", "chunks of 12 + preemption", "chunks of 5 + swap"])
+def test_greedy_equals_transformers_generate(hf_model, kw):
+    """The engine on a converted transformers Llama answers exactly what transformers' generate does."""
+    prompts = random_prompts(6, 2, 50, seed=9, vocab=320)
+    llm = LLM(hf_model, **kw)
+    assert llm.engine.eos_token_ids == {hf_model.generation_config.eos_token_id}  # 2 in transformers 5
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
+    with torch.no_grad():
+        for p, o in zip(prompts, outs):
+            want = hf_model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                     do_sample=False, max_new_tokens=12, pad_token_id=0)[0, len(p):].tolist()
+            assert o.outputs[0].token_ids == want
+            assert o.outputs[0].finish_reason == ("stop" if want[-1] == 2 else "length")
+    if kw:
+        assert sum(llm.engine.status()["preemptions"].values()) > 0
+
+
+def test_workload_prefix_hits_equal_the_analytical_count(model):
+    from mlsys_nb.inference.engine import LLMEngine
+    from mlsys_nb.inference.metrics import percentile, summarize
+    from mlsys_nb.inference.workload import make_workload, run_workload, shared_prefix_tokens
+
+    reqs = make_workload(10, rate=200.0, prompt_len=(20, 40), output_len=(2, 5), shared_prefix_len=17, n_prefixes=2,
+                         vocab_size=VOCAB, seed=3)
+    assert reqs == make_workload(10, rate=200.0, prompt_len=(20, 40), output_len=(2, 5), shared_prefix_len=17,
+                                 n_prefixes=2, vocab_size=VOCAB, seed=3)
+    assert all(b.arrival_time > a.arrival_time for a, b in itertools.pairwise(reqs))
+    eng = LLMEngine(model, block_size=4, max_num_seqs=1)  # one at a time: every earlier prefix is computed
+    outs, secs = run_workload(eng, reqs, use_tqdm=False)
+    assert eng.stats["cached_tokens"] == shared_prefix_tokens(reqs, 4) > 0
+    assert [len(o.outputs[0].token_ids) for o in outs] == [r.max_tokens for r in reqs]
+    s = summarize(outs, secs)
+    assert s["ttft_ms_p50"] <= s["ttft_ms_p99"] and s["e2e_ms_p50"] >= s["ttft_ms_p50"]
+    xs = [3.0, 1.0, 4.0, 1.5, 9.0]
+    import numpy as np
+    assert abs(percentile(xs, 90) - float(np.percentile(xs, 90))) < 1e-12
+
+
+
+def test_load_weights_from_a_transformers_state_dict(hf_model):
+    """RLHF pushes a trained transformers model's weights into a running engine."""
+    transformers = pytest.importorskip("transformers")
+    llm = LLM(copy.deepcopy(hf_model))
+    torch.manual_seed(7)
+    trained = transformers.LlamaForCausalLM(hf_model.config).eval()
+    prompt = random_prompts(1, 10, 20, seed=11, vocab=320)[0]
+    llm.load_weights(trained.state_dict())
+    got = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)[0]
+    with torch.no_grad():
+        want = trained.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                do_sample=False, max_new_tokens=8, min_new_tokens=8, pad_token_id=0)[0, len(prompt):]
+    assert got.outputs[0].token_ids == want.tolist()
+
+
+def test_cuda_graphs_need_cuda(model):
+    llm = LLM(model)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA graphs need"):
+            llm.engine.runner.capture_cuda_graphs()
+
+
+def test_cuda_graph_padding_changes_nothing(model):
+    """The CUDA-graph path's static buffers, run eagerly on CPU: a decode batch padded to its bucket by
+    repeating row 0 gives the same logits as the unpadded packed batch."""
+    from mlsys_nb.inference.model_runner import StepBatch, _StaticDecode
+
+    llm = LLM(model, block_size=4)
+    eng = llm.engine
+    for i, p in enumerate(random_prompts(3, 5, 30, seed=12)):
+        eng.add_request(str(i), p, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    for _ in range(4):
+        eng.step()
+    scheduled = eng.scheduler.schedule()
+    assert all(n == 1 for _, n in scheduled) and len(scheduled) == 3
+    batch = StepBatch(eng.kv, scheduled)
+    with torch.no_grad():
+        want = model(batch.tokens, positions=batch.positions, cache=batch)[0, batch.sample_rows]
+        io = _StaticDecode(eng.kv, 8, eng.kv.manager.blocks_needed(eng.max_model_len), "cpu")
+        io.load(batch)
+        got = model(io.tokens, positions=io.positions, cache=io)[0][:3][batch.sample_rows]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

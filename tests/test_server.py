@@ -1,0 +1,176 @@
+"""The OpenAI-compatible server, started as a real uvicorn process on a free loopback port and driven by
+the official ``openai`` client: concurrency, streaming deltas, OpenAI-style errors, disconnects."""
+import concurrent.futures as cf
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+openai = pytest.importorskip("openai")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "mlsys_nb.inference.serve", "--model", "tiny", "--port", str(port)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}: {proc.stdout.read()}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("server did not answer /health within 120 s")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", timeout=120, max_retries=0)
+
+
+def metrics(url) -> dict:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {line.split()[0].removeprefix("mlsys_nb_"): float(line.split()[1])
+            for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert httpx.get(server + "/health", timeout=10).status_code == 200
+    m = metrics(server)
+    assert {"num_requests_running", "num_requests_waiting", "kv_blocks_used", "generation_tokens_per_second"} <= set(m)
+
+
+def test_32_concurrent_requests_stream_equals_non_stream(server, client):
+    from mlsys_nb.inference import LLM, SamplingParams
+
+    prompts = [f"request {i}: " + "abc" * (i % 5) for i in range(32)]
+    kw = {"model": "tiny", "max_tokens": 24, "temperature": 0, "extra_body": {"ignore_eos": True}}
+
+    def plain(p):
+        return client.completions.create(prompt=p, **kw)
+
+    def streamed(p):
+        chunks = list(client.completions.create(prompt=p, stream=True, **kw))
+        return "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
+
+    with cf.ThreadPoolExecutor(32) as pool:
+        futures = [pool.submit(plain, p) for p in prompts] + [pool.submit(streamed, p) for p in prompts]
+        results = [f.result(timeout=300) for f in futures]
+    plain_out, stream_out = results[:32], results[32:]
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the server runs: the same reduction order, bit-identical logits
+    try:
+        offline = LLM("tiny", seed=0).generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+                                               use_tqdm=False)
+    finally:
+        torch.set_num_threads(threads)
+    for p, r, (text, finish), o in zip(prompts, plain_out, stream_out, offline):
+        assert r.choices[0].text == o.outputs[0].text, "the server must answer what the offline engine computes"
+        assert text == r.choices[0].text, "streamed deltas must concatenate to the non-streamed text"
+        assert finish == r.choices[0].finish_reason == "length"
+        assert r.usage.completion_tokens == 24 and r.usage.prompt_tokens == len(p.encode())
+    assert metrics(server)["num_requests_running"] == 0
+
+
+def test_chat_completions(client):
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=0, seed=1)
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    chunks = list(client.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=0,
+                                                 stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == r.choices[0].message.content
+    s1 = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=1.0, seed=3)
+    s2 = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=1.0, seed=3)
+    assert s1.choices[0].message.content == s2.choices[0].message.content, "seeded sampling is reproducible"
+    r = client.completions.create(model="tiny", prompt="hi", n=2, max_tokens=4, temperature=1.0, seed=0, logprobs=0,
+                                  extra_body={"ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1] and r.usage.completion_tokens == 8
+    assert len(r.choices[0].logprobs.token_logprobs) == 4 and all(x <= 0 for x in r.choices[0].logprobs.token_logprobs)
+
+
+def test_openai_style_errors(server, client):
+    r = httpx.post(server + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"},
+                   timeout=10)
+    assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    r = httpx.post(server + "/v1/completions", json={"model": "tiny", "prompt": "x", "temperature": -1}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.completions.create(model="gpt-4", prompt="hi")
+    assert e.value.status_code == 404 and "gpt-4" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt="x" * 500)
+    assert "too long" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tiny", messages=[])
+    assert client.completions.create(model="tiny", prompt="still serving", max_tokens=3).usage.completion_tokens >= 1
+
+
+def test_disconnect_mid_stream_frees_blocks(server):
+    before = metrics(server)
+    body = {"model": "tiny", "prompt": "a long story", "max_tokens": 110, "temperature": 0, "ignore_eos": True,
+            "stream": True, "n": 4}
+    with httpx.stream("POST", server + "/v1/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data:"))  # the first token arrived: it is running
+        assert metrics(server)["kv_blocks_used"] > 0
+    deadline = time.monotonic() + 30
+    while (m := metrics(server))["kv_blocks_used"] > 0 or m["num_requests_running"] > 0:
+        assert time.monotonic() < deadline, f"blocks not freed after the client went away: {m}"
+        time.sleep(0.1)
+    assert m["requests_aborted_total"] == before["requests_aborted_total"] + 1
+
+
+def test_response_format_json_schema(client):
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "required": ["city", "n"],
+              "properties": {"city": {"type": "string", "maxLength": 10}, "n": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    for seed in range(2):
+        r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a city?"}],
+                                           max_tokens=40, temperature=1.5, seed=seed, response_format=fmt)
+        jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}
+    with pytest.raises(openai.BadRequestError, match="json_schema"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=40,
+                                       response_format=bad)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=3,
+                                       response_format=fmt)
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=40,
+                                       response_format=fmt)  # the server still serves
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
