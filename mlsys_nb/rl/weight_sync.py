@@ -249,7 +249,7 @@ def sync_broadcast(model: nn.Module, roles: Roles, *, bucket_bytes: int = 1 << 2
     stats.seconds = time.perf_counter() - t0
     if counter is not None:
         counter.__exit__(None, None, None)
-        stats.wire_sent, stats.wire_received = counter.raw_sent_bytes, counter.raw_received_bytes
+        stats.wire_sent, stats.wire_received = counter.raw_bytes_sent, counter.raw_bytes_received
     return stats
 
 
