@@ -6,7 +6,8 @@ after every step. Here, small but real, on a local Ray cluster:
 
 - ``RLWorker``: a Ray actor holding a ``Transformer`` policy. As a *rollout* it samples responses with
   the kit's KV cache (``mlsys_nb.inference.generate``) and takes new weights with ``load_weights``
-  (the serving engine's name); as a *trainer* it does a REINFORCE step on a toy reward (the share of
+  (through the serving engine, ``inference.engine.LLM.load_weights``); as a *trainer* it does a
+  REINFORCE step on a toy reward (the share of
   response bytes equal to ``TARGET``) and hands out its weights (``get_weights``, through Ray's object
   store). A *hybrid* worker does both in one process (verl's hybrid engine): the sync is a local copy.
 - ``run(mode, steps)``: ``"colocated"`` (one hybrid worker, phases alternate: gen, sync, train),
@@ -112,6 +113,7 @@ class _Worker:
         self.lr, self.die_at_step, self.batch, self.response_len = lr, die_at_step, batch, response_len
         self.version = 0  # how many training steps the weights in self.model have seen
         self.train_version = 0
+        self.llm = None
 
     def pid(self) -> int:
         return os.getpid()
@@ -135,7 +137,12 @@ class _Worker:
     def load_weights(self, state: dict, version: int) -> float:
         """Copy ``state`` (name -> tensor) into the policy (the serving engine's ``LLM.load_weights``)."""
         t0 = time.perf_counter()
-        self.model.load_state_dict(state)
+        if getattr(self, "llm", None) is None:
+            from ..inference import ByteTokenizer
+            from ..inference.engine import LLM
+
+            self.llm = LLM(self.model, tokenizer=ByteTokenizer(), num_blocks=16)  # the engine around our policy
+        self.llm.load_weights(state)  # in place into self.model, prefix cache forgotten
         self.version = version
         return time.perf_counter() - t0
 
@@ -179,7 +186,7 @@ class _Worker:
         self.opt.step()
         self.version += 1 if self.train_model is None else 0
         self.train_version += 1
-        return {"train_s": time.perf_counter() - t0, "loss": float(loss), "version": self.train_version}
+        return {"train_s": time.perf_counter() - t0, "loss": float(loss.detach()), "version": self.train_version}
 
     def get_weights(self) -> dict:
         return {k: v.detach().clone() for k, v in self._trainee().state_dict().items()}
