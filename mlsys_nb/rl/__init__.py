@@ -13,6 +13,7 @@
 - ``rlhf``: RLHF on a tiny language model: a hidden true reward, SFT, a Bradley-Terry reward model, PPO with
   the four models and a per-token KL penalty, GRPO, DPO, and reward hacking at KL coefficient 0.
 """
+
 from .gae import discounted_returns, gae
 
 __all__ = ["discounted_returns", "evaluate", "gae", "pg", "ppo", "rlhf", "sb3_train", "train"]
