@@ -54,6 +54,7 @@ test-fast: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 format: setup
 	$(VENV)/bin/ruff format .

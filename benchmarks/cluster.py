@@ -8,6 +8,7 @@ alternative the cluster was designed against.
     .venv/bin/python benchmarks/cluster.py [--world-size 4] [--repeats 200] [--no-ipyparallel]
         [--out data/measured/cluster.md]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,11 @@ def _median_ms(fn, repeats, warmup=10):
         fn()
         samples.append(time.perf_counter() - t)
     samples.sort()
-    return (statistics.median(samples) * 1e3, samples[len(samples) // 10] * 1e3,
-            samples[(9 * len(samples)) // 10] * 1e3)
+    return (
+        statistics.median(samples) * 1e3,
+        samples[len(samples) // 10] * 1e3,
+        samples[(9 * len(samples)) // 10] * 1e3,
+    )
 
 
 def measure_cluster(world_size, repeats):
@@ -62,23 +66,20 @@ def measure_cluster(world_size, repeats):
     rows = []
     t = time.perf_counter()
     cluster = mlsys_nb.Cluster(world_size=world_size, timeout=60)
-    rows.append(("mlsys_nb.Cluster", "start (first, forkserver cold)", (time.perf_counter() - t) * 1e3,
-                 None, None))
+    rows.append(("mlsys_nb.Cluster", "start (first, forkserver cold)", (time.perf_counter() - t) * 1e3, None, None))
     t = time.perf_counter()
     cluster.restart()
-    rows.append(("mlsys_nb.Cluster", RESTART_ROW,
-                 (time.perf_counter() - t) * 1e3, None, None))
+    rows.append(("mlsys_nb.Cluster", RESTART_ROW, (time.perf_counter() - t) * 1e3, None, None))
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "mlsys_nb")
     sink = io.StringIO()
     with contextlib.redirect_stdout(sink):
-        for name, cell in (("%%ranks trivial cell", TRIVIAL),
-                           ("%%ranks 1-element all_reduce cell", ALL_REDUCE)):
-            rows.append(("mlsys_nb.Cluster", name,
-                         *_median_ms(lambda cell=cell: ip.run_cell_magic("ranks", "", cell), repeats)))
+        for name, cell in (("%%ranks trivial cell", TRIVIAL), ("%%ranks 1-element all_reduce cell", ALL_REDUCE)):
+            rows.append(
+                ("mlsys_nb.Cluster", name, *_median_ms(lambda cell=cell: ip.run_cell_magic("ranks", "", cell), repeats))
+            )
         inside = cluster.execute(IN_RANK.format(n=repeats), show=False)
-    rows.append(("baseline: inside a rank", IN_RANK_ROW,
-                 statistics.median(float(v) for v in inside) * 1e3, None, None))
+    rows.append(("baseline: inside a rank", IN_RANK_ROW, statistics.median(float(v) for v in inside) * 1e3, None, None))
     cluster.shutdown()
     return rows
 
@@ -93,14 +94,12 @@ def measure_ipyparallel(world_size, repeats):
     view = rc[:]
     view.execute("import torch", block=True)
     rows.append(("ipyparallel 9", "start + import torch", (time.perf_counter() - t) * 1e3, None, None))
-    rows.append(("ipyparallel 9", "trivial execute",
-                 *_median_ms(lambda: view.execute(TRIVIAL, block=True), repeats)))
+    rows.append(("ipyparallel 9", "trivial execute", *_median_ms(lambda: view.execute(TRIVIAL, block=True), repeats)))
     t = time.perf_counter()
     cluster.restart_engines_sync()
     rc.wait_for_engines(world_size, timeout=120)
     rc[:].execute("import torch", block=True)
-    rows.append(("ipyparallel 9", IPP_RESTART_ROW, (time.perf_counter() - t) * 1e3,
-                 None, None))
+    rows.append(("ipyparallel 9", IPP_RESTART_ROW, (time.perf_counter() - t) * 1e3, None, None))
     cluster.stop_cluster_sync()
     return rows
 
@@ -122,31 +121,38 @@ def main():
     by = {(who, what): med for who, what, med, *_ in rows}
     trivial = by[("mlsys_nb.Cluster", "%%ranks trivial cell")]
     reduce_cell = by[("mlsys_nb.Cluster", "%%ranks 1-element all_reduce cell")]
-    lines = [f"| system | measurement ({args.world_size} ranks) | median (ms) | p10 (ms) | p90 (ms) |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"| system | measurement ({args.world_size} ranks) | median (ms) | p10 (ms) | p90 (ms) |",
+        "|---|---|---|---|---|",
+    ]
     for who, what, med, p10, p90 in rows:
-        fmt = (lambda v: "" if v is None else f"{v:.2f}")
+        fmt = lambda v: "" if v is None else f"{v:.2f}"
         lines.append(f"| {who} | {what} | {med:.2f} | {fmt(p10)} | {fmt(p90)} |")
-    ratios = [f"- trivial cell: {trivial:.2f} ms (target <= 20 ms: "
-              f"{'met' if trivial <= 20 else 'NOT met'})",
-              f"- all_reduce cell: {reduce_cell:.2f} ms (target <= 30 ms: "
-              f"{'met' if reduce_cell <= 30 else 'NOT met'}); cell overhead above the in-rank "
-              f"all_reduce: {reduce_cell - by[('baseline: inside a rank', IN_RANK_ROW)]:.2f} ms"]
+    ratios = [
+        f"- trivial cell: {trivial:.2f} ms (target <= 20 ms: {'met' if trivial <= 20 else 'NOT met'})",
+        f"- all_reduce cell: {reduce_cell:.2f} ms (target <= 30 ms: "
+        f"{'met' if reduce_cell <= 30 else 'NOT met'}); cell overhead above the in-rank "
+        f"all_reduce: {reduce_cell - by[('baseline: inside a rank', IN_RANK_ROW)]:.2f} ms",
+    ]
     if not args.no_ipyparallel:
         ipp_trivial = by[("ipyparallel 9", "trivial execute")]
         ratios.append(f"- ipyparallel trivial execute / %%ranks trivial cell: {ipp_trivial / trivial:.1f}x")
-        ratios.append(f"- ipyparallel restart / Cluster restart: "
-                      f"{by[('ipyparallel 9', IPP_RESTART_ROW)] / by[('mlsys_nb.Cluster', RESTART_ROW)]:.1f}x")
+        ratios.append(
+            f"- ipyparallel restart / Cluster restart: "
+            f"{by[('ipyparallel 9', IPP_RESTART_ROW)] / by[('mlsys_nb.Cluster', RESTART_ROW)]:.1f}x"
+        )
     text = "\n".join([info, "", *lines, "", *ratios])
     print(text)
     if args.out:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                             text=True).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
         Path(args.out).write_text(
             "# Live-cluster overhead (`benchmarks/cluster.py`)\n\n"
             f"Regenerate: `.venv/bin/python benchmarks/cluster.py --out {args.out}` (commit {rev}).\n"
             "The machine was shared with other jobs while this ran: absolute times are noisy, the "
-            "ratios within one run are the comparison.\n\n" + text + "\n")
+            "ratios within one run are the comparison.\n\n" + text + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ Prints a table of medians, busbw (nccl-tests: algbw x 2(n-1)/n), busbw as a frac
 bandwidth and the ratio ring / torch. Target: ring >= 0.5x torch's busbw at >= 16 MiB.
 With ``--out`` it also writes the table with the machine description (markdown).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,26 +28,36 @@ TARGET = 0.5
 
 def run(ranks: int, repeats: int, backend: str, sizes=SIZES):
     mem = comm.memcpy_bandwidth(nbytes=64 * MiB, repeats=9)
-    df = comm.sweep(ops=("all_reduce",), sizes=sizes, world_sizes=(ranks,), impls=("torch", "ring"),
-                    backend=backend, warmup=1, repeats=repeats, timeout=600)
+    df = comm.sweep(
+        ops=("all_reduce",),
+        sizes=sizes,
+        world_sizes=(ranks,),
+        impls=("torch", "ring"),
+        backend=backend,
+        warmup=1,
+        repeats=repeats,
+        timeout=600,
+    )
     mem_after = comm.memcpy_bandwidth(nbytes=64 * MiB, repeats=9)
     memcpy = (mem.median_bytes_per_s + mem_after.median_bytes_per_s) / 2
     rows = []
     for size in sizes:
         t = df[(df["bytes"] == size) & (df["impl"] == "torch")].iloc[0]
         r = df[(df["bytes"] == size) & (df["impl"] == "ring")].iloc[0]
-        rows.append({
-            "size (MiB)": size // MiB,
-            f"{t['backend']} all_reduce median (ms)": t["median_s"] * 1e3,
-            f"{t['backend']} IQR (ms)": f"{t['q25_s'] * 1e3:.1f}-{t['q75_s'] * 1e3:.1f}",
-            "ring median (ms)": r["median_s"] * 1e3,
-            "ring IQR (ms)": f"{r['q25_s'] * 1e3:.1f}-{r['q75_s'] * 1e3:.1f}",
-            f"{t['backend']} busbw (GB/s)": t["busbw_Bps"] / 1e9,
-            "ring busbw (GB/s)": r["busbw_Bps"] / 1e9,
-            f"{t['backend']} / memcpy": t["busbw_Bps"] / memcpy,
-            "ring / memcpy": r["busbw_Bps"] / memcpy,
-            f"ring / {t['backend']}": r["busbw_Bps"] / t["busbw_Bps"],
-        })
+        rows.append(
+            {
+                "size (MiB)": size // MiB,
+                f"{t['backend']} all_reduce median (ms)": t["median_s"] * 1e3,
+                f"{t['backend']} IQR (ms)": f"{t['q25_s'] * 1e3:.1f}-{t['q75_s'] * 1e3:.1f}",
+                "ring median (ms)": r["median_s"] * 1e3,
+                "ring IQR (ms)": f"{r['q25_s'] * 1e3:.1f}-{r['q75_s'] * 1e3:.1f}",
+                f"{t['backend']} busbw (GB/s)": t["busbw_Bps"] / 1e9,
+                "ring busbw (GB/s)": r["busbw_Bps"] / 1e9,
+                f"{t['backend']} / memcpy": t["busbw_Bps"] / memcpy,
+                "ring / memcpy": r["busbw_Bps"] / memcpy,
+                f"ring / {t['backend']}": r["busbw_Bps"] / t["busbw_Bps"],
+            }
+        )
     import pandas as pd
 
     return pd.DataFrame(rows), memcpy, (mem, mem_after)
@@ -69,20 +80,31 @@ def main(argv=None):
     ok = bool((table[table["size (MiB)"] >= 16][ratio_col] >= TARGET).all())
     verdict = f"target ring >= {TARGET}x busbw at >= 16 MiB: {'MET' if ok else 'NOT MET'}"
     print(text)
-    print(f"memcpy bandwidth (copy into a preallocated 64 MiB tensor, median; before/after the run): "
-          f"{m0.median_bytes_per_s / 1e9:.2f} / {m1.median_bytes_per_s / 1e9:.2f} GB/s")
+    print(
+        f"memcpy bandwidth (copy into a preallocated 64 MiB tensor, median; before/after the run): "
+        f"{m0.median_bytes_per_s / 1e9:.2f} / {m1.median_bytes_per_s / 1e9:.2f} GB/s"
+    )
     print(verdict)
     if a.out:
-        lines = ["# Collectives benchmark: from-scratch ring all-reduce vs torch.distributed", "",
-                 f"Regenerate: `.venv/bin/python benchmarks/collectives.py --ranks {a.ranks} "
-                 f"--repeats {a.repeats} --out {a.out}`", "",
-                 "Machine: " + "; ".join(f"{k}: {v}" for k, v in info.items()) + ".",
-                 "The machine was **shared with other agents' jobs** while this ran: absolute numbers are "
-                 "noisy; the ratios come from one launch with the two implementations interleaved.", "",
-                 f"{a.ranks} ranks, float32, {a.repeats} timed repeats after 1 warm-up, time of a call = slowest "
-                 "rank, median and interquartile range (IQR). busbw = size / time x 2(n-1)/n (nccl-tests). "
-                 f"memcpy = {memcpy / 1e9:.2f} GB/s (mean of the medians before and after the sweep).", "",
-                 text, "", verdict, ""]
+        lines = [
+            "# Collectives benchmark: from-scratch ring all-reduce vs torch.distributed",
+            "",
+            f"Regenerate: `.venv/bin/python benchmarks/collectives.py --ranks {a.ranks} "
+            f"--repeats {a.repeats} --out {a.out}`",
+            "",
+            "Machine: " + "; ".join(f"{k}: {v}" for k, v in info.items()) + ".",
+            "The machine was **shared with other agents' jobs** while this ran: absolute numbers are "
+            "noisy; the ratios come from one launch with the two implementations interleaved.",
+            "",
+            f"{a.ranks} ranks, float32, {a.repeats} timed repeats after 1 warm-up, time of a call = slowest "
+            "rank, median and interquartile range (IQR). busbw = size / time x 2(n-1)/n (nccl-tests). "
+            f"memcpy = {memcpy / 1e9:.2f} GB/s (mean of the medians before and after the sweep).",
+            "",
+            text,
+            "",
+            verdict,
+            "",
+        ]
         a.out.write_text("\n".join(lines))
         print("wrote", a.out)
     return 0 if (ok or a.quick) else 1

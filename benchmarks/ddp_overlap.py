@@ -9,6 +9,7 @@ backward (``no_overlap``, the baseline), our DDP with buckets launched during ba
 (``overlap``) and PyTorch's DDP. Variants are interleaved round-robin. Prints medians over the
 repeats (the slowest rank per step) and ratios against the baseline measured in the same run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,9 +34,13 @@ def main() -> None:
     a = ap.parse_args()
     if a.quick:
         a.hidden, a.layers, a.rows, a.repeats, a.out = 64, 2, 8, 2, None
-    res = mlsys_nb.launch(time_ddp_steps, world_size=a.world_size, backend="gloo", timeout=600,
-                          kwargs=dict(hidden=a.hidden, layers=a.layers, rows=a.rows, bucket_cap_mb=a.bucket_mb,
-                                      repeats=a.repeats))
+    res = mlsys_nb.launch(
+        time_ddp_steps,
+        world_size=a.world_size,
+        backend="gloo",
+        timeout=600,
+        kwargs=dict(hidden=a.hidden, layers=a.layers, rows=a.rows, bucket_cap_mb=a.bucket_mb, repeats=a.repeats),
+    )
     # a step ends when its slowest rank ends
     step = {v: [max(r["times"][v][i] for r in res) for i in range(a.repeats)] for v in TIMING_VARIANTS}
     med = {v: statistics.median(t) for v, t in step.items()}
@@ -48,11 +53,15 @@ def main() -> None:
         "|---|---|---|---|---|",
     ]
     for v in TIMING_VARIANTS:
-        lines.append(f"| {v} | {1e3 * med[v]:.1f} | {1e3 * min(step[v]):.1f} | {1e3 * max(step[v]):.1f} | "
-                     f"{med[v] / base:.2f} |")
+        lines.append(
+            f"| {v} | {1e3 * med[v]:.1f} | {1e3 * min(step[v]):.1f} | {1e3 * max(step[v]):.1f} | {med[v] / base:.2f} |"
+        )
     hidden = (med["no_overlap"] - med["overlap"]) / max(med["no_overlap"] - med["compute_only"], 1e-12)
-    lines += ["", f"communication time hidden by overlap: {100 * hidden:.0f}% "
-                  f"((no_overlap - overlap) / (no_overlap - compute_only))"]
+    lines += [
+        "",
+        f"communication time hidden by overlap: {100 * hidden:.0f}% "
+        f"((no_overlap - overlap) / (no_overlap - compute_only))",
+    ]
     text = "\n".join(lines)
     print(text)
     if a.out:

@@ -13,6 +13,7 @@ Methods run alternately, one fresh process per method per round, so load from ot
 machine falls on all of them alike. Prints medians (s) and ratios against the named baseline
 (accelerate warm), plus the speed-up over mp.spawn. Not a test: numbers go to data/measured/.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -107,9 +108,13 @@ def run_child(method: str, world_size: int, calls: int, call_timeout: float) -> 
     The child runs in its own session so that a hung child and everything it forked can be
     killed together.
     """
-    p = subprocess.Popen([sys.executable, __file__, "--child", method, "--world-size", str(world_size),
-                          "--calls", str(calls)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
+    p = subprocess.Popen(
+        [sys.executable, __file__, "--child", method, "--world-size", str(world_size), "--calls", str(calls)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     times, hung = [], False
     with selectors.DefaultSelector() as selector:
         selector.register(p.stdout, selectors.EVENT_READ)
@@ -139,8 +144,9 @@ def main() -> None:
     parser.add_argument("--world-size", type=int, default=4)
     parser.add_argument("--child", choices=METHODS)
     parser.add_argument("--calls", type=int, default=1)
-    parser.add_argument("--call-timeout", type=float, default=90.0,
-                        help="seconds without a finished call before a child counts as hung")
+    parser.add_argument(
+        "--call-timeout", type=float, default=90.0, help="seconds without a finished call before a child counts as hung"
+    )
     parser.add_argument("--quick", action="store_true", help="one round, 2 ranks, 1 warm call")
     ns = parser.parse_args()
     if ns.quick:
@@ -149,14 +155,21 @@ def main() -> None:
         child(ns.child, ns.world_size, ns.calls)
         return
 
-    samples = {name: [] for name in ("mlsys_nb.launch cold", "mlsys_nb.launch warm",
-                                     "accelerate.notebook_launcher first", BASELINE,
-                                     "torch.multiprocessing.spawn",
-                                     "reference: fresh python -c 'import torch.distributed'")}
+    samples = {
+        name: []
+        for name in (
+            "mlsys_nb.launch cold",
+            "mlsys_nb.launch warm",
+            "accelerate.notebook_launcher first",
+            BASELINE,
+            "torch.multiprocessing.spawn",
+            "reference: fresh python -c 'import torch.distributed'",
+        )
+    }
     hangs = {method: 0 for method in METHODS}
     print(f"# {machine()}")
     for round_ in range(ns.rounds):
-        order = METHODS[round_ % 3:] + METHODS[: round_ % 3]  # rotate who goes first
+        order = METHODS[round_ % 3 :] + METHODS[: round_ % 3]  # rotate who goes first
         for method in order:
             calls = ns.spawn_calls if method == "mp_spawn" else 1 + ns.warm_calls
             times, hung = run_child(method, ns.world_size, calls, ns.call_timeout)
@@ -178,16 +191,22 @@ def main() -> None:
     medians = {k: statistics.median(v) for k, v in samples.items()}
     spawn = medians["torch.multiprocessing.spawn"]
     header = ("method", "n", "median s", "min s", "max s", "ratio to baseline", "speed-up vs mp.spawn")
-    print(f"\n{ns.world_size} ranks: start, one 1-element all_reduce (gloo), return. "
-          f"Baseline: {BASELINE}. {ns.rounds} rounds, methods alternated.\n")
+    print(
+        f"\n{ns.world_size} ranks: start, one 1-element all_reduce (gloo), return. "
+        f"Baseline: {BASELINE}. {ns.rounds} rounds, methods alternated.\n"
+    )
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for name, values in samples.items():
-        print(f"| {name} | {len(values)} | {medians[name]:.3f} | {min(values):.3f} | {max(values):.3f} | "
-              f"{medians[name] / medians[BASELINE]:.2f} | {spawn / medians[name]:.1f}x |")
+        print(
+            f"| {name} | {len(values)} | {medians[name]:.3f} | {min(values):.3f} | {max(values):.3f} | "
+            f"{medians[name] / medians[BASELINE]:.2f} | {spawn / medians[name]:.1f}x |"
+        )
     warm = medians["mlsys_nb.launch warm"]
-    print(f"\nTargets: warm / accelerate warm = {warm / medians[BASELINE]:.2f} (<= 1.0), "
-          f"mp.spawn / warm = {spawn / warm:.0f}x (>= 20x), cold = {medians['mlsys_nb.launch cold']:.2f} s (<= 2 s)")
+    print(
+        f"\nTargets: warm / accelerate warm = {warm / medians[BASELINE]:.2f} (<= 1.0), "
+        f"mp.spawn / warm = {spawn / warm:.0f}x (>= 20x), cold = {medians['mlsys_nb.launch cold']:.2f} s (<= 2 s)"
+    )
     print(f"Load average at the end: {os.getloadavg()[0]:.1f} (other jobs share this machine)")
     print(f"Child processes that hung (no call finished within {ns.call_timeout:g} s, killed): {hangs}")
 

@@ -7,6 +7,7 @@ the named baseline; (b) a full widget update after one control change (estimate,
 bar redrawn) including rendering the figure to PNG (what the front end receives), cycling the
 sequence-length, TP, ZeRO and model controls. Prints medians, spreads and the ratio to (a).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,16 @@ from mlsys_nb.widgets.memory import MemoryWidget  # noqa: E402
 from mlsys_nb.runtime.machine import summary as machine
 
 TARGET_S = 0.100
-CHANGES = [{"seq_len": 8192}, {"tp": 4}, {"zero": 3}, {"model": "llama-3.1-70b"},
-           {"seq_len": 4096}, {"tp": 8}, {"zero": 1}, {"model": "llama-3.1-8b"}]
+CHANGES = [
+    {"seq_len": 8192},
+    {"tp": 4},
+    {"zero": 3},
+    {"model": "llama-3.1-70b"},
+    {"seq_len": 4096},
+    {"tp": 8},
+    {"zero": 1},
+    {"model": "llama-3.1-8b"},
+]
 
 
 def main() -> None:
@@ -54,9 +63,12 @@ def main() -> None:
             full.append(t2 - t1)
             calc_cpu.append(c1 - c0)
             full_cpu.append(c2 - c1)
-    rows = [("memory.estimate only (baseline), wall", calc), ("widget update + PNG render, wall", full),
-            ("memory.estimate only, CPU time of this process", calc_cpu),
-            ("widget update + PNG render, CPU time of this process", full_cpu)]
+    rows = [
+        ("memory.estimate only (baseline), wall", calc),
+        ("widget update + PNG render, wall", full),
+        ("memory.estimate only, CPU time of this process", calc_cpu),
+        ("widget update + PNG render, CPU time of this process", full_cpu),
+    ]
     base = statistics.median(calc)
     lines = ["| step | median (ms) | min (ms) | max (ms) | ratio to baseline (wall) |", "|---|---|---|---|---|"]
     for n, xs in rows:
@@ -68,12 +80,15 @@ def main() -> None:
         f"\n\nTarget: widget update <= {TARGET_S * 1e3:.0f} ms median. Wall: {wall * 1e3:.0f} ms "
         f"({'meets' if wall <= TARGET_S else 'misses'}); CPU time of the process (what an idle machine would "
         f"take): {cpu * 1e3:.0f} ms ({'meets' if cpu <= TARGET_S else 'misses'}). 1-min load average during "
-        f"the run: {load} on {subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores.\n")
+        f"the run: {load} on {subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores.\n"
+    )
     print(text)
     if args.out:
         with open(args.out, "w") as f:
-            f.write(f"# Memory widget redraw time\n\nMachine: {machine()} (shared with other jobs: noisy).\n"
-                    f"Command: `.venv/bin/python benchmarks/memory_widget.py --repeats {args.repeats}`\n\n{text}")
+            f.write(
+                f"# Memory widget redraw time\n\nMachine: {machine()} (shared with other jobs: noisy).\n"
+                f"Command: `.venv/bin/python benchmarks/memory_widget.py --repeats {args.repeats}`\n\n{text}"
+            )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@
 
     .venv/bin/python benchmarks/paged_attention.py [--quick] [--repeats 20] [--out data/measured/paged_attention.md]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,7 +49,7 @@ def gqa_in_place_cache_class():
             kc, vc = self.k[layer_idx], self.v[layer_idx]
             for i in range(b):
                 seq, lo, cnt = int(ids[i]), int(start[i]), int(n[i])
-                kc[seq, :, lo:lo + cnt], vc[seq, :, lo:lo + cnt] = k[i, :, :cnt], v[i, :, :cnt]
+                kc[seq, :, lo : lo + cnt], vc[seq, :, lo : lo + cnt] = k[i, :, :cnt], v[i, :, :cnt]
             t = int((start + n).max())
             rows = slice(0, b) if torch.equal(ids, torch.arange(b)) else ids  # a view when rows are 0..b-1
             keys, values = kc[rows, :, :t], vc[rows, :, :t]
@@ -75,8 +76,10 @@ def decode_step_rows(model, batch, context, block_sizes, repeats):
     tok = torch.randint(0, cfg.vocab_size, (batch, 1), generator=gen)
     variants = []
     with torch.no_grad():
-        for name, cls in (("contiguous KVCache (package)", KVCache),
-                          ("contiguous, SDPA enable_gqa (no K/V copy)", gqa_in_place_cache_class())):
+        for name, cls in (
+            ("contiguous KVCache (package)", KVCache),
+            ("contiguous, SDPA enable_gqa (no K/V copy)", gqa_in_place_cache_class()),
+        ):
             kv = cls(model, batch, context + steps + 1)
             model(prompt, cache=kv)
             variants.append((name, None, lambda kv=kv: model(tok, cache=kv)))
@@ -121,8 +124,13 @@ def attention_only_rows(cfg, batch, context, block_sizes, repeats):
         k_pool, v_pool = torch.randn(batch * nb, bs, kv, d), torch.randn(batch * nb, bs, kv, d)
         tables = torch.randperm(batch * nb).view(batch, nb)
         lens = torch.full((batch,), context)
-        rows.append((f"paged_attention, block {bs}", bs,
-                     median_ms(lambda a=(q, k_pool, v_pool, tables, lens): paged_attention(*a), repeats)))
+        rows.append(
+            (
+                f"paged_attention, block {bs}",
+                bs,
+                median_ms(lambda a=(q, k_pool, v_pool, tables, lens): paged_attention(*a), repeats),
+            )
+        )
     return rows
 
 
@@ -135,12 +143,18 @@ def prefix_rows(model, n_requests, system_len, question_len, block_size):
     cfg = model.cfg
     gen = torch.Generator().manual_seed(1)
     system = torch.randint(0, cfg.vocab_size, (system_len,), generator=gen).tolist()
-    prompts = [system + torch.randint(0, cfg.vocab_size, (question_len,), generator=gen).tolist()
-               for _ in range(n_requests + 1)]  # request 0 warms the cache (and the interpreter)
+    prompts = [
+        system + torch.randint(0, cfg.vocab_size, (question_len,), generator=gen).tolist()
+        for _ in range(n_requests + 1)
+    ]  # request 0 warms the cache (and the interpreter)
     out, first_tokens = {}, {}
     for caching in (False, True):
-        cache = PagedKVCache(model, num_blocks=(n_requests + 2) * (-(-(system_len + question_len) // block_size)),
-                             block_size=block_size, prefix_caching=caching)
+        cache = PagedKVCache(
+            model,
+            num_blocks=(n_requests + 2) * (-(-(system_len + question_len) // block_size)),
+            block_size=block_size,
+            prefix_caching=caching,
+        )
         ttft, computed = [], 0
         with torch.no_grad():
             for i, p in enumerate(prompts):
@@ -167,16 +181,25 @@ def fragmentation_lines(n_requests, max_len=2048):
 
     rng = random.Random(0)
     lengths = [rng.randint(1, max_len) for _ in range(n_requests)]
-    lines = [f"## 3 · Fragmentation: {n_requests} requests, lengths uniform in [1, {max_len}], max_len {max_len}", "",
-             "| allocation | slots reserved | slots holding a token | max waste per request (tokens) |",
-             "|---|---|---|---|"]
+    lines = [
+        f"## 3 · Fragmentation: {n_requests} requests, lengths uniform in [1, {max_len}], max_len {max_len}",
+        "",
+        "| allocation | slots reserved | slots holding a token | max waste per request (tokens) |",
+        "|---|---|---|---|",
+    ]
     r = None
     for bs in (1, 8, 16, 32, 128):
         r = fragmentation(lengths, block_size=bs, max_seq_len=max_len)
-        lines.append(f"| paged, block {bs} | {r['paged_slots']:,} | {r['paged_utilization']:.1%} | "
-                     f"{max(r['waste_per_seq'])} |")
-    lines += [(f"| contiguous, {max_len} per request | {r['contiguous_slots']:,} | {r['contiguous_utilization']:.1%} | "
-              f"{max(max_len - n for n in lengths)} |"), ""]
+        lines.append(
+            f"| paged, block {bs} | {r['paged_slots']:,} | {r['paged_utilization']:.1%} | {max(r['waste_per_seq'])} |"
+        )
+    lines += [
+        (
+            f"| contiguous, {max_len} per request | {r['contiguous_slots']:,} | {r['contiguous_utilization']:.1%} | "
+            f"{max(max_len - n for n in lengths)} |"
+        ),
+        "",
+    ]
     return lines
 
 
@@ -185,9 +208,13 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small sizes, a few seconds, no targets, no record")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--out", default=None, help="write a markdown report here (default: print only)")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch intra-op threads (default 1: on a shared 2-core box, 2 threads make small copies "
-                         "spike to tens of ms when other jobs hold the cores)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1: on a shared 2-core box, 2 threads make small copies "
+        "spike to tens of ms when other jobs hold the cores)",
+    )
     args = ap.parse_args()
 
     import torch
@@ -218,33 +245,60 @@ def main():
     ratio16_fair = next(ms for _, bs, ms in decode if bs == 16) / fair
     (c0, t0), (c1, t1) = prefix[False], prefix[True]
     lines = [
-        f"# Paged KV cache and prefix caching ({'quick' if args.quick else 'full'} run)", "",
-        f"Machine: {machine()} (shared with other jobs: times are medians and ratios come from the same run).", "",
-        "Command: `.venv/bin/python benchmarks/paged_attention.py --out data/measured/paged_attention.md`.", "",
-        (f"Model: `small` preset (L={cfg.n_layers}, hidden={cfg.hidden}, heads={cfg.n_heads}, "
-        f"kv heads={cfg.n_kv_heads}, head_dim={cfg.head_dim}), fp32, random weights, torch.no_grad, "
-        f"{args.threads} torch thread(s). Contiguous baseline: the package's `KVCache` (one preallocated "
-        "[n_seqs, n_kv_heads, max_len, head_dim] tensor per layer, SDPA over the cached prefix)."), "",
-        f"## 1 · Decode step: batch {batch}, {context} cached tokens per sequence (median of {repeats})", "",
-        "| cache | ms per step | vs package KVCache | vs contiguous without K/V copy |", "|---|---|---|---|",
-        *[f"| {name} | {ms:.2f} | {ms / base:.2f}x | {ms / fair:.2f}x |" for name, _, ms in decode], "",
-        (f"Paged at block size 16: **{ratio16:.2f}x** the package's `KVCache`, **{ratio16_fair:.2f}x** the "
-         "contiguous cache without the K/V copy" + ("" if args.quick else
-         f" (target <= 1.5x: {'met' if ratio16_fair <= 1.5 else 'NOT met'})") + ". The paged step includes the "
-         "block manager's bookkeeping (append_tokens) and building the block tables."), "",
-        ("Attention alone, one decode token (all heads, one layer). `paged_attention` gathers each sequence's "
-         "blocks into a new tensor before SDPA (a CUDA kernel such as vLLM's reads them in place), so alone it "
-         "costs more than SDPA over contiguous K/V; the whole-step ratio above is what a decode step pays:"), "",
-        "| attention | ms | vs SDPA |", "|---|---|---|",
-        *[f"| {name} | {ms:.3f} | {ms / attn[0][2]:.2f}x |" for name, _, ms in attn], "",
-        (f"## 2 · Prefix caching: {n_req} requests = {system_len}-token shared system prompt + "
-        f"{question_len}-token question, served one by one (block size 16)"), "",
-        "| | prefill tokens computed | median time to first token (ms) |", "|---|---|---|",
+        f"# Paged KV cache and prefix caching ({'quick' if args.quick else 'full'} run)",
+        "",
+        f"Machine: {machine()} (shared with other jobs: times are medians and ratios come from the same run).",
+        "",
+        "Command: `.venv/bin/python benchmarks/paged_attention.py --out data/measured/paged_attention.md`.",
+        "",
+        (
+            f"Model: `small` preset (L={cfg.n_layers}, hidden={cfg.hidden}, heads={cfg.n_heads}, "
+            f"kv heads={cfg.n_kv_heads}, head_dim={cfg.head_dim}), fp32, random weights, torch.no_grad, "
+            f"{args.threads} torch thread(s). Contiguous baseline: the package's `KVCache` (one preallocated "
+            "[n_seqs, n_kv_heads, max_len, head_dim] tensor per layer, SDPA over the cached prefix)."
+        ),
+        "",
+        f"## 1 · Decode step: batch {batch}, {context} cached tokens per sequence (median of {repeats})",
+        "",
+        "| cache | ms per step | vs package KVCache | vs contiguous without K/V copy |",
+        "|---|---|---|---|",
+        *[f"| {name} | {ms:.2f} | {ms / base:.2f}x | {ms / fair:.2f}x |" for name, _, ms in decode],
+        "",
+        (
+            f"Paged at block size 16: **{ratio16:.2f}x** the package's `KVCache`, **{ratio16_fair:.2f}x** the "
+            "contiguous cache without the K/V copy"
+            + ("" if args.quick else f" (target <= 1.5x: {'met' if ratio16_fair <= 1.5 else 'NOT met'})")
+            + ". The paged step includes the "
+            "block manager's bookkeeping (append_tokens) and building the block tables."
+        ),
+        "",
+        (
+            "Attention alone, one decode token (all heads, one layer). `paged_attention` gathers each sequence's "
+            "blocks into a new tensor before SDPA (a CUDA kernel such as vLLM's reads them in place), so alone it "
+            "costs more than SDPA over contiguous K/V; the whole-step ratio above is what a decode step pays:"
+        ),
+        "",
+        "| attention | ms | vs SDPA |",
+        "|---|---|---|",
+        *[f"| {name} | {ms:.3f} | {ms / attn[0][2]:.2f}x |" for name, _, ms in attn],
+        "",
+        (
+            f"## 2 · Prefix caching: {n_req} requests = {system_len}-token shared system prompt + "
+            f"{question_len}-token question, served one by one (block size 16)"
+        ),
+        "",
+        "| | prefill tokens computed | median time to first token (ms) |",
+        "|---|---|---|",
         f"| no prefix caching | {c0} | {t0:.1f} |",
-        f"| prefix caching | {c1} | {t1:.1f} |", "",
-        (f"Prefill tokens saved: {c0 - c1} of {c0} ({(c0 - c1) / c0:.1%}); TTFT speed-up **{t0 / t1:.1f}x**"
-         + ("" if args.quick else f" (target >= 2x: {'met' if t0 / t1 >= 2 else 'NOT met'})") + ". The first "
-         "token of every request is the same with and without caching (checked in the run)."), "",
+        f"| prefix caching | {c1} | {t1:.1f} |",
+        "",
+        (
+            f"Prefill tokens saved: {c0 - c1} of {c0} ({(c0 - c1) / c0:.1%}); TTFT speed-up **{t0 / t1:.1f}x**"
+            + ("" if args.quick else f" (target >= 2x: {'met' if t0 / t1 >= 2 else 'NOT met'})")
+            + ". The first "
+            "token of every request is the same with and without caching (checked in the run)."
+        ),
+        "",
         *fragmentation_lines(200 if args.quick else 2000),
     ]
     report = "\n".join(lines)

@@ -7,6 +7,7 @@ structure costs on top of the op count.
 
     .venv/bin/python benchmarks/pipeline.py [--repeats 5] [--out data/measured/pipeline.md]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,20 +40,28 @@ def main():
     if args.quick:
         args.repeats, args.out = 1, None
 
-
     from mlsys_nb.pipeline import schedule, simulate
 
     P, M = (8, 32) if args.quick else (64, 512)
-    cases = [("gpipe", None), ("1f1b", None), ("interleaved-1f1b", 4), ("zb-h1", None), ("zb-h2", None),
-             ("zbv", None), ("dualpipe", None), ("dualpipev", None)]
+    cases = [
+        ("gpipe", None),
+        ("1f1b", None),
+        ("interleaved-1f1b", 4),
+        ("zb-h1", None),
+        ("zb-h2", None),
+        ("zbv", None),
+        ("dualpipe", None),
+        ("dualpipev", None),
+    ]
     rows = []
     for name, v in cases:
         split = name in ("zb-h1", "zb-h2", "zbv", "dualpipe", "dualpipev")
         costs = dict(F=1.0, B=1.0, W=1.0) if split else dict(F=1.0, B=2.0)
         gen = timed(lambda name=name, v=v: schedule(name, P, M, v), args.repeats)
         s = schedule(name, P, M, v)
-        first = timed(lambda name=name, v=v, costs=costs: simulate(schedule(name, P, M, v), **costs),
-                      args.repeats)  # build + simulate
+        first = timed(
+            lambda name=name, v=v, costs=costs: simulate(schedule(name, P, M, v), **costs), args.repeats
+        )  # build + simulate
         sim = timed(lambda s=s, costs=costs: simulate(s, **costs), args.repeats)  # schedule reused
         ops = sum(map(len, s.compute))
         rows.append((name, s.v, ops, gen, first, sim))
@@ -72,8 +81,7 @@ def main():
     lines = [
         "# Pipeline simulator and widget speed",
         "",
-        f"Machine: {machine()} "
-        "(the machine was shared with other jobs: wall times are inflated, CPU times less so).",
+        f"Machine: {machine()} (the machine was shared with other jobs: wall times are inflated, CPU times less so).",
         "",
         f"Medians of {args.repeats} runs; regenerate with "
         "`.venv/bin/python benchmarks/pipeline.py --out data/measured/pipeline.md`.",
@@ -85,8 +93,10 @@ def main():
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, v, ops, gen, first, sim in rows:
-        lines.append(f"| {name} | {v} | {ops} | {gen[0]:.3f} | {first[0]:.3f} | {first[1]:.3f} | {sim[0]:.3f} | "
-                     f"{sim[1]:.3f} | {first[0] / base:.2f} |")
+        lines.append(
+            f"| {name} | {v} | {ops} | {gen[0]:.3f} | {first[0]:.3f} | {first[1]:.3f} | {sim[0]:.3f} | "
+            f"{sim[1]:.3f} | {first[0] / base:.2f} |"
+        )
     lines += [
         "",
         "## Widget slider move at p = 16, m = 64 (interleaved-1f1b, v = 2; target <= 150 ms median)",

@@ -7,6 +7,7 @@ on a random sample extrapolated to all of them with ``--quick``; the table says 
 
     .venv/bin/python benchmarks/planner.py [--quick] [--repeats 3] [--out data/measured/planner.md]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,12 +24,25 @@ from mlsys_nb.runtime.machine import summary as machine  # noqa: E402
 
 CASES = {
     "Llama 3.1 405B, 16,384 H100, 16M tokens x 8K": (
-        "llama-3.1-405b", dict(gpus=16384, gpu="H100-SXM", global_batch_tokens=2048 * 8192, seq_len=8192)),
+        "llama-3.1-405b",
+        dict(gpus=16384, gpu="H100-SXM", global_batch_tokens=2048 * 8192, seq_len=8192),
+    ),
     "DeepSeek-V3, 2,048 H800, 15,360 x 4K": (
-        "deepseek-v3", dict(gpus=2048, gpu="H800-SXM", global_batch_tokens=15360 * 4096, seq_len=4096,
-                            precision="fp8-dsv3", ep_copies=4, ep_bytes=1.5)),
+        "deepseek-v3",
+        dict(
+            gpus=2048,
+            gpu="H800-SXM",
+            global_batch_tokens=15360 * 4096,
+            seq_len=4096,
+            precision="fp8-dsv3",
+            ep_copies=4,
+            ep_bytes=1.5,
+        ),
+    ),
     "Llama 3 70B, 1,024 H100, 4M tokens x 4K": (
-        "llama-3-70b", dict(gpus=1024, gpu="H100-SXM", global_batch_tokens=1024 * 4096, seq_len=4096)),
+        "llama-3-70b",
+        dict(gpus=1024, gpu="H100-SXM", global_batch_tokens=1024 * 4096, seq_len=4096),
+    ),
 }
 
 
@@ -49,8 +63,18 @@ def exhaustive(model, kw, sample=None, seed=0):
     from mlsys_nb import memory, planner
 
     ctx = planner._context(model, **kw)
-    cands, _ = planner._candidates(ctx, None, None, None, None, (0, 1, 2, 3), ("none", "selective", "full"), None,
-                                   ("1f1b", "interleaved-1f1b", "zb-h1", "dualpipe"), None)
+    cands, _ = planner._candidates(
+        ctx,
+        None,
+        None,
+        None,
+        None,
+        (0, 1, 2, 3),
+        ("none", "selective", "full"),
+        None,
+        ("1f1b", "interleaved-1f1b", "zb-h1", "dualpipe"),
+        None,
+    )
     pick = random.Random(seed).sample(cands, sample) if sample and sample < len(cands) else cands
     t = time.perf_counter()
     fits = []
@@ -79,6 +103,7 @@ def main():
     cases = dict(list(CASES.items())[:1]) if args.quick else CASES
     rows = []
     for label, (model, kw) in cases.items():
+
         def run(model=model, kw=kw):
             return planner.search(model, **kw)
 
@@ -104,11 +129,15 @@ def main():
     ]
     for label, a, cold, warm, exh, full, best in rows:
         exh_s = f"{exh:.1f}" + ("" if full else " (extrapolated from 200)")
-        lay = (f"{best.dp}, {best.tp}, {best.pp}, {best.cp}, {best.ep}, {best.zero}, {best.recompute}, "
-               f"{best.schedule}, {best.v}")
-        lines.append(f"| {label} | {a['candidates']} | {a['pruned']} | {a['timed']} | {a['memory_estimates']} | "
-                     f"{cold[0]:.2f} | {cold[1]:.2f} | {warm[0]:.2f} | {exh_s} | {exh / cold[0]:.1f} | {lay} | "
-                     f"{best.mfu:.1%} |")
+        lay = (
+            f"{best.dp}, {best.tp}, {best.pp}, {best.cp}, {best.ep}, {best.zero}, {best.recompute}, "
+            f"{best.schedule}, {best.v}"
+        )
+        lines.append(
+            f"| {label} | {a['candidates']} | {a['pruned']} | {a['timed']} | {a['memory_estimates']} | "
+            f"{cold[0]:.2f} | {cold[1]:.2f} | {warm[0]:.2f} | {exh_s} | {exh / cold[0]:.1f} | {lay} | "
+            f"{best.mfu:.1%} |"
+        )
     lines.append("")
     text = "\n".join(lines)
     print(text)

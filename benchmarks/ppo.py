@@ -13,6 +13,7 @@ fresh seeds (1e7 + 1000 * seed + i), which is the check of "any seed reaches 475
 Full runs write data/measured/ppo.md, data/measured/ppo_cartpole.md and data/measured/ppo_cartpole.csv.
 ``--quick``: one seed, 2048 steps each, no evaluation, nothing written (a few seconds; used by tests).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,31 +48,54 @@ def run(seeds: list[int], total_steps: int | None):
                     _, curve = sb3_train("CartPole-v1", seed=seed, total_steps=total_steps or 100_000)
                 policy = None
             wall = time.perf_counter() - t
-            fresh = (float(evaluate(policy, "CartPole-v1", 100, 10**7 + 1000 * seed).mean())
-                     if policy is not None and total_steps is None else float("nan"))
-            rows.append({"seed": seed, "method": name, "reached_steps": curve.attrs["reached"],
-                         "steps_run": int(curve.env_steps.iloc[-1]), "wall_s": curve.wall_s.iloc[-1],
-                         "train_s": curve.wall_s.iloc[-1] - curve.attrs["eval_s"], "eval_s": curve.attrs["eval_s"],
-                         "call_s": wall, "passing_eval": curve.eval_return.max(), "fresh_eval": fresh})
-            print(f"seed {seed} {name:18s} reached {rows[-1]['reached_steps']} steps, {rows[-1]['wall_s']:.1f} s "
-                  f"(train {rows[-1]['train_s']:.1f} s)", flush=True)
+            fresh = (
+                float(evaluate(policy, "CartPole-v1", 100, 10**7 + 1000 * seed).mean())
+                if policy is not None and total_steps is None
+                else float("nan")
+            )
+            rows.append(
+                {
+                    "seed": seed,
+                    "method": name,
+                    "reached_steps": curve.attrs["reached"],
+                    "steps_run": int(curve.env_steps.iloc[-1]),
+                    "wall_s": curve.wall_s.iloc[-1],
+                    "train_s": curve.wall_s.iloc[-1] - curve.attrs["eval_s"],
+                    "eval_s": curve.attrs["eval_s"],
+                    "call_s": wall,
+                    "passing_eval": curve.eval_return.max(),
+                    "fresh_eval": fresh,
+                }
+            )
+            print(
+                f"seed {seed} {name:18s} reached {rows[-1]['reached_steps']} steps, {rows[-1]['wall_s']:.1f} s "
+                f"(train {rows[-1]['train_s']:.1f} s)",
+                flush=True,
+            )
     return pd.DataFrame(rows)
 
 
 def table(df: pd.DataFrame, quick: bool) -> str:
     col = "steps_run" if quick else "reached_steps"
-    header = (f"| method | seeds | reached 475 | median env steps{' run' if quick else ' to 475'} | median wall s "
-              "| median training s | steps ratio | wall ratio | training ratio |")
+    header = (
+        f"| method | seeds | reached 475 | median env steps{' run' if quick else ' to 475'} | median wall s "
+        "| median training s | steps ratio | wall ratio | training ratio |"
+    )
     lines = [header, "|---|---|---|---|---|---|---|---|---|"]
     med = {}
     for name, g in df.groupby("method", sort=False):
-        med[name] = (statistics.median(g[col].fillna(np.inf)), statistics.median(g.wall_s),
-                     statistics.median(g.train_s))
+        med[name] = (
+            statistics.median(g[col].fillna(np.inf)),
+            statistics.median(g.wall_s),
+            statistics.median(g.train_s),
+        )
     base = med["stable-baselines3"]
     for name, (s, w, t) in med.items():
         reached = int(df[df.method == name].reached_steps.notna().sum())
-        lines.append(f"| {name} | {len(df[df.method == name])} | {reached} | {s:.0f} | {w:.2f} | {t:.2f} | "
-                     f"{s / base[0]:.2f} | {w / base[1]:.2f} | {t / base[2]:.2f} |")
+        lines.append(
+            f"| {name} | {len(df[df.method == name])} | {reached} | {s:.0f} | {w:.2f} | {t:.2f} | "
+            f"{s / base[0]:.2f} | {w / base[1]:.2f} | {t / base[2]:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -99,7 +123,8 @@ def main():
         "Same hyper-parameters and stopping rule (greedy 100-episode evaluation >= 475, see the script's docstring).\n"
         "wall = training + evaluations; training = wall minus evaluation time.\n\n"
         f"- Machine at start: {start_machine}\n- Machine at end: {end_machine}\n\n" + tab + "\n\n"
-        "Per seed:\n\n" + df.to_markdown(index=False, floatfmt=".2f") + "\n")
+        "Per seed:\n\n" + df.to_markdown(index=False, floatfmt=".2f") + "\n"
+    )
     (OUT / "ppo_cartpole.md").write_text(
         "# PPO on CartPole-v1, seeds 0-9: every seed reaches 475\n\n"
         "`mlsys_nb.rl.ppo.train('CartPole-v1', seed=s)` with its defaults, one torch thread; it stops at the first\n"
@@ -108,9 +133,12 @@ def main():
         "Regenerate with `benchmarks/ppo.py` (also writes ppo_cartpole.csv).\n\n"
         f"- Machine at start: {start_machine}\n- Machine at end: {end_machine}\n\n"
         + ours[["seed", "reached_steps", "wall_s", "train_s", "passing_eval", "fresh_eval"]].to_markdown(
-            index=False, floatfmt=".1f") + "\n\n"
+            index=False, floatfmt=".1f"
+        )
+        + "\n\n"
         f"All seeds >= 475 on fresh episodes: {bool((ours.fresh_eval >= 475).all())}; slowest seed "
-        f"{ours.wall_s.max():.1f} s, most steps {int(ours.reached_steps.max())}.\n")
+        f"{ours.wall_s.max():.1f} s, most steps {int(ours.reached_steps.max())}.\n"
+    )
     print(f"wrote {OUT / 'ppo.md'}, {OUT / 'ppo_cartpole.md'}, {OUT / 'ppo_cartpole.csv'}")
 
 

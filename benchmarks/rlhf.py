@@ -11,6 +11,7 @@ shows the margins of the thresholds notebook 18 and tests/test_rlhf.py assert, a
 relative to PPO (ratio < 1: cheaper).
 Full runs write data/measured/rlhf.md. ``--quick``: one seed, 3 iterations / 10 DPO steps, nothing written.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,18 +41,34 @@ def run(seeds: list[int], quick: bool) -> pd.DataFrame:
         rm.normalize(pol, seed=seed)
         acc = R.preference_accuracy(rm, pairs[2000:])
         common = {"seed": seed, "progress": False}
-        runs = [("PPO beta=0.3", R.ppo, (pol, rm), {"kl_coef": 0.3, "iterations": iters}),
-                ("PPO beta=0", R.ppo, (pol, rm), {"kl_coef": 0.0, "iterations": iters}),
-                ("GRPO beta=0.3", R.grpo, (pol, rm), {"kl_coef": 0.3, "iterations": iters}),
-                ("DPO beta=0.1", R.dpo, (pol, pairs[:2000], rm), {"beta": 0.1, "steps": dpo_steps})]
+        runs = [
+            ("PPO beta=0.3", R.ppo, (pol, rm), {"kl_coef": 0.3, "iterations": iters}),
+            ("PPO beta=0", R.ppo, (pol, rm), {"kl_coef": 0.0, "iterations": iters}),
+            ("GRPO beta=0.3", R.grpo, (pol, rm), {"kl_coef": 0.3, "iterations": iters}),
+            ("DPO beta=0.1", R.dpo, (pol, pairs[:2000], rm), {"beta": 0.1, "steps": dpo_steps}),
+        ]
         for name, fn, args, kw in runs:
             _, h = fn(*args, **kw, **common)
             a, b = h.iloc[0], h.iloc[-1]
-            rows.append({"seed": seed, "method": name, "rm_accuracy": acc, "true_before": a.true_reward,
-                         "true_after": b.true_reward, "rm_after": b.rm_score, "kl_after": b.kl,
-                         "length_after": b.length, "wall_s": b.wall_s, "flops": b.flops})
-            print(f"seed {seed} {name:14s} true {a.true_reward:.2f} -> {b.true_reward:.2f}, RM {b.rm_score:.2f}, "
-                  f"KL {b.kl:.1f}, {b.wall_s:.1f} s", flush=True)
+            rows.append(
+                {
+                    "seed": seed,
+                    "method": name,
+                    "rm_accuracy": acc,
+                    "true_before": a.true_reward,
+                    "true_after": b.true_reward,
+                    "rm_after": b.rm_score,
+                    "kl_after": b.kl,
+                    "length_after": b.length,
+                    "wall_s": b.wall_s,
+                    "flops": b.flops,
+                }
+            )
+            print(
+                f"seed {seed} {name:14s} true {a.true_reward:.2f} -> {b.true_reward:.2f}, RM {b.rm_score:.2f}, "
+                f"KL {b.kl:.1f}, {b.wall_s:.1f} s",
+                flush=True,
+            )
     return pd.DataFrame(rows)
 
 
@@ -80,14 +97,26 @@ def main():
         return
     ppo, ppo0 = df[df.method == "PPO beta=0.3"].set_index("seed"), df[df.method == "PPO beta=0"].set_index("seed")
     hacked = ((ppo0.rm_after > ppo.rm_after) & (ppo0.true_after < ppo.true_after - 2)).all()
-    text = [f"# RLHF on the tiny task: PPO, PPO without KL, GRPO, DPO over seeds 0-{len(seeds) - 1}", "",
-            "`benchmarks/rlhf.py` (settings of notebook 18, one torch thread). Medians over seeds; `min true gain` "
-            "is the smallest true-reward gain of any seed, `max KL` the largest final KL (nats). Wall seconds are "
-            "measured on this shared machine (noisy); FLOPs are a model (2N per token forward, 6N forward + "
-            "backward).", "", f"- Machine at start: {start}", f"- Machine at end: {machine()}", "",
-            table.to_markdown(floatfmt=".3g"), "", "Per seed:", "", df.to_markdown(index=False, floatfmt=".3g"), "",
-            f"Reward hacking at beta = 0 in every seed (RM score above the beta = 0.3 run, true reward more than "
-            f"2 below it): {bool(hacked)}."]
+    text = [
+        f"# RLHF on the tiny task: PPO, PPO without KL, GRPO, DPO over seeds 0-{len(seeds) - 1}",
+        "",
+        "`benchmarks/rlhf.py` (settings of notebook 18, one torch thread). Medians over seeds; `min true gain` "
+        "is the smallest true-reward gain of any seed, `max KL` the largest final KL (nats). Wall seconds are "
+        "measured on this shared machine (noisy); FLOPs are a model (2N per token forward, 6N forward + "
+        "backward).",
+        "",
+        f"- Machine at start: {start}",
+        f"- Machine at end: {machine()}",
+        "",
+        table.to_markdown(floatfmt=".3g"),
+        "",
+        "Per seed:",
+        "",
+        df.to_markdown(index=False, floatfmt=".3g"),
+        "",
+        f"Reward hacking at beta = 0 in every seed (RM score above the beta = 0.3 run, true reward more than "
+        f"2 below it): {bool(hacked)}.",
+    ]
     (OUT / "rlhf.md").write_text("\n".join(text) + "\n")
     print(f"wrote {OUT / 'rlhf.md'}")
 

@@ -5,6 +5,7 @@ Chinchilla-form fit to the measured losses (Huber on log-loss, L-BFGS grid, boot
     .venv/bin/python benchmarks/scaling_ladder.py            # full run (a few CPU-minutes, 1 thread)
     .venv/bin/python benchmarks/scaling_ladder.py --quick    # seconds; prints only, writes nothing
 """
+
 from __future__ import annotations
 
 import argparse

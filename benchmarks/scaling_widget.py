@@ -8,6 +8,7 @@ both printed (the machine may be shared: CPU time is the steadier number).
 
     .venv/bin/python benchmarks/scaling_widget.py [--repeats 15] [--out data/measured/scaling_widget.md]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,25 +63,31 @@ def main(argv=None):
         canvas.draw()
 
     base = timed(lambda i: canvas.draw(), args.repeats)
-    rows = [("render only (baseline)", *base), ("compute slider", *timed(slider, args.repeats)),
-            ("law switch", *timed(law_switch, args.repeats)), ("inference demand on", *timed(inference, args.repeats))]
+    rows = [
+        ("render only (baseline)", *base),
+        ("compute slider", *timed(slider, args.repeats)),
+        ("law switch", *timed(law_switch, args.repeats)),
+        ("inference demand on", *timed(inference, args.repeats)),
+    ]
     lines = ["| action | wall median (ms) | CPU median (ms) | wall / baseline |", "|---|---|---|---|"]
     for name, wall, cpu in rows:
         lines.append(f"| {name} | {wall * 1e3:.1f} | {cpu * 1e3:.1f} | {wall / base[0]:.2f} |")
     table = "\n".join(lines)
     print(table)
     if args.out:
-        text = "\n".join([
-            "# Scaling-law widget redraw time",
-            "",
-            f"Machine: {machine()} "
-            "(shared machine: wall times are inflated by other jobs; CPU time is this process's own).",
-            f"Regenerate: `.venv/bin/python benchmarks/scaling_widget.py --out data/measured/scaling_widget.md` "
-            f"({args.repeats} repeats, 9 x 3.8 in figure, Agg). Target: redraw <= 100 ms median.",
-            "",
-            table,
-            "",
-        ])
+        text = "\n".join(
+            [
+                "# Scaling-law widget redraw time",
+                "",
+                f"Machine: {machine()} "
+                "(shared machine: wall times are inflated by other jobs; CPU time is this process's own).",
+                f"Regenerate: `.venv/bin/python benchmarks/scaling_widget.py --out data/measured/scaling_widget.md` "
+                f"({args.repeats} repeats, 9 x 3.8 in figure, Agg). Target: redraw <= 100 ms median.",
+                "",
+                table,
+                "",
+            ]
+        )
         Path(args.out).write_text(text)
         print(f"wrote {args.out}")
 

@@ -16,6 +16,7 @@ tokens-per-forward / (k·c + 1) with c the measured draft/target forward-time ra
 
     .venv/bin/python benchmarks/speculative.py [--quick] [--out data/measured/speculative.md]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,8 @@ def train(model, data, seconds: float, *, seq=128, batch=16, lr=2e-3, desc="trai
     model.train()
     while time.perf_counter() - t0 < seconds:
         idx = torch.randint(0, len(data) - seq - 1, (batch,), generator=g)
-        x = torch.stack([data[i:i + seq] for i in idx])
-        y = torch.stack([data[i + 1:i + seq + 1] for i in idx])
+        x = torch.stack([data[i : i + seq] for i in idx])
+        y = torch.stack([data[i + 1 : i + seq + 1] for i in idx])
         loss_t = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss_t.backward()
@@ -111,11 +112,13 @@ def main(argv=None):
     n_t, n_d = target.num_parameters(), draft.num_parameters()
     ft, fd = forward_time(target, 128, 5 if args.quick else 30), forward_time(draft, 128, 5 if args.quick else 30)
     c = fd / ft
-    print(f"target {n_t / 1e6:.1f}M params ({t_steps} steps, loss {t_loss:.2f}), draft {n_d / 1e6:.2f}M "
-          f"({d_steps} steps, loss {d_loss:.2f}); forward times {ft * 1e3:.2f} ms / {fd * 1e3:.2f} ms: c = {c:.3f}")
+    print(
+        f"target {n_t / 1e6:.1f}M params ({t_steps} steps, loss {t_loss:.2f}), draft {n_d / 1e6:.2f}M "
+        f"({d_steps} steps, loss {d_loss:.2f}); forward times {ft * 1e3:.2f} ms / {fd * 1e3:.2f} ms: c = {c:.3f}"
+    )
 
     starts = torch.linspace(0, len(held) - 200, prompts).long().tolist()
-    prompt_list = [held[s:s + 64].tolist() for s in starts]
+    prompt_list = [held[s : s + 64].tolist() for s in starts]
 
     def run(proposer, k):
         toks, tot = [], {"time": 0.0, "acc": 0, "tested": 0, "emit": 0, "fwd": 0}
@@ -144,10 +147,30 @@ def main(argv=None):
         sp = tps / base_tps
         best = max(best, sp) if not isinstance(proposer, str) else best
         name = f"draft model, k={k}" if not isinstance(proposer, str) else f"n-gram lookup, k={k}"
-        rows.append((name, f"{alpha:.2f}", f"{tps:.1f}", f"{tpf:.2f}", f"{model_tpf:.2f}", f"{sp:.2f}",
-                     f"{model_sp:.2f}", f"{tpf / model_tpf:.2f}", "yes" if out == base_out else "NO"))
-    head = ("run", "α", "tokens/s", "tokens/forward", "model (1-α^(k+1))/(1-α)", "speed-up", "model speed-up",
-            "measured/model tokens", "greedy = target")
+        rows.append(
+            (
+                name,
+                f"{alpha:.2f}",
+                f"{tps:.1f}",
+                f"{tpf:.2f}",
+                f"{model_tpf:.2f}",
+                f"{sp:.2f}",
+                f"{model_sp:.2f}",
+                f"{tpf / model_tpf:.2f}",
+                "yes" if out == base_out else "NO",
+            )
+        )
+    head = (
+        "run",
+        "α",
+        "tokens/s",
+        "tokens/forward",
+        "model (1-α^(k+1))/(1-α)",
+        "speed-up",
+        "model speed-up",
+        "measured/model tokens",
+        "greedy = target",
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
     print("\n".join(lines))
     print(f"best draft-model speed-up: {best:.2f}x (target >= 1.5x in full mode)")
@@ -155,8 +178,14 @@ def main(argv=None):
     # structured outputs: the measured cost of the grammar mask per token, beside the step time
     from mlsys_nb.inference.structured import Grammar, generate_structured
 
-    schema = {"type": "object", "required": ["name", "tags"], "properties": {
-        "name": {"type": "string", "maxLength": 16}, "tags": {"type": "array", "items": {"type": "string"}}}}
+    schema = {
+        "type": "object",
+        "required": ["name", "tags"],
+        "properties": {
+            "name": {"type": "string", "maxLength": 16},
+            "tags": {"type": "array", "items": {"type": "string"}},
+        },
+    }
     t0 = time.perf_counter()
     grammar = Grammar.compile(json_schema=schema)
     compile_ms = 1e3 * (time.perf_counter() - t0)
@@ -166,30 +195,44 @@ def main(argv=None):
         n_tok, secs_gen = n_tok + st.target_forwards, secs_gen + st.seconds
     mask_us = 1e6 * grammar.mask_seconds / grammar.mask_calls
     step_ms = 1e3 * secs_gen / n_tok
-    mask_line = (f"Structured output (JSON schema, byte vocabulary, outlines-core index built in {compile_ms:.1f} ms): "
-                 f"measured mask cost {mask_us:.0f} µs per token ({grammar.mask_calls} masks, cached per state) vs "
-                 f"{step_ms:.2f} ms per decode step of the target ({100 * mask_us / 1e3 / step_ms:.1f} %).")
+    mask_line = (
+        f"Structured output (JSON schema, byte vocabulary, outlines-core index built in {compile_ms:.1f} ms): "
+        f"measured mask cost {mask_us:.0f} µs per token ({grammar.mask_calls} masks, cached per state) vs "
+        f"{step_ms:.2f} ms per decode step of the target ({100 * mask_us / 1e3 / step_ms:.1f} %)."
+    )
     print(mask_line)
     if args.out and not args.quick:
-        Path(args.out).write_text("\n".join([
-            "# Speculative decoding, measured", "",
-            f"Machine: {machine()} (shared with other jobs: wall times are noisy; ratios are from the same run).", "",
-            f"Corpus: the repository's README, docs and package sources as bytes ({len(text)} bytes, last 5% held out "
-            f"for prompts). Target {n_t / 1e6:.1f}M parameters ({tcfg.n_layers}×{tcfg.hidden}), trained "
-            f"{t_steps} steps in {secs:.0f} s (loss {t_loss:.2f} nats/byte); draft {n_d / 1e6:.2f}M "
-            f"({dcfg.n_layers}×{dcfg.hidden}), {d_steps} steps in {secs / 2:.0f} s (loss {d_loss:.2f}). "
-            f"Measured forward time at batch 1, context 128: target {ft * 1e3:.2f} ms, draft {fd * 1e3:.2f} ms, "
-            f"cost ratio c = {c:.3f}. Greedy decoding, {len(prompt_list)} prompts × {new_tokens} tokens, 1 thread.",
-            "", *lines, "",
-            f"Best draft-model speed-up: {best:.2f}× (target ≥ 1.5×). The model columns are Leviathan et al., 2023 "
-            "(arXiv:2211.17192), Eq. 1 and Theorem 3.8, evaluated at the measured α and c; the n-gram proposer "
-            "costs no forward (c = 0 in the model, its Python lookup is not free)"
-            " and proposes fewer than k tokens (none when the context has no earlier match), "
-            "so its model row (k drafts every step) overstates it. The target is trained for only a few minutes: "
-            "its greedy output is repetitive, which makes α high for both proposers; a better-trained pair would "
-            "have a lower α.", "",
-            mask_line, "",
-            "Regenerate with `.venv/bin/python benchmarks/speculative.py --out data/measured/speculative.md`.", ""]))
+        Path(args.out).write_text(
+            "\n".join(
+                [
+                    "# Speculative decoding, measured",
+                    "",
+                    f"Machine: {machine()} (shared with other jobs: wall times are noisy; ratios are from the same run).",
+                    "",
+                    f"Corpus: the repository's README, docs and package sources as bytes ({len(text)} bytes, last 5% held out "
+                    f"for prompts). Target {n_t / 1e6:.1f}M parameters ({tcfg.n_layers}×{tcfg.hidden}), trained "
+                    f"{t_steps} steps in {secs:.0f} s (loss {t_loss:.2f} nats/byte); draft {n_d / 1e6:.2f}M "
+                    f"({dcfg.n_layers}×{dcfg.hidden}), {d_steps} steps in {secs / 2:.0f} s (loss {d_loss:.2f}). "
+                    f"Measured forward time at batch 1, context 128: target {ft * 1e3:.2f} ms, draft {fd * 1e3:.2f} ms, "
+                    f"cost ratio c = {c:.3f}. Greedy decoding, {len(prompt_list)} prompts × {new_tokens} tokens, 1 thread.",
+                    "",
+                    *lines,
+                    "",
+                    f"Best draft-model speed-up: {best:.2f}× (target ≥ 1.5×). The model columns are Leviathan et al., 2023 "
+                    "(arXiv:2211.17192), Eq. 1 and Theorem 3.8, evaluated at the measured α and c; the n-gram proposer "
+                    "costs no forward (c = 0 in the model, its Python lookup is not free)"
+                    " and proposes fewer than k tokens (none when the context has no earlier match), "
+                    "so its model row (k drafts every step) overstates it. The target is trained for only a few minutes: "
+                    "its greedy output is repetitive, which makes α high for both proposers; a better-trained pair would "
+                    "have a lower α.",
+                    "",
+                    mask_line,
+                    "",
+                    "Regenerate with `.venv/bin/python benchmarks/speculative.py --out data/measured/speculative.md`.",
+                    "",
+                ]
+            )
+        )
     return 0
 
 

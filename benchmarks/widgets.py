@@ -9,6 +9,7 @@ Targets: (a) <= 100 ms median, (b) <= 300 ms median. Prints a table of medians a
 
     .venv/bin/python benchmarks/widgets.py [--repeats 15] [--record]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,15 @@ def in_process(repeats: int) -> dict:
 
 
 def in_browser(repeats: int) -> dict:
-    from browser import (browser_page, chromium_available, img_src, open_tab, press_slider,
-                         voila_server, wait_figure_change)
+    from browser import (
+        browser_page,
+        chromium_available,
+        img_src,
+        open_tab,
+        press_slider,
+        voila_server,
+        wait_figure_change,
+    )
 
     if not chromium_available():
         print("chromium not installed: skipping the browser column", file=sys.stderr)
@@ -95,9 +103,11 @@ def main() -> None:
     if args.quick:
         args.repeats, args.record = 3, False
     a, b = in_process(args.repeats), ({} if args.quick else in_browser(args.repeats))
-    lines = ["| tab | in-process median (ms) | in-process p90 (ms) | browser median (ms) | browser p90 (ms) "
-             "| browser / in-process |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| tab | in-process median (ms) | in-process p90 (ms) | browser median (ms) | browser p90 (ms) "
+        "| browser / in-process |",
+        "|---|---|---|---|---|---|",
+    ]
     for key in IN_PROCESS:
         ma, pa = statistics.median(a[key]) * 1e3, pct(a[key], 0.9) * 1e3
         if key in b:
@@ -109,9 +119,11 @@ def main() -> None:
     print(table)
     print("targets: in-process median <= 100 ms; browser median <= 300 ms")
     if args.record:
-        text = (f"# Dashboard responsiveness (benchmarks/widgets.py)\n\n"
-                f"Machine: {machine()}. {args.repeats} repeats "
-                f"per tab after 2 warm-up changes.\n\n{table}\n")
+        text = (
+            f"# Dashboard responsiveness (benchmarks/widgets.py)\n\n"
+            f"Machine: {machine()}. {args.repeats} repeats "
+            f"per tab after 2 warm-up changes.\n\n{table}\n"
+        )
         out = ROOT / "data" / "measured" / "widgets.md"
         out.write_text(text)
         print(f"wrote {out}")

@@ -5,6 +5,7 @@ Top-level names:
 - ``mlsys_nb.device()``: inside a rank, the ``torch.device`` this rank should use.
 - ``mlsys_nb.Cluster``: live ranks kept across cells; ``%load_ext mlsys_nb`` adds ``%%ranks``.
 """
+
 from __future__ import annotations
 
 __version__ = "0.1.0"

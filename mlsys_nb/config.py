@@ -12,6 +12,7 @@ Also here, because every part of the kit uses them: the one argument validator (
 naming the parameter and its allowed range) and the one dtype table (``DTYPE_BYTES``,
 ``dtype_bytes``, ``dtype_name``, ``torch_dtype``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,19 +36,32 @@ class ArgumentError(ValueError):
     model); a ``ValueError``, so ``except ValueError`` catches it."""
 
 
-def check_int(name: str, value, lo: int = 1, hi: int | None = None, *,
-              error: type[ArgumentError] = ArgumentError) -> int:
+def check_int(
+    name: str, value, lo: int = 1, hi: int | None = None, *, error: type[ArgumentError] = ArgumentError
+) -> int:
     """``value`` must be an int (not a bool) in ``[lo, hi]`` (``hi=None``: no upper bound).
     ``error``: ``ArgumentError`` or a subclass (e.g. ``mlsys_nb.pipeline.ScheduleError``)."""
     allowed = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-    if (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < lo
-            or (hi is not None and value > hi)):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or value < lo
+        or (hi is not None and value > hi)
+    ):
         raise error(f"{name} must be an int {allowed}, got {value!r}")
     return int(value)
 
 
-def check_number(name: str, value, lo: float | None = None, hi: float | None = None, *,
-                 lo_open: bool = False, unit: str = "", error: type[ArgumentError] = ArgumentError) -> float:
+def check_number(
+    name: str,
+    value,
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    lo_open: bool = False,
+    unit: str = "",
+    error: type[ArgumentError] = ArgumentError,
+) -> float:
     """``value`` must be a finite real number (not a bool) with ``lo <= value <= hi`` (``lo < value``
     when ``lo_open``); ``None`` bounds are not checked. ``unit`` only words the message."""
     parts = [f"{'>' if lo_open else '>='} {lo:g}"] if lo is not None else []
@@ -83,10 +97,24 @@ def check_choice(name: str, value, choices, *, error: type[ArgumentError] = Argu
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
 # torch.dtype (by its name after "torch.") -> the table's name. tf32 is a matmul mode of fp32
 # tensors, and int4 has no torch tensor dtype of its own, so neither is a torch name here.
-_TORCH_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8",
-                "float8_e5m2": "fp8", "float8_e4m3fnuz": "fp8", "float8_e5m2fnuz": "fp8", "int8": "int8"}
-_TO_TORCH = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16",
-             "fp8": "float8_e4m3fn", "int8": "int8"}
+_TORCH_NAMES = {
+    "float32": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+    "float8_e4m3fnuz": "fp8",
+    "float8_e5m2fnuz": "fp8",
+    "int8": "int8",
+}
+_TO_TORCH = {
+    "fp32": "float32",
+    "tf32": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "fp8": "float8_e4m3fn",
+    "int8": "int8",
+}
 
 
 def dtype_name(dtype, name: str = "dtype") -> str:
@@ -98,8 +126,10 @@ def dtype_name(dtype, name: str = "dtype") -> str:
     if type(dtype).__name__ == "dtype" and text.startswith("torch."):
         if text[6:] in _TORCH_NAMES:
             return _TORCH_NAMES[text[6:]]
-        raise ArgumentError(f"{name}={text} has no entry in the dtype table: use one of "
-                            f"{tuple(DTYPE_BYTES)} or torch.{', torch.'.join(_TORCH_NAMES)}")
+        raise ArgumentError(
+            f"{name}={text} has no entry in the dtype table: use one of "
+            f"{tuple(DTYPE_BYTES)} or torch.{', torch.'.join(_TORCH_NAMES)}"
+        )
     raise ArgumentError(f"{name} must be one of {tuple(DTYPE_BYTES)} or a torch.dtype, got {dtype!r}")
 
 
@@ -183,9 +213,7 @@ class ModelConfig:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         check_int("n_kv_heads", self.n_kv_heads, 1, self.n_heads)
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads} (GQA groups)"
-            )
+            raise ValueError(f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads} (GQA groups)")
         if self.head_dim is None:
             if self.hidden % self.n_heads:
                 raise ValueError(
@@ -234,13 +262,20 @@ class ModelConfig:
         n_kv = n_heads // group if (group <= n_heads and n_heads % group == 0) else n_heads
         ratio = self.ffn_hidden / self.hidden
         changes = dict(
-            n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_kv, head_dim=None,
-            vocab_size=vocab_size, seq_len=seq_len, ffn_hidden=max(8, int(round(hidden * ratio))),
+            n_layers=n_layers,
+            hidden=hidden,
+            n_heads=n_heads,
+            n_kv_heads=n_kv,
+            head_dim=None,
+            vocab_size=vocab_size,
+            seq_len=seq_len,
+            ffn_hidden=max(8, int(round(hidden * ratio))),
             n_dense_layers=min(self.n_dense_layers, n_layers),
         )
         if self.is_moe:
             changes.update(
-                n_experts=min(self.n_experts, 8), top_k=min(self.top_k, min(self.n_experts, 8)),
+                n_experts=min(self.n_experts, 8),
+                top_k=min(self.top_k, min(self.n_experts, 8)),
                 expert_ffn_hidden=max(8, int(round(hidden * self.expert_ffn_hidden / self.hidden))),
             )
         return self.replace(**changes)
@@ -367,9 +402,15 @@ class TrainConfig:
             object.__setattr__(self, "pp_layers", tuple(int(x) for x in self.pp_layers))
             if len(self.pp_layers) != self.pp:
                 raise ValueError(f"pp_layers={self.pp_layers}: need one layer count per stage (pp={self.pp})")
-        for name, allowed in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS), ("recompute", RECOMPUTE),
-                              ("pp_schedule", PP_SCHEDULES), ("kernels", KERNELS), ("device", DEVICES),
-                              ("zero_layout", ZERO_LAYOUTS)):
+        for name, allowed in (
+            ("precision", PRECISIONS),
+            ("optimizer", OPTIMIZERS),
+            ("recompute", RECOMPUTE),
+            ("pp_schedule", PP_SCHEDULES),
+            ("kernels", KERNELS),
+            ("device", DEVICES),
+            ("zero_layout", ZERO_LAYOUTS),
+        ):
             check_choice(name, getattr(self, name), allowed)
         if self.sp and self.tp == 1:
             raise ValueError("sp=True needs tp > 1 (sequence parallelism lives inside the TP group)")

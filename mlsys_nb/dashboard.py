@@ -13,6 +13,7 @@ Voilà (``make dashboard``). It computes nothing itself: each tab is a widget ob
 and the dashboard adds what is common: a numbers view, figure/CSV export, and a shareable
 configuration (JSON text or a ``?config=...`` query string that Voilà passes to the kernel).
 """
+
 from __future__ import annotations
 
 import base64
@@ -44,18 +45,44 @@ class TabSpec:
 
 
 TABS = (
-    TabSpec("memory", "Training memory", "mlsys_nb.widgets.memory", "MemoryWidget",
-            probe={"tp": 8}, invalid={"tp": 64}),
-    TabSpec("scaling", "Scaling laws", "mlsys_nb.widgets.scaling", "ScalingWidget",
-            probe={"compute": 1e24}, invalid={"mfu": 1.5}),
-    TabSpec("pipeline", "Pipeline schedules", "mlsys_nb.widgets.pipeline", "PipelineWidget",
-            probe={"m": 16}, invalid={"schedule": "interleaved-1f1b", "p": 4, "v": 2, "m": 3}),
-    TabSpec("inference", "Inference", "mlsys_nb.widgets.inference", "InferenceWidget",
-            probe={"batch": 64}, invalid={"batch": 0}),
-    TabSpec("planner", "Parallelism planner", "mlsys_nb.widgets.planner", "PlannerWidget",
-            probe={"gpus": 512}, invalid={"sequences": 0}),
-    TabSpec("practice", "Practice", "mlsys_nb.widgets.practice", "PracticeWidget",
-            probe={"seed": 1}, invalid={"seed": -1}),
+    TabSpec(
+        "memory", "Training memory", "mlsys_nb.widgets.memory", "MemoryWidget", probe={"tp": 8}, invalid={"tp": 64}
+    ),
+    TabSpec(
+        "scaling",
+        "Scaling laws",
+        "mlsys_nb.widgets.scaling",
+        "ScalingWidget",
+        probe={"compute": 1e24},
+        invalid={"mfu": 1.5},
+    ),
+    TabSpec(
+        "pipeline",
+        "Pipeline schedules",
+        "mlsys_nb.widgets.pipeline",
+        "PipelineWidget",
+        probe={"m": 16},
+        invalid={"schedule": "interleaved-1f1b", "p": 4, "v": 2, "m": 3},
+    ),
+    TabSpec(
+        "inference",
+        "Inference",
+        "mlsys_nb.widgets.inference",
+        "InferenceWidget",
+        probe={"batch": 64},
+        invalid={"batch": 0},
+    ),
+    TabSpec(
+        "planner",
+        "Parallelism planner",
+        "mlsys_nb.widgets.planner",
+        "PlannerWidget",
+        probe={"gpus": 512},
+        invalid={"sequences": 0},
+    ),
+    TabSpec(
+        "practice", "Practice", "mlsys_nb.widgets.practice", "PracticeWidget", probe={"seed": 1}, invalid={"seed": -1}
+    ),
 )
 
 # Values that older versions of the kit wrote into shared configurations, read as today's names:
@@ -84,6 +111,7 @@ def _controls(widget) -> list:
 def _html_table(df) -> str:
     if df is None or len(df) == 0:
         return "<i>no numbers for this setting</i>"
+
     def fmt(x: float) -> str:
         return f"{x:,.0f}" if abs(x) >= 1e5 and float(x).is_integer() else f"{x:,.4g}"
 
@@ -92,8 +120,10 @@ def _html_table(df) -> str:
 
 def _data_link(data: bytes, mime: str, filename: str, label: str) -> str:
     b64 = base64.b64encode(data).decode()
-    return (f'<a class="mlsys-export-{filename.rsplit(".", 1)[1]}" download="{filename}" '
-            f'href="data:{mime};base64,{b64}">{label}</a>')
+    return (
+        f'<a class="mlsys-export-{filename.rsplit(".", 1)[1]}" download="{filename}" '
+        f'href="data:{mime};base64,{b64}">{label}</a>'
+    )
 
 
 class Dashboard:
@@ -114,7 +144,8 @@ class Dashboard:
         self.tab.add_class("mlsys-tabs")
         self.config_text = W.Textarea(
             placeholder="A configuration: press 'Copy configuration', or paste one and press 'Load'",
-            layout=W.Layout(width="100%", height="70px"))
+            layout=W.Layout(width="100%", height="70px"),
+        )
         self.config_text.add_class("mlsys-config")
         self.link_text = W.HTML()
         self.share_message = W.HTML()
@@ -125,8 +156,15 @@ class Dashboard:
         load_btn.add_class("mlsys-load")
         copy_btn.on_click(lambda _: self._show_config())
         load_btn.on_click(lambda _: self._load_from_text())
-        share = W.VBox([W.HTML("<b>Share these settings</b>"), W.HBox([copy_btn, load_btn]),
-                        self.config_text, self.link_text, self.share_message])
+        share = W.VBox(
+            [
+                W.HTML("<b>Share these settings</b>"),
+                W.HBox([copy_btn, load_btn]),
+                self.config_text,
+                self.link_text,
+                self.share_message,
+            ]
+        )
         self.widget = W.VBox([self.tab, share], layout=W.Layout(max_width="1200px"))
         self.widget.add_class("mlsys-dashboard")
         if config:
@@ -140,8 +178,7 @@ class Dashboard:
         export_links = W.HTML()
         export_links.add_class(f"mlsys-export-links-{spec.key}")
         self._exports[spec.key] = export_links
-        export_btn = W.Button(description="Export figure + numbers", icon="download",
-                              layout=W.Layout(width="230px"))
+        export_btn = W.Button(description="Export figure + numbers", icon="download", layout=W.Layout(width="230px"))
         export_btn.add_class(f"mlsys-export-{spec.key}")
         export_btn.on_click(lambda _, k=spec.key: self._show_exports(k))
         for ctl in _controls(obj.widget):  # stable CSS classes for browser tests and styling
@@ -156,16 +193,21 @@ class Dashboard:
     def _follow_updates(self, key: str, obj: Widget) -> None:
         """Refresh the numbers view after every redraw of the tab (the protocol's ``on_update``)."""
         if not isinstance(obj, Widget):
-            missing = [n for n in ("widget", "figure", "error", "state", "set_state", "table", "on_update")
-                       if not hasattr(obj, n)]
-            raise TypeError(f"tab {key!r} ({type(obj).__name__}) does not follow mlsys_nb.widgets.base.Widget: "
-                            f"missing {missing}")
+            missing = [
+                n
+                for n in ("widget", "figure", "error", "state", "set_state", "table", "on_update")
+                if not hasattr(obj, n)
+            ]
+            raise TypeError(
+                f"tab {key!r} ({type(obj).__name__}) does not follow mlsys_nb.widgets.base.Widget: missing {missing}"
+            )
         obj.on_update(lambda: self._refresh_numbers(key))
 
     def _refresh_numbers(self, key: str) -> None:
         obj = self.tabs[key]
-        self._numbers[key].value = (f'<span class="mlsys-error">{obj.error}</span>' if obj.error
-                                    else _html_table(obj.table()))
+        self._numbers[key].value = (
+            f'<span class="mlsys-error">{obj.error}</span>' if obj.error else _html_table(obj.table())
+        )
         self._exports[key].value = ""  # stale links would export the old figure
 
     # ---- export -------------------------------------------------------------------------------
@@ -181,11 +223,13 @@ class Dashboard:
 
     def _show_exports(self, key: str) -> None:
         files = self.export(key)
-        self._exports[key].value = " · ".join([
-            _data_link(files["png"], "image/png", f"{key}.png", "PNG"),
-            _data_link(files["svg"], "image/svg+xml", f"{key}.svg", "SVG"),
-            _data_link(files["csv"].encode(), "text/csv", f"{key}.csv", "CSV"),
-        ])
+        self._exports[key].value = " · ".join(
+            [
+                _data_link(files["png"], "image/png", f"{key}.png", "PNG"),
+                _data_link(files["svg"], "image/svg+xml", f"{key}.svg", "SVG"),
+                _data_link(files["csv"].encode(), "text/csv", f"{key}.csv", "CSV"),
+            ]
+        )
 
     # ---- state --------------------------------------------------------------------------------
     def _tab(self, key: str):

@@ -26,6 +26,7 @@ weight, or w.r.t. both operands of ``Q K^T`` and ``P V``), so training = 3 x for
 work (norms, softmax, activations, RoPE, biases, the loss) is not counted: it is O(h) per token
 and ``FlopCounterMode`` does not count it either. Embedding lookups cost 0 FLOPs.
 """
+
 from __future__ import annotations
 
 import time
@@ -37,6 +38,7 @@ COMPONENTS = ("qkv", "attn_scores", "attn_values", "out_proj", "mlp", "lm_head")
 SECONDS_PER_DAY = 86400.0
 PF_DAY = 1e15 * SECONDS_PER_DAY  # FLOPs in one petaflop/s-day (Kaplan et al. unit)
 
+
 # ---- helpers ---------------------------------------------------------------------------------
 def _config(model) -> ModelConfig:
     """A ``ModelConfig`` from a config or a module carrying ``.cfg`` (the package's Transformer)."""
@@ -45,9 +47,7 @@ def _config(model) -> ModelConfig:
     cfg = getattr(model, "cfg", None)
     if isinstance(cfg, ModelConfig):
         return cfg
-    raise TypeError(
-        f"model must be a ModelConfig or a module with a ModelConfig .cfg, got {type(model).__name__}"
-    )
+    raise TypeError(f"model must be a ModelConfig or a module with a ModelConfig .cfg, got {type(model).__name__}")
 
 
 def _check_seq_len(seq_len) -> int:
@@ -103,12 +103,17 @@ class FlopBreakdown:
         import pandas as pd
 
         rows = [
-            {"component": c, "forward FLOPs/token": v, "fwd+bwd FLOPs/token": 3 * v,
-             "share": v / self.forward_total}
+            {"component": c, "forward FLOPs/token": v, "fwd+bwd FLOPs/token": 3 * v, "share": v / self.forward_total}
             for c, v in self.forward.items()
         ]
-        rows.append({"component": "total", "forward FLOPs/token": self.forward_total,
-                     "fwd+bwd FLOPs/token": 3 * self.forward_total, "share": 1.0})
+        rows.append(
+            {
+                "component": "total",
+                "forward FLOPs/token": self.forward_total,
+                "fwd+bwd FLOPs/token": 3 * self.forward_total,
+                "share": 1.0,
+            }
+        )
         return pd.DataFrame(rows).set_index("component")
 
 
@@ -158,8 +163,9 @@ def flops_per_token(model, seq_len: int, *, backward: bool = True, causal: bool 
     return breakdown(model, seq_len, causal=causal).total(backward)
 
 
-def hardware_flops_per_token(model, seq_len: int, *, recompute: str = "none", causal: bool = True,
-                             early_stop: bool = True) -> float:
+def hardware_flops_per_token(
+    model, seq_len: int, *, recompute: str = "none", causal: bool = True, early_stop: bool = True
+) -> float:
     """FLOPs per token actually executed in a training step, counting recomputation (for HFU).
 
     Textbook accounting (``early_stop=False``): ``recompute="full"`` re-runs every block's forward
@@ -254,8 +260,17 @@ def _peak(gpu, dtype) -> float:
     return table[gpu].peak(dtype)
 
 
-def mfu(model, tokens_per_s: float, *, seq_len: int | None = None, gpu, n_gpus: int = 1,
-        dtype="bf16", causal: bool = True, per_token_flops: float | None = None) -> float:
+def mfu(
+    model,
+    tokens_per_s: float,
+    *,
+    seq_len: int | None = None,
+    gpu,
+    n_gpus: int = 1,
+    dtype="bf16",
+    causal: bool = True,
+    per_token_flops: float | None = None,
+) -> float:
     """Model FLOPs utilisation = tokens/s x model FLOPs per token / (n_gpus x peak FLOP/s).
 
     Model FLOPs exclude recomputation. ``model`` may be a number N (then ``6N`` is used), or pass
@@ -267,8 +282,17 @@ def mfu(model, tokens_per_s: float, *, seq_len: int | None = None, gpu, n_gpus: 
     return tps * per_token_flops / (n * _peak(gpu, dtype))
 
 
-def hfu(model, tokens_per_s: float, *, seq_len: int | None = None, gpu, n_gpus: int = 1,
-        dtype="bf16", recompute: str = "none", causal: bool = True) -> float:
+def hfu(
+    model,
+    tokens_per_s: float,
+    *,
+    seq_len: int | None = None,
+    gpu,
+    n_gpus: int = 1,
+    dtype="bf16",
+    recompute: str = "none",
+    causal: bool = True,
+) -> float:
     """Hardware FLOPs utilisation: like ``mfu`` but counting recomputed forwards."""
     cfg = _config(model)
     per_tok = hardware_flops_per_token(cfg, seq_len or cfg.seq_len, recompute=recompute, causal=causal)
@@ -385,9 +409,18 @@ class TrainingEstimate:
         return pd.DataFrame(rows, columns=["quantity", "value", "unit"]).set_index("quantity")
 
 
-def training_time(model, tokens: float, *, gpu, n_gpus: int, mfu: float, dtype="bf16",
-                  seq_len: int | None = None, causal: bool = True,
-                  price_per_gpu_hour: float | None = None) -> TrainingEstimate:
+def training_time(
+    model,
+    tokens: float,
+    *,
+    gpu,
+    n_gpus: int,
+    mfu: float,
+    dtype="bf16",
+    seq_len: int | None = None,
+    causal: bool = True,
+    price_per_gpu_hour: float | None = None,
+) -> TrainingEstimate:
     """``T = C / (n_gpus x peak x MFU)`` seconds for ``C = training_flops(model, tokens)``.
 
     ``gpu``: a name from ``data/hardware.yaml`` (``"H100-SXM"``, ``"A100-80GB"`` as a unique
@@ -399,12 +432,20 @@ def training_time(model, tokens: float, *, gpu, n_gpus: int, mfu: float, dtype="
     peak = _peak(gpu, dtype)
     price = None if price_per_gpu_hour is None else _check_positive("price_per_gpu_hour", price_per_gpu_hour)
     c = training_flops(model, tokens, seq_len=seq_len, causal=causal)
-    return TrainingEstimate(flops=c, tokens=float(tokens), n_gpus=n_gpus, peak_flops_per_s=peak, mfu=u,
-                            seconds=c / (n_gpus * peak * u), price_per_gpu_hour=price)
+    return TrainingEstimate(
+        flops=c,
+        tokens=float(tokens),
+        n_gpus=n_gpus,
+        peak_flops_per_s=peak,
+        mfu=u,
+        seconds=c / (n_gpus * peak * u),
+        price_per_gpu_hour=price,
+    )
 
 
-def implied_mfu(model, tokens: float, gpu_hours: float, *, gpu, dtype="bf16",
-                seq_len: int | None = None, causal: bool = True) -> float:
+def implied_mfu(
+    model, tokens: float, gpu_hours: float, *, gpu, dtype="bf16", seq_len: int | None = None, causal: bool = True
+) -> float:
     """MFU implied by a reported GPU-hour total: ``C / (gpu_hours x 3600 x peak)``."""
     c = training_flops(model, tokens, seq_len=seq_len, causal=causal)
     return c / (_check_positive("gpu_hours", gpu_hours) * 3600.0 * _peak(gpu, dtype))

@@ -1,4 +1,5 @@
 """Accelerators and links from ``data/hardware.yaml`` (datasheet values with sources)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -41,8 +42,10 @@ def _raw() -> dict:
 
 
 def gpus() -> dict[str, GPU]:
-    return {n: GPU(name=n, **{k: (float(v) if k == "memory_bytes" else v) for k, v in s.items()})
-            for n, s in _raw()["gpus"].items()}
+    return {
+        n: GPU(name=n, **{k: (float(v) if k == "memory_bytes" else v) for k, v in s.items()})
+        for n, s in _raw()["gpus"].items()
+    }
 
 
 def links() -> dict[str, Link]:

@@ -22,6 +22,7 @@ default mode fixes those bugs (tests in ``tests/test_memory.py`` pin each fix).
 
 Units: bytes everywhere; ``GB = 1e9``, ``GiB = 2**30``.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,9 +33,24 @@ from .config import ModelConfig, TrainConfig, dtype_bytes, load_model_preset, mo
 from .pipeline.closed_forms import peak_in_flight
 
 __all__ = [
-    "ModelConfig", "TrainConfig", "preset", "presets", "ParamCount", "param_count", "ModelStates",
-    "model_state_bytes", "Breakdown", "estimate", "layer_terms", "playbook_estimate",
-    "playbook_inputs", "PLAYBOOK_PRESETS", "GB", "GiB", "format_playbook_bytes", "stage_layers",
+    "ModelConfig",
+    "TrainConfig",
+    "preset",
+    "presets",
+    "ParamCount",
+    "param_count",
+    "ModelStates",
+    "model_state_bytes",
+    "Breakdown",
+    "estimate",
+    "layer_terms",
+    "playbook_estimate",
+    "playbook_inputs",
+    "PLAYBOOK_PRESETS",
+    "GB",
+    "GiB",
+    "format_playbook_bytes",
+    "stage_layers",
 ]
 
 GB = 1e9
@@ -246,9 +262,16 @@ def sharded_elements(model: ModelConfig, n: int, layout: str, rank: int = 0) -> 
     raise ValueError(f"layout={layout!r}: allowed 'flat', 'units', 'fsdp2'")
 
 
-def model_state_bytes(n_params: float, *, dp: int = 1, zero: int = 0, precision: str = "bf16-mixed",
-                      optimizer: str = "adam", fp32_grad_accum: bool = False,
-                      optimizer_bytes_per_param: float | None = None) -> ModelStates:
+def model_state_bytes(
+    n_params: float,
+    *,
+    dp: int = 1,
+    zero: int = 0,
+    precision: str = "bf16-mixed",
+    optimizer: str = "adam",
+    fp32_grad_accum: bool = False,
+    optimizer_bytes_per_param: float | None = None,
+) -> ModelStates:
     """Bytes per rank of params + grads + optimizer states (+ fp32 master) for ``n_params``
     parameters replicated over ``dp`` ranks with ZeRO stage ``zero`` (ZeRO paper, arXiv:1910.02054, §3):
     stage 1 shards optimizer states and master weights, 2 also gradients, 3 also parameters."""
@@ -277,12 +300,16 @@ def _norm_terms(m: ModelConfig, B: int, eager: bool, where: str) -> list:
     if not eager:  # fused RMSNorm: input + fp32 rstd
         return [(f"{where} norm input", B * h, "rep"), (f"{where} norm rstd", 4, "rep")]
     # nn.RMSNorm as PyTorch decomposes it: fp32 upcast of the input, fp32 rstd, fp32 normalized x
-    return [(f"{where} norm input (fp32 upcast)", 4 * h, "rep"), (f"{where} norm rstd", 4, "rep"),
-            (f"{where} norm normalized (fp32)", 4 * h, "rep")]
+    return [
+        (f"{where} norm input (fp32 upcast)", 4 * h, "rep"),
+        (f"{where} norm rstd", 4, "rep"),
+        (f"{where} norm normalized (fp32)", 4 * h, "rep"),
+    ]
 
 
-def layer_terms(model: ModelConfig, train: TrainConfig, *, layer: int | None = None,
-                recompute: str | None = None) -> list[tuple[str, float]]:
+def layer_terms(
+    model: ModelConfig, train: TrainConfig, *, layer: int | None = None, recompute: str | None = None
+) -> list[tuple[str, float]]:
     """Named saved-for-backward tensors of one transformer layer for one micro-batch on one rank:
     ``[(name, bytes), ...]`` after TP/SP/CP division. ``recompute`` overrides ``train.recompute``
     (``"none"`` gives the full working set of one layer)."""
@@ -304,16 +331,22 @@ def layer_terms(model: ModelConfig, train: TrainConfig, *, layer: int | None = N
     if m.kv_lora_rank:  # MLA: q and k carry the decoupled RoPE part
         q_w = kv_w = a * (d + m.rope_head_dim)
     terms = _norm_terms(m, B, eager, "attention")
-    terms += [("attention input (q/k/v proj)", B * h, "rep"),
-              ("q", B * q_w, "tp"), ("k", B * kv_w, "tp"), ("v", B * v_w, "tp")]
+    terms += [
+        ("attention input (q/k/v proj)", B * h, "rep"),
+        ("q", B * q_w, "tp"),
+        ("k", B * kv_w, "tp"),
+        ("v", B * v_w, "tp"),
+    ]
     core = []
     if t.flash_attention:
         core += [("attention output (flash)", B * a * d, "tp"), ("softmax log-sum-exp (fp32)", 4 * a, "tp")]
     else:
         core += [("softmax output", B * a * t.seq_len, "s2")]
         if drop:
-            core += [("attention dropout mask", M * a * t.seq_len, "s2"),
-                     ("attention dropout output", B * a * t.seq_len, "s2")]
+            core += [
+                ("attention dropout mask", M * a * t.seq_len, "s2"),
+                ("attention dropout output", B * a * t.seq_len, "s2"),
+            ]
         if eager:
             core += [("causal mask (bool, per layer)", t.seq_len * s_local, "const")]
     if rc == "none":
@@ -334,8 +367,10 @@ def layer_terms(model: ModelConfig, train: TrainConfig, *, layer: int | None = N
 
     if moe:  # dense dispatch as in mlsys_nb.models.MoE; T*k token slots per rank, also under EP
         k = m.top_k
-        terms += [("router probs, top-k ids and weights", B * m.n_experts + 8 * k + B * (k + 1), "rep"),
-                  ("routed token ids, inputs, outputs, weights", k * (8 + 3 * B * h + B), "rep")]
+        terms += [
+            ("router probs, top-k ids and weights", B * m.n_experts + 8 * k + B * (k + 1), "rep"),
+            ("routed token ids, inputs, outputs, weights", k * (8 + 3 * B * h + B), "rep"),
+        ]
         terms += ffn(m.expert_ffn_hidden, "routed experts", k)
         if m.n_shared_experts:
             terms += ffn(m.expert_ffn_hidden, "shared experts", m.n_shared_experts)
@@ -366,9 +401,12 @@ def _outside_terms(m: ModelConfig, t: TrainConfig, first: bool, last: bool) -> l
             terms.append(("embedding dropout mask", M * m.hidden * tokens / sp))
     if last:
         terms += [(n, b * tokens / sp) for n, b, _ in _norm_terms(m, B, t.kernels == "eager", "final")]
-        terms += [("LM head input", B * m.hidden * tokens / sp),
-                  ("cross-entropy log-probs (fp32)", 4 * m.vocab_size * tokens / vp),
-                  ("target ids (int64)", 8 * tokens), ("loss", 4.0)]
+        terms += [
+            ("LM head input", B * m.hidden * tokens / sp),
+            ("cross-entropy log-probs (fp32)", 4 * m.vocab_size * tokens / vp),
+            ("target ids (int64)", 8 * tokens),
+            ("loss", 4.0),
+        ]
     return terms
 
 
@@ -433,10 +471,17 @@ class Breakdown:
         """A table of the components (bytes, GB = 1e9 B, GiB = 2**30 B)."""
         import pandas as pd
 
-        rows = [("parameters", self.params), ("gradients", self.grads), ("optimizer states", self.optimizer),
-                ("master weights", self.master), ("activations (layers)", self.activations_layers),
-                ("activations (outside layers)", self.activations_outside), ("temporary buffers", self.temporary),
-                ("overhead", self.overhead), ("total", self.total)]
+        rows = [
+            ("parameters", self.params),
+            ("gradients", self.grads),
+            ("optimizer states", self.optimizer),
+            ("master weights", self.master),
+            ("activations (layers)", self.activations_layers),
+            ("activations (outside layers)", self.activations_outside),
+            ("temporary buffers", self.temporary),
+            ("overhead", self.overhead),
+            ("total", self.total),
+        ]
         df = pd.DataFrame(rows, columns=["component", "bytes"])
         df["GB"] = df["bytes"] / GB
         df["GiB"] = df["bytes"] / GiB
@@ -455,13 +500,16 @@ def check(model: ModelConfig, train: TrainConfig) -> None:
     if m.n_heads % t.tp:
         raise ValueError(f"tp={t.tp} must divide n_heads={m.n_heads} (attention heads are split across TP ranks)")
     if not m.kv_lora_rank and t.tp > 1 and m.n_kv_heads % t.tp and t.tp % m.n_kv_heads:
-        raise ValueError(f"tp={t.tp} and n_kv_heads={m.n_kv_heads}: one must divide the other "
-                         "(KV heads split or replicated)")
+        raise ValueError(
+            f"tp={t.tp} and n_kv_heads={m.n_kv_heads}: one must divide the other (KV heads split or replicated)"
+        )
     if m.ffn_hidden % t.tp or (m.is_moe and m.expert_ffn_hidden % t.tp):
         raise ValueError(f"tp={t.tp} must divide the FFN width ffn_hidden={m.ffn_hidden}")
     if t.pp * t.virtual_stages > m.n_layers:
-        raise ValueError(f"pp={t.pp} x virtual_stages={t.virtual_stages} must be <= n_layers={m.n_layers} "
-                         "(every pipeline chunk needs at least one layer)")
+        raise ValueError(
+            f"pp={t.pp} x virtual_stages={t.virtual_stages} must be <= n_layers={m.n_layers} "
+            "(every pipeline chunk needs at least one layer)"
+        )
     if t.pp_layers is not None:
         stage_layers(m.n_layers, t.pp, t.pp_layers)  # raises naming pp_layers
     if t.pp_schedule == "dualpipe" and t.pp > 1 and t.pp % 2:
@@ -476,8 +524,9 @@ def check(model: ModelConfig, train: TrainConfig) -> None:
         if m.n_experts % t.ep:
             raise ValueError(f"ep={t.ep} must divide n_experts={m.n_experts}")
         if (t.dp * t.cp) % t.ep:
-            raise ValueError(f"ep={t.ep} must divide dp x cp = {t.dp * t.cp} "
-                             "(experts are sharded over data-parallel ranks)")
+            raise ValueError(
+                f"ep={t.ep} must divide dp x cp = {t.dp * t.cp} (experts are sharded over data-parallel ranks)"
+            )
     if t.seq_len > m.seq_len and t.kernels == "eager":
         raise ValueError(f"seq_len={t.seq_len} exceeds the model's seq_len={m.seq_len}")
     if t.pp > 1 and t.microbatches < 1:
@@ -535,8 +584,9 @@ def _stage_params(m: ModelConfig, t: TrainConfig, stage: int) -> tuple[float, fl
     return dense, expert, largest, per
 
 
-def estimate(model: ModelConfig, train: TrainConfig | None = None, *, stage: int | None = None,
-             compat: str | None = None) -> Breakdown:
+def estimate(
+    model: ModelConfig, train: TrainConfig | None = None, *, stage: int | None = None, compat: str | None = None
+) -> Breakdown:
     """Memory per rank of training ``model`` with ``train`` (bytes; see ``Breakdown``).
 
     ``stage``: which pipeline stage to report (default: the one with the largest total).
@@ -558,7 +608,7 @@ def estimate(model: ModelConfig, train: TrainConfig | None = None, *, stage: int
     zgroup = t.dp * t.cp
     egroup = zgroup // t.ep
     results = []
-    for st in ([stage] if stage is not None else range(t.pp)):
+    for st in [stage] if stage is not None else range(t.pp):
         dense, expert, largest, nlay = _stage_params(model, t, st)
         stages = [st]
         if t.pp_schedule == "dualpipe" and t.pp > 1:  # DualPipe: this rank also holds stage pp-1-st
@@ -567,14 +617,16 @@ def estimate(model: ModelConfig, train: TrainConfig | None = None, *, stage: int
             dense, expert, largest, nlay = dense + d2, expert + e2, max(largest, l2), nlay + n2
             stages.append(mirror)
         states = {}
-        exact = (t.zero_layout != "flat" and t.zero >= 1 and zgroup > 1
-                 and t.tp == t.pp == t.ep == t.cp == 1)
+        exact = t.zero_layout != "flat" and t.zero >= 1 and zgroup > 1 and t.tp == t.pp == t.ep == t.cp == 1
         if exact:  # the implementation's own padding (see TrainConfig.zero_layout)
             el = sharded_elements(model, zgroup, t.zero_layout)
             full = el["full"] if t.zero_layout == "units" else el["total"]
-            held = dict(param=el["shard"] if t.zero >= 3 else full,
-                        grad=el["shard"] if t.zero >= 2 else full,
-                        optimizer=el["shard"], master=el["shard"])
+            held = dict(
+                param=el["shard"] if t.zero >= 3 else full,
+                grad=el["shard"] if t.zero >= 2 else full,
+                optimizer=el["shard"],
+                master=el["shard"],
+            )
             states = {key: bpp[key] * held[key] for key in held}
         for key, zmin in (("param", 3), ("grad", 2), ("optimizer", 1), ("master", 1)):
             if exact:
@@ -584,8 +636,11 @@ def estimate(model: ModelConfig, train: TrainConfig | None = None, *, stage: int
         per_layer_terms = layer_terms(model, t)
         per_layer = sum(b for _, b in per_layer_terms)
         stage_layer = _stage_range(model, t, st).start
-        acts_layers = sum(n * sum(b for _, b in layer_terms(model, t, layer=i))
-                          for s_ in stages for i, n in _kinds(model, _stage_range(model, t, s_)).items())
+        acts_layers = sum(
+            n * sum(b for _, b in layer_terms(model, t, layer=i))
+            for s_ in stages
+            for i, n in _kinds(model, _stage_range(model, t, s_)).items()
+        )
         acts_layers /= len(stages)  # DualPipe: in-flight micro-batches counted over one stage's layers
         fl = _in_flight(t, st)
         acts_layers *= fl
@@ -610,17 +665,35 @@ def estimate(model: ModelConfig, train: TrainConfig | None = None, *, stage: int
             B = _PRECISION[t.precision]["act"]
             temp["logits + their gradient"] = (4 + B) * model.vocab_size * t.micro_batch * t.seq_len / t.cp / vp
         temporary = temp.get("ZeRO-3 gathered layers (2 x largest)", 0.0) + max(
-            temp.get("recompute working set (one layer)", 0.0), temp.get("logits + their gradient", 0.0))
+            temp.get("recompute working set (one layer)", 0.0), temp.get("logits + their gradient", 0.0)
+        )
         acts = acts_layers + acts_out
         total = sum(states.values()) + acts + temporary + t.overhead_bytes
-        results.append(Breakdown(
-            params=states["param"], grads=states["grad"], optimizer=states["optimizer"], master=states["master"],
-            activations=acts, activations_per_layer=per_layer, activations_layers=acts_layers,
-            activations_outside=acts_out, temporary=temporary, overhead=t.overhead_bytes, total=total,
-            n_params_rank=dense + expert, n_params_total=pc.total, n_params_active=pc.active, layers=nlay,
-            in_flight=fl, stage=st, gpu=t.gpu, gpu_memory=gpu.memory_bytes, terms=per_layer_terms,
-            detail={"temporary": temp, "outside": outside},
-        ))
+        results.append(
+            Breakdown(
+                params=states["param"],
+                grads=states["grad"],
+                optimizer=states["optimizer"],
+                master=states["master"],
+                activations=acts,
+                activations_per_layer=per_layer,
+                activations_layers=acts_layers,
+                activations_outside=acts_out,
+                temporary=temporary,
+                overhead=t.overhead_bytes,
+                total=total,
+                n_params_rank=dense + expert,
+                n_params_total=pc.total,
+                n_params_active=pc.active,
+                layers=nlay,
+                in_flight=fl,
+                stage=st,
+                gpu=t.gpu,
+                gpu_memory=gpu.memory_bytes,
+                terms=per_layer_terms,
+                detail={"temporary": temp, "outside": outside},
+            )
+        )
     return max(results, key=lambda r: r.total)
 
 
@@ -644,11 +717,27 @@ def format_playbook_bytes(n: float) -> str:
     # the units continue in its style, and i is clamped to the list.
     sizes = ["Bytes", "KB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"]
     i = min(max(int(math.floor(math.log(n) / math.log(1024))), 0), len(sizes) - 1)
-    return f"{n / 1024 ** i:.2f} {sizes[i]}"
+    return f"{n / 1024**i:.2f} {sizes[i]}"
 
 
-def playbook_estimate(*, a=8, b=32, h=512, h_ff=2048, L=12, s=128, v=30522, tp=8, k=8, dp=1, mixed=True,
-                      seq_parallel=False, recomputation="none", zero=0, ff_activation="relu") -> dict:
+def playbook_estimate(
+    *,
+    a=8,
+    b=32,
+    h=512,
+    h_ff=2048,
+    L=12,
+    s=128,
+    v=30522,
+    tp=8,
+    k=8,
+    dp=1,
+    mixed=True,
+    seq_parallel=False,
+    recomputation="none",
+    zero=0,
+    ff_activation="relu",
+) -> dict:
     """The Playbook widget's numbers exactly (``src/memory.js``; bugs included).
 
     Returns bytes: ``activations`` (with its parts), ``parameters``, ``gradients``, ``optimizer``,
@@ -668,12 +757,18 @@ def playbook_estimate(*, a=8, b=32, h=512, h_ff=2048, L=12, s=128, v=30522, tp=8
             attn = sbh * (4 * B / tp + B + 1) + (2 * B + 1) * a * s * s * b / tp
     else:
         attn = sbh / tp * (5 * B + 1) if seq_parallel else sbh * (4 * B / tp + B + 1)
-    ff = {"relu": sbh * B * X + s * b * h_ff * B / tp + sbh * X,
-          "gelu": sbh * B * X + 2 * s * b * h_ff * B / tp + sbh * X,
-          "swiglu": sbh * B * X + 4 * s * b * h_ff * B / tp + sbh * X}[ff_activation]
+    ff = {
+        "relu": sbh * B * X + s * b * h_ff * B / tp + sbh * X,
+        "gelu": sbh * B * X + 2 * s * b * h_ff * B / tp + sbh * X,
+        "swiglu": sbh * B * X + 4 * s * b * h_ff * B / tp + sbh * X,
+    }[ff_activation]
     ln = sbh * B * X
-    parts = {"dropout": sbh * X, "output layernorm": sbh * B * X, "output projection": sbh * B * X,
-             "cross entropy": 4 * s * b * v * X}
+    parts = {
+        "dropout": sbh * X,
+        "output layernorm": sbh * B * X,
+        "output projection": sbh * B * X,
+        "cross entropy": 4 * s * b * v * X,
+    }
     if recomputation == "full":
         parts = {"layer inputs": sbh * B * L, **parts}  # bug: never divided by tp
         layers = 0.0
@@ -688,9 +783,17 @@ def playbook_estimate(*, a=8, b=32, h=512, h_ff=2048, L=12, s=128, v=30522, tp=8
     grads = bpp * N / dp if zero >= 2 else bpp * N
     opt = kk * N / dp if zero >= 1 else kk * N
     total = act + params + grads + opt
-    return dict(N=N, activations=act, activation_parts=parts, parameters=params, gradients=grads,
-                optimizer=opt, total=total, shown=format_playbook_bytes(total),
-                shown_activations=format_playbook_bytes(act))
+    return dict(
+        N=N,
+        activations=act,
+        activation_parts=parts,
+        parameters=params,
+        gradients=grads,
+        optimizer=opt,
+        total=total,
+        shown=format_playbook_bytes(total),
+        shown_activations=format_playbook_bytes(act),
+    )
 
 
 def playbook_inputs(model: ModelConfig, train: TrainConfig) -> dict:
@@ -700,10 +803,23 @@ def playbook_inputs(model: ModelConfig, train: TrainConfig) -> dict:
     if k is None:
         states = _bytes_per_param(train.precision, train.optimizer, False, None)["optimizer"]
         k = states * (4 / _PRECISION[train.precision]["state"])
-    return dict(a=model.n_heads, b=train.micro_batch, h=model.hidden, h_ff=model.ffn_hidden, L=model.n_layers,
-                s=train.seq_len, v=model.vocab_size, tp=train.tp, k=k, dp=train.dp, mixed=mixed,
-                seq_parallel=train.sp, recomputation=train.recompute, zero=train.zero,
-                ff_activation=model.activation)
+    return dict(
+        a=model.n_heads,
+        b=train.micro_batch,
+        h=model.hidden,
+        h_ff=model.ffn_hidden,
+        L=model.n_layers,
+        s=train.seq_len,
+        v=model.vocab_size,
+        tp=train.tp,
+        k=k,
+        dp=train.dp,
+        mixed=mixed,
+        seq_parallel=train.sp,
+        recomputation=train.recompute,
+        zero=train.zero,
+        ff_activation=model.activation,
+    )
 
 
 def _playbook_breakdown(model: ModelConfig, train: TrainConfig) -> Breakdown:
@@ -712,16 +828,36 @@ def _playbook_breakdown(model: ModelConfig, train: TrainConfig) -> Breakdown:
     r = playbook_estimate(**playbook_inputs(model, train))
     n = r["N"]
     return Breakdown(
-        params=r["parameters"], grads=r["gradients"], optimizer=r["optimizer"], master=0.0,
-        activations=r["activations"], activations_per_layer=float("nan"),
-        activations_layers=r["activations"] - sum(v for k, v in r["activation_parts"].items()
-                                                  if k in ("dropout", "output layernorm", "output projection",
-                                                           "cross entropy")),
-        activations_outside=sum(v for k, v in r["activation_parts"].items()
-                                if k in ("dropout", "output layernorm", "output projection", "cross entropy")),
-        temporary=0.0, overhead=0.0, total=r["total"], n_params_rank=n, n_params_total=n, n_params_active=n,
-        layers=model.n_layers, in_flight=1.0, stage=0, gpu=train.gpu,
-        gpu_memory=hardware.gpu(train.gpu).memory_bytes, mode="playbook", detail={"playbook": r},
+        params=r["parameters"],
+        grads=r["gradients"],
+        optimizer=r["optimizer"],
+        master=0.0,
+        activations=r["activations"],
+        activations_per_layer=float("nan"),
+        activations_layers=r["activations"]
+        - sum(
+            v
+            for k, v in r["activation_parts"].items()
+            if k in ("dropout", "output layernorm", "output projection", "cross entropy")
+        ),
+        activations_outside=sum(
+            v
+            for k, v in r["activation_parts"].items()
+            if k in ("dropout", "output layernorm", "output projection", "cross entropy")
+        ),
+        temporary=0.0,
+        overhead=0.0,
+        total=r["total"],
+        n_params_rank=n,
+        n_params_total=n,
+        n_params_active=n,
+        layers=model.n_layers,
+        in_flight=1.0,
+        stage=0,
+        gpu=train.gpu,
+        gpu_memory=hardware.gpu(train.gpu).memory_bytes,
+        mode="playbook",
+        detail={"playbook": r},
     )
 
 
@@ -749,17 +885,33 @@ class RLHFMemory:
 
     def table(self) -> list[dict]:
         """One row per role and part, in GB (1e9 B) per GPU, for display."""
-        return [{"role": r, "gpus": g, "part": k, "GB per GPU": v / GB}
-                for r, (g, parts) in self.roles.items() for k, v in parts.items()]
+        return [
+            {"role": r, "gpus": g, "part": k, "GB per GPU": v / GB}
+            for r, (g, parts) in self.roles.items()
+            for k, v in parts.items()
+        ]
 
 
 _RLHF_ROLES = ("actor", "critic", "reference", "reward", "rollout")
 
 
-def rlhf_estimate(actor="llama-2-7b", *, critic=None, reward=None, n_gpus: int = 8, placement: str = "colocated",
-                  split: dict | None = None, rollout_batch: int = 256, prompt_len: int = 512, response_len: int = 512,
-                  rollout_tp: int = 1, precision: str = "bf16-mixed", optimizer: str = "adam", frozen_dtype="bf16",
-                  kv_dtype="bf16") -> RLHFMemory:
+def rlhf_estimate(
+    actor="llama-2-7b",
+    *,
+    critic=None,
+    reward=None,
+    n_gpus: int = 8,
+    placement: str = "colocated",
+    split: dict | None = None,
+    rollout_batch: int = 256,
+    prompt_len: int = 512,
+    response_len: int = 512,
+    rollout_tp: int = 1,
+    precision: str = "bf16-mixed",
+    optimizer: str = "adam",
+    frozen_dtype="bf16",
+    kv_dtype="bf16",
+) -> RLHFMemory:
     """Memory per GPU of PPO-RLHF with four models (InstructGPT, Ouyang et al., 2022, arXiv:2203.02155):
 
     - actor (trained, LM head) and critic (trained, the actor's trunk with a scalar head unless ``critic``
@@ -783,25 +935,37 @@ def rlhf_estimate(actor="llama-2-7b", *, critic=None, reward=None, n_gpus: int =
             m = preset(m)
         models[name] = m
     a = models["actor"]
-    for name, v in (("n_gpus", n_gpus), ("rollout_batch", rollout_batch), ("rollout_tp", rollout_tp),
-                    ("response_len", response_len)):
+    for name, v in (
+        ("n_gpus", n_gpus),
+        ("rollout_batch", rollout_batch),
+        ("rollout_tp", rollout_tp),
+        ("response_len", response_len),
+    ):
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}={v!r}: allowed an int >= 1")
     if not isinstance(prompt_len, int) or prompt_len < 0:
         raise ValueError(f"prompt_len={prompt_len!r}: allowed an int >= 0")
     if a.n_kv_heads % rollout_tp:
         raise ValueError(f"rollout_tp={rollout_tp}: must divide the actor's {a.n_kv_heads} KV heads")
-    n = {"actor": param_count(a).total, "reference": param_count(a).total,
-         "critic": param_count(models["critic"]).total if models["critic"] else scalar_head_params(a)}
-    n["reward"] = (param_count(models["reward"]).total if models["reward"] else n["critic"])
+    n = {
+        "actor": param_count(a).total,
+        "reference": param_count(a).total,
+        "critic": param_count(models["critic"]).total if models["critic"] else scalar_head_params(a),
+    }
+    n["reward"] = param_count(models["reward"]).total if models["reward"] else n["critic"]
     if placement == "colocated":
         groups = dict.fromkeys(_RLHF_ROLES, n_gpus)
     elif placement == "split":
         if split is None:
             if n_gpus % 8:
                 raise ValueError(f"n_gpus={n_gpus}: the default split needs a multiple of 8; pass split=")
-            split = {"actor": n_gpus // 4, "critic": n_gpus // 4, "reference": n_gpus // 8, "reward": n_gpus // 8,
-                     "rollout": n_gpus // 4}
+            split = {
+                "actor": n_gpus // 4,
+                "critic": n_gpus // 4,
+                "reference": n_gpus // 8,
+                "reward": n_gpus // 8,
+                "rollout": n_gpus // 4,
+            }
         if set(split) != set(_RLHF_ROLES) or any(not isinstance(v, int) or v < 1 for v in split.values()):
             raise ValueError(f"split={split!r}: allowed a dict of GPU counts >= 1 for exactly {_RLHF_ROLES}")
         if sum(split.values()) != n_gpus:
@@ -815,8 +979,12 @@ def rlhf_estimate(actor="llama-2-7b", *, critic=None, reward=None, n_gpus: int =
     parts = {}
     for role in ("actor", "critic"):
         s = model_state_bytes(n[role], dp=groups[role], zero=3, precision=precision, optimizer=optimizer)
-        parts[role] = {f"{role} params": s.params, f"{role} grads": s.grads, f"{role} optimizer": s.optimizer,
-                       f"{role} master": s.master}
+        parts[role] = {
+            f"{role} params": s.params,
+            f"{role} grads": s.grads,
+            f"{role} optimizer": s.optimizer,
+            f"{role} master": s.master,
+        }
     for role in ("reference", "reward"):
         parts[role] = {f"{role} weights": fb * math.ceil(n[role] / groups[role])}
     from .inference import kv_cache  # the one KV-per-token formula (GQA: n_kv heads; MLA: the latent)

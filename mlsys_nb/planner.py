@@ -36,6 +36,7 @@ stragglers, optimizer step time, load imbalance between experts, overlap of TP/C
 Published layouts reproduced in ``tests/test_planner.py``: Llama 3 405B on 16,384 H100 and
 DeepSeek-V3 on 2,048 H800.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -49,12 +50,36 @@ from .config import ModelConfig, TrainConfig
 
 __all__ = ["Layout", "Plan", "search", "evaluate", "rank_of", "clear_caches", "COLUMNS", "SCHEDULES", "DEFAULTS"]
 
-COLUMNS = ["dp", "tp", "pp", "cp", "ep", "zero", "recompute", "micro_batch", "schedule", "v",
-           "memory_bytes", "step_s", "mfu", "bottleneck"]
+COLUMNS = [
+    "dp",
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "zero",
+    "recompute",
+    "micro_batch",
+    "schedule",
+    "v",
+    "memory_bytes",
+    "step_s",
+    "mfu",
+    "bottleneck",
+]
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipe")
 # the assumptions every number depends on (each is a keyword of search/evaluate)
-DEFAULTS = dict(gpus_per_node=8, network="infiniband-ndr", nvlink=None, precision="bf16-mixed", dtype="bf16",
-                compute_efficiency=1.0, dp_overlap=0.8, overhead_bytes=4e9, ep_copies=None, ep_bytes=2.0)
+DEFAULTS = dict(
+    gpus_per_node=8,
+    network="infiniband-ndr",
+    nvlink=None,
+    precision="bf16-mixed",
+    dtype="bf16",
+    compute_efficiency=1.0,
+    dp_overlap=0.8,
+    overhead_bytes=4e9,
+    ep_copies=None,
+    ep_bytes=2.0,
+)
 _ACT_BYTES = 2  # bf16 activations on the wire
 _MEM_SCHEDULE = {"none": "1f1b"}  # planner name -> mlsys_nb.memory name (pp = 1: no schedule)
 
@@ -165,9 +190,24 @@ class _Ctx:
         return self.global_batch_tokens // self.seq_len
 
 
-def _context(model, *, gpus, gpu, global_batch_tokens, seq_len, gpus_per_node=8, network="infiniband-ndr",
-             nvlink=None, precision="bf16-mixed", dtype="bf16", compute_efficiency=1.0, dp_overlap=0.8,
-             overhead_bytes=4e9, ep_copies=None, ep_bytes=2.0) -> _Ctx:
+def _context(
+    model,
+    *,
+    gpus,
+    gpu,
+    global_batch_tokens,
+    seq_len,
+    gpus_per_node=8,
+    network="infiniband-ndr",
+    nvlink=None,
+    precision="bf16-mixed",
+    dtype="bf16",
+    compute_efficiency=1.0,
+    dp_overlap=0.8,
+    overhead_bytes=4e9,
+    ep_copies=None,
+    ep_bytes=2.0,
+) -> _Ctx:
     if isinstance(model, str):
         model = memory.preset(model)
     if not isinstance(model, ModelConfig):
@@ -178,8 +218,10 @@ def _context(model, *, gpus, gpu, global_batch_tokens, seq_len, gpus_per_node=8,
     _pos_int("global_batch_tokens", global_batch_tokens)
     g = hardware.gpu(gpu)  # KeyError listing the GPUs
     if global_batch_tokens % seq_len:
-        raise ValueError(f"global_batch_tokens={global_batch_tokens} must be a multiple of seq_len={seq_len} "
-                         "(whole sequences per step)")
+        raise ValueError(
+            f"global_batch_tokens={global_batch_tokens} must be a multiple of seq_len={seq_len} "
+            "(whole sequences per step)"
+        )
     nv = nvlink or g.nvlink
     if nv is None:
         raise ValueError(f"gpu={gpu!r} has no NVLink in data/hardware.yaml: pass nvlink= (a link name)")
@@ -198,10 +240,27 @@ def _context(model, *, gpus, gpu, global_batch_tokens, seq_len, gpus_per_node=8,
     if not 0 < ep_bytes <= 4:
         raise ValueError(f"ep_bytes={ep_bytes}: allowed (0, 4] bytes per element on the wire")
     nvl, net = hardware.link(nv), hardware.link(network)
-    return _Ctx(model, gpus, gpu, global_batch_tokens, seq_len, gpus_per_node, network, nv, precision, dtype,
-                float(compute_efficiency), float(dp_overlap), float(overhead_bytes), ep_copies, float(ep_bytes),
-                (nvl.latency_s, nvl.per_direction_bytes_per_s), (net.latency_s, net.per_direction_bytes_per_s),
-                g.peak(dtype), g.memory_bytes)
+    return _Ctx(
+        model,
+        gpus,
+        gpu,
+        global_batch_tokens,
+        seq_len,
+        gpus_per_node,
+        network,
+        nv,
+        precision,
+        dtype,
+        float(compute_efficiency),
+        float(dp_overlap),
+        float(overhead_bytes),
+        ep_copies,
+        float(ep_bytes),
+        (nvl.latency_s, nvl.per_direction_bytes_per_s),
+        (net.latency_s, net.per_direction_bytes_per_s),
+        g.peak(dtype),
+        g.memory_bytes,
+    )
 
 
 @lru_cache(maxsize=64)
@@ -212,8 +271,9 @@ def _layer_flops(model: ModelConfig, seq_len: int) -> tuple[tuple[float, ...], f
     attn = (b["qkv"] + b["attn_scores"] + b["attn_values"] + b["out_proj"]) / L
     dense = _flops._mlp_forward(model, model.ffn_hidden)
     if model.is_moe:
-        moe = (2.0 * model.hidden * model.n_experts
-               + (model.top_k + model.n_shared_experts) * _flops._mlp_forward(model, model.expert_ffn_hidden))
+        moe = 2.0 * model.hidden * model.n_experts + (model.top_k + model.n_shared_experts) * _flops._mlp_forward(
+            model, model.expert_ffn_hidden
+        )
         per = tuple(attn + (moe if i >= model.n_dense_layers else dense) for i in range(L))
     else:
         per = (attn + dense,) * L
@@ -290,8 +350,12 @@ def _stage_states(model: ModelConfig, tp: int, pp: int, ep: int, dualpipe: bool)
 
 def _states_bound(ctx: _Ctx, lay: Layout) -> float:
     """Closed-form lower bound of the memory per GPU: model states of the heaviest stage + overhead."""
-    return _states_bytes(ctx.model, ctx.precision, lay.tp, lay.pp, lay.ep, lay.schedule == "dualpipe", lay.dp * lay.cp,
-                         lay.zero) + ctx.overhead_bytes
+    return (
+        _states_bytes(
+            ctx.model, ctx.precision, lay.tp, lay.pp, lay.ep, lay.schedule == "dualpipe", lay.dp * lay.cp, lay.zero
+        )
+        + ctx.overhead_bytes
+    )
 
 
 @lru_cache(maxsize=1 << 14)
@@ -309,16 +373,19 @@ def _states_bytes(model, precision, tp, pp, ep, dual, zg, zero) -> float:
 @lru_cache(maxsize=8192)
 def _act_layer(model: ModelConfig, seq_len: int, precision: str, tp: int, cp: int, mb: int, recompute: str) -> float:
     """Smallest saved activations of one layer for one micro-batch (bytes, ``memory.layer_terms``)."""
-    t = TrainConfig(micro_batch=mb, seq_len=seq_len, precision=precision, recompute=recompute, tp=tp, sp=tp > 1,
-                    cp=cp)
+    t = TrainConfig(micro_batch=mb, seq_len=seq_len, precision=precision, recompute=recompute, tp=tp, sp=tp > 1, cp=cp)
     kinds = {0, model.n_layers - 1}
     return min(sum(b for _, b in memory.layer_terms(model, t, layer=i)) for i in kinds)
 
 
 @lru_cache(maxsize=4096)
 def _in_flight_last(schedule: str, pp: int, m: int, v: int) -> float:
-    t = TrainConfig(pp=pp, n_microbatches=m, pp_schedule=_MEM_SCHEDULE.get(schedule, schedule),
-                    virtual_stages=v if schedule == "interleaved-1f1b" else 1)
+    t = TrainConfig(
+        pp=pp,
+        n_microbatches=m,
+        pp_schedule=_MEM_SCHEDULE.get(schedule, schedule),
+        virtual_stages=v if schedule == "interleaved-1f1b" else 1,
+    )
     return memory._in_flight(t, pp - 1)
 
 
@@ -340,11 +407,26 @@ def _bound(ctx: _Ctx, lay: Layout, m: int) -> float:
 
 def _train_config(ctx: _Ctx, lay: Layout, m: int) -> TrainConfig:
     return TrainConfig(
-        micro_batch=lay.micro_batch, seq_len=ctx.seq_len, precision=ctx.precision, recompute=lay.recompute,
-        dp=lay.dp, tp=lay.tp, sp=lay.tp > 1, pp=lay.pp, pp_schedule=_MEM_SCHEDULE.get(lay.schedule, lay.schedule),
-        virtual_stages=lay.v if lay.schedule == "interleaved-1f1b" else 1, n_microbatches=m, cp=lay.cp,
-        ep=lay.ep, zero=lay.zero, flash_attention=True, kernels="fused", device="cuda", gpu=ctx.gpu,
-        overhead_bytes=ctx.overhead_bytes)
+        micro_batch=lay.micro_batch,
+        seq_len=ctx.seq_len,
+        precision=ctx.precision,
+        recompute=lay.recompute,
+        dp=lay.dp,
+        tp=lay.tp,
+        sp=lay.tp > 1,
+        pp=lay.pp,
+        pp_schedule=_MEM_SCHEDULE.get(lay.schedule, lay.schedule),
+        virtual_stages=lay.v if lay.schedule == "interleaved-1f1b" else 1,
+        n_microbatches=m,
+        cp=lay.cp,
+        ep=lay.ep,
+        zero=lay.zero,
+        flash_attention=True,
+        kernels="fused",
+        device="cuda",
+        gpu=ctx.gpu,
+        overhead_bytes=ctx.overhead_bytes,
+    )
 
 
 def _time(ctx: _Ctx, lay: Layout) -> tuple[dict, int, dict] | None:
@@ -372,12 +454,17 @@ def _time(ctx: _Ctx, lay: Layout) -> tuple[dict, int, dict] | None:
     h = model.hidden
     act = tokens / lay.cp * h * _ACT_BYTES  # one micro-batch's hidden states on this CP rank
     n_rc = 3 if lay.recompute == "full" else 2  # forward passes with TP/CP traffic (fwd, bwd, re-fwd)
-    tp_t = n_lay * n_rc * 2 * (_coll("all_gather", act, lay.tp, *tp_l[1:]) + _coll("reduce_scatter", act, lay.tp,
-                                                                                    *tp_l[1:]))
+    tp_t = (
+        n_lay
+        * n_rc
+        * 2
+        * (_coll("all_gather", act, lay.tp, *tp_l[1:]) + _coll("reduce_scatter", act, lay.tp, *tp_l[1:]))
+    )
     kv_heads = model.n_heads if model.kv_lora_rank else model.n_kv_heads
     kv = 2 * tokens * kv_heads * model.head_dim * _ACT_BYTES / min(lay.tp, kv_heads)
     cp_t = n_lay * (n_rc - 1) * _coll("all_gather", kv, lay.cp, *cp_l[1:]) + n_lay * _coll(
-        "reduce_scatter", kv, lay.cp, *cp_l[1:])
+        "reduce_scatter", kv, lay.cp, *cp_l[1:]
+    )
     copies = ctx.ep_copies if ctx.ep_copies is not None else (model.top_k or 1)
     a2a = tokens / lay.cp / lay.tp * copies * h * ctx.ep_bytes  # one rank's send buffer
     ep_raw = n_moe * 4 * _coll("all_to_all", a2a, lay.ep, *ep_l[1:]) if lay.ep > 1 else 0.0
@@ -387,12 +474,16 @@ def _time(ctx: _Ctx, lay: Layout) -> tuple[dict, int, dict] | None:
     d_par, e_par = _stage_states(model, lay.tp, lay.pp, lay.ep, dual)
     gbytes = _ACT_BYTES  # bf16 gradients on the wire
     zg = lay.dp * lay.cp
-    dp_grad = _coll("all_reduce", d_par * gbytes, zg, *dp_l[1:]) + _coll("all_reduce", e_par * gbytes,
-                                                                         zg // lay.ep, *dp_l[1:])
+    dp_grad = _coll("all_reduce", d_par * gbytes, zg, *dp_l[1:]) + _coll(
+        "all_reduce", e_par * gbytes, zg // lay.ep, *dp_l[1:]
+    )
     z3 = 0.0
     if lay.zero >= 3:  # gather parameters in forward and backward of every micro-batch
-        z3 = 2 * m * (_coll("all_gather", d_par * 2, zg, *dp_l[1:]) + _coll("all_gather", e_par * 2, zg // lay.ep,
-                                                                           *dp_l[1:]))
+        z3 = (
+            2
+            * m
+            * (_coll("all_gather", d_par * 2, zg, *dp_l[1:]) + _coll("all_gather", e_par * 2, zg // lay.ep, *dp_l[1:]))
+        )
     per_mb = compute + recompute + tp_t + cp_t + ep_t + pp_t
     busy = m * per_mb
     bubble = busy * ratio
@@ -400,8 +491,16 @@ def _time(ctx: _Ctx, lay: Layout) -> tuple[dict, int, dict] | None:
     dp_comm = dp_grad + z3
     hidden = min(ctx.dp_overlap * dp_comm, bwd_total)
     dp_exposed = dp_comm - hidden
-    t = {"compute": m * compute, "recompute": m * recompute, "TP comm": m * tp_t, "CP comm": m * cp_t,
-         "EP comm": m * ep_t, "PP comm": m * pp_t, "bubble": bubble, "DP comm": dp_exposed}
+    t = {
+        "compute": m * compute,
+        "recompute": m * recompute,
+        "TP comm": m * tp_t,
+        "CP comm": m * cp_t,
+        "EP comm": m * ep_t,
+        "PP comm": m * pp_t,
+        "bubble": bubble,
+        "DP comm": dp_exposed,
+    }
     links = {"tp": tp_l[0], "cp": cp_l[0], "ep": ep_l[0], "dp": dp_l[0], "pp": pp_l[0]}
     return t, m, links
 
@@ -432,8 +531,18 @@ def _plan(ctx: _Ctx, lay: Layout, tm=None, with_memory: bool = True) -> Plan | N
     mfu = _model_flops(ctx) / (ctx.gpus * ctx.peak * step)
     br = memory.estimate(ctx.model, _train_config(ctx, lay, m)) if with_memory else None
     mem = br.total if br is not None else float("nan")
-    return Plan(layout=lay, microbatches=m, memory_bytes=mem, gpu_memory_bytes=ctx.cap, step_s=step,
-                mfu=mfu, bottleneck=_bottleneck(t, step, mem, ctx.cap), time=t, links=links, memory=br)
+    return Plan(
+        layout=lay,
+        microbatches=m,
+        memory_bytes=mem,
+        gpu_memory_bytes=ctx.cap,
+        step_s=step,
+        mfu=mfu,
+        bottleneck=_bottleneck(t, step, mem, ctx.cap),
+        time=t,
+        links=links,
+        memory=br,
+    )
 
 
 def _rules(ctx: _Ctx, lay: Layout) -> str | None:
@@ -444,8 +553,10 @@ def _rules(ctx: _Ctx, lay: Layout) -> str | None:
     if lay.tp > ctx.gpus_per_node:
         return f"tp={lay.tp} must be <= gpus_per_node={ctx.gpus_per_node} (TP stays on NVLink)"
     if ctx.sequences % (lay.dp * lay.micro_batch):
-        return (f"dp x micro_batch = {lay.dp * lay.micro_batch} must divide the {ctx.sequences} sequences of a step "
-                f"(global_batch_tokens / seq_len)")
+        return (
+            f"dp x micro_batch = {lay.dp * lay.micro_batch} must divide the {ctx.sequences} sequences of a step "
+            f"(global_batch_tokens / seq_len)"
+        )
     if lay.pp == 1 and (lay.schedule != "none" or lay.v != 1):
         return "pp=1 has no pipeline schedule (schedule='none', v=1)"
     if lay.pp > 1 and lay.schedule not in SCHEDULES:
@@ -457,8 +568,9 @@ def _rules(ctx: _Ctx, lay: Layout) -> str | None:
     return None
 
 
-def evaluate(model, layout: Layout | None = None, *, gpus: int, gpu: str, global_batch_tokens: int, seq_len: int,
-             **kw) -> Plan:
+def evaluate(
+    model, layout: Layout | None = None, *, gpus: int, gpu: str, global_batch_tokens: int, seq_len: int, **kw
+) -> Plan:
     """The modelled cost of one layout (``Layout(...)`` or its fields as keywords: ``dp=``,
     ``tp=``, ...). Raises ValueError naming the rule a layout breaks; see ``search`` for the
     assumptions (keywords ``DEFAULTS``)."""
@@ -475,8 +587,10 @@ def evaluate(model, layout: Layout | None = None, *, gpus: int, gpu: str, global
         raise ValueError(f"layout {layout} is not allowed: {why}")
     plan = _plan(ctx, layout)
     if plan is None:
-        raise ValueError(f"schedule={layout.schedule!r} does not accept pp={layout.pp}, "
-                         f"m={ctx.sequences // (layout.dp * layout.micro_batch)} micro-batches, v={layout.v}")
+        raise ValueError(
+            f"schedule={layout.schedule!r} does not accept pp={layout.pp}, "
+            f"m={ctx.sequences // (layout.dp * layout.micro_batch)} micro-batches, v={layout.v}"
+        )
     return plan
 
 
@@ -485,15 +599,18 @@ def _candidates(ctx: _Ctx, tp, pp, cp, ep, zero, recompute, micro_batch, schedul
     m = ctx.model
     rejected: dict[str, int] = {}
     out = []
-    pow2 = [2 ** i for i in range(0, 12)]
+    pow2 = [2**i for i in range(0, 12)]
     tps = _degrees("tp", tp, [d for d in pow2 if d <= ctx.gpus_per_node])
     pps = _degrees("pp", pp, [d for d in _divisors(ctx.gpus) if d <= m.n_layers])
     cps = _degrees("cp", cp, [d for d in pow2 if d <= 32 and ctx.seq_len // d >= 1024])
     eps = _degrees("ep", ep, [d for d in _divisors(m.n_experts)] if m.is_moe else [1])
     mbs = _degrees("micro_batch", micro_batch, [1, 2, 4, 8])
     vs = _degrees("v", v, [2, 4])
-    for name, vals, allowed in (("zero", zero, (0, 1, 2, 3)), ("recompute", recompute, ("none", "selective", "full")),
-                                ("schedules", schedules, SCHEDULES)):
+    for name, vals, allowed in (
+        ("zero", zero, (0, 1, 2, 3)),
+        ("recompute", recompute, ("none", "selective", "full")),
+        ("schedules", schedules, SCHEDULES),
+    ):
         bad = [x for x in vals if x not in allowed]
         if bad:
             raise ValueError(f"{name}={bad}: allowed {allowed}")
@@ -505,8 +622,11 @@ def _candidates(ctx: _Ctx, tp, pp, cp, ep, zero, recompute, micro_batch, schedul
             chunks = {"interleaved-1f1b": vs, "dualpipe": [2]}
             scheds = [("none", 1)] if p_ == 1 else [(s, vv) for s in schedules for vv in chunks.get(s, [1])]
             base = Layout(dp=d_, tp=t_, pp=p_, cp=c_, ep=e_, micro_batch=1, schedule=scheds[0][0], v=scheds[0][1])
-            why = _rules(ctx, base) if ctx.sequences % d_ == 0 else (
-                f"dp={d_} must divide the {ctx.sequences} sequences of a step")
+            why = (
+                _rules(ctx, base)
+                if ctx.sequences % d_ == 0
+                else (f"dp={d_} must divide the {ctx.sequences} sequences of a step")
+            )
             if why and "sequences" not in why:
                 key = why.split(":")[0][:120]
                 rejected[key] = rejected.get(key, 0) + 1
@@ -523,10 +643,26 @@ def _candidates(ctx: _Ctx, tp, pp, cp, ep, zero, recompute, micro_batch, schedul
     return out, rejected
 
 
-def search(model, *, gpus: int, gpu: str, global_batch_tokens: int, seq_len: int, gpus_per_node: int = 8,
-           tp=None, pp=None, cp=None, ep=None, zero=(0, 1, 2, 3), recompute=("none", "selective", "full"),
-           micro_batch=None, schedules=("1f1b", "interleaved-1f1b", "zb-h1", "dualpipe"), v=None,
-           top: int | None = 50, **assumptions):
+def search(
+    model,
+    *,
+    gpus: int,
+    gpu: str,
+    global_batch_tokens: int,
+    seq_len: int,
+    gpus_per_node: int = 8,
+    tp=None,
+    pp=None,
+    cp=None,
+    ep=None,
+    zero=(0, 1, 2, 3),
+    recompute=("none", "selective", "full"),
+    micro_batch=None,
+    schedules=("1f1b", "interleaved-1f1b", "zb-h1", "dualpipe"),
+    v=None,
+    top: int | None = 50,
+    **assumptions,
+):
     """Layouts of ``model`` (a ``ModelConfig`` or preset name) on ``gpus`` GPUs of type ``gpu``
     (``data/hardware.yaml``) that fit in memory, best first by modelled step time (seconds).
 
@@ -547,8 +683,15 @@ def search(model, *, gpus: int, gpu: str, global_batch_tokens: int, seq_len: int
     unknown = set(assumptions) - set(DEFAULTS)
     if unknown:
         raise TypeError(f"unknown keyword(s) {sorted(unknown)}; allowed assumptions: {sorted(DEFAULTS)}")
-    ctx = _context(model, gpus=gpus, gpu=gpu, global_batch_tokens=global_batch_tokens, seq_len=seq_len,
-                   gpus_per_node=gpus_per_node, **assumptions)
+    ctx = _context(
+        model,
+        gpus=gpus,
+        gpu=gpu,
+        global_batch_tokens=global_batch_tokens,
+        seq_len=seq_len,
+        gpus_per_node=gpus_per_node,
+        **assumptions,
+    )
     if top is not None:
         _pos_int("top", top)
     zero = [zero] if isinstance(zero, int) else list(zero)
@@ -567,8 +710,18 @@ def search(model, *, gpus: int, gpu: str, global_batch_tokens: int, seq_len: int
         if bound > cap:
             pruned.append((bound, lay))
             continue
-        key = (lay.dp, lay.tp, lay.pp, lay.cp, lay.ep, lay.zero == 3, lay.recompute, lay.micro_batch, lay.schedule,
-               lay.v)
+        key = (
+            lay.dp,
+            lay.tp,
+            lay.pp,
+            lay.cp,
+            lay.ep,
+            lay.zero == 3,
+            lay.recompute,
+            lay.micro_batch,
+            lay.schedule,
+            lay.v,
+        )
         if key not in cache:
             cache[key] = _time(ctx, lay)
         tm = cache[key]
@@ -606,24 +759,60 @@ def search(model, *, gpus: int, gpu: str, global_batch_tokens: int, seq_len: int
         raise ValueError(
             f"no layout fits in {gpu} memory ({cap / 1e9:.0f} GB): the closest, {lay}, needs {mem / 1e9:.1f} GB, "
             f"{short / 1e9:.1f} GB too much (incl. overhead_bytes={ctx.overhead_bytes / 1e9:.1f} GB). "
-            "Add GPUs, recomputation, ZeRO, or a smaller micro-batch/sequence.")
+            "Add GPUs, recomputation, ZeRO, or a smaller micro-batch/sequence."
+        )
     rows = []
     for p in plans:
         lay = p.layout
-        rows.append(dict(dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep, zero=lay.zero,
-                         recompute=lay.recompute, micro_batch=lay.micro_batch, schedule=lay.schedule, v=lay.v,
-                         memory_bytes=p.memory_bytes, step_s=p.step_s, mfu=p.mfu, bottleneck=p.bottleneck))
+        rows.append(
+            dict(
+                dp=lay.dp,
+                tp=lay.tp,
+                pp=lay.pp,
+                cp=lay.cp,
+                ep=lay.ep,
+                zero=lay.zero,
+                recompute=lay.recompute,
+                micro_batch=lay.micro_batch,
+                schedule=lay.schedule,
+                v=lay.v,
+                memory_bytes=p.memory_bytes,
+                step_s=p.step_s,
+                mfu=p.mfu,
+                bottleneck=p.bottleneck,
+            )
+        )
     df = pd.DataFrame(rows, columns=COLUMNS)
-    df.attrs.update(dict(candidates=len(cands), pruned=len(pruned), timed=len(timed), memory_estimates=evaluated,
-                         assumptions={k: getattr(ctx, k) for k in DEFAULTS}, gpu_memory_bytes=cap,
-                         gpus=gpus, gpu=gpu, global_batch_tokens=global_batch_tokens, seq_len=seq_len))
+    df.attrs.update(
+        dict(
+            candidates=len(cands),
+            pruned=len(pruned),
+            timed=len(timed),
+            memory_estimates=evaluated,
+            assumptions={k: getattr(ctx, k) for k in DEFAULTS},
+            gpu_memory_bytes=cap,
+            gpus=gpus,
+            gpu=gpu,
+            global_batch_tokens=global_batch_tokens,
+            seq_len=seq_len,
+        )
+    )
     return df
 
 
 def clear_caches() -> None:
     """Forget the memoised closed forms (benchmarks time a cold search with it)."""
-    for f in (_layer_flops, _stage_compute, _coll, _bubble_ratio, _stage_states, _states_bytes, _act_layer,
-              _in_flight_last, _min_layers):
+    for f in (
+        _layer_flops,
+        _stage_compute,
+        _coll,
+        _bubble_ratio,
+        _stage_states,
+        _states_bytes,
+        _act_layer,
+        _in_flight_last,
+        _min_layers,
+    ):
         f.cache_clear()
 
 

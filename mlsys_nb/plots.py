@@ -5,6 +5,7 @@ notebooks, widgets and tests can all use it. Helpers here are generic; topic-spe
 next to the topic (e.g. a pipeline timeline in ``mlsys_nb.pipeline``) and use ``style()`` and
 ``new_figure()``.
 """
+
 from __future__ import annotations
 
 import matplotlib

@@ -1,5 +1,6 @@
 """``python -m mlsys_nb.run module:function`` under torchrun (the ``mlsys-nb-run`` script):
 the entry point lives in ``mlsys_nb.runtime.torchrun``; see its docstring for usage."""
+
 from __future__ import annotations
 
 import sys

@@ -18,6 +18,7 @@ Huber loss (delta = 1e-3) on log-loss, L-BFGS from a grid of initialisations, pa
 ``(log A, log B, log E, alpha, beta)``; ``bootstrap=k`` refits k resampled data sets for
 percentile confidence intervals.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -101,9 +102,11 @@ class Law:
             lo, hi = math.log(ns[i - 1]), math.log(ns[i + 1])
             for _ in range(60):
                 m1, m2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+
                 def f(ln):
                     n = math.exp(ln)
                     return 6 * n * float(self.tokens_for_loss(target, n)) + 2 * n * d_inf
+
                 if f(m1) < f(m2):
                     hi = m2
                 else:
@@ -113,9 +116,14 @@ class Law:
             n = float(ns[i])
         d = float(self.tokens_for_loss(target, n))
         return {
-            "N": n, "D": d, "train_flops": 6 * n * d, "inference_flops": 2 * n * d_inf,
-            "total_flops": 6 * n * d + 2 * n * d_inf, "loss": float(target),
-            "chinchilla_N": float(n0), "chinchilla_D": float(d0),
+            "N": n,
+            "D": d,
+            "train_flops": 6 * n * d,
+            "inference_flops": 2 * n * d_inf,
+            "total_flops": 6 * n * d + 2 * n * d_inf,
+            "loss": float(target),
+            "chinchilla_N": float(n0),
+            "chinchilla_D": float(d0),
             "chinchilla_total_flops": 6 * float(n0) * float(d0) + 2 * float(n0) * d_inf,
         }
 
@@ -126,8 +134,15 @@ class Law:
         rows = []
         for c in np.atleast_1d(budgets):
             n, d = self.compute_optimal(float(c))
-            rows.append({"C (FLOPs)": float(c), "N* (params)": n, "D* (tokens)": d,
-                         "D*/N* (tokens/param)": d / n, "L* (nats/token)": self.loss(n, d)})
+            rows.append(
+                {
+                    "C (FLOPs)": float(c),
+                    "N* (params)": n,
+                    "D* (tokens)": d,
+                    "D*/N* (tokens/param)": d / n,
+                    "L* (nats/token)": self.loss(n, d),
+                }
+            )
         return pd.DataFrame(rows)
 
 
@@ -239,8 +254,13 @@ def law(name: str) -> Law:
     form = spec.pop("form")
     spec.pop("note", None)
     if form == "chinchilla":
-        return ChinchillaLaw(name=name, label=spec.pop("label", name), source=spec.pop("source", ""),
-                             stderr=spec.pop("stderr", {}), **{k: float(spec[k]) for k in PARAMS})
+        return ChinchillaLaw(
+            name=name,
+            label=spec.pop("label", name),
+            source=spec.pop("source", ""),
+            stderr=spec.pop("stderr", {}),
+            **{k: float(spec[k]) for k in PARAMS},
+        )
     return KaplanLaw(name=name, **{k: (float(v) if k not in ("label", "source") else v) for k, v in spec.items()})
 
 
@@ -251,8 +271,17 @@ def training_runs():
     rows = []
     for name, r in _raw()["training_runs"].items():
         n, d = float(r["params"]), float(r["tokens"])
-        rows.append({"run": name, "params": n, "tokens": d, "tokens/param": d / n, "C = 6ND (FLOPs)": 6 * n * d,
-                     "preset": r.get("preset"), "source": r["source"]})
+        rows.append(
+            {
+                "run": name,
+                "params": n,
+                "tokens": d,
+                "tokens/param": d / n,
+                "C = 6ND (FLOPs)": 6 * n * d,
+                "preset": r.get("preset"),
+                "source": r["source"],
+            }
+        )
     return pd.DataFrame(rows).set_index("run")
 
 
@@ -265,11 +294,17 @@ def twenty_tokens_per_param(C):
 # ---- fitting -------------------------------------------------------------------------------------
 GRIDS = {
     # Hoffmann et al. / Epoch: alpha, beta in {0, 0.5, ..., 2}, e in {-1, -0.5, ..., 1}, a, b in {0, 5, ..., 25}
-    "paper": dict(alpha=np.arange(0, 2.01, 0.5), beta=np.arange(0, 2.01, 0.5), e=np.arange(-1, 1.01, 0.5),
-                  a=np.arange(0, 26, 5.0), b=np.arange(0, 26, 5.0)),
+    "paper": dict(
+        alpha=np.arange(0, 2.01, 0.5),
+        beta=np.arange(0, 2.01, 0.5),
+        e=np.arange(-1, 1.01, 0.5),
+        a=np.arange(0, 26, 5.0),
+        b=np.arange(0, 26, 5.0),
+    ),
     # a coarser grid over the same ranges, ~20x cheaper
-    "coarse": dict(alpha=[0.25, 0.75, 1.5], beta=[0.25, 0.75, 1.5], e=[-1.0, 0.0, 1.0],
-                   a=[0.0, 10.0, 20.0], b=[0.0, 10.0, 20.0]),
+    "coarse": dict(
+        alpha=[0.25, 0.75, 1.5], beta=[0.25, 0.75, 1.5], e=[-1.0, 0.0, 1.0], a=[0.0, 10.0, 20.0], b=[0.0, 10.0, 20.0]
+    ),
 }
 
 
@@ -288,10 +323,15 @@ def _objective(theta, logN, logD, logL, delta):
     scale = 1.0 / (delta * delta)
     f = scale * np.where(quad, 0.5 * r * r, delta * (absr - 0.5 * delta)).sum()
     g_r = scale * np.where(quad, r, delta * np.sign(r))
-    grad = np.array([
-        (g_r * w[0]).sum(), (g_r * w[1]).sum(), (g_r * w[2]).sum(),
-        -(g_r * w[0] * logN).sum(), -(g_r * w[1] * logD).sum(),
-    ])
+    grad = np.array(
+        [
+            (g_r * w[0]).sum(),
+            (g_r * w[1]).sum(),
+            (g_r * w[2]).sum(),
+            -(g_r * w[0] * logN).sum(),
+            -(g_r * w[1] * logD).sum(),
+        ]
+    )
     return f, grad
 
 
@@ -304,8 +344,14 @@ def _fit_theta(logN, logD, logL, delta, inits, options=None):
 
     best = None
     for x0 in inits:
-        res = minimize(_objective, np.asarray(x0, float), args=(logN, logD, logL, delta), jac=True,
-                       method="L-BFGS-B", options=options or _LBFGS)
+        res = minimize(
+            _objective,
+            np.asarray(x0, float),
+            args=(logN, logD, logL, delta),
+            jac=True,
+            method="L-BFGS-B",
+            options=options or _LBFGS,
+        )
         if np.all(np.isfinite(res.x)) and (best is None or res.fun < best.fun):
             best = res
     return best
@@ -335,9 +381,21 @@ class FittedLaw(ChinchillaLaw):
         return pd.DataFrame(rows).set_index("parameter")
 
 
-def fit(N, D, loss, *, delta: float = 1e-3, grid="coarse", bootstrap: int = 0, ci: float = 0.95,
-        seed: int = 0, starts=24, n_restarts: int = 1, name: str = "fit",
-        progress: bool = False) -> FittedLaw:
+def fit(
+    N,
+    D,
+    loss,
+    *,
+    delta: float = 1e-3,
+    grid="coarse",
+    bootstrap: int = 0,
+    ci: float = 0.95,
+    seed: int = 0,
+    starts=24,
+    n_restarts: int = 1,
+    name: str = "fit",
+    progress: bool = False,
+) -> FittedLaw:
     """Fit ``L = E + A/N^alpha + B/D^beta`` to measured ``(N, D, loss)`` points.
 
     Minimises ``sum Huber_delta(log L_pred - log L)`` with L-BFGS from every point of ``grid``
@@ -395,5 +453,12 @@ def fit(N, D, loss, *, delta: float = 1e-3, grid="coarse", bootstrap: int = 0, c
     p = to_params(best)
     if p["alpha"] <= 0 or p["beta"] <= 0:
         raise RuntimeError(f"fit gave non-positive exponents {p}: the data do not constrain the law")
-    return FittedLaw(name=name, label=f"fit to {len(N)} points", ci=intervals, samples=samples,
-                     objective=float(best_f), n_points=len(N), **p)
+    return FittedLaw(
+        name=name,
+        label=f"fit to {len(N)} points",
+        ci=intervals,
+        samples=samples,
+        objective=float(best_f),
+        n_points=len(N),
+        **p,
+    )

@@ -1,6 +1,7 @@
 """Serve the dashboard with Voilà on a free loopback port and drive it with headless Chromium
 (Debian's /usr/bin/chromium through Playwright; no browser download). Used by the browser test
 and by benchmarks/widgets.py."""
+
 from __future__ import annotations
 
 import contextlib
@@ -16,8 +17,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("MLSYS_NB_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 VIEWPORT = {"width": 1280, "height": 800}
 START_TIMEOUT_S = 120
 
@@ -40,7 +49,10 @@ def voila_server(notebook: str = "00_dashboard.ipynb", log_path: Path | None = N
     log = open(log_path or os.devnull, "w")
     proc = subprocess.Popen(
         [str(voila), notebook, "--no-browser", "--Voila.ip=127.0.0.1", f"--port={port}"],
-        cwd=ROOT / "notebooks", stdout=log, stderr=subprocess.STDOUT)
+        cwd=ROOT / "notebooks",
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -90,7 +102,10 @@ def img_src(page, key: str) -> str | None:
 def wait_figure_change(page, key: str, old_src: str | None, timeout_ms: int = 30_000) -> None:
     page.wait_for_function(
         "([k, s]) => { const i = document.querySelector('.mlsys-panel-' + k + ' img');"
-        " return i !== null && i.src !== s; }", arg=[key, old_src], timeout=timeout_ms)
+        " return i !== null && i.src !== s; }",
+        arg=[key, old_src],
+        timeout=timeout_ms,
+    )
 
 
 def numbers_text(page, key: str) -> str:

@@ -5,6 +5,7 @@ The reference is PyTorch's ``scaled_dot_product_attention`` on the whole sequenc
 max abs errors of outputs and of the q, k, v gradients for ring and all-gather attention, causal or
 not, contiguous or zig-zag chunks, with GQA; the work each rank computed; the bytes it sent; and
 the error of a deliberately broken merge that the tests expect to be large."""
+
 from __future__ import annotations
 
 import torch
@@ -36,15 +37,19 @@ def one_case(fn, causal, layout, seed=0):
         y = fn(ql, kl, vl, causal=causal, layout=layout, stats=stats)
     with CommCounter() as bwd:
         (y * mine(dy)).sum().backward()
-    return {"out": (y - mine(y_ref)).abs().max().item(),
-            "dq": (ql.grad - mine(qf.grad)).abs().max().item(),
-            "dk": (kl.grad - mine(kf.grad)).abs().max().item(),
-            "dv": (vl.grad - mine(vf.grad)).abs().max().item(),
-            "work": stats["work"], "kv_resident_bytes": stats["kv_resident_bytes"],
-            "kv_block_bytes": stats["kv_block_bytes"],
-            "fwd_sent": fwd.bytes_sent, "bwd_sent": bwd.bytes_sent,
-            "fwd_ops": {op: int(v["calls"]) for op, v in fwd.by_op().items()},
-            "bwd_ops": {op: int(v["calls"]) for op, v in bwd.by_op().items()}}
+    return {
+        "out": (y - mine(y_ref)).abs().max().item(),
+        "dq": (ql.grad - mine(qf.grad)).abs().max().item(),
+        "dk": (kl.grad - mine(kf.grad)).abs().max().item(),
+        "dv": (vl.grad - mine(vf.grad)).abs().max().item(),
+        "work": stats["work"],
+        "kv_resident_bytes": stats["kv_resident_bytes"],
+        "kv_block_bytes": stats["kv_block_bytes"],
+        "fwd_sent": fwd.bytes_sent,
+        "bwd_sent": bwd.bytes_sent,
+        "fwd_ops": {op: int(v["calls"]) for op, v in fwd.by_op().items()},
+        "bwd_ops": {op: int(v["calls"]) for op, v in bwd.by_op().items()},
+    }
 
 
 def cp_checks():

@@ -5,6 +5,7 @@ group's tokens (every rank builds it from the same seed and keeps its rows of th
 ``ep_checks()`` returns a dict of max abs errors (``err/...``), drop counts, losses, byte counts
 and the results of deliberately broken variants (``broken/...``) that the tests expect to fail.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,8 +21,17 @@ B, S, H = 2, 8, 16  # per rank: B sequences of S tokens, hidden H
 
 
 def make_cfg(world, top_k=2, shared=0):
-    return ModelConfig(n_layers=1, hidden=H, n_heads=2, vocab_size=32, seq_len=S, n_experts=2 * world,
-                       top_k=top_k, expert_ffn_hidden=24, n_shared_experts=shared)
+    return ModelConfig(
+        n_layers=1,
+        hidden=H,
+        n_heads=2,
+        vocab_size=32,
+        seq_len=S,
+        n_experts=2 * world,
+        top_k=top_k,
+        expert_ffn_hidden=24,
+        n_shared_experts=shared,
+    )
 
 
 def _err(a, b):
@@ -65,12 +75,19 @@ def one_case(cfg, *, gating="softmax", cf=None, skew=0.0, uniform=False, seed=0,
         ((yl * dy[rows]).sum() + 0.3 * m.last_aux_loss + 0.1 * m.last_z_loss).backward()
     ep.sync_replicated_grads(m)
     grads = ep.compare_with_full(m, {n: p.grad for n, p in full.named_parameters()})
-    out = {"out": _err(yl, y[rows]), "dx": _err(xl.grad, xr.grad[rows]), "grad": max(grads.values()),
-           "n_grads": len(grads), "dropped": (m.last_dropped, full.last_dropped),
-           "load": (m.last_load.tolist(), full.last_load.tolist()),
-           "aux": (m.last_aux_loss.item(), full.last_aux_loss.item()),
-           "z": (m.last_z_loss.item(), full.last_z_loss.item()), "stats": dict(m.last_stats),
-           "capacity": full.last_routing.capacity, "demand": full.last_routing.counts(cfg.n_experts).tolist()}
+    out = {
+        "out": _err(yl, y[rows]),
+        "dx": _err(xl.grad, xr.grad[rows]),
+        "grad": max(grads.values()),
+        "n_grads": len(grads),
+        "dropped": (m.last_dropped, full.last_dropped),
+        "load": (m.last_load.tolist(), full.last_load.tolist()),
+        "aux": (m.last_aux_loss.item(), full.last_aux_loss.item()),
+        "z": (m.last_z_loss.item(), full.last_z_loss.item()),
+        "stats": dict(m.last_stats),
+        "capacity": full.last_routing.capacity,
+        "demand": full.last_routing.counts(cfg.n_experts).tolist(),
+    }
     if counter:
         out["records"] = [(rec.op, rec.payload_bytes, rec.bytes_sent) for rec in cc.records]
     return out
@@ -83,8 +100,9 @@ def broken_local_capacity(cfg, cf, skew, seed=0):
 
     def local(self, flat):
         logits = self.router(flat)
-        return routing.route(logits, cfg.top_k, gating=self.gating, bias=self.router_bias,
-                             capacity_factor=self.capacity_factor), flat.shape[0] * self.ep
+        return routing.route(
+            logits, cfg.top_k, gating=self.gating, bias=self.router_bias, capacity_factor=self.capacity_factor
+        ), flat.shape[0] * self.ep
 
     ep.EPMoE._route = local
     try:
@@ -103,8 +121,9 @@ def wire_case():
     if not available():
         return None
     r, R = dist.get_rank(), dist.get_world_size()
-    cfg = ModelConfig(n_layers=1, hidden=512, n_heads=2, vocab_size=32, seq_len=64, n_experts=2 * R, top_k=2,
-                      expert_ffn_hidden=8)
+    cfg = ModelConfig(
+        n_layers=1, hidden=512, n_heads=2, vocab_size=32, seq_len=64, n_experts=2 * R, top_k=2, expert_ffn_hidden=8
+    )
     torch.manual_seed(0)
     m = ep.EPMoE(cfg, capacity_factor=1.25)
     torch.manual_seed(1 + r)
@@ -118,8 +137,11 @@ def wire_case():
             dist.barrier()
     st = m.last_stats
     # received: data that arrived (the fence guarantees it); "acked" sent bytes may lag by a delayed ACK
-    return {"wire_received": w.bytes_received, "wire_sent": w.bytes_sent,
-            "rows_off_rank_bytes": st["dispatch_bytes_off_rank"] + st["combine_bytes_off_rank"]}
+    return {
+        "wire_received": w.bytes_received,
+        "wire_sent": w.bytes_sent,
+        "rows_off_rank_bytes": st["dispatch_bytes_off_rank"] + st["combine_bytes_off_rank"],
+    }
 
 
 def ep_checks():

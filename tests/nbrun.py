@@ -5,6 +5,7 @@ notebook with those parameters injected after its ``parameters`` cell, in the ``
 (falling back to ``python3``), with a per-cell timeout, and returns the executed notebook (nbformat).
 A failing cell raises ``papermill.PapermillExecutionError`` naming the cell.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,13 @@ def run_notebook(name: str, **parameters):
     tag = "_".join(f"{k}-{v}" for k, v in sorted(parameters.items())) or "defaults"
     out = ARTIFACTS / f"{src.stem}__{tag}.ipynb"
     return pm.execute_notebook(
-        str(src), str(out), parameters=parameters, kernel_name=kernel_name(),
-        cwd=str(NOTEBOOKS), execution_timeout=CELL_TIMEOUT_S, progress_bar=False,
+        str(src),
+        str(out),
+        parameters=parameters,
+        kernel_name=kernel_name(),
+        cwd=str(NOTEBOOKS),
+        execution_timeout=CELL_TIMEOUT_S,
+        progress_bar=False,
     )
 
 

@@ -5,6 +5,7 @@ built from full weights drawn from a seed; each rank then slices its part. ``tp_
 dict with the max abs errors (``err/...``), measured bytes and the matching closed forms, so one
 launch per world size reports every failure at once.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,17 @@ B, S = 2, 16
 CFG = ModelConfig(n_layers=2, hidden=64, n_heads=8, n_kv_heads=4, vocab_size=128, seq_len=S, ffn_hidden=96)
 # GPT-style layer for activation accounting (the closed forms assume LayerNorm, a 4h GeLU MLP, MHA,
 # dropout, no FlashAttention)
-GPT = ModelConfig(n_layers=1, hidden=64, n_heads=8, vocab_size=128, seq_len=S, activation="gelu",
-                  norm="layernorm", ffn_hidden=256, dropout=0.1)
+GPT = ModelConfig(
+    n_layers=1,
+    hidden=64,
+    n_heads=8,
+    vocab_size=128,
+    seq_len=S,
+    activation="gelu",
+    norm="layernorm",
+    ffn_hidden=256,
+    dropout=0.1,
+)
 
 
 def _seeded(seed):
@@ -51,7 +61,7 @@ def _check_linears(out, t, r):
     ref_grads = {n: p.grad for n, p in ref.named_parameters()}
 
     for sp in (False, True):
-        for regather in ((True, False) if sp else (True,)):
+        for regather in (True, False) if sp else (True,):
             tag = f"column/sp={sp}/regather={regather}"
             col = tp.ColumnParallelLinear(i_f, o_f, bias=True, sequence_parallel=sp, regather=regather)
             tp.load_full_state_dict(col, ref.state_dict())
@@ -86,9 +96,14 @@ def _check_linears(out, t, r):
 
 def _check_blocks(out, t, r):
     cos, sin = Transformer(CFG).rope_cos, Transformer(CFG).rope_sin
-    cases = [("mlp_swiglu", CFG), ("mlp_gelu_bias", CFG.replace(activation="gelu", bias=True)),
-             ("attention_gqa", CFG), ("attention_bias", CFG.replace(bias=True, n_kv_heads=8)),
-             ("block", CFG), ("block_layernorm_bias", CFG.replace(norm="layernorm", bias=True))]
+    cases = [
+        ("mlp_swiglu", CFG),
+        ("mlp_gelu_bias", CFG.replace(activation="gelu", bias=True)),
+        ("attention_gqa", CFG),
+        ("attention_bias", CFG.replace(bias=True, n_kv_heads=8)),
+        ("block", CFG),
+        ("block_layernorm_bias", CFG.replace(norm="layernorm", bias=True)),
+    ]
     for name, cfg in cases:
         _seeded(2)
         full = {"mlp": MLP, "att": Attention, "blo": Block}[name[:3]](cfg)
@@ -268,8 +283,17 @@ def _check_memory(out, t, r):
         measured, y = _saved_bytes(lambda blk=blk, x=x: blk(x, cos, sin), [*blk.parameters(), cos, sin])
         y.sum().backward()  # the saved graph is valid
         tt = 1 if sp is None else t
-        train = TrainConfig(micro_batch=B, seq_len=S, precision="fp32", tp=tt, sp=bool(sp), recompute="none",
-                            flash_attention=False, kernels="eager", device="cpu")
+        train = TrainConfig(
+            micro_batch=B,
+            seq_len=S,
+            precision="fp32",
+            tp=tt,
+            sp=bool(sp),
+            recompute="none",
+            flash_attention=False,
+            kernels="eager",
+            device="cpu",
+        )
         out[f"act/{tag}/measured"] = measured
         out[f"act/{tag}/formula"] = _layer_activation_formula(GPT, tt, bool(sp))
         out[f"act/{tag}/memory.layer_terms"] = sum(b for _, b in memory.layer_terms(GPT, train))
@@ -305,8 +329,10 @@ def _check_torch_tp(out, t, r):
         tag = f"torch_tp/sp={sp}"
         mod = MLP(cfg)
         mod.load_state_dict(full.state_dict())
-        plan = {"up_proj": ColwiseParallel(input_layouts=Shard(1)) if sp else ColwiseParallel(),
-                "down_proj": RowwiseParallel(output_layouts=Shard(1)) if sp else RowwiseParallel()}
+        plan = {
+            "up_proj": ColwiseParallel(input_layouts=Shard(1)) if sp else ColwiseParallel(),
+            "down_proj": RowwiseParallel(output_layouts=Shard(1)) if sp else RowwiseParallel(),
+        }
         parallelize_module(mod, mesh, plan)
         xl = (tp.shard(x, 1, r, t) if sp else x).clone().requires_grad_()
         with CommDebugMode() as cdm:
@@ -315,10 +341,12 @@ def _check_torch_tp(out, t, r):
         y = y.to_local() if hasattr(y, "to_local") else y
         out[f"err/{tag}/out"] = _max_err(y, tp.shard(y_ref, 1, r, t) if sp else y_ref)
         out[f"err/{tag}/dx"] = _max_err(xl.grad, tp.shard(xr.grad, 1, r, t) if sp else xr.grad)
-        out[f"err/{tag}/up_proj.weight"] = _max_err(mod.up_proj.weight.grad.to_local(),
-                                                    tp.shard(full.up_proj.weight.grad, 0, r, t))
-        out[f"err/{tag}/down_proj.weight"] = _max_err(mod.down_proj.weight.grad.to_local(),
-                                                      tp.shard(full.down_proj.weight.grad, 1, r, t))
+        out[f"err/{tag}/up_proj.weight"] = _max_err(
+            mod.up_proj.weight.grad.to_local(), tp.shard(full.up_proj.weight.grad, 0, r, t)
+        )
+        out[f"err/{tag}/down_proj.weight"] = _max_err(
+            mod.down_proj.weight.grad.to_local(), tp.shard(full.down_proj.weight.grad, 1, r, t)
+        )
         out[f"calls/{tag}"] = {str(k).split(".")[-1]: v for k, v in cdm.get_comm_counts().items()}
         # ours, same MLP, same plan
         ours = tp.TPMLP(cfg, sequence_parallel=sp, regather=False)
@@ -334,8 +362,15 @@ def tp_checks():
     torch.set_num_threads(1)
     t, r = dist.get_world_size(), dist.get_rank()
     out = {"world": t}
-    for fn in (_check_linears, _check_blocks, _check_embedding_and_loss, _check_model, _check_comm,
-               _check_memory, _check_torch_tp):
+    for fn in (
+        _check_linears,
+        _check_blocks,
+        _check_embedding_and_loss,
+        _check_model,
+        _check_comm,
+        _check_memory,
+        _check_torch_tp,
+    ):
         try:
             fn(out, t, r)
         except Exception as e:  # report every failing group, do not stop at the first

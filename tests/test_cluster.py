@@ -4,6 +4,7 @@ One 4-rank cluster is shared by the module (start ≈ 2-4 s); the failure tests 
 part of what they check. Expected values come from closed forms or from torch computed in this
 process, never from the cluster itself.
 """
+
 from __future__ import annotations
 
 import os
@@ -46,8 +47,9 @@ def test_namespace_ready_and_kept_across_cells(cluster):
     assert cluster.pull("x") == [r * 10 + WORLD for r in range(WORLD)]
     assert cluster.pull("threads") == [1] * WORLD
     assert cluster.pull("device") == [torch.device("cpu")] * WORLD
-    assert cluster.execute("dist.get_rank(), dist.get_world_size(), dist.get_backend()",
-                           show=False) == [repr((r, WORLD, "gloo")) for r in range(WORLD)]
+    assert cluster.execute("dist.get_rank(), dist.get_world_size(), dist.get_backend()", show=False) == [
+        repr((r, WORLD, "gloo")) for r in range(WORLD)
+    ]
     assert cluster.pull("os") and len(set(cluster.pids)) == WORLD
 
 
@@ -121,11 +123,10 @@ def test_exception_on_one_rank_keeps_cluster(cluster, shell, capsys):
     pids = cluster.pids
     cluster.execute("kept = rank")
     with pytest.raises(RankError) as info:
-        cluster.execute("print('before')\nif rank == 2:\n    raise ValueError('bad shard')",
-                        show=True)
+        cluster.execute("print('before')\nif rank == 2:\n    raise ValueError('bad shard')", show=True)
     err = info.value
     assert set(err.errors) == {2} and not err.restarted
-    assert "ValueError: bad shard" in err.errors[2] and 'line 3' in err.errors[2]
+    assert "ValueError: bad shard" in err.errors[2] and "line 3" in err.errors[2]
     assert "raise ValueError('bad shard')" in err.errors[2]  # source line shown
     # the magic prints the report and raises
     with pytest.raises(UsageError, match="rank\\(s\\) 1 raised"):
@@ -151,10 +152,12 @@ def test_deadlock_is_stopped_with_stacks_and_cluster_recovers(cluster):
     pids = cluster.pids
     cluster.error_grace, grace = 1.0, cluster.error_grace
     try:
-        cell = ("t = torch.zeros(4)\n"
-                "if rank < 2:\n"
-                "    dist.send(t, dst=1 - rank)   # both ranks send first: deadlock\n"
-                "    dist.recv(t, src=1 - rank)\n")
+        cell = (
+            "t = torch.zeros(4)\n"
+            "if rank < 2:\n"
+            "    dist.send(t, dst=1 - rank)   # both ranks send first: deadlock\n"
+            "    dist.recv(t, src=1 - rank)\n"
+        )
         with pytest.raises(RankTimeoutError) as info:
             cluster.execute(cell, ranks=[0, 1], timeout=2)
         err = info.value
@@ -162,8 +165,7 @@ def test_deadlock_is_stopped_with_stacks_and_cluster_recovers(cluster):
         for r in (0, 1):
             assert "in send" in err.stacks[r] and "dist.send(t, dst=1 - rank)" in err.stacks[r]
         assert set(cluster.pids).isdisjoint(pids)
-        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
-                       for p in pids)
+        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
         # recovered: fresh namespaces and a working process group
         with pytest.raises(RankError):
             cluster.pull("kept")
@@ -171,8 +173,7 @@ def test_deadlock_is_stopped_with_stacks_and_cluster_recovers(cluster):
 
         # one rank fails while the others wait in a collective it never joins
         with pytest.raises(RankError) as info:
-            cluster.execute("if rank == 0:\n    raise KeyError('gone')\n"
-                            "dist.all_reduce(torch.ones(1))", timeout=20)
+            cluster.execute("if rank == 0:\n    raise KeyError('gone')\ndist.all_reduce(torch.ones(1))", timeout=20)
         err = info.value
         assert set(err.errors) == {0} and set(err.stacks) == {1, 2, 3} and err.restarted
         assert all("all_reduce" in s for s in err.stacks.values())
@@ -194,8 +195,7 @@ def test_deadlock_is_stopped_with_stacks_and_cluster_recovers(cluster):
         cluster.pg_timeout = 1.5
         cluster.restart()
         with pytest.raises(RankError, match="lost the process group") as info:
-            cluster.execute("if rank == 0:\n    dist.recv(torch.zeros(1), src=1)", ranks=[0],
-                            timeout=20)
+            cluster.execute("if rank == 0:\n    dist.recv(torch.zeros(1), src=1)", ranks=[0], timeout=20)
         assert "Timed out waiting" in info.value.errors[0] and info.value.restarted
     finally:
         cluster.error_grace = grace
@@ -221,8 +221,11 @@ def test_ranks_listen_on_loopback_only(cluster):
             if conn.status == psutil.CONN_LISTEN:
                 addresses.add(conn.laddr.ip)
     store_port = cluster._store[0].port  # the rendezvous store, in this process
-    store = [c.laddr.ip for c in psutil.Process().net_connections(kind="inet")
-             if c.status == psutil.CONN_LISTEN and c.laddr.port == store_port]
+    store = [
+        c.laddr.ip
+        for c in psutil.Process().net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == store_port
+    ]
     assert addresses and store, "expected listening sockets (gloo pairs, store)"
     addresses |= set(store)
     assert addresses <= {"127.0.0.1", "::ffff:127.0.0.1", "::1"}, addresses

@@ -1,4 +1,5 @@
 """No rank process outlives the kernel that started it: graceful kernel shutdown and SIGKILL."""
+
 from __future__ import annotations
 
 import json
@@ -38,13 +39,15 @@ def test_kernel_shutdown_leaves_no_rank_processes():
 
     km, kc = start_new_kernel(kernel_name=kernel_name())
     try:
-        code = ("import json, mlsys_nb\n"
-                "c = mlsys_nb.Cluster(world_size=2, timeout=30)\n"
-                "print('PIDS', json.dumps(c.pids + [c._procs[0]._popen.__class__.__name__]))")
+        code = (
+            "import json, mlsys_nb\n"
+            "c = mlsys_nb.Cluster(world_size=2, timeout=30)\n"
+            "print('PIDS', json.dumps(c.pids + [c._procs[0]._popen.__class__.__name__]))"
+        )
         lines = []
         reply = kc.execute_interactive(
-            code, timeout=120,
-            output_hook=lambda m: lines.append(m["content"].get("text", "")))
+            code, timeout=120, output_hook=lambda m: lines.append(m["content"].get("text", ""))
+        )
         assert reply["content"]["status"] == "ok", reply["content"]
         found = [l for l in "".join(lines).splitlines() if l.startswith("PIDS ")]
         *pids, popen = json.loads(found[0][5:])
@@ -58,7 +61,8 @@ def test_kernel_shutdown_leaves_no_rank_processes():
 
 def test_sigkilled_parent_leaves_no_rank_processes(tmp_path):
     script = tmp_path / "owner.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import json, sys, time
         import mlsys_nb
 
@@ -66,9 +70,9 @@ def test_sigkilled_parent_leaves_no_rank_processes(tmp_path):
             c = mlsys_nb.Cluster(world_size=2, timeout=30)
             print(json.dumps(c.pids), flush=True)
             time.sleep(120)
-    """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
-                            cwd=str(tmp_path))
+    """)
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=str(tmp_path))
     try:
         pids = json.loads(proc.stdout.readline())
         assert all(psutil.pid_exists(p) for p in pids)

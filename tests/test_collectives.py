@@ -3,6 +3,7 @@
 One launch per world size (2..8) runs every algorithm inside it (``verify_against_torch``); the
 byte counts the ranks report are compared here with ``mlsys_nb.comm``'s closed forms.
 """
+
 import pandas as pd
 import pytest
 
@@ -47,21 +48,35 @@ def _expected_bytes(row, n, r):
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 8])
 def test_from_scratch_collectives_equal_torch_and_count_closed_form_bytes(n):
-    per_rank = mlsys_nb.launch(verify_against_torch, n, kwargs=dict(numels=_numels(n), seed=n),
-                               backend="gloo", timeout=120, output="quiet")
+    per_rank = mlsys_nb.launch(
+        verify_against_torch, n, kwargs=dict(numels=_numels(n), seed=n), backend="gloo", timeout=120, output="quiet"
+    )
     df = pd.DataFrame([row for rows in per_rank for row in rows])
     assert set(df["rank"]) == set(range(n))
-    expected_algos = {"all_reduce/ring", "all_reduce/ring/max", "all_reduce/ring/noncontiguous",
-                      "all_reduce/ring/batched", "all_reduce/rs+ag", "all_reduce/tree",
-                      "all_reduce/recursive_doubling", "reduce_scatter/ring", "all_gather/ring",
-                      "all_gather/ring/unequal", "broadcast/tree", "reduce/tree", "all_to_all/pairwise"}
+    expected_algos = {
+        "all_reduce/ring",
+        "all_reduce/ring/max",
+        "all_reduce/ring/noncontiguous",
+        "all_reduce/ring/batched",
+        "all_reduce/rs+ag",
+        "all_reduce/tree",
+        "all_reduce/recursive_doubling",
+        "reduce_scatter/ring",
+        "all_gather/ring",
+        "all_gather/ring/unequal",
+        "broadcast/tree",
+        "reduce/tree",
+        "all_to_all/pairwise",
+    }
     assert set(df["algorithm"]) == expected_algos
     worst = df.groupby("algorithm")["max_abs_err"].max()
     assert (worst <= TOL).all(), f"n={n}: differs from torch.distributed:\n{worst[worst > TOL]}"
     for _, row in df.iterrows():
         want = _expected_bytes(row, n, row["rank"])
-        assert row["bytes_sent"] == want, (f"n={n} rank {row['rank']} {row['algorithm']} numel {row['numel']}: "
-                                           f"sent {row['bytes_sent']} B, closed form {want} B")
+        assert row["bytes_sent"] == want, (
+            f"n={n} rank {row['rank']} {row['algorithm']} numel {row['numel']}: "
+            f"sent {row['bytes_sent']} B, closed form {want} B"
+        )
     # bytes are conserved: what all ranks send, all ranks receive
     tot = df.groupby(["algorithm", "numel"])[["bytes_sent", "bytes_received"]].sum()
     assert (tot["bytes_sent"] == tot["bytes_received"]).all()
@@ -91,8 +106,9 @@ def test_semantics_pictures_match_torch_distributed():
     """The symbolic before/after that the notebook draws is what torch.distributed does."""
     from mlsys_nb.comm.collectives import SEMANTICS_OPS, check_semantics
 
-    per_rank = mlsys_nb.launch(check_semantics, 3, kwargs=dict(root=1, seed=5), backend="gloo",
-                               timeout=60, output="quiet")
+    per_rank = mlsys_nb.launch(
+        check_semantics, 3, kwargs=dict(root=1, seed=5), backend="gloo", timeout=60, output="quiet"
+    )
     for r, errs in enumerate(per_rank):
         assert set(errs) == set(SEMANTICS_OPS)
         assert max(errs.values()) <= TOL, f"rank {r}: {errs}"

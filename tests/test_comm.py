@@ -8,12 +8,15 @@ from mlsys_nb import comm
 GiB = 2**30
 
 
-@pytest.mark.parametrize("n,S,alpha,beta,ring_ms,tree_ms", [
-    (8, 1e9, 5e-6, 100e9, 17.5700, 20.0300),
-    (64, 1e6, 5e-6, 50e9, 0.6694, 0.1000),
-    (4, 419_430_400, 0.0, 450e9, 1.3981, 1.8641),
-    (1024, 1e3, 5e-6, 50e9, 10.2300, 0.1000),
-])
+@pytest.mark.parametrize(
+    "n,S,alpha,beta,ring_ms,tree_ms",
+    [
+        (8, 1e9, 5e-6, 100e9, 17.5700, 20.0300),
+        (64, 1e6, 5e-6, 50e9, 0.6694, 0.1000),
+        (4, 419_430_400, 0.0, 450e9, 1.3981, 1.8641),
+        (1024, 1e3, 5e-6, 50e9, 10.2300, 0.1000),
+    ],
+)
 def test_ring_and_tree_all_reduce_times_match_hand_worked_table(n, S, alpha, beta, ring_ms, tree_ms):
     assert comm.collective_time("all_reduce", S, n, alpha, beta, "ring") * 1e3 == pytest.approx(ring_ms, abs=5e-5)
     assert comm.collective_time("all_reduce", S, n, alpha, beta, "tree") * 1e3 == pytest.approx(tree_ms, abs=5e-5)
@@ -103,16 +106,19 @@ def test_fit_recovers_alpha_beta_and_predicts_held_out_sizes():
     assert 0.8 < fit.beta_bytes_per_s / 2e9 < 1.25
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda: comm.busbw_factor("all_reduce", 0), "world size"),
-    (lambda: comm.busbw_factor("allreduce", 4), "op='allreduce'"),
-    (lambda: comm.cost_coefficients("all_reduce", "butterfly", 4), "algorithm='butterfly'"),
-    (lambda: comm.collective_time("all_reduce", 1e6, 4, 1e-6, 0.0), "beta"),
-    (lambda: comm.algbw(1e6, 0.0), "seconds"),
-    (lambda: comm.fit_alpha_beta([1e3, 1e3], [1e-3, 1e-3]), "distinct"),
-    (lambda: comm.ring_bytes_sent("all_reduce", 10, 4, 4), "rank=4"),
-    (lambda: comm.bytes_sent_per_rank("all_reduce", 1e6, 4, "tree"), "tree_bytes_sent"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: comm.busbw_factor("all_reduce", 0), "world size"),
+        (lambda: comm.busbw_factor("allreduce", 4), "op='allreduce'"),
+        (lambda: comm.cost_coefficients("all_reduce", "butterfly", 4), "algorithm='butterfly'"),
+        (lambda: comm.collective_time("all_reduce", 1e6, 4, 1e-6, 0.0), "beta"),
+        (lambda: comm.algbw(1e6, 0.0), "seconds"),
+        (lambda: comm.fit_alpha_beta([1e3, 1e3], [1e-3, 1e-3]), "distinct"),
+        (lambda: comm.ring_bytes_sent("all_reduce", 10, 4, 4), "rank=4"),
+        (lambda: comm.bytes_sent_per_rank("all_reduce", 1e6, 4, "tree"), "tree_bytes_sent"),
+    ],
+)
 def test_bad_input_names_the_parameter(call, match):
     with pytest.raises(ValueError, match=match):
         call()
@@ -127,8 +133,15 @@ def test_memcpy_bandwidth_is_positive_and_sane():
 
 @pytest.mark.slow
 def test_sweep_on_real_ranks_returns_consistent_frame():
-    df = comm.sweep(ops=("all_reduce", "reduce_scatter"), sizes=(4096, 65536), world_sizes=(2,),
-                    impls=("torch", "ring"), warmup=1, repeats=3, progress=False)
+    df = comm.sweep(
+        ops=("all_reduce", "reduce_scatter"),
+        sizes=(4096, 65536),
+        world_sizes=(2,),
+        impls=("torch", "ring"),
+        warmup=1,
+        repeats=3,
+        progress=False,
+    )
     assert len(df) == 2 * 2 * 2
     assert set(df["impl"]) == {"torch", "ring"} and set(df["backend"]) == {"gloo"}
     assert (df["q25_s"] <= df["median_s"]).all() and (df["median_s"] <= df["q75_s"]).all()

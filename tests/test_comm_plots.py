@@ -1,4 +1,5 @@
 """The collective pictures draw what the semantics say; the cost plots accept a sweep frame."""
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -34,9 +35,20 @@ def test_cost_plots_accept_a_sweep_frame():
     model = comm.AlphaBeta(50e-6, 1e9)
     sizes = np.array([2**k for k in range(10, 20)])
     t = model.time("all_reduce", sizes, 4)
-    df = pd.DataFrame(dict(op="all_reduce", impl="torch", backend="gloo", world_size=4, bytes=sizes,
-                           median_s=t, q25_s=t * 0.9, q75_s=t * 1.1, min_s=t * 0.8,
-                           busbw_Bps=[comm.busbw("all_reduce", s, x, 4) for s, x in zip(sizes, t)]))
+    df = pd.DataFrame(
+        dict(
+            op="all_reduce",
+            impl="torch",
+            backend="gloo",
+            world_size=4,
+            bytes=sizes,
+            median_s=t,
+            q25_s=t * 0.9,
+            q75_s=t * 1.1,
+            min_s=t * 0.8,
+            busbw_Bps=[comm.busbw("all_reduce", s, x, 4) for s, x in zip(sizes, t)],
+        )
+    )
     for fig in (P.plot_times(df), P.plot_busbw(df, memcpy_bytes_per_s=5e9)):
         ax = fig.axes[0]
         assert "(bytes" in ax.get_xlabel() and "(" in ax.get_ylabel() and len(ax.lines) >= 1

@@ -4,6 +4,7 @@ One launch per world size runs ``context_parallel_checks.cp_checks``: ring and a
 attention, causal and not, contiguous and zig-zag chunks, grouped-query attention, against
 PyTorch's SDPA on the whole sequence (outputs and the q, k, v gradients); the work per rank (load
 balance), the bytes sent, and a deliberately broken merge that must be caught."""
+
 from __future__ import annotations
 
 import pytest

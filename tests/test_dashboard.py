@@ -1,5 +1,6 @@
 """The dashboard in-process: every tab responds, refuses invalid input in place, exports, and its
 configuration round-trips through JSON and a URL query string."""
+
 import json
 
 import pytest
@@ -22,7 +23,7 @@ def test_probe_changes_the_numbers_view(dash):
     for spec in TABS:
         before = dash._numbers[spec.key].value
         start = dash.tabs[spec.key].state()
-        dash.tabs[spec.key].set_state(spec.probe)      # through the tab, as a control change would
+        dash.tabs[spec.key].set_state(spec.probe)  # through the tab, as a control change would
         assert dash._numbers[spec.key].value != before, f"{spec.key}: numbers view not refreshed"
         dash.tabs[spec.key].set_state(spec.invalid)
         assert "mlsys-error" in dash._numbers[spec.key].value

@@ -4,6 +4,7 @@ Every tab: a control change updates the figure and the numbers; an invalid combi
 message in place. Sharing: the copied configuration restores the settings through a link.
 Export: the PNG/SVG/CSV links are real data. Screenshots land in test-artifacts/ for a person to
 look at. In CI (``CI`` set) a missing browser is a failure, never a silent skip."""
+
 import json
 import os
 import time
@@ -11,8 +12,21 @@ import urllib.parse
 
 import pytest
 
-from browser import (ROOT, VIEWPORT, browser_page, chromium_available, img_src, numbers_text, open_tab,
-                     press_slider, select, type_slider, type_text, voila_server, wait_figure_change)
+from browser import (
+    ROOT,
+    VIEWPORT,
+    browser_page,
+    chromium_available,
+    img_src,
+    numbers_text,
+    open_tab,
+    press_slider,
+    select,
+    type_slider,
+    type_text,
+    voila_server,
+    wait_figure_change,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -21,35 +35,37 @@ ARTIFACTS = ROOT / "test-artifacts"
 ACTIONS = {
     "memory": dict(
         title="Training memory",
-        probe=lambda pg: press_slider(pg, ".mlsys-memory-tp", "ArrowRight"),      # TP 1 -> 2
-        invalid=lambda pg: press_slider(pg, ".mlsys-memory-tp", "End"),           # TP 64 > 32 heads
+        probe=lambda pg: press_slider(pg, ".mlsys-memory-tp", "ArrowRight"),  # TP 1 -> 2
+        invalid=lambda pg: press_slider(pg, ".mlsys-memory-tp", "End"),  # TP 64 > 32 heads
     ),
     "scaling": dict(
         title="Scaling laws",
         probe=lambda pg: press_slider(pg, ".mlsys-scaling-compute-flops", "ArrowRight"),
-        invalid=lambda pg: type_text(pg, ".mlsys-scaling-mfu-0-1", "1.5"),      # MFU must be <= 1
+        invalid=lambda pg: type_text(pg, ".mlsys-scaling-mfu-0-1", "1.5"),  # MFU must be <= 1
     ),
     "pipeline": dict(
         title="Pipeline schedules",
         probe=lambda pg: type_slider(pg, ".mlsys-pipeline-micro-batches-m", 16),
-        invalid=lambda pg: (select(pg, ".mlsys-pipeline-schedule", "interleaved-1f1b"),
-                            type_slider(pg, ".mlsys-pipeline-chunks-v", 2),
-                            type_slider(pg, ".mlsys-pipeline-micro-batches-m", 3)),
+        invalid=lambda pg: (
+            select(pg, ".mlsys-pipeline-schedule", "interleaved-1f1b"),
+            type_slider(pg, ".mlsys-pipeline-chunks-v", 2),
+            type_slider(pg, ".mlsys-pipeline-micro-batches-m", 3),
+        ),
     ),
     "inference": dict(
         title="Inference",
         probe=lambda pg: type_text(pg, ".mlsys-inference-decode-batch", "64"),
-        invalid=lambda pg: type_text(pg, ".mlsys-inference-decode-batch", "0"),       # batch must be >= 1
+        invalid=lambda pg: type_text(pg, ".mlsys-inference-decode-batch", "0"),  # batch must be >= 1
     ),
     "planner": dict(
         title="Parallelism planner",
         probe=lambda pg: type_text(pg, ".mlsys-planner-gpus", "512"),
-        invalid=lambda pg: type_text(pg, ".mlsys-planner-sequences-step", "0"),       # sequences must be >= 1
+        invalid=lambda pg: type_text(pg, ".mlsys-planner-sequences-step", "0"),  # sequences must be >= 1
     ),
     "practice": dict(
         title="Practice",
-        probe=lambda pg: type_text(pg, ".mlsys-practice-seed", 1),               # another question
-        invalid=lambda pg: type_text(pg, ".mlsys-practice-seed", -1),            # seeds are >= 0
+        probe=lambda pg: type_text(pg, ".mlsys-practice-seed", 1),  # another question
+        invalid=lambda pg: type_text(pg, ".mlsys-practice-seed", -1),  # seeds are >= 0
     ),
 }
 
@@ -85,7 +101,9 @@ def test_tab_responds_and_explains(page, key):
     wait_figure_change(page, key, src0)
     page.wait_for_function(
         "([k, t]) => document.querySelector('.mlsys-numbers-' + k).textContent !== t",
-        arg=[key, numbers0], timeout=30_000)
+        arg=[key, numbers0],
+        timeout=30_000,
+    )
     assert "mlsys-error" not in page.inner_html(f".mlsys-numbers-{key}")
     page.screenshot(path=str(ARTIFACTS / f"dashboard-{key}-2-changed.png"))
 
@@ -112,9 +130,10 @@ def test_shared_link_restores_settings(server, page):
     open_tab(page, "Training memory")
     press_slider(page, ".mlsys-memory-tp", "Home")
     press_slider(page, ".mlsys-memory-tp", "ArrowRight")
-    press_slider(page, ".mlsys-memory-tp", "ArrowRight")                        # TP = 4
+    press_slider(page, ".mlsys-memory-tp", "ArrowRight")  # TP = 4
     page.wait_for_function(
-        "() => document.querySelector('.mlsys-memory-tp .widget-readout').textContent.trim() === '4'")
+        "() => document.querySelector('.mlsys-memory-tp .widget-readout').textContent.trim() === '4'"
+    )
     # The front end may still hold the last slider value while the kernel redraws: copy until the
     # kernel has seen it (each click re-reads the state).
     deadline = time.monotonic() + 60
@@ -126,7 +145,7 @@ def test_shared_link_restores_settings(server, page):
     assert config["memory"]["tp"] == 4 and config["tab"] == "memory"
     query = page.locator(".mlsys-query").text_content().lstrip("?")
     assert json.loads(urllib.parse.parse_qs(query)["config"][0]) == config
-    fresh = page.context.browser.new_page(viewport=VIEWPORT)   # a second visitor of the link
+    fresh = page.context.browser.new_page(viewport=VIEWPORT)  # a second visitor of the link
     try:
         fresh.goto(server + "?" + query, timeout=120_000)
         fresh.wait_for_selector(".mlsys-panel-memory img", state="attached", timeout=120_000)
@@ -144,26 +163,35 @@ def test_practice_answer_check_hint_new(page):
 
     open_tab(page, "Practice")
     type_text(page, ".mlsys-practice-seed", 4)
-    q = quiz.draw(seed="4:0")                                   # what the tab draws for seed 4, first round
-    page.wait_for_function("t => document.querySelector('.mlsys-practice-question').textContent.includes(t)",
-                           arg=q.text[:40], timeout=30_000)
+    q = quiz.draw(seed="4:0")  # what the tab draws for seed 4, first round
+    page.wait_for_function(
+        "t => document.querySelector('.mlsys-practice-question').textContent.includes(t)",
+        arg=q.text[:40],
+        timeout=30_000,
+    )
     feedback = page.locator(".mlsys-practice-feedback")
     wrong = [c for c in q.choices if c != q.answer][0] if q.is_choice else str(q.answer * 3)
     page.locator(".mlsys-practice-answer input").fill(wrong)
     page.locator(".mlsys-practice-check").click()
-    page.wait_for_function("() => document.querySelector('.mlsys-practice-feedback').textContent.includes('✗')",
-                           timeout=30_000)
+    page.wait_for_function(
+        "() => document.querySelector('.mlsys-practice-feedback').textContent.includes('✗')", timeout=30_000
+    )
     page.locator(".mlsys-practice-answer input").fill(q.answer_response())
     page.locator(".mlsys-practice-check").click()
-    page.wait_for_function("() => document.querySelector('.mlsys-practice-feedback').textContent.includes('✓')",
-                           timeout=30_000)
+    page.wait_for_function(
+        "() => document.querySelector('.mlsys-practice-feedback').textContent.includes('✓')", timeout=30_000
+    )
     page.locator(".mlsys-practice-hint").click()
-    page.wait_for_function("() => document.querySelector('.mlsys-practice-feedback').textContent.includes('Hint 1')",
-                           timeout=30_000)
+    page.wait_for_function(
+        "() => document.querySelector('.mlsys-practice-feedback').textContent.includes('Hint 1')", timeout=30_000
+    )
     assert q.hints[0][:30] in feedback.text_content()
     page.locator(".mlsys-practice-new").click()
     nxt = quiz.draw(seed="4:1")
-    page.wait_for_function("t => document.querySelector('.mlsys-practice-question').textContent.includes(t)",
-                           arg=nxt.text[:40], timeout=30_000)
-    assert "0/1" in page.locator(".mlsys-panel-practice").inner_text()   # the first verdict (wrong) counts
+    page.wait_for_function(
+        "t => document.querySelector('.mlsys-practice-question').textContent.includes(t)",
+        arg=nxt.text[:40],
+        timeout=30_000,
+    )
+    assert "0/1" in page.locator(".mlsys-panel-practice").inner_text()  # the first verdict (wrong) counts
     page.screenshot(path=str(ARTIFACTS / "dashboard-practice-answered.png"))

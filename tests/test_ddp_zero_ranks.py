@@ -7,6 +7,7 @@ communication), PyTorch's DistributedDataParallel, the ring-traffic closed forms
 (Patarasuk & Yuan 2009; ZeRO arXiv:1910.02054 §7) and the model-state closed forms (ZeRO §3 /
 ``mlsys_nb.memory``).
 """
+
 from __future__ import annotations
 
 import sys
@@ -80,11 +81,13 @@ def test_every_implementation_equals_single_process_training(runs):
     world, _, per_rank = runs
     for rank, out in enumerate(per_rank):
         for optimizer, res in out["results"].items():
-            assert out["moved"][optimizer] > 1e-3, \
+            assert out["moved"][optimizer] > 1e-3, (
                 f"training barely changed the weights ({optimizer}): the check would be vacuous"
+            )
             for impl, r in res.items():
-                assert r["max_diff_single"] < TOL, \
+                assert r["max_diff_single"] < TOL, (
                     f"world {world} rank {rank} {optimizer} {impl}: {r['max_diff_single']:.3g}"
+                )
 
 
 def test_every_implementation_equals_pytorch_ddp_and_fsdp2(runs):
@@ -92,8 +95,9 @@ def test_every_implementation_equals_pytorch_ddp_and_fsdp2(runs):
     for out in per_rank:
         for optimizer, res in out["results"].items():
             for impl, r in res.items():
-                assert r["max_diff_torch_ddp"] < TOL, \
+                assert r["max_diff_torch_ddp"] < TOL, (
                     f"world {world} {optimizer} {impl} vs torch DDP: {r['max_diff_torch_ddp']:.3g}"
+                )
             fsdp2 = res["fsdp2"]["max_diff_single"]
             assert fsdp2 < TOL, f"FSDP2 vs single process: {fsdp2:.3g}"
 
@@ -130,8 +134,10 @@ def _padded_layout(world):
     padded = sum(-(-u // world) * world for u in units)
     shard_rows = [(-(-p.shape[0] // world), p.numel() // p.shape[0]) for p in model.parameters()]
     fsdp2_shard = sum(r * c for r, c in shard_rows)
-    fsdp2_local = [sum(max(0, min(r, p.shape[0] - k * r)) * c for (r, c), p in zip(shard_rows, model.parameters()))
-                   for k in range(world)]
+    fsdp2_local = [
+        sum(max(0, min(r, p.shape[0] - k * r)) * c for (r, c), p in zip(shard_rows, model.parameters()))
+        for k in range(world)
+    ]
     return sum(units), padded, fsdp2_local, fsdp2_shard
 
 
@@ -145,9 +151,11 @@ def _predicted_model_states(n_params, world, stage, optimizer, impl="zero", rank
         return dict(params=4 * total, grads=4 * total, optimizer=4 * k * total)
     if impl == "fsdp2":
         return dict(params=4 * fsdp2_shard, grads=4 * fsdp2_shard, optimizer=4 * k * fsdp2_local[rank])
-    return dict(params=4 * (padded // world if stage >= 3 else padded),
-                grads=4 * (padded // world if stage >= 2 else padded),
-                optimizer=4 * k * padded // world)
+    return dict(
+        params=4 * (padded // world if stage >= 3 else padded),
+        grads=4 * (padded // world if stage >= 2 else padded),
+        optimizer=4 * k * padded // world,
+    )
 
 
 def _memory_module_prediction(world, stage, optimizer, impl="zero", rank=0):
@@ -158,8 +166,17 @@ def _memory_module_prediction(world, stage, optimizer, impl="zero", rank=0):
     from mlsys_nb.parallel.harness import tiny_config
 
     layout = "fsdp2" if impl == "fsdp2" else "units"
-    train = TrainConfig(micro_batch=2, seq_len=16, precision="fp32", optimizer=optimizer,
-                        dp=world, zero=stage, zero_layout=layout, device="cpu", kernels="eager")
+    train = TrainConfig(
+        micro_batch=2,
+        seq_len=16,
+        precision="fp32",
+        optimizer=optimizer,
+        dp=world,
+        zero=stage,
+        zero_layout=layout,
+        device="cpu",
+        kernels="eager",
+    )
     est = estimate(tiny_config(), train)
     opt = est.optimizer + est.master
     if impl == "fsdp2" and rank:
@@ -188,8 +205,9 @@ def test_per_rank_model_state_bytes_match_mlsys_nb_memory(runs):
             for impl, stage in STAGES.items():
                 measured = {k: res[impl]["memory"][k] for k in ("params", "grads", "optimizer")}
                 predicted = _memory_module_prediction(world, stage, optimizer, impl, rank)
-                assert measured == predicted, \
+                assert measured == predicted, (
                     f"rank {rank} {impl} {optimizer}: measured {measured} vs mlsys_nb.memory {predicted}"
+                )
 
 
 def test_comm_counter_counts_ring_bytes_of_each_collective(runs):
@@ -215,11 +233,24 @@ def test_zero3_gathers_one_unit_at_a_time_and_two_with_prefetch(runs):
 
     world, _, per_rank = runs
     cfg = tiny_config()
-    block = 4 * (cfg.hidden * (2 * cfg.q_dim + 2 * cfg.kv_dim) + 3 * cfg.hidden * cfg.ffn_hidden
-                 + 2 * cfg.hidden)  # q, o, k, v + gate, up, down + 2 norms, fp32
+    block = 4 * (
+        cfg.hidden * (2 * cfg.q_dim + 2 * cfg.kv_dim) + 3 * cfg.hidden * cfg.ffn_hidden + 2 * cfg.hidden
+    )  # q, o, k, v + gate, up, down + 2 norms, fp32
     block = 4 * -(-block // 4 // world) * world  # gathered into the unit's flat buffer, padded to a multiple of world
-    est = estimate(cfg, TrainConfig(micro_batch=2, seq_len=cfg.seq_len, precision="fp32", optimizer="adamw", dp=world,
-                                    zero=3, zero_layout="units", device="cpu", kernels="eager"))
+    est = estimate(
+        cfg,
+        TrainConfig(
+            micro_batch=2,
+            seq_len=cfg.seq_len,
+            precision="fp32",
+            optimizer="adamw",
+            dp=world,
+            zero=3,
+            zero_layout="units",
+            device="cpu",
+            kernels="eager",
+        ),
+    )
     for out in per_rank:
         for res in out["results"].values():
             assert res["zero3"]["peak_gathered_bytes"] == block, res["zero3"]["peak_gathered_bytes"]

@@ -1,6 +1,7 @@
 """The serving engine: greedy outputs equal an independent reference token for token whatever the batch
 composition, chunk size, preemptions (recompute and swap) and prefix caching; seeded sampling is
 reproducible per request; logprobs, stops, errors, load_weights."""
+
 import copy
 import itertools
 
@@ -42,13 +43,15 @@ def reference_greedy(model, prompt, n, eos=None):
             ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
             if ids[-1] == eos:
                 break
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 def random_prompts(k, lo=1, hi=60, seed=1, vocab=VOCAB):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(k)]
+    return [
+        torch.randint(0, vocab, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(k)
+    ]
 
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -59,8 +62,12 @@ CONFIGS = {
     "static batching": {"continuous_batching": False, "max_num_seqs": 3},
     "preempt by recompute": {"num_blocks": 24, "block_size": 4, "max_num_batched_tokens": 16},
     "preempt by swap": {"num_blocks": 24, "block_size": 4, "preemption_mode": "swap"},
-    "swap pool too small (falls back to recompute)": {"num_blocks": 24, "block_size": 4, "preemption_mode": "swap",
-                                                          "swap_blocks": 12},
+    "swap pool too small (falls back to recompute)": {
+        "num_blocks": 24,
+        "block_size": 4,
+        "preemption_mode": "swap",
+        "swap_blocks": 12,
+    },
     "no prefix caching, batch of 2": {"enable_prefix_caching": False, "max_num_seqs": 2},
 }
 
@@ -126,6 +133,7 @@ def test_swap_must_copy_back(model, monkeypatch):
     from mlsys_nb.inference.model_runner import SwapPool
 
     prompts = random_prompts(8)
+
     def forgetful_swap_in(self, sid, kv, blocks, first=0):
         self.free.extend(self.held.pop(sid))  # frees the CPU blocks without copying anything back
 
@@ -140,14 +148,22 @@ def test_seeded_sampling_is_per_request(model):
     prompts = random_prompts(6, seed=3)
     sp = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, max_tokens=12, seed=123, ignore_eos=True)
     alone = LLM(model, seed=0).generate([prompts[0]], sp, use_tqdm=False)[0].outputs[0].token_ids
-    batched = LLM(model, seed=7, max_num_batched_tokens=9).generate(prompts, [sp] + [SamplingParams(
-        temperature=1.0, max_tokens=12, ignore_eos=True)] * 5, use_tqdm=False)[0].outputs[0].token_ids
+    batched = (
+        LLM(model, seed=7, max_num_batched_tokens=9)
+        .generate(
+            prompts, [sp] + [SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)] * 5, use_tqdm=False
+        )[0]
+        .outputs[0]
+        .token_ids
+    )
     assert alone == batched, "a seeded request must not depend on its batch or on the engine seed"
-    other = LLM(model).generate([prompts[0]], SamplingParams(temperature=0.8, max_tokens=12, seed=124,
-                                                               ignore_eos=True), use_tqdm=False)
+    other = LLM(model).generate(
+        [prompts[0]], SamplingParams(temperature=0.8, max_tokens=12, seed=124, ignore_eos=True), use_tqdm=False
+    )
     assert other[0].outputs[0].token_ids != alone
-    n3 = LLM(model).generate([prompts[0]], SamplingParams(temperature=1.0, max_tokens=12, seed=5, n=3,
-                                                           ignore_eos=True), use_tqdm=False)[0]
+    n3 = LLM(model).generate(
+        [prompts[0]], SamplingParams(temperature=1.0, max_tokens=12, seed=5, n=3, ignore_eos=True), use_tqdm=False
+    )[0]
     assert [c.index for c in n3.outputs] == [0, 1, 2] and len({tuple(c.token_ids) for c in n3.outputs}) == 3
 
 
@@ -172,8 +188,11 @@ def test_filter_probs_against_brute_force():
 
 def test_logprobs_are_the_models(model):
     prompt = random_prompts(1, seed=4)[0]
-    out = LLM(model).generate(prompt, SamplingParams(temperature=0, max_tokens=5, logprobs=2, ignore_eos=True),
-                              use_tqdm=False)[0].outputs[0]
+    out = (
+        LLM(model)
+        .generate(prompt, SamplingParams(temperature=0, max_tokens=5, logprobs=2, ignore_eos=True), use_tqdm=False)[0]
+        .outputs[0]
+    )
     ids = list(prompt)
     total = 0.0
     with torch.no_grad():
@@ -192,25 +211,32 @@ def test_stops(model):
     ref = reference_greedy(model, prompt, 16)
     llm = LLM(model)
     stop_tok = ref[5]
-    o = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=16, stop_token_ids=[stop_tok]),
-                     use_tqdm=False)[0].outputs[0]
-    assert o.finish_reason == "stop" and o.stop_reason == stop_tok and o.token_ids == ref[:ref.index(stop_tok) + 1]
+    o = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=16, stop_token_ids=[stop_tok]), use_tqdm=False)[
+        0
+    ].outputs[0]
+    assert o.finish_reason == "stop" and o.stop_reason == stop_tok and o.token_ids == ref[: ref.index(stop_tok) + 1]
     llm.engine.eos_token_ids = {stop_tok}  # the model's end-of-sequence id stops it unless ignore_eos
     o = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)[0].outputs[0]
     assert o.finish_reason == "stop" and o.token_ids == reference_greedy(model, prompt, 16, eos=stop_tok)
     o = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)[0]
     assert o.outputs[0].token_ids == ref
     text = llm.engine.decode(ref)
-    stop = next(text[i:i + 1] for i in range(2, len(text)) if text[i:i + 1].isprintable() and text[i] != "\ufffd")
-    o = LLM(model).generate(prompt, SamplingParams(temperature=0, max_tokens=16, stop=[stop], ignore_eos=True),
-                            use_tqdm=False)[0].outputs[0]
-    assert o.finish_reason == "stop" and o.stop_reason == stop and o.text == text[:text.index(stop)]
+    stop = next(text[i : i + 1] for i in range(2, len(text)) if text[i : i + 1].isprintable() and text[i] != "\ufffd")
+    o = (
+        LLM(model)
+        .generate(prompt, SamplingParams(temperature=0, max_tokens=16, stop=[stop], ignore_eos=True), use_tqdm=False)[0]
+        .outputs[0]
+    )
+    assert o.finish_reason == "stop" and o.stop_reason == stop and o.text == text[: text.index(stop)]
 
 
 def test_text_prompts_and_metrics(model):
     llm = LLM(model)
-    outs = llm.generate(["hello", "a longer prompt with words"], SamplingParams(temperature=0, max_tokens=4,
-                                                                                ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(
+        ["hello", "a longer prompt with words"],
+        SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
+        use_tqdm=False,
+    )
     for o, p in zip(outs, ["hello", "a longer prompt with words"]):
         assert o.prompt == p and o.prompt_token_ids == list(p.encode())
         assert isinstance(o.outputs[0].text, str)
@@ -257,17 +283,30 @@ def test_load_weights_clears_prefix_cache(model):
 def hf_model():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                   rms_norm_eps=1e-6, initializer_range=0.1,
-                                   rope_parameters={"rope_type": "default", "rope_theta": 5000.0})
+    cfg = transformers.LlamaConfig(
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        initializer_range=0.1,
+        rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
+    )
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
-@pytest.mark.parametrize("kw", [{}, {"num_blocks": 20, "block_size": 4, "max_num_batched_tokens": 12},
-                                {"num_blocks": 20, "block_size": 4, "preemption_mode": "swap",
-                                 "max_num_batched_tokens": 5}],
-                         ids=["default", "chunks of 12 + preemption", "chunks of 5 + swap"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"num_blocks": 20, "block_size": 4, "max_num_batched_tokens": 12},
+        {"num_blocks": 20, "block_size": 4, "preemption_mode": "swap", "max_num_batched_tokens": 5},
+    ],
+    ids=["default", "chunks of 12 + preemption", "chunks of 5 + swap"],
+)
 def test_greedy_equals_transformers_generate(hf_model, kw):
     """The engine on a converted transformers Llama answers exactly what transformers' generate does."""
     prompts = random_prompts(6, 2, 50, seed=9, vocab=320)
@@ -276,8 +315,13 @@ def test_greedy_equals_transformers_generate(hf_model, kw):
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
     with torch.no_grad():
         for p, o in zip(prompts, outs):
-            want = hf_model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                                     do_sample=False, max_new_tokens=12, pad_token_id=0)[0, len(p):].tolist()
+            want = hf_model.generate(
+                torch.tensor([p]),
+                attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=12,
+                pad_token_id=0,
+            )[0, len(p) :].tolist()
             assert o.outputs[0].token_ids == want
             assert o.outputs[0].finish_reason == ("stop" if want[-1] == 2 else "length")
     if kw:
@@ -289,10 +333,26 @@ def test_workload_prefix_hits_equal_the_analytical_count(model):
     from mlsys_nb.inference.metrics import percentile, summarize
     from mlsys_nb.inference.workload import make_workload, run_workload, shared_prefix_tokens
 
-    reqs = make_workload(10, rate=200.0, prompt_len=(20, 40), output_len=(2, 5), shared_prefix_len=17, n_prefixes=2,
-                         vocab_size=VOCAB, seed=3)
-    assert reqs == make_workload(10, rate=200.0, prompt_len=(20, 40), output_len=(2, 5), shared_prefix_len=17,
-                                 n_prefixes=2, vocab_size=VOCAB, seed=3)
+    reqs = make_workload(
+        10,
+        rate=200.0,
+        prompt_len=(20, 40),
+        output_len=(2, 5),
+        shared_prefix_len=17,
+        n_prefixes=2,
+        vocab_size=VOCAB,
+        seed=3,
+    )
+    assert reqs == make_workload(
+        10,
+        rate=200.0,
+        prompt_len=(20, 40),
+        output_len=(2, 5),
+        shared_prefix_len=17,
+        n_prefixes=2,
+        vocab_size=VOCAB,
+        seed=3,
+    )
     assert all(b.arrival_time > a.arrival_time for a, b in itertools.pairwise(reqs))
     eng = LLMEngine(model, block_size=4, max_num_seqs=1)  # one at a time: every earlier prefix is computed
     outs, secs = run_workload(eng, reqs, use_tqdm=False)
@@ -302,8 +362,8 @@ def test_workload_prefix_hits_equal_the_analytical_count(model):
     assert s["ttft_ms_p50"] <= s["ttft_ms_p99"] and s["e2e_ms_p50"] >= s["ttft_ms_p50"]
     xs = [3.0, 1.0, 4.0, 1.5, 9.0]
     import numpy as np
-    assert abs(percentile(xs, 90) - float(np.percentile(xs, 90))) < 1e-12
 
+    assert abs(percentile(xs, 90) - float(np.percentile(xs, 90))) < 1e-12
 
 
 def test_load_weights_from_a_transformers_state_dict(hf_model):
@@ -316,8 +376,14 @@ def test_load_weights_from_a_transformers_state_dict(hf_model):
     llm.load_weights(trained.state_dict())
     got = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)[0]
     with torch.no_grad():
-        want = trained.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                do_sample=False, max_new_tokens=8, min_new_tokens=8, pad_token_id=0)[0, len(prompt):]
+        want = trained.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=8,
+            min_new_tokens=8,
+            pad_token_id=0,
+        )[0, len(prompt) :]
     assert got.outputs[0].token_ids == want.tolist()
 
 

@@ -1,6 +1,7 @@
 """Every notebook's "Try it yourself" exercises follow one convention (issue 22): worked solutions
 sit in cells tagged ``solution``, hidden, that run only ``if solutions:``; the parameters cell
 declares ``solutions = False``; the stored notebooks carry no outputs (tests/test_repo.py)."""
+
 import json
 import re
 from pathlib import Path

@@ -6,6 +6,7 @@
   stub (they print "not attempted" and do not raise), on a wrong answer (they raise) and on the
   worked solution (they print their pass line): the checks can fail, and the solutions pass them.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -60,7 +61,8 @@ def test_the_exercise_helper_is_the_same_everywhere():
 
 def test_attempted_tells_stubs_from_answers(tmp_path):
     ns = _exec_file(next(iter(_helper_sources().values())), {}, tmp_path / "helper.py")
-    _exec_file('''
+    _exec_file(
+        '''
 def stub(x):
     """doc"""
     ...
@@ -85,7 +87,10 @@ class HalfDone:
     @staticmethod
     def backward(ctx, dy):
         ...
-''', ns, tmp_path / "learner.py")
+''',
+        ns,
+        tmp_path / "learner.py",
+    )
     attempted = ns["attempted"]
     assert not attempted(...) and not attempted(ns["stub"]) and not attempted(ns["StubFn"])
     assert attempted(ns["answer"]) and attempted(ns["HalfDone"]) and attempted(0) and attempted(3.5)
@@ -112,17 +117,26 @@ def _namespace(nb_name: str, tmp_path: Path) -> dict:
         from mlsys_nb import hardware, memory
         from mlsys_nb.config import ModelConfig, TrainConfig
 
-        ns.update(memory=memory, ModelConfig=ModelConfig, TrainConfig=TrainConfig, preset_name="llama-3.1-8b",
-                  gpu_name="H100-SXM", model=memory.preset("llama-3.1-8b"), gpu=hardware.gpu("H100-SXM"),
-                  base=TrainConfig(micro_batch=1, seq_len=4096, gpu="H100-SXM"))
+        ns.update(
+            memory=memory,
+            ModelConfig=ModelConfig,
+            TrainConfig=TrainConfig,
+            preset_name="llama-3.1-8b",
+            gpu_name="H100-SXM",
+            model=memory.preset("llama-3.1-8b"),
+            gpu=hardware.gpu("H100-SXM"),
+            base=TrainConfig(micro_batch=1, seq_len=4096, gpu="H100-SXM"),
+        )
     return ns
 
 
 WRONG = {
     ("11_compute_and_scaling_laws.ipynb", 1): "def my_n_opt(law, C):\n    return (C / 120) ** 0.5\n",  # D = 20 N
     ("11_compute_and_scaling_laws.ipynb", 2): "c_reported = 3.64e3 * 1e15 * 3600\n",  # PF/s-hours, not days
-    ("08_pipeline_parallelism.ipynb", 1):
-        "def my_1f1b(p, m, r):\n    return [('F', j) for j in range(m)] + [('B', j) for j in range(m)]\n",  # GPipe
+    (
+        "08_pipeline_parallelism.ipynb",
+        1,
+    ): "def my_1f1b(p, m, r):\n    return [('F', j) for j in range(m)] + [('B', j) for j in range(m)]\n",  # GPipe
     ("10_training_memory.ipynb", 1): "def my_layer_bytes(s, b, h, a):\n    return s * b * h * 34\n",  # no s² term
     ("10_training_memory.ipynb", 2): "my_d = 1024\n",  # fits, but not the smallest
 }

@@ -7,6 +7,7 @@ heavy drops, exactly uniform routing; a deliberately broken capacity rule; bias 
 tests read its results. The single-process tests pin the drop rule against a loop written out
 independently, the losses against their definitions, and a short training run where the
 load-balancing loss (or the bias) evens the experts' load."""
+
 from __future__ import annotations
 
 import math
@@ -112,8 +113,9 @@ def test_bytes_on_the_wire_equal_the_token_rows_crossing_ranks(results):
 def test_bias_update_stays_replicated_and_memory_divides_experts(results):
     R = results[0]["world"]
     assert all(res["bias_replicated"] and res["bias_nonzero"] for res in results)
-    cfg = ModelConfig(n_layers=1, hidden=16, n_heads=2, vocab_size=32, seq_len=8, n_experts=2 * R, top_k=2,
-                      expert_ffn_hidden=24)
+    cfg = ModelConfig(
+        n_layers=1, hidden=16, n_heads=2, vocab_size=32, seq_len=8, n_experts=2 * R, top_k=2, expert_ffn_hidden=24
+    )
     full = sum(p.numel() for p in MoE(cfg).experts.parameters())
     assert results[0]["local_expert_params"] * R == full
     t1 = memory.estimate(cfg, TrainConfig(dp=R, ep=1, seq_len=8, kernels="eager"))
@@ -151,7 +153,7 @@ def test_drop_rule_matches_a_loop_and_per_rank_offsets(gating):
     for i, lg in enumerate(logits.chunk(R)):
         off = per_slot.cumsum(0) - per_slot + counts[:i].sum(0)
         mine = routing.route(lg, k, gating=gating, capacity_factor=1.0, n_tokens=T, offset=off)
-        assert torch.equal(mine.position, r.position[i * T // R:(i + 1) * T // R])
+        assert torch.equal(mine.position, r.position[i * T // R : (i + 1) * T // R])
 
 
 def test_losses_against_their_definitions():
@@ -168,8 +170,9 @@ def test_losses_against_their_definitions():
     r = routing.route(one, k)
     assert routing.load_balancing_loss(*routing.load_balancing_terms(r, E), T, k).item() == pytest.approx(E, rel=1e-6)
     z = torch.randn(T, E)
-    assert routing.z_loss_sum(z).item() / T == pytest.approx(float((torch.log(torch.exp(z).sum(1)) ** 2).mean()),
-                                                               rel=1e-6)
+    assert routing.z_loss_sum(z).item() / T == pytest.approx(
+        float((torch.log(torch.exp(z).sum(1)) ** 2).mean()), rel=1e-6
+    )
 
 
 def test_sigmoid_bias_steers_the_choice_not_the_weights():
@@ -190,8 +193,9 @@ def _train(alpha=0.0, gamma=0.0, gating="softmax", steps=60):
     torch.set_num_threads(1)
     try:
         torch.manual_seed(0)
-        cfg = ModelConfig(n_layers=1, hidden=16, n_heads=2, vocab_size=32, seq_len=8, n_experts=8, top_k=2,
-                          expert_ffn_hidden=16)
+        cfg = ModelConfig(
+            n_layers=1, hidden=16, n_heads=2, vocab_size=32, seq_len=8, n_experts=8, top_k=2, expert_ffn_hidden=16
+        )
         m = MoE(cfg, gating=gating)
         mean = torch.randn(16)
         with torch.no_grad():

@@ -9,22 +9,52 @@ from mlsys_nb.config import ModelConfig
 from mlsys_nb.models import Transformer
 
 # Published shapes (papers' tables, HF configs); built inline so the tests do not depend on data/models.yaml.
-LLAMA2_7B = ModelConfig(n_layers=32, hidden=4096, n_heads=32, n_kv_heads=32, ffn_hidden=11008,
-                        vocab_size=32000, seq_len=4096)
+LLAMA2_7B = ModelConfig(
+    n_layers=32, hidden=4096, n_heads=32, n_kv_heads=32, ffn_hidden=11008, vocab_size=32000, seq_len=4096
+)
 LLAMA2_13B = ModelConfig(n_layers=40, hidden=5120, n_heads=40, ffn_hidden=13824, vocab_size=32000, seq_len=4096)
-LLAMA2_70B = ModelConfig(n_layers=80, hidden=8192, n_heads=64, n_kv_heads=8, ffn_hidden=28672,
-                         vocab_size=32000, seq_len=4096)
-GPT3 = ModelConfig(n_layers=96, hidden=12288, n_heads=96, vocab_size=50257, activation="gelu",
-                   norm="layernorm", bias=True, tied_embeddings=True, seq_len=2048)
+LLAMA2_70B = ModelConfig(
+    n_layers=80, hidden=8192, n_heads=64, n_kv_heads=8, ffn_hidden=28672, vocab_size=32000, seq_len=4096
+)
+GPT3 = ModelConfig(
+    n_layers=96,
+    hidden=12288,
+    n_heads=96,
+    vocab_size=50257,
+    activation="gelu",
+    norm="layernorm",
+    bias=True,
+    tied_embeddings=True,
+    seq_len=2048,
+)
 
 SHAPES = [
     dict(n_layers=2, hidden=32, n_heads=4, n_kv_heads=2, vocab_size=50, seq_len=16),
-    dict(n_layers=3, hidden=48, n_heads=6, n_kv_heads=1, vocab_size=97, seq_len=24, activation="gelu",
-         norm="layernorm", bias=True, tied_embeddings=True),
-    dict(n_layers=1, hidden=40, n_heads=5, head_dim=12, vocab_size=33, ffn_hidden=72, seq_len=20,
-         activation="relu"),
-    dict(n_layers=2, hidden=32, n_heads=4, vocab_size=40, n_experts=4, top_k=2, expert_ffn_hidden=24,
-         n_shared_experts=1, n_dense_layers=1, seq_len=16),
+    dict(
+        n_layers=3,
+        hidden=48,
+        n_heads=6,
+        n_kv_heads=1,
+        vocab_size=97,
+        seq_len=24,
+        activation="gelu",
+        norm="layernorm",
+        bias=True,
+        tied_embeddings=True,
+    ),
+    dict(n_layers=1, hidden=40, n_heads=5, head_dim=12, vocab_size=33, ffn_hidden=72, seq_len=20, activation="relu"),
+    dict(
+        n_layers=2,
+        hidden=32,
+        n_heads=4,
+        vocab_size=40,
+        n_experts=4,
+        top_k=2,
+        expert_ffn_hidden=24,
+        n_shared_experts=1,
+        n_dense_layers=1,
+        seq_len=16,
+    ),
 ]
 
 
@@ -144,8 +174,10 @@ def test_llama2_implied_mfu():
     hours = {7e9: 184_320, 13e9: 368_640, 70e9: 1_720_320}
     nominal = [flops.implied_mfu(n, 2e12, h, gpu="A100-80GB") for n, h in hours.items()]
     assert nominal == pytest.approx([0.406, 0.377, 0.435], abs=5e-4)
-    exact = [flops.implied_mfu(flops.parameter_count(c), 2e12, h, gpu=312e12)
-             for c, h in zip((LLAMA2_7B, LLAMA2_13B, LLAMA2_70B), hours.values())]
+    exact = [
+        flops.implied_mfu(flops.parameter_count(c), 2e12, h, gpu=312e12)
+        for c, h in zip((LLAMA2_7B, LLAMA2_13B, LLAMA2_70B), hours.values())
+    ]
     assert exact == pytest.approx([0.391, 0.377, 0.428], abs=5e-4)
 
 
@@ -165,16 +197,19 @@ def test_mfu_and_hfu_from_step_time():
     assert flops.measure_matmul_peak(64, repeats=2) > 0
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda: flops.training_time(7e9, 1e12, gpu="A100-80GB", n_gpus=8, mfu=1.5), "mfu"),
-    (lambda: flops.training_time(7e9, 1e12, gpu="A100-80GB", n_gpus=0, mfu=0.4), "n_gpus"),
-    (lambda: flops.training_time(7e9, -1, gpu="A100-80GB", n_gpus=8, mfu=0.4), "tokens"),
-    (lambda: flops.training_time(7e9, 1e12, gpu="TPU-9000", n_gpus=8, mfu=0.4), "unknown GPU"),
-    (lambda: flops.training_time(7e9, 1e12, gpu="A100", n_gpus=8, mfu=0.4), "unknown GPU"),  # ambiguous
-    (lambda: flops.flops_per_token(LLAMA2_7B, 0), "seq_len"),
-    (lambda: flops.hardware_flops_per_token(LLAMA2_7B, 8, recompute="half"), "recompute"),
-    (lambda: flops.flops_per_token("llama", 8), "ModelConfig"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: flops.training_time(7e9, 1e12, gpu="A100-80GB", n_gpus=8, mfu=1.5), "mfu"),
+        (lambda: flops.training_time(7e9, 1e12, gpu="A100-80GB", n_gpus=0, mfu=0.4), "n_gpus"),
+        (lambda: flops.training_time(7e9, -1, gpu="A100-80GB", n_gpus=8, mfu=0.4), "tokens"),
+        (lambda: flops.training_time(7e9, 1e12, gpu="TPU-9000", n_gpus=8, mfu=0.4), "unknown GPU"),
+        (lambda: flops.training_time(7e9, 1e12, gpu="A100", n_gpus=8, mfu=0.4), "unknown GPU"),  # ambiguous
+        (lambda: flops.flops_per_token(LLAMA2_7B, 0), "seq_len"),
+        (lambda: flops.hardware_flops_per_token(LLAMA2_7B, 8, recompute="half"), "recompute"),
+        (lambda: flops.flops_per_token("llama", 8), "ModelConfig"),
+    ],
+)
 def test_bad_input_names_the_parameter(call, match):
     with pytest.raises((ValueError, KeyError, TypeError), match=match):
         call()

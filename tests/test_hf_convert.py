@@ -2,6 +2,7 @@
 equal to 1e-4 in fp32 for random GQA/MHA/MQA configs, tied and untied heads, rope_theta and
 rms_norm_eps; Qwen2 (q/k/v biases) and Mistral; RoPE scaling refused; the cached decode of a
 converted model equals transformers' own greedy generate."""
+
 import pytest
 import torch
 
@@ -19,16 +20,26 @@ def random_config(seed, kind="llama", **over):
     n_kv = r(1, 4)
     n_heads = n_kv * r(1, 4)
     head_dim = 2 * r(2, 9)
-    kw = {"vocab_size": r(40, 120), "hidden_size": n_heads * head_dim * r(1, 3), "intermediate_size": r(16, 80),
-              "num_hidden_layers": r(1, 4), "num_attention_heads": n_heads, "num_key_value_heads": n_kv,
-              "head_dim": head_dim,
-              "max_position_embeddings": 64, "rms_norm_eps": float(10.0 ** -r(4, 7)),
-              "rope_parameters": {"rope_type": "default", "rope_theta": float(r(100, 500_000))},
-              "tie_word_embeddings": bool(r(0, 2)), "initializer_range": 0.2}  # logits of order 1, not 1e-3
+    kw = {
+        "vocab_size": r(40, 120),
+        "hidden_size": n_heads * head_dim * r(1, 3),
+        "intermediate_size": r(16, 80),
+        "num_hidden_layers": r(1, 4),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": n_kv,
+        "head_dim": head_dim,
+        "max_position_embeddings": 64,
+        "rms_norm_eps": float(10.0 ** -r(4, 7)),
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(r(100, 500_000))},
+        "tie_word_embeddings": bool(r(0, 2)),
+        "initializer_range": 0.2,
+    }  # logits of order 1, not 1e-3
     kw.update(over)
-    cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-           "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-           "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM)}[kind]
+    cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    }[kind]
     if kind == "mistral":
         kw["sliding_window"] = None
     torch.manual_seed(seed)
@@ -70,16 +81,35 @@ def test_wrong_epsilon_or_theta_is_caught():
 
 
 def test_rope_scaling_and_sliding_window_refused():
-    hc = transformers.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16384,
-                                  rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
-                                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                   "original_max_position_embeddings": 8192})
+    hc = transformers.LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=16384,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 5e5,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    )
     with pytest.raises(NotImplementedError, match="llama3"):
         from_hf(transformers.LlamaForCausalLM(hc))
-    mc = transformers.MistralConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                    sliding_window=64)
+    mc = transformers.MistralConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        sliding_window=64,
+    )
     m = transformers.MistralForCausalLM(mc)
     with pytest.raises(NotImplementedError, match="sliding_window=64"):
         from_hf(m)

@@ -1,6 +1,7 @@
 """The decoding path and the contiguous KV cache: cached logits equal recomputing the whole sequence
 without a cache (fp32, 1e-5) for MHA, GQA and MQA, chunked prefill, ragged batches mixing prefill
 chunks with decodes; bad input; the checks fail when the cache's causal rule is broken."""
+
 import pytest
 import torch
 
@@ -23,7 +24,7 @@ def decode_all(m, x, prompt, cache=None):
     cache = cache or KVCache(m, x.shape[0], x.shape[1])
     out = [m(x[:, :prompt], cache=cache)]
     for t in range(prompt, x.shape[1]):
-        out.append(m(x[:, t:t + 1], cache=cache))
+        out.append(m(x[:, t : t + 1], cache=cache))
     return torch.cat(out, 1), cache
 
 
@@ -46,7 +47,7 @@ def test_chunked_prefill_and_bias_and_layernorm():
     m = model(4, 2, bias=True, norm="layernorm", activation="gelu", seed=3)
     x = torch.randint(0, 61, (2, 23))
     cache = KVCache(m, 2, 23)
-    got = torch.cat([m(x[:, a:a + 5], cache=cache) for a in range(0, 20, 5)] + [m(x[:, 20:], cache=cache)], 1)
+    got = torch.cat([m(x[:, a : a + 5], cache=cache) for a in range(0, 20, 5)] + [m(x[:, 20:], cache=cache)], 1)
     torch.testing.assert_close(got, m(x), **TOL)
 
 
@@ -73,7 +74,7 @@ def test_ragged_batch_mixes_prefill_chunks_and_decodes():
         s = max(n_new)
         tokens = torch.zeros(len(active), s, dtype=torch.long)
         for r, (i, n) in enumerate(zip(active, n_new)):
-            tokens[r, :n] = seqs[i][done[i]:done[i] + n]
+            tokens[r, :n] = seqs[i][done[i] : done[i] + n]
         cache.plan([slot[i] for i in active], n_new)
         logits = m(tokens, cache=cache)
         assert torch.isfinite(logits).all()

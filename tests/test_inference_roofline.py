@@ -1,6 +1,7 @@
 """Roofline model: FLOPs pinned against FlopCounterMode on the real cached forward and a brute-force
 count of attended keys; decode at batch 1 is memory-bound at ≈ weight bytes / HBM bandwidth;
 prefill is compute-bound; generate() with the cache equals generation by full recompute."""
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode

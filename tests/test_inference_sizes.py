@@ -1,5 +1,6 @@
 """KV-cache sizes: kv_cache_bytes against published per-token figures (data/inference_reference.yaml)
 and the real cache tensors; max_concurrent_sequences against a brute-force count over real tensors."""
+
 import math
 
 import pytest
@@ -26,8 +27,15 @@ def test_published_bytes_per_token(row):
 
 def test_mla_table1_ratio():
     t = REF["mla_table1"]
-    cfg = ModelConfig(n_layers=10, hidden=1024, n_heads=8, head_dim=t["d_h"], vocab_size=100,
-                      kv_lora_rank=t["d_c"], rope_head_dim=t["d_h_rope"])
+    cfg = ModelConfig(
+        n_layers=10,
+        hidden=1024,
+        n_heads=8,
+        head_dim=t["d_h"],
+        vocab_size=100,
+        kv_lora_rank=t["d_c"],
+        rope_head_dim=t["d_h_rope"],
+    )
     assert kv_bytes_per_token(cfg, "fp32") == 4 * 10 * 4.5 * t["d_h"]  # 9/2 d_h l elements
 
 

@@ -1,5 +1,6 @@
 """The inference widget, driven headless: its numbers are the calculators', it redraws, and invalid
 input is shown in place."""
+
 from mlsys_nb.inference import kv_cache_bytes, max_concurrent_sequences
 from mlsys_nb.inference.roofline import decode_cost, prefill_cost
 from mlsys_nb.widgets.inference import InferenceWidget
@@ -16,10 +17,13 @@ def test_widget_follows_the_calculators_and_redraws():
     w.set_state({"model": "llama-2-7b", "batch": 4, "dtype": "fp8", "tp": 2, "context": 4096})
     t2 = w.table()["value"]
     assert t2["KV cache for the batch"] == kv_cache_bytes("llama-2-7b", 4 * 4096, "fp8")
-    assert t2["prefill time (one prompt of `context` tokens)"] == prefill_cost(
-        "llama-2-7b", "H100-SXM", 4096, kv_dtype="fp8").time_s
+    assert (
+        t2["prefill time (one prompt of `context` tokens)"]
+        == prefill_cost("llama-2-7b", "H100-SXM", 4096, kv_dtype="fp8").time_s
+    )
     assert t2["sequences that fit (per GPU, after weights)"] == max_concurrent_sequences(
-        "llama-2-7b", "H100-SXM", 4096, dtype="fp8", tp=2)
+        "llama-2-7b", "H100-SXM", 4096, dtype="fp8", tp=2
+    )
     assert [list(map(float, ln.get_ydata())) for ln in w.figure.axes[0].lines] != lines0
     assert "llama-2-7b" in w.stats.value and w.state()["tp"] == 2
 

@@ -1,4 +1,5 @@
 """mlsys_nb.launch: real ranks from a function, and each failure behaviour of issue 2."""
+
 import ast
 import importlib
 import io
@@ -394,8 +395,17 @@ def _free_port():
 
 def _torchrun(*extra, timeout_s=180):
     env = dict(os.environ, PYTHONPATH=TESTS_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    command = [sys.executable, "-m", "torch.distributed.run", *extra,
-               "-m", "mlsys_nb.run", "_launch_targets:rank_report", "--args", "[3.0]"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *extra,
+        "-m",
+        "mlsys_nb.run",
+        "_launch_targets:rank_report",
+        "--args",
+        "[3.0]",
+    ]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -416,8 +426,9 @@ def _results(*processes, timeout_s=180):
 
 @pytest.mark.slow
 def test_torchrun_entry_point_two_ranks_matches_launch():
-    under_torchrun = _results(_torchrun("--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                                        "--master-port", str(_free_port())))
+    under_torchrun = _results(
+        _torchrun("--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(_free_port()))
+    )
     from _launch_targets import rank_report
 
     assert under_torchrun == launch(rank_report, 2, args=(3.0,), output="quiet")
@@ -427,8 +438,21 @@ def test_torchrun_entry_point_two_ranks_matches_launch():
 @pytest.mark.slow
 def test_torchrun_entry_point_two_nodes_on_loopback():
     port = str(_free_port())
-    nodes = [_torchrun("--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
-                       "--master-addr", "127.0.0.1", "--master-port", port) for node in (0, 1)]
+    nodes = [
+        _torchrun(
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(node),
+            "--nproc-per-node",
+            "1",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            port,
+        )
+        for node in (0, 1)
+    ]
     # each node runs one process: global ranks 0 and 1, both with local rank 0
     assert _results(*nodes) == [(0, 2, 0, 3.0, 1), (1, 2, 0, 3.0, 1)]
 

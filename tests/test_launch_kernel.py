@@ -1,4 +1,5 @@
 """mlsys_nb.launch inside a real Jupyter kernel: interrupting the kernel stops every rank."""
+
 import re
 import time
 
@@ -49,8 +50,7 @@ def test_kernel_interrupt_stops_all_ranks_and_the_next_launch_works():
         assert stopped_after_s < 10, f"the cell ended {stopped_after_s:.1f} s after the interrupt (README: 2 s)"
         assert error == "KeyboardInterrupt"
         assert alive == [], f"ranks {alive} survived the kernel interrupt"
-        reply = kc.execute_interactive("assert mlsys_nb.launch(lambda: dist.get_rank(), 2) == [0, 1]",
-                                       timeout=120)
+        reply = kc.execute_interactive("assert mlsys_nb.launch(lambda: dist.get_rank(), 2) == [0, 1]", timeout=120)
         assert reply["content"]["status"] == "ok", "the launcher did not recover after the interrupt"
     finally:
         kc.stop_channels()

@@ -1,5 +1,6 @@
 """The package layout and its conventions: public names, one subpackage per topic, one validator,
 one dtype table, and the places where one function now serves several callers."""
+
 import importlib
 import pickle
 import subprocess
@@ -26,8 +27,21 @@ def test_public_names_of_the_issue_still_work():
     from mlsys_nb.models import Transformer
     from mlsys_nb.pipeline import SCHEDULES, schedule, simulate
 
-    assert all(callable(f) for f in (memory.preset, memory.presets, memory.estimate, memory.param_count,
-                                     memory.model_state_bytes, scaling.law, scaling.fit, schedule, simulate, gpu))
+    assert all(
+        callable(f)
+        for f in (
+            memory.preset,
+            memory.presets,
+            memory.estimate,
+            memory.param_count,
+            memory.model_state_bytes,
+            scaling.law,
+            scaling.fit,
+            schedule,
+            simulate,
+            gpu,
+        )
+    )
     assert dashboard.Dashboard and plots.new_figure and flops.flops_per_token and ModelConfig and TrainConfig
     assert Transformer and "gpipe" in SCHEDULES
     from mlsys_nb.run import main
@@ -36,8 +50,14 @@ def test_public_names_of_the_issue_still_work():
 
 
 def test_the_torchrun_entry_runs_as_a_module():
-    out = subprocess.run([sys.executable, "-m", "mlsys_nb.run", "--help"], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, "-m", "mlsys_nb.run", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0 and "module:function" in out.stdout, out.stderr
 
 
@@ -78,18 +98,21 @@ def test_threads_is_the_only_spelling_of_the_thread_count():
     assert not hits, hits
 
 
-@pytest.mark.parametrize("call, words", [
-    (lambda: check_int("world_size", 0), ["world_size", ">= 1", "0"]),
-    (lambda: check_int("zero", 5, 0, 3), ["zero", "[0, 3]", "5"]),
-    (lambda: check_int("p", 2.0), ["p", "int"]),
-    (lambda: check_number("mfu", 1.5, 0, 1, lo_open=True), ["mfu", "> 0", "<= 1", "1.5"]),
-    (lambda: check_number("timeout", float("nan"), 0), ["timeout", "nan"]),
-    (lambda: check_choice("backend", "mpi", ("gloo", "nccl")), ["backend", "gloo", "nccl", "mpi"]),
-    (lambda: mlsys_nb.launch(lambda: 0, 0), ["world_size", ">= 1"]),
-    (lambda: config.ModelConfig(n_layers=0, hidden=8, n_heads=2, vocab_size=10), ["n_layers", ">= 1"]),
-    (lambda: config.TrainConfig(zero=4), ["zero", "[0, 3]"]),
-    (lambda: config.TrainConfig(pp_schedule="afab"), ["pp_schedule", "gpipe"]),
-])
+@pytest.mark.parametrize(
+    "call, words",
+    [
+        (lambda: check_int("world_size", 0), ["world_size", ">= 1", "0"]),
+        (lambda: check_int("zero", 5, 0, 3), ["zero", "[0, 3]", "5"]),
+        (lambda: check_int("p", 2.0), ["p", "int"]),
+        (lambda: check_number("mfu", 1.5, 0, 1, lo_open=True), ["mfu", "> 0", "<= 1", "1.5"]),
+        (lambda: check_number("timeout", float("nan"), 0), ["timeout", "nan"]),
+        (lambda: check_choice("backend", "mpi", ("gloo", "nccl")), ["backend", "gloo", "nccl", "mpi"]),
+        (lambda: mlsys_nb.launch(lambda: 0, 0), ["world_size", ">= 1"]),
+        (lambda: config.ModelConfig(n_layers=0, hidden=8, n_heads=2, vocab_size=10), ["n_layers", ">= 1"]),
+        (lambda: config.TrainConfig(zero=4), ["zero", "[0, 3]"]),
+        (lambda: config.TrainConfig(pp_schedule="afab"), ["pp_schedule", "gpipe"]),
+    ],
+)
 def test_one_validator_names_the_parameter_and_the_allowed_range(call, words):
     with pytest.raises(ArgumentError) as info:
         call()
@@ -119,8 +142,10 @@ def test_dtype_table_and_torch_dtypes():
 
     h100 = hardware.gpu("H100-SXM")
     assert h100.peak(torch.bfloat16) == h100.peak("bf16") == 989.4e12
-    assert flops.training_time(7e9, 1e12, gpu="H100-SXM", n_gpus=8, mfu=0.4, dtype=torch.bfloat16).days == \
-        flops.training_time(7e9, 1e12, gpu="H100-SXM", n_gpus=8, mfu=0.4, dtype="bf16").days
+    assert (
+        flops.training_time(7e9, 1e12, gpu="H100-SXM", n_gpus=8, mfu=0.4, dtype=torch.bfloat16).days
+        == flops.training_time(7e9, 1e12, gpu="H100-SXM", n_gpus=8, mfu=0.4, dtype="bf16").days
+    )
 
 
 def test_flops_parameter_count_is_memory_param_count_and_both_match_the_module():
@@ -151,10 +176,15 @@ def test_memory_in_flight_micro_batches_are_the_pipeline_closed_forms(monkeypatc
     from mlsys_nb.pipeline import closed_form, peak_in_flight, schedule, simulate
 
     cfg = memory.preset("llama-3.1-8b")
-    for name, v, m in (("gpipe", None, 8), ("1f1b", None, 8), ("zb-h1", None, 8), ("zb-h2", None, 12),
-                       ("interleaved-1f1b", 2, 8), ("zbv", None, 8)):
-        train = config.TrainConfig(pp=4, n_microbatches=m, pp_schedule=name, seq_len=1024,
-                                   virtual_stages=v or 1)
+    for name, v, m in (
+        ("gpipe", None, 8),
+        ("1f1b", None, 8),
+        ("zb-h1", None, 8),
+        ("zb-h2", None, 12),
+        ("interleaved-1f1b", 2, 8),
+        ("zbv", None, 8),
+    ):
+        train = config.TrainConfig(pp=4, n_microbatches=m, pp_schedule=name, seq_len=1024, virtual_stages=v or 1)
         got = [memory.estimate(cfg, train, stage=s).in_flight for s in range(4)]
         assert got == peak_in_flight(name, 4, m, v) == closed_form(name, 4, m, v)["peak_activations"]
         sim = simulate(schedule(name, 4, m, v), W=1.0 if name.startswith("z") else None)
@@ -177,10 +207,10 @@ def test_the_executor_checks_causality_with_the_schedules_own_dependencies(monke
         tl = pd.DataFrame(rows, columns=["rank", "kind", "microbatch", "chunk", "stage", "full", "start", "end"])
         return executor.RealRun(sched, 0.0, 0.0, 0.0, tl)
 
-    good = run([("F", 0, 0), ("F", 1, 0), ("F", 0, 1), ("B", 0, 1), ("F", 1, 1), ("B", 1, 1), ("B", 0, 0),
-                ("B", 1, 0)])
-    early = run([("F", 0, 0), ("F", 1, 0), ("B", 0, 0), ("F", 0, 1), ("B", 0, 1), ("F", 1, 1), ("B", 1, 1),
-                 ("B", 1, 0)])
+    good = run([("F", 0, 0), ("F", 1, 0), ("F", 0, 1), ("B", 0, 1), ("F", 1, 1), ("B", 1, 1), ("B", 0, 0), ("B", 1, 0)])
+    early = run(
+        [("F", 0, 0), ("F", 1, 0), ("B", 0, 0), ("F", 0, 1), ("B", 0, 1), ("F", 1, 1), ("B", 1, 1), ("B", 1, 0)]
+    )
     assert good.causal() and not early.causal()  # stage 0's B of micro-batch 0 before stage 1's
     monkeypatch.setattr(executor, "dependency", lambda *a: None)  # no dependencies: nothing is caught
     assert early.causal()
@@ -188,7 +218,7 @@ def test_the_executor_checks_causality_with_the_schedules_own_dependencies(monke
 
 def test_presets_are_read_by_one_loader():
     src = (PKG / "memory.py").read_text()
-    assert "models.yaml\")" not in src and "def _presets" not in src
+    assert 'models.yaml")' not in src and "def _presets" not in src
     assert memory.presets() == list(config.model_presets())
     assert memory.preset("llama-3.1-8b") is config.load_model_preset("llama-3.1-8b")
 

@@ -1,4 +1,6 @@
-"""``ruff check`` over the repository (code and notebooks, config in pyproject.toml) passes."""
+"""``ruff check`` and ``ruff format --check`` over the repository (code and notebooks, config in
+pyproject.toml) pass."""
+
 import shutil
 import subprocess
 import sys
@@ -18,6 +20,18 @@ def _ruff() -> list[str]:
 
 
 def test_ruff_check_passes():
-    out = subprocess.run([*_ruff(), "check", "--no-cache", "--output-format", "concise", "."], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [*_ruff(), "check", "--no-cache", "--output-format", "concise", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, f"ruff check found problems (fix them, or run `make format`):\n{out.stdout}{out.stderr}"
+
+
+def test_ruff_format_check_passes():
+    out = subprocess.run(
+        [*_ruff(), "format", "--check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, f"files are not formatted (run `make format`):\n{out.stdout}{out.stderr}"

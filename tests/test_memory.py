@@ -1,5 +1,6 @@
 """mlsys_nb.memory: exact parameter counts, model states (ZeRO), activation accounting against
 Korthikanti et al. and against measurement, the Playbook widget port and each of its bug fixes."""
+
 import math
 
 import pytest
@@ -46,11 +47,22 @@ def test_random_shapes_count_equals_the_module(seed):
     heads = [1, 2, 4, 8][r(0, 3)]
     kv = [d for d in (1, 2, 4, 8) if heads % d == 0][r(0, 10) % len([d for d in (1, 2, 4, 8) if heads % d == 0])]
     moe = seed % 3 == 0
-    cfg = ModelConfig(n_layers=r(1, 4), hidden=8 * heads * r(1, 3), n_heads=heads, n_kv_heads=kv,
-                      vocab_size=r(10, 300), ffn_hidden=r(8, 100), activation=["swiglu", "gelu", "relu"][seed % 3],
-                      norm=["rmsnorm", "layernorm"][seed % 2], bias=seed % 2 == 1, tied_embeddings=seed % 4 < 2,
-                      n_experts=4 if moe else 0, top_k=2 if moe else 0, n_shared_experts=seed % 2 if moe else 0,
-                      n_dense_layers=1 if moe else 0)
+    cfg = ModelConfig(
+        n_layers=r(1, 4),
+        hidden=8 * heads * r(1, 3),
+        n_heads=heads,
+        n_kv_heads=kv,
+        vocab_size=r(10, 300),
+        ffn_hidden=r(8, 100),
+        activation=["swiglu", "gelu", "relu"][seed % 3],
+        norm=["rmsnorm", "layernorm"][seed % 2],
+        bias=seed % 2 == 1,
+        tied_embeddings=seed % 4 < 2,
+        n_experts=4 if moe else 0,
+        top_k=2 if moe else 0,
+        n_shared_experts=seed % 2 if moe else 0,
+        n_dense_layers=1 if moe else 0,
+    )
     assert param_count(cfg).total == meta_count(cfg)
 
 
@@ -78,10 +90,15 @@ def test_model_states_equal_real_tensors(name):
     cfg = memory.preset(name).scaled_down()
     for precision, optimizer in (("fp32", "adam"), ("bf16-mixed", "adam"), ("bf16-mixed", "sgd-momentum")):
         meas = measure_model_states(cfg, precision, optimizer)
-        est = estimate(cfg, TrainConfig(precision=precision, optimizer=optimizer, seq_len=16, kernels="eager",
-                                        device="cpu"))
+        est = estimate(
+            cfg, TrainConfig(precision=precision, optimizer=optimizer, seq_len=16, kernels="eager", device="cpu")
+        )
         assert (est.params, est.grads, est.optimizer, est.master) == (
-            meas["params"], meas["grads"], meas["optimizer"], meas["master"]), (precision, optimizer)
+            meas["params"],
+            meas["grads"],
+            meas["optimizer"],
+            meas["master"],
+        ), (precision, optimizer)
 
 
 # ---- activations against Korthikanti et al. (arXiv:2205.05198, eq. 1-2, Table 2) -----------------------------
@@ -121,12 +138,25 @@ def test_flash_attention_drops_the_s2_term():
 
 # ---- activations against measurement (CPU, saved_tensors_hooks) ------------------------------
 SHAPES = {
-    "llama-gqa": ModelConfig(n_layers=2, hidden=64, n_heads=8, n_kv_heads=2, ffn_hidden=160, vocab_size=200,
-                             seq_len=128),
-    "gpt-dropout": ModelConfig(n_layers=2, hidden=48, n_heads=4, ffn_hidden=192, vocab_size=150, seq_len=128,
-                               activation="gelu", norm="layernorm", bias=True, dropout=0.1, tied_embeddings=True),
-    "relu-mha": ModelConfig(n_layers=3, hidden=32, n_heads=2, ffn_hidden=64, vocab_size=100, seq_len=128,
-                            activation="relu", dropout=0.1),
+    "llama-gqa": ModelConfig(
+        n_layers=2, hidden=64, n_heads=8, n_kv_heads=2, ffn_hidden=160, vocab_size=200, seq_len=128
+    ),
+    "gpt-dropout": ModelConfig(
+        n_layers=2,
+        hidden=48,
+        n_heads=4,
+        ffn_hidden=192,
+        vocab_size=150,
+        seq_len=128,
+        activation="gelu",
+        norm="layernorm",
+        bias=True,
+        dropout=0.1,
+        tied_embeddings=True,
+    ),
+    "relu-mha": ModelConfig(
+        n_layers=3, hidden=32, n_heads=2, ffn_hidden=64, vocab_size=100, seq_len=128, activation="relu", dropout=0.1
+    ),
 }
 ERR = 0.02  # MoE's stated bound (it agrees to < 1 %); the dense shapes agree exactly: asserted to the byte
 
@@ -139,8 +169,15 @@ def test_saved_activations_match_the_model(name, precision):
     for rc in ("none", "selective", "full"):
         for flash in flashes:
             for b, s in ((2, 48), (1, 100))[: 2 if rc == "none" else 1]:
-                t = TrainConfig(micro_batch=b, seq_len=s, precision=precision, recompute=rc, flash_attention=flash,
-                                kernels="eager", device="cpu")
+                t = TrainConfig(
+                    micro_batch=b,
+                    seq_len=s,
+                    precision=precision,
+                    recompute=rc,
+                    flash_attention=flash,
+                    kernels="eager",
+                    device="cpu",
+                )
                 meas = measure_activations(cfg, t)
                 est = estimate(cfg, t)
                 for layer_bytes in meas.per_layer:
@@ -150,8 +187,18 @@ def test_saved_activations_match_the_model(name, precision):
 
 
 def test_saved_activations_moe_within_stated_error():
-    cfg = ModelConfig(n_layers=2, hidden=32, n_heads=4, n_kv_heads=2, vocab_size=64, n_experts=4, top_k=2,
-                      expert_ffn_hidden=48, n_shared_experts=1, seq_len=64)
+    cfg = ModelConfig(
+        n_layers=2,
+        hidden=32,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=64,
+        n_experts=4,
+        top_k=2,
+        expert_ffn_hidden=48,
+        n_shared_experts=1,
+        seq_len=64,
+    )
     for precision in ("fp32", "bf16-mixed"):
         t = TrainConfig(micro_batch=2, seq_len=48, precision=precision, kernels="eager", device="cpu")
         meas, est = measure_activations(cfg, t), estimate(cfg, t)
@@ -250,8 +297,11 @@ def test_fix8_pipeline_stages_hold_their_layers_and_the_embedding():
     one = estimate(cfg, TrainConfig(pp=8, n_microbatches=32, seq_len=4096), stage=0)
     assert gpipe.in_flight == 32 and one.in_flight == 8
     assert gpipe.activations_layers == pytest.approx(one.activations_layers * 4)
-    inter = estimate(cfg, TrainConfig(pp=4, n_microbatches=32, seq_len=4096, pp_schedule="interleaved-1f1b",
-                                      virtual_stages=2), stage=0)
+    inter = estimate(
+        cfg,
+        TrainConfig(pp=4, n_microbatches=32, seq_len=4096, pp_schedule="interleaved-1f1b", virtual_stages=2),
+        stage=0,
+    )
     assert inter.in_flight == pytest.approx(4 + 3 / 2)
 
 
@@ -278,11 +328,19 @@ def test_cp_divides_activations_and_ep_shards_experts():
     assert base.n_params_rank - ep.n_params_rank == pytest.approx(experts * 7 / 8)
 
 
-@pytest.mark.parametrize("kw,param", [
-    (dict(tp=3), "tp"), (dict(pp=33), "pp"), (dict(pp=4, pp_layers=(8, 8, 8, 9)), "pp_layers"), (dict(ep=2), "ep"),
-    (dict(cp=3, seq_len=1000), "cp"),
-    (dict(sp=True), "sp"), (dict(zero=4), "zero"), (dict(precision="fp16"), "precision"),
-])
+@pytest.mark.parametrize(
+    "kw,param",
+    [
+        (dict(tp=3), "tp"),
+        (dict(pp=33), "pp"),
+        (dict(pp=4, pp_layers=(8, 8, 8, 9)), "pp_layers"),
+        (dict(ep=2), "ep"),
+        (dict(cp=3, seq_len=1000), "cp"),
+        (dict(sp=True), "sp"),
+        (dict(zero=4), "zero"),
+        (dict(precision="fp16"), "precision"),
+    ],
+)
 def test_impossible_combinations_name_the_parameter(kw, param):
     with pytest.raises(ValueError, match=param):
         estimate(memory.preset("llama-3.1-8b"), TrainConfig(**kw))

@@ -1,4 +1,5 @@
 """The memory widget, driven headless by setting control values."""
+
 import pytest
 
 from mlsys_nb import memory

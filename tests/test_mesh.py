@@ -1,12 +1,17 @@
 """Device mesh (mlsys_nb.parallel.mesh): coordinates and groups, and DP x TP, DP x PP, DP x PP x TP
 training on 4 and 8 gloo ranks equal to single-process training."""
+
 import pytest
 
 from mlsys_nb.parallel import mesh
 
 TOL = 1e-5
-FOUR = [{"dp": 2, "tp": 2}, {"dp": 2, "pp": 2}, {"dp": 2, "tp": 2, "broken": "dp"},
-        {"dp": 2, "tp": 2, "impl": "torch"}]  # PyTorch's FSDP2 + tensor parallel on the same 2D mesh
+FOUR = [
+    {"dp": 2, "tp": 2},
+    {"dp": 2, "pp": 2},
+    {"dp": 2, "tp": 2, "broken": "dp"},
+    {"dp": 2, "tp": 2, "impl": "torch"},
+]  # PyTorch's FSDP2 + tensor parallel on the same 2D mesh
 EIGHT = [{"pp": 2, "dp": 2, "tp": 2}]
 
 
@@ -23,12 +28,15 @@ def test_coordinates_are_row_major_with_tp_fastest():
     assert "pp=1:" in text and text.splitlines()[-1].split()[-2:] == ["6", "7"]
 
 
-@pytest.mark.parametrize("kw,match", [
-    ({"world_size": 4, "dp": 2, "tp": 3}, "world_size"),
-    ({"world_size": 4, "dp": 0, "tp": 4}, "dp"),
-    ({"world_size": 4, "dp": 2, "tp": 2, "ep": 3}, "ep"),
-    ({"world_size": 4, "xp": 4}, "xp"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"world_size": 4, "dp": 2, "tp": 3}, "world_size"),
+        ({"world_size": 4, "dp": 0, "tp": 4}, "dp"),
+        ({"world_size": 4, "dp": 2, "tp": 2, "ep": 3}, "ep"),
+        ({"world_size": 4, "xp": 4}, "xp"),
+    ],
+)
 def test_bad_dims_are_explained(kw, match):
     with pytest.raises(ValueError, match=match):
         mesh.check_dims(**kw)

@@ -1,5 +1,6 @@
 """The small transformer: shapes, parameter counts against the closed form, attention paths,
 recompute modes and configuration errors."""
+
 import pytest
 import torch
 
@@ -19,8 +20,16 @@ def llama_count(c: ModelConfig) -> int:
 @pytest.mark.parametrize("act", ["swiglu", "gelu", "relu"])
 @pytest.mark.parametrize("kv", [1, 2, 4])
 def test_parameter_count_matches_closed_form(tied, act, kv):
-    c = ModelConfig(n_layers=3, hidden=48, n_heads=4, n_kv_heads=kv, vocab_size=97, ffn_hidden=80,
-                    activation=act, tied_embeddings=tied)
+    c = ModelConfig(
+        n_layers=3,
+        hidden=48,
+        n_heads=4,
+        n_kv_heads=kv,
+        vocab_size=97,
+        ffn_hidden=80,
+        activation=act,
+        tied_embeddings=tied,
+    )
     with torch.device("meta"):
         m = Transformer(c)
     assert m.num_parameters() == llama_count(c)
@@ -56,8 +65,17 @@ def test_causal():
 
 
 def test_moe_runs_and_counts():
-    c = ModelConfig(n_layers=2, hidden=32, n_heads=4, vocab_size=40, n_experts=4, top_k=2,
-                    expert_ffn_hidden=24, n_shared_experts=1, n_dense_layers=1)
+    c = ModelConfig(
+        n_layers=2,
+        hidden=32,
+        n_heads=4,
+        vocab_size=40,
+        n_experts=4,
+        top_k=2,
+        expert_ffn_hidden=24,
+        n_shared_experts=1,
+        n_dense_layers=1,
+    )
     m = Transformer(c)
     x = torch.randint(0, 40, (2, 8))
     m(x, x).backward()
@@ -66,13 +84,16 @@ def test_moe_runs_and_counts():
     assert m.num_parameters() == llama_count(c) - dense_mlp + moe_params
 
 
-@pytest.mark.parametrize("bad, msg", [
-    (dict(n_heads=3), "divisible"),
-    (dict(n_kv_heads=3), "divisible"),
-    (dict(activation="tanh"), "activation"),
-    (dict(n_layers=0), "n_layers"),
-    (dict(dropout=1.5), "dropout"),
-])
+@pytest.mark.parametrize(
+    "bad, msg",
+    [
+        (dict(n_heads=3), "divisible"),
+        (dict(n_kv_heads=3), "divisible"),
+        (dict(activation="tanh"), "activation"),
+        (dict(n_layers=0), "n_layers"),
+        (dict(dropout=1.5), "dropout"),
+    ],
+)
 def test_bad_config_names_the_parameter(bad, msg):
     spec = dict(n_layers=2, hidden=32, n_heads=4, vocab_size=40) | bad
     with pytest.raises((ValueError, TypeError), match=msg):

@@ -1,5 +1,6 @@
 """Notebook 01 under papermill with non-default world sizes and the exercise solutions
 (the defaults, exercises not attempted, run under nbval)."""
+
 import pytest
 
 from nbrun import assert_exercises_passed, printed_text, run_notebook

@@ -1,4 +1,5 @@
 """Notebook 03 under papermill with non-default parameters (7 ranks: odd, other sizes)."""
+
 import pytest
 from nbrun import assert_exercises_passed, printed_text, run_notebook
 

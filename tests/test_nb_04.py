@@ -1,4 +1,5 @@
 """Notebook 04 under papermill with non-default parameters (3 ranks, a short size list)."""
+
 import pytest
 from nbrun import assert_exercises_passed, printed_text, run_notebook
 
@@ -8,8 +9,14 @@ from nbrun import assert_exercises_passed, printed_text, run_notebook
 def test_notebook_04_runs_with_other_parameters():
     # world sizes {2, 3}: a non-power of two (shown, not asserted). The asserted prediction (2 ranks, fitted on
     # point-to-point exchanges, ring all-reduce at 4-16x the fitted sizes) runs whatever the sweep sizes.
-    nb = run_notebook("04_communication_cost.ipynb", world_size=3,
-                      sizes=[2**k for k in range(10, 22)], repeats=5, warmup=1, solutions=True)
+    nb = run_notebook(
+        "04_communication_cost.ipynb",
+        world_size=3,
+        sizes=[2**k for k in range(10, 22)],
+        repeats=5,
+        warmup=1,
+        solutions=True,
+    )
     text = printed_text(nb)
     assert "check passed: α, β from point-to-point exchanges" in text and "of the memory-copy bandwidth" in text
     assert_exercises_passed(text, 1)

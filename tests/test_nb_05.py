@@ -1,4 +1,5 @@
 """Notebook 05 under papermill with a world size that does not divide 2 (3 ranks)."""
+
 import pytest
 from nbrun import assert_exercises_passed, printed_text, run_notebook
 

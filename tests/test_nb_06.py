@@ -1,5 +1,6 @@
 """Notebook 06 under papermill on 5 ranks: shards need padding (unit sizes are not multiples of 5), modelled
 to the byte, and the bytes on the wire match gloo's algorithms."""
+
 import pytest
 from nbrun import assert_exercises_passed, printed_text, run_notebook
 

@@ -1,6 +1,7 @@
 """Notebook 07 under papermill with a non-default tensor-parallel degree (the defaults, t = 4, run
 under nbval): every check cell must pass with t = 3 as well (3 does not divide 8 heads: the sizes derive
 from t), with sizes derived from the parameters."""
+
 import pytest
 
 from nbrun import assert_exercises_passed, printed_text, run_notebook

@@ -1,5 +1,6 @@
 """Notebook 08 under papermill with a non-default, odd world size (the defaults run under nbval;
 DualPipe needs an even p and is skipped with a message)."""
+
 import pytest
 
 from nbrun import assert_exercises_passed, printed_text, run_notebook

@@ -1,6 +1,7 @@
 """Notebook 09 under papermill at another world size with the worked solutions on (the defaults,
 2 ranks and solutions off, run under nbval): every check must pass with 4 ranks too, sizes derived
 from ``world_size``, and the exercises' solutions must pass their own checks."""
+
 import pytest
 from nbrun import printed_text, run_notebook
 

@@ -1,5 +1,6 @@
 """Notebook 11 under papermill with non-default parameters (the defaults run under nbval): another
 preset and sequence length, another GPU and cluster, 3 ranks for the quick ladder, another seed."""
+
 import pytest
 
 from nbrun import assert_exercises_passed, printed_text, run_notebook
@@ -7,9 +8,17 @@ from nbrun import assert_exercises_passed, printed_text, run_notebook
 
 @pytest.mark.notebook
 def test_compute_and_scaling_laws_notebook_other_preset_three_ranks():
-    nb = run_notebook("11_compute_and_scaling_laws.ipynb", world_size=3, preset_name="llama-3.1-8b",
-                      seq_len=8192, gpu_name="H100-SXM", n_gpus=1024, mfu_assumed=0.35, seed=1,
-                      solutions=True)
+    nb = run_notebook(
+        "11_compute_and_scaling_laws.ipynb",
+        world_size=3,
+        preset_name="llama-3.1-8b",
+        seq_len=8192,
+        gpu_name="H100-SXM",
+        n_gpus=1024,
+        mfu_assumed=0.35,
+        seed=1,
+        solutions=True,
+    )
     text = printed_text(nb)
     assert "llama-3.1-8b: 8,030,261,248 parameters" in text  # Llama Team 2024 Table 3 shape, exact count
     assert "FlopCounterMode == formula, exactly, forward and backward" in text

@@ -1,4 +1,5 @@
 """Notebook 12 under papermill with 8 ranks and the worked solutions (the defaults run under nbval)."""
+
 import pytest
 
 from nbrun import printed_text, run_notebook

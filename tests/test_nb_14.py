@@ -1,4 +1,5 @@
 """Notebook 14 under papermill with another block size, another seed and the worked solutions."""
+
 import pytest
 from nbrun import printed_text, run_notebook
 

@@ -1,4 +1,5 @@
 """Notebook 16 under papermill with another k, another seed and the worked solutions."""
+
 import pytest
 from nbrun import printed_text, run_notebook
 

@@ -1,4 +1,5 @@
 """Notebook 20 under papermill: two seeds with the worked solutions filled in and checked."""
+
 import pytest
 from nbrun import printed_text, run_notebook
 

@@ -1,6 +1,7 @@
 """The overlap check of notebook 02 (``mlsys_nb.comm.overlap``): a non-blocking send overlaps a
 CPU-free wait of the same length (non-blocking <= 0.8 x blocking), and the same check FAILS when the
 "non-blocking" variant really blocks (the idea broken)."""
+
 import pytest
 
 import mlsys_nb

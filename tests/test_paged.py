@@ -1,5 +1,6 @@
 """The paged KV cache: attention through block tables equals contiguous SDPA; the block manager's
 sharing, copy-on-write, prefix hashing and errors keep its invariants and every sequence's contents."""
+
 import copy
 import math
 import random
@@ -26,7 +27,7 @@ def contiguous_reference(q, k_full, v_full, lens):
         k = k_full[i, :, :n].repeat_interleave(h // k_full.shape[1], dim=0)[None]
         v = v_full[i, :, :n].repeat_interleave(h // v_full.shape[1], dim=0)[None]
         mask = torch.ones(q_len, n, dtype=torch.bool).tril(diagonal=n - q_len)
-        outs.append(F.scaled_dot_product_attention(q[i:i + 1], k, v, attn_mask=mask))
+        outs.append(F.scaled_dot_product_attention(q[i : i + 1], k, v, attn_mask=mask))
     return torch.cat(outs)
 
 
@@ -41,8 +42,8 @@ def scatter_into_blocks(k_full, lens, block_size, num_blocks, gen):
         for j in range(need[i]):
             blk = ids.pop()
             tables[i, j] = blk
-            chunk = k_full[i, :, j * block_size:min((j + 1) * block_size, int(lens[i]))].transpose(0, 1)
-            pool[blk, :chunk.shape[0]] = chunk
+            chunk = k_full[i, :, j * block_size : min((j + 1) * block_size, int(lens[i]))].transpose(0, 1)
+            pool[blk, : chunk.shape[0]] = chunk
     return pool, tables
 
 
@@ -83,6 +84,7 @@ def test_paged_attention_check_fails_with_a_wrong_block_table():
 
 # ---- block manager -------------------------------------------------------------------------------
 
+
 class Shadow:
     """An independent model of what the K/V pool holds: each slot stores the token id written there.
 
@@ -121,8 +123,9 @@ def random_ops(m: BlockManager, rng: random.Random, steps: int, vocab: int):
         before = snapshot(m)
         try:
             if op == "alloc":
-                toks = rng.choice(prefixes)[:rng.randrange(1, 40)] + [rng.randrange(vocab)
-                                                                     for _ in range(rng.randrange(0, 20))]
+                toks = rng.choice(prefixes)[: rng.randrange(1, 40)] + [
+                    rng.randrange(vocab) for _ in range(rng.randrange(0, 20))
+                ]
                 cached = m.allocate(next_id, toks)
                 assert cached % m.block_size == 0 and cached < len(toks)
                 shadow.write_new(next_id, cached)
@@ -211,8 +214,8 @@ def test_prefix_caching_shares_exactly_the_full_blocks_of_the_common_prefix():
         got = m.allocate("b", b)
         lcp = len(common)  # independent count: full blocks inside the common prefix, never the last token
         assert got == min(lcp, len(b) - 1) // bs * bs
-        assert m.block_table("a")[:got // bs] == m.block_table("b")[:got // bs]
-        assert not set(m.block_table("a")[got // bs:]) & set(m.block_table("b")[got // bs:])
+        assert m.block_table("a")[: got // bs] == m.block_table("b")[: got // bs]
+        assert not set(m.block_table("a")[got // bs :]) & set(m.block_table("b")[got // bs :])
         m.check_invariants()
 
 
@@ -248,6 +251,7 @@ def test_decode_filled_blocks_become_cached():
 
 # ---- bad input -----------------------------------------------------------------------------------
 
+
 def test_bad_input_names_value_and_limit_and_changes_nothing():
     m = BlockManager(6, 4, max_seq_len=20)
     m.allocate("a", range(10))
@@ -255,8 +259,11 @@ def test_bad_input_names_value_and_limit_and_changes_nothing():
     before = snapshot(m)
     cases = [
         (lambda: m.allocate("x", range(21)), ValueError, r"prompt of 21 tokens exceeds the context max_seq_len=20"),
-        (lambda: BlockManager(3, 4, max_seq_len=64).allocate("x", range(13)), ValueError,
-         r"needs 4 blocks of 4 tokens but the block budget is num_blocks=3"),
+        (
+            lambda: BlockManager(3, 4, max_seq_len=64).allocate("x", range(13)),
+            ValueError,
+            r"needs 4 blocks of 4 tokens but the block budget is num_blocks=3",
+        ),
         (lambda: m.free_block(m.block_table("a")[0]), ValueError, r"still referenced: ref_count=2 .*\['a', 'b'\]"),
         (lambda: m.free_block(m.free and next(iter(m.free))), ValueError, "already free"),
         (lambda: m.free_block(6), ValueError, r"block_id=6: must be in \[0, 6\)"),
@@ -277,8 +284,9 @@ def test_bad_input_names_value_and_limit_and_changes_nothing():
     m.check_invariants()
 
 
-@pytest.mark.parametrize("args", [{"num_blocks": 0}, {"block_size": 0}, {"max_seq_len": 0},
-                                  {"num_blocks": 2.5}, {"block_size": True}])
+@pytest.mark.parametrize(
+    "args", [{"num_blocks": 0}, {"block_size": 0}, {"max_seq_len": 0}, {"num_blocks": 2.5}, {"block_size": True}]
+)
 def test_constructor_rejects_bad_sizes(args):
     kw = {"num_blocks": 4, "block_size": 4} | args
     name = next(iter(args))
@@ -287,6 +295,7 @@ def test_constructor_rejects_bad_sizes(args):
 
 
 # ---- fragmentation -------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("block_size", [1, 8, 16, 32])
 def test_fragmentation_waste_per_sequence_is_below_a_block(block_size):
@@ -300,6 +309,7 @@ def test_fragmentation_waste_per_sequence_is_below_a_block(block_size):
 
 
 # ---- PagedKVCache: the object the model calls ------------------------------------------------------
+
 
 def test_paged_kv_cache_attend_equals_full_causal_attention_over_prefill_fork_and_decode():
     """Drive the protocol (plan, begin, attend, commit) as a 2-layer model would, with random q/k/v per
@@ -326,8 +336,8 @@ def test_paged_kv_cache_attend_equals_full_causal_attention_over_prefill_fork_an
                 hk, hv = hist[s][layer]
                 hist[s][layer] = (torch.cat([hk, k[i]], 1), torch.cat([hv, v[i]], 1))
                 kk, vv = hist[s][layer]
-                ref = contiguous_reference(q[i:i + 1], kk[None], vv[None], torch.tensor([kk.shape[1]]))
-                assert (out[i:i + 1] - ref).abs().max() < 1e-6
+                ref = contiguous_reference(q[i : i + 1], kk[None], vv[None], torch.tensor([kk.shape[1]]))
+                assert (out[i : i + 1] - ref).abs().max() < 1e-6
         cache.commit()
 
     for s, first in (("a", 100), ("b", 200)):
@@ -349,13 +359,13 @@ def tiny_model(n_heads=4, n_kv=2, seed=0, seq_len=64):
     from mlsys_nb.models import Transformer
 
     torch.manual_seed(seed)
-    cfg = ModelConfig(n_layers=2, hidden=8 * n_heads, n_heads=n_heads, n_kv_heads=n_kv, vocab_size=61,
-                      seq_len=seq_len)
+    cfg = ModelConfig(n_layers=2, hidden=8 * n_heads, n_heads=n_heads, n_kv_heads=n_kv, vocab_size=61, seq_len=seq_len)
     return Transformer(cfg).eval()
 
 
-@pytest.mark.parametrize("heads,block_size,seed", [((4, 4), 3, 0), ((4, 2), 16, 1), ((4, 1), 1, 2)],
-                         ids=["MHA", "GQA", "MQA"])
+@pytest.mark.parametrize(
+    "heads,block_size,seed", [((4, 4), 3, 0), ((4, 2), 16, 1), ((4, 1), 1, 2)], ids=["MHA", "GQA", "MQA"]
+)
 @torch.no_grad()
 def test_paged_decode_equals_contiguous_cache_and_full_recompute(heads, block_size, seed):
     """The package's Transformer: prefill + greedy-free decode of a batch through PagedKVCache gives the
@@ -375,8 +385,8 @@ def test_paged_decode_equals_contiguous_cache_and_full_recompute(heads, block_si
     out_p, out_c = [m(x[:, :prompt], cache=paged)], [m(x[:, :prompt], cache=contiguous)]
     for t in range(prompt, total):
         paged.append_tokens({i: int(x[i, t]) for i in range(b)})
-        out_p.append(m(x[:, t:t + 1], cache=paged))
-        out_c.append(m(x[:, t:t + 1], cache=contiguous))
+        out_p.append(m(x[:, t : t + 1], cache=paged))
+        out_c.append(m(x[:, t : t + 1], cache=contiguous))
     out_p, out_c = torch.cat(out_p, 1), torch.cat(out_c, 1)
     torch.testing.assert_close(out_p, out_c, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out_p, m(x), rtol=1e-5, atol=1e-5)
@@ -416,13 +426,13 @@ def test_prefix_cache_hits_fork_and_ragged_chunked_prefill_through_the_model():
         start_r2 = cache.computed["r2"]
         rows = [[seqs[s][-1]] + [0] * (max(n_new) - 1) for s in ids[:3]]
         if "r2" in ids:
-            rows.append(seqs["r2"][start_r2:start_r2 + n_new[3]] + [0] * (max(n_new) - n_new[3]))
+            rows.append(seqs["r2"][start_r2 : start_r2 + n_new[3]] + [0] * (max(n_new) - n_new[3]))
         cache.plan(ids, n_new)
         out = m(torch.tensor(rows), cache=cache)
         for i, sid in enumerate(ids):
             upto = cache.computed[sid]
-            ref = m(torch.tensor([seqs[sid][:upto]]))[0, upto - n_new[i]:upto]
-            torch.testing.assert_close(out[i, :n_new[i]], ref, rtol=1e-5, atol=1e-5)
+            ref = m(torch.tensor([seqs[sid][:upto]]))[0, upto - n_new[i] : upto]
+            torch.testing.assert_close(out[i, : n_new[i]], ref, rtol=1e-5, atol=1e-5)
         cache.manager.check_invariants()
     assert cache.computed["r2"] == len(seqs["r2"])
 

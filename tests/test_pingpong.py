@@ -1,6 +1,7 @@
 """``mlsys_nb.comm.pingpong``: the predictions are the algorithm's step counts written out (pure, no
 ranks), and a wrong algorithm's prediction differs enough to be caught (notebook 04 asserts both
 against measurement)."""
+
 import numpy as np
 import pytest
 

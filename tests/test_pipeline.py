@@ -1,5 +1,6 @@
 """Pipeline schedules and simulator (single process): golden traces of the papers' op orders, closed
 forms over a grid of (p, m, v), validation catching broken schedules, PyTorch's own op orders."""
+
 import math
 
 import pytest
@@ -14,8 +15,10 @@ r0: F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7
 r1: F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7
 r2: F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7
 r3: F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7"""
-GOLDEN_INTERLEAVED_R0 = ("F0.0 F0.1 F0.2 F0.3 F1.0 F1.1 F1.2 F1.3 F0.4 F0.5 F0.6 B1.0 F0.7 B1.1 F1.4 "
-                         "B1.2 F1.5 B1.3 F1.6 B0.0 F1.7 B0.1 B0.2 B0.3 B1.4 B1.5 B1.6 B1.7 B0.4 B0.5 B0.6 B0.7")
+GOLDEN_INTERLEAVED_R0 = (
+    "F0.0 F0.1 F0.2 F0.3 F1.0 F1.1 F1.2 F1.3 F0.4 F0.5 F0.6 B1.0 F0.7 B1.1 F1.4 "
+    "B1.2 F1.5 B1.3 F1.6 B0.0 F1.7 B0.1 B0.2 B0.3 B1.4 B1.5 B1.6 B1.7 B0.4 B0.5 B0.6 B0.7"
+)
 GOLDEN_ZBH1 = """\
 r0: F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7
 r1: F0 F1 F2 B0 F3 B1 W0 F4 B2 W1 F5 B3 W2 F6 B4 W3 F7 B5 W4 B6 W5 B7 W6 W7
@@ -30,7 +33,8 @@ r3: F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 W0 F7 B7 W1 W2 W3 W4 W5 W6 W7"""
 GOLDEN_DUALPIPEV_R0 = (
     "F0.0 F0.1 F0.2 F0.3 F0.4 F0.5 F0.6 F1.0 Bz1.0 W1.0 F1.1 Bz1.1 W1.1 F1.2 Bz1.2 W1.2 F1.3 [F0.7+B1.3] "
     "[F1.4+B0.0] [F0.8+B1.4] [F1.5+B0.1] [F0.9+B1.5] [F1.6+B0.2] B1.6 [F1.7+B0.3] B1.7 [F1.8+B0.4] B1.8 "
-    "[F1.9+B0.5] B1.9 Bz0.6 W0.6 Bz0.7 W0.7 Bz0.8 W0.8 Bz0.9 W0.9")
+    "[F1.9+B0.5] B1.9 Bz0.6 W0.6 Bz0.7 W0.7 Bz0.8 W0.8 Bz0.9 W0.9"
+)
 
 
 def _plain(sched, r):
@@ -51,15 +55,18 @@ def test_golden_traces_match_papers():
     assert txt == GOLDEN_DUALPIPEV_R0
 
 
-@pytest.mark.parametrize("name,p,m,costs,makespan,busy", [
-    ("1f1b", 4, 8, dict(F=1, B=2), 33, 24),
-    ("gpipe", 4, 8, dict(F=1, B=2), 33, 24),
-    ("interleaved-1f1b", 4, 8, dict(F=1, B=2), 28.5, 24),
-    ("zb-h1", 4, 8, dict(F=1, B=1, W=1), 27, 24),
-    ("zbv", 4, 8, dict(F=2, B=2, W=2), 51, 48),  # golden is per half-size chunk: F = I = W = 1
-    ("dualpipev", 4, 10, dict(F=2, B=2, W=2, FB=6), 66, 60),  # per chunk F=1, B=2, W=1, F&B=3
-    ("dualpipe", 8, 20, dict(F=1, B=1, W=1, FB=3), 66, 60),
-])
+@pytest.mark.parametrize(
+    "name,p,m,costs,makespan,busy",
+    [
+        ("1f1b", 4, 8, dict(F=1, B=2), 33, 24),
+        ("gpipe", 4, 8, dict(F=1, B=2), 33, 24),
+        ("interleaved-1f1b", 4, 8, dict(F=1, B=2), 28.5, 24),
+        ("zb-h1", 4, 8, dict(F=1, B=1, W=1), 27, 24),
+        ("zbv", 4, 8, dict(F=2, B=2, W=2), 51, 48),  # golden is per half-size chunk: F = I = W = 1
+        ("dualpipev", 4, 10, dict(F=2, B=2, W=2, FB=6), 66, 60),  # per chunk F=1, B=2, W=1, F&B=3
+        ("dualpipe", 8, 20, dict(F=1, B=1, W=1, FB=3), 66, 60),
+    ],
+)
 def test_golden_makespans(name, p, m, costs, makespan, busy):
     r = simulate(schedule(name, p, m), **costs)
     assert r.makespan == pytest.approx(makespan) and r.busy[0] == pytest.approx(busy)
@@ -146,8 +153,11 @@ def test_timeline_respects_dependencies_and_order():
             if row.kind == "F" and row.stage > 0:
                 assert row.start >= ends[("F", row.microbatch, row.stage - 1)] - 1e-9
             if row.kind == "B":
-                dep = ("B", row.microbatch, row.stage + 1) if row.stage < s.n_stages - 1 else \
-                    ("F", row.microbatch, row.stage)
+                dep = (
+                    ("B", row.microbatch, row.stage + 1)
+                    if row.stage < s.n_stages - 1
+                    else ("F", row.microbatch, row.stage)
+                )
                 assert row.start >= ends[dep] - 1e-9, (name, row)
             if row.kind == "W":
                 assert row.start >= ends[("B", row.microbatch, row.stage)] - 1e-9
@@ -185,16 +195,24 @@ def test_send_recv_lowering_pairs_up():
         recvs = [(a.kind[-1], a.microbatch, a.peer, r) for r, a in acts if a.kind.startswith("RECV")]
         assert sorted(sends) == sorted(recvs) and sends, name
         # every cross-rank boundary of every micro-batch carries one activation and one gradient
-        expected = sum(1 for j in range(8) for st in range(s.n_stages - 1)
-                       if s.rank_of(j, st) != s.rank_of(j, st + 1))
+        expected = sum(1 for j in range(8) for st in range(s.n_stages - 1) if s.rank_of(j, st) != s.rank_of(j, st + 1))
         assert sum(1 for x in sends if x[0] == "F") == expected == sum(1 for x in sends if x[0] == "B")
 
 
-@pytest.mark.parametrize("name,p,m,v", [
-    ("gpipe", 4, 8, None), ("interleaved-1f1b", 4, 8, 2), ("interleaved-1f1b", 3, 9, 3),
-    ("zb-h1", 4, 8, None), ("zb-h1", 3, 6, None), ("zbv", 4, 8, None), ("zbv", 3, 4, None),
-    ("dualpipev", 4, 10, None), ("dualpipev", 3, 8, None),
-])
+@pytest.mark.parametrize(
+    "name,p,m,v",
+    [
+        ("gpipe", 4, 8, None),
+        ("interleaved-1f1b", 4, 8, 2),
+        ("interleaved-1f1b", 3, 9, 3),
+        ("zb-h1", 4, 8, None),
+        ("zb-h1", 3, 6, None),
+        ("zbv", 4, 8, None),
+        ("zbv", 3, 4, None),
+        ("dualpipev", 4, 10, None),
+        ("dualpipev", 3, 8, None),
+    ],
+)
 def test_same_order_as_torch_pipelining(name, p, m, v):
     assert schedule(name, p, m, v).compute == torch_order(name, p, m, v)
 
@@ -211,13 +229,21 @@ def test_1f1b_differs_from_torch_only_by_its_last_rank_index_bug():
     assert set(TORCH_CLASSES) == set(SCHEDULES) - {"zb-h2", "dualpipe"}
 
 
-@pytest.mark.parametrize("args,match", [
-    (("nope", 4, 8), "schedule must be"), (("1f1b", 0, 8), "p must be"), (("1f1b", 4, 0), "m must be"),
-    (("1f1b", 4, 8, 2), "v must be 1"), (("interleaved-1f1b", 4, 6, 2), "multiple of p"),
-    (("interleaved-1f1b", 4, 8, 1), "v must be"), (("zbv", 4, 8, 3), "v must be 2"),
-    (("dualpipe", 3, 12), "even number of ranks"), (("dualpipe", 4, 6), "m >= 2p"),
-    (("dualpipev", 4, 7), "m >= 2p"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (("nope", 4, 8), "schedule must be"),
+        (("1f1b", 0, 8), "p must be"),
+        (("1f1b", 4, 0), "m must be"),
+        (("1f1b", 4, 8, 2), "v must be 1"),
+        (("interleaved-1f1b", 4, 6, 2), "multiple of p"),
+        (("interleaved-1f1b", 4, 8, 1), "v must be"),
+        (("zbv", 4, 8, 3), "v must be 2"),
+        (("dualpipe", 3, 12), "even number of ranks"),
+        (("dualpipe", 4, 6), "m >= 2p"),
+        (("dualpipev", 4, 7), "m >= 2p"),
+    ],
+)
 def test_bad_arguments_name_the_parameter(args, match):
     with pytest.raises(ScheduleError, match=match):
         schedule(*args)

@@ -1,6 +1,7 @@
 """The simulator's per-op all-to-all cost (``simulate(..., a2a=...)``): expert-parallel dispatch and
 combine sit inside every forward and input-gradient backward; DualPipe's overlapped FB pairs hide
 one half's all-to-all behind the other half's compute (DeepSeek-V3, arXiv:2412.19437, Sec. 3.2.1)."""
+
 import pytest
 
 from mlsys_nb.pipeline import schedule, simulate

@@ -1,5 +1,6 @@
 """Every schedule executed on 4 real gloo ranks (one launch): gradients equal the unpipelined
 model's, each rank ran exactly its schedule's order, and the measured timeline is causal."""
+
 import pytest
 
 from mlsys_nb.pipeline import SCHEDULES, simulate
@@ -8,8 +9,9 @@ from mlsys_nb.pipeline.executor import run_schedules
 
 @pytest.fixture(scope="module")
 def runs():
-    return run_schedules(SCHEDULES, world_size=4, m=8, hidden=16, microbatch_size=3, seed=3,
-                         backend="gloo", timeout=180)
+    return run_schedules(
+        SCHEDULES, world_size=4, m=8, hidden=16, microbatch_size=3, seed=3, backend="gloo", timeout=180
+    )
 
 
 @pytest.mark.slow
@@ -39,7 +41,17 @@ def test_real_order_and_causality(runs):
 @pytest.mark.slow
 def test_transformer_blocks_on_two_ranks():
     """The same check with the package's Llama-style transformer blocks, on 2 ranks (one launch)."""
-    runs = run_schedules(SCHEDULES, world_size=2, m=4, block="transformer", hidden=16, seq_len=5,
-                         microbatch_size=2, seed=1, backend="gloo", timeout=180)
+    runs = run_schedules(
+        SCHEDULES,
+        world_size=2,
+        m=4,
+        block="transformer",
+        hidden=16,
+        seq_len=5,
+        microbatch_size=2,
+        seed=1,
+        backend="gloo",
+        timeout=180,
+    )
     for name, run in runs.items():
         assert run.grad_error < 1e-5 and run.order_matches() and run.causal(), (name, run.grad_error)

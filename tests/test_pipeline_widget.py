@@ -1,5 +1,6 @@
 """The pipeline widget headless: controls change the table and the figure; invalid combinations
 show a message instead of raising; state round-trips."""
+
 import json
 
 import pandas as pd

@@ -1,5 +1,6 @@
 """The 5D planner (mlsys_nb.planner): rules, the cost model against hand formulas, uneven pipeline
 stages, the error for infeasible inputs, and two published layouts (Llama 3 405B, DeepSeek-V3)."""
+
 import math
 
 import pytest
@@ -16,8 +17,15 @@ LLAMA_MFU = 0.41
 # DeepSeek-AI 2024 (arXiv:2412.19437): 2,048 H800, PP16 (DualPipe), EP64, ZeRO-1 DP, no TP (§3.2); batch 15,360
 # sequences of 4,096 tokens (§4.2); all-to-all: each token reaches at most 4 nodes (node-limited routing, §2.1.2),
 # dispatched in FP8 and combined in BF16 (§3.3): ep_copies=4, ep_bytes=1.5 on the wire.
-DSV3 = dict(gpus=2048, gpu="H800-SXM", global_batch_tokens=15360 * 4096, seq_len=4096, precision="fp8-dsv3",
-            ep_copies=4, ep_bytes=1.5)
+DSV3 = dict(
+    gpus=2048,
+    gpu="H800-SXM",
+    global_batch_tokens=15360 * 4096,
+    seq_len=4096,
+    precision="fp8-dsv3",
+    ep_copies=4,
+    ep_bytes=1.5,
+)
 DSV3_PUB = dict(tp=1, cp=1, pp=16, ep=64, dp=128)
 DSV3_TOKENS, DSV3_GPU_HOURS = 14.8e12, 2.664e6  # pre-training tokens and H800 GPU-hours (Table 1)
 
@@ -47,10 +55,21 @@ def test_memory_column_is_the_heaviest_stage_estimate(small):
     """memory_bytes = the largest of the per-stage estimates (each stage asked separately)."""
     cfg = memory.preset("llama-3-8b")
     for r in small[small.pp > 1].head(5).itertuples():
-        t = TrainConfig(micro_batch=r.micro_batch, seq_len=4096, recompute=r.recompute, dp=r.dp, tp=r.tp,
-                        sp=r.tp > 1, pp=r.pp, pp_schedule=r.schedule,
-                        virtual_stages=r.v if r.schedule == "interleaved-1f1b" else 1,
-                        n_microbatches=256 // (r.dp * r.micro_batch), cp=r.cp, zero=r.zero, overhead_bytes=4e9)
+        t = TrainConfig(
+            micro_batch=r.micro_batch,
+            seq_len=4096,
+            recompute=r.recompute,
+            dp=r.dp,
+            tp=r.tp,
+            sp=r.tp > 1,
+            pp=r.pp,
+            pp_schedule=r.schedule,
+            virtual_stages=r.v if r.schedule == "interleaved-1f1b" else 1,
+            n_microbatches=256 // (r.dp * r.micro_batch),
+            cp=r.cp,
+            zero=r.zero,
+            overhead_bytes=4e9,
+        )
         per_stage = [memory.estimate(cfg, t, stage=s).total for s in range(r.pp)]
         assert r.memory_bytes == pytest.approx(max(per_stage), rel=1e-12)
 
@@ -102,15 +121,44 @@ def test_checks_fail_when_the_idea_is_broken(monkeypatch, small):
 
 
 def test_tp_and_other_groups_use_their_links():
-    plan = planner.evaluate("llama-3.1-70b", gpus=64, gpu="H100-SXM", global_batch_tokens=512 * 4096, seq_len=4096,
-                            tp=8, pp=2, dp=4, zero=1, recompute="full", schedule="1f1b")
+    plan = planner.evaluate(
+        "llama-3.1-70b",
+        gpus=64,
+        gpu="H100-SXM",
+        global_batch_tokens=512 * 4096,
+        seq_len=4096,
+        tp=8,
+        pp=2,
+        dp=4,
+        zero=1,
+        recompute="full",
+        schedule="1f1b",
+    )
     assert plan.links["tp"] == "nvlink4"
     assert plan.links["dp"] == "infiniband-ndr" and plan.links["pp"] == "infiniband-ndr"
-    small_job = planner.evaluate("llama-3-8b", gpus=8, gpu="H100-SXM", global_batch_tokens=64 * 4096, seq_len=4096,
-                                 tp=2, dp=4, zero=1, recompute="full")
+    small_job = planner.evaluate(
+        "llama-3-8b",
+        gpus=8,
+        gpu="H100-SXM",
+        global_batch_tokens=64 * 4096,
+        seq_len=4096,
+        tp=2,
+        dp=4,
+        zero=1,
+        recompute="full",
+    )
     assert small_job.links["dp"] == "nvlink4"  # dp x tp = 8 fits in a node
-    h800 = planner.evaluate("llama-3-8b", gpus=8, gpu="H800-SXM", global_batch_tokens=64 * 4096, seq_len=4096,
-                            tp=2, dp=4, zero=1, recompute="full")
+    h800 = planner.evaluate(
+        "llama-3-8b",
+        gpus=8,
+        gpu="H800-SXM",
+        global_batch_tokens=64 * 4096,
+        seq_len=4096,
+        tp=2,
+        dp=4,
+        zero=1,
+        recompute="full",
+    )
     assert h800.links["tp"] == "nvlink4-h800" and h800.time["TP comm"] > small_job.time["TP comm"]
 
 
@@ -157,33 +205,61 @@ def test_dualpipe_rank_holds_two_stages():
 
 
 # ---- errors ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("kw,match", [
-    (dict(global_batch_tokens=1000), "global_batch_tokens"),
-    (dict(gpus=0), "gpus"),
-    (dict(gpu="B300"), "B300"),
-    (dict(compute_efficiency=2.0), "compute_efficiency"),
-    (dict(dp_overlap=-0.1), "dp_overlap"),
-    (dict(precision="fp4"), "precision"),
-    (dict(tp=16), "gpus_per_node"),
-    (dict(zero=5), "zero"),
-    (dict(bogus=1), "bogus"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(global_batch_tokens=1000), "global_batch_tokens"),
+        (dict(gpus=0), "gpus"),
+        (dict(gpu="B300"), "B300"),
+        (dict(compute_efficiency=2.0), "compute_efficiency"),
+        (dict(dp_overlap=-0.1), "dp_overlap"),
+        (dict(precision="fp4"), "precision"),
+        (dict(tp=16), "gpus_per_node"),
+        (dict(zero=5), "zero"),
+        (dict(bogus=1), "bogus"),
+    ],
+)
 def test_bad_inputs_are_explained(kw, match):
     with pytest.raises((ValueError, KeyError, TypeError), match=match):
         planner.search("llama-3-8b", **{**SMALL, **kw})
 
 
 def test_infeasible_names_the_smallest_shortfall():
-    kw = dict(gpus=8, gpu="A100-40GB-SXM", global_batch_tokens=64 * 4096, seq_len=4096, tp=8, pp=1,
-              zero=(0, 1), recompute=("none", "full"), micro_batch=(1, 2))
+    kw = dict(
+        gpus=8,
+        gpu="A100-40GB-SXM",
+        global_batch_tokens=64 * 4096,
+        seq_len=4096,
+        tp=8,
+        pp=1,
+        zero=(0, 1),
+        recompute=("none", "full"),
+        micro_batch=(1, 2),
+    )
     with pytest.raises(ValueError, match=r"GB too much") as e:
         planner.search("llama-3.1-70b", **kw)
     # brute force over the same space: the smallest need
     cfg = memory.preset("llama-3.1-70b")
-    needs = [memory.estimate(cfg, TrainConfig(micro_batch=mb, seq_len=4096, dp=1, tp=8, sp=True, zero=z,
-                                              recompute=r, n_microbatches=64 // mb, gpu="A100-40GB-SXM",
-                                              overhead_bytes=4e9)).total
-             for z in (0, 1) for r in ("none", "full") for mb in (1, 2)]
+    needs = [
+        memory.estimate(
+            cfg,
+            TrainConfig(
+                micro_batch=mb,
+                seq_len=4096,
+                dp=1,
+                tp=8,
+                sp=True,
+                zero=z,
+                recompute=r,
+                n_microbatches=64 // mb,
+                gpu="A100-40GB-SXM",
+                overhead_bytes=4e9,
+            ),
+        ).total
+        for z in (0, 1)
+        for r in ("none", "full")
+        for mb in (1, 2)
+    ]
     assert f"needs {min(needs) / 1e9:.1f} GB" in str(e.value)
 
 

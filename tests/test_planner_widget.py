@@ -1,4 +1,5 @@
 """The planner widget (dashboard "Planner" tab), driven headless by setting control values."""
+
 import pytest
 
 from mlsys_nb import planner
@@ -10,8 +11,7 @@ SMALL = {"model": "llama-3-8b", "gpus": 16, "seq_len": 4096, "sequences": 64}
 def test_widget_shows_the_planner_and_redraws():
     w = PlannerWidget(**SMALL)
     assert w.error is None
-    want = planner.search("llama-3-8b", gpus=16, gpu="H100-SXM", global_batch_tokens=64 * 4096, seq_len=4096,
-                          top=10)
+    want = planner.search("llama-3-8b", gpus=16, gpu="H100-SXM", global_batch_tokens=64 * 4096, seq_len=4096, top=10)
     assert w.table()[["dp", "tp", "pp", "step_s"]].equals(want[["dp", "tp", "pp", "step_s"]])
     bars = [p.get_width() for p in w.figure.axes[0].patches]
     assert sum(bars) == pytest.approx(want.step_s[0])  # the time bar is the best layout's step
@@ -24,8 +24,9 @@ def test_widget_shows_the_planner_and_redraws():
     assert w2.state() == w.state() and w2.table().equals(w.table())
 
 
-@pytest.mark.parametrize("bad, word", [({"sequences": 0}, "sequences"), ({"gpus": 0}, "gpus"),
-                                       ({"gpus_per_node": 0}, "gpus_per_node")])
+@pytest.mark.parametrize(
+    "bad, word", [({"sequences": 0}, "sequences"), ({"gpus": 0}, "gpus"), ({"gpus_per_node": 0}, "gpus_per_node")]
+)
 def test_invalid_input_is_shown_in_place(bad, word):
     w = PlannerWidget(**SMALL)
     w.set_state(bad)

@@ -1,5 +1,6 @@
 """PPO and policy gradients: the loss against its formula, clipping, same-step autoreset and truncation
 bootstrap on real gymnasium envs, evaluation seeding, bad input, REINFORCE variance, and (slow) CartPole to 475."""
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -7,7 +8,7 @@ import torch
 
 from mlsys_nb.rl import evaluate, pg, ppo
 
-SHORT = "mlsys_nb_test/CartPoleShort-v0"   # CartPole cut at 8 steps: nearly every episode is truncated
+SHORT = "mlsys_nb_test/CartPoleShort-v0"  # CartPole cut at 8 steps: nearly every episode is truncated
 if SHORT not in gym.registry:
     gym.register(SHORT, entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv", max_episode_steps=8)
 
@@ -30,19 +31,37 @@ def test_ppo_loss_matches_the_formula_on_random_inputs():
     np.testing.assert_allclose(float(parts["clip_fraction"]), np.mean(np.abs(rho - 1) > 0.2))
 
 
-@pytest.mark.parametrize("ratio, adv, moves", [(1.5, 1.0, False), (1.5, -1.0, True), (0.5, 1.0, True),
-                                               (0.5, -1.0, False), (1.1, 1.0, True), (0.9, -1.0, True)])
+@pytest.mark.parametrize(
+    "ratio, adv, moves",
+    [(1.5, 1.0, False), (1.5, -1.0, True), (0.5, 1.0, True), (0.5, -1.0, False), (1.1, 1.0, True), (0.9, -1.0, True)],
+)
 def test_clipping_stops_the_gradient_only_where_it_should(ratio, adv, moves):
     """Outside [1 - eps, 1 + eps] in the direction the advantage pushes, the gradient is zero (eq. 7)."""
     new = torch.tensor([np.log(ratio)], requires_grad=True)
-    loss, _ = ppo.ppo_loss(new, torch.zeros(1), torch.tensor([adv]), torch.zeros(1), torch.zeros(1), torch.zeros(1),
-                           clip=0.2, normalize=False)
+    loss, _ = ppo.ppo_loss(
+        new,
+        torch.zeros(1),
+        torch.tensor([adv]),
+        torch.zeros(1),
+        torch.zeros(1),
+        torch.zeros(1),
+        clip=0.2,
+        normalize=False,
+    )
     loss.backward()
     assert (abs(float(new.grad)) > 1e-6) == moves
     unclipped = torch.tensor([np.log(ratio)], requires_grad=True)
-    ppo.ppo_loss(unclipped, torch.zeros(1), torch.tensor([adv]), torch.zeros(1), torch.zeros(1), torch.zeros(1),
-                 clip=None, normalize=False)[0].backward()
-    assert abs(float(unclipped.grad)) > 1e-6          # without clipping it would always move
+    ppo.ppo_loss(
+        unclipped,
+        torch.zeros(1),
+        torch.tensor([adv]),
+        torch.zeros(1),
+        torch.zeros(1),
+        torch.zeros(1),
+        clip=None,
+        normalize=False,
+    )[0].backward()
+    assert abs(float(unclipped.grad)) > 1e-6  # without clipping it would always move
 
 
 def replay_env0(actions, seed):
@@ -102,7 +121,7 @@ def test_policy_is_greedy_and_accepts_one_or_many_observations():
 
 
 def test_evaluate_seeds_episode_i_with_seed_plus_i():
-    policy = ppo.Policy(model(1))   # untrained greedy policy: short episodes whose length depends on the seed
+    policy = ppo.Policy(model(1))  # untrained greedy policy: short episodes whose length depends on the seed
     together = evaluate(policy, "CartPole-v1", 4, seed=20)
     alone = np.concatenate([evaluate(policy, "CartPole-v1", 1, seed=20 + i) for i in range(4)])
     np.testing.assert_array_equal(together, alone)
@@ -138,7 +157,7 @@ def test_baselines_reduce_measured_gradient_variance():
     v = {k: e["variance"] for k, e in est.items()}
     assert v["total_return"] > 2 * v["reward_to_go"] > 2 * 1.2 * v["baseline"], v
     m1, m2 = est["reward_to_go"]["mean"], est["baseline"]["mean"]
-    assert float(m1 @ m2 / (m1.norm() * m2.norm())) > 0.9   # an unbiased baseline keeps the direction
+    assert float(m1 @ m2 / (m1.norm() * m2.norm())) > 0.9  # an unbiased baseline keeps the direction
 
 
 def test_a_short_run_improves_and_the_curve_has_its_columns():
@@ -146,7 +165,7 @@ def test_a_short_run_improves_and_the_curve_has_its_columns():
     assert list(curve.columns[:3]) == ["env_steps", "wall_s", "mean_return"]
     assert curve.env_steps.iloc[-1] == 6144 and curve.wall_s.is_monotonic_increasing
     assert curve.mean_return.iloc[-1] > 2 * curve.mean_return.dropna().iloc[0]
-    assert curve.attrs["reached"] is None   # with total_steps there is no early stop
+    assert curve.attrs["reached"] is None  # with total_steps there is no early stop
 
 
 @pytest.mark.slow

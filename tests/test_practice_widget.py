@@ -1,4 +1,5 @@
 """The Practice tab headless: answer / check / hint / reveal / new, the score, mock-interview report."""
+
 import pytest
 
 from mlsys_nb.widgets.base import Widget

@@ -1,4 +1,5 @@
 """mlsys_nb.quiz: every family draws, checks, and its key agrees with a second route."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,13 @@ def test_families_cover_every_topic_and_required_names():
     assert FAMILIES == sorted(FAMILIES)
     for t in quiz.topics():
         assert quiz.families(t), f"topic {t} has no family"
-    for name in ("pipeline.bubble_fraction", "memory.model_states", "inference.kv_cache_bytes",
-                 "flops.training_days", "comm.allreduce_time"):
+    for name in (
+        "pipeline.bubble_fraction",
+        "memory.model_states",
+        "inference.kv_cache_bytes",
+        "flops.training_days",
+        "comm.allreduce_time",
+    ):
         assert name in FAMILIES
 
 
@@ -41,10 +47,18 @@ def test_family_draws_50_seeds_checks_right_and_rejects_wrong(name):
 
 
 def test_same_seed_same_question_in_another_process():
-    code = ("import json; from mlsys_nb import quiz; "
-            "print(json.dumps([[q.text, str(q.answer)] for q in quiz.worksheet(None, 2, seed=7)]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**__import__("os").environ, "PYTHONHASHSEED": "123"}, timeout=120).stdout
+    code = (
+        "import json; from mlsys_nb import quiz; "
+        "print(json.dumps([[q.text, str(q.answer)] for q in quiz.worksheet(None, 2, seed=7)]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**__import__("os").environ, "PYTHONHASHSEED": "123"},
+        timeout=120,
+    ).stdout
     here = [[q.text, str(q.answer)] for q in quiz.worksheet(None, 2, seed=7)]
     assert json.loads(out) == here
     assert quiz.draw(topic="pipeline", seed=3).text == quiz.draw(topic="pipeline", seed=3).text
@@ -52,13 +66,27 @@ def test_same_seed_same_question_in_another_process():
     assert len({quiz.make("memory.model_states", s).text for s in range(20)}) > 5  # seeds matter
 
 
-@pytest.mark.parametrize("text,unit,value", [
-    ("3.2 GB", "bytes", 3.2e9), ("3.2GiB", "bytes", 3.2 * 2**30), ("3.2e9", "bytes", 3.2e9),
-    ("3,200 MB", "bytes", 3.2e9), ("12 ms", "seconds", 0.012), ("45%", "fraction", 0.45), ("2.5 days", "days", 2.5),
-    ("60 h", "days", 2.5), ("7B", "params", 7e9), ("1.5x", "ratio", 1.5), ("$1,000", "USD", 1000.0),
-    ("450 GB/s", "bytes/s", 450e9), ("3e21 FLOPs", "FLOPs", 3e21), ("12 us", "seconds", 12e-6),
-    ("62 count", "count", 62), ("3 micro-batches", "micro-batches", 3),
-])
+@pytest.mark.parametrize(
+    "text,unit,value",
+    [
+        ("3.2 GB", "bytes", 3.2e9),
+        ("3.2GiB", "bytes", 3.2 * 2**30),
+        ("3.2e9", "bytes", 3.2e9),
+        ("3,200 MB", "bytes", 3.2e9),
+        ("12 ms", "seconds", 0.012),
+        ("45%", "fraction", 0.45),
+        ("2.5 days", "days", 2.5),
+        ("60 h", "days", 2.5),
+        ("7B", "params", 7e9),
+        ("1.5x", "ratio", 1.5),
+        ("$1,000", "USD", 1000.0),
+        ("450 GB/s", "bytes/s", 450e9),
+        ("3e21 FLOPs", "FLOPs", 3e21),
+        ("12 us", "seconds", 12e-6),
+        ("62 count", "count", 62),
+        ("3 micro-batches", "micro-batches", 3),
+    ],
+)
 def test_parse(text, unit, value):
     assert units.parse(text, unit) == pytest.approx(value)
 
@@ -92,13 +120,18 @@ def _hand(q):
         n, S, a, b = p["n"], p["bytes"], p["alpha"], p["beta"]
         lg = math.ceil(math.log2(n))
         pw = 2 ** int(math.log2(n))
-        table = {("all_reduce", "ring"): (2 * (n - 1), 2 * (n - 1) / n), ("all_reduce", "tree"): (2 * lg, 2),
-                 ("all_reduce", "binomial_tree"): (2 * lg, 2 * lg),
-                 ("all_reduce", "rabenseifner"): (2 * lg, 2 * (n - 1) / n),
-                 ("all_reduce", "recursive_doubling"): (int(math.log2(pw)) + 2 * (pw != n),) * 2,
-                 ("all_gather", "ring"): (n - 1, (n - 1) / n), ("reduce_scatter", "ring"): (n - 1, (n - 1) / n),
-                 ("all_to_all", "pairwise"): (n - 1, (n - 1) / n), ("broadcast", "binomial_tree"): (lg, lg),
-                 ("broadcast", "pipelined_chain"): (n - 1, 1)}
+        table = {
+            ("all_reduce", "ring"): (2 * (n - 1), 2 * (n - 1) / n),
+            ("all_reduce", "tree"): (2 * lg, 2),
+            ("all_reduce", "binomial_tree"): (2 * lg, 2 * lg),
+            ("all_reduce", "rabenseifner"): (2 * lg, 2 * (n - 1) / n),
+            ("all_reduce", "recursive_doubling"): (int(math.log2(pw)) + 2 * (pw != n),) * 2,
+            ("all_gather", "ring"): (n - 1, (n - 1) / n),
+            ("reduce_scatter", "ring"): (n - 1, (n - 1) / n),
+            ("all_to_all", "pairwise"): (n - 1, (n - 1) / n),
+            ("broadcast", "binomial_tree"): (lg, lg),
+            ("broadcast", "pipelined_chain"): (n - 1, 1),
+        }
         ka, kb = table[(p["op"], p["algorithm"])]
         return ka * a + kb * S / b
     if f == "comm.ring_allreduce_bytes_sent":
@@ -127,21 +160,25 @@ def _hand(q):
         return 2 * n / (dp if z >= 3 else 1) + 2 * n / (dp if z >= 2 else 1) + 12 * n / (dp if z >= 1 else 1)
     if f == "flops.training_days":
         from mlsys_nb import hardware
+
         return 6 * p["n_params"] * p["tokens"] / (p["n_gpus"] * hardware.gpu(p["gpu"]).peak("bf16") * p["mfu"]) / 86400
     if f == "flops.training_flops":
         return 6 * p["n_params"] * p["tokens"]
     if f == "flops.mfu":
         from mlsys_nb import hardware
+
         return p["tokens_per_s"] * 6 * p["n_params"] / (p["n_gpus"] * hardware.gpu(p["gpu"]).peak("bf16"))
     if f == "scaling.twenty_rule_params":
         return math.sqrt(p["C"] / 120)
     if f == "inference.kv_cache_bytes":
         from mlsys_nb import memory
+
         c = memory.preset(p["preset"])
         b = {"bf16": 2, "fp8": 1, "fp32": 4, "int8": 1}[p["dtype"]]
         return 2 * c.n_layers * c.n_kv_heads * c.head_dim * b * p["tokens"]
     if f == "pipeline.bubble_fraction":
         from mlsys_nb import pipeline as pl
+
         cf = pl.closed_form(p["schedule"], p["p"], p["m"], p["v"], F=1.0, B=1.0, W=1.0)
         if cf["bubble_time"] is None:
             return None
@@ -160,9 +197,14 @@ def _hand(q):
         return sum(p["alpha"] ** i for i in range(p["k"] + 1))
     if f == "serving.prefix_sharing_savings":
         from mlsys_nb import memory
+
         c = memory.preset(p["preset"])
-        return (p["n"] - 1) * (p["prefix"] // p["block_size"]) * p["block_size"] * (
-            2 * c.n_layers * c.n_kv_heads * c.head_dim * 2)
+        return (
+            (p["n"] - 1)
+            * (p["prefix"] // p["block_size"])
+            * p["block_size"]
+            * (2 * c.n_layers * c.n_kv_heads * c.head_dim * 2)
+        )
     if f == "serving.paged_utilization":
         L, bs = p["lengths"], p["block_size"]
         return sum(L) / sum(math.ceil(x / bs) * bs for x in L)
@@ -185,18 +227,25 @@ def _hand(q):
         return p["bytes"] / p["seconds"] * factor
     if f in ("flops.gpu_hours", "flops.cost_usd"):
         from mlsys_nb import hardware
+
         h = 6 * p["n_params"] * p["tokens"] / (hardware.gpu(p["gpu"]).peak("bf16") * p["mfu"]) / 3600
         return h * p.get("price", 1.0)
     if f == "flops.implied_mfu":
         from mlsys_nb import hardware
+
         return 6 * p["n_params"] * p["tokens"] / (p["gpu_hours"] * 3600 * hardware.gpu(p["gpu"]).peak("bf16"))
     if f == "memory.bytes_per_param":  # params + grads + optimizer states + fp32 master, by hand
-        table = {("bf16-mixed", "adam"): 2 + 2 + 4 + 4 + 4, ("fp32", "adam"): 4 + 4 + 4 + 4,
-                 ("bf16-mixed", "sgd-momentum"): 2 + 2 + 4 + 4, ("fp32", "sgd"): 4 + 4,
-                 ("bf16-mixed", "adam-8bit"): 2 + 2 + 1 + 1 + 4}
+        table = {
+            ("bf16-mixed", "adam"): 2 + 2 + 4 + 4 + 4,
+            ("fp32", "adam"): 4 + 4 + 4 + 4,
+            ("bf16-mixed", "sgd-momentum"): 2 + 2 + 4 + 4,
+            ("fp32", "sgd"): 4 + 4,
+            ("bf16-mixed", "adam-8bit"): 2 + 2 + 1 + 1 + 4,
+        }
         return table[(p["precision"], p["optimizer"])]
     if f.startswith("scaling.") and "law" in p:
         from mlsys_nb import scaling
+
         L = scaling.law(p["law"])
         if f == "scaling.loss":
             return L.E + L.A / p["N"] ** L.alpha + L.B / p["D"] ** L.beta
@@ -207,12 +256,14 @@ def _hand(q):
         return {"scaling.chinchilla_params": n, "scaling.chinchilla_tokens": d, "scaling.tokens_per_param": d / n}[f]
     if f == "inference.kv_bytes_per_token":
         from mlsys_nb import memory
+
         c = memory.preset(p["preset"])
         if c.kv_lora_rank:
             return (c.kv_lora_rank + c.rope_head_dim) * c.n_layers * 2
         return 2 * c.n_layers * c.n_kv_heads * c.head_dim * 2
     if f == "inference.ridge_point":
         from mlsys_nb import hardware
+
         g = hardware.gpu(p["gpu"])
         return g.peak("bf16") / g.hbm_bandwidth_bytes_per_s
     if f == "serving.speculative_speedup":
@@ -221,6 +272,7 @@ def _hand(q):
         return (p["n"] - 1) * p["alpha"] + 2 * p["n_params"] / p["beta"]
     if f == "pipeline.makespan":
         from mlsys_nb import pipeline as pl
+
         bt = pl.closed_form(p["schedule"], p["p"], p["m"], p["v"], F=1.0, B=1.0, W=1.0)["bubble_time"]
         return None if bt is None else 3.0 * p["m"] + bt
     if f == "pipeline.min_microbatches":
@@ -228,15 +280,18 @@ def _hand(q):
         return max(1, math.ceil(q * (1 - t) / t - 1e-9))
     if f.startswith("pipeline.peak_activations_"):  # the closed form vs the simulator's count
         from mlsys_nb import pipeline as pl
+
         if p["schedule"] == "zbv" and p["m"] < 2 * p["p"] - 1:
             return None
         return pl.peak_in_flight(p["schedule"], p["p"], p["m"], p["v"])[0]
     if f == "layout.modelled_mfu":
         from mlsys_nb import flops, hardware, memory
+
         c = flops.flops_per_token(memory.preset(p["model"]), 4096) * p["global_batch_tokens"]
         return c / (p["gpus"] * hardware.gpu(p["gpu"]).peak("bf16") * p["step_s"])
     if f == "inference.gqa_kv_saving":
         from mlsys_nb import memory
+
         c = memory.preset(p["preset"])
         return c.n_heads / c.n_kv_heads
     if f == "serving.static_batching_utilization":
@@ -268,27 +323,76 @@ def _hand(q):
     return None
 
 
-HAND = ["comm.allreduce_time", "comm.allreduce_tree_time", "comm.allreduce_binomial_time",
-        "comm.allreduce_rabenseifner_time", "comm.allreduce_recursive_doubling_time", "comm.allgather_time",
-        "comm.reduce_scatter_time", "comm.all_to_all_time", "comm.broadcast_tree_time", "comm.broadcast_chain_time",
-        "comm.ring_allreduce_bytes_sent", "comm.allgather_bytes_sent", "comm.ring_tree_crossover",
-        "data_parallel.ddp_bytes_per_step", "data_parallel.zero_bytes_per_step", "data_parallel.zero3_vs_ddp_traffic",
-        "tensor.tp_bytes_per_layer", "tensor.sp_bytes_per_layer", "expert_context.ep_bytes_per_layer",
-        "expert_context.ep_vs_tp_moe", "expert_context.cp_causal_imbalance", "memory.model_states",
-        "flops.training_days", "flops.training_flops", "flops.mfu", "scaling.twenty_rule_params",
-        "inference.kv_cache_bytes", "pipeline.bubble_fraction", "pipeline.bubble_ratio", "pipeline.interleaving_gain",
-        "pipeline.peak_activations_gpipe", "pipeline.peak_activations_1f1b", "pipeline.peak_activations_zb_h1",
-        "serving.speculative_tokens_per_step", "serving.prefix_sharing_savings", "serving.paged_utilization",
-        "rl.gae_advantage", "expert_context.ep_all_to_all_time", "expert_context.cp_ring_bytes",
-        "tensor.tp_allreduce_time_per_layer", "comm.busbw", "flops.gpu_hours", "flops.cost_usd", "flops.implied_mfu",
-        "memory.bytes_per_param", "scaling.loss", "scaling.chinchilla_params", "scaling.chinchilla_tokens",
-        "scaling.tokens_per_param", "inference.kv_bytes_per_token", "inference.ridge_point",
-        "serving.speculative_speedup", "rl.weight_sync_time", "pipeline.makespan", "pipeline.min_microbatches",
-        "pipeline.peak_activations_interleaved_1f1b", "pipeline.peak_activations_zb_h2",
-        "pipeline.peak_activations_zbv", "layout.modelled_mfu", "inference.gqa_kv_saving",
-        "serving.static_batching_utilization", "rl.ppo_clipped_objective", "data_parallel.grad_allreduce_time",
-        "data_parallel.bucketing_speedup", "rl.grpo_advantage", "rl.dpo_loss", "rl.kl_k3_estimate",
-        "serving.overlap_scheduling_speedup"]
+HAND = [
+    "comm.allreduce_time",
+    "comm.allreduce_tree_time",
+    "comm.allreduce_binomial_time",
+    "comm.allreduce_rabenseifner_time",
+    "comm.allreduce_recursive_doubling_time",
+    "comm.allgather_time",
+    "comm.reduce_scatter_time",
+    "comm.all_to_all_time",
+    "comm.broadcast_tree_time",
+    "comm.broadcast_chain_time",
+    "comm.ring_allreduce_bytes_sent",
+    "comm.allgather_bytes_sent",
+    "comm.ring_tree_crossover",
+    "data_parallel.ddp_bytes_per_step",
+    "data_parallel.zero_bytes_per_step",
+    "data_parallel.zero3_vs_ddp_traffic",
+    "tensor.tp_bytes_per_layer",
+    "tensor.sp_bytes_per_layer",
+    "expert_context.ep_bytes_per_layer",
+    "expert_context.ep_vs_tp_moe",
+    "expert_context.cp_causal_imbalance",
+    "memory.model_states",
+    "flops.training_days",
+    "flops.training_flops",
+    "flops.mfu",
+    "scaling.twenty_rule_params",
+    "inference.kv_cache_bytes",
+    "pipeline.bubble_fraction",
+    "pipeline.bubble_ratio",
+    "pipeline.interleaving_gain",
+    "pipeline.peak_activations_gpipe",
+    "pipeline.peak_activations_1f1b",
+    "pipeline.peak_activations_zb_h1",
+    "serving.speculative_tokens_per_step",
+    "serving.prefix_sharing_savings",
+    "serving.paged_utilization",
+    "rl.gae_advantage",
+    "expert_context.ep_all_to_all_time",
+    "expert_context.cp_ring_bytes",
+    "tensor.tp_allreduce_time_per_layer",
+    "comm.busbw",
+    "flops.gpu_hours",
+    "flops.cost_usd",
+    "flops.implied_mfu",
+    "memory.bytes_per_param",
+    "scaling.loss",
+    "scaling.chinchilla_params",
+    "scaling.chinchilla_tokens",
+    "scaling.tokens_per_param",
+    "inference.kv_bytes_per_token",
+    "inference.ridge_point",
+    "serving.speculative_speedup",
+    "rl.weight_sync_time",
+    "pipeline.makespan",
+    "pipeline.min_microbatches",
+    "pipeline.peak_activations_interleaved_1f1b",
+    "pipeline.peak_activations_zb_h2",
+    "pipeline.peak_activations_zbv",
+    "layout.modelled_mfu",
+    "inference.gqa_kv_saving",
+    "serving.static_batching_utilization",
+    "rl.ppo_clipped_objective",
+    "data_parallel.grad_allreduce_time",
+    "data_parallel.bucketing_speedup",
+    "rl.grpo_advantage",
+    "rl.dpo_loss",
+    "rl.kl_k3_estimate",
+    "serving.overlap_scheduling_speedup",
+]
 
 
 @pytest.mark.parametrize("name", HAND)
@@ -308,9 +412,20 @@ def test_hand_route_catches_a_broken_key(monkeypatch):
     """The second route fails when the calculator's idea is broken (KV cache without V)."""
     from mlsys_nb.inference import kv_cache
 
-    monkeypatch.setattr(kv_cache, "kv_bytes_per_token", lambda model, dtype="bf16": 0.5 * (
-        2 * kv_cache._config(model).n_layers * kv_cache._config(model).n_kv_heads * kv_cache._config(model).head_dim
-        * kv_cache._dtype_bytes(dtype)))
+    monkeypatch.setattr(
+        kv_cache,
+        "kv_bytes_per_token",
+        lambda model, dtype="bf16": (
+            0.5
+            * (
+                2
+                * kv_cache._config(model).n_layers
+                * kv_cache._config(model).n_kv_heads
+                * kv_cache._config(model).head_dim
+                * kv_cache._dtype_bytes(dtype)
+            )
+        ),
+    )
     q = quiz.make("inference.kv_cache_bytes", 0)
     assert q.answer != pytest.approx(_hand(q), rel=1e-3)
 
@@ -350,15 +465,37 @@ def test_choice_accepts_letters_and_rejects_unknown():
 
 def test_cli_show_solutions_and_answers_file(tmp_path):
     env = {**__import__("os").environ}
-    out = subprocess.run([sys.executable, "-m", "mlsys_nb.quiz", "--topic", "pipeline", "-n", "3", "--seed", "1",
-                          "--show-solutions"], capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "mlsys_nb.quiz", "--topic", "pipeline", "-n", "3", "--seed", "1", "--show-solutions"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("Answer:") == 3
     ws = quiz.worksheet(["pipeline"], 3, seed=1)
     answers = tmp_path / "a.txt"
     answers.write_text("\n".join(str(q.answer) if q.is_choice else repr(q.answer) for q in ws) + "\n")
-    out = subprocess.run([sys.executable, "-m", "mlsys_nb.quiz", "--topic", "pipeline", "-n", "3", "--seed", "1",
-                          "--answers-file", str(answers)], capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mlsys_nb.quiz",
+            "--topic",
+            "pipeline",
+            "-n",
+            "3",
+            "--seed",
+            "1",
+            "--answers-file",
+            str(answers),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     assert "score 3/3" in out.stdout
 
@@ -403,9 +540,12 @@ def test_oom_knob_has_exactly_one_fix():
         t = TrainConfig(micro_batch=p["micro_batch"], seq_len=p["seq_len"], dp=p["dp"], zero=p["zero"], gpu=p["gpu"])
         m = memory.preset(p["model"])
         assert not memory.estimate(m, t).fits
-        changes = {"ZeRO-3": dict(zero=3), "full recompute": dict(recompute="full"),
-                   "TP = 8 with SP": dict(tp=8, sp=True),
-                   "halve the micro-batch": dict(micro_batch=max(1, t.micro_batch // 2))}
+        changes = {
+            "ZeRO-3": dict(zero=3),
+            "full recompute": dict(recompute="full"),
+            "TP = 8 with SP": dict(tp=8, sp=True),
+            "halve the micro-batch": dict(micro_batch=max(1, t.micro_batch // 2)),
+        }
         fits = [k for k in q.choices if memory.estimate(m, t.replace(**changes[k])).fits]
         assert fits == [q.answer]
 
@@ -430,7 +570,10 @@ def test_each_solution_cites_a_real_notebook_section_and_reference_entry():
             for num, title in re.findall(r"§(\d+) ([^,;(]+)", secs):
                 want = f"{num} · {title.strip()}"
                 assert any(h.replace(".", " ·", 1).startswith(want) or h.startswith(want) for h in headings[nb]), (
-                    name, nb, want)
+                    name,
+                    nb,
+                    want,
+                )
         refs = re.findall(r"#([a-z0-9-]+)", q.reference)
         assert refs, (name, q.reference)
         assert set(refs) <= anchors, (name, set(refs) - anchors)

@@ -1,5 +1,6 @@
 """The radix-tree prefix cache: hit counts equal an analytical count and a brute-force longest-common-
 prefix search; LRU eviction removes the least recently used unlocked leaves and never a locked path."""
+
 import random
 
 import pytest
@@ -55,14 +56,20 @@ def test_multi_turn_hit_rate_equals_the_analytical_count(shape):
 def test_random_prefixes_match_brute_force_longest_common_prefix(seed):
     rng = random.Random(seed)
     vocab = rng.choice([2, 3, 8])  # a tiny vocabulary makes partial edge matches and splits common
-    wl = [(None, [rng.randrange(vocab) for _ in range(rng.randrange(1, 20))],
-           [rng.randrange(vocab) for _ in range(rng.randrange(0, 5))]) for _ in range(60)]
+    wl = [
+        (
+            None,
+            [rng.randrange(vocab) for _ in range(rng.randrange(1, 20))],
+            [rng.randrange(vocab) for _ in range(rng.randrange(0, 5))],
+        )
+        for _ in range(60)
+    ]
     cache = RadixCache()
     assert serve(cache, wl) == brute_force_hits(wl)
     stored = {tuple(p + r) for _, p, r in wl}
     # every stored root-to-leaf path is an inserted sequence and every inserted one is a prefix of one
     assert set(cache.sequences()) <= stored
-    assert all(any(s[:len(x)] == x for s in cache.sequences()) for x in stored)
+    assert all(any(s[: len(x)] == x for s in cache.sequences()) for x in stored)
     assert cache.size == len({tuple(x[:i]) for x in stored for i in range(1, len(x) + 1)})
 
 
@@ -167,10 +174,15 @@ def test_radix_hits_equal_token_level_block_hashing(seed):
     from mlsys_nb.inference.paged import BlockManager
 
     rng = random.Random(seed)
-    wl = [(None, [rng.randrange(3) for _ in range(rng.randrange(2, 15))],
-           [rng.randrange(3) for _ in range(rng.randrange(0, 5))]) for _ in range(40)]
-    wl += multi_turn_workload(n_systems=2, conversations=2, turns=3, system_len=9, user_len=3, reply_len=4,
-                              first_id=10)
+    wl = [
+        (
+            None,
+            [rng.randrange(3) for _ in range(rng.randrange(2, 15))],
+            [rng.randrange(3) for _ in range(rng.randrange(0, 5))],
+        )
+        for _ in range(40)
+    ]
+    wl += multi_turn_workload(n_systems=2, conversations=2, turns=3, system_len=9, user_len=3, reply_len=4, first_id=10)
     radix, blocks = RadixCache(), BlockManager(num_blocks=2000, block_size=1)
     for i, (_, prompt, reply) in enumerate(wl):
         n, node, _ = radix.match_prefix(prompt)

@@ -1,4 +1,5 @@
 """Repository invariants: notebooks stored clean and parameterised, env files in agreement."""
+
 import json
 import re
 import tomllib

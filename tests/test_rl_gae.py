@@ -1,4 +1,5 @@
 """GAE: a hand-worked rollout, the lam = 1 / lam = 0 identities, episode boundaries, types, bad input."""
+
 import numpy as np
 import pytest
 import torch
@@ -31,8 +32,7 @@ def test_hand_worked_rollout():
     # t=2: delta = 3 + 0.5*2 - 1.5 = 2.5                      A2 = 2.5
     # t=1: delta = 2 - 1 = 1 (episode ended: no bootstrap)     A1 = 1
     # t=0: delta = 1 + 0.5*1 - 0.5 = 1                         A0 = 1 + 0.25 * 1 = 1.25
-    adv, ret = gae(np.array([1.0, 2.0, 3.0]), np.array([0.5, 1.0, 1.5]), np.array([False, True, False]), 2.0,
-                   0.5, 0.5)
+    adv, ret = gae(np.array([1.0, 2.0, 3.0]), np.array([0.5, 1.0, 1.5]), np.array([False, True, False]), 2.0, 0.5, 0.5)
     np.testing.assert_allclose(adv, [1.25, 1.0, 2.5])
     np.testing.assert_allclose(ret, [1.75, 2.0, 4.0])
 
@@ -94,8 +94,14 @@ def test_a_column_is_its_own_rollout():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_torch_in_torch_out_same_dtype_same_numbers(dtype):
     r, v, d, last = random_rollout(np.random.default_rng(5))
-    adv, ret = gae(torch.tensor(r, dtype=dtype), torch.tensor(v, dtype=dtype), torch.tensor(d), torch.tensor(last,
-                   dtype=dtype), 0.99, 0.95)
+    adv, ret = gae(
+        torch.tensor(r, dtype=dtype),
+        torch.tensor(v, dtype=dtype),
+        torch.tensor(d),
+        torch.tensor(last, dtype=dtype),
+        0.99,
+        0.95,
+    )
     assert isinstance(adv, torch.Tensor) and adv.dtype == dtype and ret.dtype == dtype and adv.shape == r.shape
     ref, _ = gae(r, v, d, last, 0.99, 0.95)
     np.testing.assert_allclose(adv.numpy(), ref, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-5)
@@ -107,10 +113,15 @@ def test_numpy_float32_stays_float32():
     assert isinstance(adv, np.ndarray) and adv.dtype == np.float32 and ret.dtype == np.float32
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"gamma": 1.5}, "gamma must be in"), ({"gamma": -0.1}, "gamma must be in"),
-    ({"lam": 1.01}, "lam must be in"), ({"lam": -1}, "lam must be in"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"gamma": 1.5}, "gamma must be in"),
+        ({"gamma": -0.1}, "gamma must be in"),
+        ({"lam": 1.01}, "lam must be in"),
+        ({"lam": -1}, "lam must be in"),
+    ],
+)
 def test_bad_gamma_lambda(kwargs, match):
     r, v, d, last = random_rollout(np.random.default_rng(7))
     args = {"gamma": 0.99, "lam": 0.95} | kwargs

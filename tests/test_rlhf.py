@@ -1,6 +1,7 @@
 """RLHF on a tiny model (mlsys_nb.rl.rlhf): the losses against hand formulas, the KL estimators against exact
 KL, rollouts against teacher forcing, bad input, and one slow run of the whole flow (SFT, reward model, PPO
 with and without the KL penalty)."""
+
 import math
 
 import pytest
@@ -79,9 +80,9 @@ def test_rollout_logprobs_equal_teacher_forcing_and_mask_ends_at_eos():
     logp, _ = R.token_logprobs(pol, ro.tokens)
     torch.testing.assert_close(ro.logprobs[ro.mask], logp[ro.mask], atol=1e-4, rtol=1e-4)
     assert (ro.logprobs[~ro.mask] == 0).all()
-    for row, m in zip(ro.tokens[:, R.PROMPT_LEN:], ro.mask):
+    for row, m in zip(ro.tokens[:, R.PROMPT_LEN :], ro.mask):
         n = int(m.sum())
-        assert (row[:n - 1] != R.EOS).all()  # no EOS inside a response; the last valid token may be EOS
+        assert (row[: n - 1] != R.EOS).all()  # no EOS inside a response; the last valid token may be EOS
         assert m[:n].all() and not m[n:].any()
 
 

@@ -1,5 +1,6 @@
 """Scaling laws against published constants (arXiv:2203.15556, 2404.10102, 2001.08361), derived allocation tables), the
 fitter's recovery of known constants, the synthetic language's exact entropy rate, and the ladder."""
+
 import numpy as np
 import pytest
 
@@ -15,13 +16,16 @@ def test_published_constants_and_allocation_exponents():
     assert set(scaling.law_names()) >= {"chinchilla", "epoch", "kaplan"}
 
 
-@pytest.mark.parametrize("name, C, N, D, ratio, L", [
-    ("chinchilla", 1e19, 2.280e8, 7.311e9, 32.07, 2.9857),
-    ("chinchilla", 1e21, 1.824e9, 9.136e10, 50.08, 2.3289),
-    ("chinchilla", 1e25, 1.168e11, 1.427e13, 122.12, 1.8453),
-    ("epoch", 1e19, 2.622e8, 6.357e9, 24.25, 2.9268),
-    ("epoch", 1e23, 2.945e10, 5.660e11, 19.22, 2.0318),
-])
+@pytest.mark.parametrize(
+    "name, C, N, D, ratio, L",
+    [
+        ("chinchilla", 1e19, 2.280e8, 7.311e9, 32.07, 2.9857),
+        ("chinchilla", 1e21, 1.824e9, 9.136e10, 50.08, 2.3289),
+        ("chinchilla", 1e25, 1.168e11, 1.427e13, 122.12, 1.8453),
+        ("epoch", 1e19, 2.622e8, 6.357e9, 24.25, 2.9268),
+        ("epoch", 1e23, 2.945e10, 5.660e11, 19.22, 2.0318),
+    ],
+)
 def test_compute_optimal_table(name, C, N, D, ratio, L):
     law = scaling.law(name)
     n, d = law.compute_optimal(C)
@@ -128,16 +132,19 @@ def test_markov_language_entropy_rate_is_exact():
     np.testing.assert_array_equal(lang.sample(3, 10, seed=5), lang.sample(3, 10, seed=5))
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda: scaling.law("gpt"), "unknown scaling law"),
-    (lambda: scaling.law("chinchilla").compute_optimal(-1), "C"),
-    (lambda: scaling.law("chinchilla").loss(0, 1e9), "N"),
-    (lambda: scaling.fit([1e6] * 3, [1e9] * 3, [3.0] * 3), "at least 5"),
-    (lambda: scaling.fit([1e6] * 6, [1e9] * 5, [3.0] * 6), "same length"),
-    (lambda: scaling.ChinchillaLaw(E=1.0, A=1.0, B=1.0, alpha=-0.1, beta=0.3), "alpha"),
-    (lambda: scaling.law("epoch").inference_optimal(1e21, -5), "inference_tokens"),
-    (lambda: MarkovLanguage(vocab=1), "vocab"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: scaling.law("gpt"), "unknown scaling law"),
+        (lambda: scaling.law("chinchilla").compute_optimal(-1), "C"),
+        (lambda: scaling.law("chinchilla").loss(0, 1e9), "N"),
+        (lambda: scaling.fit([1e6] * 3, [1e9] * 3, [3.0] * 3), "at least 5"),
+        (lambda: scaling.fit([1e6] * 6, [1e9] * 5, [3.0] * 6), "same length"),
+        (lambda: scaling.ChinchillaLaw(E=1.0, A=1.0, B=1.0, alpha=-0.1, beta=0.3), "alpha"),
+        (lambda: scaling.law("epoch").inference_optimal(1e21, -5), "inference_tokens"),
+        (lambda: MarkovLanguage(vocab=1), "vocab"),
+    ],
+)
 def test_bad_input_names_the_parameter(call, match):
     with pytest.raises((ValueError, KeyError), match=match):
         call()

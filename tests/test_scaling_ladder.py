@@ -1,5 +1,6 @@
 """The scaling ladder: budgets become exact-FLOP token counts, runs are deterministic, and trained
 models land between the unigram entropy and the language's entropy rate."""
+
 import math
 
 import pytest

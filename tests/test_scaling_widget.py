@@ -1,4 +1,5 @@
 """The scaling-law widget, driven headless by setting control values."""
+
 import pytest
 
 from mlsys_nb import flops, scaling
@@ -36,8 +37,10 @@ def test_inference_demand_and_custom_fit():
     assert w2.state() == w.state() and w2.table().equals(t)
 
 
-@pytest.mark.parametrize("bad, word", [({"mfu": 0.0}, "mfu"), ({"mfu": 1.5}, "mfu"), ({"n_gpus": 0}, "n_gpus"),
-                                       ({"price_per_gpu_hour": -1.0}, "price")])
+@pytest.mark.parametrize(
+    "bad, word",
+    [({"mfu": 0.0}, "mfu"), ({"mfu": 1.5}, "mfu"), ({"n_gpus": 0}, "n_gpus"), ({"price_per_gpu_hour": -1.0}, "price")],
+)
 def test_invalid_input_is_shown_in_place(bad, word):
     w = ScalingWidget()
     w.set_state(bad)

@@ -1,5 +1,6 @@
 """The OpenAI-compatible server, started as a real uvicorn process on a free loopback port and driven by
 the official ``openai`` client: concurrency, streaming deltas, OpenAI-style errors, disconnects."""
+
 import concurrent.futures as cf
 import os
 import socket
@@ -25,8 +26,13 @@ def free_port() -> int:
 def server():
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-m", "mlsys_nb.inference.serve", "--model", "tiny", "--port", str(port)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlsys_nb.inference.serve", "--model", "tiny", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -58,8 +64,11 @@ def client(server):
 
 def metrics(url) -> dict:
     text = httpx.get(url + "/metrics", timeout=10).text
-    return {line.split()[0].removeprefix("mlsys_nb_"): float(line.split()[1])
-            for line in text.splitlines() if line and not line.startswith("#")}
+    return {
+        line.split()[0].removeprefix("mlsys_nb_"): float(line.split()[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
 
 
 def test_models_and_health(server, client):
@@ -91,8 +100,9 @@ def test_32_concurrent_requests_stream_equals_non_stream(server, client):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the server runs: the same reduction order, bit-identical logits
     try:
-        offline = LLM("tiny", seed=0).generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
-                                               use_tqdm=False)
+        offline = LLM("tiny", seed=0).generate(
+            prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False
+        )
     finally:
         torch.set_num_threads(threads)
     for p, r, (text, finish), o in zip(prompts, plain_out, stream_out, offline):
@@ -107,22 +117,32 @@ def test_chat_completions(client):
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
     r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=0, seed=1)
     assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
-    chunks = list(client.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=0,
-                                                 stream=True))
+    chunks = list(
+        client.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=0, stream=True)
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == r.choices[0].message.content
     s1 = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=1.0, seed=3)
     s2 = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=1.0, seed=3)
     assert s1.choices[0].message.content == s2.choices[0].message.content, "seeded sampling is reproducible"
-    r = client.completions.create(model="tiny", prompt="hi", n=2, max_tokens=4, temperature=1.0, seed=0, logprobs=0,
-                                  extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model="tiny",
+        prompt="hi",
+        n=2,
+        max_tokens=4,
+        temperature=1.0,
+        seed=0,
+        logprobs=0,
+        extra_body={"ignore_eos": True},
+    )
     assert [c.index for c in r.choices] == [0, 1] and r.usage.completion_tokens == 8
     assert len(r.choices[0].logprobs.token_logprobs) == 4 and all(x <= 0 for x in r.choices[0].logprobs.token_logprobs)
 
 
 def test_openai_style_errors(server, client):
-    r = httpx.post(server + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"},
-                   timeout=10)
+    r = httpx.post(
+        server + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"}, timeout=10
+    )
     assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
     r = httpx.post(server + "/v1/completions", json={"model": "tiny", "prompt": "x", "temperature": -1}, timeout=10)
     assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"
@@ -139,8 +159,15 @@ def test_openai_style_errors(server, client):
 
 def test_disconnect_mid_stream_frees_blocks(server):
     before = metrics(server)
-    body = {"model": "tiny", "prompt": "a long story", "max_tokens": 110, "temperature": 0, "ignore_eos": True,
-            "stream": True, "n": 4}
+    body = {
+        "model": "tiny",
+        "prompt": "a long story",
+        "max_tokens": 110,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "n": 4,
+    }
     with httpx.stream("POST", server + "/v1/completions", json=body, timeout=30) as r:
         lines = r.iter_lines()
         next(line for line in lines if line.startswith("data:"))  # the first token arrived: it is running
@@ -157,20 +184,32 @@ def test_response_format_json_schema(client):
 
     import jsonschema
 
-    schema = {"type": "object", "required": ["city", "n"],
-              "properties": {"city": {"type": "string", "maxLength": 10}, "n": {"type": "integer"}}}
+    schema = {
+        "type": "object",
+        "required": ["city", "n"],
+        "properties": {"city": {"type": "string", "maxLength": 10}, "n": {"type": "integer"}},
+    }
     fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
     for seed in range(2):
-        r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a city?"}],
-                                           max_tokens=40, temperature=1.5, seed=seed, response_format=fmt)
+        r = client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "a city?"}],
+            max_tokens=40,
+            temperature=1.5,
+            seed=seed,
+            response_format=fmt,
+        )
         jsonschema.validate(json.loads(r.choices[0].message.content), schema)
     bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}
     with pytest.raises(openai.BadRequestError, match="json_schema"):
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=40,
-                                       response_format=bad)
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=40, response_format=bad
+        )
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=3,
-                                       response_format=fmt)
-    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=40,
-                                       response_format=fmt)  # the server still serves
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=3, response_format=fmt
+        )
+    r = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=40, response_format=fmt
+    )  # the server still serves
     jsonschema.validate(json.loads(r.choices[0].message.content), schema)

@@ -10,6 +10,7 @@
   and every exercise solution cell is tagged ``solution``, stored collapsed and runs only
   ``if solutions:``.
 """
+
 from __future__ import annotations
 
 import json
@@ -107,7 +108,7 @@ def missing_citations(files: list[str] | None = None, tracked: set[str] | None =
                 path, anchor = m.group(1), (m.group(2) or "")[1:]
                 if path in EXTERNAL or "NN" in path:
                     continue
-                if _TMP_JOIN.search(text[max(0, m.start() - 12):m.start() - 1]):
+                if _TMP_JOIN.search(text[max(0, m.start() - 12) : m.start() - 1]):
                     continue
                 hit = _resolve(path, rel, tracked)
                 if hit is None:
@@ -126,8 +127,10 @@ def test_the_citation_check_catches_what_it_should(tmp_path, monkeypatch):
     """The check fails on a cited file outside the repo, a dead link and a dead anchor, and passes on
     the kit's own files, a sibling-relative link, a path tail and an allowed external file."""
     probe = ROOT / "docs" / "_probe_citations.md"
-    good = ("see [refs](references.md#zero), ../notebooks/00_dashboard.ipynb, `pipeline/simulate.py`,\n"
-            "docs/references.md#chinchilla and nccl-tests' doc/PERFORMANCE.md\n")
+    good = (
+        "see [refs](references.md#zero), ../notebooks/00_dashboard.ipynb, `pipeline/simulate.py`,\n"
+        "docs/references.md#chinchilla and nccl-tests' doc/PERFORMANCE.md\n"
+    )
     bad = "see formulas.md §2.3, [x](../notebooks/09_experts.ipynb) and docs/references.md#no-such-anchor\n"
     tracked = set(_tracked()) | {"docs/_probe_citations.md"}
     try:
@@ -170,8 +173,9 @@ def test_the_notebook_mention_check_catches_a_missing_one(tmp_path):
         found = notebook_mentions_missing(["docs/_probe_mentions.md"])
     finally:
         probe.unlink()
-    assert sorted(found) == sorted(f"docs/_probe_mentions.md: mentions notebook {n}, which does not exist (yet)"
-                                   for n in ("99", "98")), found
+    assert sorted(found) == sorted(
+        f"docs/_probe_mentions.md: mentions notebook {n}, which does not exist (yet)" for n in ("99", "98")
+    ), found
 
 
 def test_references_anchors_are_unique():
@@ -203,6 +207,7 @@ def solution_problems(nb: dict, name: str) -> list[str]:
                 problems.append(f"{name}: solution cell {i} must be code starting with 'if solutions:'")
             if not c.get("metadata", {}).get("jupyter", {}).get("source_hidden"):
                 problems.append(f"{name}: solution cell {i} is not stored collapsed (jupyter.source_hidden)")
+
             def cell(j):
                 return "".join(nb["cells"][j]["source"]) if 0 <= j < len(nb["cells"]) else ""
 
@@ -216,8 +221,10 @@ def solution_problems(nb: dict, name: str) -> list[str]:
                 if not any(re.search(rf"\b{f}\(", src) for f in checks):
                     problems.append(f"{name}: solution cell {i} follows its check but does not run it again")
             else:
-                problems.append(f"{name}: no check next to solution cell {i} (it prints 'not attempted' on a "
-                                "stub, else asserts and prints 'check passed: ...')")
+                problems.append(
+                    f"{name}: no check next to solution cell {i} (it prints 'not attempted' on a "
+                    "stub, else asserts and prints 'check passed: ...')"
+                )
     return problems
 
 
@@ -237,8 +244,13 @@ def test_notebook_convention_check_catches_violations():
     bad = json.loads(json.dumps(nb))
     p = next(c for c in bad["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
     p["source"] = "".join(p["source"]).replace("solutions = False", "solutions = True")
-    bad["cells"][-1] = {"cell_type": "code", "metadata": {"tags": ["solution"]}, "source": "print(1)",
-                        "outputs": [], "execution_count": 3}
+    bad["cells"][-1] = {
+        "cell_type": "code",
+        "metadata": {"tags": ["solution"]},
+        "source": "print(1)",
+        "outputs": [],
+        "execution_count": 3,
+    }
     found = solution_problems(bad, "x")
     assert any("solutions = False" in f for f in found)
     assert any("no check next to solution cell" in f or "does not run it again" in f for f in found)

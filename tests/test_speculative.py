@@ -1,5 +1,6 @@
 """Speculative decoding: exactness (greedy token for token; sampled distribution by chi-square),
 the broken rules caught by the same test, tokens per forward against the closed form."""
+
 import copy
 
 import numpy as np
@@ -129,8 +130,9 @@ def test_tokens_per_forward_match_closed_form(models):
     for k in (3,):
         s_all = spec.SpecStats()
         for seed in range(2):
-            _, s = spec.speculative_generate(target, PROMPT, draft=near, k=k, max_new_tokens=80,
-                                             temperature=1.0, seed=seed)
+            _, s = spec.speculative_generate(
+                target, PROMPT, draft=near, k=k, max_new_tokens=80, temperature=1.0, seed=seed
+            )
             s_all.accepted += s.accepted
             s_all.tested += s.tested
             s_all.emitted += s.emitted
@@ -181,8 +183,9 @@ def test_llm_speculative_model_and_structured():
     schema = {"type": "object", "required": ["a"], "properties": {"a": {"type": "array", "items": {"type": "integer"}}}}
     llm = LLM(target, speculative_model=near, num_speculative_tokens=4)
     for seed in range(2):
-        o = llm.generate(["x"], SamplingParams(json_schema=schema, max_tokens=30, temperature=1.5, seed=seed),
-                         use_tqdm=False)[0]
+        o = llm.generate(
+            ["x"], SamplingParams(json_schema=schema, max_tokens=30, temperature=1.5, seed=seed), use_tqdm=False
+        )[0]
         jsonschema.validate(json.loads(o.outputs[0].text), schema)
     with pytest.raises(ValueError, match="top_p"):
         llm.generate(["x"], SamplingParams(top_p=0.5))

@@ -1,5 +1,6 @@
 """Structured outputs: the budget-aware token mask always yields a match within max_tokens (random
 weights, any temperature); the mask is applied before the softmax (no NaN); bad input fails early."""
+
 import json
 import re
 
@@ -13,11 +14,19 @@ from mlsys_nb.inference import structured as st
 from mlsys_nb.models.transformer import Transformer
 
 SCHEMAS = [
-    {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-     "required": ["name", "age"]},
-    {"type": "object", "required": ["ok", "tags"],
-     "properties": {"ok": {"type": "boolean"},
-                    "tags": {"type": "array", "items": {"enum": ["a", "bc"]}, "maxItems": 3}}},
+    {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    },
+    {
+        "type": "object",
+        "required": ["ok", "tags"],
+        "properties": {
+            "ok": {"type": "boolean"},
+            "tags": {"type": "array", "items": {"enum": ["a", "bc"]}, "maxItems": 3},
+        },
+    },
     {"type": "array", "items": {"type": "number"}, "minItems": 1, "maxItems": 4},
 ]
 REGEXES = [r"\d{3}-\d{4}", r"(ab|cd)+x", r"[a-z]+@[a-z]+\.(com|org)"]
@@ -37,13 +46,14 @@ def model():
 def test_json_schema_always_validates(model, schema):
     g = st.Grammar.compile(json_schema=schema)
     for seed, temperature in ((0, 0.0), (1, 1.0), (2, 4.0)):
-            for extra in (0, 30):
-                out, _ = st.generate_structured(model, PROMPT, g, max_tokens=g.min_tokens + extra,
-                                                temperature=temperature, seed=seed)
-                assert len(out) <= g.min_tokens + extra
-                text = bytes(out).decode("utf-8")
-                assert " " not in text.replace('" "', "") or '"' in text  # compact: no free whitespace
-                jsonschema.validate(json.loads(text), schema)
+        for extra in (0, 30):
+            out, _ = st.generate_structured(
+                model, PROMPT, g, max_tokens=g.min_tokens + extra, temperature=temperature, seed=seed
+            )
+            assert len(out) <= g.min_tokens + extra
+            text = bytes(out).decode("utf-8")
+            assert " " not in text.replace('" "', "") or '"' in text  # compact: no free whitespace
+            jsonschema.validate(json.loads(text), schema)
 
 
 def test_regex_and_choice_always_match(model):
@@ -51,13 +61,16 @@ def test_regex_and_choice_always_match(model):
         g = st.Grammar.compile(regex=rx)
         for seed, temperature in ((0, 0.0), (1, 2.0)):
             if True:
-                out, _ = st.generate_structured(model, PROMPT, g, max_tokens=g.min_tokens + 5 * seed,
-                                                temperature=temperature, seed=seed)
+                out, _ = st.generate_structured(
+                    model, PROMPT, g, max_tokens=g.min_tokens + 5 * seed, temperature=temperature, seed=seed
+                )
                 assert re.fullmatch(rx, bytes(out).decode()), (rx, bytes(out))
     choices = ["yes", "no", "a.b (c)", "ünïcode"]
     g = st.Grammar.compile(choice=choices)
-    seen = {bytes(st.generate_structured(model, PROMPT, g, max_tokens=12, temperature=3.0, seed=s)[0]).decode()
-            for s in range(8)}
+    seen = {
+        bytes(st.generate_structured(model, PROMPT, g, max_tokens=12, temperature=3.0, seed=s)[0]).decode()
+        for s in range(8)
+    }
     assert seen <= set(choices) and len(seen) >= 2
 
 
@@ -96,14 +109,16 @@ def test_structured_with_speculative(model):
     ref, _ = st.generate_structured(model, PROMPT, g, max_tokens=40)
     draft = Transformer(ModelConfig(n_layers=1, hidden=16, n_heads=2, vocab_size=257, seq_len=512)).eval()
     for d in (draft, "ngram"):
-        out, s = st.generate_structured(model, PROMPT + list(b'{"ok":true,"tags":["a"]}'), g, max_tokens=40,
-                                        draft=d, k=3)
+        out, s = st.generate_structured(
+            model, PROMPT + list(b'{"ok":true,"tags":["a"]}'), g, max_tokens=40, draft=d, k=3
+        )
         jsonschema.validate(json.loads(bytes(out)), SCHEMAS[1])
         out, s = st.generate_structured(model, PROMPT, g, max_tokens=40, draft=d, k=3)
         assert out == ref  # greedy: token for token the same as without speculation
     for seed in range(3):
-        out, _ = st.generate_structured(model, PROMPT, g, max_tokens=g.min_tokens + 4, draft=draft, k=4,
-                                        temperature=2.0, seed=seed)
+        out, _ = st.generate_structured(
+            model, PROMPT, g, max_tokens=g.min_tokens + 4, draft=draft, k=4, temperature=2.0, seed=seed
+        )
         jsonschema.validate(json.loads(bytes(out)), SCHEMAS[1])
 
 
@@ -124,6 +139,7 @@ def test_bad_input_rejected_before_generation(model, monkeypatch):
 
     def no_cache(*a, **k):
         raise AssertionError("a cache was allocated")
+
     monkeypatch.setattr(spec, "KVCache", no_cache)
     with pytest.raises(st.GrammarError, match="max_tokens"):
         st.generate_structured(model, PROMPT, g, max_tokens=g.min_tokens - 1)
@@ -133,8 +149,10 @@ def test_mask_overhead_is_measured(model):
     g = st.Grammar.compile(json_schema=SCHEMAS[0])
     _, s = st.generate_structured(model, PROMPT, g, max_tokens=30, temperature=1.0)
     assert g.mask_calls >= len(_) and g.mask_seconds > 0
-    print(f"mask: {g.mask_seconds / g.mask_calls * 1e6:.0f} µs per token vs {s.seconds / s.target_forwards * 1e3:.2f} "
-          f"ms per step")
+    print(
+        f"mask: {g.mask_seconds / g.mask_calls * 1e6:.0f} µs per token vs {s.seconds / s.target_forwards * 1e3:.2f} "
+        f"ms per step"
+    )
 
 
 def test_engine_structured_outputs():
@@ -143,18 +161,24 @@ def test_engine_structured_outputs():
     llm = LLM("tiny", seed=0)
     schema = SCHEMAS[0]
     free = llm.engine.kv.manager.num_free_blocks()
-    params = [SamplingParams(json_schema=schema, max_tokens=m, temperature=t, seed=s)
-              for m, t, s in ((19, 1.0, 0), (40, 3.0, 1), (40, 0.0, 2))]
-    params += [SamplingParams(regex=r"[a-c]{2}-\d", max_tokens=8, temperature=2.0, seed=3),
-               SamplingParams(choice=["red", "green"], max_tokens=6, temperature=2.0, seed=4)]
+    params = [
+        SamplingParams(json_schema=schema, max_tokens=m, temperature=t, seed=s)
+        for m, t, s in ((19, 1.0, 0), (40, 3.0, 1), (40, 0.0, 2))
+    ]
+    params += [
+        SamplingParams(regex=r"[a-c]{2}-\d", max_tokens=8, temperature=2.0, seed=3),
+        SamplingParams(choice=["red", "green"], max_tokens=6, temperature=2.0, seed=4),
+    ]
     outs = llm.generate(["a", "bb", "ccc", "d", "e"], params)
     for o in outs[:3]:
         jsonschema.validate(json.loads(o.outputs[0].text), schema)
     assert re.fullmatch(r"[a-c]{2}-\d", outs[3].outputs[0].text)
     assert outs[4].outputs[0].text in ("red", "green")
-    for bad, match in ((dict(json_schema=schema, max_tokens=5), "max_tokens"),
-                       (dict(regex="a{", max_tokens=5), "regex"),
-                       (dict(json_schema={"type": "nope"}), "json_schema")):
+    for bad, match in (
+        (dict(json_schema=schema, max_tokens=5), "max_tokens"),
+        (dict(regex="a{", max_tokens=5), "regex"),
+        (dict(json_schema={"type": "nope"}), "json_schema"),
+    ):
         with pytest.raises(ValueError, match=match):
             llm.generate(["x"], SamplingParams(**bad))
     assert llm.engine.kv.manager.num_free_blocks() == free and not llm.engine.requests  # nothing left allocated

@@ -3,6 +3,7 @@
 One launch per world size runs every check in ``tp_worker.tp_checks`` (layers, blocks, embedding,
 loss, the whole model, bytes on the wire, activation and parameter memory, torch's own TP) and
 the tests below read its results, so a failure lists every mismatch at once."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,8 +37,9 @@ def test_no_check_raised(results):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("group", ["column", "row", "mlp_", "attention_", "block", "embedding", "vocab_ce",
-                                   "model/", "torch_tp"])
+@pytest.mark.parametrize(
+    "group", ["column", "row", "mlp_", "attention_", "block", "embedding", "vocab_ce", "model/", "torch_tp"]
+)
 def test_outputs_and_gradients_equal_unsharded(results, group):
     """Every output, input gradient and parameter gradient equals the unsharded reference."""
     rows = list(_items(results, f"err/{group}"))
@@ -49,8 +51,18 @@ def test_outputs_and_gradients_equal_unsharded(results, group):
 @pytest.mark.slow
 def test_every_case_covers_sp_and_no_sp(results):
     keys = {k for _, k, _ in _items(results, "err/")}
-    for group in ("column", "row", "mlp_swiglu", "mlp_gelu_bias", "attention_gqa", "block", "embedding",
-                  "model/tied=False", "model/tied=True", "torch_tp"):
+    for group in (
+        "column",
+        "row",
+        "mlp_swiglu",
+        "mlp_gelu_bias",
+        "attention_gqa",
+        "block",
+        "embedding",
+        "model/tied=False",
+        "model/tied=True",
+        "torch_tp",
+    ):
         for sp in (False, True):
             assert any(k.startswith(f"err/{group}") and f"sp={sp}" in k for k in keys), (group, sp)
 
@@ -100,9 +112,11 @@ def test_bad_sizes_raise_clear_errors():
 
     def body():
         out = {}
-        for name, make in [("kv", lambda: tp.TPAttention(cfg)),
-                           ("col", lambda: tp.ColumnParallelLinear(8, 6)),
-                           ("vocab", lambda: tp.VocabParallelEmbedding(126, 8))]:
+        for name, make in [
+            ("kv", lambda: tp.TPAttention(cfg)),
+            ("col", lambda: tp.ColumnParallelLinear(8, 6)),
+            ("vocab", lambda: tp.VocabParallelEmbedding(126, 8)),
+        ]:
             try:
                 make()
                 out[name] = None

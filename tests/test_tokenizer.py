@@ -1,5 +1,6 @@
 """ByteTokenizer: round trip, EOS, incremental decoding that holds back incomplete UTF-8; the same
 duck type for a transformers tokenizer (built locally, no download)."""
+
 import pytest
 
 from mlsys_nb.config import load_model_preset

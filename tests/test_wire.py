@@ -5,6 +5,7 @@ a point-to-point send of S bytes (what the sender's sockets report must be S, af
 empty-region baseline); then each collective's measured bytes per rank must equal
 ``gloo_bytes_sent`` within 3 %, and a formula with a ring factor off by one must miss by more than 10 %.
 """
+
 import sys
 
 import pytest
@@ -73,8 +74,9 @@ def test_every_collective_sends_what_gloos_algorithm_says(measured, op):
     for r in range(n):
         expected = cost.gloo_bytes_sent(op, SIZE, n, r)
         got = per_rank[r][op][0]
-        assert abs(got - expected) <= 0.03 * SIZE, \
+        assert abs(got - expected) <= 0.03 * SIZE, (
             f"{op} n={n} rank {r}: measured {got:.0f} B, gloo's formula {expected:.0f} B"
+        )
 
 
 @pytest.mark.slow
@@ -86,7 +88,8 @@ def test_a_ring_factor_off_by_one_is_caught(measured):
     assert abs(got - wrong) / got > 0.10
     ring_model_rs = cost.bytes_sent_per_rank("reduce_scatter", SIZE, n)
     assert abs(per_rank[0]["reduce_scatter"][0] - ring_model_rs) / ring_model_rs > 0.5, (
-        "gloo's reduce_scatter should send twice the ring model (it is an all_reduce + slice)")
+        "gloo's reduce_scatter should send twice the ring model (it is an all_reduce + slice)"
+    )
 
 
 def test_gloo_formulas_by_hand():

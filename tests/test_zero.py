@@ -1,4 +1,5 @@
 """Single-process checks of mlsys_nb.parallel.zero and .ddp (no ranks needed)."""
+
 from __future__ import annotations
 
 import pytest

@@ -23,16 +23,51 @@
 The cost functions are light (numpy only); ``collectives``, ``counting`` (torch) and ``plots``
 (matplotlib) load when first used.
 """
-from .cost import (ALGORITHMS, OPS, AlphaBeta, AlphaBetaFit, MemcpyBandwidth, algbw, busbw, busbw_factor,
-                   bytes_sent_per_rank, collective_time,
-                   gloo_bytes_sent, cost_coefficients, crossover_bytes, fit_alpha_beta,
-                   memcpy_bandwidth, recursive_doubling_bytes_sent, ring_bytes_sent, sweep, tree_bytes_sent)
 
-__all__ = ["OPS", "ALGORITHMS", "AlphaBeta", "AlphaBetaFit", "MemcpyBandwidth", "algbw", "busbw",
-           "busbw_factor", "bytes_sent_per_rank", "collective_time", "cost_coefficients", "crossover_bytes",
-           "fit_alpha_beta", "gloo_bytes_sent",
-           "memcpy_bandwidth", "recursive_doubling_bytes_sent", "ring_bytes_sent", "sweep",
-           "tree_bytes_sent", "CommCounter"]
+from .cost import (
+    ALGORITHMS,
+    OPS,
+    AlphaBeta,
+    AlphaBetaFit,
+    MemcpyBandwidth,
+    algbw,
+    busbw,
+    busbw_factor,
+    bytes_sent_per_rank,
+    collective_time,
+    gloo_bytes_sent,
+    cost_coefficients,
+    crossover_bytes,
+    fit_alpha_beta,
+    memcpy_bandwidth,
+    recursive_doubling_bytes_sent,
+    ring_bytes_sent,
+    sweep,
+    tree_bytes_sent,
+)
+
+__all__ = [
+    "OPS",
+    "ALGORITHMS",
+    "AlphaBeta",
+    "AlphaBetaFit",
+    "MemcpyBandwidth",
+    "algbw",
+    "busbw",
+    "busbw_factor",
+    "bytes_sent_per_rank",
+    "collective_time",
+    "cost_coefficients",
+    "crossover_bytes",
+    "fit_alpha_beta",
+    "gloo_bytes_sent",
+    "memcpy_bandwidth",
+    "recursive_doubling_bytes_sent",
+    "ring_bytes_sent",
+    "sweep",
+    "tree_bytes_sent",
+    "CommCounter",
+]
 
 
 def __getattr__(name):  # torch loads on first use

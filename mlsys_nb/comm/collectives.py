@@ -26,18 +26,33 @@ and :func:`check_semantics` (the symbolic before/after of :func:`collective_sema
 
 Reduction ops: ``"sum"``, ``"product"``, ``"max"``, ``"min"`` (in place on the receiving buffer).
 """
+
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
 __all__ = [
-    "CountingComm", "chunk_bounds", "REDUCE_OPS",
-    "ring_reduce_scatter", "ring_all_gather", "ring_all_reduce",
-    "recursive_doubling_all_reduce", "tree_reduce", "tree_broadcast", "tree_all_reduce",
-    "all_reduce_via_reduce_scatter_all_gather", "pairwise_all_to_all", "ALL_REDUCE_ALGORITHMS",
-    "rank_input", "verify_against_torch", "clear_workspace",
-    "SEMANTICS_OPS", "collective_semantics", "evaluate_semantics", "check_semantics",
+    "CountingComm",
+    "chunk_bounds",
+    "REDUCE_OPS",
+    "ring_reduce_scatter",
+    "ring_all_gather",
+    "ring_all_reduce",
+    "recursive_doubling_all_reduce",
+    "tree_reduce",
+    "tree_broadcast",
+    "tree_all_reduce",
+    "all_reduce_via_reduce_scatter_all_gather",
+    "pairwise_all_to_all",
+    "ALL_REDUCE_ALGORITHMS",
+    "rank_input",
+    "verify_against_torch",
+    "clear_workspace",
+    "SEMANTICS_OPS",
+    "collective_semantics",
+    "evaluate_semantics",
+    "check_semantics",
 ]
 
 # Ring pipelining granularity. Measured on the 2-core CPU machine (gloo, 4 ranks): pieces below
@@ -129,13 +144,19 @@ class CountingComm:
         form a cycle, or both sides block in their send. Returns the requests to ``wait()``."""
         self._sent(send_t)
         self._received(recv_t)
-        ops = [dist.P2POp(dist.isend, send_t, self._peer(dst), self.group),
-               dist.P2POp(dist.irecv, recv_t, self._peer(src), self.group)]
+        ops = [
+            dist.P2POp(dist.isend, send_t, self._peer(dst), self.group),
+            dist.P2POp(dist.irecv, recv_t, self._peer(src), self.group),
+        ]
         return dist.batch_isend_irecv(ops)
 
     def counts(self) -> dict:
-        return {"rank": self.rank, "bytes_sent": self.bytes_sent,
-                "bytes_received": self.bytes_received, "messages_sent": self.messages_sent}
+        return {
+            "rank": self.rank,
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+            "messages_sent": self.messages_sent,
+        }
 
 
 def chunk_bounds(numel: int, n: int) -> list[tuple[int, int]]:
@@ -218,13 +239,14 @@ def _ring(flat, bounds, comm, first: int, last: int, op: str, piece_bytes: int) 
             for req in sends.pop(t + 1 - n, []):
                 req.wait()
         for j, (pa, pb) in enumerate(_pieces(a, b, piece)):
-            dst = bufs[t % 2][pa - a:pb - a] if t < n - 1 else flat[pa:pb]
+            dst = bufs[t % 2][pa - a : pb - a] if t < n - 1 else flat[pa:pb]
             reqs.append(comm.irecv(dst, left, tag=tag(t, j)))
         return reqs
 
     a, b = bounds[(r - first - 1) % n]
-    sends[first] = [comm.isend(flat[pa:pb], right, tag=tag(first, j))
-                    for j, (pa, pb) in enumerate(_pieces(a, b, piece))]
+    sends[first] = [
+        comm.isend(flat[pa:pb], right, tag=tag(first, j)) for j, (pa, pb) in enumerate(_pieces(a, b, piece))
+    ]
     recvs = post_recvs(first)
     for t in range(first, last):
         nxt = post_recvs(t + 1)
@@ -233,7 +255,7 @@ def _ring(flat, bounds, comm, first: int, last: int, op: str, piece_bytes: int) 
         for j, ((pa, pb), req) in enumerate(zip(_pieces(a, b, piece), recvs)):
             req.wait()
             if t < n - 1:
-                reduce_(flat[pa:pb], bufs[t % 2][pa - a:pb - a])
+                reduce_(flat[pa:pb], bufs[t % 2][pa - a : pb - a])
             if t + 1 < last:
                 fwd.append(comm.isend(flat[pa:pb], right, tag=tag(t + 1, j)))
         if t + 1 < last:
@@ -253,7 +275,7 @@ def _ring_batched(flat, bounds, comm, first, last, reduce_) -> None:
     for t in range(first, last):
         sa, sb = bounds[(r - t - 1) % n]
         ra, rb = bounds[(r - t - 2) % n]
-        dst = buf[:rb - ra] if t < n - 1 else flat[ra:rb]
+        dst = buf[: rb - ra] if t < n - 1 else flat[ra:rb]
         for req in comm.exchange(flat[sa:sb], right, dst, left):
             req.wait()
         if t < n - 1:
@@ -271,8 +293,9 @@ def _write_back(tensor: torch.Tensor, flat: torch.Tensor) -> None:
         tensor.copy_(flat.view(tensor.shape))
 
 
-def ring_all_reduce(tensor: torch.Tensor, comm: CountingComm | None = None, op: str = "sum",
-                    piece_bytes: int = DEFAULT_PIECE_BYTES) -> torch.Tensor:
+def ring_all_reduce(
+    tensor: torch.Tensor, comm: CountingComm | None = None, op: str = "sum", piece_bytes: int = DEFAULT_PIECE_BYTES
+) -> torch.Tensor:
     """In-place ring all-reduce: reduce-scatter phase (steps 0..n-2) then all-gather phase
     (steps n-1..2n-3) on one buffer. Returns ``tensor``. Sends ``2(n-1)/n * S`` bytes per rank
     when ``n`` divides the element count (``comm.ring_bytes_sent`` gives the exact count otherwise).
@@ -286,8 +309,9 @@ def ring_all_reduce(tensor: torch.Tensor, comm: CountingComm | None = None, op: 
     return tensor
 
 
-def ring_reduce_scatter(tensor: torch.Tensor, comm: CountingComm | None = None, op: str = "sum",
-                        piece_bytes: int = DEFAULT_PIECE_BYTES) -> torch.Tensor:
+def ring_reduce_scatter(
+    tensor: torch.Tensor, comm: CountingComm | None = None, op: str = "sum", piece_bytes: int = DEFAULT_PIECE_BYTES
+) -> torch.Tensor:
     """Out-of-place ring reduce-scatter of the flattened ``tensor``: returns this rank's chunk
     (``torch.tensor_split(tensor.flatten(), n)[rank]``, reduced over all ranks). ``tensor`` is
     left unchanged. Sends ``(n-1)/n * S`` bytes per rank, S = the full input."""
@@ -300,9 +324,12 @@ def ring_reduce_scatter(tensor: torch.Tensor, comm: CountingComm | None = None, 
     return flat[a:b].clone()
 
 
-def ring_all_gather(tensor: torch.Tensor, comm: CountingComm | None = None,
-                    sizes: list[int] | None = None,
-                    piece_bytes: int = DEFAULT_PIECE_BYTES) -> torch.Tensor:
+def ring_all_gather(
+    tensor: torch.Tensor,
+    comm: CountingComm | None = None,
+    sizes: list[int] | None = None,
+    piece_bytes: int = DEFAULT_PIECE_BYTES,
+) -> torch.Tensor:
     """Out-of-place ring all-gather: the 1-D concatenation of every rank's flattened ``tensor``
     (rank order). ``sizes`` = element count of each rank's input when they differ (default: all
     equal to this rank's). Sends ``(n-1)/n * S`` bytes per rank, S = the full output."""
@@ -322,8 +349,9 @@ def ring_all_gather(tensor: torch.Tensor, comm: CountingComm | None = None,
     return out
 
 
-def all_reduce_via_reduce_scatter_all_gather(tensor: torch.Tensor, comm: CountingComm | None = None,
-                                             op: str = "sum") -> torch.Tensor:
+def all_reduce_via_reduce_scatter_all_gather(
+    tensor: torch.Tensor, comm: CountingComm | None = None, op: str = "sum"
+) -> torch.Tensor:
     """all_reduce = reduce_scatter + all_gather, composed from the two out-of-place ring functions
     (in place on ``tensor``; returns it). Same bytes as :func:`ring_all_reduce`."""
     comm = _comm(comm)
@@ -333,8 +361,9 @@ def all_reduce_via_reduce_scatter_all_gather(tensor: torch.Tensor, comm: Countin
     return tensor
 
 
-def recursive_doubling_all_reduce(tensor: torch.Tensor, comm: CountingComm | None = None,
-                                  op: str = "sum") -> torch.Tensor:
+def recursive_doubling_all_reduce(
+    tensor: torch.Tensor, comm: CountingComm | None = None, op: str = "sum"
+) -> torch.Tensor:
     """In-place recursive-doubling all-reduce: at step k exchange the whole tensor with rank
     ``r XOR 2^k`` and reduce, ``log2(p)`` steps for the largest power of two ``p <= n``. When
     ``n`` is not a power of two, the first ``2(n-p)`` ranks pair up: even ones hand their tensor
@@ -374,8 +403,7 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor, comm: CountingComm | Non
     return tensor
 
 
-def tree_reduce(tensor: torch.Tensor, comm: CountingComm | None = None, root: int = 0,
-                op: str = "sum") -> torch.Tensor:
+def tree_reduce(tensor: torch.Tensor, comm: CountingComm | None = None, root: int = 0, op: str = "sum") -> torch.Tensor:
     """Binomial-tree reduce to ``root`` (in place; ``ceil(log2 n)`` steps). Only the root's
     result is defined; other ranks hold partial reductions. Returns ``tensor``."""
     comm = _comm(comm)
@@ -440,10 +468,10 @@ def pairwise_all_to_all(tensor: torch.Tensor, comm: CountingComm | None = None) 
         raise ValueError(f"tensor.numel()={flat.numel()} must be divisible by world_size={n}")
     m = flat.numel() // n
     out = torch.empty_like(flat)
-    out[r * m:(r + 1) * m].copy_(flat[r * m:(r + 1) * m])
+    out[r * m : (r + 1) * m].copy_(flat[r * m : (r + 1) * m])
     for s in range(1, n):
         dst, src = (r + s) % n, (r - s) % n
-        for req in comm.exchange(flat[dst * m:(dst + 1) * m].contiguous(), dst, out[src * m:(src + 1) * m], src):
+        for req in comm.exchange(flat[dst * m : (dst + 1) * m].contiguous(), dst, out[src * m : (src + 1) * m], src):
             req.wait()
     return out
 
@@ -480,8 +508,16 @@ def verify_against_torch(numels=(1, 7, 1001), seed: int = 0, piece_bytes: int = 
 
     def row(algorithm, numel, got, ref, comm):
         err = (got.reshape(-1).cpu() - ref.reshape(-1).cpu()).abs().max().item() if ref.numel() else 0.0
-        rows.append(dict(rank=r, world_size=n, algorithm=algorithm, numel=int(numel), max_abs_err=err,
-                         **{k: v for k, v in comm.counts().items() if k != "rank"}))
+        rows.append(
+            dict(
+                rank=r,
+                world_size=n,
+                algorithm=algorithm,
+                numel=int(numel),
+                max_abs_err=err,
+                **{k: v for k, v in comm.counts().items() if k != "rank"},
+            )
+        )
 
     for numel in numels:
         x = rank_input(numel, r, seed, dev)
@@ -544,8 +580,7 @@ def verify_against_torch(numels=(1, 7, 1001), seed: int = 0, piece_bytes: int = 
 
 
 # ----------------------------------------------------------------------------- semantics
-SEMANTICS_OPS = ("broadcast", "scatter", "gather", "reduce", "all_gather", "reduce_scatter",
-                 "all_reduce", "all_to_all")
+SEMANTICS_OPS = ("broadcast", "scatter", "gather", "reduce", "all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 
 
 def collective_semantics(op: str, n: int, root: int = 0):

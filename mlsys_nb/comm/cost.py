@@ -19,6 +19,7 @@ Pure functions (no processes): :func:`busbw_factor`, :func:`algbw`, :func:`busbw
 Measurements: :func:`memcpy_bandwidth` (this process) and :func:`sweep` (real ranks via
 ``mlsys_nb.launch``, returns a pandas DataFrame).
 """
+
 from __future__ import annotations
 
 import math
@@ -151,9 +152,10 @@ def bytes_sent_per_rank(op: str, nbytes: float, n: int, algorithm: str = "ring")
         return (n - 1) / n * nbytes
     if op in ("broadcast", "reduce") and algorithm == "pipelined_chain":
         return float(nbytes)
-    raise ValueError(f"no single per-rank volume for op={op!r}, algorithm={algorithm!r} "
-                     "(the tree's differs per rank: use tree_bytes_sent)")
-
+    raise ValueError(
+        f"no single per-rank volume for op={op!r}, algorithm={algorithm!r} "
+        "(the tree's differs per rank: use tree_bytes_sent)"
+    )
 
 
 def _gloo_broadcast_children(vr: int, n: int) -> int:
@@ -226,8 +228,7 @@ def cost_coefficients(op: str, algorithm: str, n: int) -> tuple[float, float]:
     return (float(lg), float(lg)) if algorithm == "binomial_tree" else (float(n - 1), 1.0)
 
 
-def collective_time(op: str, nbytes: float, n: int, alpha: float, beta: float,
-                    algorithm: str = "ring") -> float:
+def collective_time(op: str, nbytes: float, n: int, alpha: float, beta: float, algorithm: str = "ring") -> float:
     """Predicted seconds for one collective: ``k_alpha·alpha + k_beta·nbytes/beta``.
     ``alpha`` in seconds per message, ``beta`` in bytes/s per direction."""
     if alpha < 0 or beta <= 0:
@@ -259,8 +260,9 @@ class AlphaBeta:
         return ka * self.alpha_s + kb * np.asarray(nbytes, dtype=float) / self.beta_bytes_per_s
 
 
-def crossover_bytes(n: int, alpha: float, beta: float, op: str = "all_reduce",
-                    a: str = "ring", b: str = "tree") -> float | None:
+def crossover_bytes(
+    n: int, alpha: float, beta: float, op: str = "all_reduce", a: str = "ring", b: str = "tree"
+) -> float | None:
     """Message size (bytes) where algorithms ``a`` and ``b`` take equal time, or ``None`` if one is
     faster (or equal) at every size. Ring vs pipelined tree all-reduce: ``S* = n(n-1-⌈log2 n⌉)αβ``;
     the tree wins below ``S*``, the ring above."""
@@ -300,8 +302,7 @@ class AlphaBetaFit:
         return asdict(self)
 
 
-def fit_alpha_beta(nbytes, seconds, op: str = "all_reduce", n: int = 2,
-                   algorithm: str = "ring") -> AlphaBetaFit:
+def fit_alpha_beta(nbytes, seconds, op: str = "all_reduce", n: int = 2, algorithm: str = "ring") -> AlphaBetaFit:
     """Fit α (s) and β (B/s) of ``T = k_alpha·α + k_beta·S/β`` to measured ``(nbytes, seconds)``.
 
     Minimises the squared *relative* error (sizes span decades, so absolute least squares would
@@ -321,8 +322,7 @@ def fit_alpha_beta(nbytes, seconds, op: str = "all_reduce", n: int = 2,
     beta = 1.0 / inv_beta if inv_beta > 0 else math.inf
     fit = AlphaBetaFit(float(alpha), float(beta), op, algorithm, int(n), 0.0, 0.0)
     err = fit.rel_error(s, t)
-    return AlphaBetaFit(float(alpha), float(beta), op, algorithm, int(n),
-                        float(err.max()), float(np.median(err)))
+    return AlphaBetaFit(float(alpha), float(beta), op, algorithm, int(n), float(err.max()), float(np.median(err)))
 
 
 # ----------------------------------------------------------------------------- measurements
@@ -359,8 +359,9 @@ def memcpy_bandwidth(nbytes: int = 64 << 20, repeats: int = 9, warmup: int = 2, 
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     bw = size / np.asarray(times)
-    return MemcpyBandwidth(size, float(np.median(bw)), float(np.percentile(bw, 25)),
-                           float(np.percentile(bw, 75)), repeats)
+    return MemcpyBandwidth(
+        size, float(np.median(bw)), float(np.percentile(bw, 25)), float(np.percentile(bw, 75)), repeats
+    )
 
 
 IMPLEMENTATIONS = {
@@ -389,9 +390,12 @@ def _make_call(op, impl, nbytes, n, device, dtype, comm):
         numel = max(n, numel - numel % n)
     x = torch.zeros(numel, dtype=dtype, device=device)
     if op == "all_reduce":
-        fns = {"torch": lambda: dist.all_reduce(x), "ring": lambda: C.ring_all_reduce(x, comm),
-               "tree": lambda: C.tree_all_reduce(x, comm),
-               "recursive_doubling": lambda: C.recursive_doubling_all_reduce(x, comm)}
+        fns = {
+            "torch": lambda: dist.all_reduce(x),
+            "ring": lambda: C.ring_all_reduce(x, comm),
+            "tree": lambda: C.tree_all_reduce(x, comm),
+            "recursive_doubling": lambda: C.recursive_doubling_all_reduce(x, comm),
+        }
     elif op == "all_gather":
         inp = torch.zeros(numel // n, dtype=dtype, device=device)
         fns = {"torch": lambda: _all_gather_single(x, inp), "ring": lambda: C.ring_all_gather(inp, comm)}
@@ -443,9 +447,18 @@ def _sweep_worker(cases, warmup: int, repeats: int, dtype_name: str):
     return [(op, impl, int(nbytes), used, t) for (op, impl, nbytes), (_, used), t in zip(cases, calls, times)]
 
 
-def sweep(ops=("all_reduce",), sizes=(1 << 10, 1 << 16, 1 << 20), world_sizes=(2, 4),
-          impls=("torch",), backend: str = "auto", warmup: int = 2, repeats: int = 5,
-          dtype="fp32", timeout: float = 120.0, progress: bool = True):
+def sweep(
+    ops=("all_reduce",),
+    sizes=(1 << 10, 1 << 16, 1 << 20),
+    world_sizes=(2, 4),
+    impls=("torch",),
+    backend: str = "auto",
+    warmup: int = 2,
+    repeats: int = 5,
+    dtype="fp32",
+    timeout: float = 120.0,
+    progress: bool = True,
+):
     """Benchmark collectives on real ranks: one ``mlsys_nb.launch`` per world size.
 
     ``sizes`` are nccl-tests' S in bytes; ``impls`` picks ``"torch"`` (``torch.distributed``'s
@@ -471,20 +484,32 @@ def sweep(ops=("all_reduce",), sizes=(1 << 10, 1 << 16, 1 << 20), world_sizes=(2
     if warmup < 0 or repeats < 1:
         raise ValueError(f"need warmup >= 0 and repeats >= 1, got {warmup}, {repeats}")
     per_op = impls if isinstance(impls, dict) else {op: impls for op in ops}
-    cases = [(op, impl, int(s)) for op in ops for impl in per_op.get(op, ()) if impl in IMPLEMENTATIONS[op]
-             for s in sizes]
+    cases = [
+        (op, impl, int(s)) for op in ops for impl in per_op.get(op, ()) if impl in IMPLEMENTATIONS[op] for s in sizes
+    ]
     if not cases:
         raise ValueError(f"no (op, impl) pair to run among ops={ops}, impls={impls}")
     rows = []
     for ws in tqdm(list(world_sizes), desc="world sizes", disable=not progress):
         be = resolve_backend(backend, ws)
-        per_rank = launch(_sweep_worker, ws, args=(cases, warmup, repeats, dtype), backend=backend,
-                          timeout=timeout)
+        per_rank = launch(_sweep_worker, ws, args=(cases, warmup, repeats, dtype), backend=backend, timeout=timeout)
         for i, (op, impl, _, used, _) in enumerate(per_rank[0]):
             t = np.max(np.array([r[i][4] for r in per_rank]), axis=0)  # slowest rank per iteration
             med = float(np.median(t))
-            rows.append(dict(op=op, impl=impl, backend=be, world_size=ws, bytes=used, median_s=med,
-                             q25_s=float(np.percentile(t, 25)), q75_s=float(np.percentile(t, 75)),
-                             min_s=float(t.min()), algbw_Bps=algbw(used, med),
-                             busbw_Bps=busbw(op, used, med, ws), repeats=repeats))
+            rows.append(
+                dict(
+                    op=op,
+                    impl=impl,
+                    backend=be,
+                    world_size=ws,
+                    bytes=used,
+                    median_s=med,
+                    q25_s=float(np.percentile(t, 25)),
+                    q75_s=float(np.percentile(t, 75)),
+                    min_s=float(t.min()),
+                    algbw_Bps=algbw(used, med),
+                    busbw_Bps=busbw(op, used, med, ws),
+                    repeats=repeats,
+                )
+            )
     return pd.DataFrame(rows)

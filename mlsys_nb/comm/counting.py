@@ -20,6 +20,7 @@ bandwidth-optimal ring algorithm: all_reduce ``2(n-1)/n·S``, reduce_scatter / a
 all_to_all ``(n-1)/n·S``, broadcast / reduce ``S`` (the root; a pipelined chain), send ``S``.
 These are *model* bytes: what an optimal algorithm moves, independent of what gloo really does.
 """
+
 from __future__ import annotations
 
 import threading
@@ -62,8 +63,12 @@ def bytes_sent(op: str, payload_bytes: float, n: int) -> float:
 
 # messages one rank sends per call in gloo's algorithms: rings of n-1 steps (all_reduce and its
 # reduce_scatter: two passes), pairwise all_to_all, one message per send
-_GLOO_MESSAGES = {"all_reduce": lambda n: 2 * (n - 1), "reduce_scatter": lambda n: 2 * (n - 1),
-                  "all_gather": lambda n: n - 1, "all_to_all": lambda n: n - 1}
+_GLOO_MESSAGES = {
+    "all_reduce": lambda n: 2 * (n - 1),
+    "reduce_scatter": lambda n: 2 * (n - 1),
+    "all_gather": lambda n: n - 1,
+    "all_to_all": lambda n: n - 1,
+}
 
 
 def gloo_bytes_from_ops(by_op: dict, n: int, rank: int = 0, framing_bytes: float = 0.0) -> float:
@@ -120,10 +125,21 @@ class CommRecord:
 
 # position of the ``group`` argument when passed positionally
 _GROUP_POS = {
-    "all_reduce": 2, "broadcast": 2, "reduce": 3, "reduce_scatter_single": 3, "reduce_scatter_tensor": 3,
-    "reduce_scatter": 3, "all_gather_single": 2, "all_gather_into_tensor": 2, "all_gather": 2,
-    "all_to_all_single": 4, "all_to_all": 2,
-    "send": 2, "isend": 2, "recv": 2, "irecv": 2,
+    "all_reduce": 2,
+    "broadcast": 2,
+    "reduce": 3,
+    "reduce_scatter_single": 3,
+    "reduce_scatter_tensor": 3,
+    "reduce_scatter": 3,
+    "all_gather_single": 2,
+    "all_gather_into_tensor": 2,
+    "all_gather": 2,
+    "all_to_all_single": 4,
+    "all_to_all": 2,
+    "send": 2,
+    "isend": 2,
+    "recv": 2,
+    "irecv": 2,
 }
 
 _active: list[CommCounter] = []

@@ -13,6 +13,7 @@
 ``nonblocking=False`` replaces ``isend``/``irecv`` by their blocking twins (what a mistaken
 "overlap" does): ``check_overlap`` must then fail; ``tests/test_overlap.py`` shows it does.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -21,8 +22,9 @@ import time
 OVERLAP_LIMIT = 0.8  # non-blocking <= 0.8 x blocking when compute ~ comm (perfect overlap: 0.5)
 
 
-def overlap_timings(payload_numel: int = 8_000_000, repeats: int = 9, group=None, device=None,
-                    nonblocking: bool = True) -> dict:
+def overlap_timings(
+    payload_numel: int = 8_000_000, repeats: int = 9, group=None, device=None, nonblocking: bool = True
+) -> dict:
     """Rank function for ranks 0 (sender) and 1 (receiver) of ``group``: seconds (medians) of
     ``comm``, ``compute``, ``blocking`` and ``nonblocking``, ``ratio`` (median of nonblocking/blocking over
     the interleaved pairs) and the received payload's check (``payload_ok``)."""
@@ -76,9 +78,14 @@ def overlap_timings(payload_numel: int = 8_000_000, repeats: int = 9, group=None
         blocking_t.append(_once(blocking, group))
         overlapped_t.append(_once(overlapped, group))
     ok = rank == 0 or bool(torch.equal(inbox.cpu(), torch.arange(payload_numel, dtype=torch.float32)))
-    return dict(comm=wait_s, compute=timed(compute), blocking=statistics.median(blocking_t),
-                nonblocking=statistics.median(overlapped_t),
-                ratio=statistics.median(o / b for o, b in zip(overlapped_t, blocking_t)), payload_ok=ok)
+    return dict(
+        comm=wait_s,
+        compute=timed(compute),
+        blocking=statistics.median(blocking_t),
+        nonblocking=statistics.median(overlapped_t),
+        ratio=statistics.median(o / b for o, b in zip(overlapped_t, blocking_t)),
+        payload_ok=ok,
+    )
 
 
 def _once(fn, group) -> float:
@@ -94,6 +101,8 @@ def check_overlap(timings: dict, limit: float = OVERLAP_LIMIT) -> float:
     """Raise ``AssertionError`` unless ``nonblocking <= limit x blocking`` (one rank's timings: the
     median over repeats of each interleaved pair's ratio, so drift between pairs cancels); return it."""
     ratio = timings["ratio"]
-    assert ratio <= limit, (f"non-blocking took {ratio:.2f}x the blocking variant (limit {limit}): "
-                            "the transfer did not proceed during the independent work")
+    assert ratio <= limit, (
+        f"non-blocking took {ratio:.2f}x the blocking variant (limit {limit}): "
+        "the transfer did not proceed during the independent work"
+    )
     return ratio

@@ -13,6 +13,7 @@ the fit never saw, at sizes 4-16x larger than any fitted size, from the algorith
 ``measure`` is the rank function (two or more ranks; ping-pong between ranks 0 and 1); ``predict``
 and ``fit_ping_pong`` are pure functions over its numbers.
 """
+
 from __future__ import annotations
 
 import time
@@ -74,9 +75,12 @@ def measure(fit_sizes, predict_sizes, ops=("all_reduce", "all_gather"), repeats:
         dist.all_reduce(dt, op=dist.ReduceOp.MAX)  # the slowest rank's time
         return float(dt.item())
 
-    cases = [("ping", s) for s in fit_sizes] + [("exchange", s) for s in fit_sizes] + \
-            [("reduce", s) for s in predict_sizes] + \
-            [(op, s) for op in ops for s in predict_sizes]
+    cases = (
+        [("ping", s) for s in fit_sizes]
+        + [("exchange", s) for s in fit_sizes]
+        + [("reduce", s) for s in predict_sizes]
+        + [(op, s) for op in ops for s in predict_sizes]
+    )
     times: dict = {c: [] for c in cases}
     for r in range(warmup + repeats):
         for kind, s in cases:
@@ -95,11 +99,16 @@ def measure(fit_sizes, predict_sizes, ops=("all_reduce", "all_gather"), repeats:
     # the fastest of the repeats: the undisturbed time (other processes share these cores; a median
     # still moves with their load, the minimum much less), for the fit and the prediction alike
     med = {c: min(v) for c, v in times.items()}
-    return dict(n=n, fit_sizes=list(fit_sizes), predict_sizes=list(predict_sizes), ops=list(ops),
-                one_way_s=[med[("ping", s)] for s in fit_sizes],
-                exchange_s=[med[("exchange", s)] for s in fit_sizes],
-                reduce_s=[med[("reduce", s)] for s in predict_sizes],
-                collective_s={op: [med[(op, s)] for s in predict_sizes] for op in ops})
+    return dict(
+        n=n,
+        fit_sizes=list(fit_sizes),
+        predict_sizes=list(predict_sizes),
+        ops=list(ops),
+        one_way_s=[med[("ping", s)] for s in fit_sizes],
+        exchange_s=[med[("exchange", s)] for s in fit_sizes],
+        reduce_s=[med[("reduce", s)] for s in predict_sizes],
+        collective_s={op: [med[(op, s)] for s in predict_sizes] for op in ops},
+    )
 
 
 def fit_ping_pong(sizes, one_way_s):
@@ -112,8 +121,9 @@ def gamma_per_byte(sizes, reduce_s) -> float:
     return float(np.median(np.asarray(reduce_s) / np.asarray(sizes, dtype=float)))
 
 
-def predict(op: str, nbytes, n: int, alpha_s: float, beta_bytes_per_s: float, gamma_s_per_byte: float,
-            algorithm: str = "ring"):
+def predict(
+    op: str, nbytes, n: int, alpha_s: float, beta_bytes_per_s: float, gamma_s_per_byte: float, algorithm: str = "ring"
+):
     """Seconds of ``op`` on ``n`` ranks from the algorithm's coefficients: ``k_α·α + k_β·S/β`` plus,
     for reducing ops, the local reductions: the ring reduce-scatter (alone or inside all_reduce)
     adds ``(n-1)/n`` of S, tree-like all_reduce algorithms ``k_β / 2`` of S (half their traffic is the

@@ -10,6 +10,7 @@
 - :func:`plot_algorithms`: α-β model time of several all-reduce algorithms vs size.
 Every function returns the matplotlib ``Figure``.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,7 +25,7 @@ def _block_label(block) -> str:
         return "?"
     chunks = {c for _, c in block}
     if len(block) == 1:
-        (s, c), = block
+        ((s, c),) = block
         return f"${LETTERS[c]}_{s}$"
     c = LETTERS[next(iter(chunks))] if len(chunks) == 1 else "x"
     return rf"$\Sigma {c}$"
@@ -38,17 +39,34 @@ def _draw_blocks(ax, per_rank, n_slots, title):
         y = n - 1 - r
         for x, block in enumerate(blocks):
             if block is None:
-                ax.add_patch(Rectangle((x + 0.05, y + 0.1), 0.9, 0.8, facecolor="#dddddd",
-                                       edgecolor="#888888", hatch="//"))
+                ax.add_patch(
+                    Rectangle((x + 0.05, y + 0.1), 0.9, 0.8, facecolor="#dddddd", edgecolor="#888888", hatch="//")
+                )
             else:
                 srcs = sorted({s for s, _ in block})
                 w = 0.9 / len(srcs)
                 for i, s in enumerate(srcs):
-                    ax.add_patch(Rectangle((x + 0.05 + i * w, y + 0.1), w, 0.8,
-                                           facecolor=PALETTE[s % len(PALETTE)], edgecolor="none", alpha=0.85))
+                    ax.add_patch(
+                        Rectangle(
+                            (x + 0.05 + i * w, y + 0.1),
+                            w,
+                            0.8,
+                            facecolor=PALETTE[s % len(PALETTE)],
+                            edgecolor="none",
+                            alpha=0.85,
+                        )
+                    )
                 ax.add_patch(Rectangle((x + 0.05, y + 0.1), 0.9, 0.8, fill=False, edgecolor="#333333"))
-            ax.text(x + 0.5, y + 0.5, _block_label(block), ha="center", va="center", fontsize=9,
-                    color="black", bbox=dict(boxstyle="round,pad=0.1", fc="white", ec="none", alpha=0.7))
+            ax.text(
+                x + 0.5,
+                y + 0.5,
+                _block_label(block),
+                ha="center",
+                va="center",
+                fontsize=9,
+                color="black",
+                bbox=dict(boxstyle="round,pad=0.1", fc="white", ec="none", alpha=0.7),
+            )
     ax.set_xlim(0, max(n_slots, 1))
     ax.set_ylim(0, n)
     ax.set_yticks([n - 1 - r + 0.5 for r in range(n)])
@@ -100,8 +118,16 @@ def draw_ring_schedule(n: int = 4):
         for t in range(steps):
             for r in range(n):
                 c = (r - t - 1) % n
-                ax.add_patch(Rectangle((t + 0.05, n - 1 - r + 0.1), 0.9, 0.8, facecolor=PALETTE[c % len(PALETTE)],
-                                       alpha=0.35 if t < n - 1 else 0.8, edgecolor="#333333"))
+                ax.add_patch(
+                    Rectangle(
+                        (t + 0.05, n - 1 - r + 0.1),
+                        0.9,
+                        0.8,
+                        facecolor=PALETTE[c % len(PALETTE)],
+                        alpha=0.35 if t < n - 1 else 0.8,
+                        edgecolor="#333333",
+                    )
+                )
                 ax.text(t + 0.5, n - 1 - r + 0.5, LETTERS[c], ha="center", va="center", fontsize=9)
         ax.axvline(n - 1, color="black", lw=1.5)
         ax.set_xlim(0, steps)
@@ -111,8 +137,12 @@ def draw_ring_schedule(n: int = 4):
         ax.set_yticks([n - 1 - r + 0.5 for r in range(n)])
         ax.set_yticklabels([f"rank {r}" for r in range(n)])
         ax.grid(False)
-        label(ax, "step (index): reduce-scatter | all-gather", "sender (rank)",
-              f"ring all-reduce, n={n}: chunk each rank sends to its right neighbour")
+        label(
+            ax,
+            "step (index): reduce-scatter | all-gather",
+            "sender (rank)",
+            f"ring all-reduce, n={n}: chunk each rank sends to its right neighbour",
+        )
     return fig
 
 
@@ -132,8 +162,16 @@ def plot_times(df, ax=None, title: str | None = "time per collective"):
     with style():
         for i, (meta, g) in enumerate(_series(df)):
             yerr = np.vstack([g["median_s"] - g["q25_s"], g["q75_s"] - g["median_s"]])
-            ax.errorbar(g["bytes"], g["median_s"], yerr=yerr, marker="o", ms=4, capsize=2,
-                        color=PALETTE[i % len(PALETTE)], label=_name(meta))
+            ax.errorbar(
+                g["bytes"],
+                g["median_s"],
+                yerr=yerr,
+                marker="o",
+                ms=4,
+                capsize=2,
+                color=PALETTE[i % len(PALETTE)],
+                label=_name(meta),
+            )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         label(ax, "message size S (bytes, nccl-tests convention)", "time (s)", title)
@@ -146,8 +184,9 @@ def plot_busbw(df, memcpy_bytes_per_s: float | None = None, ax=None, title: str 
     fig, ax = new_figure() if ax is None else (ax.figure, ax)
     with style():
         for i, (meta, g) in enumerate(_series(df)):
-            ax.plot(g["bytes"], g["busbw_Bps"] / 1e9, marker="o", ms=4, color=PALETTE[i % len(PALETTE)],
-                    label=_name(meta))
+            ax.plot(
+                g["bytes"], g["busbw_Bps"] / 1e9, marker="o", ms=4, color=PALETTE[i % len(PALETTE)], label=_name(meta)
+            )
         if memcpy_bytes_per_s:
             ax.axhline(memcpy_bytes_per_s / 1e9, ls="--", color="black", label="memcpy (same run)")
         ax.set_xscale("log", base=2)
@@ -160,10 +199,18 @@ def plot_fit(fit, train_bytes, train_s, test_bytes, test_s, ax=None):
     """Measured points (fitted ones filled, held-out ones open) and the fitted α-β line."""
     fig, ax = new_figure() if ax is None else (ax.figure, ax)
     with style():
-        xs = np.logspace(np.log2(min(min(train_bytes), min(test_bytes))),
-                         np.log2(max(max(train_bytes), max(test_bytes))), 100, base=2)
-        ax.plot(xs, fit.predict(xs), color=PALETTE[0],
-                label=f"model: α = {fit.alpha_s * 1e6:.1f} µs, β = {fit.beta_bytes_per_s / 1e9:.2f} GB/s")
+        xs = np.logspace(
+            np.log2(min(min(train_bytes), min(test_bytes))),
+            np.log2(max(max(train_bytes), max(test_bytes))),
+            100,
+            base=2,
+        )
+        ax.plot(
+            xs,
+            fit.predict(xs),
+            color=PALETTE[0],
+            label=f"model: α = {fit.alpha_s * 1e6:.1f} µs, β = {fit.beta_bytes_per_s / 1e9:.2f} GB/s",
+        )
         ax.plot(train_bytes, train_s, "o", color=PALETTE[1], label="measured, used for the fit")
         ax.plot(test_bytes, test_s, "s", mfc="none", color=PALETTE[3], ms=7, label="measured, held out")
         ax.set_xscale("log", base=2)
@@ -173,8 +220,15 @@ def plot_fit(fit, train_bytes, train_s, test_bytes, test_s, ax=None):
     return fig
 
 
-def plot_algorithms(model, n: int, sizes=None, algorithms=("ring", "tree", "recursive_doubling"),
-                    op: str = "all_reduce", ax=None, title: str | None = None):
+def plot_algorithms(
+    model,
+    n: int,
+    sizes=None,
+    algorithms=("ring", "tree", "recursive_doubling"),
+    op: str = "all_reduce",
+    ax=None,
+    title: str | None = None,
+):
     """α-β model time of each algorithm vs size for ``model`` (an ``AlphaBeta``) on ``n`` ranks;
     the ring/tree crossover (if any) is marked."""
     from .cost import crossover_bytes
@@ -189,8 +243,12 @@ def plot_algorithms(model, n: int, sizes=None, algorithms=("ring", "tree", "recu
             ax.axvline(s, ls=":", color="black", label=f"ring = tree at {s / 1e6:.3g} MB")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        label(ax, "message size S (bytes)", "model time (s)",
-              title or f"{op} on {n} ranks: α = {model.alpha_s * 1e6:.3g} µs, "
-                       f"β = {model.beta_bytes_per_s / 1e9:.3g} GB/s")
+        label(
+            ax,
+            "message size S (bytes)",
+            "model time (s)",
+            title
+            or f"{op} on {n} ranks: α = {model.alpha_s * 1e6:.3g} µs, β = {model.beta_bytes_per_s / 1e9:.3g} GB/s",
+        )
         ax.legend()
     return fig

@@ -23,6 +23,7 @@ those formulas; tests pin each against this counter.
 Where the OS has no such counter (macOS, Windows) ``available()`` is False and ``WireCounter`` raises
 ``WireCounterUnavailable``; notebooks then show the model only and say so.
 """
+
 from __future__ import annotations
 
 import os

@@ -30,6 +30,7 @@ Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
 - Structured outputs (``structured``): ``Grammar.compile(json_schema=|regex=|choice=)``, a budget-aware
   token mask over outlines-core's automaton, ``apply_mask``, ``generate_structured``.
 """
+
 from .kv_cache import DTYPE_BYTES, KVCache, kv_bytes_per_token, kv_cache_bytes, max_concurrent_sequences, weight_bytes
 from .tokenizer import ByteTokenizer
 
@@ -72,16 +73,31 @@ __all__ = [
 
 _LAZY = {
     "generate": ".generation",
-    "StepCost": ".roofline", "step_cost": ".roofline", "prefill_cost": ".roofline", "decode_cost": ".roofline",
-    "measure_throughput": ".roofline", "machine_roofline": ".roofline", "matmul_params": ".roofline",
-    "attention_flops": ".roofline", "Generation": ".generation",
-    "BlockManager": ".paged", "PagedKVCache": ".paged", "paged_attention": ".paged",
+    "StepCost": ".roofline",
+    "step_cost": ".roofline",
+    "prefill_cost": ".roofline",
+    "decode_cost": ".roofline",
+    "measure_throughput": ".roofline",
+    "machine_roofline": ".roofline",
+    "matmul_params": ".roofline",
+    "attention_flops": ".roofline",
+    "Generation": ".generation",
+    "BlockManager": ".paged",
+    "PagedKVCache": ".paged",
+    "paged_attention": ".paged",
     "RadixCache": ".radix",
-    "LLM": ".engine", "LLMEngine": ".engine", "SamplingParams": ".sampling_params",
-    "RequestOutput": ".sequence", "CompletionOutput": ".sequence",
-    "speculative_generate": ".speculative", "best_k": ".speculative", "expected_speedup": ".speculative",
+    "LLM": ".engine",
+    "LLMEngine": ".engine",
+    "SamplingParams": ".sampling_params",
+    "RequestOutput": ".sequence",
+    "CompletionOutput": ".sequence",
+    "speculative_generate": ".speculative",
+    "best_k": ".speculative",
+    "expected_speedup": ".speculative",
     "expected_tokens_per_step": ".speculative",
-    "Grammar": ".structured", "GrammarError": ".structured", "apply_mask": ".structured",
+    "Grammar": ".structured",
+    "GrammarError": ".structured",
+    "apply_mask": ".structured",
     "generate_structured": ".structured",
 }
 

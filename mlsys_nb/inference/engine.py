@@ -14,6 +14,7 @@ max_num_batched_tokens=512, enable_prefix_caching=True, enable_chunked_prefill=T
 notebook and the benchmark): ``continuous_batching=False`` (static batching),
 ``preemption_mode="swap"`` with ``swap_blocks`` CPU blocks.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -47,13 +48,28 @@ class _Timer:
 
 
 class LLMEngine:
-    def __init__(self, model, tokenizer=None, *, block_size: int = 16, num_blocks: int | None = None,
-                 max_num_seqs: int = 64, max_num_batched_tokens: int = 512, enable_prefix_caching: bool = True,
-                 enable_chunked_prefill: bool = True, continuous_batching: bool = True,
-                 preemption_mode: str = "recompute", swap_blocks: int | None = None,
-                 kv_cache_memory: int = 256 * 2**20, seed: int = 0):
-        for name, value, low in (("block_size", block_size, 1), ("max_num_seqs", max_num_seqs, 1),
-                                 ("max_num_batched_tokens", max_num_batched_tokens, 1)):
+    def __init__(
+        self,
+        model,
+        tokenizer=None,
+        *,
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 512,
+        enable_prefix_caching: bool = True,
+        enable_chunked_prefill: bool = True,
+        continuous_batching: bool = True,
+        preemption_mode: str = "recompute",
+        swap_blocks: int | None = None,
+        kv_cache_memory: int = 256 * 2**20,
+        seed: int = 0,
+    ):
+        for name, value, low in (
+            ("block_size", block_size, 1),
+            ("max_num_seqs", max_num_seqs, 1),
+            ("max_num_batched_tokens", max_num_batched_tokens, 1),
+        ):
             if not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}={value!r}: must be an integer >= {low}")
         if preemption_mode not in PREEMPTION_MODES:
@@ -62,8 +78,13 @@ class LLMEngine:
         self.model = resolve_model(model, seed).eval()
         self.tokenizer = resolve_tokenizer(tokenizer, self.model, hf)
         # the end-of-sequence id: the tokenizer's, else a transformers model's generation config's
-        eos = getattr(self.tokenizer, "eos_token_id", None) if self.tokenizer is not None else \
-            getattr(getattr(model, "generation_config", None), "eos_token_id", None) if hf else None
+        eos = (
+            getattr(self.tokenizer, "eos_token_id", None)
+            if self.tokenizer is not None
+            else getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+            if hf
+            else None
+        )
         self.eos_token_ids = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
         cfg = self.model.cfg
         p = next(self.model.parameters())
@@ -75,16 +96,30 @@ class LLMEngine:
             raise ValueError(f"num_blocks={num_blocks!r}: must be an integer >= 2")
         self.max_model_len = min(cfg.seq_len, num_blocks * block_size)  # one sequence alone always fits
         if not enable_chunked_prefill and max_num_batched_tokens < self.max_model_len:
-            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} must be >= the context "
-                             f"max_model_len={self.max_model_len} without chunked prefill (a prompt is computed "
-                             f"in one step)")
-        self.kv = PagedKVCache(cfg, num_blocks=num_blocks, block_size=block_size, dtype=p.dtype, device=p.device,
-                               prefix_caching=enable_prefix_caching, max_seq_len=self.max_model_len)
+            raise ValueError(
+                f"max_num_batched_tokens={max_num_batched_tokens} must be >= the context "
+                f"max_model_len={self.max_model_len} without chunked prefill (a prompt is computed "
+                f"in one step)"
+            )
+        self.kv = PagedKVCache(
+            cfg,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            dtype=p.dtype,
+            device=p.device,
+            prefix_caching=enable_prefix_caching,
+            max_seq_len=self.max_model_len,
+        )
         pool = SwapPool(self.kv, swap_blocks or num_blocks) if preemption_mode == "swap" else None
-        self.scheduler = Scheduler(self.kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                   enable_chunked_prefill=enable_chunked_prefill,
-                                   continuous_batching=continuous_batching, preemption_mode=preemption_mode,
-                                   swap_pool=pool)
+        self.scheduler = Scheduler(
+            self.kv,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_chunked_prefill=enable_chunked_prefill,
+            continuous_batching=continuous_batching,
+            preemption_mode=preemption_mode,
+            swap_pool=pool,
+        )
         self.runner = ModelRunner(self.model, self.kv)
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.requests: dict[str, list[Sequence]] = {}
@@ -93,8 +128,9 @@ class LLMEngine:
         self._ids = itertools.count()
 
     # ---- requests ------------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None,
-                    arrival_time: float | None = None) -> None:
+    def add_request(
+        self, request_id: str, prompt, params: SamplingParams | None = None, arrival_time: float | None = None
+    ) -> None:
         """Queue one request; ``prompt`` is a string (needs a tokenizer) or a list of token ids."""
         params = params or SamplingParams()
         if request_id in self.requests:
@@ -106,15 +142,25 @@ class LLMEngine:
         if any(not 0 <= t < vocab for t in ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab}) (the model's vocab_size)")
         if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt of {len(ids)} tokens is too long: the context is max_model_len="
-                             f"{self.max_model_len} tokens, including at least one generated token")
+            raise ValueError(
+                f"prompt of {len(ids)} tokens is too long: the context is max_model_len="
+                f"{self.max_model_len} tokens, including at least one generated token"
+            )
         grammar = self._grammar(params, ids) if params.structured else None  # errors before anything is allocated
         now = time.perf_counter() if arrival_time is None else arrival_time
         seqs = []
         for i in range(params.n):
             gen = None if params.seed is None else torch.Generator(device="cpu").manual_seed(params.seed + i)
-            seq = Sequence(next(self._ids), request_id, ids, params, index=i, arrival_time=now, generator=gen,
-                           prompt=prompt if isinstance(prompt, str) else None)
+            seq = Sequence(
+                next(self._ids),
+                request_id,
+                ids,
+                params,
+                index=i,
+                arrival_time=now,
+                generator=gen,
+                prompt=prompt if isinstance(prompt, str) else None,
+            )
             seq.allowed = None if grammar is None else grammar.walker(params.max_tokens)
             self.scheduler.add(seq)
             seqs.append(seq)
@@ -125,16 +171,25 @@ class LLMEngine:
         from .structured import Grammar, GrammarError
 
         if not isinstance(self.tokenizer, ByteTokenizer) or not self.eos_token_ids:
-            raise GrammarError("structured outputs need the byte tokenizer with an end-of-sequence id "
-                               "(vocab_size > 256)")
-        g = Grammar.compile(json_schema=params.json_schema, regex=params.regex, choice=params.choice,
-                            vocab_size=self.model.cfg.vocab_size, eos_id=min(self.eos_token_ids))
+            raise GrammarError(
+                "structured outputs need the byte tokenizer with an end-of-sequence id (vocab_size > 256)"
+            )
+        g = Grammar.compile(
+            json_schema=params.json_schema,
+            regex=params.regex,
+            choice=params.choice,
+            vocab_size=self.model.cfg.vocab_size,
+            eos_id=min(self.eos_token_ids),
+        )
         if params.max_tokens < max(1, g.min_tokens):
-            raise GrammarError(f"max_tokens={params.max_tokens} is out of range: the shortest match takes "
-                               f"{g.min_tokens} tokens")
+            raise GrammarError(
+                f"max_tokens={params.max_tokens} is out of range: the shortest match takes {g.min_tokens} tokens"
+            )
         if len(ids) + g.min_tokens > self.max_model_len:
-            raise GrammarError(f"prompt of {len(ids)} tokens + the shortest match ({g.min_tokens}) exceeds "
-                               f"max_model_len={self.max_model_len}")
+            raise GrammarError(
+                f"prompt of {len(ids)} tokens + the shortest match ({g.min_tokens}) exceeds "
+                f"max_model_len={self.max_model_len}"
+            )
         return g
 
     def abort_request(self, request_id: str) -> None:
@@ -151,31 +206,40 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule -> run the model on the batch -> sample -> update."""
         t = _Timer()
-        scheduled = self.scheduler.schedule()                                   # 1. schedule
+        scheduled = self.scheduler.schedule()  # 1. schedule
         t("schedule")
         if not scheduled:
             if self.scheduler.waiting and not self.scheduler.running and not self.scheduler.swapped:
-                raise RuntimeError(f"{len(self.scheduler.waiting)} waiting requests and none can be admitted "
-                                   f"({self.kv.manager.num_free_blocks()} free blocks): the engine would hang")
+                raise RuntimeError(
+                    f"{len(self.scheduler.waiting)} waiting requests and none can be admitted "
+                    f"({self.kv.manager.num_free_blocks()} free blocks): the engine would hang"
+                )
             return []
-        logits, batch = self.runner.run(scheduled, timer=t)                     # 2. prepare + forward
+        logits, batch = self.runner.run(scheduled, timer=t)  # 2. prepare + forward
         if any(getattr(s, "allowed", None) is not None for s in batch.sample_seqs):  # grammar masks
             logits = logits.clone()
             for i, seq in enumerate(batch.sample_seqs):
                 mask = None if seq.allowed is None else seq.allowed(seq.output_token_ids)
                 if mask is not None:
                     logits[i] = apply_mask(logits[i], mask)
-        tokens, logprobs = sample(logits, batch.sample_seqs, self.generator,   # 3. sample
-                                  self.tokenizer if any(s.params.logprobs for s in batch.sample_seqs) else None)
+        tokens, logprobs = sample(
+            logits,
+            batch.sample_seqs,
+            self.generator,  # 3. sample
+            self.tokenizer if any(s.params.logprobs for s in batch.sample_seqs) else None,
+        )
         t("sample")
-        self.scheduler.update(scheduled)                                        # 4. update: K/V are cached,
+        self.scheduler.update(scheduled)  # 4. update: K/V are cached,
         now = time.perf_counter()
-        for seq, tok, lp in zip(batch.sample_seqs, tokens, logprobs):           #    new tokens, stop checks
+        for seq, tok, lp in zip(batch.sample_seqs, tokens, logprobs):  #    new tokens, stop checks
             self._append_token(seq, tok, lp, now)
         outputs = [self._output(rid) for rid in dict.fromkeys(s.request_id for s in batch.sample_seqs)]
         t("postprocess")
-        self.step_times.append(dict(t.times, num_seqs=len(scheduled), num_tokens=sum(n for _, n in scheduled),
-                                    num_decodes=batch.num_decodes))
+        self.step_times.append(
+            dict(
+                t.times, num_seqs=len(scheduled), num_tokens=sum(n for _, n in scheduled), num_decodes=batch.num_decodes
+            )
+        )
         return outputs
 
     def _append_token(self, seq: Sequence, tok: int, lp, now: float) -> None:
@@ -217,8 +281,15 @@ class LLMEngine:
             del self.requests[request_id]
             self.stats["requests_finished"] += 1
         s0 = seqs[0]
-        return RequestOutput(request_id, s0.prompt, list(s0.prompt_token_ids), [s.completion() for s in seqs],
-                             done, s0.metrics, s0.num_cached_tokens)
+        return RequestOutput(
+            request_id,
+            s0.prompt,
+            list(s0.prompt_token_ids),
+            [s.completion() for s in seqs],
+            done,
+            s0.metrics,
+            s0.num_cached_tokens,
+        )
 
     # ---- tokens <-> text -----------------------------------------------------------------------
     def encode(self, prompt) -> list[int]:
@@ -264,9 +335,15 @@ class LLMEngine:
     def status(self) -> dict:
         """Queue lengths and KV blocks in use (what ``/metrics`` exports)."""
         s = self.scheduler
-        return {"running": len(s.running), "waiting": len(s.waiting), "swapped": len(s.swapped),
-                "blocks_used": self.num_blocks_used(), "blocks_total": self.kv.manager.num_blocks,
-                "preemptions": dict(s.num_preemptions), **self.stats}
+        return {
+            "running": len(s.running),
+            "waiting": len(s.waiting),
+            "swapped": len(s.swapped),
+            "blocks_used": self.num_blocks_used(),
+            "blocks_total": self.kv.manager.num_blocks,
+            "preemptions": dict(s.num_preemptions),
+            **self.stats,
+        }
 
 
 class LLM:
@@ -279,14 +356,34 @@ class LLM:
     (drafted tokens are masked by the grammar too); top_k/top_p, stop strings, logprobs and n > 1 are
     not (ValueError). ``spec_stats``: one ``SpecStats`` per request (α, tokens per forward)."""
 
-    def __init__(self, model, *, tokenizer=None, block_size: int = 16, num_blocks: int | None = None,
-                 max_num_seqs: int = 64, max_num_batched_tokens: int = 512, enable_prefix_caching: bool = True,
-                 enable_chunked_prefill: bool = True, seed: int = 0, speculative_model=None,
-                 num_speculative_tokens: int = 4, **engine_options):
-        self.engine = LLMEngine(model, tokenizer, block_size=block_size, num_blocks=num_blocks,
-                                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                enable_prefix_caching=enable_prefix_caching,
-                                enable_chunked_prefill=enable_chunked_prefill, seed=seed, **engine_options)
+    def __init__(
+        self,
+        model,
+        *,
+        tokenizer=None,
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 512,
+        enable_prefix_caching: bool = True,
+        enable_chunked_prefill: bool = True,
+        seed: int = 0,
+        speculative_model=None,
+        num_speculative_tokens: int = 4,
+        **engine_options,
+    ):
+        self.engine = LLMEngine(
+            model,
+            tokenizer,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_prefix_caching=enable_prefix_caching,
+            enable_chunked_prefill=enable_chunked_prefill,
+            seed=seed,
+            **engine_options,
+        )
         self._next = itertools.count()
         self.seed, self.spec_stats = seed, []
         self.speculative_model, self.num_speculative_tokens = None, num_speculative_tokens
@@ -296,8 +393,10 @@ class LLM:
                 raise ValueError(f"num_speculative_tokens={k!r} is out of range: allowed an int >= 1")
             draft = "ngram" if speculative_model == "ngram" else resolve_model(speculative_model, seed + 1).eval()
             if draft != "ngram" and draft.cfg.vocab_size != self.engine.model.cfg.vocab_size:
-                raise ValueError(f"speculative_model vocab_size={draft.cfg.vocab_size} differs from the target's "
-                                 f"{self.engine.model.cfg.vocab_size}")
+                raise ValueError(
+                    f"speculative_model vocab_size={draft.cfg.vocab_size} differs from the target's "
+                    f"{self.engine.model.cfg.vocab_size}"
+                )
             self.speculative_model = draft
 
     def get_tokenizer(self):
@@ -306,13 +405,15 @@ class LLM:
     def load_weights(self, state_dict) -> None:
         self.engine.load_weights(state_dict)
 
-    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(
+        self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = True
+    ) -> list[RequestOutput]:
         """One ``RequestOutput`` per prompt, in order.
 
         ``prompts``: a string, a list of token ids, or a list of those."""
-        single = isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
-                                              and isinstance(prompts[0], int))
+        single = isinstance(prompts, str) or (
+            isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)
+        )
         prompts = [prompts] if single else list(prompts)
         params = sampling_params if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(prompts)
         if len(params) != len(prompts):
@@ -334,7 +435,6 @@ class LLM:
                         bar.update(1)
         return [done[i] for i in ids]
 
-
     def _generate_speculative(self, prompts, params) -> list[RequestOutput]:
         from .speculative import speculative_generate
 
@@ -342,9 +442,14 @@ class LLM:
         checked = []
         for prompt, p in zip(prompts, params):  # every request is validated before any runs
             p = p or SamplingParams()
-            for name, ok in (("top_k", p.top_k == -1), ("top_p", p.top_p == 1.0), ("stop", not p.stop),
-                             ("stop_token_ids", not p.stop_token_ids), ("logprobs", p.logprobs is None),
-                             ("n", p.n == 1)):
+            for name, ok in (
+                ("top_k", p.top_k == -1),
+                ("top_p", p.top_p == 1.0),
+                ("stop", not p.stop),
+                ("stop_token_ids", not p.stop_token_ids),
+                ("logprobs", p.logprobs is None),
+                ("n", p.n == 1),
+            ):
                 if not ok:
                     raise ValueError(f"{name}={getattr(p, name)!r} is not supported with speculative decoding here")
             ids = eng.encode(prompt)
@@ -355,16 +460,24 @@ class LLM:
         for prompt, p, ids, grammar in checked:
             eos = None if p.ignore_eos or not eng.eos_token_ids else min(eng.eos_token_ids)
             toks, stats = speculative_generate(
-                eng.model, ids, draft=self.speculative_model, k=self.num_speculative_tokens,
-                max_new_tokens=p.max_tokens, temperature=p.temperature, seed=self.seed if p.seed is None else p.seed,
-                eos_id=eos, allowed=None if grammar is None else grammar.walker(p.max_tokens))
+                eng.model,
+                ids,
+                draft=self.speculative_model,
+                k=self.num_speculative_tokens,
+                max_new_tokens=p.max_tokens,
+                temperature=p.temperature,
+                seed=self.seed if p.seed is None else p.seed,
+                eos_id=eos,
+                allowed=None if grammar is None else grammar.walker(p.max_tokens),
+            )
             self.spec_stats.append(stats)
             stop = bool(toks) and toks[-1] == eos
             text_ids = toks[:-1] if stop and toks[-1] == eos else toks
             text = eng.decode(text_ids) if eng.tokenizer is not None else ""
             out = CompletionOutput(0, text, list(toks), None, None, "stop" if stop else "length")
-            outs.append(RequestOutput(str(next(self._next)), prompt if isinstance(prompt, str) else None, ids, [out],
-                                      True))
+            outs.append(
+                RequestOutput(str(next(self._next)), prompt if isinstance(prompt, str) else None, ids, [out], True)
+            )
         return outs
 
 
@@ -385,8 +498,10 @@ def resolve_model(model, seed: int = 0):
         from ..models import from_hf
 
         return from_hf(model)
-    raise TypeError(f"model={type(model).__name__}: expected a preset name, a ModelConfig, a Transformer "
-                    "or a transformers causal LM")
+    raise TypeError(
+        f"model={type(model).__name__}: expected a preset name, a ModelConfig, a Transformer "
+        "or a transformers causal LM"
+    )
 
 
 def _is_hf(model) -> bool:

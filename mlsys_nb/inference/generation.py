@@ -7,6 +7,7 @@ steps of one token for the sequences still running (finished ones leave the batc
 Returns ``Generation`` records with the text, the token ids and timings (time to first token,
 time per output token), the two latencies serving systems report.
 """
+
 from __future__ import annotations
 
 import time
@@ -36,8 +37,9 @@ def _sample(logits: torch.Tensor, temperature: float, gen: torch.Generator) -> t
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompts, max_new_tokens: int = 32, *, temperature: float = 0.0, seed: int = 0,
-             cache=None) -> list[Generation]:
+def generate(
+    model, tokenizer, prompts, max_new_tokens: int = 32, *, temperature: float = 0.0, seed: int = 0, cache=None
+) -> list[Generation]:
     """Generate continuations of ``prompts`` (a str or a list of str) with the KV cache."""
     if isinstance(prompts, str):
         prompts = [prompts]
@@ -51,8 +53,10 @@ def generate(model, tokenizer, prompts, max_new_tokens: int = 32, *, temperature
     limit = model.cfg.seq_len
     for p, x in zip(prompts, ids):
         if len(x) + max_new_tokens > limit:
-            raise ValueError(f"prompt of {len(x)} tokens + max_new_tokens={max_new_tokens} exceeds the "
-                             f"context cfg.seq_len={limit} ({p[:30]!r}...)")
+            raise ValueError(
+                f"prompt of {len(x)} tokens + max_new_tokens={max_new_tokens} exceeds the "
+                f"context cfg.seq_len={limit} ({p[:30]!r}...)"
+            )
     b, device = len(ids), next(model.parameters()).device
     cache = cache or KVCache(model, b, max(len(x) for x in ids) + max_new_tokens)
     gen = torch.Generator().manual_seed(seed)
@@ -64,7 +68,7 @@ def generate(model, tokenizer, prompts, max_new_tokens: int = 32, *, temperature
     s = max(len(x) for x in ids)
     tokens = torch.zeros(b, s, dtype=torch.long, device=device)
     for i, x in enumerate(ids):
-        tokens[i, :len(x)] = torch.tensor(x)
+        tokens[i, : len(x)] = torch.tensor(x)
     n_new = [len(x) for x in ids]
     t0 = time.perf_counter()
     cache.plan(list(range(b)), n_new)

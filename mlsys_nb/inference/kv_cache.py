@@ -43,6 +43,7 @@ n_layers · bytes · tokens (DeepSeek-AI, 2024, arXiv:2405.04434, §2.1.4 and Ta
 ``max_concurrent_sequences(model, gpu, seq_len, ...)``: how many full-length sequences fit in the
 GPU memory left after the weights.
 """
+
 from __future__ import annotations
 
 import math
@@ -52,14 +53,16 @@ import torch.nn.functional as F
 
 from ..config import DTYPE_BYTES, ModelConfig, dtype_bytes, torch_dtype
 
-__all__ = ["DTYPE_BYTES", "KVCache", "kv_bytes_per_token", "kv_cache_bytes", "max_concurrent_sequences",
-           "weight_bytes"]
+__all__ = ["DTYPE_BYTES", "KVCache", "kv_bytes_per_token", "kv_cache_bytes", "max_concurrent_sequences", "weight_bytes"]
+
 
 def _dtype_bytes(dtype) -> float:
     return dtype_bytes(dtype)
 
+
 def _torch_dtype(dtype):
     return torch.float32 if dtype is None else torch_dtype(dtype)
+
 
 def _config(model) -> ModelConfig:
     """A ModelConfig from a preset name, a ModelConfig, or anything with ``.cfg`` (Transformer)."""
@@ -74,6 +77,7 @@ def _config(model) -> ModelConfig:
         return cfg
     raise TypeError(f"model must be a preset name, a ModelConfig or a Transformer, got {type(model).__name__}")
 
+
 # ---- sizes ---------------------------------------------------------------------------------------
 def kv_bytes_per_token(model, dtype="bf16") -> float:
     """Bytes cached per token over all layers (K and V; MLA: latent + shared RoPE key)."""
@@ -82,6 +86,7 @@ def kv_bytes_per_token(model, dtype="bf16") -> float:
     if cfg.kv_lora_rank:  # MLA (DeepSeek-V2/V3)
         return (cfg.kv_lora_rank + cfg.rope_head_dim) * cfg.n_layers * b
     return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * b
+
 
 def kv_cache_bytes(model, tokens: int, dtype="bf16") -> int:
     """Bytes to cache ``tokens`` tokens (summed over sequences), all layers, K and V.
@@ -93,14 +98,17 @@ def kv_cache_bytes(model, tokens: int, dtype="bf16") -> int:
         raise ValueError(f"tokens={tokens!r} is out of range: allowed an int >= 0")
     return math.ceil(kv_bytes_per_token(model, dtype) * tokens)
 
+
 def weight_bytes(model, dtype="bf16") -> float:
     """Bytes of all parameters (a tied head once) at ``dtype``."""
     from ..memory import param_count
 
     return int(param_count(_config(model))) * _dtype_bytes(dtype)
 
-def max_concurrent_sequences(model, gpu, seq_len: int, *, dtype="bf16", weight_dtype="bf16", tp: int = 1,
-                             gpu_memory_utilization: float = 0.9) -> int:
+
+def max_concurrent_sequences(
+    model, gpu, seq_len: int, *, dtype="bf16", weight_dtype="bf16", tp: int = 1, gpu_memory_utilization: float = 0.9
+) -> int:
     """Full-length sequences of ``seq_len`` tokens whose KV cache fits next to the weights.
 
     Per GPU: budget = gpu_memory_utilization · memory_bytes − weight_bytes / tp; each sequence
@@ -124,6 +132,7 @@ def max_concurrent_sequences(model, gpu, seq_len: int, *, dtype="bf16", weight_d
     kv_shards = 1 if cfg.kv_lora_rank else min(tp, cfg.n_kv_heads)
     per_seq = kv_cache_bytes(cfg, seq_len, dtype) / kv_shards
     return int(budget // per_seq)
+
 
 # ---- the contiguous cache ------------------------------------------------------------------------
 class KVCache:
@@ -189,8 +198,9 @@ class KVCache:
         ids = torch.arange(b) if ids is None else ids
         n = torch.full((b,), s, dtype=torch.long) if n is None else n
         if ids.numel() != b or n.numel() != b:
-            raise ValueError(f"the batch has {b} rows but the plan has {ids.numel()} sequences / "
-                             f"{n.numel()} new-token counts")
+            raise ValueError(
+                f"the batch has {b} rows but the plan has {ids.numel()} sequences / {n.numel()} new-token counts"
+            )
         if b > self.n_seqs:
             raise ValueError(f"batch of {b} rows exceeds n_seqs={self.n_seqs}")
         if int(n.min()) < 1 or int(n.max()) > s:
@@ -199,8 +209,9 @@ class KVCache:
         over = (start + n) > self.max_len
         if over.any():
             i = int(over.nonzero()[0])
-            raise ValueError(f"sequence {int(ids[i])} has {int(start[i])} cached tokens + {int(n[i])} new > "
-                             f"max_len={self.max_len}")
+            raise ValueError(
+                f"sequence {int(ids[i])} has {int(start[i])} cached tokens + {int(n[i])} new > max_len={self.max_len}"
+            )
         self._step = (ids, n, start, b, s)
         j = torch.arange(s)
         return start[:, None] + torch.minimum(j[None, :], n[:, None] - 1)
@@ -237,5 +248,7 @@ class KVCache:
         self._step = None
 
     def __repr__(self):
-        return (f"KVCache(n_seqs={self.n_seqs}, max_len={self.max_len}, dtype={self.k.dtype}, "
-                f"lengths={self.lengths.tolist()}, {self.nbytes / 2**20:.2f} MiB)")
+        return (
+            f"KVCache(n_seqs={self.n_seqs}, max_len={self.max_len}, dtype={self.k.dtype}, "
+            f"lengths={self.lengths.tolist()}, {self.nbytes / 2**20:.2f} MiB)"
+        )

@@ -14,6 +14,7 @@ step N, the CPU prepares step N+1. Sequential step time is c + g (CPU c, GPU g);
 max(c, g), so the closed-form speed-up is ``(c + g) / max(c, g)`` (at most 2, when c = g).
 ``overlap_speedup`` is that model, applied in the notebook to measured phase times.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -41,8 +42,13 @@ def summarize(outputs, duration: float) -> dict:
     itl = [g * ms for o in outputs for g in o.metrics.itl]
     out_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     in_tokens = sum(len(o.prompt_token_ids) for o in outputs)
-    row = {"requests": len(outputs), "duration_s": duration, "requests_per_s": len(outputs) / duration,
-           "output_tokens_per_s": out_tokens / duration, "total_tokens_per_s": (in_tokens + out_tokens) / duration}
+    row = {
+        "requests": len(outputs),
+        "duration_s": duration,
+        "requests_per_s": len(outputs) / duration,
+        "output_tokens_per_s": out_tokens / duration,
+        "total_tokens_per_s": (in_tokens + out_tokens) / duration,
+    }
     for name, xs in (("ttft_ms", ttft), ("tpot_ms", tpot), ("itl_ms", itl), ("e2e_ms", e2e)):
         for p in PERCENTILES:
             row[f"{name}_p{p}"] = percentile(xs, p) if xs else float("nan")
@@ -71,8 +77,9 @@ def overlap_speedup(cpu_s: float, model_s: float) -> float:
     return (cpu_s + model_s) / max(cpu_s, model_s)
 
 
-def measure_decode_overhead(make_engine, batch_sizes, *, prompt_len: int = 16, steps: int = 20,
-                            use_tqdm: bool = True) -> list[dict]:
+def measure_decode_overhead(
+    make_engine, batch_sizes, *, prompt_len: int = 16, steps: int = 20, use_tqdm: bool = True
+) -> list[dict]:
     """For each batch size B: B requests decode together for ``steps`` steps; median phase times.
 
     ``make_engine()`` returns a fresh ``LLMEngine`` (it must hold B sequences)."""

@@ -28,6 +28,7 @@ captured CUDA graph per batch-size bucket; a batch is padded up to its bucket by
 row (the repeated row writes the same K/V value into the same slot, so padding changes nothing).
 On CPU the launch overhead it removes is what ``LLMEngine.step_times`` measures as CPU time.
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,8 +49,10 @@ class StepBatch:
         self.kv = kv
         bs = kv.block_size
         # decodes (one new token) first, then prefill chunks: the decodes share one attention call
-        order = sorted(range(len(scheduled)),  # decodes by context length: groups of similar lengths
-                       key=lambda i: (scheduled[i][1] != 1, scheduled[i][0].num_computed_tokens))
+        order = sorted(
+            range(len(scheduled)),  # decodes by context length: groups of similar lengths
+            key=lambda i: (scheduled[i][1] != 1, scheduled[i][0].num_computed_tokens),
+        )
         self.seqs = [scheduled[i][0] for i in order]
         tokens, positions, slots, self.prefills, dec_tables, dec_lens = [], [], [], [], [], []
         self.sample_rows, self.sample_seqs = [], []
@@ -58,7 +61,7 @@ class StepBatch:
             table = kv.manager.seqs[seq.seq_id].table
             pos = range(start, start + n)
             off = len(tokens)
-            tokens += seq.token_ids[start:start + n]
+            tokens += seq.token_ids[start : start + n]
             positions += pos
             slots += [table[p // bs] * bs + p % bs for p in pos]
             if n == 1:
@@ -81,10 +84,16 @@ class StepBatch:
             # one attention call per group of DECODE_GROUP rows, each padded only to its own longest table
             self.dec_groups = []
             for lo in range(0, len(dec_tables), DECODE_GROUP):
-                group = dec_tables[lo:lo + DECODE_GROUP]
+                group = dec_tables[lo : lo + DECODE_GROUP]
                 w = max(map(len, group))
-                self.dec_groups.append((lo, lo + len(group), self.dec_tables[lo:lo + len(group), :w],
-                                        self.dec_lens[lo:lo + len(group)]))
+                self.dec_groups.append(
+                    (
+                        lo,
+                        lo + len(group),
+                        self.dec_tables[lo : lo + len(group), :w],
+                        self.dec_lens[lo : lo + len(group)],
+                    )
+                )
         self.scheduled = [(s, n) for s, n in (scheduled[i] for i in order)]
 
     def begin(self, b: int, s: int) -> torch.Tensor:
@@ -105,7 +114,7 @@ class StepBatch:
             out = paged_attention(qd, kc, vc, tables, lens)
             outs.append(out.squeeze(2).transpose(0, 1))  # [heads, rows, d]
         for off, n, table, ctx in self.prefills:
-            outs.append(paged_attention(q[:, :, off:off + n], kc, vc, table[None].to(q.device), ctx.to(q.device))[0])
+            outs.append(paged_attention(q[:, :, off : off + n], kc, vc, table[None].to(q.device), ctx.to(q.device))[0])
         return torch.cat(outs, dim=1)[None].to(q.dtype)
 
 
@@ -201,7 +210,7 @@ class CUDAGraphRunner:
         b = next(x for x in self.buckets if x >= batch.num_decodes)
         self.io[b].load(batch)
         self.graphs[b].replay()
-        return self.io[b].logits[:batch.num_decodes][batch.sample_rows]
+        return self.io[b].logits[: batch.num_decodes][batch.sample_rows]
 
 
 class _StaticDecode(StepBatch):
@@ -224,5 +233,5 @@ class _StaticDecode(StepBatch):
         self.positions[0] = batch.positions[0][rows]
         self.slots.copy_(batch.slots[rows])
         self.dec_tables.zero_()
-        self.dec_tables[:, :batch.dec_tables.shape[1]] = batch.dec_tables[rows]
+        self.dec_tables[:, : batch.dec_tables.shape[1]] = batch.dec_tables[rows]
         self.dec_lens.copy_(batch.dec_lens[rows])

@@ -26,6 +26,7 @@ Three pieces, each readable on its own:
 Errors name the value and the limit, and a failing call changes nothing (the tests run
 ``check_invariants()`` after every failing call).
 """
+
 from __future__ import annotations
 
 import math
@@ -75,8 +76,9 @@ class BlockManager:
     sequence (prompt + generated tokens) allowed (default: the whole pool); ``prefix_caching``
     shares full blocks between sequences with the same token prefix."""
 
-    def __init__(self, num_blocks: int, block_size: int = 16, *, max_seq_len: int | None = None,
-                 prefix_caching: bool = True):
+    def __init__(
+        self, num_blocks: int, block_size: int = 16, *, max_seq_len: int | None = None, prefix_caching: bool = True
+    ):
         num_blocks, block_size = check_int("num_blocks", num_blocks), check_int("block_size", block_size)
         if max_seq_len is not None:
             max_seq_len = check_int("max_seq_len", max_seq_len)
@@ -84,9 +86,9 @@ class BlockManager:
         self.max_seq_len = max_seq_len if max_seq_len is not None else num_blocks * block_size
         self.prefix_caching = prefix_caching
         self.ref_count = [0] * num_blocks
-        self.hash_of = [NO_HASH] * num_blocks          # key of a full block whose contents are cached
+        self.hash_of = [NO_HASH] * num_blocks  # key of a full block whose contents are cached
         self.tokens_of: list[tuple[int, ...]] = [()] * num_blocks  # its token ids (checked on a hit)
-        self.cached: dict[int, int] = {}                # block key -> physical block id
+        self.cached: dict[int, int] = {}  # block key -> physical block id
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))  # LRU order
         self.seqs: dict[object, _Seq] = {}
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0}
@@ -123,8 +125,10 @@ class BlockManager:
         if n > self.max_seq_len:
             raise ValueError(f"{what} of {n} tokens exceeds the context max_seq_len={self.max_seq_len}")
         if self.blocks_needed(n) > self.num_blocks:
-            raise ValueError(f"{what} of {n} tokens needs {self.blocks_needed(n)} blocks of {self.block_size} "
-                             f"tokens but the block budget is num_blocks={self.num_blocks}")
+            raise ValueError(
+                f"{what} of {n} tokens needs {self.blocks_needed(n)} blocks of {self.block_size} "
+                f"tokens but the block budget is num_blocks={self.num_blocks}"
+            )
 
     def _take_free(self) -> int:
         """Pop the least recently freed block; it forgets the prefix it cached."""
@@ -149,7 +153,7 @@ class BlockManager:
         # Plan first (no state changes), so a failure leaves the manager untouched.
         plan, parent, hit = [], NO_HASH, self.prefix_caching
         for i in range(n_blocks):
-            chunk = tuple(tokens[i * bs:(i + 1) * bs])
+            chunk = tuple(tokens[i * bs : (i + 1) * bs])
             key = block_hash(chunk, parent) if len(chunk) == bs else NO_HASH
             b = self.cached.get(key) if hit and key != NO_HASH and (i + 1) * bs < len(tokens) else None
             if b is None or self.tokens_of[b] != chunk:
@@ -159,8 +163,10 @@ class BlockManager:
         fresh = sum(b is None for b, _, _ in plan)
         revived = sum(b is not None and self.ref_count[b] == 0 for b, _, _ in plan)
         if fresh + revived > len(self.free):
-            raise OutOfBlocksError(f"prompt of {len(tokens)} tokens needs {fresh + revived} free blocks, "
-                                   f"{len(self.free)} of num_blocks={self.num_blocks} are free")
+            raise OutOfBlocksError(
+                f"prompt of {len(tokens)} tokens needs {fresh + revived} free blocks, "
+                f"{len(self.free)} of num_blocks={self.num_blocks} are free"
+            )
         seq = _Seq(tokens)
         for b, _, _ in plan:  # revive cached blocks nobody was using before taking fresh ones
             if b is not None:
@@ -193,15 +199,17 @@ class BlockManager:
         copy = None
         if n % bs == 0:  # the last block is full (or there is none): start a new one
             if not self.free:
-                raise OutOfBlocksError(f"seq_id={seq_id!r} needs a new block at {n + 1} tokens, "
-                                       f"0 of num_blocks={self.num_blocks} are free")
+                raise OutOfBlocksError(
+                    f"seq_id={seq_id!r} needs a new block at {n + 1} tokens, 0 of num_blocks={self.num_blocks} are free"
+                )
             b = self._take_free()
             self.ref_count[b] += 1
             s.table.append(b)
         elif self.ref_count[s.table[-1]] > 1:  # shared, partly filled last block: copy before writing
             if not self.free:
-                raise OutOfBlocksError(f"seq_id={seq_id!r} must copy its shared last block, "
-                                       f"0 of num_blocks={self.num_blocks} are free")
+                raise OutOfBlocksError(
+                    f"seq_id={seq_id!r} must copy its shared last block, 0 of num_blocks={self.num_blocks} are free"
+                )
             src, dst = s.table[-1], self._take_free()
             self.ref_count[src] -= 1
             self.ref_count[dst] += 1
@@ -239,8 +247,10 @@ class BlockManager:
             raise ValueError(f"block_id={block_id!r}: must be in [0, {self.num_blocks})")
         if self.ref_count[block_id] > 0:
             users = [sid for sid, s in self.seqs.items() if block_id in s.table]
-            raise ValueError(f"block {block_id} is still referenced: ref_count={self.ref_count[block_id]} "
-                             f"(block tables of seq_ids {users}); free those sequences first")
+            raise ValueError(
+                f"block {block_id} is still referenced: ref_count={self.ref_count[block_id]} "
+                f"(block tables of seq_ids {users}); free those sequences first"
+            )
         if block_id in self.free:
             raise ValueError(f"block {block_id} is already free (double free)")
         self.free[block_id] = None
@@ -257,13 +267,15 @@ class BlockManager:
                 counts[b] += 1
             for i, b in enumerate(s.table):
                 if self.hash_of[b] != NO_HASH:
-                    chunk = tuple(s.tokens[i * self.block_size:(i + 1) * self.block_size])
+                    chunk = tuple(s.tokens[i * self.block_size : (i + 1) * self.block_size])
                     assert self.tokens_of[b] == chunk, f"seq {sid!r}: cached block {b} holds other tokens"
         for b in range(self.num_blocks):
-            assert counts[b] == self.ref_count[b], \
+            assert counts[b] == self.ref_count[b], (
                 f"block {b}: ref_count={self.ref_count[b]} but {counts[b]} block-table references"
-            assert (b in self.free) == (counts[b] == 0), \
+            )
+            assert (b in self.free) == (counts[b] == 0), (
                 f"block {b}: {'free' if b in self.free else 'not free'} with {counts[b]} references"
+            )
         assert len(self.free) + sum(c > 0 for c in counts) == self.num_blocks, "free + used != num_blocks"
         for key, b in self.cached.items():
             assert self.hash_of[b] == key, f"prefix cache maps key to block {b}, which holds another key"
@@ -285,12 +297,25 @@ def fragmentation(lengths, *, block_size: int, max_seq_len: int) -> dict:
     used = sum(lengths)
     paged = sum(len(m.block_table(i)) for i in range(len(lengths))) * block_size
     contiguous = max_seq_len * len(lengths)
-    return {"tokens": used, "paged_slots": paged, "contiguous_slots": contiguous, "waste_per_seq": waste,
-            "paged_utilization": used / paged, "contiguous_utilization": used / contiguous}
+    return {
+        "tokens": used,
+        "paged_slots": paged,
+        "contiguous_slots": contiguous,
+        "waste_per_seq": waste,
+        "paged_utilization": used / paged,
+        "contiguous_utilization": used / contiguous,
+    }
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                    context_lens: torch.Tensor, *, scale: float | None = None) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    *,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Causal attention of new queries over K/V stored in blocks.
 
     q: [batch, n_heads, q_len, head_dim], the last ``q_len`` tokens of each sequence;
@@ -343,8 +368,17 @@ class PagedKVCache:
     ``k``, ``v``: [n_layers, num_blocks, block_size, n_kv_heads, head_dim]; ``dtype``: "fp32", "bf16",
     "fp16" or a ``torch.dtype`` (default: the model's parameters' dtype, fp32 for a ``ModelConfig``)."""
 
-    def __init__(self, model, *, num_blocks: int, block_size: int = 16, dtype=None, device=None,
-                 prefix_caching: bool = True, max_seq_len: int | None = None):
+    def __init__(
+        self,
+        model,
+        *,
+        num_blocks: int,
+        block_size: int = 16,
+        dtype=None,
+        device=None,
+        prefix_caching: bool = True,
+        max_seq_len: int | None = None,
+    ):
         cfg = getattr(model, "cfg", model)  # a Transformer or its ModelConfig
         if dtype is None and isinstance(model, torch.nn.Module):
             p = next(model.parameters())
@@ -352,11 +386,11 @@ class PagedKVCache:
         if max_seq_len is not None and not (isinstance(max_seq_len, int) and 1 <= max_seq_len <= cfg.seq_len):
             raise ValueError(f"max_seq_len={max_seq_len!r} is out of range: allowed [1, cfg.seq_len={cfg.seq_len}]")
         self.cfg, self.block_size = cfg, block_size
-        self.manager = BlockManager(num_blocks, block_size, prefix_caching=prefix_caching,
-                                    max_seq_len=max_seq_len or cfg.seq_len)
+        self.manager = BlockManager(
+            num_blocks, block_size, prefix_caching=prefix_caching, max_seq_len=max_seq_len or cfg.seq_len
+        )
         shape = (cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=torch.float32 if dtype is None else torch_dtype(dtype),
-                             device=device)
+        self.k = torch.zeros(shape, dtype=torch.float32 if dtype is None else torch_dtype(dtype), device=device)
         self.v = torch.zeros_like(self.k)
         self.computed: dict[object, int] = {}  # tokens of each sequence whose K/V are in the cache
         self._planned = None
@@ -394,8 +428,9 @@ class PagedKVCache:
     def fork(self, parent_id, child_id) -> None:
         """``child_id`` continues ``parent_id`` (same tokens, same blocks, nothing copied yet)."""
         if self.pending(parent_id):
-            raise ValueError(f"fork of seq_id={parent_id!r} with {self.pending(parent_id)} uncomputed tokens: "
-                             "run the forward first")
+            raise ValueError(
+                f"fork of seq_id={parent_id!r} with {self.pending(parent_id)} uncomputed tokens: run the forward first"
+            )
         self.manager.fork(parent_id, child_id)
         self.computed[child_id] = self.computed[parent_id]
 
@@ -431,16 +466,23 @@ class PagedKVCache:
             n = [self.pending(sid) for sid in ids]
         if len(ids) != b or len(n) != b:
             waiting = [x for x in self.computed if self.pending(x)]
-            raise ValueError(f"the batch has {b} rows but the plan has {len(ids)} sequences / {len(n)} new-token "
-                             f"counts (sequences with uncomputed tokens: {waiting})")
+            raise ValueError(
+                f"the batch has {b} rows but the plan has {len(ids)} sequences / {len(n)} new-token "
+                f"counts (sequences with uncomputed tokens: {waiting})"
+            )
         for sid, cnt in zip(ids, n):
             if not 1 <= cnt <= min(s, self.pending(sid)):
-                raise ValueError(f"seq_id={sid!r}: n_new={cnt} out of range: allowed [1, min(s={s}, "
-                                 f"uncomputed tokens={self.pending(sid)})]")
+                raise ValueError(
+                    f"seq_id={sid!r}: n_new={cnt} out of range: allowed [1, min(s={s}, "
+                    f"uncomputed tokens={self.pending(sid)})]"
+                )
         bs = self.block_size
         start = [self.computed[sid] for sid in ids]
-        slots = [self.manager.seqs[sid].table[p // bs] * bs + p % bs
-                 for sid, lo, cnt in zip(ids, start, n) for p in range(lo, lo + cnt)]
+        slots = [
+            self.manager.seqs[sid].table[p // bs] * bs + p % bs
+            for sid, lo, cnt in zip(ids, start, n)
+            for p in range(lo, lo + cnt)
+        ]
         tables = [self.manager.seqs[sid].table for sid in ids]
         width = max(map(len, tables))
         dev = self.k.device
@@ -448,7 +490,8 @@ class PagedKVCache:
         n_t = torch.tensor(n, dtype=torch.long)
         valid = torch.arange(s)[None, :] < n_t[:, None]  # [b, s]: which row positions are real tokens
         self._step = {
-            "ids": ids, "n": n,
+            "ids": ids,
+            "n": n,
             "slots": torch.tensor(slots, dtype=torch.long, device=dev),
             "valid": None if bool(valid.all()) else valid.to(dev),
             "tables": torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long, device=dev),
@@ -478,6 +521,8 @@ class PagedKVCache:
         self._step = None
 
     def __repr__(self):
-        return (f"PagedKVCache(num_blocks={self.manager.num_blocks}, block_size={self.block_size}, "
-                f"free={self.manager.num_free_blocks()}, sequences={len(self.computed)}, "
-                f"{self.nbytes / 2**20:.2f} MiB)")
+        return (
+            f"PagedKVCache(num_blocks={self.manager.num_blocks}, block_size={self.block_size}, "
+            f"free={self.manager.num_free_blocks()}, sequences={len(self.computed)}, "
+            f"{self.nbytes / 2**20:.2f} MiB)"
+        )

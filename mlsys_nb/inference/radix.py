@@ -17,6 +17,7 @@ boundary.
 ``values`` (optional) is one payload per token, e.g. the KV-pool slot of that token; it is split and
 returned along with the tokens. ``stats`` counts queried and matched tokens (the hit rate).
 """
+
 from __future__ import annotations
 
 import heapq
@@ -32,8 +33,8 @@ class RadixNode:
 
     def __init__(self, key=(), value=None, parent=None):
         self.children: dict[int, RadixNode] = {}  # first token of the child's edge -> child
-        self.key: tuple[int, ...] = tuple(key)     # the edge's tokens (from parent to this node)
-        self.value = value                         # one payload per token of key, or None
+        self.key: tuple[int, ...] = tuple(key)  # the edge's tokens (from parent to this node)
+        self.value = value  # one payload per token of key, or None
         self.parent = parent
         self.lock_ref = 0
         self.last_access = 0
@@ -51,7 +52,7 @@ class RadixCache:
         self.capacity = capacity_tokens
         self.root = RadixNode()
         self.root.lock_ref = 1  # the root is never evicted
-        self.size = 0           # tokens stored (sum of edge lengths)
+        self.size = 0  # tokens stored (sum of edge lengths)
         self._clock = itertools.count(1)
         self.stats = {"queries": 0, "query_tokens": 0, "hit_tokens": 0, "evicted_tokens": 0}
 
@@ -178,8 +179,9 @@ class RadixCache:
                 assert node.lock_ref >= child.lock_ref, f"{child!r}: locked more than its parent"
                 stack.append(child)
         assert total == self.size, f"size={self.size} but the edges hold {total} tokens"
-        assert self.capacity is None or self.size <= self.capacity or self._locked_tokens() >= self.capacity, \
+        assert self.capacity is None or self.size <= self.capacity or self._locked_tokens() >= self.capacity, (
             f"size={self.size} exceeds capacity_tokens={self.capacity} with evictable leaves left"
+        )
 
     def _locked_tokens(self) -> int:
         stack, n = [self.root], 0
@@ -190,8 +192,16 @@ class RadixCache:
         return n
 
 
-def multi_turn_workload(*, n_systems: int = 2, conversations: int = 3, turns: int = 3, system_len: int = 64,
-                        user_len: int = 16, reply_len: int = 24, first_id: int = 0):
+def multi_turn_workload(
+    *,
+    n_systems: int = 2,
+    conversations: int = 3,
+    turns: int = 3,
+    system_len: int = 64,
+    user_len: int = 16,
+    reply_len: int = 24,
+    first_id: int = 0,
+):
     """Chat requests in arrival order: ``[(conversation, prompt_ids, reply_ids), ...]``.
 
     ``n_systems`` system prompts, each opening ``conversations`` conversations of ``turns`` turns;
@@ -199,8 +209,10 @@ def multi_turn_workload(*, n_systems: int = 2, conversations: int = 3, turns: in
     Requests arrive turn by turn (all turn-0 requests, then all turn-1 requests, ...). Every message
     gets fresh token ids, so tokens are shared exactly where the structure says (no accidental matches)."""
     ids = itertools.count(first_id)
+
     def fresh(n):
         return [next(ids) for _ in range(n)]
+
     history = {}
     for s in range(n_systems):
         system = fresh(system_len)

@@ -29,6 +29,7 @@ until the KV-cache reads (which do not amortise across sequences) dominate.
 machine (CPU), and ``machine_roofline`` measures this machine's matmul FLOP/s and copy bandwidth so
 the same model can be drawn beside the measurement. Both are labelled measured; the rest is model.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -99,8 +100,9 @@ def matmul_params(model, *, active: bool = True) -> int:
     cfg = _config(model)
     pc = param_count(cfg)
     n = pc.active if active else pc.total
-    return int(n - pc.embedding - (2 * cfg.n_layers + 1) * _norm_params(cfg) + (pc.embedding if cfg.tied_embeddings
-                                                                                else 0))
+    return int(
+        n - pc.embedding - (2 * cfg.n_layers + 1) * _norm_params(cfg) + (pc.embedding if cfg.tied_embeddings else 0)
+    )
 
 
 def attention_flops(model, new: int, context: int) -> float:
@@ -121,8 +123,17 @@ def _peak(gpu, dtype):
     return g.peak(dtype_name(dtype)), g.hbm_bandwidth_bytes_per_s
 
 
-def step_cost(model, gpu, *, batch: int = 1, new_tokens_per_seq: int = 1, context: int = 0, dtype="bf16",
-              kv_dtype=None, phase: str | None = None) -> StepCost:
+def step_cost(
+    model,
+    gpu,
+    *,
+    batch: int = 1,
+    new_tokens_per_seq: int = 1,
+    context: int = 0,
+    dtype="bf16",
+    kv_dtype=None,
+    phase: str | None = None,
+) -> StepCost:
     """The modelled cost of one forward step (see the module docstring). ``gpu``: a name in
     data/hardware.yaml or a ``hardware.GPU``; ``dtype``: weights and compute; ``kv_dtype``: the
     cache (default ``dtype``)."""
@@ -131,21 +142,31 @@ def step_cost(model, gpu, *, batch: int = 1, new_tokens_per_seq: int = 1, contex
             raise ValueError(f"{name}={v!r} is out of range: allowed an int >= {lo}")
     peak, bw = _peak(gpu, dtype)
     kv_tok = kv_bytes_per_token(model, kv_dtype or dtype)
-    flops = (2.0 * matmul_params(model) * batch * new_tokens_per_seq
-             + batch * attention_flops(model, new_tokens_per_seq, context))
+    flops = 2.0 * matmul_params(model) * batch * new_tokens_per_seq + batch * attention_flops(
+        model, new_tokens_per_seq, context
+    )
     nbytes = matmul_params(model, active=False) * _dtype_bytes(dtype) + batch * (context + new_tokens_per_seq) * kv_tok
     phase = phase or ("decode" if new_tokens_per_seq == 1 and context > 0 else "prefill")
     return StepCost(phase, batch, new_tokens_per_seq, context, flops, nbytes, peak, bw)
 
 
 def prefill_cost(model, gpu, prompt_len: int, *, batch: int = 1, dtype="bf16", kv_dtype=None) -> StepCost:
-    return step_cost(model, gpu, batch=batch, new_tokens_per_seq=prompt_len, context=0, dtype=dtype,
-                     kv_dtype=kv_dtype, phase="prefill")
+    return step_cost(
+        model,
+        gpu,
+        batch=batch,
+        new_tokens_per_seq=prompt_len,
+        context=0,
+        dtype=dtype,
+        kv_dtype=kv_dtype,
+        phase="prefill",
+    )
 
 
 def decode_cost(model, gpu, context: int, *, batch: int = 1, dtype="bf16", kv_dtype=None) -> StepCost:
-    return step_cost(model, gpu, batch=batch, new_tokens_per_seq=1, context=context, dtype=dtype,
-                     kv_dtype=kv_dtype, phase="decode")
+    return step_cost(
+        model, gpu, batch=batch, new_tokens_per_seq=1, context=context, dtype=dtype, kv_dtype=kv_dtype, phase="decode"
+    )
 
 
 # ---- measured on this machine ---------------------------------------------------------------------
@@ -173,12 +194,24 @@ def machine_roofline(*, n: int = 1024, copy_mib: int = 256, reps: int = 5):
         dst.copy_(src)
         ts.append(time.perf_counter() - t0)
     bw = 2 * src.nbytes / statistics.median(ts)  # read + write
-    return GPU("this-cpu", memory_bytes=0.0, hbm_bandwidth_bytes_per_s=bw, peak_flops={"fp32": flops},
-               source=f"measured: {n}x{n} fp32 matmul, {copy_mib} MiB copy, median of {reps}")
+    return GPU(
+        "this-cpu",
+        memory_bytes=0.0,
+        hbm_bandwidth_bytes_per_s=bw,
+        peak_flops={"fp32": flops},
+        source=f"measured: {n}x{n} fp32 matmul, {copy_mib} MiB copy, median of {reps}",
+    )
 
 
-def measure_throughput(model, batch_sizes=(1, 2, 4, 8), *, prompt_len: int = 64, decode_steps: int = 16,
-                       reps: int = 3, progress: bool = True) -> list[dict]:
+def measure_throughput(
+    model,
+    batch_sizes=(1, 2, 4, 8),
+    *,
+    prompt_len: int = 64,
+    decode_steps: int = 16,
+    reps: int = 3,
+    progress: bool = True,
+) -> list[dict]:
     """Measured prefill and decode tokens/s of ``model`` on this machine, per batch size.
 
     Prefill: one forward of ``batch × prompt_len`` tokens into an empty cache. Decode: ``decode_steps``
@@ -208,8 +241,14 @@ def measure_throughput(model, batch_sizes=(1, 2, 4, 8), *, prompt_len: int = 64,
                 for _ in range(decode_steps):
                     tok = model(tok, cache=cache)[:, -1:].argmax(-1)
                 dec.append(time.perf_counter() - t0)
-        rows.append({"batch": b, "prefill_tokens_per_s": b * prompt_len / statistics.median(pre),
-                     "decode_tokens_per_s": b * decode_steps / statistics.median(dec),
-                     "decode_step_s": statistics.median(dec) / decode_steps, "prompt_len": prompt_len,
-                     "decode_steps": decode_steps})
+        rows.append(
+            {
+                "batch": b,
+                "prefill_tokens_per_s": b * prompt_len / statistics.median(pre),
+                "decode_tokens_per_s": b * decode_steps / statistics.median(dec),
+                "decode_step_s": statistics.median(dec) / decode_steps,
+                "prompt_len": prompt_len,
+                "decode_steps": decode_steps,
+            }
+        )
     return rows

@@ -9,6 +9,7 @@ renormalised, and one draw from it with the sequence's own ``torch.Generator`` w
 Log-probabilities are the model's: log_softmax of the raw logits (before temperature and
 filtering), the convention of vLLM v1 (``raw_logprobs``); rank 1 is the most likely token.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,8 +32,9 @@ def filter_probs(logits: torch.Tensor, temperature: float, top_k: int = -1, top_
     return probs
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None = None,
-           tokenizer=None) -> tuple[list[int], list[dict[int, Logprob] | None]]:
+def sample(
+    logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None = None, tokenizer=None
+) -> tuple[list[int], list[dict[int, Logprob] | None]]:
     """Next token of each row of ``logits`` [batch, vocab] (fp32), and its log-probability entries."""
     tokens, entries = [], []
     need_lp = any(s.params.logprobs is not None for s in seqs)

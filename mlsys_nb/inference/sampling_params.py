@@ -17,6 +17,7 @@
   added). A deliberate simplification of vLLM's structured-output parameters
   (``StructuredOutputsParams(json=..., regex=..., choice=..., grammar=...)``): no CFG, no backend choice.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -67,8 +68,12 @@ class SamplingParams:
             bad(given[1], f"give at most one of json_schema, regex, choice (got {given})")
         if self.regex is not None and (not isinstance(self.regex, str) or not self.regex):
             bad("regex", "must be a non-empty string")
-        if self.choice is not None and (isinstance(self.choice, str) or not isinstance(self.choice, (list, tuple))
-                                        or not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
+        if self.choice is not None and (
+            isinstance(self.choice, str)
+            or not isinstance(self.choice, (list, tuple))
+            or not self.choice
+            or not all(isinstance(c, str) and c for c in self.choice)
+        ):
             bad("choice", "must be a non-empty list of non-empty strings")
         if self.json_schema is not None and not isinstance(self.json_schema, (dict, str)):
             bad("json_schema", "must be a dict or a JSON string")

@@ -22,6 +22,7 @@ After the forward pass ``update(scheduled)`` advances ``num_computed_tokens`` an
 now holding computed K/V; only marked blocks count as prefix-cache hits (a block registered by a
 prompt whose chunked prefill has not reached it yet holds no K/V).
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -34,9 +35,17 @@ PREEMPTION_MODES = ("recompute", "swap")
 
 
 class Scheduler:
-    def __init__(self, kv: PagedKVCache, *, max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
-                 enable_chunked_prefill: bool = True, continuous_batching: bool = True,
-                 preemption_mode: str = "recompute", swap_pool: SwapPool | None = None):
+    def __init__(
+        self,
+        kv: PagedKVCache,
+        *,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 512,
+        enable_chunked_prefill: bool = True,
+        continuous_batching: bool = True,
+        preemption_mode: str = "recompute",
+        swap_pool: SwapPool | None = None,
+    ):
         if preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode={preemption_mode!r}: allowed {PREEMPTION_MODES}")
         if preemption_mode == "swap" and swap_pool is None:
@@ -142,8 +151,10 @@ class Scheduler:
     def _ready_blocks(self, seq: Sequence, cached: int) -> int:
         """Leading prefix-cache hits whose K/V were really computed (not just registered)."""
         table, ready = self.manager.seqs[seq.seq_id].table, 0
-        while ready < cached // self.manager.block_size and \
-                self.ready_hash[table[ready]] == self.manager.hash_of[table[ready]] != NO_HASH:
+        while (
+            ready < cached // self.manager.block_size
+            and self.ready_hash[table[ready]] == self.manager.hash_of[table[ready]] != NO_HASH
+        ):
             ready += 1
         return ready
 

@@ -12,6 +12,7 @@ Outputs: ``RequestOutput(request_id, prompt, prompt_token_ids, outputs=[Completi
 metrics)``; ``CompletionOutput(index, text, token_ids, cumulative_logprob, logprobs, finish_reason,
 stop_reason)``; ``RequestMetrics`` holds wall-clock times in seconds (``time.perf_counter``).
 """
+
 from __future__ import annotations
 
 import enum
@@ -31,6 +32,7 @@ class SequenceStatus(enum.Enum):
 @dataclass
 class Logprob:
     """One token's log-probability, its rank in the model's distribution (1 = most likely), its text."""
+
     logprob: float
     rank: int | None = None
     decoded_token: str | None = None
@@ -39,6 +41,7 @@ class Logprob:
 @dataclass
 class RequestMetrics:
     """Times in seconds on the ``time.perf_counter`` clock; ``token_times`` one per generated token."""
+
     arrival_time: float
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
@@ -94,8 +97,18 @@ class RequestOutput:
 
 
 class Sequence:
-    def __init__(self, seq_id: int, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 *, index: int = 0, arrival_time: float = 0.0, generator=None, prompt: str | None = None):
+    def __init__(
+        self,
+        seq_id: int,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        index: int = 0,
+        arrival_time: float = 0.0,
+        generator=None,
+        prompt: str | None = None,
+    ):
         self.seq_id, self.request_id, self.index = seq_id, request_id, index
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
@@ -136,11 +149,18 @@ class Sequence:
         return self.status == SequenceStatus.FINISHED
 
     def completion(self) -> CompletionOutput:
-        return CompletionOutput(self.index, self.text, list(self.output_token_ids),
-                                self.cumulative_logprob if self.logprobs is not None else None,
-                                list(self.logprobs) if self.logprobs is not None else None,
-                                self.finish_reason, self.stop_reason)
+        return CompletionOutput(
+            self.index,
+            self.text,
+            list(self.output_token_ids),
+            self.cumulative_logprob if self.logprobs is not None else None,
+            list(self.logprobs) if self.logprobs is not None else None,
+            self.finish_reason,
+            self.stop_reason,
+        )
 
     def __repr__(self) -> str:
-        return (f"Sequence(id={self.seq_id}, {self.status.value}, prompt={len(self.prompt_token_ids)}, "
-                f"out={len(self.output_token_ids)}, computed={self.num_computed_tokens})")
+        return (
+            f"Sequence(id={self.seq_id}, {self.status.value}, prompt={len(self.prompt_token_ids)}, "
+            f"out={len(self.output_token_ids)}, computed={self.num_computed_tokens})"
+        )

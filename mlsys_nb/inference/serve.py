@@ -20,6 +20,7 @@ its blocks are freed at once.
 Errors are OpenAI-style JSON ``{"error": {"message", "type", "param", "code"}}``: malformed JSON or an
 invalid value 400, an unknown model 404, a prompt longer than the context 400; the server keeps serving.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,13 +37,31 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from .sampling_params import SamplingParams
 
-ALLOWED_SAMPLING = ("temperature", "top_p", "top_k", "max_tokens", "stop", "stop_token_ids", "ignore_eos",
-                    "logprobs", "seed", "n", "regex", "choice")
+ALLOWED_SAMPLING = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "logprobs",
+    "seed",
+    "n",
+    "regex",
+    "choice",
+)
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, type_: str = "invalid_request_error",
-                 code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.type, self.code = status, message, param, type_, code
 
@@ -129,7 +148,7 @@ def _visible(text: str, finished: bool, stops: list[str]) -> str:
     if finished:
         return text
     hold = max((len(s) - 1 for s in stops), default=0)
-    text = text[:len(text) - hold] if hold else text
+    text = text[: len(text) - hold] if hold else text
     return text.rstrip("\ufffd")
 
 
@@ -162,23 +181,37 @@ def build_app(engine, model_name: str):
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                             "owned_by": "mlsys_nb", "max_model_len": engine.max_model_len}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": model_name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "mlsys_nb",
+                    "max_model_len": engine.max_model_len,
+                }
+            ],
+        }
 
     @app.get("/metrics")
     async def metrics():
         with aengine.lock:
             st = engine.status()
-        rows = [("num_requests_running", "gauge", st["running"]), ("num_requests_waiting", "gauge", st["waiting"]),
-                ("num_requests_swapped", "gauge", st["swapped"]), ("kv_blocks_used", "gauge", st["blocks_used"]),
-                ("kv_blocks_total", "gauge", st["blocks_total"]),
-                ("generation_tokens_total", "counter", st["generation_tokens"]),
-                ("prompt_tokens_total", "counter", st["prompt_tokens"]),
-                ("prefix_cache_hit_tokens_total", "counter", st["cached_tokens"]),
-                ("requests_finished_total", "counter", st["requests_finished"]),
-                ("requests_aborted_total", "counter", aengine.aborted),
-                ("preemptions_total", "counter", sum(st["preemptions"].values())),
-                ("generation_tokens_per_second", "gauge", round(aengine.tokens_per_second(), 3))]
+        rows = [
+            ("num_requests_running", "gauge", st["running"]),
+            ("num_requests_waiting", "gauge", st["waiting"]),
+            ("num_requests_swapped", "gauge", st["swapped"]),
+            ("kv_blocks_used", "gauge", st["blocks_used"]),
+            ("kv_blocks_total", "gauge", st["blocks_total"]),
+            ("generation_tokens_total", "counter", st["generation_tokens"]),
+            ("prompt_tokens_total", "counter", st["prompt_tokens"]),
+            ("prefix_cache_hit_tokens_total", "counter", st["cached_tokens"]),
+            ("requests_finished_total", "counter", st["requests_finished"]),
+            ("requests_aborted_total", "counter", aengine.aborted),
+            ("preemptions_total", "counter", sum(st["preemptions"].values())),
+            ("generation_tokens_per_second", "gauge", round(aengine.tokens_per_second(), 3)),
+        ]
         text = "".join(f"# TYPE mlsys_nb_{n} {t}\nmlsys_nb_{n} {v}\n" for n, t, v in rows)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
@@ -190,8 +223,12 @@ def build_app(engine, model_name: str):
         if not isinstance(body, dict):
             raise APIError(400, "the request body must be a JSON object")
         if body.get("model") not in (model_name, None):
-            raise APIError(404, f"The model `{body.get('model')}` does not exist (served: {model_name!r}).",
-                           "model", code="model_not_found")
+            raise APIError(
+                404,
+                f"The model `{body.get('model')}` does not exist (served: {model_name!r}).",
+                "model",
+                code="model_not_found",
+            )
         return body
 
     def sampling(body: dict) -> SamplingParams:
@@ -209,9 +246,12 @@ def build_app(engine, model_name: str):
             elif kind == "json_object":
                 kw["json_schema"] = {"type": "object"}
             elif kind != "text":
-                raise APIError(400, "response_format must be {'type': 'text'}, {'type': 'json_object'} or "
-                               "{'type': 'json_schema', 'json_schema': {'name': ..., 'schema': {...}}}",
-                               "response_format")
+                raise APIError(
+                    400,
+                    "response_format must be {'type': 'text'}, {'type': 'json_object'} or "
+                    "{'type': 'json_schema', 'json_schema': {'name': ..., 'schema': {...}}}",
+                    "response_format",
+                )
         try:
             return SamplingParams(**kw)
         except (ValueError, TypeError) as e:
@@ -236,20 +276,40 @@ def build_app(engine, model_name: str):
 
     def response(rid, out, chat):
         n_out = sum(len(c.token_ids) for c in out.outputs)
-        usage = {"prompt_tokens": len(out.prompt_token_ids), "completion_tokens": n_out,
-                 "total_tokens": len(out.prompt_token_ids) + n_out}
+        usage = {
+            "prompt_tokens": len(out.prompt_token_ids),
+            "completion_tokens": n_out,
+            "total_tokens": len(out.prompt_token_ids) + n_out,
+        }
         choices = []
         for c in out.outputs:
-            lp = None if c.logprobs is None else {
-                "tokens": [engine.decode([t]) for t in c.token_ids],
-                "token_logprobs": [e[t].logprob for t, e in zip(c.token_ids, c.logprobs)]}
+            lp = (
+                None
+                if c.logprobs is None
+                else {
+                    "tokens": [engine.decode([t]) for t in c.token_ids],
+                    "token_logprobs": [e[t].logprob for t, e in zip(c.token_ids, c.logprobs)],
+                }
+            )
             if chat:
-                choices.append({"index": c.index, "message": {"role": "assistant", "content": c.text},
-                                "logprobs": lp, "finish_reason": c.finish_reason})
+                choices.append(
+                    {
+                        "index": c.index,
+                        "message": {"role": "assistant", "content": c.text},
+                        "logprobs": lp,
+                        "finish_reason": c.finish_reason,
+                    }
+                )
             else:
                 choices.append({"index": c.index, "text": c.text, "logprobs": lp, "finish_reason": c.finish_reason})
-        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                "model": model_name, "choices": choices, "usage": usage}
+        return {
+            "id": rid,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model_name,
+            "choices": choices,
+            "usage": usage,
+        }
 
     async def stream(rid, q, params: SamplingParams, chat: bool):
         kind = "chat.completion.chunk" if chat else "text_completion"
@@ -275,7 +335,7 @@ def build_app(engine, model_name: str):
                 for c in out.outputs:
                     text = _visible(c.text, c.finish_reason is not None, params.stop)
                     if len(text) > len(sent[c.index]) or c.finish_reason is not None:
-                        delta, sent[c.index] = text[len(sent[c.index]):], text
+                        delta, sent[c.index] = text[len(sent[c.index]) :], text
                         yield chunk(c.index, delta, c.finish_reason)
             yield "data: [DONE]\n\n"
         finally:  # also on client disconnect (the task is cancelled): free the request's blocks
@@ -296,9 +356,14 @@ def build_app(engine, model_name: str):
     async def chat_completions(request: Request):
         body = await parse(request)
         msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs or not all(
+        if (
+            not isinstance(msgs, list)
+            or not msgs
+            or not all(
                 isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str)
-                for m in msgs):
+                for m in msgs
+            )
+        ):
             raise APIError(400, "messages must be a non-empty list of {role, content} objects", "messages")
         return await run(request, body, chat_prompt(msgs, engine.tokenizer), chat=True)
 
@@ -324,9 +389,14 @@ def main(argv=None) -> None:
     from .engine import LLMEngine
 
     torch.set_num_threads(args.threads)
-    engine = LLMEngine(args.model, block_size=args.block_size, num_blocks=args.num_blocks,
-                       max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                       seed=args.seed)
+    engine = LLMEngine(
+        args.model,
+        block_size=args.block_size,
+        num_blocks=args.num_blocks,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        seed=args.seed,
+    )
     app = build_app(engine, args.model)
     print(f"serving {args.model} on http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

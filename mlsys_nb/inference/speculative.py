@@ -33,6 +33,7 @@ rejection sample from p with ``d`` removed.
 ``speculative_generate(target, prompt_ids, draft=..., k=4, max_new_tokens=..., temperature=...)``
 is the reference loop (batch 1, contiguous caches) returning tokens and statistics.
 """
+
 from __future__ import annotations
 
 import time
@@ -42,8 +43,19 @@ import torch
 
 from .kv_cache import KVCache
 
-__all__ = ["SpecStats", "accept_prob", "best_k", "expected_speedup", "expected_tokens_per_step", "ngram_propose",
-           "residual", "sample_inverse_cdf", "speculative_generate", "to_probs", "verify"]
+__all__ = [
+    "SpecStats",
+    "accept_prob",
+    "best_k",
+    "expected_speedup",
+    "expected_tokens_per_step",
+    "ngram_propose",
+    "residual",
+    "sample_inverse_cdf",
+    "speculative_generate",
+    "to_probs",
+    "verify",
+]
 
 
 # ---- closed forms (models, Leviathan et al., 2023) ---------------------------------------------
@@ -135,10 +147,10 @@ def ngram_propose(context: list[int], k: int, n_max: int = 3) -> list[int]:
     n tokens (n = n_max .. 1); [] when nothing matches."""
     L = len(context)
     for n in range(min(n_max, L - 1), 0, -1):
-        tail = context[L - n:]
+        tail = context[L - n :]
         for start in range(L - n - 1, -1, -1):
-            if context[start:start + n] == tail:
-                return context[start + n:start + n + k]
+            if context[start : start + n] == tail:
+                return context[start + n : start + n + k]
     return []
 
 
@@ -183,9 +195,18 @@ class _Model:
 
 
 @torch.no_grad()
-def speculative_generate(target, prompt_ids, *, draft=None, k: int = 4, max_new_tokens: int = 32,
-                         temperature: float = 0.0, seed: int = 0, eos_id: int | None = None,
-                         allowed=None) -> tuple[list[int], SpecStats]:
+def speculative_generate(
+    target,
+    prompt_ids,
+    *,
+    draft=None,
+    k: int = 4,
+    max_new_tokens: int = 32,
+    temperature: float = 0.0,
+    seed: int = 0,
+    eos_id: int | None = None,
+    allowed=None,
+) -> tuple[list[int], SpecStats]:
     """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` with speculative decoding.
 
     ``draft``: a ``Transformer`` with the target's vocabulary, ``"ngram"`` (prompt lookup), or
@@ -212,8 +233,10 @@ def speculative_generate(target, prompt_ids, *, draft=None, k: int = 4, max_new_
     max_len = len(prompt) + max_new_tokens + kk + 1
     for m in (target, draft) if isinstance(draft, torch.nn.Module) else (target,):
         if max_len > m.cfg.seq_len:
-            raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) + k + 1 = {max_len} "
-                             f"exceeds the context cfg.seq_len={m.cfg.seq_len}")
+            raise ValueError(
+                f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) + k + 1 = {max_len} "
+                f"exceeds the context cfg.seq_len={m.cfg.seq_len}"
+            )
     gen = torch.Generator().manual_seed(seed)
     tgt = _Model(target, max_len)
     drf = _Model(draft, max_len) if isinstance(draft, torch.nn.Module) else None
@@ -260,7 +283,7 @@ def speculative_generate(target, prompt_ids, *, draft=None, k: int = 4, max_new_
             qs = [torch.nn.functional.one_hot(torch.tensor(d), V).float() for d in props]
         kd = len(props)
         # 2. verify: one target forward over pending + drafts
-        logits = tgt.forward(tgt.pending + props)[len(tgt.pending) - 1:]
+        logits = tgt.forward(tgt.pending + props)[len(tgt.pending) - 1 :]
         stats.target_forwards += 1
         p = torch.stack([dist(logits[i], out + props[:i]) for i in range(kd + 1)])
         q = torch.stack(qs) if kd else torch.zeros(0, V)

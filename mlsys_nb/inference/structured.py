@@ -31,6 +31,7 @@ The mask (written here, not by the library):
 decodes with ``speculative.speculative_generate`` (the same loop; ``draft=None`` is plain decoding,
 a draft or ``"ngram"`` gives structured + speculative decoding: drafted tokens are masked too).
 """
+
 from __future__ import annotations
 
 import json
@@ -86,8 +87,9 @@ class Grammar:
             raise GrammarError(f"regex={regex!r} is invalid or unsupported: {e}") from None
         self.regex, self.vocab_size, self.eos_id = regex, vocab_size, eos_id
         self.initial_state = self.index.get_initial_state()
-        self.transitions = {s: {t: n for t, n in tr.items() if t != eos_id}
-                            for s, tr in self.index.get_transitions().items()}
+        self.transitions = {
+            s: {t: n for t, n in tr.items() if t != eos_id} for s, tr in self.index.get_transitions().items()
+        }
         self.distance = self._distances()
         self.min_tokens = self.distance.get(self.initial_state)
         if self.min_tokens is None:
@@ -96,8 +98,10 @@ class Grammar:
         self._edges = {}
         for s, tr in self.transitions.items():
             toks = [t for t, n in tr.items() if n in self.distance]
-            self._edges[s] = (torch.tensor(toks, dtype=torch.long),
-                              torch.tensor([self.distance[tr[t]] for t in toks], dtype=torch.long))
+            self._edges[s] = (
+                torch.tensor(toks, dtype=torch.long),
+                torch.tensor([self.distance[tr[t]] for t in toks], dtype=torch.long),
+            )
         self._cache: dict = {}
         self.mask_seconds, self.mask_calls = 0.0, 0
 
@@ -119,8 +123,9 @@ class Grammar:
         return dist
 
     @classmethod
-    def compile(cls, *, json_schema=None, regex=None, choice=None, vocab_size: int = 257, eos_id: int = 256,
-                token_bytes=None) -> Grammar:
+    def compile(
+        cls, *, json_schema=None, regex=None, choice=None, vocab_size: int = 257, eos_id: int = 256, token_bytes=None
+    ) -> Grammar:
         """Exactly one of ``json_schema`` (dict or JSON string), ``regex``, ``choice``."""
         given = [n for n, v in (("json_schema", json_schema), ("regex", regex), ("choice", choice)) if v is not None]
         if len(given) != 1:
@@ -176,7 +181,7 @@ class Grammar:
                 if key[i] == self.eos_id:
                     return None
                 s = self.advance(s, key[i])
-                states[key[:i + 1]] = s
+                states[key[: i + 1]] = s
             return self.allowed_mask(s, max_tokens - len(key))
 
         return allowed
@@ -197,19 +202,39 @@ def schema_regex(json_schema) -> str:
         raise GrammarError(f"json_schema is invalid or unsupported: {str(e).splitlines()[0]}") from None
 
 
-def generate_structured(model, prompt_ids, grammar: Grammar, *, max_tokens: int, temperature: float = 0.0,
-                        seed: int = 0, draft=None, k: int = 4):
+def generate_structured(
+    model,
+    prompt_ids,
+    grammar: Grammar,
+    *,
+    max_tokens: int,
+    temperature: float = 0.0,
+    seed: int = 0,
+    draft=None,
+    k: int = 4,
+):
     """Decode ``max_tokens`` at most, every token masked by ``grammar`` (budget-aware). Returns
     ``(tokens without EOS, SpecStats)``; the tokens always match the grammar."""
     from .speculative import speculative_generate
 
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < max(1, grammar.min_tokens):
-        raise GrammarError(f"max_tokens={max_tokens!r} is out of range: the shortest match takes "
-                           f"{grammar.min_tokens} tokens, allowed an int >= {max(1, grammar.min_tokens)}")
+        raise GrammarError(
+            f"max_tokens={max_tokens!r} is out of range: the shortest match takes "
+            f"{grammar.min_tokens} tokens, allowed an int >= {max(1, grammar.min_tokens)}"
+        )
     if model.cfg.vocab_size != grammar.vocab_size:
-        raise GrammarError(f"the grammar was compiled for vocab_size={grammar.vocab_size}, the model has "
-                           f"{model.cfg.vocab_size}")
-    out, stats = speculative_generate(model, prompt_ids, draft=draft, k=k, max_new_tokens=max_tokens,
-                                      temperature=temperature, seed=seed, eos_id=grammar.eos_id,
-                                      allowed=grammar.walker(max_tokens))
+        raise GrammarError(
+            f"the grammar was compiled for vocab_size={grammar.vocab_size}, the model has {model.cfg.vocab_size}"
+        )
+    out, stats = speculative_generate(
+        model,
+        prompt_ids,
+        draft=draft,
+        k=k,
+        max_new_tokens=max_tokens,
+        temperature=temperature,
+        seed=seed,
+        eos_id=grammar.eos_id,
+        allowed=grammar.walker(max_tokens),
+    )
     return [t for t in out if t != grammar.eos_id], stats

@@ -8,6 +8,7 @@ an incomplete UTF-8 sequence until its last byte arrives.
 Duck type shared with ``transformers`` tokenizers: ``encode(text) -> list[int]``,
 ``decode(ids) -> str``, ``eos_token_id``. ``as_tokenizer(tok)`` accepts either.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -77,12 +78,12 @@ class _HFStream:
         text = self.tok.decode(self.ids, skip_special_tokens=True)
         if text.endswith("\ufffd"):
             return ""
-        new, self.sent = text[len(self.sent):], text
+        new, self.sent = text[len(self.sent) :], text
         return new
 
     def flush(self) -> str:
         text = self.tok.decode(self.ids, skip_special_tokens=True)
-        new, self.sent = text[len(self.sent):], text
+        new, self.sent = text[len(self.sent) :], text
         return new
 
 

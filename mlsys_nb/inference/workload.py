@@ -12,6 +12,7 @@ added when the wall clock passes its arrival time (its metrics count from that a
 shows in TTFT), the engine steps while anything is pending, and the loop sleeps when idle until the
 next arrival. Greedy decoding with ``ignore_eos`` so every request produces exactly its output length.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,9 +38,17 @@ def _range(name, value):
     return lo, hi
 
 
-def make_workload(n: int, *, rate: float = math.inf, prompt_len=(16, 256), output_len=(16, 256),
-                  shared_prefix_len: int = 0, n_prefixes: int = 1, vocab_size: int = 256,
-                  seed: int = 0) -> list[WorkloadRequest]:
+def make_workload(
+    n: int,
+    *,
+    rate: float = math.inf,
+    prompt_len=(16, 256),
+    output_len=(16, 256),
+    shared_prefix_len: int = 0,
+    n_prefixes: int = 1,
+    vocab_size: int = 256,
+    seed: int = 0,
+) -> list[WorkloadRequest]:
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n={n!r}: must be an integer >= 1")
     if not rate > 0:
@@ -71,10 +80,10 @@ def shared_prefix_tokens(requests, block_size: int) -> int:
         ids = r.prompt_token_ids
         n_full = (len(ids) - 1) // block_size
         hit = 0
-        while hit < n_full and tuple(ids[:(hit + 1) * block_size]) in seen:
+        while hit < n_full and tuple(ids[: (hit + 1) * block_size]) in seen:
             hit += 1
         total += hit * block_size
-        seen.update(tuple(ids[:(k + 1) * block_size]) for k in range(len(ids) // block_size))
+        seen.update(tuple(ids[: (k + 1) * block_size]) for k in range(len(ids) // block_size))
     return total
 
 
@@ -91,9 +100,12 @@ def run_workload(engine, requests, *, realtime: bool = True, use_tqdm: bool = Tr
                 raise TimeoutError(f"workload not finished after timeout={timeout} s ({len(done)}/{len(pending)} done)")
             while i < len(pending) and (not realtime or pending[i].arrival_time <= now):
                 r = pending[i]
-                engine.add_request(r.request_id, r.prompt_token_ids,
-                                   SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True),
-                                   arrival_time=start + (r.arrival_time if realtime else 0.0))
+                engine.add_request(
+                    r.request_id,
+                    r.prompt_token_ids,
+                    SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True),
+                    arrival_time=start + (r.arrival_time if realtime else 0.0),
+                )
                 i += 1
             if engine.has_unfinished_requests():
                 for out in engine.step():

@@ -17,10 +17,21 @@
   targets=None, *, positions=None, cache=None)`` prefills and decodes with a cache
   (``mlsys_nb.inference.KVCache``).
 """
+
 from .transformer import MLP, Attention, Block, MoE, Transformer, build_norm, rope_tables
 
-__all__ = ["MLP", "Attention", "Block", "MoE", "Transformer", "build_norm", "config_from_hf", "from_hf",
-           "rope_tables", "to_hf"]
+__all__ = [
+    "MLP",
+    "Attention",
+    "Block",
+    "MoE",
+    "Transformer",
+    "build_norm",
+    "config_from_hf",
+    "from_hf",
+    "rope_tables",
+    "to_hf",
+]
 
 
 def __getattr__(name):  # transformers loads only when a conversion is asked for

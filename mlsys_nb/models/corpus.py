@@ -13,6 +13,7 @@ cross-entropy of the *true* model on positions ``t >= order`` (full context visi
 ``H``. No model can do better on those positions, which makes ``H`` the irreducible loss ``E``
 a scaling-law fit should find.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

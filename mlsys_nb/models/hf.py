@@ -16,6 +16,7 @@ Parameter names (``transformers`` 5): ``model.embed_tokens``, ``model.layers.N.s
 ``model.layers.N.mlp.{gate,up,down}_proj``, ``model.layers.N.{input,post_attention}_layernorm``,
 ``model.norm``, ``lm_head`` (the same tensor as the embedding when ``tie_word_embeddings``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,7 +33,8 @@ def _rope_theta(hc) -> float:
     if rope_type != "default":
         raise NotImplementedError(
             f"RoPE scaling rope_type={rope_type!r} ({params}) is not implemented by mlsys_nb's Transformer "
-            "(it has plain RoPE only): loading would give wrong logits. Supported: rope_type='default'")
+            "(it has plain RoPE only): loading would give wrong logits. Supported: rope_type='default'"
+        )
     theta = params.get("rope_theta", getattr(hc, "rope_theta", None))
     if theta is None:
         raise ValueError("the config has no rope_theta (expected config.rope_parameters['rope_theta'])")
@@ -55,17 +57,28 @@ def config_from_hf(hc, *, seq_len: int | None = None) -> ModelConfig:
     if uses_window and seq_len > window:
         raise NotImplementedError(
             f"sliding_window={window} < seq_len={seq_len}: the package attends to the whole context; pass "
-            f"seq_len <= {window} to from_hf (identical attention up to that length)")
+            f"seq_len <= {window} to from_hf (identical attention up to that length)"
+        )
     attn_bias = bool(getattr(hc, "attention_bias", False))
     if mt == "llama" and attn_bias:
         raise NotImplementedError("attention_bias=True on Llama also biases o_proj: not mapped")
     head_dim = getattr(hc, "head_dim", None) or hc.hidden_size // hc.num_attention_heads
     return ModelConfig(
-        n_layers=hc.num_hidden_layers, hidden=hc.hidden_size, n_heads=hc.num_attention_heads,
-        n_kv_heads=hc.num_key_value_heads or hc.num_attention_heads, head_dim=head_dim,
-        vocab_size=hc.vocab_size, ffn_hidden=hc.intermediate_size, seq_len=seq_len,
-        tied_embeddings=bool(hc.tie_word_embeddings), activation="swiglu", norm="rmsnorm", bias=False,
-        qkv_bias=mt == "qwen2", rope_theta=theta, norm_eps=float(hc.rms_norm_eps),
+        n_layers=hc.num_hidden_layers,
+        hidden=hc.hidden_size,
+        n_heads=hc.num_attention_heads,
+        n_kv_heads=hc.num_key_value_heads or hc.num_attention_heads,
+        head_dim=head_dim,
+        vocab_size=hc.vocab_size,
+        ffn_hidden=hc.intermediate_size,
+        seq_len=seq_len,
+        tied_embeddings=bool(hc.tie_word_embeddings),
+        activation="swiglu",
+        norm="rmsnorm",
+        bias=False,
+        qkv_bias=mt == "qwen2",
+        rope_theta=theta,
+        norm_eps=float(hc.rms_norm_eps),
         name=getattr(hc, "_name_or_path", "") or mt,
     )
 
@@ -126,18 +139,33 @@ def to_hf(model: Transformer):
     import transformers
 
     cfg = model.cfg
-    bad = [f"{k}={getattr(cfg, k)!r}" for k, ok in (("activation", cfg.activation == "swiglu"),
-                                                     ("norm", cfg.norm == "rmsnorm"), ("bias", not cfg.bias),
-                                                     ("n_experts", cfg.n_experts == 0),
-                                                     ("kv_lora_rank", cfg.kv_lora_rank == 0)) if not ok]
+    bad = [
+        f"{k}={getattr(cfg, k)!r}"
+        for k, ok in (
+            ("activation", cfg.activation == "swiglu"),
+            ("norm", cfg.norm == "rmsnorm"),
+            ("bias", not cfg.bias),
+            ("n_experts", cfg.n_experts == 0),
+            ("kv_lora_rank", cfg.kv_lora_rank == 0),
+        )
+        if not ok
+    ]
     if bad:
         raise NotImplementedError(f"to_hf maps Llama-style models only (swiglu, rmsnorm, no bias, dense); got {bad}")
-    kw = {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn_hidden,
-              "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
-              "num_key_value_heads": cfg.n_kv_heads,
-              "head_dim": cfg.head_dim, "max_position_embeddings": cfg.seq_len, "rms_norm_eps": cfg.norm_eps,
-              "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-              "tie_word_embeddings": cfg.tied_embeddings, "hidden_act": "silu"}
+    kw = {
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden,
+        "intermediate_size": cfg.ffn_hidden,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "max_position_embeddings": cfg.seq_len,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "tie_word_embeddings": cfg.tied_embeddings,
+        "hidden_act": "silu",
+    }
     if cfg.qkv_bias:
         hc, cls = transformers.Qwen2Config(**kw, use_sliding_window=False), transformers.Qwen2ForCausalLM
     else:

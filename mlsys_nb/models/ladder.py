@@ -9,6 +9,7 @@ with ``N`` (all parameters), ``D``, ``C`` and the held-out loss on positions tha
 context (whose floor is the language's entropy rate). ``fit_ladder(table)`` fits
 ``L = E + A/N^alpha + B/D^beta`` to it.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,12 +31,27 @@ BATCH = 64  # sequences per step (tiny models are overhead-bound: a large batch 
 
 def model_config(n_layers: int, hidden: int, *, vocab: int, seq_len: int) -> ModelConfig:
     heads = max(1, hidden // 8)
-    return ModelConfig(n_layers=n_layers, hidden=hidden, n_heads=heads, n_kv_heads=heads, vocab_size=vocab,
-                       seq_len=seq_len, name=f"L{n_layers}-h{hidden}")
+    return ModelConfig(
+        n_layers=n_layers,
+        hidden=hidden,
+        n_heads=heads,
+        n_kv_heads=heads,
+        vocab_size=vocab,
+        seq_len=seq_len,
+        name=f"L{n_layers}-h{hidden}",
+    )
 
 
-def plan(budgets=BUDGETS, sizes=SIZES, *, seq_len: int = 32, batch: int = BATCH, vocab: int = 8,
-         min_steps: int = 20, max_steps: int = 800):
+def plan(
+    budgets=BUDGETS,
+    sizes=SIZES,
+    *,
+    seq_len: int = 32,
+    batch: int = BATCH,
+    vocab: int = 8,
+    min_steps: int = 20,
+    max_steps: int = 800,
+):
     """Runs for each (budget, size): tokens ``D = C / FLOPs-per-token``; runs with fewer than
     ``min_steps`` or more than ``max_steps`` optimizer steps (batch x seq_len tokens each) are
     dropped (too short to learn anything / too long for this machine)."""
@@ -49,9 +65,17 @@ def plan(budgets=BUDGETS, sizes=SIZES, *, seq_len: int = 32, batch: int = BATCH,
             steps = int(c / fpt // (batch * seq_len))
             if not (min_steps <= steps <= max_steps):
                 continue
-            rows.append({"C (FLOPs)": float(c), "n_layers": n_layers, "hidden": hidden,
-                         "N (params)": parameter_count(cfg), "FLOPs/token": fpt, "steps": steps,
-                         "D (tokens)": steps * batch * seq_len})
+            rows.append(
+                {
+                    "C (FLOPs)": float(c),
+                    "n_layers": n_layers,
+                    "hidden": hidden,
+                    "N (params)": parameter_count(cfg),
+                    "FLOPs/token": fpt,
+                    "steps": steps,
+                    "D (tokens)": steps * batch * seq_len,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -60,8 +84,7 @@ def lr_for(hidden: int) -> float:
     return float(min(2e-2, max(3e-3, 0.25 / hidden)))
 
 
-def train_run(cfg: ModelConfig, steps: int, lang: MarkovLanguage, *, batch: int, seed: int,
-              eval_tokens) -> dict:
+def train_run(cfg: ModelConfig, steps: int, lang: MarkovLanguage, *, batch: int, seed: int, eval_tokens) -> dict:
     """Train ``cfg`` for ``steps`` steps on fresh samples of ``lang``; return held-out loss."""
     import torch
     import torch.nn.functional as F
@@ -73,6 +96,7 @@ def train_run(cfg: ModelConfig, steps: int, lang: MarkovLanguage, *, batch: int,
     lr = lr_for(cfg.hidden)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     warm = max(1, steps // 20)
+
     def lr_factor(i):  # linear warm-up, then cosine decay to 10%
         if i < warm:
             return (i + 1) / warm
@@ -96,12 +120,21 @@ def train_run(cfg: ModelConfig, steps: int, lang: MarkovLanguage, *, batch: int,
         x = torch.from_numpy(eval_tokens)
         logits = model(x[:, :-1])
         k = lang.order  # targets at positions >= order see their full context
-        ev = F.cross_entropy(logits[:, k - 1:].reshape(-1, cfg.vocab_size), x[:, k:].reshape(-1)).item()
+        ev = F.cross_entropy(logits[:, k - 1 :].reshape(-1, cfg.vocab_size), x[:, k:].reshape(-1)).item()
     return {"loss": ev, "train_loss_last": float(loss.item()), "seconds": train_s, "lr": lr}
 
 
-def train_rows(rows, *, seq_len: int = 32, batch: int = BATCH, seed: int = 0, language: dict | None = None,
-               eval_seqs: int = 512, threads: int | None = 1, progress: bool = False):
+def train_rows(
+    rows,
+    *,
+    seq_len: int = 32,
+    batch: int = BATCH,
+    seed: int = 0,
+    language: dict | None = None,
+    eval_seqs: int = 512,
+    threads: int | None = 1,
+    progress: bool = False,
+):
     """Train the runs in ``rows`` (a slice of ``plan(...)``) and return the table with ``loss``
     (held-out, positions with full context), ``train_loss_last``, ``seconds`` and ``lr`` added, and
     attrs ``entropy_rate`` (nats/token, the true irreducible loss), ``eval_true_loss`` (the true
@@ -129,21 +162,42 @@ def train_rows(rows, *, seq_len: int = 32, batch: int = BATCH, seed: int = 0, la
     table = rows.copy()
     for k in ("loss", "train_loss_last", "seconds", "lr"):
         table[k] = [o[k] for o in results]
-    table.attrs.update(entropy_rate=lang.entropy_rate, eval_true_loss=lang.true_loss(eval_tokens),
-                       unigram_entropy=lang.unigram_entropy)
+    table.attrs.update(
+        entropy_rate=lang.entropy_rate, eval_true_loss=lang.true_loss(eval_tokens), unigram_entropy=lang.unigram_entropy
+    )
     return table
 
 
-def run_ladder(budgets=BUDGETS, sizes=SIZES, *, seq_len: int = 32, batch: int = BATCH, seed: int = 0,
-               language: dict | None = None, eval_seqs: int = 512, threads: int | None = 1,
-               min_steps: int = 20, max_steps: int = 800, progress: bool = True):
+def run_ladder(
+    budgets=BUDGETS,
+    sizes=SIZES,
+    *,
+    seq_len: int = 32,
+    batch: int = BATCH,
+    seed: int = 0,
+    language: dict | None = None,
+    eval_seqs: int = 512,
+    threads: int | None = 1,
+    min_steps: int = 20,
+    max_steps: int = 800,
+    progress: bool = True,
+):
     """Plan and train a whole ladder in this process (see ``plan`` and ``train_rows``);
     ``run_ladder(**QUICK)`` is the seconds-long version."""
     lang = MarkovLanguage(**(language or LANGUAGE))
-    runs = plan(budgets, sizes, seq_len=seq_len, batch=batch, vocab=lang.vocab, min_steps=min_steps,
-                max_steps=max_steps)
-    return train_rows(runs, seq_len=seq_len, batch=batch, seed=seed, language=language, eval_seqs=eval_seqs,
-                      threads=threads, progress=progress)
+    runs = plan(
+        budgets, sizes, seq_len=seq_len, batch=batch, vocab=lang.vocab, min_steps=min_steps, max_steps=max_steps
+    )
+    return train_rows(
+        runs,
+        seq_len=seq_len,
+        batch=batch,
+        seed=seed,
+        language=language,
+        eval_seqs=eval_seqs,
+        threads=threads,
+        progress=progress,
+    )
 
 
 def load_measured(path=None):
@@ -162,13 +216,16 @@ def fit_ladder(table, **kw):
     """Fit the Chinchilla form to a ladder table (columns ``N (params)``, ``D (tokens)``, ``loss``)."""
     from ..scaling import fit
 
-    return fit(table["N (params)"].to_numpy(float), table["D (tokens)"].to_numpy(float),
-               table["loss"].to_numpy(float), name="ladder fit", **kw)
+    return fit(
+        table["N (params)"].to_numpy(float),
+        table["D (tokens)"].to_numpy(float),
+        table["loss"].to_numpy(float),
+        name="ladder fit",
+        **kw,
+    )
 
 
 def iso_flop_optima(table):
     """Per budget, the run with the lowest loss (Chinchilla's approach 2 without the parabola)."""
     idx = table.groupby("C (FLOPs)")["loss"].idxmin()
     return table.loc[idx, ["C (FLOPs)", "N (params)", "D (tokens)", "loss"]].reset_index(drop=True)
-
-

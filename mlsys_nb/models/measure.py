@@ -17,6 +17,7 @@ CPU caveats (measured here, see ``tests/test_memory.py``): dropout masks are sav
 dropout runs with ``flash_attention=False``; compare with ``estimate`` under
 ``kernels="eager", device="cpu"`` (``cpu_setting``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -26,8 +27,15 @@ import torch
 from ..config import ModelConfig, TrainConfig
 from .transformer import Transformer
 
-__all__ = ["SavedBytes", "saved_activation_bytes", "measure_activations", "measure_model_states",
-           "measured_state_bytes", "cpu_setting", "precision_dtype"]
+__all__ = [
+    "SavedBytes",
+    "saved_activation_bytes",
+    "measure_activations",
+    "measure_model_states",
+    "measured_state_bytes",
+    "cpu_setting",
+    "precision_dtype",
+]
 
 
 def precision_dtype(precision: str) -> torch.dtype:
@@ -75,8 +83,9 @@ def saved_activation_bytes(model: Transformer, tokens: torch.Tensor, targets: to
         st = args[0].untyped_storage()  # kept alive below so its address cannot be reused
         block_inputs[st.data_ptr()] = (f"layer {i}", st)
 
-    handles = [blk.register_forward_pre_hook(lambda mod, args, i=i: enter(i, args))
-               for i, blk in enumerate(model.blocks)]
+    handles = [
+        blk.register_forward_pre_hook(lambda mod, args, i=i: enter(i, args)) for i, blk in enumerate(model.blocks)
+    ]
     handles.append(model.norm.register_forward_pre_hook(lambda mod, args: where.__setitem__(0, "outside")))
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -93,8 +102,9 @@ def saved_activation_bytes(model: Transformer, tokens: torch.Tensor, targets: to
     return SavedBytes(total=sum(seen.values()), per_layer=per_layer, outside=outside, records=records)
 
 
-def measure_activations(model_cfg: ModelConfig, train: TrainConfig, *, seed: int = 0,
-                        device: str | torch.device = "cpu") -> SavedBytes:
+def measure_activations(
+    model_cfg: ModelConfig, train: TrainConfig, *, seed: int = 0, device: str | torch.device = "cpu"
+) -> SavedBytes:
     """Saved-for-backward bytes of a fresh ``Transformer(model_cfg)`` for one micro-batch of
     ``train`` (recompute mode, attention path, dtype), with random tokens and targets."""
     if train.tp * train.pp * train.cp * train.ep != 1:
@@ -146,8 +156,15 @@ def measured_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimize
     )
 
 
-def measure_model_states(model_cfg: ModelConfig, precision: str = "bf16-mixed", optimizer: str = "adam", *,
-                         seed: int = 0, micro_batch: int = 2, seq_len: int = 16) -> dict:
+def measure_model_states(
+    model_cfg: ModelConfig,
+    precision: str = "bf16-mixed",
+    optimizer: str = "adam",
+    *,
+    seed: int = 0,
+    micro_batch: int = 2,
+    seq_len: int = 16,
+) -> dict:
     """Bytes of params, grads, optimizer states and fp32 master weights after one real training
     step of ``Transformer(model_cfg)``. Mixed precision is done by hand as in Micikevicius et al.:
     bf16 model and gradients, an fp32 master copy that the fp32 optimizer updates, copied back.
@@ -156,9 +173,12 @@ def measure_model_states(model_cfg: ModelConfig, precision: str = "bf16-mixed", 
     tensor alive at ``opt.step()`` (persistent + the transient fp32 gradient copies
     ``master_grads_at_step`` + step counters). The optimizer's own scratch tensors inside ``step``
     are not counted (no allocator statistics on CPU)."""
-    opts = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
-            "sgd-momentum": lambda p, lr: torch.optim.SGD(p, lr=lr, momentum=0.9),
-            "sgd": lambda p, lr: torch.optim.SGD(p, lr=lr)}
+    opts = {
+        "adam": torch.optim.Adam,
+        "adamw": torch.optim.AdamW,
+        "sgd-momentum": lambda p, lr: torch.optim.SGD(p, lr=lr, momentum=0.9),
+        "sgd": lambda p, lr: torch.optim.SGD(p, lr=lr),
+    }
     if optimizer not in opts:
         raise ValueError(f"optimizer={optimizer!r}: allowed {tuple(opts)}")
     mixed = {"fp32": False, "bf16-mixed": True}.get(precision)
@@ -176,9 +196,13 @@ def measure_model_states(model_cfg: ModelConfig, precision: str = "bf16-mixed", 
             mp.grad = p.grad.float()  # transient fp32 copy for the update, freed below
     opt.step()
     # what is held at the optimizer step (before the transient fp32 gradient copies are freed)
-    at_step = [*params, *(p.grad for p in params if p.grad is not None), *(master if mixed else ()),
-               *(mp.grad for mp in master if mixed and mp.grad is not None),
-               *(v for st in opt.state.values() for v in st.values() if torch.is_tensor(v))]
+    at_step = [
+        *params,
+        *(p.grad for p in params if p.grad is not None),
+        *(master if mixed else ()),
+        *(mp.grad for mp in master if mixed and mp.grad is not None),
+        *(v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)),
+    ]
     at_step_bytes = _unique_bytes(at_step)
     master_grads = _unique_bytes(mp.grad for mp in master if mp.grad is not None) if mixed else 0
     if mixed:

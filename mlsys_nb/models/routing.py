@@ -27,6 +27,7 @@ Losses (each returned unscaled; multiply by your coefficient):
 - router z-loss (Zoph et al. 2022, ST-MoE, arXiv:2202.08906, Sec. 3): mean over tokens of
   ``logsumexp(z)²``; keeps logits small (numerically safe in bf16).
 """
+
 from __future__ import annotations
 
 import math
@@ -47,8 +48,9 @@ def check_router_args(n_experts: int, top_k: int, gating: str, capacity_factor) 
         raise ArgumentError(f"top_k={top_k!r}: must be an integer in 1..n_experts={n_experts}")
     if gating not in GATINGS:
         raise ArgumentError(f"gating={gating!r}: allowed {GATINGS}")
-    if capacity_factor is not None and (not isinstance(capacity_factor, (int, float))
-                                        or not capacity_factor > 0 or math.isinf(capacity_factor)):
+    if capacity_factor is not None and (
+        not isinstance(capacity_factor, (int, float)) or not capacity_factor > 0 or math.isinf(capacity_factor)
+    ):
         raise ArgumentError(f"capacity_factor={capacity_factor!r}: must be a finite number > 0, or None (no drops)")
 
 
@@ -89,7 +91,8 @@ class Routing:
         """Assignments per (slot, expert) [k, E] before drops: what the capacity rule needs."""
         k = self.idx.shape[1]
         flat = self.idx.t().reshape(-1) + n_experts * torch.arange(k, device=self.idx.device).repeat_interleave(
-            self.idx.shape[0])
+            self.idx.shape[0]
+        )
         return torch.bincount(flat, minlength=k * n_experts).view(k, n_experts)
 
 
@@ -123,8 +126,16 @@ def assignment_positions(idx: torch.Tensor, n_experts: int, offset: torch.Tensor
     return pos.t()
 
 
-def route(logits: torch.Tensor, top_k: int, *, gating: str = "softmax", bias=None, capacity_factor=None,
-          n_tokens: int | None = None, offset: torch.Tensor | None = None) -> Routing:
+def route(
+    logits: torch.Tensor,
+    top_k: int,
+    *,
+    gating: str = "softmax",
+    bias=None,
+    capacity_factor=None,
+    n_tokens: int | None = None,
+    offset: torch.Tensor | None = None,
+) -> Routing:
     """Route ``T`` tokens given their router ``logits`` [T, E]. ``n_tokens``: the group's token
     count ``T`` for the capacity (default this call's T); ``offset``: see ``assignment_positions``."""
     n_experts = logits.shape[-1]

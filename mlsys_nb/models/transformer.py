@@ -19,6 +19,7 @@ contiguous implementation) is in ``mlsys_nb.inference.kv_cache``.
 attention out as explicit matmuls so ``FlopCounterMode`` can count it (SDPA counts 0 FLOPs on CPU)
 and saved tensors are visible one by one. Both give the same output (tested).
 """
+
 from __future__ import annotations
 
 import math
@@ -160,8 +161,13 @@ class MoE(nn.Module):
         b, s, h = x.shape
         flat = x.reshape(-1, h)
         E, T = self.cfg.n_experts, flat.shape[0]
-        r = route(self.router(flat), self.cfg.top_k, gating=self.gating, bias=self.router_bias,
-                  capacity_factor=self.capacity_factor)
+        r = route(
+            self.router(flat),
+            self.cfg.top_k,
+            gating=self.gating,
+            bias=self.router_bias,
+            capacity_factor=self.capacity_factor,
+        )
         counts, prob_sums = load_balancing_terms(r, E)
         self.last_routing, self.last_dropped = r, r.dropped
         self.last_aux_loss = load_balancing_loss(counts, prob_sums, T, self.cfg.top_k)
@@ -261,12 +267,20 @@ class Transformer(nn.Module):
         if tuple(positions.shape) != (b, s):
             raise ValueError(f"positions has shape {tuple(positions.shape)}: expected ({b}, {s}) or ({s},)")
         if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= self.cfg.seq_len):
-            raise ValueError(f"positions range [{int(positions.min())}, {int(positions.max())}] is out of "
-                             f"range: allowed [0, cfg.seq_len={self.cfg.seq_len})")
+            raise ValueError(
+                f"positions range [{int(positions.min())}, {int(positions.max())}] is out of "
+                f"range: allowed [0, cfg.seq_len={self.cfg.seq_len})"
+            )
         return self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *,
-                positions: torch.Tensor | None = None, cache=None):
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        positions: torch.Tensor | None = None,
+        cache=None,
+    ):
         b, s = tokens.shape
         if cache is not None:
             cache_positions = cache.begin(b, s)  # [b, s]: cached length + 0..s-1 of each sequence

@@ -37,6 +37,7 @@ Tensors are ``[b, heads, s_local, d]``; K and V have ``n_kv`` heads (grouped-que
 ``positions(seq_len, cp, rank, layout)``; ``shard_sequence`` cuts a full tensor the same way.
 All collectives are ``torch.distributed`` functions looked up at call time (``CommCounter`` counts them).
 """
+
 from __future__ import annotations
 
 import math
@@ -53,8 +54,9 @@ LAYOUTS = ("contiguous", "zigzag")
 SEQ = 2  # [b, heads, s, d]
 
 
-def check_cp_args(seq_len: int, cp: int, *, layout: str = "zigzag", n_heads: int | None = None,
-                  n_kv_heads: int | None = None) -> None:
+def check_cp_args(
+    seq_len: int, cp: int, *, layout: str = "zigzag", n_heads: int | None = None, n_kv_heads: int | None = None
+) -> None:
     """Raise ``ArgumentError`` (a ``ValueError``) naming the parameter (call before starting ranks)."""
     if layout not in LAYOUTS:
         raise ArgumentError(f"layout={layout!r}: allowed {LAYOUTS}")
@@ -62,8 +64,10 @@ def check_cp_args(seq_len: int, cp: int, *, layout: str = "zigzag", n_heads: int
         raise ArgumentError(f"cp={cp!r}: must be an integer >= 1")
     parts = 2 * cp if layout == "zigzag" else cp
     if not isinstance(seq_len, int) or seq_len < 1 or seq_len % parts:
-        raise ArgumentError(f"seq_len={seq_len!r} must be a positive multiple of {parts} "
-                         f"({'2·cp chunks for zig-zag' if layout == 'zigzag' else 'cp chunks'}, cp={cp})")
+        raise ArgumentError(
+            f"seq_len={seq_len!r} must be a positive multiple of {parts} "
+            f"({'2·cp chunks for zig-zag' if layout == 'zigzag' else 'cp chunks'}, cp={cp})"
+        )
     if n_heads is not None and n_kv_heads is not None and (n_kv_heads < 1 or n_heads % n_kv_heads):
         raise ArgumentError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads} (grouped-query attention)")
 
@@ -130,8 +134,10 @@ class _Ring:
         r, n = dist.get_rank(group), dist.get_world_size(group)
         glob = (lambda i: i) if group is None else (lambda i: dist.get_global_rank(group, i))
         self.recv = torch.empty_like(buf)
-        self.works = [dist.isend(buf.contiguous(), glob((r + 1) % n), group=group),
-                      dist.irecv(self.recv, glob((r - 1) % n), group=group)]
+        self.works = [
+            dist.isend(buf.contiguous(), glob((r + 1) % n), group=group),
+            dist.irecv(self.recv, glob((r - 1) % n), group=group),
+        ]
 
     def wait(self):
         for w in self.works:
@@ -171,8 +177,9 @@ class _RingAttention(torch.autograd.Function):
         ctx.causal, ctx.layout, ctx.seq_len, ctx.group = causal, layout, seq_len, group
         if stats is not None:
             kv_bytes = k.numel() * k.element_size() * 2
-            stats.update(work=work, compute_s=compute_s, wait_s=wait_s, kv_block_bytes=kv_bytes,
-                         kv_resident_bytes=2 * kv_bytes)  # the block in use + the one arriving
+            stats.update(
+                work=work, compute_s=compute_s, wait_s=wait_s, kv_block_bytes=kv_bytes, kv_resident_bytes=2 * kv_bytes
+            )  # the block in use + the one arriving
         return out
 
     @staticmethod
@@ -209,8 +216,18 @@ class _RingAttention(torch.autograd.Function):
         return dq, dkv[0], dkv[1], None, None, None, None, None, None
 
 
-def ring_attention(q, k, v, *, causal: bool = True, layout: str = "zigzag", seq_len: int | None = None,
-                   group=None, stats: dict | None = None, overlap: bool = True):
+def ring_attention(
+    q,
+    k,
+    v,
+    *,
+    causal: bool = True,
+    layout: str = "zigzag",
+    seq_len: int | None = None,
+    group=None,
+    stats: dict | None = None,
+    overlap: bool = True,
+):
     """Attention of this rank's queries over the whole sequence, K/V circulating on a ring.
 
     q [b, heads, s/cp, d], k and v [b, n_kv, s/cp, d]: this rank's tokens in ``layout`` order
@@ -237,8 +254,17 @@ class _GatherSeq(torch.autograd.Function):
         return _reduce_scatter(dy, SEQ, ctx.group), None
 
 
-def allgather_attention(q, k, v, *, causal: bool = True, layout: str = "zigzag", seq_len: int | None = None,
-                        group=None, stats: dict | None = None):
+def allgather_attention(
+    q,
+    k,
+    v,
+    *,
+    causal: bool = True,
+    layout: str = "zigzag",
+    seq_len: int | None = None,
+    group=None,
+    stats: dict | None = None,
+):
     """The all-gather-KV variant (Llama 3): gather K|V of every rank, attend locally with the mask
     built from global positions. Same arguments and result as ``ring_attention``."""
     r, n = dist.get_rank(group), dist.get_world_size(group)
@@ -254,8 +280,12 @@ def allgather_attention(q, k, v, *, causal: bool = True, layout: str = "zigzag",
     y = F.scaled_dot_product_attention(q, _repeat_kv(kf, g), _repeat_kv(vf, g), attn_mask=mask)
     if stats is not None:
         kv_bytes = k.numel() * k.element_size() * 2
-        stats.update(work=q.shape[SEQ] * seq_len, compute_s=time.perf_counter() - t0,
-                     kv_block_bytes=kv_bytes, kv_resident_bytes=n * kv_bytes)
+        stats.update(
+            work=q.shape[SEQ] * seq_len,
+            compute_s=time.perf_counter() - t0,
+            kv_block_bytes=kv_bytes,
+            kv_resident_bytes=n * kv_bytes,
+        )
     return y
 
 

@@ -25,6 +25,7 @@ Communication per step per rank: one all-reduce of all gradients, ``2(N-1)/N · 
 gradients were ready, when its all-reduce was launched and when it completed (seconds,
 ``time.perf_counter``), which notebook 05 plots per rank.
 """
+
 from __future__ import annotations
 
 import time
@@ -165,8 +166,14 @@ class DataParallel(nn.Module):
         for bucket in self.buckets:
             bucket.finish(self.world)
         self.timeline = [
-            dict(bucket=b.index, numel=b.numel, ready=b.t_ready, launch=b.t_launch, done=b.t_done,
-                 backward_end=t_backward_end)
+            dict(
+                bucket=b.index,
+                numel=b.numel,
+                ready=b.t_ready,
+                launch=b.t_launch,
+                done=b.t_done,
+                backward_end=t_backward_end,
+            )
             for b in self.buckets
         ]
         self._callback_queued = False

@@ -36,6 +36,7 @@ All collectives go through ``torch.distributed`` functions looked up at call tim
 ``mlsys_nb.comm.counting.CommCounter`` counts them; ``last_stats`` also records the exact
 token rows each rank sent to every other rank (bytes off the rank, beside the counter's model).
 """
+
 from __future__ import annotations
 
 import torch
@@ -107,8 +108,7 @@ class EPMoE(nn.Module):
     ``last_load`` (kept assignments per expert, group total), ``last_aux_loss``, ``last_z_loss``,
     ``last_stats`` (send/recv rows per rank, bytes)."""
 
-    def __init__(self, cfg: ModelConfig, *, gating: str = "softmax", capacity_factor: float | None = None,
-                 group=None):
+    def __init__(self, cfg: ModelConfig, *, gating: str = "softmax", capacity_factor: float | None = None, group=None):
         super().__init__()
         ep = dist.get_world_size(group)
         check_ep_args(cfg, ep, gating=gating, capacity_factor=capacity_factor)
@@ -140,8 +140,15 @@ class EPMoE(nn.Module):
         per_slot = every.sum(dim=0)  # [k, E] group totals
         offset = (per_slot.cumsum(0) - per_slot) + every[: self.rank].sum(dim=0)
         T = T_local * self.ep
-        r = route(logits, k, gating=self.gating, bias=self.router_bias, capacity_factor=self.capacity_factor,
-                  n_tokens=T, offset=offset)
+        r = route(
+            logits,
+            k,
+            gating=self.gating,
+            bias=self.router_bias,
+            capacity_factor=self.capacity_factor,
+            n_tokens=T,
+            offset=offset,
+        )
         return r, T
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -166,8 +173,9 @@ class EPMoE(nn.Module):
 
         # 3. dispatch, 4. local experts, 5. combine
         received = all_to_all(flat[token], in_splits, out_splits, self.group)
-        local_expert = torch.arange(self.n_local, device=x.device).repeat(self.ep).repeat_interleave(
-            recv_matrix.reshape(-1))
+        local_expert = (
+            torch.arange(self.n_local, device=x.device).repeat(self.ep).repeat_interleave(recv_matrix.reshape(-1))
+        )
         y = torch.zeros_like(received)
         for le, mlp in enumerate(self.experts):
             rows = (local_expert == le).nonzero(as_tuple=True)[0]
@@ -186,10 +194,11 @@ class EPMoE(nn.Module):
         E, k = self.cfg.n_experts, self.cfg.top_k
         counts, prob_sums = load_balancing_terms(r, E)
         lse2 = z_loss_sum(r.logits)
-        totals = torch.cat([counts.detach(), prob_sums.detach(), lse2.detach().view(1),
-                            r.counts(E, kept_only=True).to(counts.dtype)])
+        totals = torch.cat(
+            [counts.detach(), prob_sums.detach(), lse2.detach().view(1), r.counts(E, kept_only=True).to(counts.dtype)]
+        )
         dist.all_reduce(totals, group=self.group)
-        g_counts, g_probs, g_lse2, g_load = totals[:E], totals[E:2 * E], totals[2 * E], totals[2 * E + 1:]
+        g_counts, g_probs, g_lse2, g_load = totals[:E], totals[E : 2 * E], totals[2 * E], totals[2 * E + 1 :]
         local_aux = load_balancing_loss(g_counts, prob_sums, T, k)
         group_aux = load_balancing_loss(g_counts, g_probs, T, k)
         self.last_aux_loss = local_aux + (group_aux - local_aux).detach()
@@ -199,10 +208,12 @@ class EPMoE(nn.Module):
         self.last_routing = r
         off = [n for j, n in enumerate(in_splits) if j != self.rank]
         self.last_stats = {
-            "send_rows": list(in_splits), "recv_rows": list(out_splits),
+            "send_rows": list(in_splits),
+            "recv_rows": list(out_splits),
             # token rows leaving this rank in one all-to-all (dispatch fwd; the same in combine bwd)
             "dispatch_bytes_off_rank": sum(off) * h * elem,
-            "combine_bytes_off_rank": sum(n for j, n in enumerate(out_splits) if j != self.rank) * h * elem}
+            "combine_bytes_off_rank": sum(n for j, n in enumerate(out_splits) if j != self.rank) * h * elem,
+        }
 
     def update_bias(self, gamma: float = 1e-3) -> None:
         """Auxiliary-loss-free step on ``router_bias`` from the group's load of the last forward

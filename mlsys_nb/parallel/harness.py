@@ -11,6 +11,7 @@ rank, independently of any communication), the bytes communicated per step by th
 by ``CommCounter``; PyTorch's C++ DDP reducer cannot be counted this way) and the bytes of
 parameters, gradients and optimizer states this rank holds after the last step.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,8 +29,18 @@ from .ddp import DataParallel, allreduce_gradients
 from ..models.measure import measured_state_bytes
 from .zero import ZeRO
 
-IMPLEMENTATIONS = ("naive", "ddp", "ddp_no_overlap", "ddp_accum", "torch_ddp",
-                   "zero1", "zero2", "zero3", "zero3_prefetch", "fsdp2")
+IMPLEMENTATIONS = (
+    "naive",
+    "ddp",
+    "ddp_no_overlap",
+    "ddp_accum",
+    "torch_ddp",
+    "zero1",
+    "zero2",
+    "zero3",
+    "zero3_prefetch",
+    "fsdp2",
+)
 # The optimizers the harness trains with, by their names in ``mlsys_nb.config.OPTIMIZERS``.
 # AdamW's lr is kept small: its update g/sqrt(v) amplifies summation-order rounding of small
 # gradients (differences from single-process grow ~linearly with lr: max 8e-6 at lr 1e-3, N = 3)
@@ -52,8 +63,9 @@ def make_optimizer(name: str, params) -> torch.optim.Optimizer:
 def tiny_config(**overrides) -> ModelConfig:
     """A 2-layer GQA/SwiGLU transformer of 22,688 parameters; every unit's size divides by 8, so
     ZeRO's shards need no padding for N = 1, 2, 4, 8."""
-    base = dict(n_layers=2, hidden=32, n_heads=4, n_kv_heads=2, ffn_hidden=64, vocab_size=64, seq_len=16,
-                name="dp-tiny")
+    base = dict(
+        n_layers=2, hidden=32, n_heads=4, n_kv_heads=2, ffn_hidden=64, vocab_size=64, seq_len=16, name="dp-tiny"
+    )
     return ModelConfig(**{**base, **overrides})
 
 
@@ -92,8 +104,9 @@ def train_single(cfg: ModelConfig, batches, optimizer: str = "adamw", seed: int 
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def train_parallel(impl: str, cfg: ModelConfig, batches, optimizer: str = "adamw", seed: int = 0,
-                   bucket_cap_mb: float = 0.02) -> dict:
+def train_parallel(
+    impl: str, cfg: ModelConfig, batches, optimizer: str = "adamw", seed: int = 0, bucket_cap_mb: float = 0.02
+) -> dict:
     """Train with ``impl`` on this rank's slices; return full parameters, bytes sent per step
     (counted), per-op counts and model-state bytes after the last step."""
     if impl not in IMPLEMENTATIONS:
@@ -160,10 +173,17 @@ def train_parallel(impl: str, cfg: ModelConfig, batches, optimizer: str = "adamw
     else:
         params = {n: p.detach().clone() for n, p in model.named_parameters()}
     by_op = {op: {k: v / len(batches) for k, v in row.items()} for op, row in cc.by_op().items()}
-    return dict(params=params, bytes_sent_per_step=cc.bytes_sent / len(batches), calls_per_step=cc.calls / len(batches),
-                by_op=cc.by_op(), by_op_per_step=by_op, wire_sent_per_step=wire_sent,
-                wire_framing_per_message=framing if measure_wire else None, memory=memory,
-                peak_gathered_bytes=zero.peak_gathered_bytes if zero else None)
+    return dict(
+        params=params,
+        bytes_sent_per_step=cc.bytes_sent / len(batches),
+        calls_per_step=cc.calls / len(batches),
+        by_op=cc.by_op(),
+        by_op_per_step=by_op,
+        wire_sent_per_step=wire_sent,
+        wire_framing_per_message=framing if measure_wire else None,
+        memory=memory,
+        peak_gathered_bytes=zero.peak_gathered_bytes if zero else None,
+    )
 
 
 def max_diff(a: dict, b: dict) -> float:
@@ -172,8 +192,14 @@ def max_diff(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
-def compare_implementations(impls=IMPLEMENTATIONS, optimizers=("adamw", "sgd-momentum"), steps: int = 3,
-                            per_rank_batch: int = 2, cfg_overrides: dict | None = None, seed: int = 0) -> dict:
+def compare_implementations(
+    impls=IMPLEMENTATIONS,
+    optimizers=("adamw", "sgd-momentum"),
+    steps: int = 3,
+    per_rank_batch: int = 2,
+    cfg_overrides: dict | None = None,
+    seed: int = 0,
+) -> dict:
     """Rank function: train with each implementation and optimizer; compare with the single-process
     reference (full batch) and with PyTorch DDP. Returns plain numbers (no tensors):
     ``{"n_params", "world_size", "moved": {optimizer: max |reference - initial|},
@@ -224,8 +250,15 @@ def mlp_stack(hidden: int, layers: int, seed: int = 0) -> torch.nn.Sequential:
     return torch.nn.Sequential(*mods)
 
 
-def time_ddp_steps(variants=TIMING_VARIANTS, hidden: int = 1024, layers: int = 8, rows: int = 64,
-                   bucket_cap_mb: float = 4.0, repeats: int = 10, warmup: int = 2) -> dict:
+def time_ddp_steps(
+    variants=TIMING_VARIANTS,
+    hidden: int = 1024,
+    layers: int = 8,
+    rows: int = 64,
+    bucket_cap_mb: float = 4.0,
+    repeats: int = 10,
+    warmup: int = 2,
+) -> dict:
     """Rank function: seconds per training step (forward + backward + gradient sync, no optimizer)
     of an MLP stack for each variant, interleaved round-robin so drift hits all variants alike.
 
@@ -268,8 +301,15 @@ def time_ddp_steps(variants=TIMING_VARIANTS, hidden: int = 1024, layers: int = 8
             if i >= warmup:
                 times[v].append(t1 - t0)
             if isinstance(net, DataParallel):
-                timeline[v] = [{k: (val - t0 if k not in ("bucket", "numel") else val) for k, val in b.items()}
-                               for b in net.timeline]
+                timeline[v] = [
+                    {k: (val - t0 if k not in ("bucket", "numel") else val) for k, val in b.items()}
+                    for b in net.timeline
+                ]
     n_params = sum(p.numel() for p in mlp_stack(hidden, 1).parameters()) * layers
-    return dict(times=times, timeline=timeline, bytes_sent_per_step=sent, grad_bytes=4 * n_params,
-                flops_per_step=6 * rows * n_params)
+    return dict(
+        times=times,
+        timeline=timeline,
+        bytes_sent_per_step=sent,
+        grad_bytes=4 * n_params,
+        flops_per_step=6 * rows * n_params,
+    )

@@ -20,6 +20,7 @@ group of a rank is ``ep`` consecutive dp coordinates (``coordinates(..., ep=)`` 
   tensor-parallel over the tp group, then averages gradients over the dp group
   (``allreduce_gradients``). ``train(cases, world_size)`` launches it.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -50,8 +51,10 @@ def check_dims(world_size: int, **dims) -> dict:
     d = _dims(**dims)
     if math.prod(d.values()) != world_size:
         shown = " x ".join(f"{k}={v}" for k, v in d.items())
-        raise ValueError(f"{shown} = {math.prod(d.values())} ranks, but world_size={world_size}: "
-                         "the degrees must multiply to the world size")
+        raise ValueError(
+            f"{shown} = {math.prod(d.values())} ranks, but world_size={world_size}: "
+            "the degrees must multiply to the world size"
+        )
     return d
 
 
@@ -143,20 +146,27 @@ def build_mesh(*, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, device_typ
     if tuple(local) != tuple(coords[k] for k in DIM_ORDER):  # our numbering is PyTorch's
         raise RuntimeError(f"rank {rank}: DeviceMesh coordinates {local} differ from {coords}")
     groups = {k: dm.get_group(k) for k in DIM_ORDER}
-    return Mesh(rank=rank, sizes=tuple(d.items()), coords=tuple((k, coords[k]) for k in DIM_ORDER),
-                device_mesh=dm, groups=groups)
+    return Mesh(
+        rank=rank,
+        sizes=tuple(d.items()),
+        coords=tuple((k, coords[k]) for k in DIM_ORDER),
+        device_mesh=dm,
+        groups=groups,
+    )
 
 
 # ---- training on a mesh, compared with single-process training -------------------------------
 def _config(hidden=32, n_layers=4, n_heads=8, vocab=64, seq_len=16):
     from ..config import ModelConfig
 
-    return ModelConfig(n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_heads // 2,
-                       vocab_size=vocab, seq_len=seq_len)
+    return ModelConfig(
+        n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_heads // 2, vocab_size=vocab, seq_len=seq_len
+    )
 
 
-def _train_tp_dp(mesh: Mesh, steps: int, lr: float, seed: int, broken: str | None = None, batch: int = 4,
-                 seq: int = 16) -> dict:
+def _train_tp_dp(
+    mesh: Mesh, steps: int, lr: float, seed: int, broken: str | None = None, batch: int = 4, seq: int = 16
+) -> dict:
     """pp = 1: TPTransformer (TP + SP over the tp group) inside DataParallel over the dp group."""
     import torch
 
@@ -196,8 +206,9 @@ def _train_tp_dp(mesh: Mesh, steps: int, lr: float, seed: int, broken: str | Non
     return {"max_err": max(errs.values()), "n_tensors": len(errs), "moved": moved, "losses": losses}
 
 
-def _train_torch_fsdp_tp(mesh: Mesh, steps: int, lr: float, seed: int, broken: str | None = None, batch: int = 4,
-                         seq: int = 16) -> dict:
+def _train_torch_fsdp_tp(
+    mesh: Mesh, steps: int, lr: float, seed: int, broken: str | None = None, batch: int = 4, seq: int = 16
+) -> dict:
     """PyTorch's own composition on the same 2D mesh: ``parallelize_module`` (ColwiseParallel q/k/v,
     gate/up; RowwiseParallel o/down) over the tp dimension, then FSDP2 ``fully_shard`` over dp."""
     import torch
@@ -213,9 +224,15 @@ def _train_torch_fsdp_tp(mesh: Mesh, steps: int, lr: float, seed: int, broken: s
     torch.manual_seed(seed)
     model = Transformer(cfg, attn_impl="matmul")
     dm = mesh.device_mesh
-    plan = {"attn.q_proj": ColwiseParallel(), "attn.k_proj": ColwiseParallel(), "attn.v_proj": ColwiseParallel(),
-            "attn.o_proj": RowwiseParallel(), "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-            "mlp.down_proj": RowwiseParallel()}
+    plan = {
+        "attn.q_proj": ColwiseParallel(),
+        "attn.k_proj": ColwiseParallel(),
+        "attn.v_proj": ColwiseParallel(),
+        "attn.o_proj": RowwiseParallel(),
+        "mlp.gate_proj": ColwiseParallel(),
+        "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(),
+    }
     for blk in model.blocks:
         parallelize_module(blk, dm["tp"], plan)
         if broken != "dp":
@@ -286,8 +303,9 @@ def _train_pp(mesh: Mesh, steps: int, lr: float, seed: int, broken: str | None =
     from .tensor import compare_with_full
 
     pp, dp, tp = mesh.size("pp"), mesh.size("dp"), mesh.size("tp")
-    spec = ModelSpec(hidden=32, n_layers=2 * pp, microbatch_size=2, seed=seed, block="transformer", seq_len=8,
-                     n_heads=4)
+    spec = ModelSpec(
+        hidden=32, n_layers=2 * pp, microbatch_size=2, seed=seed, block="transformer", seq_len=8, n_heads=4
+    )
     sched = schedule("1f1b", pp, m)
     ref = build_blocks(spec)  # single-process reference, same seed
     init = [p.detach().clone() for p in ref.parameters()]
@@ -360,13 +378,31 @@ def train_worker(cases: list[dict], steps: int = 3, lr: float = 0.1, seed: int =
         import torch.distributed as dist
 
         groups = {k: dist.get_process_group_ranks(mesh.group(k)) for k in DIM_ORDER}
-        out.append({"dims": dict(mesh.sizes), "rank": mesh.rank, "coords": dict(mesh.coords), "groups": groups,
-                    "broken": case.get("broken"), "impl": case.get("impl", "kit"), **res})
+        out.append(
+            {
+                "dims": dict(mesh.sizes),
+                "rank": mesh.rank,
+                "coords": dict(mesh.coords),
+                "groups": groups,
+                "broken": case.get("broken"),
+                "impl": case.get("impl", "kit"),
+                **res,
+            }
+        )
     return out
 
 
-def train(cases: list[dict], world_size: int, *, steps: int = 3, lr: float = 0.1, seed: int = 0,
-          timeout: float = 180.0, output: str = "quiet", backend: str = "gloo") -> list[list[dict]]:
+def train(
+    cases: list[dict],
+    world_size: int,
+    *,
+    steps: int = 3,
+    lr: float = 0.1,
+    seed: int = 0,
+    timeout: float = 180.0,
+    output: str = "quiet",
+    backend: str = "gloo",
+) -> list[list[dict]]:
     """Launch ``train_worker`` on ``world_size`` ranks (CPU; ``backend`` "gloo", or "auto" which
     means gloo here: the runs are on CPU); check every case's degrees before any rank starts.
     Returns ``results[rank][case]`` (see ``train_worker``)."""
@@ -385,10 +421,17 @@ def train(cases: list[dict], world_size: int, *, steps: int = 3, lr: float = 0.1
         if d["cp"] > 1:
             raise ValueError("cp > 1: context parallelism is not part of these training runs (cp=1)")
         if d["tp"] > (2 if d["pp"] > 1 else 4):
-            raise ValueError(f"tp={d['tp']}: these small models have 4 KV heads (2 in pipeline blocks): "
-                             "allowed tp <= 4 with pp = 1, tp <= 2 with pp > 1")
+            raise ValueError(
+                f"tp={d['tp']}: these small models have 4 KV heads (2 in pipeline blocks): "
+                "allowed tp <= 4 with pp = 1, tp <= 2 with pp > 1"
+            )
     from .. import launch
 
-    return launch(train_worker, world_size=world_size, kwargs={"cases": cases, "steps": steps, "lr": lr,
-                                                               "seed": seed},
-                  backend="gloo", timeout=timeout, output=output)
+    return launch(
+        train_worker,
+        world_size=world_size,
+        kwargs={"cases": cases, "steps": steps, "lr": lr, "seed": seed},
+        backend="gloo",
+        timeout=timeout,
+        output=output,
+    )

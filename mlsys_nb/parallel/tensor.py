@@ -36,6 +36,7 @@ All collectives go through ``torch.distributed`` functions looked up at call tim
 ``mlsys_nb.comm.counting.CommCounter`` sees (and counts the bytes of) every message. The code
 assumes an initialised process group (``mlsys_nb.launch``); ``group=None`` means the world group.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -52,8 +53,10 @@ SEQ_DIM = 1  # activations are [batch, seq, hidden]
 # torch 2.13 marks the *_tensor collectives deprecated in favour of *_single; the byte counter
 # (mlsys_nb.comm.counting) and torch's own DTensor code still use these names.
 warnings.filterwarnings(
-    "ignore", message=r".*`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
-    category=FutureWarning)
+    "ignore",
+    message=r".*`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
+    category=FutureWarning,
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,8 +242,18 @@ class ColumnParallelLinear(nn.Module):
     Input replicated (or sequence-sharded with SP), output sharded on the last dim. ``enter=False``
     skips the region entry (the caller already applied ``enter_tp`` once for several linears)."""
 
-    def __init__(self, in_features, out_features, *, bias=False, sequence_parallel=False,
-                 gather_output=False, enter=True, regather=True, group=None):
+    def __init__(
+        self,
+        in_features,
+        out_features,
+        *,
+        bias=False,
+        sequence_parallel=False,
+        gather_output=False,
+        enter=True,
+        regather=True,
+        group=None,
+    ):
         super().__init__()
         t = tp_size(group)
         if out_features % t:
@@ -317,10 +330,17 @@ class TPMLP(nn.Module):
             raise ValueError(f"ffn_hidden={cfg.ffn_hidden} must be divisible by tp={t}")
         self.cfg, self.group, self.ffn_local = cfg, group, cfg.ffn_hidden // t
         n_in = 2 if cfg.activation == "swiglu" else 1  # gate and up share one gathered input
-        self.fc1 = ColumnParallelLinear(cfg.hidden, n_in * cfg.ffn_hidden, bias=cfg.bias,
-                                        sequence_parallel=sequence_parallel, regather=regather, group=group)
-        self.down_proj = RowParallelLinear(cfg.ffn_hidden, cfg.hidden, bias=cfg.bias,
-                                           sequence_parallel=sequence_parallel, group=group)
+        self.fc1 = ColumnParallelLinear(
+            cfg.hidden,
+            n_in * cfg.ffn_hidden,
+            bias=cfg.bias,
+            sequence_parallel=sequence_parallel,
+            regather=regather,
+            group=group,
+        )
+        self.down_proj = RowParallelLinear(
+            cfg.ffn_hidden, cfg.hidden, bias=cfg.bias, sequence_parallel=sequence_parallel, group=group
+        )
 
     def forward(self, x):
         h = self.fc1(x)
@@ -350,21 +370,28 @@ class TPAttention(nn.Module):
     heads use under GQA), then a row-parallel output projection sums the heads' contributions.
     Q, K and V are one fused column-parallel matmul (one ``enter_tp``)."""
 
-    def __init__(self, cfg: ModelConfig, *, sequence_parallel=False, regather=True,
-                 attn_impl="sdpa", group=None):
+    def __init__(self, cfg: ModelConfig, *, sequence_parallel=False, regather=True, attn_impl="sdpa", group=None):
         super().__init__()
         t = tp_size(group)
         if cfg.n_heads % t or cfg.n_kv_heads % t:
             raise ValueError(
                 f"tp={t} must divide n_heads={cfg.n_heads} and n_kv_heads={cfg.n_kv_heads} "
-                "(each rank needs whole query heads and the KV heads they read)")
+                "(each rank needs whole query heads and the KV heads they read)"
+            )
         self.cfg, self.attn_impl, self.group = cfg, attn_impl, group
         self.heads, self.kv_heads = cfg.n_heads // t, cfg.n_kv_heads // t
         self.sizes = [self.heads * cfg.head_dim, self.kv_heads * cfg.head_dim, self.kv_heads * cfg.head_dim]
-        self.qkv = ColumnParallelLinear(cfg.hidden, cfg.q_dim + 2 * cfg.kv_dim, bias=cfg.bias,
-                                        sequence_parallel=sequence_parallel, regather=regather, group=group)
-        self.o_proj = RowParallelLinear(cfg.q_dim, cfg.hidden, bias=cfg.bias,
-                                        sequence_parallel=sequence_parallel, group=group)
+        self.qkv = ColumnParallelLinear(
+            cfg.hidden,
+            cfg.q_dim + 2 * cfg.kv_dim,
+            bias=cfg.bias,
+            sequence_parallel=sequence_parallel,
+            regather=regather,
+            group=group,
+        )
+        self.o_proj = RowParallelLinear(
+            cfg.q_dim, cfg.hidden, bias=cfg.bias, sequence_parallel=sequence_parallel, group=group
+        )
 
     def forward(self, x, cos, sin):
         d = self.cfg.head_dim
@@ -511,8 +538,9 @@ class TPTransformer(nn.Module):
         self.cfg, self.sequence_parallel, self.group = cfg, sequence_parallel, group
         kw = dict(sequence_parallel=sequence_parallel, group=group)
         self.embed = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden, **kw)
-        self.blocks = nn.ModuleList(TPBlock(cfg, regather=regather, attn_impl=attn_impl, **kw)
-                                    for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(
+            TPBlock(cfg, regather=regather, attn_impl=attn_impl, **kw) for _ in range(cfg.n_layers)
+        )
         self.norm = _norm(cfg, sequence_parallel)
         self.lm_head = ColumnParallelLinear(cfg.hidden, cfg.vocab_size, regather=regather, **kw)
         if cfg.tied_embeddings:

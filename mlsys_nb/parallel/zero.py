@@ -31,6 +31,7 @@ Usage (the optimizer factory receives the list of shard parameters):
     zero = ZeRO(model, lambda ps: torch.optim.AdamW(ps, lr=1e-3), stage=3, prefetch=True)
     loss = model(x, y); loss.backward(); zero.step(); zero.zero_grad()
 """
+
 from __future__ import annotations
 
 import math
@@ -143,8 +144,7 @@ class ZeRO:
     (not ``model.zero_grad()``) between steps. Every parameter must get a gradient in every backward.
     """
 
-    def __init__(self, model: nn.Module, make_optimizer, *, stage: int, units=None, prefetch: bool = False,
-                 group=None):
+    def __init__(self, model: nn.Module, make_optimizer, *, stage: int, units=None, prefetch: bool = False, group=None):
         if stage not in STAGES:
             raise ValueError(f"stage={stage!r}: allowed {STAGES}")
         if prefetch and stage != 3:

@@ -11,14 +11,38 @@
 - ``plot_timeline(result)``, ``plot_sim_vs_real`` (``plots``): Gantt charts per rank.
 - ``reference.torch_order(name, p, m, v)``: PyTorch's own op order for the same schedule.
 """
-from .schedules import (COMM_KINDS, COMPUTE_KINDS, SCHEDULES, Action, Schedule, ScheduleError,
-                        check_args, schedule, validate)
+
+from .schedules import (
+    COMM_KINDS,
+    COMPUTE_KINDS,
+    SCHEDULES,
+    Action,
+    Schedule,
+    ScheduleError,
+    check_args,
+    schedule,
+    validate,
+)
 from .closed_forms import closed_form, peak_in_flight
 from .simulate import SimResult, simulate
 
-__all__ = ["SCHEDULES", "COMPUTE_KINDS", "COMM_KINDS", "Action", "Schedule", "ScheduleError",
-           "check_args", "schedule", "validate", "simulate", "SimResult", "closed_form", "peak_in_flight",
-           "run_schedules", "plot_timeline"]
+__all__ = [
+    "SCHEDULES",
+    "COMPUTE_KINDS",
+    "COMM_KINDS",
+    "Action",
+    "Schedule",
+    "ScheduleError",
+    "check_args",
+    "schedule",
+    "validate",
+    "simulate",
+    "SimResult",
+    "closed_form",
+    "peak_in_flight",
+    "run_schedules",
+    "plot_timeline",
+]
 
 
 def __getattr__(name):  # heavier parts load on first use (torch, matplotlib)

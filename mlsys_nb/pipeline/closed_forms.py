@@ -11,6 +11,7 @@ micro-batches × L/p layers). Keys that a formula does not cover for these input
 - ``internal_idle`` = idle time inside each rank's busy span (0 for ZB-H2 and ZBV at equal costs).
 - ``peak_activations`` = per rank, max in-flight activations.
 """
+
 from __future__ import annotations
 
 from ..config import check_int
@@ -38,12 +39,22 @@ def peak_in_flight(name: str, p: int, m: int, v: int | None = None) -> list[floa
         return [min(2 * (p - r - 1) + (v - 1) * p + 1, m * v) / v for r in range(p)]
     if name == "zbv":
         return [float(p) if m >= 2 * p - 1 else float(min(m, p))] * p
-    raise ScheduleError(f"no closed form for the in-flight micro-batches of {name!r}: "
-                        f"allowed gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zbv")
+    raise ScheduleError(
+        f"no closed form for the in-flight micro-batches of {name!r}: "
+        f"allowed gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zbv"
+    )
 
 
-def closed_form(name: str, p: int, m: int, v: int | None = None, F: float = 1.0, B: float = 1.0,
-                W: float | None = None, FB: float | None = None) -> dict:
+def closed_form(
+    name: str,
+    p: int,
+    m: int,
+    v: int | None = None,
+    F: float = 1.0,
+    B: float = 1.0,
+    W: float | None = None,
+    FB: float | None = None,
+) -> dict:
     """Formula values for schedule ``name`` (see the module docstring); costs as in ``simulate``."""
     v = check_args(name, p, m, v)
     Wc = W or 0.0

@@ -7,6 +7,7 @@
   same objects for repeated settings (the pipeline widget redraws on every slider move). The
   cached objects are shared: do not mutate them.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -48,9 +49,16 @@ def _compare(p, m, v, F, B, W, comm):
         except (ScheduleError, ValueError) as e:
             rows.append({"schedule": name, "v": vv, "note": str(e)})
             continue
-        rows.append({"schedule": name, "v": r.schedule.v, "makespan": r.makespan,
-                     "bubble_fraction (idle/total)": r.bubble_fraction,
-                     "bubble_ratio (idle/busy)": r.bubble_ratio,
-                     "peak_activations rank 0 (mb×L/p)": r.peak_activations[0],
-                     "peak_activations max (mb×L/p)": max(r.peak_activations), "note": ""})
+        rows.append(
+            {
+                "schedule": name,
+                "v": r.schedule.v,
+                "makespan": r.makespan,
+                "bubble_fraction (idle/total)": r.bubble_fraction,
+                "bubble_ratio (idle/busy)": r.bubble_ratio,
+                "peak_activations rank 0 (mb×L/p)": r.peak_activations[0],
+                "peak_activations max (mb×L/p)": max(r.peak_activations),
+                "note": "",
+            }
+        )
     return pd.DataFrame(rows)

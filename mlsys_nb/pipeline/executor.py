@@ -28,6 +28,7 @@ split costs more compute than a fused backward; the order and the gradients are 
 per schedule, the largest absolute gradient difference from the unpipelined model and the measured
 timeline (seconds from the first op of the step).
 """
+
 from __future__ import annotations
 
 import math
@@ -104,8 +105,14 @@ def model_config(spec: ModelSpec):
     """The ``ModelConfig`` of the transformer blocks (``block="transformer"``)."""
     from ..config import ModelConfig
 
-    return ModelConfig(n_layers=spec.n_layers, hidden=spec.hidden, n_heads=spec.n_heads,
-                       n_kv_heads=max(1, spec.n_heads // 2), vocab_size=8, seq_len=spec.seq_len)
+    return ModelConfig(
+        n_layers=spec.n_layers,
+        hidden=spec.hidden,
+        n_heads=spec.n_heads,
+        n_kv_heads=max(1, spec.n_heads // 2),
+        vocab_size=8,
+        seq_len=spec.seq_len,
+    )
 
 
 def make_batch(spec: ModelSpec, m: int):
@@ -236,10 +243,11 @@ def run_step(sched: Schedule, spec: ModelSpec, group=None, *, mods=None, batch=N
             sends.append(dist.isend(out, group_dst=a.peer, tag=tag("F", a.microbatch, a.stage + 1), group=group))
         elif k == "SEND_B":
             g = grads.pop((a.microbatch, a.stage - 1))
-            sends.append(dist.isend(g.contiguous(), group_dst=a.peer, tag=tag("B", a.microbatch, a.stage - 1),
-                                    group=group))
+            sends.append(
+                dist.isend(g.contiguous(), group_dst=a.peer, tag=tag("B", a.microbatch, a.stage - 1), group=group)
+            )
         else:
-            for x in (a.sub if k == "FB" else (a,)):
+            for x in a.sub if k == "FB" else (a,):
                 t0 = time.perf_counter()
                 run[x.kind](x)
                 rows.append((x.kind, x.microbatch, x.chunk, x.stage, x.full, t0, time.perf_counter()))
@@ -291,8 +299,11 @@ class RealRun:
         """Did every rank run exactly its schedule's compute order (FB pairs as F then B)?"""
         tl = self.timeline
         for r in range(self.schedule.p):
-            want = [(x.kind, x.microbatch, x.stage) for a in self.schedule.compute[r]
-                    for x in (a.sub if a.kind == "FB" else (a,))]
+            want = [
+                (x.kind, x.microbatch, x.stage)
+                for a in self.schedule.compute[r]
+                for x in (a.sub if a.kind == "FB" else (a,))
+            ]
             got = tl[tl["rank"] == r].sort_values("start")
             if list(zip(got.kind, got.microbatch, got.stage)) != want:
                 return False
@@ -318,8 +329,11 @@ class RealRun:
             prev_end = 0.0
             for k, j, st, start, end in zip(g.kind, g.microbatch, g.stage, g.start, g.end):
                 dep = dependency(self.schedule, k, j, st)
-                if dep is not None and self.schedule.rank_of(j, dep[2]) != self.schedule.rank_of(j, st) \
-                        and ends[dep] >= prev_end:
+                if (
+                    dep is not None
+                    and self.schedule.rank_of(j, dep[2]) != self.schedule.rank_of(j, st)
+                    and ends[dep] >= prev_end
+                ):
                     delays.append(start - ends[dep])
                 prev_end = end
         return float(sorted(delays)[len(delays) // 2]) if delays else 0.0
@@ -328,14 +342,29 @@ class RealRun:
         """Median measured op durations (s) per kind, normalised to one micro-batch over L/p layers."""
         tl = self.timeline
         w = self.schedule.chunk_weight
-        return {k: float((tl[tl.kind == k].end - tl[tl.kind == k].start).median() / w)
-                for k in ("F", "B", "W") if (tl.kind == k).any()}
+        return {
+            k: float((tl[tl.kind == k].end - tl[tl.kind == k].start).median() / w)
+            for k in ("F", "B", "W")
+            if (tl.kind == k).any()
+        }
 
 
-def run_schedules(names=SCHEDULES, world_size: int = 4, m: int | None = None, *, v: int | None = None,
-                  hidden: int = 32, microbatch_size: int = 4, n_layers: int | None = None, seed: int = 0,
-                  block: str = "mlp", seq_len: int = 8, repeats: int = 1, backend: str = "auto",
-                  timeout: float = 120.0) -> dict[str, RealRun]:
+def run_schedules(
+    names=SCHEDULES,
+    world_size: int = 4,
+    m: int | None = None,
+    *,
+    v: int | None = None,
+    hidden: int = 32,
+    microbatch_size: int = 4,
+    n_layers: int | None = None,
+    seed: int = 0,
+    block: str = "mlp",
+    seq_len: int = 8,
+    repeats: int = 1,
+    backend: str = "auto",
+    timeout: float = 120.0,
+) -> dict[str, RealRun]:
     """Run each schedule (names or ``Schedule`` objects) for ``world_size`` ranks on real ranks, in
     one launch. ``m`` defaults to 2·world_size, valid for every schedule. Returns name -> RealRun."""
     import pandas as pd
@@ -343,8 +372,10 @@ def run_schedules(names=SCHEDULES, world_size: int = 4, m: int | None = None, *,
     import mlsys_nb
 
     m = 2 * world_size if m is None else m
-    scheds = [s if isinstance(s, Schedule) else schedule(s, world_size, m, v if s == "interleaved-1f1b" else None)
-              for s in names]
+    scheds = [
+        s if isinstance(s, Schedule) else schedule(s, world_size, m, v if s == "interleaved-1f1b" else None)
+        for s in names
+    ]
     for s in scheds:
         validate(s)
         if s.p != world_size or s.m != scheds[0].m:
@@ -352,10 +383,12 @@ def run_schedules(names=SCHEDULES, world_size: int = 4, m: int | None = None, *,
     m = scheds[0].m
     if n_layers is None:
         n_layers = math.lcm(*(s.n_stages for s in scheds))
-    spec = ModelSpec(hidden=hidden, n_layers=n_layers, microbatch_size=microbatch_size, seed=seed,
-                     block=block, seq_len=seq_len)
-    per_rank = mlsys_nb.launch(pipeline_worker, world_size, args=(scheds, spec, repeats),
-                               backend=backend, timeout=timeout)
+    spec = ModelSpec(
+        hidden=hidden, n_layers=n_layers, microbatch_size=microbatch_size, seed=seed, block=block, seq_len=seq_len
+    )
+    per_rank = mlsys_nb.launch(
+        pipeline_worker, world_size, args=(scheds, spec, repeats), backend=backend, timeout=timeout
+    )
     ref, ref_loss = reference_grads(spec, m)
     out = {}
     for i, s in enumerate(scheds):
@@ -374,4 +407,3 @@ def run_schedules(names=SCHEDULES, world_size: int = 4, m: int | None = None, *,
         loss = sum(res[i]["loss"] for res in per_rank)
         out[s.name] = RealRun(s, err, loss, ref_loss, tl)
     return out
-

@@ -5,6 +5,7 @@ colours F / B / W (input-gradient-only B hatched lighter); ``color_by="microbatc
 micro-batch its colour and shades F (full), B (lighter), W (lightest). Small charts label each
 box with its micro-batch.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -61,13 +62,30 @@ def _box_labels(ax, tl, st, en, ranks, faces):
     ink = np.where((rgb @ [0.299, 0.587, 0.114] < 0.45)[:, None], 1.0, 0.0).repeat(3, 1)  # white on dark
     offsets = np.stack([(st[fits] + en[fits]) / 2, ranks[fits]], 1)
     # sizes=1 makes one path unit one point (Collection scales by sqrt(size) * dpi / 72)
-    ax.add_collection(PathCollection(paths, sizes=[1.0], offsets=offsets, offset_transform=ax.transData,
-                                     transform=IdentityTransform(), facecolors=ink, linewidths=0),
-                      autolim=False)
+    ax.add_collection(
+        PathCollection(
+            paths,
+            sizes=[1.0],
+            offsets=offsets,
+            offset_transform=ax.transData,
+            transform=IdentityTransform(),
+            facecolors=ink,
+            linewidths=0,
+        ),
+        autolim=False,
+    )
 
 
-def plot_timeline(x, ax=None, *, color_by: str = "kind", title: str | None = None, unit: str = "time units",
-                  scale: float = 1.0, p: int | None = None):
+def plot_timeline(
+    x,
+    ax=None,
+    *,
+    color_by: str = "kind",
+    title: str | None = None,
+    unit: str = "time units",
+    scale: float = 1.0,
+    p: int | None = None,
+):
     """Draw the timeline on ``ax`` (or a new figure) and return the Figure. ``scale`` multiplies
     times (e.g. 1e3 with ``unit="ms"`` for a real run in seconds)."""
     if color_by not in ("kind", "microbatch"):
@@ -84,19 +102,32 @@ def plot_timeline(x, ax=None, *, color_by: str = "kind", title: str | None = Non
         from matplotlib.collections import PolyCollection
 
         ranks, st, en = tl["rank"].to_numpy(float), tl.start.to_numpy(float) * scale, tl.end.to_numpy(float) * scale
-        verts = np.stack([np.stack([st, ranks - 0.4], 1), np.stack([st, ranks + 0.4], 1),
-                          np.stack([en, ranks + 0.4], 1), np.stack([en, ranks - 0.4], 1)], 1)
+        verts = np.stack(
+            [
+                np.stack([st, ranks - 0.4], 1),
+                np.stack([st, ranks + 0.4], 1),
+                np.stack([en, ranks + 0.4], 1),
+                np.stack([en, ranks - 0.4], 1),
+            ],
+            1,
+        )
         if color_by == "kind":
-            table = {(k, f): mcolors.to_rgb(KIND_COLORS[k] if (k != "B" or f) else _mix(KIND_COLORS["B"], 0.35))
-                     for k in KIND_COLORS for f in (True, False)}
+            table = {
+                (k, f): mcolors.to_rgb(KIND_COLORS[k] if (k != "B" or f) else _mix(KIND_COLORS["B"], 0.35))
+                for k in KIND_COLORS
+                for f in (True, False)
+            }
             faces = [table[(k, bool(f))] for k, f in zip(tl.kind, tl.full)]
         else:
             base = [cmap(j / max(m - 1, 1)) if m > 7 else cmap(j) for j in range(m)]
             shades = {(j, k): _mix(base[j], SHADE[k]) for j in range(m) for k in SHADE}
             faces = [shades[(j, k)] for j, k in zip(tl.microbatch, tl.kind)]
         many = len(tl) > 600
-        ax.add_collection(PolyCollection(verts, facecolors=faces, edgecolors="white",
-                                         linewidths=0.0 if many else 0.4, antialiased=not many))
+        ax.add_collection(
+            PolyCollection(
+                verts, facecolors=faces, edgecolors="white", linewidths=0.0 if many else 0.4, antialiased=not many
+            )
+        )
         if len(tl):
             ax.set_xlim(0, float(en.max()) * 1.01 if en.max() > 0 else 1)
         if len(tl) <= MAX_LABELS:
@@ -108,14 +139,17 @@ def plot_timeline(x, ax=None, *, color_by: str = "kind", title: str | None = Non
         if color_by == "kind":
             from matplotlib.patches import Patch
 
-            handles = [Patch(color=KIND_COLORS["F"], label="F forward"),
-                       Patch(color=KIND_COLORS["B"], label="B backward"),
-                       Patch(color=_mix(KIND_COLORS["B"], 0.35), label="B input-grad only"),
-                       Patch(color=KIND_COLORS["W"], label="W weight-grad")]
+            handles = [
+                Patch(color=KIND_COLORS["F"], label="F forward"),
+                Patch(color=KIND_COLORS["B"], label="B backward"),
+                Patch(color=_mix(KIND_COLORS["B"], 0.35), label="B input-grad only"),
+                Patch(color=KIND_COLORS["W"], label="W weight-grad"),
+            ]
             kinds = set(tl.kind)
             split = bool(len(tl)) and not tl[tl.kind == "B"].full.all()
-            handles = [h for h in handles if h.get_label()[0] in kinds
-                       and (h.get_label() != "B input-grad only" or split)]
+            handles = [
+                h for h in handles if h.get_label()[0] in kinds and (h.get_label() != "B input-grad only" or split)
+            ]
             ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     return fig
 
@@ -124,8 +158,13 @@ def plot_sim_vs_real(sim, real, *, color_by: str = "kind", sim_unit: str = "time
     """Two stacked timelines: the simulation above the real run (ms). Simulate with measured
     costs in seconds and pass ``sim_unit="ms", sim_scale=1e3`` to share the unit."""
     fig, (a1, a2) = new_figure(2, 1, figsize=(9, 5.4))
-    plot_timeline(sim, a1, color_by=color_by, unit=sim_unit, scale=sim_scale,
-                  title=f"{sim.schedule.name}: simulated")
-    plot_timeline(real, a2, color_by=color_by, unit="ms", scale=1e3,
-                  title=f"{real.schedule.name}: measured on {real.schedule.p} ranks")
+    plot_timeline(sim, a1, color_by=color_by, unit=sim_unit, scale=sim_scale, title=f"{sim.schedule.name}: simulated")
+    plot_timeline(
+        real,
+        a2,
+        color_by=color_by,
+        unit="ms",
+        scale=1e3,
+        title=f"{real.schedule.name}: measured on {real.schedule.p} ranks",
+    )
     return fig

@@ -6,6 +6,7 @@ them without a process group. ``torch_order(name, p, m, v)`` returns them in our
 (compute ops only, idle steps and ``REDUCE_GRAD`` dropped), or raises ``KeyError`` if PyTorch has no
 such schedule (ZB-H2, bidirectional DualPipe).
 """
+
 from __future__ import annotations
 
 import types
@@ -29,8 +30,12 @@ def torch_pipeline_order(name: str, p: int, m: int, v: int | None = None) -> dic
     cls_name, local = TORCH_CLASSES[name]
     local = local or v or 2
     cls = getattr(ts, cls_name)
-    stages = [types.SimpleNamespace(num_stages=p * local, group_size=p, group_rank=0, submod=None,
-                                    stage_index=i, is_first=i == 0, is_last=False) for i in range(local)]
+    stages = [
+        types.SimpleNamespace(
+            num_stages=p * local, group_size=p, group_rank=0, submod=None, stage_index=i, is_first=i == 0, is_last=False
+        )
+        for i in range(local)
+    ]
     sched = cls(stages[0], m) if local == 1 and name in ("gpipe", "1f1b") else cls(stages, m)
     return sched.pipeline_order
 
@@ -50,5 +55,4 @@ def torch_order(name: str, p: int, m: int, v: int | None = None) -> list[list[Ac
         return Action(kind, a.microbatch_index, place[a.stage_index][1], a.stage_index, full)
 
     keep = {"F", "B", "I", "W", "OVERLAP_F_B"}
-    return [[conv(a) for a in order[r] if a is not None and a.computation_type.value in keep]
-            for r in range(p)]
+    return [[conv(a) for a in order[r] if a is not None and a.computation_type.value in keep] for r in range(p)]

@@ -30,6 +30,7 @@ Op orders follow the papers and reference code (docs/references.md#pipeline-para
 depth-first interleaving, the zero-bubble paper's ZB-H1/H2,
 PyTorch's ``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV``, DeepSeek's ``dualpipe.py``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -124,7 +125,7 @@ def _interleaved(p, m, v, r):
     bwd = [("B", v - 1 - (k // p) % v, (k // (p * v)) * p + k % p) for k in range(total)]
     w = min(2 * (p - r - 1) + (v - 1) * p, total)
     steady = [op for i in range(total - w) for op in (fwd[w + i], bwd[i])]
-    return fwd[:w] + steady + bwd[total - w:]
+    return fwd[:w] + steady + bwd[total - w :]
 
 
 def _zero_bubble(p, m, r, warmup, lag):
@@ -405,7 +406,7 @@ def validate(sched: Schedule) -> None:
     seen = {}
     for r in range(sched.p):
         for pos, a in enumerate(sched.compute[r]):
-            for x in (a.sub if a.kind == "FB" else (a,)):
+            for x in a.sub if a.kind == "FB" else (a,):
                 key = (x.kind, x.microbatch, x.stage)
                 if key in seen:
                     raise ScheduleError(f"{sched.name}: {x} appears twice (rank {r})")
@@ -466,10 +467,16 @@ def pair_orders_match(sched: Schedule) -> bool:
     in order (NCCL); gloo matches by tag, which the executor uses, so it runs every schedule."""
     for src in range(sched.p):
         for dst in range(sched.p):
-            sent = [(a.kind[-1], a.microbatch, a.stage + (1 if a.kind == "SEND_F" else -1))
-                    for a in sched.actions[src] if a.kind.startswith("SEND") and a.peer == dst]
-            got = [(a.kind[-1], a.microbatch, a.stage)
-                   for a in sched.actions[dst] if a.kind.startswith("RECV") and a.peer == src]
+            sent = [
+                (a.kind[-1], a.microbatch, a.stage + (1 if a.kind == "SEND_F" else -1))
+                for a in sched.actions[src]
+                if a.kind.startswith("SEND") and a.peer == dst
+            ]
+            got = [
+                (a.kind[-1], a.microbatch, a.stage)
+                for a in sched.actions[dst]
+                if a.kind.startswith("RECV") and a.peer == src
+            ]
             if sent != got:
                 return False
     return True

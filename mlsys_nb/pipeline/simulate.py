@@ -17,6 +17,7 @@ Metrics (both bubble conventions are exposed, named):
   micro-batch's activations over L/p layers (a chunk counts ``chunk_weight``); ``peak_chunks``
   is the raw count. Input-gradient B frees the activations (Qi et al. 2024).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -84,8 +85,11 @@ class SimResult:
     def rows(self):
         """The timeline as a list of tuples (same columns as ``timeline``), without pandas."""
         out = []
-        for r, a, s, e in ((rank, a, s, s + d) for rank in range(self.p) for a, s, d in
-                           zip(self.schedule.compute[rank], self._starts[rank], self._durs[rank])):
+        for r, a, s, e in (
+            (rank, a, s, s + d)
+            for rank in range(self.p)
+            for a, s, d in zip(self.schedule.compute[rank], self._starts[rank], self._durs[rank])
+        ):
             if a.kind == "FB":
                 fa, ba = a.sub
                 cut = s + (e - s) * self.costs["_f_share"][r]
@@ -97,9 +101,14 @@ class SimResult:
 
     def summary(self) -> dict:
         return {
-            "schedule": self.schedule.name, "p": self.p, "m": self.schedule.m, "v": self.schedule.v,
-            "makespan": self.makespan, "bubble_fraction": self.bubble_fraction,
-            "bubble_ratio": self.bubble_ratio, "peak_activations_max": max(self.peak_activations),
+            "schedule": self.schedule.name,
+            "p": self.p,
+            "m": self.schedule.m,
+            "v": self.schedule.v,
+            "makespan": self.makespan,
+            "bubble_fraction": self.bubble_fraction,
+            "bubble_ratio": self.bubble_ratio,
+            "peak_activations_max": max(self.peak_activations),
             "peak_activations_rank0": self.peak_activations[0],
         }
 
@@ -110,8 +119,17 @@ def _pos(name, x, allow_zero=True):
     check_number(name, x, 0, lo_open=not allow_zero)
 
 
-def simulate(schedule: Schedule, F: float = 1.0, B: float = 1.0, W: float | None = None,
-             comm: float = 0.0, *, FB: float | None = None, imbalance=None, a2a: float = 0.0) -> SimResult:
+def simulate(
+    schedule: Schedule,
+    F: float = 1.0,
+    B: float = 1.0,
+    W: float | None = None,
+    comm: float = 0.0,
+    *,
+    FB: float | None = None,
+    imbalance=None,
+    a2a: float = 0.0,
+) -> SimResult:
     """Simulate one step of ``schedule``.
 
     F, B, W: time of a forward, backward and weight-gradient op for one micro-batch over L/p layers.
@@ -142,8 +160,13 @@ def _simulate(sched, F, B, W, comm, FB, imbalance, a2a=0.0) -> SimResult:
         fb = max(F, a2a) + max(b_full, a2a)
 
     plan = _plan(sched)
-    dur_of = {("F", True): F + a2a, ("B", True): b_full + a2a, ("B", False): B + a2a, ("W", True): W or 0.0,
-              ("FB", True): fb}
+    dur_of = {
+        ("F", True): F + a2a,
+        ("B", True): b_full + a2a,
+        ("B", False): B + a2a,
+        ("W", True): W or 0.0,
+        ("FB", True): fb,
+    }
     end = [-1.0] * (3 * sched.n_stages * sched.m)
     waiting: list = [None] * len(end)  # key -> ranks blocked on it
     ptr, free = [0] * sched.p, [0.0] * sched.p
@@ -204,8 +227,16 @@ def _simulate(sched, F, B, W, comm, FB, imbalance, a2a=0.0) -> SimResult:
     if stuck:
         raise ScheduleError(f"{sched.name}: deadlock in simulation, ranks wait at {stuck}")
     peaks = _peak_chunks(sched)
-    costs = {"F": F, "B": B, "W": W, "comm": comm, "FB": FB, "imbalance": imb, "a2a": a2a,
-             "_f_share": [(max(F, a2a) if a2a and FB is None else F) / fb if fb else 0.5] * sched.p}
+    costs = {
+        "F": F,
+        "B": B,
+        "W": W,
+        "comm": comm,
+        "FB": FB,
+        "imbalance": imb,
+        "a2a": a2a,
+        "_f_share": [(max(F, a2a) if a2a and FB is None else F) / fb if fb else 0.5] * sched.p,
+    }
     first = [st[0] if st else 0.0 for st in starts]
     return SimResult(sched, costs, max(free), busy, first, free, peaks, starts, durations)
 
@@ -234,8 +265,9 @@ def _plan(sched: Schedule):
 
     plan = []
     for r in range(sched.p):
-        cols = [one(a.sub[0], r) + one(a.sub[1], r) if a.kind == "FB" else one(a, r) + (-1, -1, 0)
-                for a in sched.compute[r]]
+        cols = [
+            one(a.sub[0], r) + one(a.sub[1], r) if a.kind == "FB" else one(a, r) + (-1, -1, 0) for a in sched.compute[r]
+        ]
         plan.append(list(zip(*cols)) if cols else [[] for _ in range(6)])
     sched._plan_cache = plan
     return plan

@@ -11,8 +11,21 @@
   printable sheets and a separate answer key (``make worksheets``).
 - Families live in ``quiz.bank`` (one module per area); spot-the-error cards in ``bank.cards``.
 """
+
 from .core import TOPICS, CheckResult, Question, Worksheet, draw, families, family_info, make, topics, worksheet
 from .units import UnitError, parse
 
-__all__ = ["TOPICS", "CheckResult", "Question", "Worksheet", "UnitError", "draw", "families", "family_info", "make",
-           "parse", "topics", "worksheet"]
+__all__ = [
+    "TOPICS",
+    "CheckResult",
+    "Question",
+    "Worksheet",
+    "UnitError",
+    "draw",
+    "families",
+    "family_info",
+    "make",
+    "parse",
+    "topics",
+    "worksheet",
+]

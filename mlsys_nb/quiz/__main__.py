@@ -5,6 +5,7 @@ Non-interactive: ``--show-solutions`` prints every question with its worked solu
 ``--answers-file FILE`` checks one answer per line and prints a score.
 ``--html DIR`` writes printable worksheets and a separate answer key (what ``make worksheets`` runs).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,8 +16,9 @@ from . import core
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mlsys_nb.quiz", description=__doc__.splitlines()[0])
-    ap.add_argument("--topic", action="append", choices=list(core.TOPICS),
-                    help="topic (repeatable; default all topics)")
+    ap.add_argument(
+        "--topic", action="append", choices=list(core.TOPICS), help="topic (repeatable; default all topics)"
+    )
     ap.add_argument("-n", type=int, default=5, help="questions per topic")
     ap.add_argument("--seed", default="0", help="same seed, same questions")
     ap.add_argument("--show-solutions", action="store_true", help="print the solutions (no prompt)")

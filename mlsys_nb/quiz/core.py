@@ -4,6 +4,7 @@ A *family* is a function ``f(rng) -> Question`` registered with ``@family(name, 
 ``rng`` is a ``random.Random`` seeded from ``sha256(f"{name}|{seed}")`` (never Python's salted
 ``hash()``), so the same family and seed give the same question in any process.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,8 +27,10 @@ TOPICS = {  # topic -> (title, notebook that teaches it)
     "compute": ("FLOPs, MFU, time and cost", "notebooks/11_compute_and_scaling_laws.ipynb"),
     "scaling": ("Scaling laws", "notebooks/11_compute_and_scaling_laws.ipynb"),
     "inference": ("Inference: KV cache and roofline", "notebooks/13_inference_anatomy.ipynb"),
-    "serving": ("Serving: paging, prefixes, batching, speculation",
-                "notebooks/14_kv_cache_management.ipynb, 15_batching_and_scheduling.ipynb"),
+    "serving": (
+        "Serving: paging, prefixes, batching, speculation",
+        "notebooks/14_kv_cache_management.ipynb, 15_batching_and_scheduling.ipynb",
+    ),
     "rl": ("RL and RLHF", "notebooks/17_rl_fundamentals.ipynb, 18_rlhf.ipynb"),
     "layout": ("Choosing a parallel layout", "notebooks/10_training_memory.ipynb"),
 }
@@ -112,8 +115,11 @@ class Question:
             if _close(ratio, factor, self.tolerance):
                 return CheckResult(False, value, f"not quite: {hint}")
         rel = (value - ans) / ans if ans else math.inf
-        return CheckResult(False, value, f"not quite: {'too high' if rel > 0 else 'too low'} "
-                                         f"({ratio:.3g}x the expected value); try a hint")
+        return CheckResult(
+            False,
+            value,
+            f"not quite: {'too high' if rel > 0 else 'too low'} ({ratio:.3g}x the expected value); try a hint",
+        )
 
     def _check_choice(self, response) -> CheckResult:
         r = str(response).strip().lower().rstrip(").")

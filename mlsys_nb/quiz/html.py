@@ -1,5 +1,6 @@
 """Printable HTML worksheets: one sheet per topic (questions, blank answer lines) and a separate
 answer key with the worked solutions (``make worksheets SEED=...`` writes them to ``worksheets/``)."""
+
 from __future__ import annotations
 
 import html
@@ -7,14 +8,18 @@ from pathlib import Path
 
 from . import core
 
-_CSS = ("body{font-family:sans-serif;max-width:48em;margin:2em auto;line-height:1.4}"
-        "li{margin-bottom:1.4em}.ans{border-bottom:1px solid #999;height:1.6em;margin-top:.4em}"
-        ".meta{color:#666;font-size:.85em}@media print{a{color:black}}")
+_CSS = (
+    "body{font-family:sans-serif;max-width:48em;margin:2em auto;line-height:1.4}"
+    "li{margin-bottom:1.4em}.ans{border-bottom:1px solid #999;height:1.6em;margin-top:.4em}"
+    ".meta{color:#666;font-size:.85em}@media print{a{color:black}}"
+)
 
 
 def _page(title: str, body: str) -> str:
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>\n")
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>\n"
+    )
 
 
 def render(topic: str, questions, seed, answers: bool) -> str:
@@ -28,9 +33,11 @@ def render(topic: str, questions, seed, answers: bool) -> str:
             head += f"<p class='meta'>Answer in {html.escape(q.unit)}.</p>"
         if answers:
             steps = "".join(f"<li>{html.escape(s)}</li>" for s in q.solution)
-            head += (f"<ol>{steps}</ol><p><b>Answer: {html.escape(q.answer_text())}</b></p>"
-                     f"<p class='meta'>{html.escape(q.family)} · see {html.escape(q.section)}; "
-                     f"{html.escape(q.reference)}</p>")
+            head += (
+                f"<ol>{steps}</ol><p><b>Answer: {html.escape(q.answer_text())}</b></p>"
+                f"<p class='meta'>{html.escape(q.family)} · see {html.escape(q.section)}; "
+                f"{html.escape(q.reference)}</p>"
+            )
         else:
             head += "<div class='ans'></div>"
         items.append(f"<li>{head}</li>")
@@ -50,9 +57,12 @@ def write_worksheets(directory, seed=0, n: int = 8, topics=None) -> list[Path]:
             p = out / f"{topic}{suffix}.html"
             p.write_text(render(topic, qs, seed, answers), encoding="utf-8")
             paths.append(p)
-        links.append(f"<li><a href='{topic}.html'>{html.escape(core.TOPICS[topic][0])}</a> "
-                     f"(<a href='{topic}_answers.html'>answer key</a>)</li>")
+        links.append(
+            f"<li><a href='{topic}.html'>{html.escape(core.TOPICS[topic][0])}</a> "
+            f"(<a href='{topic}_answers.html'>answer key</a>)</li>"
+        )
     index = out / "index.html"
-    index.write_text(_page(f"mlsys_nb interview worksheets (seed {seed})", f"<ul>{''.join(links)}</ul>"),
-                     encoding="utf-8")
+    index.write_text(
+        _page(f"mlsys_nb interview worksheets (seed {seed})", f"<ul>{''.join(links)}</ul>"), encoding="utf-8"
+    )
     return [*paths, index]

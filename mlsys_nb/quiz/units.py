@@ -4,6 +4,7 @@
 without a unit is read in the question's unit; a unit of another dimension (``"12 ms"`` for a
 question in bytes) raises ``UnitError`` with a message, it is never converted silently.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,26 +23,56 @@ for _p, _f in _SCALE.items():
 for _p, _f in _BIN.items():
     UNIT_TABLE[f"{_p}b"] = ("bytes", _f)
     UNIT_TABLE[f"{_p}b/s"] = ("bytes/s", _f)
-UNIT_TABLE.update({
-    "bytes": ("bytes", 1.0), "byte": ("bytes", 1.0),
-    "s": ("seconds", 1.0), "sec": ("seconds", 1.0), "seconds": ("seconds", 1.0), "second": ("seconds", 1.0),
-    "ms": ("seconds", 1e-3), "us": ("seconds", 1e-6), "µs": ("seconds", 1e-6), "ns": ("seconds", 1e-9),
-    "min": ("seconds", 60.0), "h": ("seconds", 3600.0), "hours": ("seconds", 3600.0),
-    "d": ("seconds", 86400.0), "day": ("seconds", 86400.0), "days": ("seconds", 86400.0),
-    "%": ("ratio", 0.01), "x": ("ratio", 1.0), "×": ("ratio", 1.0),
-    "$": ("usd", 1.0), "usd": ("usd", 1.0),
-    "tokens": ("count", 1.0), "params": ("count", 1.0), "gpus": ("count", 1.0), "seqs": ("count", 1.0),
-    "tokens/s": ("count/s", 1.0),
-})
+UNIT_TABLE.update(
+    {
+        "bytes": ("bytes", 1.0),
+        "byte": ("bytes", 1.0),
+        "s": ("seconds", 1.0),
+        "sec": ("seconds", 1.0),
+        "seconds": ("seconds", 1.0),
+        "second": ("seconds", 1.0),
+        "ms": ("seconds", 1e-3),
+        "us": ("seconds", 1e-6),
+        "µs": ("seconds", 1e-6),
+        "ns": ("seconds", 1e-9),
+        "min": ("seconds", 60.0),
+        "h": ("seconds", 3600.0),
+        "hours": ("seconds", 3600.0),
+        "d": ("seconds", 86400.0),
+        "day": ("seconds", 86400.0),
+        "days": ("seconds", 86400.0),
+        "%": ("ratio", 0.01),
+        "x": ("ratio", 1.0),
+        "×": ("ratio", 1.0),
+        "$": ("usd", 1.0),
+        "usd": ("usd", 1.0),
+        "tokens": ("count", 1.0),
+        "params": ("count", 1.0),
+        "gpus": ("count", 1.0),
+        "seqs": ("count", 1.0),
+        "tokens/s": ("count/s", 1.0),
+    }
+)
 _COUNT_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}  # "7B params", "1.4T tokens"
 
 # the units a question can be asked in: name -> (dimension, factor to base)
 UNITS = {
-    "bytes": ("bytes", 1.0), "seconds": ("seconds", 1.0), "days": ("seconds", 86400.0),
-    "FLOPs": ("flops", 1.0), "FLOP/s": ("flop/s", 1.0), "bytes/s": ("bytes/s", 1.0),
-    "fraction": ("ratio", 1.0), "ratio": ("ratio", 1.0), "count": ("count", 1.0),
-    "tokens": ("count", 1.0), "params": ("count", 1.0), "GPU-hours": ("gpu-hours", 1.0), "USD": ("usd", 1.0),
-    "tokens/s": ("count/s", 1.0), "F units": ("count", 1.0), "micro-batches": ("count", 1.0),
+    "bytes": ("bytes", 1.0),
+    "seconds": ("seconds", 1.0),
+    "days": ("seconds", 86400.0),
+    "FLOPs": ("flops", 1.0),
+    "FLOP/s": ("flop/s", 1.0),
+    "bytes/s": ("bytes/s", 1.0),
+    "fraction": ("ratio", 1.0),
+    "ratio": ("ratio", 1.0),
+    "count": ("count", 1.0),
+    "tokens": ("count", 1.0),
+    "params": ("count", 1.0),
+    "GPU-hours": ("gpu-hours", 1.0),
+    "USD": ("usd", 1.0),
+    "tokens/s": ("count/s", 1.0),
+    "F units": ("count", 1.0),
+    "micro-batches": ("count", 1.0),
     "nats/token": ("count", 1.0),
 }
 
@@ -85,8 +116,10 @@ def parse(text, unit: str) -> float:
     if rdim == "count" and dim in ("ratio",):
         rdim = "ratio"
     if rdim != dim:
-        raise UnitError(f"{text!r} is in {suffix!r} ({rdim}), but this question asks for {unit} ({dim}): "
-                        f"not converted, answer in {unit}")
+        raise UnitError(
+            f"{text!r} is in {suffix!r} ({rdim}), but this question asks for {unit} ({dim}): "
+            f"not converted, answer in {unit}"
+        )
     return value * f / base
 
 

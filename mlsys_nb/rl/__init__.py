@@ -17,6 +17,7 @@
 - ``placement``: co-located vs disaggregated RLHF on Ray actors, measured against the closed forms.
 - ``sizing``: per-GPU memory and step time of RLHF layouts for real model sizes (pure functions).
 """
+
 from .gae import discounted_returns, gae
 
 __all__ = ["discounted_returns", "evaluate", "gae", "pg", "placement", "ppo", "rlhf", "sb3_train", "sizing", "train",

@@ -6,6 +6,7 @@ ent_coef 0, learning rate lin_1e-3 and clip lin_0.2 over 1e5 steps) and the stop
 ``mlsys_nb.rl.ppo.train``: a greedy evaluation over 100 episodes (same seeds, same ``evaluate``)
 once the last 20 training episodes average 0.8 x threshold, at most every 4096 steps.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,15 @@ RL_ZOO_CARTPOLE = {"n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma":
 N_ENVS, N_TIMESTEPS = 8, 100_000
 
 
-def sb3_train(env_id: str = "CartPole-v1", seed: int = 0, threshold: float | None = None, eval_episodes: int = 100,
-              total_steps: int = N_TIMESTEPS, eval_trigger: float = 0.8, eval_every: int = 4096):
+def sb3_train(
+    env_id: str = "CartPole-v1",
+    seed: int = 0,
+    threshold: float | None = None,
+    eval_episodes: int = 100,
+    total_steps: int = N_TIMESTEPS,
+    eval_trigger: float = 0.8,
+    eval_every: int = 4096,
+):
     """Train SB3 PPO until the greedy evaluation reaches ``threshold``; returns ``(model, curve)`` like ``train``."""
     import pandas as pd
     import torch
@@ -34,9 +42,16 @@ def sb3_train(env_id: str = "CartPole-v1", seed: int = 0, threshold: float | Non
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     env = make_vec_env(env_id, n_envs=N_ENVS, seed=seed)
-    model = PPO("MlpPolicy", env, learning_rate=LinearSchedule(1e-3, 0.0, 1.0),
-                clip_range=LinearSchedule(0.2, 0.0, 1.0),
-                seed=seed, device="cpu", verbose=0, **RL_ZOO_CARTPOLE)
+    model = PPO(
+        "MlpPolicy",
+        env,
+        learning_rate=LinearSchedule(1e-3, 0.0, 1.0),
+        clip_range=LinearSchedule(0.2, 0.0, 1.0),
+        seed=seed,
+        device="cpu",
+        verbose=0,
+        **RL_ZOO_CARTPOLE,
+    )
 
     def policy(obs):
         return model.predict(obs, deterministic=True)[0]
@@ -58,8 +73,9 @@ def sb3_train(env_id: str = "CartPole-v1", seed: int = 0, threshold: float | Non
             eval_return = math.nan
             if recent and mean_return >= eval_trigger * threshold and steps - self.last_eval >= eval_every:
                 self.last_eval, t = steps, time.perf_counter()
-                eval_return = float(evaluate(policy, env_id, eval_episodes, 10**6 + 1000 * seed,
-                                             stop_below=threshold).mean())
+                eval_return = float(
+                    evaluate(policy, env_id, eval_episodes, 10**6 + 1000 * seed, stop_below=threshold).mean()
+                )
                 self.eval_s += time.perf_counter() - t
             self.rows.append((steps, time.perf_counter() - self.start, mean_return, eval_return))
             if eval_return >= threshold:
@@ -69,8 +85,9 @@ def sb3_train(env_id: str = "CartPole-v1", seed: int = 0, threshold: float | Non
             steps = self.model.num_timesteps
             if self.reached is None and (not self.rows or self.rows[-1][0] != steps):
                 recent = [ep["r"] for ep in list(self.model.ep_info_buffer)[-20:]]
-                self.rows.append((steps, time.perf_counter() - self.start,
-                                  float(np.mean(recent)) if recent else math.nan, math.nan))
+                self.rows.append(
+                    (steps, time.perf_counter() - self.start, float(np.mean(recent)) if recent else math.nan, math.nan)
+                )
 
     cb = Stop()
     try:

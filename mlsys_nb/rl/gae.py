@@ -14,6 +14,7 @@ lam = 0 gives the one-step TD errors; lam = 1 gives the discounted return (boots
 Truncation (a time limit, not a real end) is the caller's business: add ``gamma * V(final_obs)`` to
 that step's reward and mark the step done. ``mlsys_nb.rl.ppo`` does exactly that.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -31,8 +32,9 @@ def _check(rewards, values, dones, last_value, gamma, lam):
         if tuple(x.shape) != shape:
             raise ValueError(f"{name} must have the shape of rewards {shape}, got {tuple(x.shape)}")
     if tuple(np.shape(last_value)) != shape[1:]:
-        raise ValueError(f"last_value must have shape {shape[1:]} (rewards' shape without time), "
-                         f"got {tuple(np.shape(last_value))}")
+        raise ValueError(
+            f"last_value must have shape {shape[1:]} (rewards' shape without time), got {tuple(np.shape(last_value))}"
+        )
 
 
 def gae(rewards, values, dones, last_value, gamma: float = 0.99, lam: float = 0.95):

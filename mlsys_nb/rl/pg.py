@@ -13,6 +13,7 @@ expectation; they differ in variance, which ``gradient_variance`` measures on re
 - ``train_actor_critic(env_id, seed, total_steps)``: advantage actor-critic (A2C; Mnih et al., 2016,
   arXiv:1602.01783): n-step bootstrapped advantages from ``gae``, one gradient step per rollout.
 """
+
 from __future__ import annotations
 
 import time
@@ -33,8 +34,9 @@ def returns_to_go(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
     return out
 
 
-def reinforce_loss(logp: torch.Tensor, rewards: torch.Tensor, gamma: float = 0.99, baseline=None,
-                   total_return: bool = False) -> torch.Tensor:
+def reinforce_loss(
+    logp: torch.Tensor, rewards: torch.Tensor, gamma: float = 0.99, baseline=None, total_return: bool = False
+) -> torch.Tensor:
     """Surrogate whose gradient is one episode's REINFORCE estimate: -sum_t log pi(a_t|s_t) * Psi_t.
 
     Psi_t = the whole discounted return if ``total_return``, else G_t (minus ``baseline[t]`` if given;
@@ -67,8 +69,9 @@ def _time_baseline(episodes, gamma):
     return torch.stack([torch.nn.functional.pad(g, (0, T - len(g))) for g in gs]).mean(0)
 
 
-def gradient_variance(model: ActorCritic, env_id: str = "CartPole-v1", episodes: int = 100, seed: int = 0,
-                      gamma: float = 0.99) -> dict:
+def gradient_variance(
+    model: ActorCritic, env_id: str = "CartPole-v1", episodes: int = 100, seed: int = 0, gamma: float = 0.99
+) -> dict:
     """Measured mean and variance of three REINFORCE gradient estimators for the policy of ``model``.
 
     Each estimate is one episode's gradient (flattened over the policy's parameters). The baseline is
@@ -92,7 +95,9 @@ def gradient_variance(model: ActorCritic, env_id: str = "CartPole-v1", episodes:
         grads = []
         for obs, act, rew in scored:
             logp = torch.log_softmax(model.pi(obs), -1).gather(-1, act[:, None]).squeeze(-1)
-            base = torch.nn.functional.pad(b, (0, max(0, len(rew) - len(b))))[:len(rew)] if name == "baseline" else None
+            base = (
+                torch.nn.functional.pad(b, (0, max(0, len(rew) - len(b))))[: len(rew)] if name == "baseline" else None
+            )
             loss = reinforce_loss(logp, rew, gamma, base, total_return=name == "total_return")
             grads.append(torch.cat([x.flatten() for x in torch.autograd.grad(-loss, params)]))
         G = torch.stack(grads)
@@ -100,8 +105,16 @@ def gradient_variance(model: ActorCritic, env_id: str = "CartPole-v1", episodes:
     return out
 
 
-def train_reinforce(env_id: str = "CartPole-v1", seed: int = 0, iterations: int = 50, episodes: int = 8,
-                    baseline: bool = True, lr: float = 1e-2, gamma: float = 0.99, progress: bool = True):
+def train_reinforce(
+    env_id: str = "CartPole-v1",
+    seed: int = 0,
+    iterations: int = 50,
+    episodes: int = 8,
+    baseline: bool = True,
+    lr: float = 1e-2,
+    gamma: float = 0.99,
+    progress: bool = True,
+):
     """REINFORCE, ``episodes`` episodes per update; with ``baseline`` a value network fitted to G_t.
 
     Returns ``(policy, curve)``; curve rows ``iteration, env_steps, wall_s, mean_return``."""
@@ -117,8 +130,9 @@ def train_reinforce(env_id: str = "CartPole-v1", seed: int = 0, iterations: int 
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     rows, steps, start = [], 0, time.perf_counter()
     try:
-        for it in tqdm(range(iterations), desc=f"REINFORCE{' + baseline' if baseline else ''}", disable=not progress,
-                       leave=False):
+        for it in tqdm(
+            range(iterations), desc=f"REINFORCE{' + baseline' if baseline else ''}", disable=not progress, leave=False
+        ):
             batch = [run_episode(model, env, seed * 100_000 + it * episodes + i, g) for i in range(episodes)]
             loss = 0.0
             for obs, act, rew in batch:
@@ -140,9 +154,18 @@ def train_reinforce(env_id: str = "CartPole-v1", seed: int = 0, iterations: int 
     return Policy(model), pd.DataFrame(rows, columns=["iteration", "env_steps", "wall_s", "mean_return"])
 
 
-def train_actor_critic(env_id: str = "CartPole-v1", seed: int = 0, total_steps: int = 50_000, n_envs: int = 8,
-                       n_steps: int = 8, lr: float = 2e-3, gamma: float = 0.99, lam: float = 0.0,
-                       ent_coef: float = 0.0, progress: bool = True):
+def train_actor_critic(
+    env_id: str = "CartPole-v1",
+    seed: int = 0,
+    total_steps: int = 50_000,
+    n_envs: int = 8,
+    n_steps: int = 8,
+    lr: float = 2e-3,
+    gamma: float = 0.99,
+    lam: float = 0.0,
+    ent_coef: float = 0.0,
+    progress: bool = True,
+):
     """Advantage actor-critic: per rollout, A from ``gae`` (lam = 0: one-step TD errors), and ONE step on
     -mean(log pi * A) + 0.5 * mean((V - R)^2) - ent_coef * H. Returns ``(policy, curve)`` like ``ppo.train``."""
     import pandas as pd
@@ -162,8 +185,11 @@ def train_actor_critic(env_id: str = "CartPole-v1", seed: int = 0, total_steps: 
             b = roll.collect(n_steps)
             adv, ret = gae(b["rewards"], b["values"], b["dones"], b["last_value"], gamma, lam)
             dist = model.dist(b["obs"])
-            loss = (-(dist.log_prob(b["actions"]) * adv).mean() + 0.5 * (model.value(b["obs"]) - ret).pow(2).mean()
-                    - ent_coef * dist.entropy().mean())
+            loss = (
+                -(dist.log_prob(b["actions"]) * adv).mean()
+                + 0.5 * (model.value(b["obs"]) - ret).pow(2).mean()
+                - ent_coef * dist.entropy().mean()
+            )
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)

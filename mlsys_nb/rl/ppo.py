@@ -15,6 +15,7 @@ CartPole-v1) or ``total_steps`` environment steps; defaults are rl-zoo's CartPol
 (8 envs x 32 steps, batch 256, 20 epochs, gamma 0.98, lambda 0.8, lr 1e-3 and clip 0.2 both linearly
 decayed, tanh 64-64 actor and critic).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,8 +36,9 @@ def check_env_id(env_id: str):
     if not isinstance(env_id, str) or env_id not in gym.registry:
         close = [k for k in gym.registry if isinstance(env_id, str) and env_id.split("-")[0].lower() in k.lower()]
         hint = f" (did you mean {', '.join(sorted(close)[:5])}?)" if close else ""
-        raise ValueError(f"env_id {env_id!r} is not a registered gymnasium environment{hint}; "
-                         "e.g. 'CartPole-v1', 'Acrobot-v1'")
+        raise ValueError(
+            f"env_id {env_id!r} is not a registered gymnasium environment{hint}; e.g. 'CartPole-v1', 'Acrobot-v1'"
+        )
     return gym.registry[env_id]
 
 
@@ -67,10 +69,16 @@ class ActorCritic(nn.Module):
     def __init__(self, obs_dim: int, n_actions: int, hidden: int = 64, generator=None):
         super().__init__()
         g, s = generator, math.sqrt(2)
-        self.pi = nn.Sequential(_layer(obs_dim, hidden, s, g), nn.Tanh(), _layer(hidden, hidden, s, g), nn.Tanh(),
-                                _layer(hidden, n_actions, 0.01, g))
-        self.v = nn.Sequential(_layer(obs_dim, hidden, s, g), nn.Tanh(), _layer(hidden, hidden, s, g), nn.Tanh(),
-                               _layer(hidden, 1, 1.0, g))
+        self.pi = nn.Sequential(
+            _layer(obs_dim, hidden, s, g),
+            nn.Tanh(),
+            _layer(hidden, hidden, s, g),
+            nn.Tanh(),
+            _layer(hidden, n_actions, 0.01, g),
+        )
+        self.v = nn.Sequential(
+            _layer(obs_dim, hidden, s, g), nn.Tanh(), _layer(hidden, hidden, s, g), nn.Tanh(), _layer(hidden, 1, 1.0, g)
+        )
 
     def dist(self, obs: torch.Tensor) -> torch.distributions.Categorical:
         return torch.distributions.Categorical(logits=self.pi(obs))
@@ -96,8 +104,18 @@ class Policy:
 
 
 # ------------------------------------------------------------------ the loss
-def ppo_loss(new_logp, old_logp, advantages, values, returns, entropy, clip: float | None = 0.2,
-             vf_coef: float = 0.5, ent_coef: float = 0.0, normalize: bool = True):
+def ppo_loss(
+    new_logp,
+    old_logp,
+    advantages,
+    values,
+    returns,
+    entropy,
+    clip: float | None = 0.2,
+    vf_coef: float = 0.5,
+    ent_coef: float = 0.0,
+    normalize: bool = True,
+):
     """PPO's total loss and its parts for one minibatch (all tensors ``[B]``).
 
     ``clip=None`` gives the unclipped policy-gradient surrogate (what A2C optimises in one step).
@@ -120,8 +138,13 @@ def ppo_loss(new_logp, old_logp, advantages, values, returns, entropy, clip: flo
     loss = policy + vf_coef * value - ent_coef * ent
     with torch.no_grad():
         approx_kl = ((ratio - 1) - log_ratio).mean()  # Schulman's k3 estimator of KL(old || new)
-    return loss, {"policy": policy.detach(), "value": value.detach(), "entropy": ent.detach(),
-                  "clip_fraction": clip_fraction, "approx_kl": approx_kl}
+    return loss, {
+        "policy": policy.detach(),
+        "value": value.detach(),
+        "entropy": ent.detach(),
+        "clip_fraction": clip_fraction,
+        "approx_kl": approx_kl,
+    }
 
 
 # ------------------------------------------------------------------ rollouts
@@ -133,7 +156,7 @@ class Rollout:
         obs, _ = envs.reset(seed=seed)
         self.obs = torch.as_tensor(obs, dtype=torch.float32)
         self.ep_return = np.zeros(envs.num_envs)
-        self.finished: deque = deque(maxlen=100)   # returns of completed training episodes
+        self.finished: deque = deque(maxlen=100)  # returns of completed training episodes
 
     @torch.no_grad()
     def collect(self, n_steps: int) -> dict:
@@ -152,12 +175,18 @@ class Rollout:
             for i in np.flatnonzero(done):
                 self.finished.append(self.ep_return[i])
                 self.ep_return[i] = 0.0
-            cut = np.flatnonzero(trunc & ~term)   # time limit: bootstrap from the final observation
-            if len(cut) and "final_obs" in info:   # (NEXT_STEP mode has none: used only to show why not)
+            cut = np.flatnonzero(trunc & ~term)  # time limit: bootstrap from the final observation
+            if len(cut) and "final_obs" in info:  # (NEXT_STEP mode has none: used only to show why not)
                 final = torch.as_tensor(np.stack(info["final_obs"][cut]), dtype=torch.float32)
                 reward[cut] += self.gamma * self.model.value(final).numpy()
-            for k, v in (("obs", self.obs), ("actions", action), ("logp", logp), ("values", value),
-                         ("rewards", torch.from_numpy(reward)), ("dones", torch.from_numpy(done))):
+            for k, v in (
+                ("obs", self.obs),
+                ("actions", action),
+                ("logp", logp),
+                ("values", value),
+                ("rewards", torch.from_numpy(reward)),
+                ("dones", torch.from_numpy(done)),
+            ):
                 buf[k].append(v)
             self.obs = torch.as_tensor(obs, dtype=torch.float32)
         out = {k: torch.stack(v) for k, v in buf.items()}
@@ -167,8 +196,9 @@ class Rollout:
 
 
 # ------------------------------------------------------------------ evaluation
-def evaluate(policy, env_id: str = "CartPole-v1", episodes: int = 100, seed: int = 0,
-             stop_below: float | None = None) -> np.ndarray:
+def evaluate(
+    policy, env_id: str = "CartPole-v1", episodes: int = 100, seed: int = 0, stop_below: float | None = None
+) -> np.ndarray:
     """Returns of ``episodes`` episodes of ``policy`` (greedy if it is a ``Policy``); episode i reset with
     seed ``seed + i``. All episodes run side by side in one vector env.
 
@@ -189,7 +219,7 @@ def evaluate(policy, env_id: str = "CartPole-v1", episodes: int = 100, seed: int
             returns += reward * alive
             alive &= ~(term | trunc)
             if stop_below is not None and np.isfinite(max_return):
-                best = returns.sum() + (max_return - returns[alive]).sum()   # CartPole: reward 1 per step
+                best = returns.sum() + (max_return - returns[alive]).sum()  # CartPole: reward 1 per step
                 if best < stop_below * episodes:
                     returns[alive] = 0.0
                     break
@@ -202,6 +232,7 @@ def evaluate(policy, env_id: str = "CartPole-v1", episodes: int = 100, seed: int
 @dataclasses.dataclass
 class Config:
     """PPO hyper-parameters (defaults: rl-zoo's CartPole-v1: DLR-RM/rl-baselines3-zoo, PPO hyper-parameters)."""
+
     n_envs: int = 8
     n_steps: int = 32
     batch_size: int = 256
@@ -210,14 +241,14 @@ class Config:
     lam: float = 0.8
     lr: float = 1e-3
     clip: float = 0.2
-    anneal_steps: int = 100_000      # lr and clip decay linearly to `floor` of their start over these steps
-    floor: float = 0.05              # (rl-zoo decays to 0 at its 100k-step budget; we may go on)
+    anneal_steps: int = 100_000  # lr and clip decay linearly to `floor` of their start over these steps
+    floor: float = 0.05  # (rl-zoo decays to 0 at its 100k-step budget; we may go on)
     ent_coef: float = 0.0
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
     hidden: int = 64
-    eval_trigger: float = 0.8       # evaluate greedily once training returns reach this fraction of threshold
-    eval_every: int = 4096          # ... and at most once per this many env steps
+    eval_trigger: float = 0.8  # evaluate greedily once training returns reach this fraction of threshold
+    eval_every: int = 4096  # ... and at most once per this many env steps
 
     def __post_init__(self):
         for name in ("n_envs", "n_steps", "batch_size", "epochs", "hidden", "anneal_steps", "eval_every"):
@@ -225,8 +256,9 @@ class Config:
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         if (self.n_envs * self.n_steps) % self.batch_size:
-            raise ValueError(f"batch_size must divide n_envs * n_steps = {self.n_envs * self.n_steps}, "
-                             f"got {self.batch_size}")
+            raise ValueError(
+                f"batch_size must divide n_envs * n_steps = {self.n_envs * self.n_steps}, got {self.batch_size}"
+            )
         for name, lo, hi in (("gamma", 0, 1), ("lam", 0, 1), ("floor", 0, 1)):
             if not lo <= getattr(self, name) <= hi:
                 raise ValueError(f"{name} must be in [{lo}, {hi}], got {getattr(self, name)}")
@@ -241,18 +273,32 @@ def update(model, opt, batch: dict, cfg: Config, clip: float, generator=None) ->
     from .gae import gae
 
     adv, ret = gae(batch["rewards"], batch["values"], batch["dones"], batch["last_value"], cfg.gamma, cfg.lam)
-    flat = {"obs": batch["obs"].flatten(0, 1), "actions": batch["actions"].flatten(), "logp": batch["logp"].flatten(),
-            "adv": adv.flatten(), "ret": ret.flatten()}
+    flat = {
+        "obs": batch["obs"].flatten(0, 1),
+        "actions": batch["actions"].flatten(),
+        "logp": batch["logp"].flatten(),
+        "adv": adv.flatten(),
+        "ret": ret.flatten(),
+    }
     n = flat["actions"].numel()
     for _ in range(cfg.epochs):
         perm = torch.randperm(n, generator=generator)
         for start in range(0, n, cfg.batch_size):
-            idx = perm[start:start + cfg.batch_size]
+            idx = perm[start : start + cfg.batch_size]
             logp_all = torch.log_softmax(model.pi(flat["obs"][idx]), -1)
             entropy = -(logp_all.exp() * logp_all).sum(-1)
             new_logp = logp_all.gather(-1, flat["actions"][idx, None]).squeeze(-1)
-            loss, parts = ppo_loss(new_logp, flat["logp"][idx], flat["adv"][idx], model.value(flat["obs"][idx]),
-                                   flat["ret"][idx], entropy, clip, cfg.vf_coef, cfg.ent_coef)
+            loss, parts = ppo_loss(
+                new_logp,
+                flat["logp"][idx],
+                flat["adv"][idx],
+                model.value(flat["obs"][idx]),
+                flat["ret"][idx],
+                entropy,
+                clip,
+                cfg.vf_coef,
+                cfg.ent_coef,
+            )
             opt.zero_grad(set_to_none=True)
             loss.backward()
             nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
@@ -260,9 +306,17 @@ def update(model, opt, batch: dict, cfg: Config, clip: float, generator=None) ->
     return parts
 
 
-def train(env_id: str = "CartPole-v1", seed: int = 0, total_steps: int | None = None, *,
-          threshold: float | None = None, config: Config | None = None, eval_episodes: int = 100,
-          max_steps: int = 500_000, progress: bool = True):
+def train(
+    env_id: str = "CartPole-v1",
+    seed: int = 0,
+    total_steps: int | None = None,
+    *,
+    threshold: float | None = None,
+    config: Config | None = None,
+    eval_episodes: int = 100,
+    max_steps: int = 500_000,
+    progress: bool = True,
+):
     """Train PPO; returns ``(policy, curve)``.
 
     Stops when a greedy evaluation over ``eval_episodes`` episodes (seeds ``10**6 + 1000 * seed + i``)
@@ -306,11 +360,16 @@ def train(env_id: str = "CartPole-v1", seed: int = 0, total_steps: int | None = 
             recent = list(roll.finished)[-20:]
             mean_return = float(np.mean(recent)) if recent else float("nan")
             eval_return = float("nan")
-            if (total_steps is None and recent and mean_return >= cfg.eval_trigger * threshold
-                    and steps - last_eval >= cfg.eval_every):
+            if (
+                total_steps is None
+                and recent
+                and mean_return >= cfg.eval_trigger * threshold
+                and steps - last_eval >= cfg.eval_every
+            ):
                 last_eval, t_eval = steps, time.perf_counter()
-                eval_return = float(evaluate(policy, env_id, eval_episodes, 10**6 + 1000 * seed,
-                                             stop_below=threshold).mean())
+                eval_return = float(
+                    evaluate(policy, env_id, eval_episodes, 10**6 + 1000 * seed, stop_below=threshold).mean()
+                )
                 eval_s += time.perf_counter() - t_eval
             rows.append((steps, time.perf_counter() - start, mean_return, eval_return))
             bar.set_postfix(mean_return=f"{mean_return:.0f}")

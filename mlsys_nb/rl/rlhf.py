@@ -42,6 +42,7 @@ Compute is reported two ways: wall seconds (measured on this machine) and FLOPs 
 token for a forward pass, 6 N for forward + backward, N = parameters of the model that ran; Kaplan et al.,
 2020, arXiv:2001.08361, §2.1).
 """
+
 from __future__ import annotations
 
 import copy
@@ -131,8 +132,8 @@ def encode_batch(prompts, responses, *, eos: bool = True):
         if len(pi) != PROMPT_LEN:
             raise ValueError(f"prompt {p!r} is not {PROMPT_LEN} bytes")
         tokens[i, :PROMPT_LEN] = torch.tensor(pi)
-        tokens[i, PROMPT_LEN:PROMPT_LEN + len(x)] = torch.tensor(x)
-        mask[i, :len(x)] = True
+        tokens[i, PROMPT_LEN : PROMPT_LEN + len(x)] = torch.tensor(x)
+        mask[i, : len(x)] = True
     return tokens, mask
 
 
@@ -179,8 +180,9 @@ class ScalarModel(nn.Module):
         fixed meaning (reward in standard deviations of the SFT policy's scores per nat of KL)."""
         self.offset.zero_()
         self.scale.fill_(1.0)
-        ro = rollout(policy, [PROMPTS[i % len(PROMPTS)] for i in range(n)],
-                     generator=torch.Generator().manual_seed(seed))
+        ro = rollout(
+            policy, [PROMPTS[i % len(PROMPTS)] for i in range(n)], generator=torch.Generator().manual_seed(seed)
+        )
         s = self.score(ro.tokens, ro.mask)
         self.offset.fill_(float(s.mean()))
         self.scale.fill_(float(s.std()) if float(s.std()) > 0 else 1.0)  # an untrained (zero) head scores 0
@@ -202,7 +204,7 @@ def n_params(model: nn.Module) -> int:
 def token_logprobs(model, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probability [B, T] of each response token under ``model`` and the entropy [B, T] of its
     next-token distribution (one forward over prompt + response)."""
-    logits = model(tokens)[:, PROMPT_LEN - 1:-1].float()
+    logits = model(tokens)[:, PROMPT_LEN - 1 : -1].float()
     logp_all = logits.log_softmax(-1)
     logp = logp_all.gather(-1, tokens[:, PROMPT_LEN:, None]).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
@@ -249,8 +251,9 @@ def preference_accuracy(rm: ScalarModel, pairs) -> float:
         return float((rm.score(tc, mc) > rm.score(tr, mr)).float().mean())
 
 
-def train_reward_model(train_pairs, *, init=None, steps: int = 300, batch: int = 64, lr: float = 3e-3,
-                       seed: int = 0) -> tuple[ScalarModel, list[float]]:
+def train_reward_model(
+    train_pairs, *, init=None, steps: int = 300, batch: int = 64, lr: float = 3e-3, seed: int = 0
+) -> tuple[ScalarModel, list[float]]:
     """A reward model: a copy of ``init`` (a Transformer; a fresh ``tiny`` one if None) with a scalar head,
     trained with the Bradley-Terry loss. Returns ``(rm, losses)``; ``rm`` is frozen (eval mode)."""
     _check_int("steps", steps, 1)
@@ -283,8 +286,14 @@ class Rollouts:
 
 
 @torch.no_grad()
-def rollout(policy, prompts, *, max_new_tokens: int = MAX_NEW_TOKENS, temperature: float = 1.0,
-            generator: torch.Generator | None = None) -> Rollouts:
+def rollout(
+    policy,
+    prompts,
+    *,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> Rollouts:
     """Sample one response per prompt with the kit's KV cache: prefill all prompts in one forward, then one
     token per step for every row (rows that emitted EOS keep going, masked). Returns ``Rollouts``."""
     _check_int("max_new_tokens", max_new_tokens, 1)
@@ -333,16 +342,19 @@ def evaluate(policy, reference, reward_model, *, n: int = 128, seed: int = 1234)
     ro = rollout(policy, prompts, generator=gen)
     ref_logp, _ = token_logprobs(reference, ro.tokens)
     texts = ro.texts
-    return {"true_reward": sum(map(true_reward, texts)) / n,
-            "rm_score": float(reward_model.score(ro.tokens, ro.mask).mean()),
-            "kl": float(((ro.logprobs - ref_logp) * ro.mask).sum(1).mean()),
-            "length": sum(map(len, texts)) / n,
-            "sample": texts[0]}
+    return {
+        "true_reward": sum(map(true_reward, texts)) / n,
+        "rm_score": float(reward_model.score(ro.tokens, ro.mask).mean()),
+        "kl": float(((ro.logprobs - ref_logp) * ro.mask).sum(1).mean()),
+        "length": sum(map(len, texts)) / n,
+        "sample": texts[0],
+    }
 
 
 # ------------------------------------------------------------------ PPO
-def shaped_rewards(rm_score: torch.Tensor, logp: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor,
-                   kl_coef: float) -> torch.Tensor:
+def shaped_rewards(
+    rm_score: torch.Tensor, logp: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor, kl_coef: float
+) -> torch.Tensor:
     """Per-token rewards [B, T]: -kl_coef * k1 on every response token, plus the reward-model score on the
     last one; 0 on padding."""
     _check_pos("kl_coef", kl_coef)
@@ -386,8 +398,15 @@ def _history_row(it, policy, reference, rm, t0, flops, seed):
     return row
 
 
-def ppo(sft_model, reward_model: ScalarModel, cfg: RLConfig | None = None, *, seed: int = 0, progress: bool = True,
-        **overrides):
+def ppo(
+    sft_model,
+    reward_model: ScalarModel,
+    cfg: RLConfig | None = None,
+    *,
+    seed: int = 0,
+    progress: bool = True,
+    **overrides,
+):
     """PPO-RLHF with four models. Returns ``(actor, history)``; ``history`` is a DataFrame (iteration,
     true_reward, rm_score, kl, length, wall_s, flops) evaluated every ``cfg.eval_every`` iterations."""
     cfg = replace(cfg or RLConfig(), **overrides).check()
@@ -407,7 +426,7 @@ def ppo(sft_model, reward_model: ScalarModel, cfg: RLConfig | None = None, *, se
         with torch.no_grad():
             ref_logp, _ = token_logprobs(reference, ro.tokens)
             score = reward_model.score(ro.tokens, ro.mask)
-            values = critic.values(ro.tokens)[:, PROMPT_LEN - 1:-1] * ro.mask  # V of the state before token t
+            values = critic.values(ro.tokens)[:, PROMPT_LEN - 1 : -1] * ro.mask  # V of the state before token t
         rewards = shaped_rewards(score, ro.logprobs, ref_logp, ro.mask, cfg.kl_coef)
         dones = torch.zeros_like(ro.mask)
         dones[torch.arange(cfg.batch), ro.mask.sum(1) - 1] = True
@@ -419,9 +438,17 @@ def ppo(sft_model, reward_model: ScalarModel, cfg: RLConfig | None = None, *, se
             for idx in torch.randperm(cfg.batch, generator=gen).chunk(cfg.minibatches):
                 m = ro.mask[idx]
                 new_logp, ent = token_logprobs(actor, ro.tokens[idx])
-                v = critic.values(ro.tokens[idx])[:, PROMPT_LEN - 1:-1]
-                loss, _ = ppo_loss(new_logp[m], ro.logprobs[idx][m], adv[idx][m], v[m], ret[idx][m], ent[m],
-                                   clip=cfg.clip, vf_coef=cfg.vf_coef)
+                v = critic.values(ro.tokens[idx])[:, PROMPT_LEN - 1 : -1]
+                loss, _ = ppo_loss(
+                    new_logp[m],
+                    ro.logprobs[idx][m],
+                    adv[idx][m],
+                    v[m],
+                    ret[idx][m],
+                    ent[m],
+                    clip=cfg.clip,
+                    vf_coef=cfg.vf_coef,
+                )
                 opt.zero_grad()
                 loss.backward()
                 nn.utils.clip_grad_norm_(list(actor.parameters()) + list(critic.parameters()), 1.0)
@@ -441,8 +468,15 @@ def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + eps)
 
 
-def grpo(sft_model, reward_model: ScalarModel, cfg: RLConfig | None = None, *, seed: int = 0, progress: bool = True,
-         **overrides):
+def grpo(
+    sft_model,
+    reward_model: ScalarModel,
+    cfg: RLConfig | None = None,
+    *,
+    seed: int = 0,
+    progress: bool = True,
+    **overrides,
+):
     """GRPO: ``cfg.batch // cfg.group_size`` prompts x ``group_size`` samples, group-relative advantages on
     every token, the clipped loss, and ``kl_coef`` * k3 KL to the reference in the loss. No critic.
     Returns ``(policy, history)`` like ``ppo``."""
@@ -471,8 +505,17 @@ def grpo(sft_model, reward_model: ScalarModel, cfg: RLConfig | None = None, *, s
                 m = ro.mask[idx]
                 new_logp, ent = token_logprobs(actor, ro.tokens[idx])
                 zeros = torch.zeros(int(m.sum()))
-                pg, _ = ppo_loss(new_logp[m], ro.logprobs[idx][m], adv[idx][m], zeros, zeros, ent[m],
-                                 clip=cfg.clip, vf_coef=0.0, normalize=False)
+                pg, _ = ppo_loss(
+                    new_logp[m],
+                    ro.logprobs[idx][m],
+                    adv[idx][m],
+                    zeros,
+                    zeros,
+                    ent[m],
+                    clip=cfg.clip,
+                    vf_coef=0.0,
+                    normalize=False,
+                )
                 kl = kl_estimate(new_logp[m], ref_logp[idx][m], "k3").mean()
                 loss = pg + cfg.kl_coef * kl
                 opt.zero_grad()
@@ -486,8 +529,13 @@ def grpo(sft_model, reward_model: ScalarModel, cfg: RLConfig | None = None, *, s
 
 
 # ------------------------------------------------------------------ DPO
-def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
-             ref_rejected: torch.Tensor, beta: float = 0.1) -> torch.Tensor:
+def dpo_loss(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    beta: float = 0.1,
+) -> torch.Tensor:
     """DPO loss (Rafailov et al., 2023, eq. 7), inputs are sequence log-probabilities [B]:
     -log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r))), averaged."""
     _check_pos("beta", beta, strict=True)
@@ -500,8 +548,19 @@ def sequence_logprob(model, tokens: torch.Tensor, mask: torch.Tensor) -> torch.T
     return (logp * mask).sum(1)
 
 
-def dpo(sft_model, pairs, reward_model: ScalarModel, *, beta: float = 0.1, steps: int = 200,
-        batch: int = 64, lr: float = 1e-3, eval_every: int = 25, seed: int = 0, progress: bool = True):
+def dpo(
+    sft_model,
+    pairs,
+    reward_model: ScalarModel,
+    *,
+    beta: float = 0.1,
+    steps: int = 200,
+    batch: int = 64,
+    lr: float = 1e-3,
+    eval_every: int = 25,
+    seed: int = 0,
+    progress: bool = True,
+):
     """Offline DPO from preference pairs, starting from (and regularised towards) the SFT model. The reward
     model is used only to report its score in the history. Returns ``(policy, history)`` like ``ppo``."""
     _check_pos("beta", beta, strict=True)

@@ -12,10 +12,22 @@
 
 Thread count: every entry point takes ``threads=`` (intra-op threads per rank, default 1).
 """
+
 from .ranks import BACKENDS, RankError, RankFailure, RankTimeoutError, device, prestart, resolve_backend
 
-__all__ = ["launch", "Cluster", "current", "prestart", "device", "resolve_backend", "BACKENDS",
-           "RankError", "RankTimeoutError", "RankFailure", "load_ipython_extension"]
+__all__ = [
+    "launch",
+    "Cluster",
+    "current",
+    "prestart",
+    "device",
+    "resolve_backend",
+    "BACKENDS",
+    "RankError",
+    "RankTimeoutError",
+    "RankFailure",
+    "load_ipython_extension",
+]
 
 
 def __getattr__(name):  # the launcher and the cluster load on first use

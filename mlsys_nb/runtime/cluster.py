@@ -42,6 +42,7 @@ raises :class:`RankError` with that rank's traceback; the cluster stays as it wa
 other ranks are still busy ``error_grace`` seconds later (typically blocked in a collective the
 failed rank never joined): then their stacks are shown and the cluster restarts.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,8 +66,19 @@ import weakref
 import cloudpickle
 
 from ..config import check_int, check_seconds
-from .ranks import (HOST, RankError, RankTimeoutError, context, device, die_with_parent, open_store,
-                    rank_environment, resolve_backend, run_on_rank, without_main_module)
+from .ranks import (
+    HOST,
+    RankError,
+    RankTimeoutError,
+    context,
+    device,
+    die_with_parent,
+    open_store,
+    rank_environment,
+    resolve_backend,
+    run_on_rank,
+    without_main_module,
+)
 
 __all__ = ["Cluster", "RankError", "RankTimeoutError", "current", "load_ipython_extension"]
 
@@ -96,9 +108,19 @@ def _rank_main(rank, world_size, backend, store_port, conn, pg_timeout_s, thread
 
         timeout = datetime.timedelta(seconds=pg_timeout_s)
         store = dist.TCPStore(HOST, store_port, is_master=False, timeout=timeout)
-        run_on_rank(_serve_forever, (conn, out), {}, rank=rank, world_size=world_size,
-                    local_rank=rank, backend=backend, timeout=pg_timeout_s, threads=threads,
-                    store=store, on_ready=on_ready)
+        run_on_rank(
+            _serve_forever,
+            (conn, out),
+            {},
+            rank=rank,
+            world_size=world_size,
+            local_rank=rank,
+            backend=backend,
+            timeout=pg_timeout_s,
+            threads=threads,
+            store=store,
+            on_ready=on_ready,
+        )
     except BaseException:
         if not ready:
             conn.send_bytes(cloudpickle.dumps(("fail", traceback.format_exc())))
@@ -109,8 +131,14 @@ def _serve_forever(conn, out):
     import torch
     import torch.distributed as dist
 
-    ns = {"__name__": "__rank__", "rank": dist.get_rank(), "world_size": dist.get_world_size(),
-          "dist": dist, "torch": torch, "device": device()}
+    ns = {
+        "__name__": "__rank__",
+        "rank": dist.get_rank(),
+        "world_size": dist.get_world_size(),
+        "dist": dist,
+        "torch": torch,
+        "device": device(),
+    }
     while True:
         try:
             message = conn.recv_bytes()
@@ -202,11 +230,13 @@ def _finalize(procs, conns, store, workdir):
 # The last line of a traceback whose exception means the process group is broken: torch's
 # distributed errors, gloo's own timeouts ("Timed out waiting 1500ms for recv operation") and
 # lost peers.
-_BROKEN_GROUP = re.compile(r"^\S*(DistBackendError|DistNetworkError|DistStoreError|RuntimeError: "
-                           r"\[\S*gloo\S*\]|.*Connection (closed|reset) by peer)", re.M)
+_BROKEN_GROUP = re.compile(
+    r"^\S*(DistBackendError|DistNetworkError|DistStoreError|RuntimeError: "
+    r"\[\S*gloo\S*\]|.*Connection (closed|reset) by peer)",
+    re.M,
+)
 _FRAME = re.compile(r'^(\s*File "(.+)", line (\d+) in .*)$')
-_HIDE = (os.sep + "multiprocessing" + os.sep, os.path.join("mlsys_nb", "runtime", ""),
-         "c10d_logger.py", "<string>")
+_HIDE = (os.sep + "multiprocessing" + os.sep, os.path.join("mlsys_nb", "runtime", ""), "c10d_logger.py", "<string>")
 
 
 def _annotate_stack(text):
@@ -244,11 +274,19 @@ class Cluster:
         Changing the attribute takes effect at the next ``restart()``.
     """
 
-    def __init__(self, world_size=4, backend="auto", timeout=60.0, *, threads=1,
-                 error_grace=3.0, pg_timeout=None, start_timeout=120.0):
+    def __init__(
+        self,
+        world_size=4,
+        backend="auto",
+        timeout=60.0,
+        *,
+        threads=1,
+        error_grace=3.0,
+        pg_timeout=None,
+        start_timeout=120.0,
+    ):
         check_int("world_size", world_size, 1)
-        for name, value in (("timeout", timeout), ("error_grace", error_grace),
-                            ("start_timeout", start_timeout)):
+        for name, value in (("timeout", timeout), ("error_grace", error_grace), ("start_timeout", start_timeout)):
             check_seconds(name, value)
         check_int("threads", threads, 1)
         if pg_timeout is not None:
@@ -267,8 +305,7 @@ class Cluster:
         self._conns: list = []
         self._workdir = tempfile.mkdtemp(prefix="mlsys_nb_cluster_")
         self._store: list = []  # the rendezvous TCPStore of the current ranks (127.0.0.1 only)
-        self._finalizer = weakref.finalize(self, _finalize, self._procs, self._conns,
-                                           self._store, self._workdir)
+        self._finalizer = weakref.finalize(self, _finalize, self._procs, self._conns, self._store, self._workdir)
         self._start()
         _clusters.add(self)
         global _current
@@ -283,9 +320,12 @@ class Cluster:
         with without_main_module():  # a script's __main__ is not re-imported in each rank
             for r in range(self.world_size):
                 parent, child = ctx.Pipe(duplex=True)
-                p = ctx.Process(target=_rank_main, name=f"mlsys_nb-rank{r}", daemon=True,
-                                args=(r, self.world_size, self.backend, port, child,
-                                      self.pg_timeout, self.threads, self._workdir))
+                p = ctx.Process(
+                    target=_rank_main,
+                    name=f"mlsys_nb-rank{r}",
+                    daemon=True,
+                    args=(r, self.world_size, self.backend, port, child, self.pg_timeout, self.threads, self._workdir),
+                )
                 p.start()
                 child.close()
                 self._procs.append(p)
@@ -358,8 +398,10 @@ class Cluster:
 
     def __repr__(self):
         state = "running" if self.alive else "shut down"
-        return (f"Cluster(world_size={self.world_size}, backend={self.backend!r}, "
-                f"timeout={self.timeout}, {state}, restarts={self.restarts})")
+        return (
+            f"Cluster(world_size={self.world_size}, backend={self.backend!r}, "
+            f"timeout={self.timeout}, {state}, restarts={self.restarts})"
+        )
 
     # ---- calls -------------------------------------------------------------------------------
     def _ranks(self, ranks):
@@ -395,8 +437,7 @@ class Cluster:
                 remaining = limit - time.monotonic()
                 if remaining <= 0:
                     break
-                ready = mpc.wait(list(pending) + [s for s, r in sentinels.items()
-                                                  if r in pending.values()], remaining)
+                ready = mpc.wait(list(pending) + [s for s, r in sentinels.items() if r in pending.values()], remaining)
                 for obj in ready:
                     r = pending.get(obj)
                     if r is None:  # a process sentinel: read its last reply or record the exit
@@ -405,8 +446,9 @@ class Cluster:
                         if obj not in pending:
                             continue
                     try:
-                        status, text, detail = cloudpickle.loads(obj.recv_bytes()) \
-                            if obj.poll(0) else (None, None, None)
+                        status, text, detail = (
+                            cloudpickle.loads(obj.recv_bytes()) if obj.poll(0) else (None, None, None)
+                        )
                     except (EOFError, OSError):
                         status = None
                     if status is None:  # the rank process is gone
@@ -435,14 +477,26 @@ class Cluster:
             self._recover(outputs, pending)
             if errors:
                 who = ", ".join(map(str, sorted(errors)))
-                msg = (f"rank(s) {who} failed; rank(s) {running} were still running "
-                       f"{self.error_grace:g} s later" if running else f"rank(s) {who} failed")
-                err = RankError(msg + "; the cluster was restarted (namespaces are fresh)",
-                                errors=errors, stacks=stacks, restarted=True, outputs=outputs)
+                msg = (
+                    f"rank(s) {who} failed; rank(s) {running} were still running {self.error_grace:g} s later"
+                    if running
+                    else f"rank(s) {who} failed"
+                )
+                err = RankError(
+                    msg + "; the cluster was restarted (namespaces are fresh)",
+                    errors=errors,
+                    stacks=stacks,
+                    restarted=True,
+                    outputs=outputs,
+                )
             else:
-                err = RankTimeoutError(f"timed out after {timeout:g} s: rank(s) {running} still running; "
-                                  "the cluster was restarted (namespaces are fresh)",
-                                  stacks=stacks, restarted=True, outputs=outputs)
+                err = RankTimeoutError(
+                    f"timed out after {timeout:g} s: rank(s) {running} still running; "
+                    "the cluster was restarted (namespaces are fresh)",
+                    stacks=stacks,
+                    restarted=True,
+                    outputs=outputs,
+                )
             self.last_error = err
             raise err
         if errors:
@@ -450,10 +504,17 @@ class Cluster:
             broken = [r for r, tb in errors.items() if _BROKEN_GROUP.search(tb)]
             if broken:  # after a gloo/NCCL timeout or a lost peer the group cannot be trusted
                 self.restart()
-            err = RankError(f"rank(s) {who} raised" + (
-                f"; rank(s) {broken} lost the process group, so the cluster was restarted "
-                "(namespaces are fresh)" if broken else ""),
-                errors=errors, outputs=outputs, restarted=bool(broken))
+            err = RankError(
+                f"rank(s) {who} raised"
+                + (
+                    f"; rank(s) {broken} lost the process group, so the cluster was restarted (namespaces are fresh)"
+                    if broken
+                    else ""
+                ),
+                errors=errors,
+                outputs=outputs,
+                restarted=bool(broken),
+            )
             self.last_error = err
             raise err
         self.last_error = None
@@ -487,8 +548,7 @@ class Cluster:
     def _recover(self, outputs, pending):
         for r in pending.values():  # partial output of the ranks that were stopped
             try:
-                with open(os.path.join(self._workdir, f"rank{r}.out"), encoding="utf-8",
-                          errors="replace") as f:
+                with open(os.path.join(self._workdir, f"rank{r}.out"), encoding="utf-8", errors="replace") as f:
                     outputs[r] = f.read()
             except OSError:
                 pass
@@ -520,8 +580,7 @@ class Cluster:
         filename = f"<rank cell {self._cells}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         try:
-            results, outputs = self._call("exec", {r: (source, filename) for r in ranks}, ranks,
-                                          timeout)
+            results, outputs = self._call("exec", {r: (source, filename) for r in ranks}, ranks, timeout)
         except RankError as err:
             if show:
                 _print_grouped(sorted(err.outputs), err.outputs)
@@ -548,9 +607,11 @@ class Cluster:
         for name, value in values.items():
             if per_rank:
                 if not hasattr(value, "__len__") or len(value) != len(ranks):
-                    raise ValueError(f"with per_rank=True, {name} must have one value per "
-                                     f"targeted rank ({len(ranks)}), got "
-                                     f"{len(value) if hasattr(value, '__len__') else type(value).__name__}")
+                    raise ValueError(
+                        f"with per_rank=True, {name} must have one value per "
+                        f"targeted rank ({len(ranks)}), got "
+                        f"{len(value) if hasattr(value, '__len__') else type(value).__name__}"
+                    )
                 for r, v in zip(ranks, value):
                     payloads[r][name] = v
             else:
@@ -590,7 +651,7 @@ def _shutdown_all():
 # %%ranks
 # --------------------------------------------------------------------------------------------
 def _parse_ranks(spec, world_size):
-    """"0,2" or "1-3" or "all" -> sorted list of ranks."""
+    """ "0,2" or "1-3" or "all" -> sorted list of ranks."""
     if spec in (None, "", "all"):
         return None
     ranks = []
@@ -603,8 +664,7 @@ def _parse_ranks(spec, world_size):
         ranks.extend(range(lo, hi + 1))
     bad = [r for r in ranks if r >= world_size]
     if bad:
-        raise ValueError(f"ranks must be in 0..{world_size - 1} (world_size={world_size}), "
-                         f"got {spec!r}")
+        raise ValueError(f"ranks must be in 0..{world_size - 1} (world_size={world_size}), got {spec!r}")
     return sorted(set(ranks))
 
 
@@ -631,8 +691,9 @@ def ranks_magic(line, cell, ipython=None):
     try:
         args = _magic_parser().parse_args(shlex.split(line))
     except SystemExit:
-        raise UsageError(f"usage: %%ranks [0,2 | 1-3 | all] [--timeout S] [--cluster NAME] "
-                         f"[--no-raise]; got {line!r}") from None
+        raise UsageError(
+            f"usage: %%ranks [0,2 | 1-3 | all] [--timeout S] [--cluster NAME] [--no-raise]; got {line!r}"
+        ) from None
     if args.cluster is not None:
         ns = ipython.user_ns if ipython is not None else {}
         cluster = ns.get(args.cluster)
@@ -641,8 +702,7 @@ def ranks_magic(line, cell, ipython=None):
     else:
         cluster = current()
     if cluster is None:
-        raise UsageError("no running cluster: create one first, e.g. "
-                           "cluster = mlsys_nb.Cluster(world_size=4)")
+        raise UsageError("no running cluster: create one first, e.g. cluster = mlsys_nb.Cluster(world_size=4)")
     try:
         ranks = _parse_ranks(args.ranks, cluster.world_size)
         if args.timeout is not None:

@@ -30,6 +30,7 @@ Safety nets: ranks die with their parent (``prctl(PR_SET_PDEATHSIG)`` plus a "li
 they watch), collectives time out ``timeout`` + 10 seconds in instead of torch's 30 minutes,
 and every process, pipe and port is closed when ``launch`` returns or raises.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -50,9 +51,21 @@ from multiprocessing import connection
 import cloudpickle
 
 from ..config import check_choice, check_int, check_seconds
-from .ranks import (HOST, RankError, RankFailure, RankTimeoutError, context, device, die_with_parent,
-                    open_store, prestart, rank_environment, resolve_backend, run_on_rank,
-                    without_main_module)
+from .ranks import (
+    HOST,
+    RankError,
+    RankFailure,
+    RankTimeoutError,
+    context,
+    device,
+    die_with_parent,
+    open_store,
+    prestart,
+    rank_environment,
+    resolve_backend,
+    run_on_rank,
+    without_main_module,
+)
 
 __all__ = ["launch", "device", "prestart", "resolve_backend", "RankError", "RankTimeoutError", "OUTPUT_MODES"]
 
@@ -117,8 +130,7 @@ def _rank_main(rank, world_size, port, backend, payload, timeout, start_timeout,
     """Entry point of a rank process started by ``launch`` (runs in the child)."""
     out_w, err_w, stack_w, result_w, lifeline_r = pipes
     die_with_parent()
-    threading.Thread(target=_watch_parent, args=(lifeline_r.fileno(),), daemon=True,
-                     name="mlsys_nb-lifeline").start()
+    threading.Thread(target=_watch_parent, args=(lifeline_r.fileno(),), daemon=True, name="mlsys_nb-lifeline").start()
     # fds 1 and 2 now lead to the launcher (C-level output, e.g. from gloo, included).
     os.dup2(out_w.fileno(), 1)
     os.dup2(err_w.fileno(), 2)
@@ -140,9 +152,19 @@ def _rank_main(rank, world_size, port, backend, payload, timeout, start_timeout,
 
         fn, args, kwargs = pickle.loads(payload)
         store = dist.TCPStore(HOST, port, is_master=False, timeout=timedelta(seconds=start_timeout))
-        value = run_on_rank(fn, args, kwargs, rank=rank, world_size=world_size, local_rank=rank,
-                            backend=backend, timeout=timeout, threads=threads, store=store,
-                            on_ready=lambda: send(("ready", os.getpid())))
+        value = run_on_rank(
+            fn,
+            args,
+            kwargs,
+            rank=rank,
+            world_size=world_size,
+            local_rank=rank,
+            backend=backend,
+            timeout=timeout,
+            threads=threads,
+            store=store,
+            on_ready=lambda: send(("ready", os.getpid())),
+        )
         try:
             data = cloudpickle.dumps(("ok", value))
         except Exception as e:
@@ -222,8 +244,10 @@ class _Rank:
         try:
             kind, payload = pickle.loads(data)
         except Exception as e:  # e.g. the class of a returned object does not exist here
-            kind, payload = "error", RankFailure(self.rank, type(e).__name__,
-                                                 f"cannot unpickle what the rank sent: {e}")
+            kind, payload = (
+                "error",
+                RankFailure(self.rank, type(e).__name__, f"cannot unpickle what the rank sent: {e}"),
+            )
         if kind == "ready":
             self.state = "ready"
         elif kind == "ok":
@@ -237,8 +261,7 @@ class _Rank:
             code = self.process.exitcode
             how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"code {code}"
             self.state = "failed"
-            self.failure = RankFailure(self.rank, "exit", f"process exited with {how} before returning",
-                                       exitcode=code)
+            self.failure = RankFailure(self.rank, "exit", f"process exited with {how} before returning", exitcode=code)
 
     def on_sentinel(self) -> None:
         """The process ended: read a last message if there is one, else record the early exit."""
@@ -302,16 +325,28 @@ def _drop_lifeline_thread(dump: str) -> str:
     return "\n\n".join(tidy)
 
 
-def _start_rank(ctx, rank, world_size, port, backend, payload, timeout, start_timeout, threads,
-                lifeline_r, echo) -> _Rank:
+def _start_rank(
+    ctx, rank, world_size, port, backend, payload, timeout, start_timeout, threads, lifeline_r, echo
+) -> _Rank:
     out_r, out_w = ctx.Pipe(duplex=False)
     err_r, err_w = ctx.Pipe(duplex=False)
     stack_r, stack_w = ctx.Pipe(duplex=False)
     result_r, result_w = ctx.Pipe(duplex=False)
     process = ctx.Process(
-        target=_rank_main, name=f"mlsys_nb-rank-{rank}", daemon=True,
-        args=(rank, world_size, port, backend, payload, timeout, start_timeout, threads,
-              (out_w, err_w, stack_w, result_w, lifeline_r)),
+        target=_rank_main,
+        name=f"mlsys_nb-rank-{rank}",
+        daemon=True,
+        args=(
+            rank,
+            world_size,
+            port,
+            backend,
+            payload,
+            timeout,
+            start_timeout,
+            threads,
+            (out_w, err_w, stack_w, result_w, lifeline_r),
+        ),
     )
     try:
         process.start()
@@ -322,9 +357,18 @@ def _start_rank(ctx, rank, world_size, port, backend, payload, timeout, start_ti
     return _Rank(rank, process, result_r, stack_r, streams)
 
 
-def launch(fn, world_size: int = 4, *, args=(), kwargs=None, backend: str = "auto",
-           timeout: float = 60.0, threads: int = 1, output: str = "stream",
-           start_timeout: float = 60.0) -> list:
+def launch(
+    fn,
+    world_size: int = 4,
+    *,
+    args=(),
+    kwargs=None,
+    backend: str = "auto",
+    timeout: float = 60.0,
+    threads: int = 1,
+    output: str = "stream",
+    start_timeout: float = 60.0,
+) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` fresh ranks; return their results by rank.
 
     Inside ``fn`` the default process group is initialised (``dist.get_rank()`` etc. work) and
@@ -366,9 +410,21 @@ def launch(fn, world_size: int = 4, *, args=(), kwargs=None, backend: str = "aut
     try:
         with without_main_module():
             for r in range(world_size):
-                ranks.append(_start_rank(ctx, r, world_size, store.port, backend, payload,
-                                         rank_timeout, start_timeout, threads, lifeline_r,
-                                         echo=output == "stream"))
+                ranks.append(
+                    _start_rank(
+                        ctx,
+                        r,
+                        world_size,
+                        store.port,
+                        backend,
+                        payload,
+                        rank_timeout,
+                        start_timeout,
+                        threads,
+                        lifeline_r,
+                        echo=output == "stream",
+                    )
+                )
         lifeline_r.close()
         return _supervise(ranks, timeout, start_timeout, output)
     finally:
@@ -477,8 +533,10 @@ def _raise_timeout(ranks: list[_Rank], limit: float, phase: str, output: str):
             r.process.kill()
     _drain_output(ranks, output)
     what = "finish fn" if phase == "run" else "start and join the process group"
-    lines = [f"ranks {', '.join(str(r.rank) for r in stuck)} did not {what} within {limit:g} s; "
-             "all ranks were killed. Python stack of each (most recent call first):"]
+    lines = [
+        f"ranks {', '.join(str(r.rank) for r in stuck)} did not {what} within {limit:g} s; "
+        "all ranks were killed. Python stack of each (most recent call first):"
+    ]
     for r in stuck:
         lines += ["", f"--- rank {r.rank} ---", r.stack_text or "(no stack dump received)"]
     done = [r.rank for r in ranks if r.state == "done"]

@@ -2,6 +2,7 @@
 
 Measured times only mean something next to the machine, the software and how busy the machine was
 (load average: on a shared 2-core box other jobs inflate wall times)."""
+
 from __future__ import annotations
 
 import datetime
@@ -40,5 +41,7 @@ def info() -> dict:
 def summary() -> str:
     """``info()`` as one line for a report."""
     i = info()
-    return (f"{i['uname -m']}, nproc {i['nproc']}, {i['cpu']}, torch {i['torch']}, Python {i['python']}, "
-            f"{i['date (UTC)']} UTC, load average {i['load average (1 min)']}")
+    return (
+        f"{i['uname -m']}, nproc {i['nproc']}, {i['cpu']}, torch {i['torch']}, Python {i['python']}, "
+        f"{i['date (UTC)']} UTC, load average {i['load average (1 min)']}"
+    )

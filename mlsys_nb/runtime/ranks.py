@@ -13,6 +13,7 @@ process factory that starts ranks, the rendezvous store, and the one error famil
 - ``open_store(start_timeout)``: the rendezvous ``TCPStore`` on 127.0.0.1, on a port the OS picks.
 - ``rank_environment(...)``, ``die_with_parent()``, ``without_main_module()``: process plumbing.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -82,13 +83,22 @@ class RankError(RuntimeError):
     ``restarted``: the ``Cluster`` restarted its ranks (namespaces are fresh).
     """
 
-    def __init__(self, message: str, *, errors: dict | None = None, failures: dict | None = None,
-                 consequences: dict | None = None, stacks: dict | None = None,
-                 outputs: dict | None = None, restarted: bool = False):
+    def __init__(
+        self,
+        message: str,
+        *,
+        errors: dict | None = None,
+        failures: dict | None = None,
+        consequences: dict | None = None,
+        stacks: dict | None = None,
+        outputs: dict | None = None,
+        restarted: bool = False,
+    ):
         super().__init__(message)  # (keyword defaults keep the error picklable)
         self.failures = dict(failures or {})
-        self.errors = dict(errors or {}) or {r: f.traceback or f"{f.type_name}: {f.message}"
-                                            for r, f in self.failures.items()}
+        self.errors = dict(errors or {}) or {
+            r: f.traceback or f"{f.type_name}: {f.message}" for r, f in self.failures.items()
+        }
         self.consequences = dict(consequences or {})
         self.stacks = dict(stacks or {})
         self.outputs = dict(outputs or {})
@@ -105,8 +115,7 @@ class RankError(RuntimeError):
         for r in sorted(self.errors):
             parts.append(f"--- rank {r}: traceback ---\n{self.errors[r].rstrip()}")
         for r in sorted(self.stacks):
-            parts.append(f"--- rank {r}: stack when stopped (most recent call first) ---\n"
-                         f"{self.stacks[r].rstrip()}")
+            parts.append(f"--- rank {r}: stack when stopped (most recent call first) ---\n{self.stacks[r].rstrip()}")
         return "\n".join(parts)
 
 
@@ -153,8 +162,9 @@ def device():
 # --------------------------------------------------------------------------------------------
 # Inside a rank
 # --------------------------------------------------------------------------------------------
-def run_on_rank(fn, args, kwargs, *, rank, world_size, local_rank, backend, timeout, threads,
-                store=None, on_ready=None):
+def run_on_rank(
+    fn, args, kwargs, *, rank, world_size, local_rank, backend, timeout, threads, store=None, on_ready=None
+):
     """Set up one rank, run ``fn(*args, **kwargs)`` and tear the process group down.
 
     Shared by ``launch`` and ``Cluster`` (``store`` = the caller's TCPStore) and by
@@ -170,8 +180,7 @@ def run_on_rank(fn, args, kwargs, *, rank, world_size, local_rank, backend, time
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     init = {"store": store} if store is not None else {"init_method": "env://"}
-    dist.init_process_group(backend, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout), **init)
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout), **init)
     # Every rank has now connected to every other before fn starts; without this a rank
     # whose fn is quick could exit while a slower peer is still connecting to it.
     dist.barrier()
@@ -187,9 +196,15 @@ def run_on_rank(fn, args, kwargs, *, rank, world_size, local_rank, backend, time
 def rank_environment(rank: int, world_size: int, port: int, threads: int) -> None:
     """Set the variables torch.distributed and libraries read (RANK, MASTER_PORT, ...) and keep
     gloo/NCCL sockets on the loopback interface (unless the user chose another)."""
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR=HOST, MASTER_PORT=str(port),
-                      OMP_NUM_THREADS=str(threads))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR=HOST,
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS=str(threads),
+    )
     if sys.platform.startswith("linux"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
@@ -238,8 +253,15 @@ def open_store(start_timeout: float):
     sock.bind((HOST, 0))
     sock.listen(128)
     port = sock.getsockname()[1]
-    return dist.TCPStore(HOST, port, None, is_master=True, wait_for_workers=False,
-                         timeout=timedelta(seconds=start_timeout), master_listen_fd=sock.detach())
+    return dist.TCPStore(
+        HOST,
+        port,
+        None,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=start_timeout),
+        master_listen_fd=sock.detach(),
+    )
 
 
 _MAIN_SWAP_LOCK = threading.Lock()

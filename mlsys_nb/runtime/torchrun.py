@@ -15,6 +15,7 @@ default process group (``env://``) through the same ``run_on_rank`` as ``mlsys_n
 the function and prints ``[rank r] result: <repr of the return value>``. The function must live
 in an importable module: under torchrun there is no notebook to pickle it from.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,25 +51,34 @@ def main(argv=None) -> int:
     parser.add_argument("--args", default="[]", help="JSON list of positional arguments")
     parser.add_argument("--kwargs", default="{}", help="JSON object of keyword arguments")
     parser.add_argument("--backend", default="auto", choices=BACKENDS)
-    parser.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds a collective may wait before raising (default 60)")
+    parser.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds a collective may wait before raising (default 60)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
     ns = parser.parse_args(argv)
     missing = [name for name in ENV_NEEDED if name not in os.environ]
     if missing:
-        parser.error(f"{', '.join(missing)} not set: start this under torchrun, e.g. "
-                     f"torchrun --nproc-per-node 2 -m mlsys_nb.run {ns.target}")
+        parser.error(
+            f"{', '.join(missing)} not set: start this under torchrun, e.g. "
+            f"torchrun --nproc-per-node 2 -m mlsys_nb.run {ns.target}"
+        )
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     backend = resolve_backend(ns.backend, local_world_size)  # GPUs are counted per node
     fn = load_function(ns.target)
-    value = run_on_rank(fn, json.loads(ns.args), json.loads(ns.kwargs), rank=rank,
-                        world_size=world_size, local_rank=local_rank, backend=backend,
-                        timeout=ns.timeout, threads=ns.threads)
+    value = run_on_rank(
+        fn,
+        json.loads(ns.args),
+        json.loads(ns.kwargs),
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        backend=backend,
+        timeout=ns.timeout,
+        threads=ns.threads,
+    )
     # One write() of the whole line: ranks share the terminal, and their lines must not mix.
     sys.stdout.flush()
     os.write(sys.stdout.fileno(), f"[rank {rank}] result: {value!r}\n".encode())
     return 0
-
-

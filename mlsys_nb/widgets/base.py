@@ -9,6 +9,7 @@ read ``self.state()``, call a calculator, set ``self.error`` (None or the messag
 and ``self._table``, redraw, and ``self._show()``. The widget computes nothing itself. Every
 redraw caused by a control or by ``set_state`` then calls the ``on_update`` callbacks.
 """
+
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable

@@ -7,6 +7,7 @@ out (``mlsys_nb.inference``: ``kv_cache_bytes``, ``max_concurrent_sequences``, `
 ``table()`` and ``error`` follow the dashboard protocol. Invalid input (a batch of 0, a context
 longer than the model's, tp of 0) is shown as a message in place of the chart.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,8 +20,15 @@ from ..inference.roofline import decode_cost, prefill_cost
 from ..plots import PALETTE, label, style
 from .base import ControlPanel
 
-DEFAULTS = {"model": "llama-3-8b", "gpu": "H100-SXM", "context": 8192, "batch": 16, "dtype": "bf16",
-            "weight_dtype": "bf16", "tp": 1}
+DEFAULTS = {
+    "model": "llama-3-8b",
+    "gpu": "H100-SXM",
+    "context": 8192,
+    "batch": 16,
+    "dtype": "bf16",
+    "weight_dtype": "bf16",
+    "tp": 1,
+}
 KV_DTYPES = ("bf16", "fp16", "fp8", "fp32")
 
 
@@ -40,8 +48,9 @@ class InferenceWidget(ControlPanel):
             "context": w.IntText(value=s["context"], description="context (tokens)", layout=lay),
             "batch": w.IntText(value=s["batch"], description="decode batch", layout=lay),
             "dtype": w.Dropdown(options=KV_DTYPES, value=s["dtype"], description="KV dtype", layout=lay),
-            "weight_dtype": w.Dropdown(options=KV_DTYPES, value=s["weight_dtype"], description="weight dtype",
-                                       layout=lay),
+            "weight_dtype": w.Dropdown(
+                options=KV_DTYPES, value=s["weight_dtype"], description="weight dtype", layout=lay
+            ),
             "tp": w.IntText(value=s["tp"], description="TP degree", layout=lay),
         }
         for c in self.controls.values():
@@ -78,14 +87,20 @@ class InferenceWidget(ControlPanel):
         pre = prefill_cost(cfg, gpu, ctx, dtype=peak_dtype, kv_dtype=s["dtype"])
         dec = decode_cost(cfg, gpu, ctx, batch=b, dtype=peak_dtype, kv_dtype=s["dtype"])
         return {
-            "cfg": cfg, "gpu": gpu, "prefill": pre, "decode": dec,
+            "cfg": cfg,
+            "gpu": gpu,
+            "prefill": pre,
+            "decode": dec,
             "kv_per_seq": kv_cache_bytes(cfg, ctx, s["dtype"]),
             "kv_batch": kv_cache_bytes(cfg, ctx * b, s["dtype"]),
             "weights": weight_bytes(cfg, s["weight_dtype"]),
-            "max_seqs": max_concurrent_sequences(cfg, gpu, ctx, dtype=s["dtype"], weight_dtype=s["weight_dtype"],
-                                                 tp=tp),
-            "decode_curve": [decode_cost(cfg, gpu, ctx, batch=int(x), dtype=peak_dtype, kv_dtype=s["dtype"])
-                             for x in np.unique(np.logspace(0, 10, 21, base=2).astype(int))],
+            "max_seqs": max_concurrent_sequences(
+                cfg, gpu, ctx, dtype=s["dtype"], weight_dtype=s["weight_dtype"], tp=tp
+            ),
+            "decode_curve": [
+                decode_cost(cfg, gpu, ctx, batch=int(x), dtype=peak_dtype, kv_dtype=s["dtype"])
+                for x in np.unique(np.logspace(0, 10, 21, base=2).astype(int))
+            ],
         }
 
     def update(self) -> None:
@@ -117,7 +132,8 @@ class InferenceWidget(ControlPanel):
             f"({s['dtype']}), weights {r['weights'] / 1e9:.3g} GB; <b>{r['max_seqs']} sequences fit</b> "
             f"(tp={s['tp']}, 90% memory){fits}. Prefill: {pre.time_s * 1e3:.3g} ms, {pre.bound}-bound. "
             f"Decode at batch {s['batch']}: {dec.time_s * 1e3:.3g} ms per step, "
-            f"{dec.tokens_per_s:,.0f} tokens/s, {dec.bound}-bound. <i>Roofline model, 100% of peak.</i>")
+            f"{dec.tokens_per_s:,.0f} tokens/s, {dec.bound}-bound. <i>Roofline model, 100% of peak.</i>"
+        )
         self._draw(r)
         self._show()
 

@@ -7,6 +7,7 @@ heads, more stages than layers, ...) are shown as a message in place of the char
 ``MemoryWidget().widget`` is the ipywidgets container; ``state()``/``set_state()``, ``figure``,
 ``table()`` and ``error`` follow the dashboard protocol.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -19,25 +20,63 @@ from .base import ControlPanel
 POW2 = lambda lo, hi: [2**i for i in range(lo, hi + 1)]  # noqa: E731
 
 DEFAULTS = {
-    "model": "llama-3.1-8b", "micro_batch": 1, "seq_len": 4096, "precision": "bf16-mixed",
-    "fp32_grad_accum": False, "optimizer": "adam", "recompute": "none", "flash_attention": True,
-    "dp": 8, "zero": 1, "tp": 1, "sp": False, "pp": 1, "pp_schedule": "1f1b", "virtual_stages": 1,
-    "n_microbatches": 8, "cp": 1, "ep": 1, "gpu": "H100-SXM", "unit": "GiB", "playbook": False,
+    "model": "llama-3.1-8b",
+    "micro_batch": 1,
+    "seq_len": 4096,
+    "precision": "bf16-mixed",
+    "fp32_grad_accum": False,
+    "optimizer": "adam",
+    "recompute": "none",
+    "flash_attention": True,
+    "dp": 8,
+    "zero": 1,
+    "tp": 1,
+    "sp": False,
+    "pp": 1,
+    "pp_schedule": "1f1b",
+    "virtual_stages": 1,
+    "n_microbatches": 8,
+    "cp": 1,
+    "ep": 1,
+    "gpu": "H100-SXM",
+    "unit": "GiB",
+    "playbook": False,
 }
 COMPONENTS = [  # (Breakdown field, label, colour, short legend label)
-    ("params", "parameters", PALETTE[0], "params"), ("grads", "gradients", PALETTE[1], "grads"),
-    ("optimizer", "optimizer states", PALETTE[2], "optimizer"), ("master", "fp32 master weights", PALETTE[5], "master"),
+    ("params", "parameters", PALETTE[0], "params"),
+    ("grads", "gradients", PALETTE[1], "grads"),
+    ("optimizer", "optimizer states", PALETTE[2], "optimizer"),
+    ("master", "fp32 master weights", PALETTE[5], "master"),
     ("activations_layers", "activations (layers)", PALETTE[3], "act. layers"),
     ("activations_outside", "activations (embedding, head, loss)", PALETTE[4], "act. outside"),
-    ("temporary", "temporary buffers", PALETTE[6], "temporary"), ("overhead", "overhead", "#999999", "overhead"),
+    ("temporary", "temporary buffers", PALETTE[6], "temporary"),
+    ("overhead", "overhead", "#999999", "overhead"),
 ]
 UNITS = {"GiB": memory.GiB, "GB": memory.GB}
 
 
 def train_config(state: dict) -> TrainConfig:
     """The ``TrainConfig`` a widget state describes (raises ``ValueError`` for invalid input)."""
-    keys = ("micro_batch", "seq_len", "precision", "fp32_grad_accum", "optimizer", "recompute", "flash_attention",
-            "dp", "zero", "tp", "sp", "pp", "pp_schedule", "virtual_stages", "n_microbatches", "cp", "ep", "gpu")
+    keys = (
+        "micro_batch",
+        "seq_len",
+        "precision",
+        "fp32_grad_accum",
+        "optimizer",
+        "recompute",
+        "flash_attention",
+        "dp",
+        "zero",
+        "tp",
+        "sp",
+        "pp",
+        "pp_schedule",
+        "virtual_stages",
+        "n_microbatches",
+        "cp",
+        "ep",
+        "gpu",
+    )
     kw = {k: state[k] for k in keys}
     kw["sp"] = bool(kw["sp"]) and kw["tp"] > 1
     if kw["pp_schedule"] != "interleaved-1f1b":
@@ -71,8 +110,9 @@ class MemoryWidget(ControlPanel):
             "sp": w.Checkbox(value=s["sp"], description="sequence parallel"),
             "pp": sel(POW2(0, 6), s["pp"], "PP"),
             "pp_schedule": dd(list(PP_SCHEDULES), s["pp_schedule"], "PP schedule"),
-            "virtual_stages": w.IntSlider(value=s["virtual_stages"], min=1, max=8, description="virtual stages",
-                                          layout=lay),
+            "virtual_stages": w.IntSlider(
+                value=s["virtual_stages"], min=1, max=8, description="virtual stages", layout=lay
+            ),
             "n_microbatches": sel(POW2(0, 9), s["n_microbatches"], "micro-batches/step"),
             "cp": sel(POW2(0, 5), s["cp"], "CP"),
             "ep": sel(POW2(0, 8), s["ep"], "EP"),
@@ -95,8 +135,9 @@ class MemoryWidget(ControlPanel):
         self.breakdown = None
         self._table = pd.DataFrame()
         c = list(self.controls.values())
-        self.widget = w.VBox([w.HBox([w.VBox(c[:8]), w.VBox(c[8:15]), w.VBox(c[15:])]),
-                              self.message, self.stats, self.image])
+        self.widget = w.VBox(
+            [w.HBox([w.VBox(c[:8]), w.VBox(c[8:15]), w.VBox(c[15:])]), self.message, self.stats, self.image]
+        )
         self._wire()
         self.update()
 
@@ -128,13 +169,16 @@ class MemoryWidget(ControlPanel):
         extra = ""
         if s["playbook"]:
             pb = b.detail["playbook"]
-            extra = (f" &nbsp; <i>the Playbook widget prints <b>{pb['shown']}</b> (really GiB; it ignores "
-                     f"TP for model states, PP, GQA, FlashAttention and the FFN width in its parameter count)</i>")
-        self.stats.value = (f"{b.total / scale:,.2f} {unit} per rank on stage {b.stage} ({b.layers} layers, "
-                            f"{b.in_flight:g} micro-batches in flight): <b>{verdict}</b> on {s['gpu']} "
-                            f"({b.gpu_memory / scale:,.1f} {unit}); parameters: {b.n_params_total / 1e9:,.2f} B total, "
-                            f"{b.n_params_active / 1e9:,.2f} B active, {b.n_params_rank / 1e9:,.3f} B on this rank"
-                            + extra)
+            extra = (
+                f" &nbsp; <i>the Playbook widget prints <b>{pb['shown']}</b> (really GiB; it ignores "
+                f"TP for model states, PP, GQA, FlashAttention and the FFN width in its parameter count)</i>"
+            )
+        self.stats.value = (
+            f"{b.total / scale:,.2f} {unit} per rank on stage {b.stage} ({b.layers} layers, "
+            f"{b.in_flight:g} micro-batches in flight): <b>{verdict}</b> on {s['gpu']} "
+            f"({b.gpu_memory / scale:,.1f} {unit}); parameters: {b.n_params_total / 1e9:,.2f} B total, "
+            f"{b.n_params_active / 1e9:,.2f} B active, {b.n_params_rank / 1e9:,.3f} B on this rank" + extra
+        )
         self._show()
 
     def _draw(self, b, s, unit, scale):

@@ -6,6 +6,7 @@ checks it against closed forms and real ranks). Invalid combinations (e.g. dualp
 interleaving with m not a multiple of p, v ≠ 1 for a one-chunk schedule) are shown as a message in
 place of the chart.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -21,8 +22,7 @@ from ..pipeline.plots import plot_timeline
 from ..plots import label, style
 from .base import ControlPanel
 
-DEFAULTS = {"schedule": "1f1b", "p": 4, "m": 8, "v": 1, "F": 1.0, "B": 1.0, "W": 1.0, "comm": 0.0,
-            "color_by": "kind"}
+DEFAULTS = {"schedule": "1f1b", "p": 4, "m": 8, "v": 1, "F": 1.0, "B": 1.0, "W": 1.0, "comm": 0.0, "color_by": "kind"}
 
 
 @lru_cache(maxsize=32)
@@ -58,8 +58,10 @@ class PipelineWidget(ControlPanel):
         self.stats = w.HTML()
         self.image = self._make_image()
         self.table_html = w.HTML()
-        note = w.HTML("<small>Simulation. Costs are per micro-batch over L/p layers; a schedule that "
-                      "does not split the backward runs B+W as one op; chunks cost their share.</small>")
+        note = w.HTML(
+            "<small>Simulation. Costs are per micro-batch over L/p layers; a schedule that "
+            "does not split the backward runs B+W as one op; chunks cost their share.</small>"
+        )
         from matplotlib.figure import Figure
 
         with style():  # fixed margins, no layout engine: a slider move must redraw fast
@@ -68,15 +70,25 @@ class PipelineWidget(ControlPanel):
             self.figure.subplots_adjust(left=0.09, right=0.98, bottom=0.16, top=0.9, wspace=0.6)
         # fixed axis-label positions (axes fractions measured from the automatic ones for 1- and
         # 2-digit ranks): the automatic placement measures every tick label again on each redraw
-        for axis, xy in ((self._ax.xaxis, (0.5, -0.11)), (self._ax.yaxis, (-0.057, 0.5)),
-                         (self._ax_mem.xaxis, (0.5, -0.11)), (self._ax_mem.yaxis, (-0.076, 0.5))):
+        for axis, xy in (
+            (self._ax.xaxis, (0.5, -0.11)),
+            (self._ax.yaxis, (-0.057, 0.5)),
+            (self._ax_mem.xaxis, (0.5, -0.11)),
+            (self._ax_mem.yaxis, (-0.076, 0.5)),
+        ):
             axis.set_label_coords(*xy)
         self.error: str | None = None
         self._result = None
         self._table = pd.DataFrame()
-        self.widget = w.VBox([w.HBox([w.VBox(list(self.controls.values())[:5]),
-                                      w.VBox(list(self.controls.values())[5:] + [note])]),
-                              self.message, self.stats, self.image, self.table_html])
+        self.widget = w.VBox(
+            [
+                w.HBox([w.VBox(list(self.controls.values())[:5]), w.VBox(list(self.controls.values())[5:] + [note])]),
+                self.message,
+                self.stats,
+                self.image,
+                self.table_html,
+            ]
+        )
         for c in self.controls.values():
             c.observe(self._on_change, names="value")
         self.controls["schedule"].observe(self._on_schedule, names="value")
@@ -112,25 +124,43 @@ class PipelineWidget(ControlPanel):
         self._result = res
         self.message.value = ""
         with rc_context({"axes.titley": 1.0}):  # a fixed title height: no tick-label measuring
-            plot_timeline(res, self._ax, color_by=s["color_by"],
-                          title=f"{sched.name}, p={sched.p}, m={sched.m}, v={sched.v} (simulated)")
+            plot_timeline(
+                res,
+                self._ax,
+                color_by=s["color_by"],
+                title=f"{sched.name}, p={sched.p}, m={sched.m}, v={sched.v} (simulated)",
+            )
         with style():
             peak = np.asarray(res.peak_activations, float)  # one bar per rank, as ONE collection
             r = np.arange(sched.p, dtype=float)
             z = np.zeros_like(r)
-            self._ax_mem.add_collection(PolyCollection(
-                np.stack([np.stack([z, r - 0.4], 1), np.stack([z, r + 0.4], 1),
-                          np.stack([peak, r + 0.4], 1), np.stack([peak, r - 0.4], 1)], 1),
-                facecolors="#888888", edgecolors="none"), autolim=False)
+            self._ax_mem.add_collection(
+                PolyCollection(
+                    np.stack(
+                        [
+                            np.stack([z, r - 0.4], 1),
+                            np.stack([z, r + 0.4], 1),
+                            np.stack([peak, r + 0.4], 1),
+                            np.stack([peak, r - 0.4], 1),
+                        ],
+                        1,
+                    ),
+                    facecolors="#888888",
+                    edgecolors="none",
+                ),
+                autolim=False,
+            )
             self._ax_mem.set_ylim(sched.p - 0.5, -0.5)
             self._ax_mem.set_yticks(range(sched.p))  # same rows as the chart, labels off (not empty
             self._ax_mem.tick_params(labelleft=False)  # texts: each one is laid out on every redraw)
             self._ax_mem.set_xlim(0, max(res.peak_activations) * 1.1)
             label(self._ax_mem, "peak activ. (mb × L/p)", "rank (same rows)")
-        self.stats.value = (f"makespan <b>{res.makespan:.2f}</b> &nbsp; bubble fraction (idle/total) "
-                            f"<b>{res.bubble_fraction:.3f}</b> &nbsp; bubble ratio (idle/busy) "
-                            f"<b>{res.bubble_ratio:.3f}</b> &nbsp; peak activations rank 0 "
-                            f"<b>{res.peak_activations[0]:.2f}</b>, max <b>{max(res.peak_activations):.2f}</b>")
+        self.stats.value = (
+            f"makespan <b>{res.makespan:.2f}</b> &nbsp; bubble fraction (idle/total) "
+            f"<b>{res.bubble_fraction:.3f}</b> &nbsp; bubble ratio (idle/busy) "
+            f"<b>{res.bubble_ratio:.3f}</b> &nbsp; peak activations rank 0 "
+            f"<b>{res.peak_activations[0]:.2f}</b>, max <b>{max(res.peak_activations):.2f}</b>"
+        )
         args = (s["p"], s["m"], s["v"], s["F"], s["B"], s["W"], s["comm"])
         self._table = compare(*args)
         self.table_html.value = _compare_html(*args)

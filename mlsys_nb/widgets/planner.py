@@ -6,6 +6,7 @@
 ``table()`` and ``error`` follow the dashboard protocol. Invalid input (a batch that is not whole
 sequences, 0 GPUs, a model that fits nowhere) is shown as a message in place of the chart.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -14,13 +15,27 @@ from .. import hardware, memory, planner
 from ..plots import PALETTE, style
 from .base import ControlPanel
 
-DEFAULTS = {"model": "llama-3-70b", "gpu": "H100-SXM", "gpus": 256, "gpus_per_node": 8, "seq_len": 4096,
-            "sequences": 1024, "show": 0}
+DEFAULTS = {
+    "model": "llama-3-70b",
+    "gpu": "H100-SXM",
+    "gpus": 256,
+    "gpus_per_node": 8,
+    "seq_len": 4096,
+    "sequences": 1024,
+    "show": 0,
+}
 SEQ_LENS = (1024, 2048, 4096, 8192, 16384, 32768, 131072)
 TOP = 10
 TIME_PARTS = ("compute", "recompute", "TP comm", "CP comm", "EP comm", "PP comm", "bubble", "DP comm")
-MEM_PARTS = (("parameters", "params"), ("gradients", "grads"), ("optimizer", "optimizer"), ("master", "master"),
-             ("activations", "activations"), ("temporary", "temporary"), ("overhead", "overhead"))
+MEM_PARTS = (
+    ("parameters", "params"),
+    ("gradients", "grads"),
+    ("optimizer", "optimizer"),
+    ("master", "master"),
+    ("activations", "activations"),
+    ("temporary", "temporary"),
+    ("overhead", "overhead"),
+)
 
 
 class PlannerWidget(ControlPanel):
@@ -56,8 +71,9 @@ class PlannerWidget(ControlPanel):
         self._table = pd.DataFrame()
         self._cache: dict = {}
         c = list(self.controls.values())
-        self.widget = w.VBox([w.HBox([w.VBox(c[:4]), w.VBox(c[4:])]), self.message, self.stats, self.image,
-                              self.layouts])
+        self.widget = w.VBox(
+            [w.HBox([w.VBox(c[:4]), w.VBox(c[4:])]), self.message, self.stats, self.image, self.layouts]
+        )
         self._wire()
         self.update()
 
@@ -65,8 +81,13 @@ class PlannerWidget(ControlPanel):
         """The best layouts and the chosen one's plan; raises ValueError/KeyError/TypeError on bad input."""
         s = state or self.state()
         seq = s["seq_len"]
-        kw = dict(gpus=s["gpus"], gpu=s["gpu"], global_batch_tokens=s["sequences"] * seq, seq_len=seq,
-                  gpus_per_node=s["gpus_per_node"])
+        kw = dict(
+            gpus=s["gpus"],
+            gpu=s["gpu"],
+            global_batch_tokens=s["sequences"] * seq,
+            seq_len=seq,
+            gpus_per_node=s["gpus_per_node"],
+        )
         if not isinstance(s["sequences"], int) or s["sequences"] < 1:
             raise ValueError(f"sequences={s['sequences']!r}: allowed an int >= 1")
         key = (s["model"], *kw.values())
@@ -94,9 +115,11 @@ class PlannerWidget(ControlPanel):
             f"cp {lay.cp} (ep {lay.ep}), ZeRO-{lay.zero}, {lay.recompute} recompute, micro-batch {lay.micro_batch}, "
             f"{lay.schedule}{f' v={lay.v}' if lay.v > 1 else ''}: modelled step <b>{plan.step_s:.2f} s</b>, "
             f"MFU {plan.mfu:.0%} (compute at peak: an upper bound), {plan.memory_bytes / 1e9:.1f} GB of "
-            f"{plan.gpu_memory_bytes / 1e9:.0f} GB. Bottleneck: {plan.bottleneck}.")
-        shown = df.assign(memory_GB=(df.memory_bytes / 1e9).round(1), step_s=df.step_s.round(3),
-                          mfu=(100 * df.mfu).round(1)).drop(columns="memory_bytes")
+            f"{plan.gpu_memory_bytes / 1e9:.0f} GB. Bottleneck: {plan.bottleneck}."
+        )
+        shown = df.assign(
+            memory_GB=(df.memory_bytes / 1e9).round(1), step_s=df.step_s.round(3), mfu=(100 * df.mfu).round(1)
+        ).drop(columns="memory_bytes")
         self.layouts.value = "<small>" + shown.to_html(border=0) + "</small>"
         self._draw(plan)
         self._show()

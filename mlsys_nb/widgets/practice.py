@@ -6,6 +6,7 @@ topic). The widget computes nothing itself: questions, keys and feedback come fr
 (correct / attempted per topic), ``table()`` and ``error`` follow the dashboard protocol
 (``mlsys_nb.widgets.base``). Headless use: ``answer(text)``, ``hint()``, ``reveal()``, ``new()``.
 """
+
 from __future__ import annotations
 
 import html
@@ -31,19 +32,24 @@ class PracticeWidget(ControlPanel):
         lay = w.Layout(width="260px")
         self.controls = {
             "topic": w.Dropdown(options=["any", *quiz.topics()], value=s["topic"], description="topic", layout=lay),
-            "difficulty": w.Dropdown(options=["any", "1", "2", "3"], value=str(s["difficulty"]),
-                                     description="difficulty", layout=lay),
+            "difficulty": w.Dropdown(
+                options=["any", "1", "2", "3"], value=str(s["difficulty"]), description="difficulty", layout=lay
+            ),
             "seed": w.IntText(value=s["seed"], description="seed", layout=lay),
-            "mode": w.Dropdown(options=["practice", "mock interview"],
-                               value="mock interview" if s["mode"] in ("mock", "mock interview") else "practice",
-                               description="mode", layout=lay),
+            "mode": w.Dropdown(
+                options=["practice", "mock interview"],
+                value="mock interview" if s["mode"] in ("mock", "mock interview") else "practice",
+                description="mode",
+                layout=lay,
+            ),
             "mock_n": w.IntText(value=s["mock_n"], description="mock: questions", layout=lay),
         }
         for c in self.controls.values():
             c.style = {"description_width": "100px"}
         self.question_html = w.HTML()
-        self.answer_box = w.Text(placeholder="e.g. 3.2 GB, 12 ms, 45%, or an option", description="answer",
-                                 layout=w.Layout(width="420px"))
+        self.answer_box = w.Text(
+            placeholder="e.g. 3.2 GB, 12 ms, 45%, or an option", description="answer", layout=w.Layout(width="420px")
+        )
         self.buttons = {}
         for name in ("Check", "Hint", "Reveal", "New"):
             b = w.Button(description=name, layout=w.Layout(width="90px"))
@@ -70,9 +76,17 @@ class PracticeWidget(ControlPanel):
         self._current = None
         self.error = None
         c = list(self.controls.values())
-        self.widget = w.VBox([w.HBox([w.VBox(c[:3]), w.VBox(c[3:])]), self.message, self.question_html,
-                              w.HBox([self.answer_box, *self.buttons.values()]), self.feedback, self.stats,
-                              self.image])
+        self.widget = w.VBox(
+            [
+                w.HBox([w.VBox(c[:3]), w.VBox(c[3:])]),
+                self.message,
+                self.question_html,
+                w.HBox([self.answer_box, *self.buttons.values()]),
+                self.feedback,
+                self.stats,
+                self.image,
+            ]
+        )
         self._wire()
         self.update()
 
@@ -84,8 +98,11 @@ class PracticeWidget(ControlPanel):
             raise ValueError(f"mock_n={s['mock_n']!r} is out of range: allowed 1..50 questions")
         topic = None if s["topic"] == "any" else s["topic"]
         diff = None if s["difficulty"] == "any" else int(s["difficulty"])
-        if topic is not None and diff is not None and not [
-                f for f in quiz.families(topic) if quiz.family_info(f).difficulty == diff]:
+        if (
+            topic is not None
+            and diff is not None
+            and not [f for f in quiz.families(topic) if quiz.family_info(f).difficulty == diff]
+        ):
             raise ValueError(f"no {topic} question at difficulty {diff}: choose another difficulty or 'any'")
         return {"topic": topic, "difficulty": diff}
 
@@ -109,15 +126,29 @@ class PracticeWidget(ControlPanel):
         s = self.state()
         k = self._settings(s)
         self.question = quiz.draw(topic=k["topic"], difficulty=k["difficulty"], seed=f"{s['seed']}:{self._round}")
-        self._current = {"topic": self.question.topic, "family": self.question.family, "ok": False, "hints": 0,
-                         "revealed": False, "checked": False, "start": time.monotonic()}
+        self._current = {
+            "topic": self.question.topic,
+            "family": self.question.family,
+            "ok": False,
+            "hints": 0,
+            "revealed": False,
+            "checked": False,
+            "start": time.monotonic(),
+        }
         q = self.question
-        opts = ("<br>Options: " + ", ".join(f"{'abcdefgh'[i]}) {html.escape(c)}" for i, c in enumerate(q.choices))
-                if q.is_choice else f"<br><i>Answer in {html.escape(q.unit)}.</i>")
-        mock = (f"<b>Mock interview, question {self._round + 1} of {s['mock_n']}.</b> "
-                if s["mode"] == "mock interview" else "")
-        self.question_html.value = (f"<p>{mock}<span style='color:#666'>[{q.topic} · {q.family}]</span><br>"
-                                    f"{html.escape(q.text)}{opts}</p>")
+        opts = (
+            "<br>Options: " + ", ".join(f"{'abcdefgh'[i]}) {html.escape(c)}" for i, c in enumerate(q.choices))
+            if q.is_choice
+            else f"<br><i>Answer in {html.escape(q.unit)}.</i>"
+        )
+        mock = (
+            f"<b>Mock interview, question {self._round + 1} of {s['mock_n']}.</b> "
+            if s["mode"] == "mock interview"
+            else ""
+        )
+        self.question_html.value = (
+            f"<p>{mock}<span style='color:#666'>[{q.topic} · {q.family}]</span><br>{html.escape(q.text)}{opts}</p>"
+        )
         self.answer_box.value = ""
         self.feedback.value = ""
         self._refresh()
@@ -126,8 +157,15 @@ class PracticeWidget(ControlPanel):
         rows = []
         for t in sorted({r["topic"] for r in self.results}):
             rs = [r for r in self.results if r["topic"] == t]
-            rows.append({"topic": t, "attempted": len(rs), "correct": sum(r["ok"] for r in rs),
-                         "hints": sum(r["hints"] for r in rs), "seconds": round(sum(r["seconds"] for r in rs), 1)})
+            rows.append(
+                {
+                    "topic": t,
+                    "attempted": len(rs),
+                    "correct": sum(r["ok"] for r in rs),
+                    "hints": sum(r["hints"] for r in rs),
+                    "seconds": round(sum(r["seconds"] for r in rs), 1),
+                }
+            )
         df = pd.DataFrame(rows, columns=["topic", "attempted", "correct", "hints", "seconds"]).set_index("topic")
         q = self.question
         df.loc["(current question)"] = [0, 0, 0, 0]
@@ -140,7 +178,8 @@ class PracticeWidget(ControlPanel):
         if s["mode"] == "mock interview" and done >= s["mock_n"]:
             report = "<br><b>Mock interview over.</b> By topic: " + "; ".join(
                 f"{t} {int(r['correct'])}/{int(r['attempted'])} in {r['seconds']:.0f} s"
-                for t, r in df.iloc[:-1].iterrows())
+                for t, r in df.iloc[:-1].iterrows()
+            )
         self.stats.value = f"Score: <b>{correct}/{done}</b> answered correctly.{report}"
         self._draw(df.iloc[:-1])
         self._show()
@@ -157,8 +196,11 @@ class PracticeWidget(ControlPanel):
                 ax.legend(fontsize=8, loc="lower right")
             label(ax, "questions (count)", "topic (name)")
             q = self.question
-            ax.set_title(("Score by topic" if len(df) else "Score by topic (answer a question)")
-                         + f" · now: {q.family} (seed {q.seed})", fontsize=9)
+            ax.set_title(
+                ("Score by topic" if len(df) else "Score by topic (answer a question)")
+                + f" · now: {q.family} (seed {q.seed})",
+                fontsize=9,
+            )
 
     # ---- actions -----------------------------------------------------------------------------
     def _record(self) -> None:

@@ -7,6 +7,7 @@ the compute-optimal run on a chosen cluster out (``mlsys_nb.scaling``, ``mlsys_n
 ``table()`` and ``error`` follow the dashboard protocol. Invalid input (MFU outside (0, 1], a
 cluster of 0 GPUs, a negative price) is shown as a message in place of the chart.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,8 +18,14 @@ from ..plots import PALETTE, label, style
 from .base import ControlPanel
 
 DEFAULTS = {
-    "law": "chinchilla", "compute": 1e23, "inference": False, "inference_tokens": 1e13,
-    "gpu": "H100-SXM", "n_gpus": 1024, "mfu": 0.4, "price_per_gpu_hour": 2.0,
+    "law": "chinchilla",
+    "compute": 1e23,
+    "inference": False,
+    "inference_tokens": 1e13,
+    "gpu": "H100-SXM",
+    "n_gpus": 1024,
+    "mfu": 0.4,
+    "price_per_gpu_hour": 2.0,
 }
 C_RANGE = (1e18, 1e27)
 _SUPERSCRIPT = str.maketrans("-0123456789", "\u207b\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079")
@@ -28,6 +35,8 @@ def _pow10(x, _pos=None) -> str:
     """A log-axis tick label '10¹⁸' in plain text: matplotlib's default log labels are mathtext,
     whose parsing was over half of this figure's redraw."""
     return "10" + str(int(round(np.log10(x)))).translate(_SUPERSCRIPT) if x > 0 else ""
+
+
 DECADES = (-2, -1, 0, 1, 2)  # iso-FLOP curves at C x 10^k
 
 
@@ -49,12 +58,27 @@ class ScalingWidget(ControlPanel):
         lay = w.Layout(width="340px")
         self.controls = {
             "law": w.Dropdown(options=list(self.laws), value=s["law"], description="law", layout=lay),
-            "compute": w.FloatLogSlider(value=s["compute"], base=10, min=np.log10(C_RANGE[0]),
-                                        max=np.log10(C_RANGE[1]), step=0.05, description="compute (FLOPs)",
-                                        readout_format=".2e", layout=lay),
+            "compute": w.FloatLogSlider(
+                value=s["compute"],
+                base=10,
+                min=np.log10(C_RANGE[0]),
+                max=np.log10(C_RANGE[1]),
+                step=0.05,
+                description="compute (FLOPs)",
+                readout_format=".2e",
+                layout=lay,
+            ),
             "inference": w.Checkbox(value=s["inference"], description="add inference demand"),
-            "inference_tokens": w.FloatLogSlider(value=s["inference_tokens"], base=10, min=9, max=16, step=0.1,
-                                                 description="tokens served", readout_format=".1e", layout=lay),
+            "inference_tokens": w.FloatLogSlider(
+                value=s["inference_tokens"],
+                base=10,
+                min=9,
+                max=16,
+                step=0.1,
+                description="tokens served",
+                readout_format=".1e",
+                layout=lay,
+            ),
             "gpu": w.Dropdown(options=list(hardware.gpus()), value=s["gpu"], description="GPU", layout=lay),
             "n_gpus": w.IntText(value=s["n_gpus"], description="GPUs", layout=lay),
             "mfu": w.FloatText(value=s["mfu"], description="MFU (0-1]", layout=lay),
@@ -68,10 +92,17 @@ class ScalingWidget(ControlPanel):
         sw = lambda col, txt: f"<span style='color:{col}'>&#9632;</span>&nbsp;{txt}"  # noqa: E731
         names = ("C/100", "C/10", "C (bold)", "10 C", "100 C")
         self.legend = w.HTML(
-            "<small>left, iso-FLOP curves at " + ", ".join(sw(PALETTE[i], n) for i, n in enumerate(names))
-            + "; &#9679; optimum, <span style='color:" + PALETTE[3] + "'>&#9670;</span> inference-aware. "
-            "Right: " + sw(PALETTE[0], "N* (params)") + ", " + sw(PALETTE[1], "D* (tokens)")
-            + ", &#9650;/&#9660; famous runs' N and D at their 6ND (data/scaling_laws.yaml), dashed: your C.</small>")
+            "<small>left, iso-FLOP curves at "
+            + ", ".join(sw(PALETTE[i], n) for i, n in enumerate(names))
+            + "; &#9679; optimum, <span style='color:"
+            + PALETTE[3]
+            + "'>&#9670;</span> inference-aware. "
+            "Right: "
+            + sw(PALETTE[0], "N* (params)")
+            + ", "
+            + sw(PALETTE[1], "D* (tokens)")
+            + ", &#9650;/&#9660; famous runs' N and D at their 6ND (data/scaling_laws.yaml), dashed: your C.</small>"
+        )
         self.image = self._make_image()
         with style():
             self.figure = Figure(figsize=(9.0, 3.8), layout="none")
@@ -81,8 +112,9 @@ class ScalingWidget(ControlPanel):
         self._table = pd.DataFrame()
         self._artists = None
         c = list(self.controls.values())
-        self.widget = w.VBox([w.HBox([w.VBox(c[:4]), w.VBox(c[4:])]), self.message, self.stats, self.image,
-                              self.legend])
+        self.widget = w.VBox(
+            [w.HBox([w.VBox(c[:4]), w.VBox(c[4:])]), self.message, self.stats, self.image, self.legend]
+        )
         self._wire()
         self.update()
 
@@ -97,10 +129,25 @@ class ScalingWidget(ControlPanel):
         if not (C_RANGE[0] <= C <= C_RANGE[1]):
             raise ValueError(f"compute={C:.3g} FLOPs is out of range: allowed [{C_RANGE[0]:.0e}, {C_RANGE[1]:.0e}]")
         n, d = law.compute_optimal(C)
-        est = flops.training_time(n, d, gpu=s["gpu"], n_gpus=s["n_gpus"], mfu=s["mfu"], dtype=_dtype(s["gpu"]),
-                                  price_per_gpu_hour=s["price_per_gpu_hour"])
-        out = {"law": law, "C": C, "N": n, "D": d, "loss": law.loss(n, d), "estimate": est,
-               "twenty": scaling.twenty_tokens_per_param(C), "inference": None}
+        est = flops.training_time(
+            n,
+            d,
+            gpu=s["gpu"],
+            n_gpus=s["n_gpus"],
+            mfu=s["mfu"],
+            dtype=_dtype(s["gpu"]),
+            price_per_gpu_hour=s["price_per_gpu_hour"],
+        )
+        out = {
+            "law": law,
+            "C": C,
+            "N": n,
+            "D": d,
+            "loss": law.loss(n, d),
+            "estimate": est,
+            "twenty": scaling.twenty_tokens_per_param(C),
+            "inference": None,
+        }
         if s["inference"]:
             out["inference"] = law.inference_optimal(C, s["inference_tokens"])
         return out
@@ -140,12 +187,18 @@ class ScalingWidget(ControlPanel):
             f"({r['D'] / r['N']:.1f} tokens/param), L* = {r['loss']:.3f} nats/token. "
             f"On {s['n_gpus']} &times; {s['gpu']} at MFU {s['mfu']:.2f}: <b>{est.days:,.1f} days</b>, "
             f"{est.gpu_hours:,.0f} GPU-hours, ${est.cost_usd:,.0f} at ${s['price_per_gpu_hour']:.2f}/GPU-hour."
-            + (f" With {s['inference_tokens']:.1e} tokens served: N = {inf['N']:.3g}, D = {inf['D']:.3g} "
-               f"saves {(1 - inf['total_flops'] / inf['chinchilla_total_flops']) * 100:.0f}% of lifetime compute."
-               if inf is not None else "")
-            + (" <i>Kaplan's N* is its published allocation (N ∝ C^0.73, Table 6), not the minimum of its "
-               "own L(N, D) under C = 6ND; its loss is on WebText2 and not comparable with the others.</i>"
-               if isinstance(r["law"], scaling.KaplanLaw) else "")
+            + (
+                f" With {s['inference_tokens']:.1e} tokens served: N = {inf['N']:.3g}, D = {inf['D']:.3g} "
+                f"saves {(1 - inf['total_flops'] / inf['chinchilla_total_flops']) * 100:.0f}% of lifetime compute."
+                if inf is not None
+                else ""
+            )
+            + (
+                " <i>Kaplan's N* is its published allocation (N ∝ C^0.73, Table 6), not the minimum of its "
+                "own L(N, D) under C = 6ND; its loss is on WebText2 and not comparable with the others.</i>"
+                if isinstance(r["law"], scaling.KaplanLaw)
+                else ""
+            )
         )
         self._draw(r)
         self._show()
@@ -155,8 +208,10 @@ class ScalingWidget(ControlPanel):
         ax1, ax2 = self._ax_iso, self._ax_opt
         with style():
             names = {-2: "C/100", -1: "C/10", 0: "C", 1: "10 C", 2: "100 C"}
-            iso = [ax1.plot([], [], color=PALETTE[i], lw=2.2 if k == 0 else 1.2, label=names[k])[0]
-                   for i, k in enumerate(DECADES)]
+            iso = [
+                ax1.plot([], [], color=PALETTE[i], lw=2.2 if k == 0 else 1.2, label=names[k])[0]
+                for i, k in enumerate(DECADES)
+            ]
             opt = ax1.plot([], [], "o", color="black", ms=5, label="optimum")[0]
             inf = ax1.plot([], [], "D", color=PALETTE[3], ms=7, label="inference-aware")[0]
             ax1.set_xscale("log")
@@ -166,10 +221,8 @@ class ScalingWidget(ControlPanel):
             d_line = ax2.plot([], [], color=PALETTE[1], label="D*")[0]
             vline = ax2.axvline(1e23, color="grey", ls="--", lw=1)
             runs = scaling.training_runs()
-            ax2.scatter(runs["C = 6ND (FLOPs)"], runs["params"], marker="^", color=PALETTE[0], s=22,
-                        label="runs: N")
-            ax2.scatter(runs["C = 6ND (FLOPs)"], runs["tokens"], marker="v", color=PALETTE[1], s=22,
-                        label="runs: D")
+            ax2.scatter(runs["C = 6ND (FLOPs)"], runs["params"], marker="^", color=PALETTE[0], s=22, label="runs: N")
+            ax2.scatter(runs["C = 6ND (FLOPs)"], runs["tokens"], marker="v", color=PALETTE[1], s=22, label="runs: D")
             ax2.set_xscale("log")
             ax2.set_yscale("log")
             ax2.set_xlim(C_RANGE)
@@ -187,8 +240,12 @@ class ScalingWidget(ControlPanel):
             # fixed axis-label positions (axes fractions measured from the automatic ones; the loss
             # label clears 5-character tick labels such as 2.025): the
             # automatic placement measures every tick label again on each redraw
-            for axis, xy in ((ax1.xaxis, (0.5, -0.095)), (ax1.yaxis, (-0.12, 0.5)),
-                             (ax2.xaxis, (0.5, -0.095)), (ax2.yaxis, (-0.113, 0.5))):
+            for axis, xy in (
+                (ax1.xaxis, (0.5, -0.095)),
+                (ax1.yaxis, (-0.12, 0.5)),
+                (ax2.xaxis, (0.5, -0.095)),
+                (ax2.yaxis, (-0.113, 0.5)),
+            ):
                 axis.set_label_coords(*xy)
         self._artists = {"iso": iso, "opt": opt, "inf": inf, "n": n_line, "d": d_line, "v": vline, "cs": cs}
 

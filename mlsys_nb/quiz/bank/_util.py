@@ -1,4 +1,5 @@
 """Small helpers shared by the family modules (number pickers and formatting for question text)."""
+
 from __future__ import annotations
 
 from ..units import fmt

@@ -6,6 +6,7 @@ Answer keys: ``mlsys_nb.inference`` (``kv_cache_bytes``, ``kv_bytes_per_token``,
 speculative-decoding family uses the textbook closed form (the serving engine's calculator had not
 landed): expected tokens per verification = (1 − α^(k+1)) / (1 − α), Leviathan et al. 2023, eq. 1.
 """
+
 from __future__ import annotations
 
 from ... import hardware, inference
@@ -17,8 +18,17 @@ SEC13 = "notebooks/13_inference_anatomy.ipynb"
 SEC14 = "notebooks/14_kv_cache_management.ipynb"
 REF_KV = "docs/references.md#gqa (Ainslie et al. 2023, arXiv:2305.13245), #vllm"
 REF_ROOF = "docs/references.md#roofline (Williams et al. 2009), #scaling-book"
-MODELS = ["llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "llama-3.1-405b", "mixtral-8x7b",
-          "llama-3.2-1b", "llama-3.2-3b"]
+MODELS = [
+    "llama-2-7b",
+    "llama-2-13b",
+    "llama-2-70b",
+    "llama-3-8b",
+    "llama-3-70b",
+    "llama-3.1-405b",
+    "mixtral-8x7b",
+    "llama-3.2-1b",
+    "llama-3.2-3b",
+]
 GPUS = ["H100-SXM", "A100-80GB-SXM", "H200-SXM", "L4"]
 
 
@@ -29,30 +39,47 @@ def _shape(model):
     return c, f"{c.n_layers} layers, {c.n_heads} query heads, {c.n_kv_heads} KV heads of dim {c.head_dim}"
 
 
-@family("inference.kv_cache_bytes", "inference",
-        section=SEC13 + ", §2 Why a KV cache, and why it is exact",
-        reference=REF_KV)
+@family(
+    "inference.kv_cache_bytes",
+    "inference",
+    section=SEC13 + ", §2 Why a KV cache, and why it is exact",
+    reference=REF_KV,
+)
 def _kv(rng):
     model = pick(rng, MODELS)
     tokens = pick(rng, [1024, 4096, 8192, 32768, 128000, 1_000_000])
     dtype = pick(rng, ["bf16", "fp8", "fp32", "int8"])
     b = inference.kv_cache_bytes(model, tokens, dtype)
     c, shape = _shape(model)
-    return dict(text=f"{model} ({shape}) caches {tokens} tokens in {dtype}. KV-cache bytes?",
-                params={"preset": model, "tokens": tokens, "dtype": dtype}, answer=b, unit="bytes",
-                hints=["Per token per layer: K and V, each n_kv_heads × head_dim elements.",
-                       f"2 × L × n_kv × d × {DTYPE_BYTES[dtype]} B × tokens."],
-                solution=[f"Per token: 2 × {c.n_layers} × {c.n_kv_heads} × {c.head_dim} × {DTYPE_BYTES[dtype]} = "
-                          f"{inference.kv_bytes_per_token(model, dtype):.6g} B.",
-                          f"× {tokens} tokens = {gb(b)} (inference.kv_cache_bytes)."],
-                diagnostics=[(0.5, "off by a factor 2: did you count K and V?")]
-                + ([(c.n_heads / c.n_kv_heads, "you used the query heads: GQA caches only n_kv_heads")]
-                   if c.n_heads != c.n_kv_heads else []))
+    return dict(
+        text=f"{model} ({shape}) caches {tokens} tokens in {dtype}. KV-cache bytes?",
+        params={"preset": model, "tokens": tokens, "dtype": dtype},
+        answer=b,
+        unit="bytes",
+        hints=[
+            "Per token per layer: K and V, each n_kv_heads × head_dim elements.",
+            f"2 × L × n_kv × d × {DTYPE_BYTES[dtype]} B × tokens.",
+        ],
+        solution=[
+            f"Per token: 2 × {c.n_layers} × {c.n_kv_heads} × {c.head_dim} × {DTYPE_BYTES[dtype]} = "
+            f"{inference.kv_bytes_per_token(model, dtype):.6g} B.",
+            f"× {tokens} tokens = {gb(b)} (inference.kv_cache_bytes).",
+        ],
+        diagnostics=[(0.5, "off by a factor 2: did you count K and V?")]
+        + (
+            [(c.n_heads / c.n_kv_heads, "you used the query heads: GQA caches only n_kv_heads")]
+            if c.n_heads != c.n_kv_heads
+            else []
+        ),
+    )
 
 
-@family("inference.kv_bytes_per_token", "inference",
-        section=SEC13 + ", §2 Why a KV cache, and why it is exact",
-        reference=REF_KV)
+@family(
+    "inference.kv_bytes_per_token",
+    "inference",
+    section=SEC13 + ", §2 Why a KV cache, and why it is exact",
+    reference=REF_KV,
+)
 def _kvt(rng):
     model = pick(rng, MODELS + ["deepseek-v3"])
     b = inference.kv_bytes_per_token(model, "bf16")
@@ -60,13 +87,20 @@ def _kvt(rng):
 
     c = preset(model)
     mla = bool(c.kv_lora_rank)
-    return dict(text=f"KV-cache bytes per token (all layers, bf16) of {model}"
-                     + (f" (MLA: latent {c.kv_lora_rank} + RoPE key {c.rope_head_dim} per layer, {c.n_layers} layers)?"
-                        if mla else f" ({_shape(model)[1]})?"),
-                params={"preset": model, "dtype": "bf16"}, answer=b, unit="bytes",
-                hints=["MHA/GQA: 2·L·n_kv·d·bytes.", "MLA (DeepSeek): (kv_lora_rank + rope_head_dim)·L·bytes."],
-                solution=[f"{b:.6g} B per token (inference.kv_bytes_per_token)."],
-                diagnostics=[(0.5, "off by a factor 2: did you count K and V?")] if not mla else [])
+    return dict(
+        text=f"KV-cache bytes per token (all layers, bf16) of {model}"
+        + (
+            f" (MLA: latent {c.kv_lora_rank} + RoPE key {c.rope_head_dim} per layer, {c.n_layers} layers)?"
+            if mla
+            else f" ({_shape(model)[1]})?"
+        ),
+        params={"preset": model, "dtype": "bf16"},
+        answer=b,
+        unit="bytes",
+        hints=["MHA/GQA: 2·L·n_kv·d·bytes.", "MLA (DeepSeek): (kv_lora_rank + rope_head_dim)·L·bytes."],
+        solution=[f"{b:.6g} B per token (inference.kv_bytes_per_token)."],
+        diagnostics=[(0.5, "off by a factor 2: did you count K and V?")] if not mla else [],
+    )
 
 
 @family("inference.weight_bytes", "inference", section=SEC13 + ", §3 Sizing the cache of real models", reference=REF_KV)
@@ -77,15 +111,23 @@ def _wb(rng):
     from ...memory import param_count, preset
 
     n = int(param_count(preset(model)))
-    return dict(text=f"{model} has {n:,} parameters. Bytes of weights in {dtype}?",
-                params={"preset": model, "dtype": dtype}, answer=b, unit="bytes",
-                hints=[f"{dtype} is {DTYPE_BYTES[dtype]} B per parameter."],
-                solution=[f"{n:,} × {DTYPE_BYTES[dtype]} = {gb(b)} (inference.weight_bytes)."])
+    return dict(
+        text=f"{model} has {n:,} parameters. Bytes of weights in {dtype}?",
+        params={"preset": model, "dtype": dtype},
+        answer=b,
+        unit="bytes",
+        hints=[f"{dtype} is {DTYPE_BYTES[dtype]} B per parameter."],
+        solution=[f"{n:,} × {DTYPE_BYTES[dtype]} = {gb(b)} (inference.weight_bytes)."],
+    )
 
 
-@family("inference.max_concurrent_sequences", "inference", difficulty=2,
-        section=SEC13 + ", §3 Sizing the cache of real models",
-        reference=REF_KV)
+@family(
+    "inference.max_concurrent_sequences",
+    "inference",
+    difficulty=2,
+    section=SEC13 + ", §3 Sizing the cache of real models",
+    reference=REF_KV,
+)
 def _conc(rng):
     for _ in range(100):
         model = pick(rng, MODELS[:6])
@@ -96,136 +138,223 @@ def _conc(rng):
         if n >= 1:
             break
     gpu = hardware.gpu(g)
-    return dict(text=f"Serving {model} (bf16 weights and KV) with TP = {tp} on {g} ({gb(gpu.memory_bytes)}), 90 % of "
-                     f"memory usable: how many full {seq}-token sequences fit?",
-                params={"preset": model, "gpu": g, "tp": tp, "seq_len": seq}, answer=n, unit="count", tolerance=0.0,
-                hints=["Budget per GPU = 0.9 × memory − weights / tp.",
-                       "Each sequence needs kv_cache_bytes(seq) / tp (TP splits the KV heads). Round down."],
-                solution=[f"Weights per GPU {gb(inference.weight_bytes(model) / tp)}; KV per sequence per GPU "
-                          f"{gb(inference.kv_cache_bytes(model, seq) / min(tp, _shape(model)[0].n_kv_heads))}.",
-                          f"{n} sequences (inference.max_concurrent_sequences)."])
+    return dict(
+        text=f"Serving {model} (bf16 weights and KV) with TP = {tp} on {g} ({gb(gpu.memory_bytes)}), 90 % of "
+        f"memory usable: how many full {seq}-token sequences fit?",
+        params={"preset": model, "gpu": g, "tp": tp, "seq_len": seq},
+        answer=n,
+        unit="count",
+        tolerance=0.0,
+        hints=[
+            "Budget per GPU = 0.9 × memory − weights / tp.",
+            "Each sequence needs kv_cache_bytes(seq) / tp (TP splits the KV heads). Round down.",
+        ],
+        solution=[
+            f"Weights per GPU {gb(inference.weight_bytes(model) / tp)}; KV per sequence per GPU "
+            f"{gb(inference.kv_cache_bytes(model, seq) / min(tp, _shape(model)[0].n_kv_heads))}.",
+            f"{n} sequences (inference.max_concurrent_sequences).",
+        ],
+    )
 
 
 def _roof_case(rng):
     return pick(rng, MODELS[:6]), pick(rng, GPUS), pick(rng, [1, 8, 32, 128])
 
 
-@family("inference.decode_step_time", "inference", difficulty=2,
-        section=SEC13 + ", §4 Prefill and decode on the roofline",
-        reference=REF_ROOF)
+@family(
+    "inference.decode_step_time",
+    "inference",
+    difficulty=2,
+    section=SEC13 + ", §4 Prefill and decode on the roofline",
+    reference=REF_ROOF,
+)
 def _decode(rng):
     model, g, batch = _roof_case(rng)
     ctx = pick(rng, [512, 2048, 8192])
     c = inference.decode_cost(model, g, ctx, batch=batch)
-    return dict(text=f"Roofline model: one decode step of {model} (bf16) on one {g}, batch {batch}, each sequence at "
-                     f"context {ctx}: time of the step (max of compute and memory time, 100 % of peak)?",
-                params={"preset": model, "gpu": g, "batch": batch, "context": ctx}, answer=c.time_s, unit="seconds",
-                hints=["Bytes: all weights once + every sequence's KV cache.", "FLOPs: 2 × matmul params × batch + "
-                       "attention. Take the slower of FLOPs/peak and bytes/bandwidth."],
-                solution=[f"FLOPs {c.flops:.4g} → {c.compute_time_s * 1e3:.4g} ms; bytes {c.bytes:.4g} → "
-                          f"{c.memory_time_s * 1e3:.4g} ms.",
-                          f"{c.bound}-bound: {c.time_s * 1e3:.4g} ms (inference.decode_cost)."])
+    return dict(
+        text=f"Roofline model: one decode step of {model} (bf16) on one {g}, batch {batch}, each sequence at "
+        f"context {ctx}: time of the step (max of compute and memory time, 100 % of peak)?",
+        params={"preset": model, "gpu": g, "batch": batch, "context": ctx},
+        answer=c.time_s,
+        unit="seconds",
+        hints=[
+            "Bytes: all weights once + every sequence's KV cache.",
+            "FLOPs: 2 × matmul params × batch + attention. Take the slower of FLOPs/peak and bytes/bandwidth.",
+        ],
+        solution=[
+            f"FLOPs {c.flops:.4g} → {c.compute_time_s * 1e3:.4g} ms; bytes {c.bytes:.4g} → "
+            f"{c.memory_time_s * 1e3:.4g} ms.",
+            f"{c.bound}-bound: {c.time_s * 1e3:.4g} ms (inference.decode_cost).",
+        ],
+    )
 
 
-@family("inference.prefill_time", "inference", difficulty=2, section=SEC13 + ", §4 Prefill and decode on the roofline",
-        reference=REF_ROOF)
+@family(
+    "inference.prefill_time",
+    "inference",
+    difficulty=2,
+    section=SEC13 + ", §4 Prefill and decode on the roofline",
+    reference=REF_ROOF,
+)
 def _prefill(rng):
     model, g, batch = _roof_case(rng)
     n = pick(rng, [512, 2048, 8192])
     c = inference.prefill_cost(model, g, n, batch=batch)
-    return dict(text=f"Roofline model: prefill of {batch} prompt(s) of {n} tokens on {model} (bf16), one {g}: time?",
-                params={"preset": model, "gpu": g, "batch": batch, "prompt_len": n}, answer=c.time_s, unit="seconds",
-                hints=["Prefill is usually compute-bound: ≈ 2·N_matmul·tokens / peak (+ attention).",
-                       "Check against the memory time (weights + KV written)."],
-                solution=[f"compute {c.compute_time_s * 1e3:.4g} ms, memory {c.memory_time_s * 1e3:.4g} ms → "
-                          f"{c.bound}-bound, {c.time_s * 1e3:.4g} ms (inference.prefill_cost)."])
+    return dict(
+        text=f"Roofline model: prefill of {batch} prompt(s) of {n} tokens on {model} (bf16), one {g}: time?",
+        params={"preset": model, "gpu": g, "batch": batch, "prompt_len": n},
+        answer=c.time_s,
+        unit="seconds",
+        hints=[
+            "Prefill is usually compute-bound: ≈ 2·N_matmul·tokens / peak (+ attention).",
+            "Check against the memory time (weights + KV written).",
+        ],
+        solution=[
+            f"compute {c.compute_time_s * 1e3:.4g} ms, memory {c.memory_time_s * 1e3:.4g} ms → "
+            f"{c.bound}-bound, {c.time_s * 1e3:.4g} ms (inference.prefill_cost)."
+        ],
+    )
 
 
-@family("inference.decode_bound", "inference", kind="choice", section=SEC13 + ", §4 Prefill and decode on the roofline",
-        reference=REF_ROOF)
+@family(
+    "inference.decode_bound",
+    "inference",
+    kind="choice",
+    section=SEC13 + ", §4 Prefill and decode on the roofline",
+    reference=REF_ROOF,
+)
 def _bound(rng):
     model, g, _ = _roof_case(rng)
     batch = pick(rng, [1, 4, 64, 256, 1024])
     c = inference.decode_cost(model, g, 1024, batch=batch)
-    return dict(text=f"Decode step of {model} on {g} at batch {batch}, context 1024: compute- or memory-bound "
-                     f"(roofline)?",
-                params={"preset": model, "gpu": g, "batch": batch}, answer=c.bound, choices=["compute", "memory"],
-                hints=["Arithmetic intensity ≈ 2·batch FLOPs per weight (2 B) read ≈ batch FLOP/B.",
-                       f"Ridge of {g}: {c.ridge_flop_per_byte:.4g} FLOP/B."],
-                solution=[f"Intensity {c.intensity_flop_per_byte:.4g} FLOP/B vs ridge {c.ridge_flop_per_byte:.4g}: "
-                          f"{c.bound}-bound (inference.decode_cost)."])
+    return dict(
+        text=f"Decode step of {model} on {g} at batch {batch}, context 1024: compute- or memory-bound (roofline)?",
+        params={"preset": model, "gpu": g, "batch": batch},
+        answer=c.bound,
+        choices=["compute", "memory"],
+        hints=[
+            "Arithmetic intensity ≈ 2·batch FLOPs per weight (2 B) read ≈ batch FLOP/B.",
+            f"Ridge of {g}: {c.ridge_flop_per_byte:.4g} FLOP/B.",
+        ],
+        solution=[
+            f"Intensity {c.intensity_flop_per_byte:.4g} FLOP/B vs ridge {c.ridge_flop_per_byte:.4g}: "
+            f"{c.bound}-bound (inference.decode_cost)."
+        ],
+    )
 
 
-@family("inference.ridge_point", "inference",
-        section=SEC13 + ", §4 Prefill and decode on the roofline",
-        reference=REF_ROOF)
+@family(
+    "inference.ridge_point", "inference", section=SEC13 + ", §4 Prefill and decode on the roofline", reference=REF_ROOF
+)
 def _ridge(rng):
     g = pick(rng, GPUS)
     c = inference.decode_cost("llama-2-7b", g, 16)
-    return dict(text=f"{g}: bf16 peak {hardware.gpu(g).peak('bf16') / 1e12:.4g} TFLOP/s, HBM "
-                     f"{hardware.gpu(g).hbm_bandwidth_bytes_per_s / 1e12:.4g} TB/s. Ridge point (FLOP per byte)?",
-                params={"gpu": g}, answer=c.ridge_flop_per_byte, unit="ratio",
-                hints=["Ridge = peak FLOP/s / bandwidth B/s."],
-                solution=[f"{c.ridge_flop_per_byte:.4g} FLOP/B (StepCost.ridge_flop_per_byte)."])
+    return dict(
+        text=f"{g}: bf16 peak {hardware.gpu(g).peak('bf16') / 1e12:.4g} TFLOP/s, HBM "
+        f"{hardware.gpu(g).hbm_bandwidth_bytes_per_s / 1e12:.4g} TB/s. Ridge point (FLOP per byte)?",
+        params={"gpu": g},
+        answer=c.ridge_flop_per_byte,
+        unit="ratio",
+        hints=["Ridge = peak FLOP/s / bandwidth B/s."],
+        solution=[f"{c.ridge_flop_per_byte:.4g} FLOP/B (StepCost.ridge_flop_per_byte)."],
+    )
 
 
-@family("serving.decode_throughput", "serving", difficulty=2,
-        section=SEC13 + ", §5 Measured on this machine",
-        reference="docs/references.md#orca (Yu et al. 2022), #vllm")
+@family(
+    "serving.decode_throughput",
+    "serving",
+    difficulty=2,
+    section=SEC13 + ", §5 Measured on this machine",
+    reference="docs/references.md#orca (Yu et al. 2022), #vllm",
+)
 def _tput(rng):
     model, g, _ = _roof_case(rng)
     batch = pick(rng, [1, 8, 32, 64, 128])
     ctx = pick(rng, [1024, 4096])
     c = inference.decode_cost(model, g, ctx, batch=batch)
-    return dict(text=f"Continuous batching keeps {batch} sequences decoding on {model} (bf16), one {g}, context ≈ "
-                     f"{ctx}. Roofline decode throughput (tokens/s, all sequences)?",
-                params={"preset": model, "gpu": g, "batch": batch, "context": ctx}, answer=c.tokens_per_s,
-                unit="tokens/s",
-                hints=["One step emits `batch` tokens.", "Step time = max(compute, memory) on the roofline."],
-                solution=[f"Step {c.time_s * 1e3:.4g} ms for {batch} tokens → {c.tokens_per_s:.4g} tokens/s "
-                          "(inference.decode_cost(...).tokens_per_s)."])
+    return dict(
+        text=f"Continuous batching keeps {batch} sequences decoding on {model} (bf16), one {g}, context ≈ "
+        f"{ctx}. Roofline decode throughput (tokens/s, all sequences)?",
+        params={"preset": model, "gpu": g, "batch": batch, "context": ctx},
+        answer=c.tokens_per_s,
+        unit="tokens/s",
+        hints=["One step emits `batch` tokens.", "Step time = max(compute, memory) on the roofline."],
+        solution=[
+            f"Step {c.time_s * 1e3:.4g} ms for {batch} tokens → {c.tokens_per_s:.4g} tokens/s "
+            "(inference.decode_cost(...).tokens_per_s)."
+        ],
+    )
 
 
-@family("serving.batching_speedup", "serving", difficulty=2, section=SEC13 + ", §4 Prefill and decode on the roofline",
-        reference="docs/references.md#orca (Yu et al. 2022)")
+@family(
+    "serving.batching_speedup",
+    "serving",
+    difficulty=2,
+    section=SEC13 + ", §4 Prefill and decode on the roofline",
+    reference="docs/references.md#orca (Yu et al. 2022)",
+)
 def _bs(rng):
     model, g, _ = _roof_case(rng)
     batch = pick(rng, [8, 32, 64, 256])
     a = inference.decode_cost(model, g, 1024, batch=1)
     b = inference.decode_cost(model, g, 1024, batch=batch)
     r = b.tokens_per_s / a.tokens_per_s
-    return dict(text=f"{model} on {g}, context 1024: how many times more decode tokens/s at batch {batch} than at "
-                     f"batch 1 (roofline)?",
-                params={"preset": model, "gpu": g, "batch": batch}, answer=r, unit="ratio",
-                hints=["Memory-bound decode reads the weights once per step whatever the batch.",
-                       "But each sequence adds its own KV-cache reads."],
-                solution=[f"batch 1: {a.tokens_per_s:.4g} tok/s; batch {batch}: {b.tokens_per_s:.4g} tok/s.",
-                          f"Ratio {r:.4g} (below {batch} because of the KV reads)."],
-                diagnostics=[(batch / r, "not ×batch: the KV-cache reads grow with the batch")])
+    return dict(
+        text=f"{model} on {g}, context 1024: how many times more decode tokens/s at batch {batch} than at "
+        f"batch 1 (roofline)?",
+        params={"preset": model, "gpu": g, "batch": batch},
+        answer=r,
+        unit="ratio",
+        hints=[
+            "Memory-bound decode reads the weights once per step whatever the batch.",
+            "But each sequence adds its own KV-cache reads.",
+        ],
+        solution=[
+            f"batch 1: {a.tokens_per_s:.4g} tok/s; batch {batch}: {b.tokens_per_s:.4g} tok/s.",
+            f"Ratio {r:.4g} (below {batch} because of the KV reads).",
+        ],
+        diagnostics=[(batch / r, "not ×batch: the KV-cache reads grow with the batch")],
+    )
 
 
-@family("serving.paged_utilization", "serving", difficulty=2,
-        section=SEC14 + ", §1 Why blocks: what a contiguous reservation wastes",
-        reference="docs/references.md#vllm (Kwon et al. 2023, arXiv:2309.06180, §4)")
+@family(
+    "serving.paged_utilization",
+    "serving",
+    difficulty=2,
+    section=SEC14 + ", §1 Why blocks: what a contiguous reservation wastes",
+    reference="docs/references.md#vllm (Kwon et al. 2023, arXiv:2309.06180, §4)",
+)
 def _frag(rng):
     from ...inference.paged import fragmentation
 
     bs = pick(rng, [8, 16, 32])
     lengths = [rng.randint(20, 500) for _ in range(pick(rng, [3, 4, 5]))]
     r = fragmentation(lengths, block_size=bs, max_seq_len=512)
-    return dict(text=f"Sequences of {lengths} tokens in a paged KV cache with blocks of {bs} tokens: what fraction of "
-                     f"the reserved slots hold tokens?",
-                params={"lengths": lengths, "block_size": bs}, answer=r["paged_utilization"], unit="fraction",
-                tolerance=0.005,
-                hints=["Each sequence reserves ceil(len / block) blocks.", "Utilization = Σ len / (blocks × block)."],
-                solution=[f"Reserved slots {r['paged_slots']}, tokens {r['tokens']} (inference.paged.fragmentation, "
-                          f"a real BlockManager).", f"Utilization {r['paged_utilization']:.4g}; a contiguous "
-                          f"max-length allocator: {r['contiguous_utilization']:.4g}."])
+    return dict(
+        text=f"Sequences of {lengths} tokens in a paged KV cache with blocks of {bs} tokens: what fraction of "
+        f"the reserved slots hold tokens?",
+        params={"lengths": lengths, "block_size": bs},
+        answer=r["paged_utilization"],
+        unit="fraction",
+        tolerance=0.005,
+        hints=["Each sequence reserves ceil(len / block) blocks.", "Utilization = Σ len / (blocks × block)."],
+        solution=[
+            f"Reserved slots {r['paged_slots']}, tokens {r['tokens']} (inference.paged.fragmentation, "
+            f"a real BlockManager).",
+            f"Utilization {r['paged_utilization']:.4g}; a contiguous "
+            f"max-length allocator: {r['contiguous_utilization']:.4g}.",
+        ],
+    )
 
 
-@family("serving.prefix_sharing_savings", "serving", difficulty=2,
-        section=SEC14 + ", §4 Prefix caching by hash-chained blocks",
-        reference="docs/references.md#sglang (Zheng et al. 2023, arXiv:2312.07104), #vllm")
+@family(
+    "serving.prefix_sharing_savings",
+    "serving",
+    difficulty=2,
+    section=SEC14 + ", §4 Prefix caching by hash-chained blocks",
+    reference="docs/references.md#sglang (Zheng et al. 2023, arXiv:2312.07104), #vllm",
+)
 def _prefix(rng):
     model = pick(rng, MODELS[:6])
     n = pick(rng, [8, 32, 100])
@@ -233,15 +362,23 @@ def _prefix(rng):
     bs = pick(rng, [16, 32])
     shared = (prefix // bs) * bs  # only whole blocks are shared
     saved = inference.kv_cache_bytes(model, (n - 1) * shared)
-    return dict(text=f"{n} requests to {model} share a {prefix}-token system prompt. With block-level prefix caching "
-                     f"(block size {bs}; only full blocks are shared), how many bytes of bf16 KV cache are saved vs no "
-                     f"sharing?",
-                params={"preset": model, "n": n, "prefix": prefix, "block_size": bs}, answer=saved, unit="bytes",
-                hints=["The first request computes the prefix; the other n − 1 reuse its full blocks.",
-                       f"Shared tokens per request: floor({prefix}/{bs}) × {bs}."],
-                solution=[f"(n − 1) × {shared} tokens = {(n - 1) * shared} tokens.",
-                          f"kv_cache_bytes → {gb(saved)} saved (inference.kv_cache_bytes)."],
-                diagnostics=[(n / (n - 1), "the first request still stores the prefix once")])
+    return dict(
+        text=f"{n} requests to {model} share a {prefix}-token system prompt. With block-level prefix caching "
+        f"(block size {bs}; only full blocks are shared), how many bytes of bf16 KV cache are saved vs no "
+        f"sharing?",
+        params={"preset": model, "n": n, "prefix": prefix, "block_size": bs},
+        answer=saved,
+        unit="bytes",
+        hints=[
+            "The first request computes the prefix; the other n − 1 reuse its full blocks.",
+            f"Shared tokens per request: floor({prefix}/{bs}) × {bs}.",
+        ],
+        solution=[
+            f"(n − 1) × {shared} tokens = {(n - 1) * shared} tokens.",
+            f"kv_cache_bytes → {gb(saved)} saved (inference.kv_cache_bytes).",
+        ],
+        diagnostics=[(n / (n - 1), "the first request still stores the prefix once")],
+    )
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
@@ -251,22 +388,36 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     return closed_form(alpha, k)
 
 
-@family("serving.speculative_tokens_per_step", "serving", difficulty=2, section="speculative decoding (Leviathan et "
-        "al. 2023)", reference="docs/references.md#speculative-leviathan (arXiv:2211.17192, eq. 1)")
+@family(
+    "serving.speculative_tokens_per_step",
+    "serving",
+    difficulty=2,
+    section="speculative decoding (Leviathan et al. 2023)",
+    reference="docs/references.md#speculative-leviathan (arXiv:2211.17192, eq. 1)",
+)
 def _spec(rng):
     a = pick(rng, [0.5, 0.6, 0.7, 0.8, 0.9])
     k = pick(rng, [2, 3, 4, 5, 8])
     e = expected_tokens_per_step(a, k)
-    return dict(text=f"Speculative decoding drafts k = {k} tokens; each is accepted with probability α = {a} "
-                     f"(independently). Expected tokens produced per target forward pass?",
-                params={"alpha": a, "k": k}, answer=e, unit="tokens",
-                hints=["Accept i drafted tokens, then the target adds one more.", "(1 − α^(k+1)) / (1 − α)."],
-                solution=[f"Σ_{{i=0..k}} α^i = (1 − {a}^{k + 1}) / (1 − {a}) = {e:.4g} tokens."],
-                diagnostics=[(k / e, "not all k drafts are accepted"), ((k + 1) / e, "k + 1 is the maximum")])
+    return dict(
+        text=f"Speculative decoding drafts k = {k} tokens; each is accepted with probability α = {a} "
+        f"(independently). Expected tokens produced per target forward pass?",
+        params={"alpha": a, "k": k},
+        answer=e,
+        unit="tokens",
+        hints=["Accept i drafted tokens, then the target adds one more.", "(1 − α^(k+1)) / (1 − α)."],
+        solution=[f"Σ_{{i=0..k}} α^i = (1 − {a}^{k + 1}) / (1 − {a}) = {e:.4g} tokens."],
+        diagnostics=[(k / e, "not all k drafts are accepted"), ((k + 1) / e, "k + 1 is the maximum")],
+    )
 
 
-@family("serving.speculative_speedup", "serving", difficulty=3, section="speculative decoding (Leviathan et al. 2023)",
-        reference="docs/references.md#speculative-leviathan (arXiv:2211.17192, Theorem 3.8)")
+@family(
+    "serving.speculative_speedup",
+    "serving",
+    difficulty=3,
+    section="speculative decoding (Leviathan et al. 2023)",
+    reference="docs/references.md#speculative-leviathan (arXiv:2211.17192, Theorem 3.8)",
+)
 def _spec2(rng):
     a = pick(rng, [0.6, 0.7, 0.8, 0.9])
     k = pick(rng, [2, 3, 4, 6])
@@ -274,28 +425,38 @@ def _spec2(rng):
     from mlsys_nb.inference.speculative import expected_speedup
 
     s = expected_speedup(a, k, c)
-    return dict(text=f"Draft model costs c = {c} of a target forward; k = {k}, α = {a}. Expected wall-clock speed-up "
-                     f"over plain decoding?",
-                params={"alpha": a, "k": k, "c": c}, answer=s, unit="ratio",
-                hints=["Tokens per step (1 − α^(k+1))/(1 − α).", "Cost per step: k drafts (k·c) + 1 target pass."],
-                solution=[f"{expected_tokens_per_step(a, k):.4g} tokens / ({k} × {c} + 1) = {s:.4g}×."])
+    return dict(
+        text=f"Draft model costs c = {c} of a target forward; k = {k}, α = {a}. Expected wall-clock speed-up "
+        f"over plain decoding?",
+        params={"alpha": a, "k": k, "c": c},
+        answer=s,
+        unit="ratio",
+        hints=["Tokens per step (1 − α^(k+1))/(1 − α).", "Cost per step: k drafts (k·c) + 1 target pass."],
+        solution=[f"{expected_tokens_per_step(a, k):.4g} tokens / ({k} × {c} + 1) = {s:.4g}×."],
+    )
 
 
-@family("inference.gqa_kv_saving", "inference",
-        section=SEC13 + ", §2 Why a KV cache, and why it is exact",
-        reference=REF_KV)
+@family(
+    "inference.gqa_kv_saving", "inference", section=SEC13 + ", §2 Why a KV cache, and why it is exact", reference=REF_KV
+)
 def _gqa(rng):
     from ...memory import preset
 
     model = pick(rng, ["llama-2-70b", "llama-3-8b", "llama-3-70b", "mixtral-8x7b", "llama-3.1-405b", "llama-3.2-1b"])
     c = preset(model)
     r = inference.kv_bytes_per_token(c.replace(n_kv_heads=c.n_heads)) / inference.kv_bytes_per_token(c)
-    return dict(text=f"{model} has {c.n_heads} query heads and {c.n_kv_heads} KV heads. By what factor is its KV cache "
-                     f"smaller than the same model with full multi-head attention?",
-                params={"preset": model}, answer=r, unit="ratio",
-                hints=["The cache stores K and V per KV head; head_dim is unchanged."],
-                solution=[f"{inference.kv_bytes_per_token(c.replace(n_kv_heads=c.n_heads)):.6g} vs "
-                          f"{inference.kv_bytes_per_token(c):.6g} B/token: {r:g}× (inference.kv_bytes_per_token)."])
+    return dict(
+        text=f"{model} has {c.n_heads} query heads and {c.n_kv_heads} KV heads. By what factor is its KV cache "
+        f"smaller than the same model with full multi-head attention?",
+        params={"preset": model},
+        answer=r,
+        unit="ratio",
+        hints=["The cache stores K and V per KV head; head_dim is unchanged."],
+        solution=[
+            f"{inference.kv_bytes_per_token(c.replace(n_kv_heads=c.n_heads)):.6g} vs "
+            f"{inference.kv_bytes_per_token(c):.6g} B/token: {r:g}× (inference.kv_bytes_per_token)."
+        ],
+    )
 
 
 def static_batch_utilization(lengths) -> float:
@@ -304,34 +465,49 @@ def static_batch_utilization(lengths) -> float:
     return sum(lengths) / (len(lengths) * max(lengths))
 
 
-@family("serving.static_batching_utilization", "serving",
-        section="notebooks/15_batching_and_scheduling.ipynb, §1 Static vs continuous batching",
-        reference="docs/references.md#orca (Yu et al. 2022, OSDI, §2.2)")
+@family(
+    "serving.static_batching_utilization",
+    "serving",
+    section="notebooks/15_batching_and_scheduling.ipynb, §1 Static vs continuous batching",
+    reference="docs/references.md#orca (Yu et al. 2022, OSDI, §2.2)",
+)
 def _static(rng):
     lengths = [pick(rng, [16, 32, 64, 128, 256, 512]) for _ in range(pick(rng, [4, 8]))]
     if len(set(lengths)) == 1:
         lengths[0] = lengths[0] // 2
     u = static_batch_utilization(lengths)
-    return dict(text=f"Static batching of {len(lengths)} requests whose outputs are {lengths} tokens long: the batch "
-                     f"runs until the longest finishes. What fraction of the decode slot-steps produce a token? "
-                     f"(Continuous batching refills a finished slot at once.)",
-                params={"lengths": lengths}, answer=u, unit="fraction",
-                hints=["Steps = max length; slots = batch size.", "Useful = Σ lengths."],
-                solution=[f"Σ len = {sum(lengths)}, n × max = {len(lengths) * max(lengths)}.", f"Utilization {u:.4g}."])
+    return dict(
+        text=f"Static batching of {len(lengths)} requests whose outputs are {lengths} tokens long: the batch "
+        f"runs until the longest finishes. What fraction of the decode slot-steps produce a token? "
+        f"(Continuous batching refills a finished slot at once.)",
+        params={"lengths": lengths},
+        answer=u,
+        unit="fraction",
+        hints=["Steps = max length; slots = batch size.", "Useful = Σ lengths."],
+        solution=[f"Σ len = {sum(lengths)}, n × max = {len(lengths) * max(lengths)}.", f"Utilization {u:.4g}."],
+    )
 
 
-@family("serving.overlap_scheduling_speedup", "serving", difficulty=2,
-        section="notebooks/15_batching_and_scheduling.ipynb, §6 Overlap scheduling (a model, fed with the measured "
-        "phases)", reference="docs/references.md#nano-vllm, #sglang")
+@family(
+    "serving.overlap_scheduling_speedup",
+    "serving",
+    difficulty=2,
+    section="notebooks/15_batching_and_scheduling.ipynb, §6 Overlap scheduling (a model, fed with the measured phases)",
+    reference="docs/references.md#nano-vllm, #sglang",
+)
 def _overlap(rng):
     from ...inference.metrics import overlap_speedup
 
     cpu = pick(rng, [0.5, 1.0, 2.0, 3.0, 5.0]) * 1e-3
     model = pick(rng, [2.0, 4.0, 8.0, 20.0]) * 1e-3
     s = overlap_speedup(cpu, model)
-    return dict(text=f"A decode step spends {cpu * 1e3:g} ms on the CPU (scheduling, sampling, detokenizing) and "
-                     f"{model * 1e3:g} ms in the model. Overlapping the CPU work of step N+1 with the model of step N: "
-                     f"speed-up in steps per second?",
-                params={"cpu_s": cpu, "model_s": model}, answer=s, unit="ratio",
-                hints=["Serial: cpu + model per step.", "Overlapped: the slower of the two."],
-                solution=[f"({cpu * 1e3:g} + {model * 1e3:g}) / max = {s:.4g} (inference.metrics.overlap_speedup)."])
+    return dict(
+        text=f"A decode step spends {cpu * 1e3:g} ms on the CPU (scheduling, sampling, detokenizing) and "
+        f"{model * 1e3:g} ms in the model. Overlapping the CPU work of step N+1 with the model of step N: "
+        f"speed-up in steps per second?",
+        params={"cpu_s": cpu, "model_s": model},
+        answer=s,
+        unit="ratio",
+        hints=["Serial: cpu + model per step.", "Overlapped: the slower of the two."],
+        solution=[f"({cpu * 1e3:g} + {model * 1e3:g}) / max = {s:.4g} (inference.metrics.overlap_speedup)."],
+    )

@@ -4,6 +4,7 @@ Answer keys: ``mlsys_nb.pipeline.simulate`` (the event simulator, itself tested 
 forms and against real ranks). Costs: a forward F = 1 and a full backward 2 (B = 1 input gradient +
 W = 1 weight gradient, the zero-bubble papers' equal-cost setting), no communication latency.
 """
+
 from __future__ import annotations
 
 from ... import pipeline as pl
@@ -59,9 +60,13 @@ def _v_text(name, v):
     return f", v = {v} chunks per rank" if name == "interleaved-1f1b" else ""
 
 
-@family("pipeline.bubble_fraction", "pipeline", difficulty=2,
-        section=SEC + ", §1 Cutting a model into stages, and the bubble",
-        reference=REF["1f1b"])
+@family(
+    "pipeline.bubble_fraction",
+    "pipeline",
+    difficulty=2,
+    section=SEC + ", §1 Cutting a model into stages, and the bubble",
+    reference=REF["1f1b"],
+)
 def _bubble_fraction(rng):
     for _ in range(50):  # a zero bubble cannot be checked relatively: draw again
         name, p, m, v = pipeline_case(rng)
@@ -69,62 +74,103 @@ def _bubble_fraction(rng):
         if r.bubble_fraction > 1e-9:
             break
     busy = r.busy[0]
-    return dict(text=f"Schedule {name} on p = {p} stages with m = {m} micro-batches{_v_text(name, v)}; {COSTS}. "
-                     f"What fraction of the step are the ranks idle (bubble_fraction)?",
-                params={"schedule": name, "p": p, "m": m, "v": v}, answer=r.bubble_fraction, unit="fraction",
-                hints=_hints(name),
-                solution=[f"Each rank is busy m × (F + B + W) = {busy:g}.",
-                          f"Simulated makespan = {r.makespan:g}; idle per rank = {[round(x, 3) for x in r.idle]}.",
-                          f"bubble_fraction = Σ idle / (p × makespan) = {r.bubble_fraction:.4g} "
-                          "(pipeline.simulate(...).bubble_fraction)."],
-                diagnostics=[(r.bubble_ratio / r.bubble_fraction, "that is bubble/busy (bubble_ratio); the question "
-                                                                  "asks idle / total time")])
+    return dict(
+        text=f"Schedule {name} on p = {p} stages with m = {m} micro-batches{_v_text(name, v)}; {COSTS}. "
+        f"What fraction of the step are the ranks idle (bubble_fraction)?",
+        params={"schedule": name, "p": p, "m": m, "v": v},
+        answer=r.bubble_fraction,
+        unit="fraction",
+        hints=_hints(name),
+        solution=[
+            f"Each rank is busy m × (F + B + W) = {busy:g}.",
+            f"Simulated makespan = {r.makespan:g}; idle per rank = {[round(x, 3) for x in r.idle]}.",
+            f"bubble_fraction = Σ idle / (p × makespan) = {r.bubble_fraction:.4g} "
+            "(pipeline.simulate(...).bubble_fraction).",
+        ],
+        diagnostics=[
+            (
+                r.bubble_ratio / r.bubble_fraction,
+                "that is bubble/busy (bubble_ratio); the question asks idle / total time",
+            )
+        ],
+    )
 
 
-@family("pipeline.bubble_ratio", "pipeline",
-        section=SEC + ", §1 Cutting a model into stages, and the bubble",
-        reference=REF["1f1b"])
+@family(
+    "pipeline.bubble_ratio",
+    "pipeline",
+    section=SEC + ", §1 Cutting a model into stages, and the bubble",
+    reference=REF["1f1b"],
+)
 def _bubble_ratio(rng):
     name, p, m, v = pipeline_case(rng, pick(rng, ["gpipe", "1f1b", "interleaved-1f1b"]))
     r = sim(name, p, m, v)
-    return dict(text=f"{name}, p = {p}, m = {m}{_v_text(name, v)}; {COSTS}. Bubble time over busy time "
-                     f"(the Megatron 'bubble ratio')?",
-                params={"schedule": name, "p": p, "m": m, "v": v}, answer=r.bubble_ratio, unit="ratio",
-                hints=_hints(name)[:1] + ["1F1B: (p−1)/m; interleaved: (p−1)/(v·m)."],
-                solution=[f"bubble_ratio = Σ idle / Σ busy = {r.bubble_ratio:.4g} (pipeline.simulate)."],
-                diagnostics=[(r.bubble_fraction / r.bubble_ratio, "that is the idle fraction of the whole step")])
+    return dict(
+        text=f"{name}, p = {p}, m = {m}{_v_text(name, v)}; {COSTS}. Bubble time over busy time "
+        f"(the Megatron 'bubble ratio')?",
+        params={"schedule": name, "p": p, "m": m, "v": v},
+        answer=r.bubble_ratio,
+        unit="ratio",
+        hints=_hints(name)[:1] + ["1F1B: (p−1)/m; interleaved: (p−1)/(v·m)."],
+        solution=[f"bubble_ratio = Σ idle / Σ busy = {r.bubble_ratio:.4g} (pipeline.simulate)."],
+        diagnostics=[(r.bubble_fraction / r.bubble_ratio, "that is the idle fraction of the whole step")],
+    )
 
 
-@family("pipeline.makespan", "pipeline",
-        section=SEC + ", §1 Cutting a model into stages, and the bubble",
-        reference=REF["1f1b"])
+@family(
+    "pipeline.makespan",
+    "pipeline",
+    section=SEC + ", §1 Cutting a model into stages, and the bubble",
+    reference=REF["1f1b"],
+)
 def _makespan(rng):
     name, p, m, v = pipeline_case(rng)
     r = sim(name, p, m, v)
-    return dict(text=f"{name}, p = {p}, m = {m}{_v_text(name, v)}; {COSTS}. How long is one step (makespan, in "
-                     f"units of F)?",
-                params={"schedule": name, "p": p, "m": m, "v": v}, answer=r.makespan, unit="F units",
-                hints=_hints(name)[:1] + ["makespan = m(F + B + W) + bubble time."],
-                solution=[f"Busy {r.busy[0]:g} + bubble {r.bubble_time:g} = {r.makespan:g} (pipeline.simulate)."])
+    return dict(
+        text=f"{name}, p = {p}, m = {m}{_v_text(name, v)}; {COSTS}. How long is one step (makespan, in units of F)?",
+        params={"schedule": name, "p": p, "m": m, "v": v},
+        answer=r.makespan,
+        unit="F units",
+        hints=_hints(name)[:1] + ["makespan = m(F + B + W) + bubble time."],
+        solution=[f"Busy {r.busy[0]:g} + bubble {r.bubble_time:g} = {r.makespan:g} (pipeline.simulate)."],
+    )
 
 
 def _acts_family(name):
-    @family(f"pipeline.peak_activations_{name.replace('-', '_')}", "pipeline", difficulty=2,
-            section=SEC + ", §4 1F1B and activation memory, §9 All schedules side by side", reference=REF[name])
+    @family(
+        f"pipeline.peak_activations_{name.replace('-', '_')}",
+        "pipeline",
+        difficulty=2,
+        section=SEC + ", §4 1F1B and activation memory, §9 All schedules side by side",
+        reference=REF[name],
+    )
     def f(rng):
         _, p, m, v = pipeline_case(rng, name)
         r = sim(name, p, m, v)
         peak = r.peak_activations[0]
-        return dict(text=f"{name} on p = {p} stages, m = {m} micro-batches{_v_text(name, v)}: how many micro-batches' "
-                         f"activations (each over L/p layers) does rank 0 hold at its peak?",
-                    params={"schedule": name, "p": p, "m": m, "v": v}, answer=peak, unit="micro-batches",
-                    hints=["Count forwards whose backward has not run yet.",
-                           {"gpipe": "GPipe runs all m forwards first.", "1f1b": "1F1B: min(p − r, m) on rank r.",
-                            "interleaved-1f1b": "Interleaved: p + (p−1)/v on rank 0 (in L/p-layer units).",
-                            "zb-h1": "ZB-H1 keeps 1F1B's in-flight count.", "zb-h2": "ZB-H2: 2p − 1 on rank 0.",
-                            "zbv": "ZBV: p once m >= 2p − 1 (two half-size chunks)."}.get(name, "Simulate it.")],
-                    solution=[f"Peak in flight per rank: {[round(x, 3) for x in r.peak_activations]} "
-                              "(pipeline.simulate(...).peak_activations).", f"Rank 0: {peak:g}."])
+        return dict(
+            text=f"{name} on p = {p} stages, m = {m} micro-batches{_v_text(name, v)}: how many micro-batches' "
+            f"activations (each over L/p layers) does rank 0 hold at its peak?",
+            params={"schedule": name, "p": p, "m": m, "v": v},
+            answer=peak,
+            unit="micro-batches",
+            hints=[
+                "Count forwards whose backward has not run yet.",
+                {
+                    "gpipe": "GPipe runs all m forwards first.",
+                    "1f1b": "1F1B: min(p − r, m) on rank r.",
+                    "interleaved-1f1b": "Interleaved: p + (p−1)/v on rank 0 (in L/p-layer units).",
+                    "zb-h1": "ZB-H1 keeps 1F1B's in-flight count.",
+                    "zb-h2": "ZB-H2: 2p − 1 on rank 0.",
+                    "zbv": "ZBV: p once m >= 2p − 1 (two half-size chunks).",
+                }.get(name, "Simulate it."),
+            ],
+            solution=[
+                f"Peak in flight per rank: {[round(x, 3) for x in r.peak_activations]} "
+                "(pipeline.simulate(...).peak_activations).",
+                f"Rank 0: {peak:g}.",
+            ],
+        )
 
     return f
 
@@ -133,12 +179,17 @@ for _n in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv"):
     _acts_family(_n)
 
 
-@family("pipeline.min_microbatches", "pipeline", difficulty=2,
-        section=SEC + ", §1 Cutting a model into stages, and the bubble",
-        reference=REF["1f1b"])
+@family(
+    "pipeline.min_microbatches",
+    "pipeline",
+    difficulty=2,
+    section=SEC + ", §1 Cutting a model into stages, and the bubble",
+    reference=REF["1f1b"],
+)
 def _min_m(rng):
     p = pick(rng, [2, 4, 8])
     target = pick(rng, [0.05, 0.1, 0.2, 0.25])
+
     def frac(m):  # the closed form the simulator is tested against (pipeline.closed_form)
         bubble = pl.closed_form("1f1b", p, m, F=1.0, B=2.0)["bubble_time"]
         return bubble / (bubble + 3.0 * m)
@@ -146,38 +197,65 @@ def _min_m(rng):
     m = 1
     while frac(m) > target:
         m += 1
-    return dict(text=f"1F1B on p = {p} stages ({COSTS}): the smallest number of micro-batches m that brings the "
-                     f"bubble fraction to at most {target:.0%}?",
-                params={"p": p, "target": target}, answer=m, unit="micro-batches", tolerance=0.0,
-                hints=["bubble_fraction = (p−1)/(m + p − 1) for 1F1B.", "Solve for m, round up."],
-                solution=[f"Scanning m with pipeline.closed_form: m = {m} gives {frac(m):.4g}, m = {m - 1} gives "
-                          f"{frac(max(m - 1, 1)):.4g}."])
+    return dict(
+        text=f"1F1B on p = {p} stages ({COSTS}): the smallest number of micro-batches m that brings the "
+        f"bubble fraction to at most {target:.0%}?",
+        params={"p": p, "target": target},
+        answer=m,
+        unit="micro-batches",
+        tolerance=0.0,
+        hints=["bubble_fraction = (p−1)/(m + p − 1) for 1F1B.", "Solve for m, round up."],
+        solution=[
+            f"Scanning m with pipeline.closed_form: m = {m} gives {frac(m):.4g}, m = {m - 1} gives "
+            f"{frac(max(m - 1, 1)):.4g}."
+        ],
+    )
 
 
-@family("pipeline.interleaving_gain", "pipeline", section=SEC + ", §5 Interleaving: v chunks per rank",
-        reference=REF["interleaved-1f1b"])
+@family(
+    "pipeline.interleaving_gain",
+    "pipeline",
+    section=SEC + ", §5 Interleaving: v chunks per rank",
+    reference=REF["interleaved-1f1b"],
+)
 def _interleave(rng):
     _, p, m, v = pipeline_case(rng, "interleaved-1f1b")
     a, b = sim("1f1b", p, m, None), sim("interleaved-1f1b", p, m, v)
     r = a.bubble_time / b.bubble_time
-    return dict(text=f"p = {p}, m = {m}: by what factor does interleaved 1F1B with v = {v} chunks per rank shrink the "
-                     f"bubble TIME of plain 1F1B? ({COSTS})",
-                params={"p": p, "m": m, "v": v}, answer=r, unit="ratio",
-                hints=["Each chunk is 1/v of the layers: the ramp is v times shorter.", "Cost: v× more P2P messages."],
-                solution=[f"1F1B bubble {a.bubble_time:g}, interleaved {b.bubble_time:g} (pipeline.simulate).",
-                          f"Ratio = {r:g}."])
+    return dict(
+        text=f"p = {p}, m = {m}: by what factor does interleaved 1F1B with v = {v} chunks per rank shrink the "
+        f"bubble TIME of plain 1F1B? ({COSTS})",
+        params={"p": p, "m": m, "v": v},
+        answer=r,
+        unit="ratio",
+        hints=["Each chunk is 1/v of the layers: the ramp is v times shorter.", "Cost: v× more P2P messages."],
+        solution=[
+            f"1F1B bubble {a.bubble_time:g}, interleaved {b.bubble_time:g} (pipeline.simulate).",
+            f"Ratio = {r:g}.",
+        ],
+    )
 
 
-@family("pipeline.best_schedule_for_memory", "pipeline", kind="choice", difficulty=2,
-        section=SEC + ", §4 1F1B and activation memory, §9 All schedules side by side", reference=REF["1f1b"])
+@family(
+    "pipeline.best_schedule_for_memory",
+    "pipeline",
+    kind="choice",
+    difficulty=2,
+    section=SEC + ", §4 1F1B and activation memory, §9 All schedules side by side",
+    reference=REF["1f1b"],
+)
 def _best(rng):
     p = pick(rng, [4, 8])
     m = pick(rng, [2 * p, 4 * p])
     peaks = {n: sim(n, p, m, None).peak_activations[0] for n in ("gpipe", "1f1b", "zb-h2")}
     bubbles = {n: sim(n, p, m, None).bubble_fraction for n in peaks}
     ans = min(peaks, key=lambda n: (peaks[n], bubbles[n]))
-    return dict(text=f"p = {p}, m = {m}: which of GPipe, 1F1B, ZB-H2 holds the FEWEST in-flight activations on rank 0 "
-                     f"(ties broken by the smaller bubble)?",
-                params={"p": p, "m": m}, answer=ans, choices=sorted(peaks),
-                hints=["GPipe holds all m; 1F1B at most p; ZB-H2 about 2p − 1."],
-                solution=[f"{n}: peak {peaks[n]:g}, bubble {bubbles[n]:.3g}" for n in peaks] + [f"Answer: {ans}."])
+    return dict(
+        text=f"p = {p}, m = {m}: which of GPipe, 1F1B, ZB-H2 holds the FEWEST in-flight activations on rank 0 "
+        f"(ties broken by the smaller bubble)?",
+        params={"p": p, "m": m},
+        answer=ans,
+        choices=sorted(peaks),
+        hints=["GPipe holds all m; 1F1B at most p; ZB-H2 about 2p − 1."],
+        solution=[f"{n}: peak {peaks[n]:g}, bubble {bubbles[n]:.3g}" for n in peaks] + [f"Answer: {ans}."],
+    )
