@@ -1,4 +1,5 @@
 """Notebook 19 under papermill with another world size and the worked solutions switched on."""
+
 import pytest
 from nbrun import printed_text, run_notebook
 
@@ -8,9 +9,13 @@ from nbrun import printed_text, run_notebook
 def test_notebook_19_runs_on_two_ranks_with_solutions():
     nb = run_notebook("19_rlhf_systems.ipynb", world_size=2, seed=1, solutions=True)
     text = printed_text(nb)
-    for check in ("every path leaves the rollouts bit-equal", "bucketing cut the sync's peak",
-                  "sync/co-located runs are on-policy, async is exactly one step off-policy",
-                  "split layouts gain from overlap",
-                  "exercise 1", "exercise 2"):
+    for check in (
+        "every path leaves the rollouts bit-equal",
+        "bucketing cut the sync's peak",
+        "sync/co-located runs are on-policy, async is exactly one step off-policy",
+        "split layouts gain from overlap",
+        "exercise 1",
+        "exercise 2",
+    ):
         assert f"check passed: {check}" in text, check
     assert "not attempted" not in text

@@ -1,5 +1,6 @@
 """RLHF placement on Ray actors (one local cluster for the module): co-located, sync and one-step
 off-policy async runs, the closed forms, a rollout actor that dies mid-step, no Ray process left."""
+
 import pytest
 
 from mlsys_nb.rl import placement as pl

@@ -1,4 +1,5 @@
 """RLHF layout sizing against hand-worked values (Llama-2-7B, 8 x H100-SXM)."""
+
 import pytest
 
 from mlsys_nb.memory import rlhf_estimate
@@ -30,8 +31,10 @@ def test_split_layout_adds_the_broadcast_and_can_overlap():
 
 
 def test_bigger_models_and_bad_input():
-    rows = sizing.compare(n_gpus={"llama-2-7b": 8, "llama-3.1-70b": 64, "llama-3.1-405b": 256},
-                          rollout_tp={"llama-2-7b": 1, "llama-3.1-70b": 8, "llama-3.1-405b": 8})
+    rows = sizing.compare(
+        n_gpus={"llama-2-7b": 8, "llama-3.1-70b": 64, "llama-3.1-405b": 256},
+        rollout_tp={"llama-2-7b": 1, "llama-3.1-70b": 8, "llama-3.1-405b": 8},
+    )
     assert [r["model"] for r in rows][::2] == ["llama-2-7b", "llama-3.1-70b", "llama-3.1-405b"]
     syncs = [r["sync s"] for r in rows if r["layout"] == "split"]
     assert syncs == sorted(syncs)  # sync grows with the model

@@ -1,5 +1,6 @@
 """Weight sync between trainer and rollout ranks: bit-equal weights on all three paths, bytes on the wire,
 the memory spike of a full gather avoided by bucketing, a clear timeout naming the ranks."""
+
 import pytest
 
 from mlsys_nb import launch
@@ -52,8 +53,9 @@ def _scenario(tmpdir, bucket_bytes):
     out["results"] = results
     n_bytes = sum(p.numel() * 4 for p in model.parameters())
     out["model_bytes"] = n_bytes
-    out["gloo_model"] = gloo_bytes_sent("broadcast", n_bytes, len(roles.rollout_ranks) + 1,
-                                        rank=0 if roles.rank == roles.src else 1)
+    out["gloo_model"] = gloo_bytes_sent(
+        "broadcast", n_bytes, len(roles.rollout_ranks) + 1, rank=0 if roles.rank == roles.src else 1
+    )
     # memory: full gather vs bucketed, on the trainers
     if roles.is_trainer:
         for g in ("full", "bucketed"):

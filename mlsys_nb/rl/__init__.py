@@ -20,8 +20,19 @@
 
 from .gae import discounted_returns, gae
 
-__all__ = ["discounted_returns", "evaluate", "gae", "pg", "placement", "ppo", "rlhf", "sb3_train", "sizing", "train",
-           "weight_sync"]
+__all__ = [
+    "discounted_returns",
+    "evaluate",
+    "gae",
+    "pg",
+    "placement",
+    "ppo",
+    "rlhf",
+    "sb3_train",
+    "sizing",
+    "train",
+    "weight_sync",
+]
 
 
 def __getattr__(name):  # torch, gymnasium and pandas load on first use

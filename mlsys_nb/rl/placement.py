@@ -21,6 +21,7 @@ after every step. Here, small but real, on a local Ray cluster:
   the step is generated again. ``ray_session()`` starts a capped local cluster (``object_store_memory``,
   no dashboard) and, in ``finally``, shuts it down and checks no ``raylet``/``gcs_server`` of it remains.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,8 +29,16 @@ import os
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["RLWorker", "RunResult", "TARGET", "async_step_s", "leftover_ray_processes", "ray_session", "run",
-           "sync_step_s"]
+__all__ = [
+    "RLWorker",
+    "RunResult",
+    "TARGET",
+    "async_step_s",
+    "leftover_ray_processes",
+    "ray_session",
+    "run",
+    "sync_step_s",
+]
 
 TARGET = ord("a")  # the toy reward: the share of response bytes equal to this one
 
@@ -55,8 +64,11 @@ def leftover_ray_processes(session_dir: str | None = None) -> list[int]:
         try:
             cmd = " ".join(p.info["cmdline"] or [])
             name = p.info["name"] or ""
-            if ("raylet" in name or "gcs_server" in name or "/raylet" in cmd or "gcs_server" in cmd) and \
-                    (session_dir is None or session_dir in cmd) and p.status() != psutil.STATUS_ZOMBIE:
+            if (
+                ("raylet" in name or "gcs_server" in name or "/raylet" in cmd or "gcs_server" in cmd)
+                and (session_dir is None or session_dir in cmd)
+                and p.status() != psutil.STATUS_ZOMBIE
+            ):
                 out.append(p.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -71,9 +83,14 @@ def ray_session(num_cpus: int = 2, object_store_mb: int = 200, wait_s: float = 1
     ``gcs_server`` to exit and raises ``RuntimeError`` listing any that remain."""
     import ray
 
-    ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=object_store_mb * 1024 * 1024,
-             log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}})
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        object_store_memory=object_store_mb * 1024 * 1024,
+        log_to_driver=False,
+        configure_logging=False,
+        runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}},
+    )
     session = None
     try:
         session = ray._private.worker._global_node.get_session_dir_path()
@@ -92,13 +109,30 @@ def ray_session(num_cpus: int = 2, object_store_mb: int = 200, wait_s: float = 1
 class _Worker:
     """The body of ``RLWorker`` (a plain class, so it can also run without Ray)."""
 
-    def __init__(self, hidden: int = 32, n_layers: int = 2, *, seed: int = 0, lr: float = 0.05,
-                 die_at_step: int | None = None, batch: int = 8, response_len: int = 8):
-        self.reset(hidden, n_layers, seed=seed, lr=lr, die_at_step=die_at_step, batch=batch,
-                   response_len=response_len)
+    def __init__(
+        self,
+        hidden: int = 32,
+        n_layers: int = 2,
+        *,
+        seed: int = 0,
+        lr: float = 0.05,
+        die_at_step: int | None = None,
+        batch: int = 8,
+        response_len: int = 8,
+    ):
+        self.reset(hidden, n_layers, seed=seed, lr=lr, die_at_step=die_at_step, batch=batch, response_len=response_len)
 
-    def reset(self, hidden: int = 32, n_layers: int = 2, *, seed: int = 0, lr: float = 0.05,
-              die_at_step: int | None = None, batch: int = 8, response_len: int = 8) -> None:
+    def reset(
+        self,
+        hidden: int = 32,
+        n_layers: int = 2,
+        *,
+        seed: int = 0,
+        lr: float = 0.05,
+        die_at_step: int | None = None,
+        batch: int = 8,
+        response_len: int = 8,
+    ) -> None:
         """Fresh policy (seeded), no trainer: lets one actor serve several runs (actors are slow to start)."""
         import torch
 
@@ -126,13 +160,18 @@ class _Worker:
         from ..inference import ByteTokenizer, generate
 
         t0 = time.perf_counter()
-        outs = generate(self.model, ByteTokenizer(), ["q:"] * self.batch, self.response_len, temperature=1.0,
-                        seed=seed * 7919 + step)
+        outs = generate(
+            self.model,
+            ByteTokenizer(),
+            ["q:"] * self.batch,
+            self.response_len,
+            temperature=1.0,
+            seed=seed * 7919 + step,
+        )
         seconds = time.perf_counter() - t0
         responses = [o.token_ids for o in outs]
         rewards = [sum(t == TARGET for t in r) / max(1, len(r)) for r in responses]
-        return {"step": step, "responses": responses, "rewards": rewards, "version": self.version,
-                "gen_s": seconds}
+        return {"step": step, "responses": responses, "rewards": rewards, "version": self.version, "gen_s": seconds}
 
     def load_weights(self, state: dict, version: int) -> float:
         """Copy ``state`` (name -> tensor) into the policy (the serving engine's ``LLM.load_weights``)."""
@@ -179,7 +218,7 @@ class _Worker:
             logits = model(x[:, :-1])
             if isinstance(logits, tuple):
                 logits = logits[0]
-            logp = F.log_softmax(logits[0, len(prompt) - 1:], -1).gather(1, x[0, len(prompt):, None]).sum()
+            logp = F.log_softmax(logits[0, len(prompt) - 1 :], -1).gather(1, x[0, len(prompt) :, None]).sum()
             loss = loss - a * logp / len(batch["responses"])
         self.opt.zero_grad()
         loss.backward()
@@ -235,8 +274,12 @@ class RunResult:
         def med(x):
             return st.median(x[1:] if len(x) > 2 else x)  # the first step includes warm-up
 
-        return {"gen_s": med(self.gen_s), "train_s": med(self.train_s), "sync_s": med(self.sync_s),
-                "step_s": med(self.step_s)}
+        return {
+            "gen_s": med(self.gen_s),
+            "train_s": med(self.train_s),
+            "sync_s": med(self.sync_s),
+            "step_s": med(self.step_s),
+        }
 
     def model_step_s(self) -> float:
         """The closed form for this mode from the measured phase medians (seconds)."""
@@ -250,9 +293,19 @@ class RunResult:
         return self.samples_per_step / self.medians()["step_s"]
 
 
-def run(mode: str = "sync", steps: int = 4, *, hidden: int = 32, n_layers: int = 2, batch: int = 8,
-        response_len: int = 8, seed: int = 0, die_at_step: int | None = None, timeout_s: float = 60.0,
-        workers: list | None = None) -> RunResult:
+def run(
+    mode: str = "sync",
+    steps: int = 4,
+    *,
+    hidden: int = 32,
+    n_layers: int = 2,
+    batch: int = 8,
+    response_len: int = 8,
+    seed: int = 0,
+    die_at_step: int | None = None,
+    timeout_s: float = 60.0,
+    workers: list | None = None,
+) -> RunResult:
     """Run ``steps`` RLHF steps on Ray actors (call inside ``ray_session()``). ``mode``: ``"colocated"``,
     ``"sync"``, ``"async"``. ``die_at_step``: the first rollout worker crashes when asked for that step.
     ``workers``: existing ``RLWorker`` actors to reuse (reset first; 1 for colocated, 2 otherwise; a
@@ -277,8 +330,9 @@ def run(mode: str = "sync", steps: int = 4, *, hidden: int = 32, n_layers: int =
         workers = [W.remote(**kw) for _ in range(need)]
     if len(workers) < need:
         raise ValueError(f"workers: {mode} needs {need} actors, got {len(workers)}")
-    get([w.reset.remote(die_at_step=die_at_step if i == need - 1 else None, **kw)
-         for i, w in enumerate(workers[:need])])
+    get(
+        [w.reset.remote(die_at_step=die_at_step if i == need - 1 else None, **kw) for i, w in enumerate(workers[:need])]
+    )
     if mode == "colocated":
         w = workers[0]
         get(w.make_trainer.remote(hybrid=True))

@@ -20,6 +20,7 @@ disaggregated (split) layouts for real model sizes, with the weight-sync cost fr
 ``layout_cost(actor, placement=..., n_gpus=..., gpu=..., sync_link=...) -> LayoutCost``; ``compare(...)``
 gives both layouts for a list of models. Seconds and bytes throughout.
 """
+
 from __future__ import annotations
 
 import math
@@ -72,23 +73,48 @@ def sync_seconds(weight_bytes: float, *, n_trainers: int, n_replicas: int, gathe
     t = collective_time("all_gather", weight_bytes, n_trainers, g.latency_s, g.per_direction_bytes_per_s)
     if send_link is not None:
         s = _link(send_link) if isinstance(send_link, str) else send_link
-        t += collective_time("broadcast", weight_bytes, n_replicas + 1, s.latency_s, s.per_direction_bytes_per_s,
-                             algorithm="pipelined_chain")
+        t += collective_time(
+            "broadcast",
+            weight_bytes,
+            n_replicas + 1,
+            s.latency_s,
+            s.per_direction_bytes_per_s,
+            algorithm="pipelined_chain",
+        )
     return t
 
 
-def layout_cost(actor="llama-2-7b", *, placement: str = "colocated", n_gpus: int = 8, gpu="H100-SXM",
-                sync_link: str = "infiniband-ndr", split: dict | None = None, rollout_batch: int = 256,
-                prompt_len: int = 512, response_len: int = 512, rollout_tp: int = 1, mfu: float = 0.4,
-                frozen_dtype="bf16") -> LayoutCost:
+def layout_cost(
+    actor="llama-2-7b",
+    *,
+    placement: str = "colocated",
+    n_gpus: int = 8,
+    gpu="H100-SXM",
+    sync_link: str = "infiniband-ndr",
+    split: dict | None = None,
+    rollout_batch: int = 256,
+    prompt_len: int = 512,
+    response_len: int = 512,
+    rollout_tp: int = 1,
+    mfu: float = 0.4,
+    frozen_dtype="bf16",
+) -> LayoutCost:
     """Per-GPU memory and modelled step time of one PPO-RLHF layout (see the module docstring)."""
     if not 0 < mfu <= 1:
         raise ValueError(f"mfu={mfu!r}: allowed 0 < mfu <= 1")
     m: ModelConfig = preset(actor) if isinstance(actor, str) else actor
     g: GPU = _gpu(gpu) if isinstance(gpu, str) else gpu
-    mem = rlhf_estimate(m, n_gpus=n_gpus, placement=placement, split=split, rollout_batch=rollout_batch,
-                        prompt_len=prompt_len, response_len=response_len, rollout_tp=rollout_tp,
-                        frozen_dtype=frozen_dtype)
+    mem = rlhf_estimate(
+        m,
+        n_gpus=n_gpus,
+        placement=placement,
+        split=split,
+        rollout_batch=rollout_batch,
+        prompt_len=prompt_len,
+        response_len=response_len,
+        rollout_tp=rollout_tp,
+        frozen_dtype=frozen_dtype,
+    )
     if placement == "colocated":
         groups = dict.fromkeys(("actor", "critic", "reference", "reward", "rollout"), n_gpus)
     else:
@@ -96,7 +122,7 @@ def layout_cost(actor="llama-2-7b", *, placement: str = "colocated", n_gpus: int
     n = mem.params
     replicas = groups["rollout"] // rollout_tp
     b = math.ceil(rollout_batch / replicas)
-    gen = (prefill_cost(m, g, prompt_len, batch=b).time_s if prompt_len else 0.0)
+    gen = prefill_cost(m, g, prompt_len, batch=b).time_s if prompt_len else 0.0
     gen += response_len * decode_cost(m, g, prompt_len + response_len // 2, batch=b).time_s
     gen /= rollout_tp
     tokens = rollout_batch * (prompt_len + response_len)
@@ -112,8 +138,13 @@ def layout_cost(actor="llama-2-7b", *, placement: str = "colocated", n_gpus: int
 
     s_bytes = n["actor"] * dtype_bytes(frozen_dtype)
     nvlink = g.nvlink or "pcie5-x16"
-    sync = sync_seconds(s_bytes, n_trainers=groups["actor"], n_replicas=replicas, gather_link=nvlink,
-                        send_link=None if placement == "colocated" else sync_link)
+    sync = sync_seconds(
+        s_bytes,
+        n_trainers=groups["actor"],
+        n_replicas=replicas,
+        gather_link=nvlink,
+        send_link=None if placement == "colocated" else sync_link,
+    )
     return LayoutCost(placement, n_gpus, g.name, mem, gen, train, sync, mem.per_gpu <= g.memory_bytes)
 
 
@@ -126,7 +157,18 @@ def compare(models=("llama-2-7b", "llama-3.1-70b", "llama-3.1-405b"), *, n_gpus:
         args = {k: (v[name] if isinstance(v, dict) and name in v else v) for k, v in kw.items()}
         for placement in ("colocated", "split"):
             c = layout_cost(name, placement=placement, n_gpus=n, **args)
-            rows.append({"model": name, "layout": placement, "gpus": n, "GB per GPU": c.per_gpu_bytes / 1e9,
-                         "fits": c.fits, "gen s": c.gen_s, "train s": c.train_s, "sync s": c.sync_s,
-                         "step (sync) s": c.step_sync_s, "step (async) s": c.step_async_s})
+            rows.append(
+                {
+                    "model": name,
+                    "layout": placement,
+                    "gpus": n,
+                    "GB per GPU": c.per_gpu_bytes / 1e9,
+                    "fits": c.fits,
+                    "gen s": c.gen_s,
+                    "train s": c.train_s,
+                    "sync s": c.sync_s,
+                    "step (sync) s": c.step_sync_s,
+                    "step (async) s": c.step_async_s,
+                }
+            )
     return rows

@@ -29,6 +29,7 @@ Public names: ``Roles``, ``make_roles``, ``bucket_plan``, ``buckets``, ``sync_br
 ``SharedWeights``, ``SyncStats``, ``WeightSyncTimeout``, ``weights_equal``, ``toy_config``,
 ``toy_train_step``, ``broadcast_model_seconds``.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -41,9 +42,22 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["Roles", "SharedWeights", "SyncStats", "WeightSyncTimeout", "broadcast_model_seconds", "bucket_plan",
-           "buckets", "make_roles", "measure", "sync_broadcast", "sync_file", "toy_config", "toy_train_step",
-           "weights_equal"]
+__all__ = [
+    "Roles",
+    "SharedWeights",
+    "SyncStats",
+    "WeightSyncTimeout",
+    "broadcast_model_seconds",
+    "bucket_plan",
+    "buckets",
+    "make_roles",
+    "measure",
+    "sync_broadcast",
+    "sync_file",
+    "toy_config",
+    "toy_train_step",
+    "weights_equal",
+]
 
 PATHS = ("file", "broadcast", "shm")
 
@@ -79,8 +93,9 @@ def make_roles(n_trainers: int, *, timeout_s: float = 30.0) -> Roles:
     (``new_group`` is collective). ``timeout_s`` bounds every wait of the groups made here."""
     world, rank = dist.get_world_size(), dist.get_rank()
     if not 1 <= n_trainers < world:
-        raise ValueError(f"n_trainers={n_trainers}: allowed 1..{world - 1} (world size {world}; "
-                         "at least one rollout rank)")
+        raise ValueError(
+            f"n_trainers={n_trainers}: allowed 1..{world - 1} (world size {world}; at least one rollout rank)"
+        )
     t = datetime.timedelta(seconds=timeout_s)
     trainers, rollouts = list(range(n_trainers)), list(range(n_trainers, world))
     train_group = dist.new_group(trainers, timeout=t)
@@ -139,8 +154,9 @@ def _zero_units(zero):
     return {id(p): u for u in zero.units for p in u.params} if zero is not None else {}
 
 
-def buckets(model: nn.Module, bucket_bytes: int, *, zero=None, gather: str = "bucketed",
-            stats: SyncStats | None = None):
+def buckets(
+    model: nn.Module, bucket_bytes: int, *, zero=None, gather: str = "bucketed", stats: SyncStats | None = None
+):
     """Yield ``(indices, flat)``: the model's parameters in ``bucket_plan`` order, each bucket flattened
     into one new tensor. Call on every trainer rank (ZeRO-3 gathers are collective in its group).
 
@@ -205,12 +221,20 @@ def _wait(work, roles: Roles, what: str) -> None:
         raise WeightSyncTimeout(
             f"weight sync ({what}) from trainer rank {roles.src} to rollout ranks {roles.rollout_ranks} did not "
             f"complete within {roles.timeout_s} s (this is rank {roles.rank}): a peer is missing or stuck "
-            f"[{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}]") from e
+            f"[{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}]"
+        ) from e
 
 
 @torch.no_grad()
-def sync_broadcast(model: nn.Module, roles: Roles, *, bucket_bytes: int = 1 << 20, zero=None,
-                   gather: str = "bucketed", wire: bool = False) -> SyncStats:
+def sync_broadcast(
+    model: nn.Module,
+    roles: Roles,
+    *,
+    bucket_bytes: int = 1 << 20,
+    zero=None,
+    gather: str = "bucketed",
+    wire: bool = False,
+) -> SyncStats:
     """Send the trainer's weights to every rollout rank by bucketed broadcast in the sync group.
 
     Call on every rank: trainers (all of them, ZeRO-3 gathers are collective) pass their (wrapped)
@@ -241,7 +265,7 @@ def sync_broadcast(model: nn.Module, roles: Roles, *, bucket_bytes: int = 1 << 2
             off = 0
             for i in idx:
                 k = params[i].numel()
-                params[i].copy_(flat[off:off + k].view_as(params[i]))
+                params[i].copy_(flat[off : off + k].view_as(params[i]))
                 off += k
             stats.release(flat.numel() * flat.element_size())
             stats.nbytes += flat.numel() * flat.element_size()
@@ -271,7 +295,7 @@ def sync_file(model: nn.Module, roles: Roles, path: str, *, zero=None, bucket_by
             params = dict(model.named_parameters())
             for i in idx:
                 p = params[names[i]]
-                state[names[i]] = flat[off:off + p.numel()].view(p.shape).clone()
+                state[names[i]] = flat[off : off + p.numel()].view(p.shape).clone()
                 off += p.numel()
         if roles.rank == roles.src:
             tmp = path + ".tmp"
@@ -326,7 +350,7 @@ class SharedWeights:
             self.flat = pickle.loads(payload[0])
             off = 0
             for p in params:  # parameters become views into the shared pages: zero copies from now on
-                p.data = self.flat[off:off + p.numel()].view_as(p)
+                p.data = self.flat[off : off + p.numel()].view_as(p)
                 off += p.numel()
         if participant:
             _barrier(roles, "shared memory opened")
@@ -342,7 +366,7 @@ class SharedWeights:
             off = 0
             for _, flat in buckets(self.model, 1 << 20, zero=self.zero, stats=stats):
                 if roles.rank == roles.src:
-                    self.flat[off:off + flat.numel()].copy_(flat)
+                    self.flat[off : off + flat.numel()].copy_(flat)
                 off += flat.numel()
                 stats.n_buckets += 1
             stats.nbytes = off * self.flat.element_size() if roles.rank == roles.src else 0
@@ -378,12 +402,14 @@ def toy_config(hidden: int = 32, n_layers: int = 2, *, vocab: int = 257, seq_len
     """A small ``ModelConfig`` for the trainer and rollouts (byte vocabulary, Llama style)."""
     from ..config import ModelConfig
 
-    return ModelConfig(n_layers=n_layers, hidden=hidden, n_heads=max(1, hidden // 16), vocab_size=vocab,
-                       seq_len=seq_len)
+    return ModelConfig(
+        n_layers=n_layers, hidden=hidden, n_heads=max(1, hidden // 16), vocab_size=vocab, seq_len=seq_len
+    )
 
 
-def toy_train_step(model: nn.Module, optimizer, *, step: int, zero=None, group=None, batch: int = 2,
-                   seq: int = 16) -> float:
+def toy_train_step(
+    model: nn.Module, optimizer, *, step: int, zero=None, group=None, batch: int = 2, seq: int = 16
+) -> float:
     """One gradient step on a toy objective (next-token loss on random bytes, seeded by ``step`` and
     the rank): stands in for the RLHF loss. Returns the loss."""
     g = torch.Generator().manual_seed(1000 * step + dist.get_rank())
@@ -407,8 +433,9 @@ def toy_train_step(model: nn.Module, optimizer, *, step: int, zero=None, group=N
     return float(loss)
 
 
-def broadcast_model_seconds(nbytes: float, n: int, alpha_s: float, beta_bytes_per_s: float,
-                            bucket_bytes: float | None = None) -> float:
+def broadcast_model_seconds(
+    nbytes: float, n: int, alpha_s: float, beta_bytes_per_s: float, bucket_bytes: float | None = None
+) -> float:
     """α-β model of the bucketed broadcast: ``k`` buckets of ``nbytes/k`` each over gloo's binomial
     tree (``mlsys_nb.comm.cost.collective_time("broadcast", ..., algorithm="binomial_tree")``), so
     ``T = k·⌈log2 n⌉·α + ⌈log2 n⌉·nbytes/β``. Seconds."""
@@ -442,10 +469,18 @@ def _measure_rank(hiddens, n_layers, bucket_bytes, tmpdir, repeats):
                     stats.append(sync_file(model, roles, os.path.join(tmpdir, "weights.pt")))
                 else:
                     stats.append(shared.publish())
-            rows.append({"hidden": h, "path": path, "model_bytes": nbytes,
-                         "seconds": statistics.median(s.seconds for s in stats),
-                         "wire_sent": stats[-1].wire_sent, "wire_received": stats[-1].wire_received,
-                         "moved_bytes": stats[-1].nbytes, "equal": weights_equal(model, roles)})
+            rows.append(
+                {
+                    "hidden": h,
+                    "path": path,
+                    "model_bytes": nbytes,
+                    "seconds": statistics.median(s.seconds for s in stats),
+                    "wire_sent": stats[-1].wire_sent,
+                    "wire_received": stats[-1].wire_received,
+                    "moved_bytes": stats[-1].nbytes,
+                    "equal": weights_equal(model, roles),
+                }
+            )
             with torch.no_grad():  # perturb the trainer so the next path has something to move
                 if roles.is_trainer:
                     for p in model.parameters():
@@ -455,8 +490,16 @@ def _measure_rank(hiddens, n_layers, bucket_bytes, tmpdir, repeats):
     return rows
 
 
-def measure(hiddens=(64, 128, 256), *, n_rollouts: int = 1, n_layers: int = 2, bucket_bytes: int = 1 << 20,
-            repeats: int = 3, timeout: float = 120.0, workdir: str | None = None) -> list[dict]:
+def measure(
+    hiddens=(64, 128, 256),
+    *,
+    n_rollouts: int = 1,
+    n_layers: int = 2,
+    bucket_bytes: int = 1 << 20,
+    repeats: int = 3,
+    timeout: float = 120.0,
+    workdir: str | None = None,
+) -> list[dict]:
     """Measure the three paths on real ranks (1 trainer + ``n_rollouts``) for toy models of widths ``hiddens``.
 
     Returns one row per (hidden, path) as seen by the trainer: ``model_bytes``, median ``seconds``, the
@@ -471,8 +514,13 @@ def measure(hiddens=(64, 128, 256), *, n_rollouts: int = 1, n_layers: int = 2, b
     if not hiddens or any(not isinstance(h, int) or h < 16 or h % 16 for h in hiddens):
         raise ValueError(f"hiddens={hiddens!r}: allowed ints >= 16, multiples of 16")
     with tempfile.TemporaryDirectory(dir=workdir) as d:
-        out = launch(_measure_rank, world_size=1 + n_rollouts, args=(tuple(hiddens), n_layers, bucket_bytes, d,
-                                                                      repeats), timeout=timeout, output="quiet")
+        out = launch(
+            _measure_rank,
+            world_size=1 + n_rollouts,
+            args=(tuple(hiddens), n_layers, bucket_bytes, d, repeats),
+            timeout=timeout,
+            output="quiet",
+        )
     rows = out[0]
     for r, rr in zip(rows, out[1]):
         r["rollout_wire_received"] = rr["wire_received"]
