@@ -49,7 +49,9 @@ def test_measured_steps_against_closed_forms(cluster):
         for step, g, t, s in zip(r.step_s, r.gen_s, r.train_s, r.sync_s):
             assert step >= pl.sync_step_s(g, t, s)
     a = cluster["async"]
-    for step, g, t, s in zip(a.step_s[1:], a.gen_s[1:], a.train_s[1:], a.sync_s[1:]):
+    # step t (t >= 1) holds train t, the generation of batch t+1 (overlapped) and sync t; batch t itself
+    # was generated during step t-1
+    for step, g, t, s in zip(a.step_s[1:-1], a.gen_s[2:], a.train_s[1:-1], a.sync_s[1:-1]):
         assert step >= pl.async_step_s(g, t, s)
     assert a.throughput > 0 and a.model_step_s() <= sum(a.medians()[k] for k in ("gen_s", "train_s", "sync_s"))
 

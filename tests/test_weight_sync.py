@@ -95,7 +95,7 @@ def test_broadcast_bytes_on_the_wire_match_gloo_tree(runs):
 
     expected = src["gloo_model"] + gloo_bytes_sent("all_gather", src["model_bytes"], 2, rank=0)
     # the root's count is of *acknowledged* bytes, which may lag the last bucket: a band, not equality
-    assert 0.85 * expected < sent < 1.05 * expected + 8 * 1024, (sent, expected)
+    assert 0.75 * expected < sent < 1.05 * expected + 8 * 1024, (sent, expected)
     for r in runs[2:]:  # each rollout receives the model exactly once (gloo's tree on 3 ranks)
         _, _, received, _ = r["results"]["0:broadcast"]
         assert abs(received - src["model_bytes"]) < 0.02 * src["model_bytes"] + 4096, (received, src["model_bytes"])
