@@ -131,7 +131,7 @@ def test_the_citation_check_catches_what_it_should(tmp_path, monkeypatch):
         "see [refs](references.md#zero), ../notebooks/00_dashboard.ipynb, `pipeline/simulate.py`,\n"
         "docs/references.md#chinchilla and nccl-tests' doc/PERFORMANCE.md\n"
     )
-    bad = "see formulas.md §2.3, [x](../notebooks/09_experts.ipynb) and docs/references.md#no-such-anchor\n"
+    bad = "see no_such_notes.md §2.3, [x](../notebooks/09_experts.ipynb) and docs/references.md#no-such-anchor\n"
     tracked = set(_tracked()) | {"docs/_probe_citations.md"}
     try:
         probe.write_text(good)
@@ -141,7 +141,7 @@ def test_the_citation_check_catches_what_it_should(tmp_path, monkeypatch):
     finally:
         probe.unlink()
     assert len(found) == 3, found
-    assert any("formulas.md" in p for p in found) and any("09_experts" in p for p in found)
+    assert any("no_such_notes.md" in p for p in found) and any("09_experts" in p for p in found)
     assert any("no-such-anchor" in p for p in found)
 
 
