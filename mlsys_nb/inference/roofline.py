@@ -177,14 +177,9 @@ def machine_roofline(*, n: int = 1024, copy_mib: int = 256, reps: int = 5):
 
     from ..hardware import GPU
 
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        a @ b
-        ts.append(time.perf_counter() - t0)
-    flops = 2 * n**3 / statistics.median(ts)
+    from ..flops import measure_matmul_peak
+
+    flops = measure_matmul_peak(n, repeats=reps)
     src = torch.ones(copy_mib * 2**20 // 4)
     dst = torch.empty_like(src)
     dst.copy_(src)
