@@ -22,8 +22,8 @@ def test_published_constants_and_allocation_exponents():
         ("chinchilla", 1e19, 2.280e8, 7.311e9, 32.07, 2.9857),
         ("chinchilla", 1e21, 1.824e9, 9.136e10, 50.08, 2.3289),
         ("chinchilla", 1e25, 1.168e11, 1.427e13, 122.12, 1.8453),
-        ("epoch", 1e19, 2.622e8, 6.357e9, 24.25, 2.9268),
-        ("epoch", 1e23, 2.945e10, 5.660e11, 19.22, 2.0318),
+        ("epoch", 1e19, 2.622e8, 6.357e9, 24.25, 2.9271),
+        ("epoch", 1e23, 2.945e10, 5.660e11, 19.22, 2.0321),
     ],
 )
 def test_compute_optimal_table(name, C, N, D, ratio, L):
@@ -46,7 +46,7 @@ def test_optimum_is_the_minimum_of_the_iso_flop_curve():
 
 def test_point_checks_twenty_tokens_and_iso_loss():
     assert scaling.law("chinchilla").loss(175e9, 300e9) == pytest.approx(2.0023, abs=1e-4)
-    assert scaling.law("epoch").loss(175e9, 300e9) == pytest.approx(2.0082, abs=1e-4)
+    assert scaling.law("epoch").loss(175e9, 300e9) == pytest.approx(2.0085, abs=1e-4)
     n, d = scaling.twenty_tokens_per_param(1e23)
     assert n == pytest.approx(2.887e10, rel=1e-3) and d == 20 * n
     law = scaling.law("chinchilla")
