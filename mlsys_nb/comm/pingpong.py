@@ -25,10 +25,24 @@ from .cost import cost_coefficients, fit_alpha_beta
 REDUCES = {"all_reduce": True, "all_gather": False, "reduce_scatter": True}
 
 
-def measure(fit_sizes, predict_sizes, ops=("all_reduce", "all_gather"), repeats: int = 7, warmup: int = 2) -> dict:
-    """Rank function. Fastest of ``repeats`` (seconds) of: one-way ping-pong time per ``fit_sizes`` (ranks 0-1),
-    ``a += b`` per ``predict_sizes`` (rank 0) and each op per ``predict_sizes`` (the slowest rank's
-    time per call). Sizes in bytes (multiples of 4 x world size). Rounds are interleaved."""
+def measure(
+    fit_sizes,
+    predict_sizes,
+    ops=("all_reduce", "all_gather"),
+    repeats: int = 7,
+    warmup: int = 2,
+    pool_bytes: int = 32 << 20,
+) -> dict:
+    """Rank function. Median of ``repeats`` (seconds) of: one-way ping-pong time and two-way exchange
+    time per ``fit_sizes`` (ranks 0-1), ``a += b`` per ``predict_sizes`` and each op per
+    ``predict_sizes`` (the slowest rank's time per call). Sizes in bytes (multiples of 4 x world size).
+    Rounds are interleaved, so load from other processes hits fit and prediction alike.
+
+    Point-to-point messages are sent from (and received into) the next slice of a ``pool_bytes`` pool
+    (default 32 MiB, larger than a core's L2 cache), never the same buffer twice in a row: a
+    collective of several MiB streams its data from memory, and a fit on one hot buffer would measure
+    the cache instead (about 25 % optimistic on this machine's 4 MiB L2). ``pool_bytes=0`` re-sends
+    one buffer per size."""
     import torch
     import torch.distributed as dist
 
@@ -41,9 +55,21 @@ def measure(fit_sizes, predict_sizes, ops=("all_reduce", "all_gather"), repeats:
     chunks = {s: torch.ones(s // 4 // n) for s in predict_sizes}
     other = {s: torch.ones(s // 4) for s in predict_sizes}
     inbox = {s: torch.empty(s // 4) for s in fit_sizes}
+    pool = torch.ones(max(pool_bytes, 0) // 4)
+    pool_in = torch.empty(max(pool_bytes, 0) // 4)
+    cursor = [0]
+
+    def fresh(s):  # next s bytes of the pool: a buffer not touched recently (cold caches, like a big collective)
+        if not len(pool) or s // 4 > len(pool):
+            return bufs[s], inbox.get(s)
+        if cursor[0] + s // 4 > len(pool):
+            cursor[0] = 0
+        i = cursor[0]
+        cursor[0] += s // 4
+        return pool[i : i + s // 4], pool_in[i : i + s // 4]
 
     def ping(s):
-        b = bufs[s]
+        b = fresh(s)[0]
         if rank == 0:
             dist.send(b, 1)
             dist.recv(b, 1)
@@ -55,7 +81,8 @@ def measure(fit_sizes, predict_sizes, ops=("all_reduce", "all_gather"), repeats:
         if rank > 1:
             return
         peer = 1 - rank
-        works = [dist.isend(bufs[s], peer), dist.irecv(inbox[s], peer)]
+        out, inn = fresh(s)
+        works = [dist.isend(out, peer), dist.irecv(inn, peer)]
         for w in works:
             w.wait()
 
@@ -94,11 +121,9 @@ def measure(fit_sizes, predict_sizes, ops=("all_reduce", "all_gather"), repeats:
                 t = timed(collective, kind, s)
             if r >= warmup:
                 times[(kind, s)].append(t)
-    # the fastest of the repeats: the undisturbed time (other processes share these cores; a median
-    # still moves with their load, the minimum much less), for the fit and the prediction alike
-    # the fastest of the repeats: the undisturbed time (other processes share these cores; a median
-    # still moves with their load, the minimum much less), for the fit and the prediction alike
-    med = {c: min(v) for c, v in times.items()}
+    # the median of the repeats, for the fit and the prediction alike (the fastest repeat of a small
+    # message is a lucky scheduling of both ranks that a long collective never gets on shared cores)
+    med = {c: float(np.median(v)) for c, v in times.items()}
     return dict(
         n=n,
         fit_sizes=list(fit_sizes),
