@@ -1,0 +1,435 @@
+"""Second routes for the quiz families that tests/test_quiz.py re-derives only by consistency.
+
+Each test draws several seeds and recomputes ``.answer`` from ``.params`` by a route that does not
+call the function the family calls: a real model's tensors on the ``meta`` device (parameter
+counts, FLOPs counted by ``torch.utils.flop_counter.FlopCounterMode``), a hand formula written out
+from the paper, a brute-force search, or the pipeline's closed forms against its simulator.
+``test_second_route_catches_a_broken_key`` shows once that a broken formula is caught.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+import numpy as np
+import pytest
+import torch
+
+from mlsys_nb import hardware, quiz
+
+SEEDS = range(24)
+BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5, "fp32": 4}
+
+
+def _draws(name, n_min=8, seeds=SEEDS):
+    qs = [quiz.make(name, s) for s in seeds]
+    assert len(qs) >= n_min
+    return qs
+
+
+@cache
+def _meta(preset: str) -> dict:
+    """Counts read off the kit's real ``Transformer`` built on the meta device (no memory used)."""
+    from mlsys_nb.memory import preset as cfg_of
+    from mlsys_nb.models import Transformer
+
+    cfg = cfg_of(preset)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    norms = sum(p.numel() for m in model.modules() if "Norm" in type(m).__name__ for p in m.parameters(recurse=False))
+    total = sum(p.numel() for p in model.parameters())  # shared (tied) tensors once
+    embedding = model.tok_emb.weight.numel() if hasattr(model, "tok_emb") else cfg.vocab_size * cfg.hidden
+    return dict(cfg=cfg, total=total, linear=linear, norms=norms, embedding=embedding)
+
+
+def _kv_bytes_per_token(cfg, nbytes=2):
+    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * nbytes  # K and V, every layer (dense GQA/MHA)
+
+
+# ---- inference: sizes and the roofline ------------------------------------------------------------
+def test_weight_bytes_from_a_real_model():
+    for q in _draws("inference.weight_bytes"):
+        want = _meta(q.params["preset"])["total"] * BYTES[q.params["dtype"]]
+        assert q.answer == pytest.approx(want, rel=1e-9), q.params
+
+
+def test_max_concurrent_sequences_by_hand():
+    for q in _draws("inference.max_concurrent_sequences"):
+        p = q.params
+        m = _meta(p["preset"])
+        cfg = m["cfg"]
+        budget = 0.9 * hardware.gpu(p["gpu"]).memory_bytes - m["total"] * 2 / p["tp"]
+        per_seq = _kv_bytes_per_token(cfg) * p["seq_len"] / min(p["tp"], cfg.n_kv_heads)
+        assert q.answer == max(0, math.floor(budget / per_seq)), p
+
+
+def _roofline(preset, gpu, batch, new, context):
+    """Hand roofline (Williams et al. 2009): FLOPs = 2 x matmul weights x tokens + causal attention
+    4·L·n_heads·head_dim per (query, key) pair; bytes = weights once + the cache read and written."""
+    m = _meta(preset)
+    cfg = m["cfg"]
+    keys = new * context + new * (new + 1) / 2
+    flops = 2 * m["linear"] * batch * new + batch * 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * keys
+    nbytes = 2 * m["linear"] + batch * (context + new) * _kv_bytes_per_token(cfg)
+    g = hardware.gpu(gpu)
+    peak, bw = g.peak("bf16"), g.hbm_bandwidth_bytes_per_s
+    return dict(time=max(flops / peak, nbytes / bw), bound="compute" if flops / nbytes >= peak / bw else "memory")
+
+
+def test_roofline_families_by_hand():
+    for q in _draws("inference.decode_step_time"):
+        p = q.params
+        assert q.answer == pytest.approx(
+            _roofline(p["preset"], p["gpu"], p["batch"], 1, p["context"])["time"], rel=1e-9
+        )
+    for q in _draws("inference.prefill_time"):
+        p = q.params
+        want = _roofline(p["preset"], p["gpu"], p["batch"], p["prompt_len"], 0)["time"]
+        assert q.answer == pytest.approx(want, rel=1e-9)
+    for q in _draws("inference.decode_bound"):
+        p = q.params
+        assert q.answer == _roofline(p["preset"], p["gpu"], p["batch"], 1, 1024)["bound"], p
+    for q in _draws("serving.decode_throughput"):
+        p = q.params
+        t = _roofline(p["preset"], p["gpu"], p["batch"], 1, p["context"])["time"]
+        assert q.answer == pytest.approx(p["batch"] / t, rel=1e-9)
+    for q in _draws("serving.batching_speedup"):
+        p = q.params
+        one = _roofline(p["preset"], p["gpu"], 1, 1, 1024)["time"]
+        many = _roofline(p["preset"], p["gpu"], p["batch"], 1, 1024)["time"]
+        assert q.answer == pytest.approx(p["batch"] * one / many, rel=1e-9)
+
+
+# ---- FLOPs: counted on the real model's graph -----------------------------------------------------
+@cache
+def _counted_flops_per_token(preset: str, seq_len: int) -> float:
+    """Forward + backward FLOPs per token counted by FlopCounterMode on the meta-device model (it
+    counts the full s x s attention scores, as the explicit matmuls execute)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from mlsys_nb.memory import preset as cfg_of
+    from mlsys_nb.models import Transformer
+
+    import dataclasses
+
+    cfg = cfg_of(preset)
+    with torch.device("meta"):  # a longer position table (GPT-2) adds no FLOPs: it is a lookup
+        model = Transformer(dataclasses.replace(cfg, seq_len=max(cfg.seq_len, seq_len)))
+        x = torch.zeros(1, seq_len, dtype=torch.long)
+    with FlopCounterMode(display=False) as fc:
+        model(x, x).backward()
+    return fc.get_total_flops() / seq_len
+
+
+def test_flops_per_token_counted_on_the_graph():
+    seen = 0
+    for q in _draws("flops.flops_per_token", seeds=range(10)):
+        p = q.params
+        cfg = _meta(p["model"])["cfg"]
+        s = p["seq_len"]
+        full = _counted_flops_per_token(p["model"], s)
+        # causal: a query sees (s + 1) / 2 keys on average, not s; QK^T and PV, forward + backward (x3)
+        masked = 3 * cfg.n_layers * 4 * cfg.n_heads * cfg.head_dim * (s - (s + 1) / 2)
+        assert q.answer == pytest.approx(full - masked, rel=1e-9), p
+        seen += 1
+    assert seen >= 8
+
+
+# ---- tensor parallelism -------------------------------------------------------------------------
+def test_params_per_rank_from_the_real_modules():
+    for q in _draws("tensor.params_per_rank"):
+        p = q.params
+        m = _meta(p["model"])
+        split = m["linear"] + (0 if m["cfg"].tied_embeddings else m["embedding"])  # vocab-parallel embedding
+        assert q.answer == pytest.approx(split / p["tp"] + m["norms"], rel=1e-9), p
+
+
+# ---- activations (Korthikanti et al. 2022, arXiv:2205.05198, §4, for a Llama block) --------------
+def _acts_per_token(cfg, *, recompute="none", flash=True, seq_len=2048, tp=1, sp=False):
+    """Bytes saved for backward per token per layer of a Llama block (bf16 activations, RMSNorm with
+    an fp32 reciprocal RMS per token, SwiGLU, no dropout), written out from the block's forward.
+    TP shards the head and FFN dimensions; without SP the norm inputs and the inputs of the two
+    column-parallel projections stay replicated (Korthikanti et al. 2022, Table 2)."""
+    h, f, a, hd, kv = cfg.hidden, cfg.ffn_hidden, cfg.n_heads, cfg.head_dim, cfg.n_kv_heads
+    if recompute == "full":
+        return 2 * h / (tp if sp else 1)
+    replicated = 2 * h + 4 + 2 * h + 2 * h + 4 + 2 * h  # norm inputs + rstd, q/k/v input, mlp input
+    sharded = 2 * a * hd + 2 * 2 * kv * hd + 2 * a * hd + 4 * 2 * f  # q, k, v, o-proj input, SwiGLU
+    if recompute == "none":
+        sharded += (2 * a * hd + 4 * a) if flash else 2 * a * seq_len  # flash output + LSE, or the probs
+    return replicated / (tp if sp else 1) + sharded / tp
+
+
+LLAMAS = ("llama-2-7b", "llama-3-8b", "llama-2-13b")
+
+
+def test_activations_per_layer_by_hand():
+    seen = 0
+    for q in _draws("memory.activations_per_layer", seeds=range(40)):
+        p = q.params
+        if p["model"] not in LLAMAS:
+            continue
+        cfg = _meta(p["model"])["cfg"]
+        tokens = p["micro_batch"] * p["seq_len"]
+        want = tokens * _acts_per_token(cfg, recompute=p["recompute"], seq_len=p["seq_len"])
+        assert q.answer == pytest.approx(want, rel=1e-9), p
+        seen += 1
+    assert seen >= 10
+
+
+def test_recompute_saving_by_hand():
+    seen = 0
+    for q in _draws("memory.recompute_saving", seeds=range(40)):
+        p = q.params
+        if p["model"] not in LLAMAS:
+            continue
+        cfg = _meta(p["model"])["cfg"]
+        none = _acts_per_token(cfg, flash=False, seq_len=p["seq_len"])
+        kept = _acts_per_token(cfg, recompute=p["recompute"], flash=False, seq_len=p["seq_len"])
+        assert q.answer == pytest.approx(none / kept, rel=1e-9), p
+        seen += 1
+    assert seen >= 10
+
+
+def _outside_per_token(cfg, tp=1, sp=False):
+    """Outside the layers: token and target ids (int64), the final norm's input and rstd and the LM
+    head's input (split by SP), the fp32 log-probs over the vocabulary (vocab-parallel: split by TP)."""
+    k = tp if sp else 1
+    return 8 + 8 + (2 * cfg.hidden + 4) / k + 2 * cfg.hidden / k + 4 * cfg.vocab_size / tp
+
+
+def test_sp_activation_saving_by_hand():
+    for q in _draws("tensor.sp_activation_saving"):
+        p = q.params
+        cfg = _meta(p["model"])["cfg"]
+        s, tp = p["seq_len"], p["tp"]
+        total = {
+            sp: cfg.n_layers * s * _acts_per_token(cfg, seq_len=s, tp=tp, sp=sp)
+            + s * _outside_per_token(cfg, tp, sp)
+            + 4
+            for sp in (False, True)
+        }
+        assert q.answer == pytest.approx(total[False] / total[True], rel=1e-9), p
+
+
+# ---- whole-GPU verdicts ---------------------------------------------------------------------------
+def test_fits_verdict_by_hand_when_not_borderline():
+    """States (2 + 2 + 12 B/param, sharded by the stage) + activations by hand against the GPU; seeds
+    within 10 % of the edge are left to the calculator (its temporaries are not re-derived here)."""
+    decided = 0
+    for q in _draws("memory.fits", seeds=range(60)):
+        p = q.params
+        if p["model"] not in LLAMAS:
+            continue
+        m = _meta(p["model"])
+        n, dp, z = m["total"], p["dp"], p["zero"]
+        states = 2 * n / (dp if z >= 3 else 1) + 2 * n / (dp if z >= 2 else 1) + 12 * n / (dp if z >= 1 else 1)
+        acts = (
+            m["cfg"].n_layers
+            * p["micro_batch"]
+            * p["seq_len"]
+            * _acts_per_token(m["cfg"], recompute=p["recompute"], seq_len=p["seq_len"])
+        )
+        cap = hardware.gpu(p["gpu"]).memory_bytes
+        if states + acts > 1.1 * cap:
+            assert q.answer == "no", p
+        elif (states + acts) * 1.1 + 4e9 < cap:  # plenty of room left for temporaries and the head
+            assert q.answer == "yes", p
+        else:
+            continue
+        decided += 1
+    assert decided >= 10
+
+
+def test_rlhf_memory_per_gpu_by_hand():
+    """Actor and critic (the actor's trunk with a scalar head instead of the LM head) at 16 B/param over
+    n GPUs (ZeRO-3), reference and reward frozen bf16 over n, the rollout engine's full bf16 actor, and
+    the KV cache of the rollout batch (512 + 512 tokens) over n."""
+    for q in _draws("rl.rlhf_memory_per_gpu", seeds=range(12)):
+        p = q.params
+        m = _meta(p["actor"])
+        cfg, n = m["cfg"], p["n_gpus"]
+        actor = m["total"]
+        critic = actor - cfg.vocab_size * cfg.hidden * (1 if cfg.tied_embeddings else 1) + cfg.hidden + 1
+        if cfg.tied_embeddings:
+            critic += cfg.vocab_size * cfg.hidden  # the embedding stays; there was no separate head
+        want = (
+            16 * (actor + critic) / n
+            + 2 * (actor + critic) / n
+            + 2 * actor
+            + p["rollout_batch"] * 1024 * _kv_bytes_per_token(cfg) / n
+        )
+        assert q.answer == pytest.approx(want, rel=q.tolerance / 2), p
+
+
+# ---- choices: brute force or another calculator ---------------------------------------------------
+def test_faster_allreduce_by_hand():
+    for q in _draws("comm.faster_allreduce"):
+        p = q.params
+        n, s, a, b = p["n"], p["bytes"], p["alpha"], p["beta"]
+        ring = 2 * (n - 1) * a + 2 * (n - 1) / n * s / b
+        tree = 2 * math.ceil(math.log2(n)) * a + 2 * s / b  # pipelined (double binary) tree
+        assert q.answer == ("ring" if ring < tree else "tree"), p
+
+
+def test_best_schedule_for_memory_from_the_closed_forms():
+    """The family reads peaks and bubbles off the simulator; here they come from the closed forms."""
+    from mlsys_nb import pipeline as pl
+
+    for q in _draws("pipeline.best_schedule_for_memory", seeds=range(12)):
+        p, m = q.params["p"], q.params["m"]
+        rows = {}
+        for name in ("gpipe", "1f1b", "zb-h2"):
+            cf = pl.closed_form(name, p, m, None, F=1.0, B=1.0, W=1.0)
+            rows[name] = (pl.peak_in_flight(name, p, m, None)[0], cf["bubble_time"] / (3 * m + cf["bubble_time"]))
+        assert q.answer == min(rows, key=lambda k: rows[k]), (p, m, rows)
+
+
+def test_smallest_zero_stage_by_hand():
+    for q in _draws("layout.smallest_zero_stage"):
+        p = q.params
+        n, dp = p["n_params"], p["dp"]
+        cap = 0.5 * hardware.gpu(p["gpu"]).memory_bytes
+        sizes = [(2 + 2 + 12) * n, (2 + 2) * n + 12 * n / dp, 2 * n + 14 * n / dp, 16 * n / dp]
+        fits = [z for z, b in enumerate(sizes) if b <= cap]
+        assert q.answer == (f"ZeRO-{fits[0]}" if fits else "none fits"), p
+
+
+def test_tp_within_node_by_hand():
+    nv = hardware.link("nvlink4")
+    for q in _draws("layout.tp_within_node"):
+        p = q.params
+        s, n = p["bytes"], p["tp"]
+        inside = 2 * (n - 1) * nv.latency_s + 2 * (n - 1) / n * s / nv.per_direction_bytes_per_s
+        across = 2 * (n - 1) * 10e-6 + 2 * (n - 1) / n * s / p["beta_inter"]
+        assert q.answer == pytest.approx(across / inside, rel=1e-9), p
+
+
+def test_inference_optimal_shrink_by_brute_force():
+    """Walk the iso-loss curve of the Chinchilla law on a fine grid of N and keep the least lifetime
+    compute 6·N·D + 2·N·D_inference (Sardana et al. 2023, arXiv:2401.00448, eq. 2)."""
+    from mlsys_nb import scaling
+
+    law = scaling.law("chinchilla")
+    for q in _draws("scaling.inference_optimal_shrink", seeds=range(9), n_min=6):
+        c, mult = q.params["C"], q.params["inference_multiple"]
+        G = (law.alpha * law.A / (law.beta * law.B)) ** (1 / (law.alpha + law.beta))
+        n0 = G * (c / 6) ** (law.beta / (law.alpha + law.beta))
+        d0 = c / (6 * n0)
+        target = law.E + law.A / n0**law.alpha + law.B / d0**law.beta
+        ns = n0 * np.logspace(-1.5, 0.2, 200001)
+        gap = target - law.E - law.A / ns**law.alpha
+        ok = gap > 0
+        d = (law.B / gap[ok]) ** (1 / law.beta)
+        cost = 6 * ns[ok] * d + 2 * ns[ok] * mult * d0
+        assert q.answer == pytest.approx(n0 / ns[ok][np.argmin(cost)], rel=2e-3), q.params
+
+
+def test_fastest_layout_through_the_planner_search():
+    """The family evaluates each candidate layout directly (``planner.evaluate``); here each one goes
+    through the planner's search instead (its enumeration, rules and memory filter), pinned to that
+    layout's degrees, and the fastest fitting row must be the key."""
+    from mlsys_nb import planner
+    from mlsys_nb.quiz.bank import training as bank
+
+    for q in _draws("layout.fastest_layout", seeds=range(6), n_min=4):
+        p = q.params
+        steps = {}
+        for name, lay in bank._LAYOUTS.items():
+            try:
+                rows = planner.search(
+                    p["model"],
+                    gpus=p["gpus"],
+                    gpu=p["gpu"],
+                    global_batch_tokens=p["global_batch_tokens"],
+                    seq_len=4096,
+                    tp=[lay["tp"]],
+                    pp=[lay.get("pp", 1)],
+                    cp=[1],
+                    zero=lay["zero"],
+                    recompute="none",
+                    micro_batch=[1],
+                    schedules=[lay.get("schedule", "1f1b")],
+                    top=None,
+                )
+            except ValueError:  # nothing of this layout fits (or its rules reject it)
+                continue
+            steps[name] = float(rows.step_s.min())
+        assert q.answer == (min(steps, key=steps.get) if steps else "none fits"), (p, steps)
+
+
+# ---- cards: each key is the truth of the statement shown ----------------------------------------
+CARDS_TRUE = {  # the corrected statement of each card, checked by a number computed here
+    "cards.zero3_traffic": lambda: (2 + 1) / 2,  # ZeRO-3 = RS + 2 AG vs DDP's RS + AG: 1.5x, not 3x
+    "cards.adam_bytes_per_param": lambda: 2 + 2 + 4 + 4 + 4,  # bf16 params/grads, fp32 m, v, master
+    "cards.one_f_one_b_bubble": lambda: 0.0,  # same bubble as GPipe: the difference is memory
+    "cards.sp_traffic": lambda: 0.0,  # RS + AG moves what one all-reduce moves
+}
+
+
+@pytest.mark.parametrize("name", sorted(f for f in quiz.families() if f.startswith("cards.")))
+def test_card_key_is_the_truth_of_the_shown_statement(name):
+    """A card shows either the misconception or its correction; the key is "true" exactly when the
+    correction is shown, and the solution names the measured or computed number that decides it."""
+    for seed in range(12):
+        q = quiz.make(name, seed)
+        assert q.answer == ("true" if q.params["shown"] == "correction" else "false"), (name, seed)
+        assert q.solution and any(ch.isdigit() for ch in " ".join(q.solution)), (name, seed)
+
+
+def test_card_numbers():
+    from mlsys_nb import comm, pipeline as pl
+
+    s, n = 1e9, 8
+    ddp = comm.bytes_sent_per_rank("all_reduce", s, n)
+    z3 = comm.bytes_sent_per_rank("reduce_scatter", s, n) + 2 * comm.bytes_sent_per_rank("all_gather", s, n)
+    assert z3 / ddp == pytest.approx(CARDS_TRUE["cards.zero3_traffic"]())
+    g = pl.simulate(pl.schedule("gpipe", 4, 8, None), F=1.0, B=1.0, W=1.0).bubble_fraction
+    o = pl.simulate(pl.schedule("1f1b", 4, 8, None), F=1.0, B=1.0, W=1.0).bubble_fraction
+    assert g - o == pytest.approx(CARDS_TRUE["cards.one_f_one_b_bubble"]())
+    assert "16" in " ".join(quiz.make("cards.adam_bytes_per_param", 0).solution)
+    # sp_traffic: reduce-scatter + all-gather move what one all-reduce moves
+    rs_ag = comm.bytes_sent_per_rank("reduce_scatter", s, n) + comm.bytes_sent_per_rank("all_gather", s, n)
+    assert rs_ag == pytest.approx(ddp)
+    # ring_bytes_grow: per-rank ring bytes 2(n-1)/n S approach 2S, they do not grow with n
+    assert 2 * (1024 - 1) / 1024 * s < 2 * s
+    # decode_bound: batch-1 decode is memory-bound on every GPU of the bank
+    assert all(_roofline("llama-2-7b", g, 1, 1, 1024)["bound"] == "memory" for g in ("H100-SXM", "L4"))
+    # gqa_kv: the cache shrinks by n_heads / n_kv_heads (Llama 3 8B: 32 / 8)
+    cfg = _meta("llama-3-8b")["cfg"]
+    assert _kv_bytes_per_token(cfg) * cfg.n_kv_heads and cfg.n_heads / cfg.n_kv_heads == 4
+    # twenty_tokens_per_param: under the approach-3 fit the optimal ratio moves with compute
+    from mlsys_nb import flops, scaling
+
+    law = scaling.law("chinchilla")
+    assert law.tokens_per_parameter(1e25) > 2 * law.tokens_per_parameter(1e21)
+    # mfu_recompute: recomputation adds executed FLOPs that MFU does not count
+    m = _meta("llama-2-7b")["cfg"]
+    assert flops.hardware_flops_per_token(m, 4096, recompute="full") > flops.flops_per_token(m, 4096)
+
+
+# ---- the route catches a broken key --------------------------------------------------------------
+def test_second_route_catches_a_broken_key(monkeypatch):
+    """Break the roofline calculator's attention term (forget causality: every query sees every key)
+    and the hand route of the prefill family disagrees."""
+    from mlsys_nb.inference import roofline
+
+    real = roofline.attention_flops
+
+    def full_attention(model, new, context):
+        return real(model, new, context) * 2 * (new * context + new * new) / (2 * new * context + new * (new + 1))
+
+    monkeypatch.setattr(roofline, "attention_flops", full_attention)
+    broken = [quiz.make("inference.prefill_time", s) for s in range(12)]
+    misses = [
+        q
+        for q in broken
+        if q.answer
+        != pytest.approx(
+            _roofline(q.params["preset"], q.params["gpu"], q.params["batch"], q.params["prompt_len"], 0)["time"],
+            rel=1e-6,
+        )
+    ]
+    assert misses, "a non-causal attention count went unnoticed"
