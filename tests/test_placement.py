@@ -20,6 +20,18 @@ def cluster():
             out[mode] = pl.run(mode, 4, workers=workers)
         out["crash"] = pl.run("async", 4, die_at_step=2, workers=workers)
         out["workers_after"] = ray.get([w.pid.remote() for w in workers], timeout=60)
+        # notebook 18's RLHF task: PPO on the SFT policy and reward model, rollouts from the serving engine
+        init = pl.rlhf_init(seed=0, steps=100)
+        for mode in ("colocated", "sync", "async"):
+            out["rlhf_" + mode] = pl.run(mode, 6, task="rlhf", init=init, batch=32, workers=workers, timeout_s=120)
+        # after the last sync of the split run the rollout engine must serve the trainer's weights
+        pl.run("sync", 2, task="rlhf", init=init, batch=16, workers=workers, timeout_s=120)
+        trainer, rollout = workers
+        wt, wr = ray.get([trainer.get_weights.remote(), rollout.get_weights.remote()], timeout=60)
+        out["bit_equal"] = wt.keys() == wr.keys() and all(bool((wt[k] == wr[k]).all()) for k in wt)
+        out["greedy"] = ray.get([trainer.greedy.remote(), rollout.greedy.remote()], timeout=60)
+        ray.get(rollout.reset.remote(task="rlhf", init=init), timeout=60)  # back to the SFT policy
+        out["init_greedy"] = ray.get(rollout.greedy.remote(), timeout=60)
     # ray_session's finally shut Ray down and checked this session's raylet/gcs_server are gone
     out["left"] = pl.leftover_ray_processes(out["session"])
     return out
@@ -68,6 +80,38 @@ def test_dead_rollout_is_replaced_and_training_state_kept(cluster):
     assert r.trainer_version == 4  # every training step happened once: the trainer never restarted
     assert len(r.versions) == 4 and r.versions[2] >= 1  # the replacement got the trainer's weights
     assert len(set(cluster["workers_after"])) == 2
+
+
+def test_rlhf_task_split_layout_equals_colocated_step_for_step(cluster):
+    """On-policy runs of notebook 18's task: the split layout (trainer and rollout actors, weights sent
+    after every step into the engine's ``load_weights``) samples exactly what the co-located hybrid
+    does, so the true rewards agree step for step; a sync that lost or delayed weights would not."""
+    sync, col = cluster["rlhf_sync"], cluster["rlhf_colocated"]
+    assert sync.versions == col.versions == list(range(6))
+    assert sync.rewards == col.rewards
+    assert sum(sync.rewards[-2:]) / 2 > sync.rewards[0] + 1.0, f"PPO did not raise the true reward: {sync.rewards}"
+
+
+def test_rlhf_async_is_one_step_stale(cluster):
+    a, s = cluster["rlhf_async"], cluster["rlhf_sync"]
+    assert a.versions == [0, 0, 1, 2, 3, 4]
+    assert a.rewards[0] == s.rewards[0]  # the same first batch from the same initial weights
+    assert a.rewards[1:] != s.rewards[1:]  # later batches come from older weights
+    assert a.trainer_version == 6
+
+
+def test_weights_reach_the_rollout_engine(cluster):
+    assert cluster["bit_equal"]
+    trained, served = cluster["greedy"]
+    assert trained == served  # the engine's greedy tokens are the trainer's
+    assert cluster["init_greedy"] != served  # and differ from the SFT policy's: the check can fail
+
+
+def test_rlhf_task_needs_its_models():
+    with pytest.raises(ValueError, match="init"):
+        pl.run("sync", 2, task="rlhf")
+    with pytest.raises(ValueError, match="task="):
+        pl.run("sync", 2, task="chess")
 
 
 def test_bad_mode_rejected_before_any_actor():

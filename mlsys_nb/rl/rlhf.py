@@ -320,6 +320,30 @@ def rollout(
     return Rollouts(tokens, mask, logprobs)
 
 
+def engine_rollout(llm, prompts, *, max_new_tokens: int = MAX_NEW_TOKENS, seed: int = 0) -> Rollouts:
+    """``rollout`` through the kit's serving engine: ``llm`` is an ``inference.engine.LLM`` around the policy
+    (continuous batching, paged KV cache; weights updated with ``llm.load_weights``). Temperature 1, one
+    seeded generator per request (``seed + i``), the sampled tokens' log-probabilities from the engine
+    (``logprobs=0``: at temperature 1 they are the sampling distribution's). Same ``Rollouts`` layout."""
+    from ..inference import SamplingParams
+
+    _check_int("max_new_tokens", max_new_tokens, 1)
+    b = len(prompts)
+    params = [SamplingParams(temperature=1.0, max_tokens=max_new_tokens, seed=seed + i, logprobs=0) for i in range(b)]
+    outs = llm.generate([TOKENIZER.encode(p) for p in prompts], params, use_tqdm=False)
+    tokens = torch.full((b, PROMPT_LEN + max_new_tokens), EOS, dtype=torch.long)
+    logprobs = torch.zeros(b, max_new_tokens)
+    mask = torch.zeros(b, max_new_tokens, dtype=torch.bool)
+    for i, (p, out) in enumerate(zip(prompts, outs)):
+        c = out.outputs[0]
+        ids = list(c.token_ids)[:max_new_tokens]
+        tokens[i, :PROMPT_LEN] = torch.tensor(TOKENIZER.encode(p))
+        tokens[i, PROMPT_LEN : PROMPT_LEN + len(ids)] = torch.tensor(ids, dtype=torch.long)
+        mask[i, : len(ids)] = True
+        logprobs[i, : len(ids)] = torch.tensor([lp[t].logprob for t, lp in zip(ids, c.logprobs)])
+    return Rollouts(tokens, mask, logprobs)
+
+
 # ------------------------------------------------------------------ KL, evaluation
 def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k1") -> torch.Tensor:
     """Per-sample estimate of KL(pi || pi_ref) from tokens sampled from pi (Schulman, 2020):
@@ -398,6 +422,50 @@ def _history_row(it, policy, reference, rm, t0, flops, seed):
     return row
 
 
+def ppo_update(actor, critic, reference, reward_model, opt, ro: Rollouts, cfg: RLConfig, gen=None) -> float:
+    """One PPO-RLHF iteration on the rollouts ``ro``: reference log-probs, reward-model score, critic values,
+    KL-shaped rewards, GAE advantages, then ``cfg.epochs`` passes of ``cfg.minibatches`` clipped updates of
+    actor and critic. The ratio is taken against ``ro.logprobs``, the log-probabilities of the policy that
+    *sampled* the batch: when rollouts come from weights a step old (one-step off-policy, ``placement``)
+    that is the importance ratio against the stale behaviour policy, and clipping bounds its effect.
+    Returns the model FLOPs of the iteration (2N per token forward, 6N forward + backward)."""
+    b = ro.tokens.shape[0]
+    n_a, n_c = n_params(actor), n_params(critic)
+    ntok = ro.tokens.numel()
+    with torch.no_grad():
+        ref_logp, _ = token_logprobs(reference, ro.tokens)
+        score = reward_model.score(ro.tokens, ro.mask)
+        values = critic.values(ro.tokens)[:, PROMPT_LEN - 1 : -1] * ro.mask  # V of the state before token t
+    rewards = shaped_rewards(score, ro.logprobs, ref_logp, ro.mask, cfg.kl_coef)
+    dones = torch.zeros_like(ro.mask)
+    dones[torch.arange(b), ro.mask.sum(1) - 1] = True
+    dones |= ~ro.mask
+    adv, ret = gae(rewards.T, values.T, dones.T, torch.zeros(b), cfg.gamma, cfg.lam)
+    adv, ret = adv.T, ret.T
+    flops = 2 * (n_a + n_a + n_c + n_c) * ntok  # rollout + reference + reward + critic forwards
+    for _ in range(cfg.epochs):
+        for idx in torch.randperm(b, generator=gen).chunk(cfg.minibatches):
+            m = ro.mask[idx]
+            new_logp, ent = token_logprobs(actor, ro.tokens[idx])
+            v = critic.values(ro.tokens[idx])[:, PROMPT_LEN - 1 : -1]
+            loss, _ = ppo_loss(
+                new_logp[m],
+                ro.logprobs[idx][m],
+                adv[idx][m],
+                v[m],
+                ret[idx][m],
+                ent[m],
+                clip=cfg.clip,
+                vf_coef=cfg.vf_coef,
+            )
+            opt.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(list(actor.parameters()) + list(critic.parameters()), 1.0)
+            opt.step()
+            flops += 6 * (n_a + n_c) * ro.tokens[idx].numel()
+    return flops
+
+
 def ppo(
     sft_model,
     reward_model: ScalarModel,
@@ -416,44 +484,12 @@ def ppo(
     reference = copy.deepcopy(sft_model).eval().requires_grad_(False)
     critic = copy.deepcopy(reward_model).requires_grad_(True).train()  # value model starts as the RM
     opt = torch.optim.Adam(list(actor.parameters()) + list(critic.parameters()), lr=cfg.lr)
-    n_a, n_c = n_params(actor), n_params(critic)
     t0, flops, hist = time.perf_counter(), 0.0, []
     hist.append(_history_row(0, actor, reference, reward_model, t0, flops, seed + 10_000))
     for it in _progress(range(1, cfg.iterations + 1), progress, "PPO"):
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(cfg.batch)]
         ro = rollout(actor, prompts, generator=gen)
-        ntok = ro.tokens.numel()
-        with torch.no_grad():
-            ref_logp, _ = token_logprobs(reference, ro.tokens)
-            score = reward_model.score(ro.tokens, ro.mask)
-            values = critic.values(ro.tokens)[:, PROMPT_LEN - 1 : -1] * ro.mask  # V of the state before token t
-        rewards = shaped_rewards(score, ro.logprobs, ref_logp, ro.mask, cfg.kl_coef)
-        dones = torch.zeros_like(ro.mask)
-        dones[torch.arange(cfg.batch), ro.mask.sum(1) - 1] = True
-        dones |= ~ro.mask
-        adv, ret = gae(rewards.T, values.T, dones.T, torch.zeros(cfg.batch), cfg.gamma, cfg.lam)
-        adv, ret = adv.T, ret.T
-        flops += 2 * (n_a + n_a + n_c + n_c) * ntok  # rollout + reference + reward + critic forwards
-        for _ in range(cfg.epochs):
-            for idx in torch.randperm(cfg.batch, generator=gen).chunk(cfg.minibatches):
-                m = ro.mask[idx]
-                new_logp, ent = token_logprobs(actor, ro.tokens[idx])
-                v = critic.values(ro.tokens[idx])[:, PROMPT_LEN - 1 : -1]
-                loss, _ = ppo_loss(
-                    new_logp[m],
-                    ro.logprobs[idx][m],
-                    adv[idx][m],
-                    v[m],
-                    ret[idx][m],
-                    ent[m],
-                    clip=cfg.clip,
-                    vf_coef=cfg.vf_coef,
-                )
-                opt.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(list(actor.parameters()) + list(critic.parameters()), 1.0)
-                opt.step()
-                flops += 6 * (n_a + n_c) * ro.tokens[idx].numel()
+        flops += ppo_update(actor, critic, reference, reward_model, opt, ro, cfg, gen)
         if it % cfg.eval_every == 0 or it == cfg.iterations:
             hist.append(_history_row(it, actor, reference, reward_model, t0, flops, seed + 10_000))
     return actor.eval(), pd.DataFrame(hist)
