@@ -12,7 +12,8 @@ def test_notebook_19_runs_on_two_ranks_with_solutions():
     for check in (
         "every path leaves the rollouts bit-equal",
         "bucketing cut the sync's peak",
-        "sync/co-located runs are on-policy, async is exactly one step off-policy",
+        "sync/co-located runs are on-policy and identical step for step, async is exactly one step",
+        "PPO raises the true reward with engine rollouts",
         "split layouts gain from overlap",
         "exercise 1",
         "exercise 2",

@@ -35,8 +35,9 @@ from ``mlsys_nb.rl.ppo.ppo_loss``.
   same preference pairs, no reward model, no sampling.
 
 Rollouts come from ``rollout``: one batched sampling loop over the kit's ``inference.KVCache`` (prefill the
-prompts, then one token per step), returning the tokens and the sampler's log-probabilities. It is the one
-function to change to sample with a serving engine instead.
+prompts, then one token per step), returning the tokens and the sampler's log-probabilities;
+``engine_rollout`` samples the same layout with the kit's serving engine (``LLM.generate``), which is what
+the Ray actors of ``placement`` (notebook 19) use. ``ppo_update`` is one PPO iteration on a batch.
 
 Compute is reported two ways: wall seconds (measured on this machine) and FLOPs (a model: 2 N FLOPs per
 token for a forward pass, 6 N for forward + backward, N = parameters of the model that ran; Kaplan et al.,
