@@ -81,6 +81,14 @@ TABS = (
         invalid={"sequences": 0},
     ),
     TabSpec(
+        "rlhf",
+        "RLHF systems",
+        "mlsys_nb.widgets.rlhf",
+        "RLHFSizingWidget",
+        probe={"n_gpus": 64},
+        invalid={"n_gpus": 0},
+    ),
+    TabSpec(
         "practice", "Practice", "mlsys_nb.widgets.practice", "PracticeWidget", probe={"seed": 1}, invalid={"seed": -1}
     ),
 )

@@ -62,6 +62,11 @@ ACTIONS = {
         probe=lambda pg: type_text(pg, ".mlsys-planner-gpus", "512"),
         invalid=lambda pg: type_text(pg, ".mlsys-planner-sequences-step", "0"),  # sequences must be >= 1
     ),
+    "rlhf": dict(
+        title="RLHF systems",
+        probe=lambda pg: type_text(pg, ".mlsys-rlhf-gpus", "64"),
+        invalid=lambda pg: type_text(pg, ".mlsys-rlhf-gpus", "0"),  # at least one GPU
+    ),
     "practice": dict(
         title="Practice",
         probe=lambda pg: type_text(pg, ".mlsys-practice-seed", 1),  # another question

@@ -1,0 +1,162 @@
+"""RLHF sizing: a model, a GPU type, a GPU count and the rollout settings in; per-GPU memory and the
+modelled step of a co-located and a split (disaggregated) PPO-RLHF layout out, side by side
+(``mlsys_nb.rl.sizing.layout_cost``, which builds on ``memory.rlhf_estimate``, the inference roofline
+and the links of ``data/hardware.yaml``). Models, not measurements. The widget computes nothing itself.
+
+``RLHFSizingWidget().widget`` is the ipywidgets container; ``state()``/``set_state()``, ``figure``,
+``table()`` and ``error`` follow the dashboard protocol. Invalid input (0 GPUs, a rollout TP that does
+not divide the rollout GPUs, an MFU above 1) is shown as a message in place of the chart.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .. import hardware
+from ..config import model_presets
+from ..plots import PALETTE, style
+from .base import ControlPanel
+
+DEFAULTS = {
+    "model": "llama-2-7b",
+    "gpu": "H100-SXM",
+    "n_gpus": 16,
+    "rollout_batch": 256,
+    "prompt_len": 512,
+    "response_len": 512,
+    "rollout_tp": 1,
+    "mfu": 0.4,
+    "sync_link": "infiniband-ndr",
+}
+PLACEMENTS = ("colocated", "split")
+PHASES = ("gen", "sync", "train")
+
+
+class RLHFSizingWidget(ControlPanel):
+    """Controls: actor model preset, GPU, GPUs in total, rollout batch (sequences per step), prompt and
+    response lengths (tokens), rollout tensor-parallel degree, training MFU, the link between the
+    trainer and rollout GPUs of a split layout."""
+
+    def __init__(self, **state):
+        import ipywidgets as w
+        from matplotlib.figure import Figure
+
+        s = DEFAULTS | state
+        lay = w.Layout(width="320px")
+        links = [n for n in hardware.links() if n not in ("nvlink4",)] or list(hardware.links())
+        self.controls = {
+            "model": w.Dropdown(options=list(model_presets()), value=s["model"], description="actor", layout=lay),
+            "gpu": w.Dropdown(options=list(hardware.gpus()), value=s["gpu"], description="GPU", layout=lay),
+            "n_gpus": w.IntText(value=s["n_gpus"], description="GPUs", layout=lay),
+            "rollout_batch": w.IntText(value=s["rollout_batch"], description="rollout batch", layout=lay),
+            "prompt_len": w.IntText(value=s["prompt_len"], description="prompt tokens", layout=lay),
+            "response_len": w.IntText(value=s["response_len"], description="response tokens", layout=lay),
+            "rollout_tp": w.IntText(value=s["rollout_tp"], description="rollout TP", layout=lay),
+            "mfu": w.FloatText(value=s["mfu"], description="training MFU", layout=lay),
+            "sync_link": w.Dropdown(
+                options=sorted(set(links) | {s["sync_link"]}),
+                value=s["sync_link"],
+                description="split link",
+                layout=lay,
+            ),
+        }
+        for c in self.controls.values():
+            c.style = {"description_width": "110px"}
+        self.message = w.HTML()
+        self.stats = w.HTML()
+        self.image = self._make_image()
+        with style():
+            self.figure = Figure(figsize=(8.5, 3.4), layout="none")
+            self._axes = self.figure.subplots(1, 2)
+        self.figure.subplots_adjust(left=0.08, right=0.98, top=0.88, bottom=0.16, wspace=0.35)
+        self.error = None
+        self._table = pd.DataFrame()
+        c = list(self.controls.values())
+        self.widget = w.VBox([w.HBox([w.VBox(c[:5]), w.VBox(c[5:])]), self.message, self.stats, self.image])
+        self._wire()
+        self.update()
+
+    def compute(self, state: dict | None = None) -> dict:
+        """Both layouts for a state (no drawing): ``{"colocated": LayoutCost, "split": LayoutCost}``;
+        raises ``ValueError``/``KeyError``/``TypeError`` on bad input (the calculator's messages)."""
+        from ..rl.sizing import layout_cost
+
+        s = state or self.state()
+        for name in ("n_gpus", "rollout_batch", "rollout_tp"):
+            if not (isinstance(s[name], int) and s[name] >= 1):
+                raise ValueError(f"{name}={s[name]} is out of range: allowed an integer >= 1")
+        for name in ("prompt_len", "response_len"):
+            if not (isinstance(s[name], int) and s[name] >= 0):
+                raise ValueError(f"{name}={s[name]} is out of range: allowed an integer >= 0")
+        if s["prompt_len"] + s["response_len"] < 1:
+            raise ValueError("prompt_len + response_len must be at least 1 token")
+        kw = {k: s[k] for k in ("gpu", "n_gpus", "rollout_batch", "prompt_len", "response_len", "rollout_tp", "mfu")}
+        return {p: layout_cost(s["model"], placement=p, sync_link=s["sync_link"], **kw) for p in PLACEMENTS}
+
+    def update(self) -> None:
+        s = self.state()
+        try:
+            r = self.compute(s)
+        except (ValueError, KeyError, TypeError, ZeroDivisionError) as e:
+            self._show_error(str(e).strip("'\""), "Invalid input")
+            return
+        self.error = None
+        self.message.value = ""
+        rows = []
+        for p, c in r.items():
+            rows.append(
+                {
+                    "layout": p,
+                    "GB per GPU (heaviest)": c.per_gpu_bytes / 1e9,
+                    "fits": c.fits,
+                    "gen s": c.gen_s,
+                    "sync s": c.sync_s,
+                    "train s": c.train_s,
+                    "step (sync) s": c.step_sync_s,
+                    "step (async) s": c.step_async_s,
+                }
+            )
+        self._table = pd.DataFrame(rows).set_index("layout")
+        cap = hardware.gpu(s["gpu"]).memory_bytes
+        parts = []
+        for p, c in r.items():
+            heavy = max(c.memory.roles, key=lambda role: sum(c.memory.roles[role][1].values()))
+            verdict = "fits" if c.fits else f"<b style='color:#D55E00'>out of memory</b> (the {heavy} GPUs)"
+            parts.append(
+                f"<b>{p}</b>: {c.per_gpu_bytes / 1e9:.3g} GB per GPU of {cap / 1e9:.3g} GB, {verdict}; "
+                f"step {c.step_sync_s:.3g} s synchronous, {c.step_async_s:.3g} s one step off-policy "
+                f"(weight sync {c.sync_s:.3g} s)"
+            )
+        self.stats.value = (
+            "<br>".join(parts) + "<br><i>Models: roofline generation, training at the MFU set, α-β sync.</i>"
+        )
+        self._draw(r, cap)
+        self._show()
+
+    def _draw(self, r, cap) -> None:
+        mem_ax, time_ax = self._axes
+        with style():
+            for ax in self._axes:
+                ax.clear()
+            names = list(r)
+            mem_ax.bar(names, [r[p].per_gpu_bytes / 1e9 for p in names], color=[PALETTE[0], PALETTE[1]])
+            mem_ax.axhline(cap / 1e9, color="black", lw=1, ls="--", label="GPU memory")
+            mem_ax.set_ylabel("GB per GPU, heaviest role (GB)")
+            mem_ax.legend(fontsize=8, loc="upper right")
+            mem_ax.set_title("memory (model)", fontsize=10)
+            bars = [(f"{p}\nsync", r[p], False) for p in names] + [("split\nasync", r["split"], True)]
+            seen = set()
+            for i, (_, c, overlap) in enumerate(bars):
+                segs = (
+                    [("gen ‖ train", max(c.gen_s, c.train_s))] if overlap else [("gen", c.gen_s), ("train", c.train_s)]
+                )
+                bottom = 0.0
+                for seg, v in [*segs, ("sync", c.sync_s)]:
+                    color = {"gen": PALETTE[0], "train": PALETTE[1], "sync": PALETTE[2], "gen ‖ train": PALETTE[3]}[seg]
+                    time_ax.bar(i, v, bottom=bottom, color=color, label=None if seg in seen else seg)
+                    seen.add(seg)
+                    bottom += v
+            time_ax.set_xticks(range(len(bars)), [b[0] for b in bars])
+            time_ax.set_ylabel("RLHF step, model (s)")
+            time_ax.legend(fontsize=8, loc="upper right")
+            time_ax.set_title("step time", fontsize=10)

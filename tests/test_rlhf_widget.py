@@ -1,0 +1,68 @@
+"""The RLHF sizing widget (dashboard "RLHF systems" tab), driven headless by setting control values."""
+
+import pytest
+
+from mlsys_nb import hardware
+from mlsys_nb.rl import sizing
+from mlsys_nb.widgets.rlhf import RLHFSizingWidget
+
+
+def test_widget_shows_both_layouts_from_the_calculator():
+    w = RLHFSizingWidget(model="llama-2-7b", n_gpus=16)
+    assert w.error is None
+    for placement in ("colocated", "split"):
+        c = sizing.layout_cost("llama-2-7b", placement=placement, n_gpus=16)
+        row = w.table().loc[placement]
+        assert row["GB per GPU (heaviest)"] == pytest.approx(c.per_gpu_bytes / 1e9)
+        assert row["step (sync) s"] == pytest.approx(c.step_sync_s)
+        assert row["step (async) s"] == pytest.approx(c.step_async_s)
+        assert bool(row["fits"]) == c.fits
+    # the memory bars are the table's numbers; the stacked time bars add up to each step
+    mem = [p.get_height() for p in w.figure.axes[0].patches]
+    assert mem == pytest.approx(list(w.table()["GB per GPU (heaviest)"]))
+    t = w.table()
+    tops = {}
+    for p in w.figure.axes[1].patches:
+        x = round(p.get_x() + p.get_width() / 2)
+        tops[x] = max(tops.get(x, 0.0), p.get_y() + p.get_height())
+    want = [t.loc["colocated", "step (sync) s"], t.loc["split", "step (sync) s"], t.loc["split", "step (async) s"]]
+    assert [tops[i] for i in range(3)] == pytest.approx(want)
+    w2 = RLHFSizingWidget(**w.state())
+    assert w2.state() == w.state() and w2.table().equals(w.table())
+
+
+def test_out_of_memory_names_the_role():
+    w = RLHFSizingWidget(model="llama-3.1-405b", n_gpus=64, rollout_tp=8)
+    assert not w.table()["fits"].any()
+    assert "out of memory" in w.stats.value
+    cap = hardware.gpu("H100-SXM").memory_bytes / 1e9
+    assert (w.table()["GB per GPU (heaviest)"] > cap).all()
+
+
+@pytest.mark.parametrize(
+    "bad, word",
+    [
+        ({"n_gpus": 0}, "n_gpus"),
+        ({"rollout_tp": 3}, "rollout_tp"),
+        ({"mfu": 1.5}, "mfu"),
+        ({"rollout_batch": 0}, "rollout_batch"),
+    ],
+)
+def test_invalid_input_is_shown_in_place(bad, word):
+    w = RLHFSizingWidget()
+    w.set_state(bad)
+    assert w.error and word in w.error and w.table().empty and "Invalid" in w.message.value
+    w.set_state({"n_gpus": 16, "rollout_tp": 1, "mfu": 0.4, "rollout_batch": 256})
+    assert w.error is None
+
+
+def test_every_control_at_its_extremes_draws_or_explains():
+    from test_memory_widget import _extremes
+
+    extra = {"n_gpus": [1, 100_000], "rollout_batch": [1, 10**6], "prompt_len": [0, 10**6], "response_len": [0, 10**6]}
+    extra |= {"rollout_tp": [1, 1024], "mfu": [1e-6, 1.0]}
+    for name, control in RLHFSizingWidget().controls.items():
+        for value in _extremes(control) + extra.get(name, []):
+            w = RLHFSizingWidget()
+            w.set_state({name: value})
+            assert w.error or not w.table().empty, (name, value)
