@@ -168,22 +168,18 @@ class LLMEngine:
 
     def _grammar(self, params: SamplingParams, ids: list[int]):
         """Compile a request's json_schema/regex/choice into a budget-aware token mask (structured.py)."""
-        from .structured import Grammar, GrammarError, token_bytes
+        from .structured import Grammar, GrammarError
 
-        if self.tokenizer is None or not self.eos_token_ids:
+        if not isinstance(self.tokenizer, ByteTokenizer) or not self.eos_token_ids:
             raise GrammarError(
-                "structured outputs need a tokenizer (the kit's ByteTokenizer with vocab_size > 256, or a "
-                "transformers fast tokenizer) and an end-of-sequence id"
+                "structured outputs need the byte tokenizer with an end-of-sequence id (vocab_size > 256)"
             )
-        if getattr(self, "_token_bytes", None) is None:
-            self._token_bytes = token_bytes(self.tokenizer)  # once per engine: every grammar walks these
         g = Grammar.compile(
             json_schema=params.json_schema,
             regex=params.regex,
             choice=params.choice,
             vocab_size=self.model.cfg.vocab_size,
             eos_id=min(self.eos_token_ids),
-            token_bytes=self._token_bytes,
         )
         if params.max_tokens < max(1, g.min_tokens):
             raise GrammarError(

@@ -40,7 +40,7 @@ from collections import deque
 
 import torch
 
-__all__ = ["Grammar", "GrammarError", "apply_mask", "choice_regex", "generate_structured", "token_bytes"]
+__all__ = ["Grammar", "GrammarError", "apply_mask", "choice_regex", "generate_structured"]
 
 _META = set("\\.+*?()|[]{}^$#&-~")
 
@@ -56,71 +56,6 @@ def choice_regex(choices) -> str:
     return "(" + "|".join("".join("\\" + ch if ch in _META else ch for ch in c) for c in choices) + ")"
 
 
-def _byte_level_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet inverted: the printable character each byte is written as -> the byte
-    (Radford et al. 2019; the ``ByteLevel`` pre-tokenizer/decoder of the ``tokenizers`` library)."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    cs, n = list(bs), 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
-def _components(node) -> list[str]:
-    """The ``type`` names of a tokenizer.json pre-tokenizer/decoder node and its children (Sequence)."""
-    if not isinstance(node, dict):
-        return []
-    out = [node.get("type", "")]
-    for key in ("pretokenizers", "decoders"):
-        for child in node.get(key) or []:
-            out += _components(child)
-    return out
-
-
-def token_bytes(tokenizer) -> dict[int, bytes]:
-    """The exact byte string of every ordinary token of ``tokenizer`` (special and added tokens left
-    out): what the grammar walks over. The kit's ``ByteTokenizer``: byte i is token i. A transformers
-    fast tokenizer: byte-level BPE (GPT-2, Llama 3, Qwen: ``ByteLevel``, each character stands for one
-    byte) or SentencePiece-style (Llama 2, Mistral: ``Metaspace``/``▁`` for a space, ``<0xNN>``
-    byte-fallback tokens). Raises ``GrammarError`` naming the tokenizer when neither applies."""
-    from .tokenizer import ByteTokenizer
-
-    if isinstance(tokenizer, ByteTokenizer):
-        return {i: bytes([i]) for i in range(256)}
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or not hasattr(tokenizer, "get_vocab"):
-        raise GrammarError(
-            f"structured outputs need each token's bytes; {type(tokenizer).__name__} is neither the kit's "
-            "ByteTokenizer nor a transformers fast tokenizer"
-        )
-    spec = json.loads(backend.to_str())
-    kinds = set(_components(spec.get("pre_tokenizer"))) | set(_components(spec.get("decoder")))
-    special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    special |= {int(t["id"]) for t in spec.get("added_tokens") or []}
-    vocab = {tok: i for tok, i in tokenizer.get_vocab().items() if i not in special}
-    out: dict[int, bytes] = {}
-    if "ByteLevel" in kinds:
-        inv = _byte_level_decoder()
-        for tok, i in vocab.items():
-            if all(ch in inv for ch in tok):
-                out[i] = bytes(inv[ch] for ch in tok)
-    elif kinds & {"Metaspace", "ByteFallback", "Replace"}:
-        for tok, i in vocab.items():
-            if len(tok) == 6 and tok.startswith("<0x") and tok.endswith(">"):
-                out[i] = bytes([int(tok[3:5], 16)])
-            else:
-                out[i] = tok.replace("\u2581", " ").encode("utf-8")
-    else:
-        raise GrammarError(
-            f"structured outputs: cannot derive token bytes for {type(tokenizer).__name__} "
-            f"(pre-tokenizer/decoder {sorted(kinds) or 'none'}; supported: ByteLevel, Metaspace/ByteFallback)"
-        )
-    return {i: b for i, b in out.items() if b}
-
-
 def apply_mask(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """logits with disallowed tokens (``mask`` False) set to −inf; raises if nothing is allowed."""
     if not bool(mask.any()):
@@ -129,9 +64,7 @@ def apply_mask(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 class Grammar:
-    """A compiled constraint over a vocabulary of ``vocab_size`` tokens: ``token_bytes`` maps each token
-    id the grammar may use to its byte string (default: byte tokens 0..255, the kit's ``ByteTokenizer``;
-    ``token_bytes(tokenizer)`` for a transformers tokenizer), plus the end token ``eos_id``.
+    """A compiled constraint over a vocabulary of ``vocab_size`` tokens (byte tokens 0..255 and EOS).
 
     ``initial_state``; ``advance(state, token) -> state``; ``is_final(state)``;
     ``distance[state]``: fewest tokens (without EOS) to reach a match; ``min_tokens``: that from the
@@ -146,7 +79,7 @@ class Grammar:
         token_bytes = token_bytes or {i: bytes([i]) for i in range(256)}
         vocab = {}
         for tid, b in token_bytes.items():
-            if tid != eos_id and 0 <= tid < vocab_size:
+            if tid != eos_id:
                 vocab.setdefault(b, []).append(tid)
         try:
             self.index = Index(regex, Vocabulary(eos_id, vocab))
