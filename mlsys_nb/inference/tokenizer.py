@@ -223,3 +223,61 @@ def _utf8(b: bytes):
         return b.decode("utf-8")
     except UnicodeDecodeError:
         return None
+
+
+STYLES = ("byte_level", "sentencepiece", "metaspace")
+
+
+def train_tokenizer(text: str, vocab_size: int = 400, style: str = "byte_level"):
+    """A small ``transformers`` tokenizer trained here on ``text`` (no download), with an EOS token.
+
+    ``style``: ``"byte_level"`` (GPT-2/Llama 3/Qwen: BPE over GPT-2's byte alphabet, ByteLevel
+    pre-tokenizer and decoder, EOS ``<|endoftext|>``); ``"sentencepiece"`` (Llama 2 as converted by
+    ``transformers``: '▁' for spaces prepended to the text, 256 ``<0xNN>`` byte-fallback tokens, decoder
+    Replace '▁'->' ' + ByteFallback + Fuse + Strip one leading space; ``<unk>``, ``<s>``, ``</s>``);
+    ``"metaspace"`` (byte fallback with a Metaspace pre-tokenizer and decoder, prepend_scheme 'first',
+    splitting at spaces as T5/ALBERT conversions do). ``vocab_size`` counts the learnt tokens (the byte tokens and specials come on top for
+    the SentencePiece styles): ``len(tokenizer)`` is the model's vocabulary size to use."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if style not in STYLES:
+        raise ValueError(f"style={style!r}: allowed {STYLES}")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 300:
+        raise ValueError(f"vocab_size={vocab_size!r} is out of range: allowed an int >= 300")
+    if style == "byte_level":
+        t = Tokenizer(models.BPE())
+        t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        t.decoder = decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        t.train_from_iterator(
+            [text],
+            trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=alphabet),
+        )
+        return PreTrainedTokenizerFast(tokenizer_object=t, eos_token="<|endoftext|>")
+    norm = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    t = Tokenizer(models.BPE())
+    if style == "sentencepiece":
+        t.normalizer = norm
+    else:
+        t.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    t.train_from_iterator([text], trainers.BpeTrainer(vocab_size=vocab_size))
+    spec = json.loads(t.to_str())["model"]
+    specials = ["<unk>", "<s>", "</s>"]
+    vocab = {s: i for i, s in enumerate(specials + [f"<0x{b:02X}>" for b in range(256)])}
+    for s in sorted(spec["vocab"], key=spec["vocab"].get):
+        vocab.setdefault(s, len(vocab))
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in spec["merges"]]
+    sp = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    if style == "sentencepiece":
+        sp.normalizer = norm
+        steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    else:
+        # split at '▁' (no token has one inside: tokenizers' Metaspace decoder drops every '▁' of the first token)
+        sp.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+        steps = [decoders.ByteFallback(), decoders.Metaspace(replacement="▁", prepend_scheme="first")]
+    sp.decoder = decoders.Sequence(steps)
+    sp.add_special_tokens(specials)
+    return PreTrainedTokenizerFast(tokenizer_object=sp, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
