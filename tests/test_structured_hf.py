@@ -235,3 +235,22 @@ def test_server_response_format_with_a_converted_model(setup):
         server.should_exit = True
         thread.join(timeout=30)
     assert not thread.is_alive()
+
+
+def test_structured_with_speculative_decoding(setup):
+    """Drafted tokens (prompt lookup) are masked by the same grammar over the tokenizer's bytes."""
+    kind, tok, llm = setup
+    spec = LLM(llm.engine.model, tokenizer=tok, speculative_model="ngram", num_speculative_tokens=3)
+    kw = {"json_schema": SCHEMA}
+    prompt = 'Q: {"name":"red","age":12,"tags":["red"]}\nA:'
+    for seed in range(3):
+        params = SamplingParams(max_tokens=40, temperature=1.0, seed=seed, **kw)
+        c = spec.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+        text = tok.decode(c.token_ids, skip_special_tokens=True)
+        assert c.text == text
+        check(kw, text)
+    greedy = SamplingParams(max_tokens=40, temperature=0.0, **kw)
+    assert (
+        spec.generate([prompt], greedy, use_tqdm=False)[0].outputs[0].token_ids
+        == llm.generate([prompt], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    )
