@@ -110,6 +110,16 @@ def test_token_bytes_match_the_tokenizer(setup):
         assert tb[tok.convert_tokens_to_ids("<0x0A>")] == b"\n"
 
 
+def test_bytes_to_unicode_is_gpt2s_alphabet():
+    """Against the tokenizers library's ByteLevel pre-tokenizer: same 256 characters, and a text's
+    UTF-8 bytes mapped one by one give what the pre-tokenizer writes."""
+    pre = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    m = tk.bytes_to_unicode()
+    assert sorted(m.values()) == sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    text = "".join(chr(i) for i in range(1, 0x800)) + "€ 𝄞 \t\n\r"
+    assert "".join(m[b] for b in text.encode()) == "".join(p for p, _ in pre.pre_tokenize_str(text))
+
+
 def run(llm, tok, kw, temperature, seeds, max_tokens):
     params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=s, **kw) for s in seeds]
     outs = llm.generate(["Q: give an answer.\nA:"] * len(seeds), params, use_tqdm=False)

@@ -96,7 +96,7 @@ def decode_stream(tok):
 # ---- token bytes: what each token id writes, for grammar masks (structured outputs) ----------------
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte-level alphabet: each byte 0-255 as a printable character (Radford et al., 2019,
-    ``encoder.py``): printable Latin-1 bytes map to themselves, the other 68 to U+0100 onwards."""
+    the released GPT-2 tokenizer): printable Latin-1 bytes map to themselves, the other 68 to U+0100 on."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars, n = {}, 0
     for b in range(256):
@@ -236,8 +236,9 @@ def train_tokenizer(text: str, vocab_size: int = 400, style: str = "byte_level")
     ``transformers``: '▁' for spaces prepended to the text, 256 ``<0xNN>`` byte-fallback tokens, decoder
     Replace '▁'->' ' + ByteFallback + Fuse + Strip one leading space; ``<unk>``, ``<s>``, ``</s>``);
     ``"metaspace"`` (byte fallback with a Metaspace pre-tokenizer and decoder, prepend_scheme 'first',
-    splitting at spaces as T5/ALBERT conversions do). ``vocab_size`` counts the learnt tokens (the byte tokens and specials come on top for
-    the SentencePiece styles): ``len(tokenizer)`` is the model's vocabulary size to use."""
+    splitting at spaces as T5/ALBERT conversions do). ``vocab_size`` counts the learnt tokens (the byte
+    tokens and specials come on top for the SentencePiece styles): ``len(tokenizer)`` is the model's
+    vocabulary size to use."""
     import json
 
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
