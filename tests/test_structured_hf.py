@@ -90,6 +90,7 @@ def test_token_bytes_match_the_tokenizer(setup):
     kind, tok, llm = setup
     tb, strips = tk.token_bytes(tok, len(tok))
     assert strips == (kind != "byte_level")
+    assert tk.token_bytes(tok, len(tok))[0] is tb  # cached per tokenizer: derived once, not per request
     assert tok.eos_token_id not in tb and max(len(b) for b in tb.values()) >= 4  # multi-byte tokens
     rng = random.Random(1)
     for text in [corpus()[i : i + 80] for i in range(0, 4000, 400)] + ['{"ünï":"€ 𝄞\\n"}', "naïve café ☃ 12.5"]:
