@@ -9,7 +9,9 @@ Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
 - ``kv_cache_bytes(model, tokens, dtype)``, ``kv_bytes_per_token``, ``weight_bytes``,
   ``max_concurrent_sequences(model, gpu, seq_len, ...)``: sizes in bytes (MHA/GQA/MQA and MLA).
 - ``ByteTokenizer`` (``tokenizer``): ids 0-255 are bytes, ``eos_id`` = 256; incremental decoding
-  (``decode_stream``) holds back an incomplete UTF-8 character.
+  (``decode_stream``) holds back an incomplete UTF-8 character. ``token_bytes(tok, vocab_size)``: each
+  token's exact bytes (byte tokenizer, or a ``transformers`` byte-level BPE / SentencePiece-style
+  tokenizer) for grammar masks; ``train_tokenizer(text, vocab_size, style)`` trains a small one here.
 - ``generate(model, tokenizer, prompts, ...)`` (``generation``): greedy/sampled decoding with the cache.
 - Roofline (``roofline``): ``step_cost``, ``prefill_cost``, ``decode_cost`` -> ``StepCost`` (FLOPs,
   bytes, arithmetic intensity, compute- or memory-bound, modelled time per token on a GPU of

@@ -170,16 +170,22 @@ class LLMEngine:
         """Compile a request's json_schema/regex/choice into a budget-aware token mask (structured.py)."""
         from .structured import Grammar, GrammarError
 
-        if not isinstance(self.tokenizer, ByteTokenizer) or not self.eos_token_ids:
+        vocab = self.model.cfg.vocab_size
+        eos = min(self.eos_token_ids, default=None)
+        if self.tokenizer is None or eos is None or not 0 <= eos < vocab:
             raise GrammarError(
-                "structured outputs need the byte tokenizer with an end-of-sequence id (vocab_size > 256)"
+                f"structured outputs need a tokenizer with an end-of-sequence id below vocab_size={vocab} "
+                f"(got tokenizer {type(self.tokenizer).__name__}, eos {eos}); pass LLM(model, tokenizer=...)"
             )
+        tb, strips = self._token_bytes()
         g = Grammar.compile(
             json_schema=params.json_schema,
             regex=params.regex,
             choice=params.choice,
-            vocab_size=self.model.cfg.vocab_size,
-            eos_id=min(self.eos_token_ids),
+            vocab_size=vocab,
+            eos_id=eos,
+            token_bytes=tb,
+            no_leading_space=strips,
         )
         if params.max_tokens < max(1, g.min_tokens):
             raise GrammarError(
@@ -191,6 +197,16 @@ class LLMEngine:
                 f"max_model_len={self.max_model_len}"
             )
         return g
+
+    def _token_bytes(self):
+        """Each token's bytes for grammar masks (``tokenizer.token_bytes``, cached per tokenizer)."""
+        from .structured import GrammarError
+        from .tokenizer import TokenBytesError, token_bytes
+
+        try:
+            return token_bytes(self.tokenizer, self.model.cfg.vocab_size)
+        except TokenBytesError as e:
+            raise GrammarError(str(e)) from None
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now (e.g. its client went away) and free its blocks."""

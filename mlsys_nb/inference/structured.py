@@ -15,6 +15,16 @@ cannot be read off; xgrammar pulls triton (~1 GB). Neither outlines-core nor llg
 dependencies; outlines-core handles regular languages only (JSON schema with bounded recursion),
 which covers ``json_schema``/``regex``/``choice``.
 
+Tokens are byte strings: ``token_bytes={id: bytes}`` (default the byte tokenizer's ids 0-255). A
+``transformers`` tokenizer of a converted model works too: ``tokenizer.token_bytes`` derives each
+token's exact bytes from its decoder (byte-level BPE: invert GPT-2's ``bytes_to_unicode``;
+SentencePiece: '▁' is a space and ``<0xNN>`` is one byte), leaves out special/added tokens, and checks
+every token against the tokenizer's own ``decode``. outlines-core's ``Vocabulary`` takes those bytes
+as keys, multi-byte and partial UTF-8 tokens included, and its automaton steps over whole tokens, so
+the shortest completion below counts tokens, not bytes. A tokenizer whose decode drops the first
+space (SentencePiece's ``Strip``) gets ``no_leading_space=True``: a separate start state without
+space-initial tokens, so the decoded text is exactly the concatenated bytes.
+
 The mask (written here, not by the library):
 
 - ``allowed_mask(state, remaining)``: token t is allowed iff the automaton has a transition on t
@@ -43,6 +53,7 @@ import torch
 __all__ = ["Grammar", "GrammarError", "apply_mask", "choice_regex", "generate_structured"]
 
 _META = set("\\.+*?()|[]{}^$#&-~")
+_START = -1  # the start state when the output must not begin with a space (no outlines-core state is < 0)
 
 
 class GrammarError(ValueError):
@@ -64,14 +75,16 @@ def apply_mask(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 class Grammar:
-    """A compiled constraint over a vocabulary of ``vocab_size`` tokens (byte tokens 0..255 and EOS).
+    """A compiled constraint over a vocabulary of ``vocab_size`` tokens (``token_bytes`` and EOS).
 
     ``initial_state``; ``advance(state, token) -> state``; ``is_final(state)``;
     ``distance[state]``: fewest tokens (without EOS) to reach a match; ``min_tokens``: that from the
     start; ``allowed_mask(state, remaining) -> bool [vocab_size]``. ``mask_seconds``/``mask_calls``:
     measured time spent computing masks (cache hits included)."""
 
-    def __init__(self, regex: str, *, vocab_size: int = 257, eos_id: int = 256, token_bytes=None):
+    def __init__(
+        self, regex: str, *, vocab_size: int = 257, eos_id: int = 256, token_bytes=None, no_leading_space: bool = False
+    ):
         from outlines_core import Index, Vocabulary
 
         if eos_id is None or not 0 <= eos_id < vocab_size:
@@ -79,17 +92,26 @@ class Grammar:
         token_bytes = token_bytes or {i: bytes([i]) for i in range(256)}
         vocab = {}
         for tid, b in token_bytes.items():
-            if tid != eos_id:
-                vocab.setdefault(b, []).append(tid)
+            if tid != eos_id and b and 0 <= tid < vocab_size:
+                vocab.setdefault(bytes(b), []).append(tid)  # outlines-core takes each token's bytes as the key
         try:
             self.index = Index(regex, Vocabulary(eos_id, vocab))
         except Exception as e:  # outlines-core raises ValueError on a regex it cannot build
             raise GrammarError(f"regex={regex!r} is invalid or unsupported: {e}") from None
         self.regex, self.vocab_size, self.eos_id = regex, vocab_size, eos_id
+        self.token_bytes = token_bytes
         self.initial_state = self.index.get_initial_state()
         self.transitions = {
-            s: {t: n for t, n in tr.items() if t != eos_id} for s, tr in self.index.get_transitions().items()
+            s: {t: n for t, n in tr.items() if t != eos_id and t < vocab_size}
+            for s, tr in self.index.get_transitions().items()
         }
+        self._start = None
+        if no_leading_space:  # a decoder that strips the text's first space: the output must not start with one
+            self._start = self.initial_state
+            self.initial_state = _START  # a separate start state: the automaton may revisit its initial one
+            self.transitions[_START] = {
+                t: n for t, n in self.transitions.get(self._start, {}).items() if not token_bytes[t].startswith(b" ")
+            }
         self.distance = self._distances()
         self.min_tokens = self.distance.get(self.initial_state)
         if self.min_tokens is None:
@@ -112,7 +134,7 @@ class Grammar:
         for s, tr in self.transitions.items():
             for n in tr.values():
                 rev.setdefault(n, set()).add(s)
-        dist = {s: 0 for s in states | set(self.index.get_final_states()) if self.index.is_final_state(s)}
+        dist = {s: 0 for s in states | set(self.index.get_final_states()) if self.is_final(s)}
         queue = deque(dist)
         while queue:
             n = queue.popleft()
@@ -124,9 +146,20 @@ class Grammar:
 
     @classmethod
     def compile(
-        cls, *, json_schema=None, regex=None, choice=None, vocab_size: int = 257, eos_id: int = 256, token_bytes=None
+        cls,
+        *,
+        json_schema=None,
+        regex=None,
+        choice=None,
+        vocab_size: int = 257,
+        eos_id: int = 256,
+        token_bytes=None,
+        no_leading_space: bool = False,
     ) -> Grammar:
-        """Exactly one of ``json_schema`` (dict or JSON string), ``regex``, ``choice``."""
+        """Exactly one of ``json_schema`` (dict or JSON string), ``regex``, ``choice``. ``token_bytes``:
+        ``{token_id: bytes it writes}`` (default: the byte tokenizer's 0..255; for a ``transformers``
+        tokenizer ``tokenizer.token_bytes``); ``no_leading_space``: no first token starting with a space
+        (the tokenizer's decode would drop it)."""
         given = [n for n, v in (("json_schema", json_schema), ("regex", regex), ("choice", choice)) if v is not None]
         if len(given) != 1:
             raise GrammarError(f"give exactly one of json_schema=, regex=, choice= (got {given or 'none'})")
@@ -136,7 +169,7 @@ class Grammar:
             regex = choice_regex(choice)
         elif not isinstance(regex, str) or not regex:
             raise GrammarError(f"regex={regex!r}: allowed a non-empty string")
-        g = cls(regex, vocab_size=vocab_size, eos_id=eos_id, token_bytes=token_bytes)
+        g = cls(regex, vocab_size=vocab_size, eos_id=eos_id, token_bytes=token_bytes, no_leading_space=no_leading_space)
         g.source = {given[0]: json_schema if json_schema is not None else choice if choice is not None else regex}
         return g
 
@@ -147,7 +180,7 @@ class Grammar:
         return nxt
 
     def is_final(self, state) -> bool:
-        return bool(self.index.is_final_state(state))
+        return bool(self.index.is_final_state(self._start if state == _START else state))
 
     def allowed_mask(self, state, remaining: int) -> torch.Tensor:
         """bool [vocab_size]: tokens allowed in ``state`` with ``remaining`` tokens of budget."""
