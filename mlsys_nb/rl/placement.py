@@ -112,30 +112,8 @@ def ray_session(num_cpus: int = 2, object_store_mb: int = 200, wait_s: float = 1
 class _Worker:
     """The body of ``RLWorker`` (a plain class, so it can also run without Ray)."""
 
-    def __init__(
-        self,
-        hidden: int = 32,
-        n_layers: int = 2,
-        *,
-        seed: int = 0,
-        lr: float = 0.05,
-        die_at_step: int | None = None,
-        batch: int = 8,
-        response_len: int = 8,
-        task: str = "toy",
-        init: dict | None = None,
-    ):
-        self.reset(
-            hidden,
-            n_layers,
-            seed=seed,
-            lr=lr,
-            die_at_step=die_at_step,
-            batch=batch,
-            response_len=response_len,
-            task=task,
-            init=init,
-        )
+    def __init__(self, *args, **kwargs):
+        self.reset(*args, **kwargs)  # the same settings as ``reset`` (see there)
 
     def reset(
         self,
