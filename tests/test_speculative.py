@@ -2,6 +2,7 @@
 the broken rules caught by the same test, tokens per forward against the closed form."""
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -187,7 +188,109 @@ def test_llm_speculative_model_and_structured():
             ["x"], SamplingParams(json_schema=schema, max_tokens=30, temperature=1.5, seed=seed), use_tqdm=False
         )[0]
         jsonschema.validate(json.loads(o.outputs[0].text), schema)
-    with pytest.raises(ValueError, match="top_p"):
-        llm.generate(["x"], SamplingParams(top_p=0.5))
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         LLM(target, speculative_model="ngram", num_speculative_tokens=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    from mlsys_nb.config import load_model_preset
+
+    torch.manual_seed(0)
+    target = Transformer(load_model_preset("tiny")).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(20)
+    near = copy.deepcopy(target)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for prm in near.parameters():
+            prm.mul_(1 + 0.1 * torch.randn(prm.shape, generator=g))
+    return target, near
+
+
+def test_speculative_llm_stops_logprobs_and_n_match_the_engine(tiny_pair):
+    """Greedy with stop strings, stop token ids and logprobs: the speculative path returns what the
+    continuous-batching engine returns alone (text, token ids, finish and stop reasons, raw logprobs)."""
+    from mlsys_nb.inference import LLM, SamplingParams
+
+    target, near = tiny_pair
+    prompts = ["the cat sat on the mat; the cat ", "abcabcabc"]
+    plain = LLM(target)
+    ref_all = plain.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
+    text0 = ref_all[0].outputs[0].text
+    stop_str = text0[5:8]  # a string the greedy output does contain
+    stop_tok = ref_all[1].outputs[0].token_ids[6]
+    cases = [
+        SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[stop_str]),
+        SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop_token_ids=[stop_tok], logprobs=2),
+    ]
+    ref = plain.generate(prompts, cases, use_tqdm=False)
+    for draft in (near, "ngram"):
+        got = LLM(target, speculative_model=draft, num_speculative_tokens=3).generate(prompts, cases, use_tqdm=False)
+        for r, o in zip(ref, got):
+            a, b = r.outputs[0], o.outputs[0]
+            assert (b.text, b.token_ids, b.finish_reason, b.stop_reason) == (
+                a.text,
+                a.token_ids,
+                a.finish_reason,
+                a.stop_reason,
+            )
+        a, b = ref[1].outputs[0], got[1].outputs[0]
+        for la, lb in zip(a.logprobs, b.logprobs):
+            assert la.keys() == lb.keys()
+            assert all(abs(la[t].logprob - lb[t].logprob) < 1e-4 and la[t].rank == lb[t].rank for t in la)
+        assert abs(a.cumulative_logprob - b.cumulative_logprob) < 1e-3
+    # n samples, seeded: reproducible, and different from each other
+    llm = LLM(target, speculative_model=near, num_speculative_tokens=3)
+    two = SamplingParams(temperature=1.0, max_tokens=16, n=2, seed=7, ignore_eos=True)
+    o1, o2 = (llm.generate(["x"], two, use_tqdm=False)[0] for _ in range(2))
+    assert [c.token_ids for c in o1.outputs] == [c.token_ids for c in o2.outputs]
+    assert len(o1.outputs) == 2 and o1.outputs[0].token_ids != o1.outputs[1].token_ids
+    # top_k = 1 at temperature 1 is greedy: equal to the target alone
+    one = LLM(target, speculative_model=near, num_speculative_tokens=3).generate(
+        prompts, SamplingParams(temperature=1.0, top_k=1, max_tokens=24, ignore_eos=True), use_tqdm=False
+    )
+    assert [o.outputs[0].token_ids for o in one] == [o.outputs[0].token_ids for o in ref_all]
+
+
+def _first_tokens(target, draft, params, n):
+    from mlsys_nb.inference import LLM
+
+    llm = LLM(target, speculative_model=draft, num_speculative_tokens=2)
+    outs = llm.generate([[1, 2, 3]] * n, [dataclasses.replace(params, seed=s) for s in range(n)], use_tqdm=False)
+    return np.bincount([o.outputs[0].token_ids[0] for o in outs], minlength=target.cfg.vocab_size)
+
+
+def test_top_k_top_p_speculation_samples_the_filtered_target(tiny_pair, monkeypatch):
+    """The first token of speculative samples with top_k / top_p follows the target's filtered
+    distribution (chi-square, p > 1e-3); decoding that ignores top_k (unfiltered target and draft) fails."""
+    from mlsys_nb.inference import SamplingParams
+    from mlsys_nb.inference.sampler import filter_probs
+
+    target, near = tiny_pair
+    with torch.no_grad():
+        logits = target(torch.tensor([[1, 2, 3]]))[0, -1].float()
+    n = 600
+    for params in (
+        SamplingParams(temperature=8.0, top_k=4, max_tokens=2),
+        SamplingParams(temperature=8.0, top_p=0.6, max_tokens=2),
+    ):
+        p = filter_probs(logits, params.temperature, params.top_k, params.top_p).double().numpy()
+        support = p > 0
+        counts = _first_tokens(target, near, params, n)
+        assert counts[~support].sum() == 0
+        assert chisquare(counts[support], n * p[support] / p[support].sum()).pvalue > 1e-3
+    # broken: top_k ignored by the speculative loop
+    real = spec.speculative_generate
+
+    def unfiltered_target(*a, **kw):
+        kw = dict(kw, top_k=-1, top_p=1.0)
+        return real(*a, **kw)
+
+    import mlsys_nb.inference.speculative as sp
+
+    monkeypatch.setattr(sp, "speculative_generate", unfiltered_target)
+    params = SamplingParams(temperature=8.0, top_k=4, max_tokens=2)
+    p = filter_probs(logits, params.temperature, params.top_k, params.top_p).double().numpy()
+    counts = _first_tokens(target, near, params, n)
+    assert counts[p == 0].sum() > 0  # tokens outside the top 4 appear: the check fails

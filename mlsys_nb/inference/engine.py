@@ -367,10 +367,11 @@ class LLM:
 
     ``speculative_model`` (a ``Transformer``, a preset name or ``"ngram"``) with
     ``num_speculative_tokens`` = k switches ``generate`` to speculative decoding (``speculative.py``):
-    each request runs ALONE (batch 1, contiguous caches), not in the paged continuous-batching
-    scheduler; temperature, max_tokens, seed, EOS and json_schema/regex/choice are honoured
-    (drafted tokens are masked by the grammar too); top_k/top_p, stop strings, logprobs and n > 1 are
-    not (ValueError). ``spec_stats``: one ``SpecStats`` per request (α, tokens per forward)."""
+    each request runs ALONE (batch 1, contiguous caches: where decode is memory-bound and drafting
+    pays), not in the paged continuous-batching scheduler; temperature, top_k, top_p, max_tokens,
+    seed, n, EOS, stop strings, stop token ids, logprobs (the target's raw ones) and
+    json_schema/regex/choice are honoured (drafted tokens are masked by the grammar too).
+    ``spec_stats``: one ``SpecStats`` per sample (α, tokens per forward)."""
 
     def __init__(
         self,
@@ -452,22 +453,16 @@ class LLM:
         return [done[i] for i in ids]
 
     def _generate_speculative(self, prompts, params) -> list[RequestOutput]:
+        """Each request decoded on its own (batch 1, where decode is memory-bound and drafting pays),
+        ``n`` samples with seeds ``seed + i``; temperature/top_k/top_p shape target and draft alike,
+        stop strings and stop token ids end a sample, logprobs are the target's raw ones."""
+        from .sampler import _logprobs
         from .speculative import speculative_generate
 
         eng, outs = self.engine, []
         checked = []
         for prompt, p in zip(prompts, params):  # every request is validated before any runs
             p = p or SamplingParams()
-            for name, ok in (
-                ("top_k", p.top_k == -1),
-                ("top_p", p.top_p == 1.0),
-                ("stop", not p.stop),
-                ("stop_token_ids", not p.stop_token_ids),
-                ("logprobs", p.logprobs is None),
-                ("n", p.n == 1),
-            ):
-                if not ok:
-                    raise ValueError(f"{name}={getattr(p, name)!r} is not supported with speculative decoding here")
             ids = eng.encode(prompt)
             if not ids:
                 raise ValueError("prompt is empty: a request needs at least one token")
@@ -475,24 +470,56 @@ class LLM:
             checked.append((prompt, p, ids, grammar))
         for prompt, p, ids, grammar in checked:
             eos = None if p.ignore_eos or not eng.eos_token_ids else min(eng.eos_token_ids)
-            toks, stats = speculative_generate(
-                eng.model,
-                ids,
-                draft=self.speculative_model,
-                k=self.num_speculative_tokens,
-                max_new_tokens=p.max_tokens,
-                temperature=p.temperature,
-                seed=self.seed if p.seed is None else p.seed,
-                eos_id=eos,
-                allowed=None if grammar is None else grammar.walker(p.max_tokens),
-            )
-            self.spec_stats.append(stats)
-            stop = bool(toks) and toks[-1] == eos
-            text_ids = toks[:-1] if stop and toks[-1] == eos else toks
-            text = eng.decode(text_ids) if eng.tokenizer is not None else ""
-            out = CompletionOutput(0, text, list(toks), None, None, "stop" if stop else "length")
+            completions = []
+            for i in range(p.n):
+                hit = {"text": ""}
+                detok = decode_stream(eng.tokenizer) if (p.stop and eng.tokenizer is not None) else None
+
+                def stop(toks, p=p, hit=hit, detok=detok):  # the engine's rules, on its incremental text
+                    tok = toks[-1]
+                    if tok in p.stop_token_ids:
+                        hit["reason"] = tok
+                        return True
+                    if detok is not None and tok not in eng.eos_token_ids:
+                        hit["text"] += detok.step(tok)
+                        found = [(hit["text"].find(x), x) for x in p.stop if x in hit["text"]]
+                        if found:
+                            hit["cut"], hit["reason"] = min(found)
+                            return True
+                    return False
+
+                toks, stats = speculative_generate(
+                    eng.model,
+                    ids,
+                    draft=self.speculative_model,
+                    k=self.num_speculative_tokens,
+                    max_new_tokens=p.max_tokens,
+                    temperature=p.temperature,
+                    top_k=p.top_k,
+                    top_p=p.top_p,
+                    seed=(self.seed if p.seed is None else p.seed) + i,
+                    eos_id=eos,
+                    allowed=None if grammar is None else grammar.walker(p.max_tokens),
+                    stop=stop if (p.stop or p.stop_token_ids) else None,
+                    keep_logprobs=p.logprobs is not None,
+                )
+                self.spec_stats.append(stats)
+                ended = bool(toks) and (toks[-1] == eos or "reason" in hit)
+                text_ids = toks[:-1] if eos is not None and toks and toks[-1] == eos else toks
+                text = eng.decode(text_ids) if eng.tokenizer is not None else ""
+                if "cut" in hit:  # cut where the engine cuts: in its incremental text
+                    text = hit["text"][: hit["cut"]]
+                lps = None
+                if p.logprobs is not None:
+                    lps = [_logprobs(row, t, p.logprobs, eng.tokenizer) for row, t in zip(stats.logprobs, toks)]
+                cum = sum(lp[t].logprob for lp, t in zip(lps, toks)) if lps is not None else None
+                completions.append(
+                    CompletionOutput(i, text, list(toks), cum, lps, "stop" if ended else "length", hit.get("reason"))
+                )
             outs.append(
-                RequestOutput(str(next(self._next)), prompt if isinstance(prompt, str) else None, ids, [out], True)
+                RequestOutput(
+                    str(next(self._next)), prompt if isinstance(prompt, str) else None, ids, completions, True
+                )
             )
         return outs
 

@@ -167,6 +167,7 @@ class SpecStats:
     emitted: int = 0  # tokens produced (accepted + corrections/bonuses)
     accepted_per_step: list[int] = field(default_factory=list)
     seconds: float = 0.0
+    logprobs: list = field(default_factory=list)  # per emitted token: the target's raw log-softmax row (if asked)
 
     @property
     def alpha(self) -> float:
@@ -206,6 +207,10 @@ def speculative_generate(
     seed: int = 0,
     eos_id: int | None = None,
     allowed=None,
+    top_k: int = -1,
+    top_p: float = 1.0,
+    stop=None,
+    keep_logprobs: bool = False,
 ) -> tuple[list[int], SpecStats]:
     """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` with speculative decoding.
 
@@ -213,7 +218,12 @@ def speculative_generate(
     None (the target alone: one token per forward, the reference). ``k`` >= 1 tokens drafted per
     step. ``allowed``: optional callback ``allowed(tokens_so_far) -> bool mask [V] or None`` (a
     grammar, ``structured.py``) applied to every distribution of draft and target, so drafted tokens
-    are checked against it. Returns ``(tokens, SpecStats)``."""
+    are checked against it. ``temperature``/``top_k``/``top_p`` shape both distributions as the
+    engine's sampler does (``sampler.filter_probs``): the output follows the target's filtered
+    distribution. ``stop``: optional callback ``stop(tokens_so_far) -> bool`` checked after every
+    emitted token (stop strings, stop token ids). ``keep_logprobs``: keep the target's raw
+    log-softmax row of every emitted token in ``SpecStats.logprobs`` (vLLM's raw logprobs).
+    Returns ``(tokens, SpecStats)``."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k={k!r} is out of range: allowed an int >= 1")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -254,7 +264,11 @@ def speculative_generate(
                 from .structured import apply_mask
 
                 logits = apply_mask(logits, m)
-        return to_probs(logits, temperature)
+        if temperature == 0 or (top_k == -1 and top_p == 1.0):
+            return to_probs(logits, temperature)
+        from .sampler import filter_probs
+
+        return filter_probs(logits.float(), temperature, top_k, top_p)
 
     while len(out) < max_new_tokens:
         context = prompt + out
@@ -305,16 +319,18 @@ def speculative_generate(
                 drf.pending = [t]
             else:
                 drf.pending = [props[-1], t]
-        stop = False
-        for tok in new:
+        done = False
+        for i, tok in enumerate(new):
             if len(out) >= max_new_tokens:
                 break
             out.append(tok)
             stats.emitted += 1
-            if eos_id is not None and tok == eos_id:
-                stop = True
+            if keep_logprobs:
+                stats.logprobs.append(torch.log_softmax(logits[i].float(), -1))
+            if (eos_id is not None and tok == eos_id) or (stop is not None and stop(out)):
+                done = True
                 break
-        if stop:
+        if done:
             break
     stats.seconds = time.perf_counter() - t0
     return out, stats
