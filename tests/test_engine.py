@@ -413,4 +413,6 @@ def test_cuda_graph_padding_changes_nothing(model):
         io = _StaticDecode(eng.kv, 8, eng.kv.manager.blocks_needed(eng.max_model_len), "cpu")
         io.load(batch)
         got = model(io.tokens, positions=io.positions, cache=io)[0][:3][batch.sample_rows]
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # 8 padded rows vs 3 packed rows: the matmuls have other shapes, so the CPU's GEMM may block them
+    # differently (fp32 rounding up to ~3e-5 seen on AMD EPYC); a padding bug moves logits by O(1)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -289,14 +289,16 @@ class _Worker:
     def get_weights(self) -> dict:
         return {k: v.detach().clone() for k, v in self._trainee().state_dict().items()}
 
-    def greedy(self, n_tokens: int = 8) -> list[int]:
-        """Greedy tokens of the rollout engine from the first prompt (temperature 0): shows which weights
-        the engine really serves."""
+    def greedy(self, n_tokens: int = 8) -> tuple[list[int], list[float]]:
+        """Greedy tokens of the rollout engine from the first prompt (temperature 0) and the engine's
+        log-probability of each (natural log): shows which weights the engine really serves. The
+        log-probabilities move with every training step even when the argmax tokens do not."""
         from ..inference import SamplingParams
 
         prompt = [ord(c) for c in ("Q1:" if self.task == "rlhf" else "q:")]
-        out = self._engine().generate(prompt, SamplingParams(temperature=0.0, max_tokens=n_tokens), use_tqdm=False)
-        return list(out[0].outputs[0].token_ids)
+        params = SamplingParams(temperature=0.0, max_tokens=n_tokens, logprobs=0)
+        out = self._engine().generate(prompt, params, use_tqdm=False)[0].outputs[0]
+        return list(out.token_ids), [lp[t].logprob for t, lp in zip(out.token_ids, out.logprobs)]
 
     def sync_local(self) -> float:
         """Hybrid worker: the rollout copy takes the trainer copy's weights (an in-process copy)."""
