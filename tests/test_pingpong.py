@@ -17,6 +17,9 @@ def test_predictions_are_the_ring_step_counts(n):
     ag = (n - 1) * a + (n - 1) / n * s / b
     assert np.allclose(pingpong.predict("all_reduce", s, n, a, b, g), ar, rtol=1e-12)
     assert np.allclose(pingpong.predict("all_gather", s, n, a, b, g), ag, rtol=1e-12)
+    d = rng.uniform(1e-11, 1e-9)  # the backend's flat-buffer copy: S·δ on the all-gather only
+    assert np.allclose(pingpong.predict("all_gather", s, n, a, b, g, copy_s_per_byte=d), ag + s * d, rtol=1e-12)
+    assert np.allclose(pingpong.predict("all_reduce", s, n, a, b, g, copy_s_per_byte=d), ar, rtol=1e-12)
 
 
 def test_wrong_algorithm_or_missing_reduction_changes_the_prediction():
@@ -26,6 +29,11 @@ def test_wrong_algorithm_or_missing_reduction_changes_the_prediction():
     assert (np.abs(tree - ring) / ring > 0.5).all(), "at n = 2 the binomial tree moves twice the ring's bytes"
     no_gamma = pingpong.predict("all_reduce", s, 2, a, b, 0.0)
     assert (no_gamma < ring).all()
+
+
+def test_negative_copy_cost_is_rejected():
+    with pytest.raises(ValueError, match="copy_s_per_byte"):
+        pingpong.predict("all_gather", [1024], 2, 1e-5, 1e9, 0.0, copy_s_per_byte=-1e-10)
 
 
 def test_fit_recovers_alpha_beta_from_exact_times():

@@ -8,7 +8,11 @@ the fit never saw, at sizes 4-16x larger than any fitted size, from the algorith
 (``mlsys_nb.comm.cost.cost_coefficients``, Thakur et al. 2005):
 
     all_reduce (ring):  2(n-1)·α + 2(n-1)/n·S/β + (n-1)/n·S·γ   (the reduce-scatter half reduces)
-    all_gather (ring):  (n-1)·α + (n-1)/n·S/β
+    all_gather (ring):  (n-1)·α + (n-1)/n·S/β + S·δ               (δ: gloo's flat-buffer copy, below)
+
+PyTorch's gloo backend gathers into a newly allocated flat buffer of S bytes and then copies it into
+the output tensor (``ProcessGroupGloo``'s all-gather): local work no step count sees. ``δ`` is its
+measured cost per byte of output: a fresh S-byte buffer written, then copied out (``copy_s`` below).
 
 ``measure`` is the rank function (two or more ranks; ping-pong between ranks 0 and 1); ``predict``
 and ``fit_ping_pong`` are pure functions over its numbers.
@@ -35,7 +39,9 @@ def measure(
 ) -> dict:
     """Rank function. Lower quartile of ``repeats`` (seconds) of: one-way ping-pong time and two-way exchange
     time per ``fit_sizes`` (ranks 0-1), ``a += b`` per ``predict_sizes`` and each op per
-    ``predict_sizes`` (the slowest rank's time per call). Sizes in bytes (multiples of 4 x world size).
+    ``predict_sizes`` (the slowest rank's time per call), and the flat-buffer copy the gloo all-gather
+    does (a fresh buffer of S bytes written, then copied into the output) per ``predict_sizes``.
+    Sizes in bytes (multiples of 4 x world size).
     Rounds are interleaved, so load from other processes hits fit and prediction alike.
 
     Point-to-point messages are sent from (and received into) the next slice of a ``pool_bytes`` pool
@@ -94,6 +100,9 @@ def measure(
         else:
             dist.reduce_scatter_tensor(chunks[s], bufs[s])
 
+    def flat_copy(s):  # what gloo's all-gather adds: a new flat S-byte buffer written, then copied out
+        outs[s].copy_(torch.empty(s // 4).fill_(1.0))
+
     def timed(fn, *args) -> float:
         dist.barrier()
         t0 = time.perf_counter()
@@ -106,6 +115,7 @@ def measure(
         [("ping", s) for s in fit_sizes]
         + [("exchange", s) for s in fit_sizes]
         + [("reduce", s) for s in predict_sizes]
+        + [("copy", s) for s in predict_sizes]
         + [(op, s) for op in ops for s in predict_sizes]
     )
     times: dict = {c: [] for c in cases}
@@ -117,6 +127,8 @@ def measure(
                 t = timed(exchange, s)
             elif kind == "reduce":
                 t = timed(bufs[s].add_, other[s])
+            elif kind == "copy":
+                t = timed(flat_copy, s)
             else:
                 t = timed(collective, kind, s)
             if r >= warmup:
@@ -133,6 +145,7 @@ def measure(
         one_way_s=[med[("ping", s)] for s in fit_sizes],
         exchange_s=[med[("exchange", s)] for s in fit_sizes],
         reduce_s=[med[("reduce", s)] for s in predict_sizes],
+        copy_s=[med[("copy", s)] for s in predict_sizes],
         collective_s={op: [med[(op, s)] for s in predict_sizes] for op in ops},
     )
 
@@ -148,15 +161,26 @@ def gamma_per_byte(sizes, reduce_s) -> float:
 
 
 def predict(
-    op: str, nbytes, n: int, alpha_s: float, beta_bytes_per_s: float, gamma_s_per_byte: float, algorithm: str = "ring"
+    op: str,
+    nbytes,
+    n: int,
+    alpha_s: float,
+    beta_bytes_per_s: float,
+    gamma_s_per_byte: float,
+    algorithm: str = "ring",
+    copy_s_per_byte: float = 0.0,
 ):
     """Seconds of ``op`` on ``n`` ranks from the algorithm's coefficients: ``k_α·α + k_β·S/β`` plus,
     for reducing ops, the local reductions: the ring reduce-scatter (alone or inside all_reduce)
     adds ``(n-1)/n`` of S, tree-like all_reduce algorithms ``k_β / 2`` of S (half their traffic is the
-    reduce phase)."""
+    reduce phase). For all_gather, ``copy_s_per_byte`` (δ, seconds per byte of output) adds the
+    backend's copy out of its flat buffer, ``S·δ`` (0: the pure α-β model)."""
     ka, kb = cost_coefficients(op, algorithm, n)
     s = np.asarray(nbytes, dtype=float)
     kg = 0.0
     if REDUCES.get(op):
         kg = (n - 1) / n if algorithm in ("ring", "rabenseifner") or op == "reduce_scatter" else kb / 2
-    return ka * alpha_s + kb * s / beta_bytes_per_s + kg * s * gamma_s_per_byte
+    if copy_s_per_byte < 0:
+        raise ValueError(f"copy_s_per_byte={copy_s_per_byte!r} must be >= 0 (seconds per byte)")
+    kc = 1.0 if op == "all_gather" else 0.0
+    return ka * alpha_s + kb * s / beta_bytes_per_s + kg * s * gamma_s_per_byte + kc * s * copy_s_per_byte
