@@ -1,6 +1,8 @@
 """RLHF placement on Ray actors (one local cluster for the module): co-located, sync and one-step
 off-policy async runs, the closed forms, a rollout actor that dies mid-step, no Ray process left."""
 
+import math
+
 import pytest
 
 from mlsys_nb.rl import placement as pl
@@ -101,8 +103,6 @@ def test_rlhf_async_is_one_step_stale(cluster):
 
 
 def test_weights_reach_the_rollout_engine(cluster):
-    import math
-
     assert cluster["bit_equal"]
     (trained, trained_lp), (served, served_lp) = cluster["greedy"]
     init, init_lp = cluster["init_greedy"]

@@ -15,7 +15,7 @@
   ``framing_per_message`` measures gloo's per-message overhead and ``counting.gloo_bytes_from_ops``
   prices a ``CommCounter``'s calls the way gloo sends them.
 - ``plots``: who holds what before/after each collective, ring schedule, time and busbw vs size.
-- ``pingpong``: fit α, β on point-to-point exchanges (and γ on a local add) at 2 ranks, predict
+- ``pingpong``: fit α, β on point-to-point exchanges (γ on a local add, δ on the all-gather's copy) at 2 ranks, predict
   collectives at larger sizes from their step counts (notebook 04).
 - ``overlap``: blocking vs non-blocking send around a CPU-free wait, and the check that the
   non-blocking one overlaps (notebook 02).

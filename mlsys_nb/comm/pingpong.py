@@ -156,7 +156,9 @@ def fit_ping_pong(sizes, one_way_s):
 
 
 def gamma_per_byte(sizes, reduce_s) -> float:
-    """γ (s per byte of the reduced tensor) of ``a += b``: the median of ``t / S``."""
+    """Seconds per byte of a local operation timed inside a rank: the median of ``t / S``. Notebook 04
+    uses it for γ (``a += b``, per byte of the reduced tensor, ``reduce_s``) and for δ (the all-gather's
+    flat-buffer copy, per byte of output, ``copy_s``)."""
     return float(np.median(np.asarray(reduce_s) / np.asarray(sizes, dtype=float)))
 
 
@@ -175,12 +177,12 @@ def predict(
     adds ``(n-1)/n`` of S, tree-like all_reduce algorithms ``k_β / 2`` of S (half their traffic is the
     reduce phase). For all_gather, ``copy_s_per_byte`` (δ, seconds per byte of output) adds the
     backend's copy out of its flat buffer, ``S·δ`` (0: the pure α-β model)."""
+    if copy_s_per_byte < 0:
+        raise ValueError(f"copy_s_per_byte={copy_s_per_byte!r} must be >= 0 (seconds per byte)")
     ka, kb = cost_coefficients(op, algorithm, n)
     s = np.asarray(nbytes, dtype=float)
     kg = 0.0
     if REDUCES.get(op):
         kg = (n - 1) / n if algorithm in ("ring", "rabenseifner") or op == "reduce_scatter" else kb / 2
-    if copy_s_per_byte < 0:
-        raise ValueError(f"copy_s_per_byte={copy_s_per_byte!r} must be >= 0 (seconds per byte)")
     kc = 1.0 if op == "all_gather" else 0.0
     return ka * alpha_s + kb * s / beta_bytes_per_s + kg * s * gamma_s_per_byte + kc * s * copy_s_per_byte
