@@ -145,17 +145,17 @@ def test_the_citation_check_catches_what_it_should(tmp_path, monkeypatch):
     assert any("no-such-anchor" in p for p in found)
 
 
-_NB_MENTION = re.compile(r"\b[Nn]otebooks? (\d\d)\b((?:(?:,| and|,? or| to|–|-) ?\d\d\b)*)")
+_NB_MENTION = re.compile(r"\b[Nn]otebooks? (\d\d[a-z]?)\b((?:(?:,| and|,? or| to|–|-) ?\d\d[a-z]?\b)*)")
 
 
 def notebook_mentions_missing(files: list[str] | None = None) -> list[str]:
     """'notebook NN' (and 'notebooks NN and MM') naming a notebook that does not exist yet."""
-    have = {p.name[:2] for p in (ROOT / "notebooks").glob("*.ipynb")}
+    have = {p.name.split("_", 1)[0] for p in (ROOT / "notebooks").glob("*.ipynb")}
     problems = []
     for rel in files if files is not None else [f for f in _tracked() if f != SELF]:
         for _, text in _texts(rel):
             for m in _NB_MENTION.finditer(text):
-                for nn in [m.group(1), *re.findall(r"\d\d", m.group(2))]:
+                for nn in [m.group(1), *re.findall(r"\d\d[a-z]?", m.group(2))]:
                     if nn not in have:
                         problems.append(f"{rel}: mentions notebook {nn}, which does not exist (yet)")
     return problems
@@ -169,12 +169,12 @@ def test_no_file_points_to_a_notebook_that_does_not_exist():
 def test_the_notebook_mention_check_catches_a_missing_one(tmp_path):
     probe = ROOT / "docs" / "_probe_mentions.md"
     try:
-        probe.write_text("Notebook 03 and notebooks 05 and 99 come next; notebook 98 too.\n")
+        probe.write_text("Notebook 03 and notebooks 05 and 99 come next; notebook 98 too, and notebook 05x.\n")
         found = notebook_mentions_missing(["docs/_probe_mentions.md"])
     finally:
         probe.unlink()
     assert sorted(found) == sorted(
-        f"docs/_probe_mentions.md: mentions notebook {n}, which does not exist (yet)" for n in ("99", "98")
+        f"docs/_probe_mentions.md: mentions notebook {n}, which does not exist (yet)" for n in ("99", "98", "05x")
     ), found
 
 
