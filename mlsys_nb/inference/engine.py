@@ -17,22 +17,39 @@ notebook and the benchmark): ``continuous_batching=False`` (static batching),
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+import threading
 import time
+from collections import deque
 
 import torch
 
 from .model_runner import ModelRunner, SwapPool
 from .paged import PagedKVCache
 from .sampler import sample
-from .sampling_params import SamplingParams
+from .sampling_params import ParamError, SamplingParams
 from .structured import apply_mask
 from .scheduler import PREEMPTION_MODES, Scheduler
 from .sequence import CompletionOutput, RequestOutput, Sequence, SequenceStatus
 from .tokenizer import ByteTokenizer, decode_stream
 
 PHASES = ("schedule", "prepare", "model", "sample", "postprocess")
+_GRAMMAR_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A validated request ready to queue (``LLMEngine.prepare``): prompt text (or None), its token ids,
+    the final ``SamplingParams`` (``max_tokens`` resolved), the compiled grammar or None, and one torch
+    generator (or None) per sample."""
+
+    prompt: str | None
+    ids: list[int]
+    params: SamplingParams
+    grammar: object
+    generators: list
 
 
 class _Timer:
@@ -64,8 +81,12 @@ class LLMEngine:
         swap_blocks: int | None = None,
         kv_cache_memory: int = 256 * 2**20,
         seed: int = 0,
+        step_times_window: int = 10_000,
+        max_grammar_states: int = 100_000,
     ):
         for name, value, low in (
+            ("step_times_window", step_times_window, 1),
+            ("max_grammar_states", max_grammar_states, 1),
             ("block_size", block_size, 1),
             ("max_num_seqs", max_num_seqs, 1),
             ("max_num_batched_tokens", max_num_batched_tokens, 1),
@@ -123,47 +144,99 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.kv)
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.requests: dict[str, list[Sequence]] = {}
-        self.step_times: list[dict] = []  # per step: seconds per phase, sequences, tokens
-        self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generation_tokens": 0, "requests_finished": 0}
+        # per step: seconds per phase, sequences, tokens; the last ``step_times_window`` steps (bounded memory)
+        self.step_times: deque[dict] = deque(maxlen=step_times_window)
+        self.num_steps = 0  # steps run in all (step_times keeps only the last ones)
+        self.max_grammar_states = max_grammar_states
+        self.stats = {
+            "prompt_tokens": 0,
+            "cached_tokens": 0,
+            "generation_tokens": 0,
+            "requests_finished": 0,
+            "requests_failed": 0,
+            "requests_scheduled": 0,  # requests whose first sample was scheduled (queue_time_seconds' count)
+            "queue_time_seconds": 0.0,  # sum over those of first scheduled - arrival
+        }
         self._ids = itertools.count()
 
     # ---- requests ------------------------------------------------------------------------------
-    def add_request(
-        self, request_id: str, prompt, params: SamplingParams | None = None, arrival_time: float | None = None
-    ) -> None:
-        """Queue one request; ``prompt`` is a string (needs a tokenizer) or a list of token ids."""
+    def prepare(self, prompt, params: SamplingParams | None = None, *, strict_context: bool = False) -> Prepared:
+        """Validate a request fully and do its long work (tokenising, compiling its grammar) WITHOUT touching
+        the engine's state: safe to call from another thread while ``step()`` runs (the server does).
+
+        ``params.max_tokens=None`` becomes the rest of the context. ``strict_context``: a ``max_tokens``
+        beyond the context is an error (the server's rule, as vLLM's), else generation stops at the end of
+        the context (finish reason "length"). Raises ``ParamError`` (a ValueError) naming the parameter."""
         params = params or SamplingParams()
-        if request_id in self.requests:
-            raise ValueError(f"request_id={request_id!r} is already in use")
+        if not isinstance(params, SamplingParams):
+            raise ParamError("params", f"params must be a SamplingParams, got {type(params).__name__}")
         ids = self.encode(prompt)
         vocab = self.model.cfg.vocab_size
         if not ids:
-            raise ValueError("prompt is empty: a request needs at least one token")
+            raise ParamError("prompt", "prompt is empty: a request needs at least one token")
         if any(not 0 <= t < vocab for t in ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab}) (the model's vocab_size)")
+            raise ParamError("prompt", f"prompt token ids must be in [0, {vocab}) (the model's vocab_size)")
         if len(ids) >= self.max_model_len:
-            raise ValueError(
+            raise ParamError(
+                "prompt",
                 f"prompt of {len(ids)} tokens is too long: the context is max_model_len="
-                f"{self.max_model_len} tokens, including at least one generated token"
+                f"{self.max_model_len} tokens, including at least one generated token",
             )
-        grammar = self._grammar(params, ids) if params.structured else None  # errors before anything is allocated
+        rest = self.max_model_len - len(ids)
+        if params.max_tokens is None:
+            params = dataclasses.replace(params, max_tokens=rest)
+        elif strict_context and params.max_tokens > rest:
+            raise ParamError(
+                "max_tokens",
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, {params.max_tokens} in the "
+                f"completion): max_tokens must be <= {rest}",
+            )
+        if params.logprobs is not None and params.logprobs > vocab:
+            raise ParamError("logprobs", f"logprobs={params.logprobs}: must be <= the vocabulary size {vocab}")
+        for name, toks in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias or {})):
+            if any(not 0 <= t < vocab for t in toks):
+                raise ParamError(name, f"{name}: token ids must be in [0, {vocab}) (the model's vocab_size)")
+        gens = []
+        for i in range(params.n):  # every sample's generator before anything is queued (add_request is atomic)
+            seed = params.sample_seed(i)
+            gens.append(None if seed is None else torch.Generator(device="cpu").manual_seed(seed))
+        grammar = self._grammar(params, ids) if params.structured else None
+        return Prepared(prompt if isinstance(prompt, str) else None, ids, params, grammar, gens)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt,
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+        *,
+        prepared: Prepared | None = None,
+    ) -> None:
+        """Queue one request; ``prompt`` is a string (needs a tokenizer) or a list of token ids.
+
+        Atomic: it validates everything first (``prepare``, or pass ``prepared=`` from an earlier
+        ``prepare`` and ``prompt=None``), then queues all ``n`` samples; on an error nothing is queued."""
+        if request_id in self.requests:
+            raise ParamError("request_id", f"request_id={request_id!r} is already in use")
+        pr = prepared if prepared is not None else self.prepare(prompt, params)
         now = time.perf_counter() if arrival_time is None else arrival_time
         seqs = []
-        for i in range(params.n):
-            gen = None if params.seed is None else torch.Generator(device="cpu").manual_seed(params.seed + i)
+        for i in range(pr.params.n):
             seq = Sequence(
                 next(self._ids),
                 request_id,
-                ids,
-                params,
+                pr.ids,
+                pr.params,
                 index=i,
                 arrival_time=now,
-                generator=gen,
-                prompt=prompt if isinstance(prompt, str) else None,
+                generator=pr.generators[i],
+                prompt=pr.prompt,
             )
-            seq.allowed = None if grammar is None else grammar.walker(params.max_tokens)
-            self.scheduler.add(seq)
+            seq.allowed = None if pr.grammar is None else pr.grammar.walker(pr.params.max_tokens)
             seqs.append(seq)
+        for seq in seqs:  # nothing above touched the engine's state
+            self.scheduler.add(seq)
         self.requests[request_id] = seqs
 
     def _grammar(self, params: SamplingParams, ids: list[int]):
@@ -178,18 +251,21 @@ class LLMEngine:
                 f"(got tokenizer {type(self.tokenizer).__name__}, eos {eos}); pass LLM(model, tokenizer=...)"
             )
         tb, strips = self._token_bytes()
-        g = Grammar.compile(
-            json_schema=params.json_schema,
-            regex=params.regex,
-            choice=params.choice,
-            vocab_size=vocab,
-            eos_id=eos,
-            token_bytes=tb,
-            no_leading_space=strips,
-        )
+        with _GRAMMAR_LOCK:  # one compilation at a time: bounded memory however many requests bring one
+            g = Grammar.compile(
+                json_schema=params.json_schema,
+                regex=params.regex,
+                choice=params.choice,
+                vocab_size=vocab,
+                eos_id=eos,
+                token_bytes=tb,
+                no_leading_space=strips,
+                max_states=self.max_grammar_states,
+            )
         if params.max_tokens < max(1, g.min_tokens):
             raise GrammarError(
-                f"max_tokens={params.max_tokens} is out of range: the shortest match takes {g.min_tokens} tokens"
+                f"max_tokens={params.max_tokens} is out of range: the shortest match takes {g.min_tokens} tokens",
+                param="max_tokens",
             )
         if len(ids) + g.min_tokens > self.max_model_len:
             raise GrammarError(
@@ -215,14 +291,55 @@ class LLMEngine:
                 seq.finish_reason = "abort"
                 self.scheduler.finish(seq)
 
+    def fail_request(self, request_id: str, error: BaseException | str) -> RequestOutput | None:
+        """Finish a request with an error (all its samples, blocks freed): the output carries ``error``."""
+        seqs = self.requests.get(request_id)
+        if seqs is None:
+            return None
+        self.abort_request(request_id)
+        self.stats["requests_failed"] += 1
+        s0 = seqs[0]
+        msg = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        return RequestOutput(
+            request_id,
+            s0.prompt,
+            list(s0.prompt_token_ids),
+            [s.completion() for s in seqs],
+            True,
+            s0.metrics,
+            s0.num_cached_tokens,
+            error=msg,
+        )
+
+    def fail_all(self, error: BaseException | str) -> list[RequestOutput]:
+        """Fail every unfinished request (the last resort when a step fails as a whole)."""
+        return [o for rid in list(self.requests) if (o := self.fail_request(rid, error)) is not None]
+
+    def request_counts(self) -> dict:
+        """Requests (not sequences): ``waiting`` (no sample scheduled yet) and ``running`` (the others)."""
+        waiting = sum(all(s.metrics.first_scheduled_time is None for s in seqs) for seqs in self.requests.values())
+        return {"waiting": waiting, "running": len(self.requests) - waiting}
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
     # ---- the engine loop -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One iteration: schedule -> run the model on the batch -> sample -> update."""
+        """One iteration: schedule -> run the model on the batch -> sample -> update.
+
+        A sequence whose grammar mask, sampling or detokenization raises fails alone: its request is
+        finished with ``RequestOutput.error`` and the others go on. If the forward pass raises, each
+        scheduled request is run alone to find the ones that raise; they fail, the rest are recomputed at
+        the next step (their K/V positions are simply written again)."""
         t = _Timer()
         scheduled = self.scheduler.schedule()  # 1. schedule
+        now = time.perf_counter()
+        for seq, _ in scheduled:
+            if seq.metrics.first_scheduled_time is None:
+                seq.metrics.first_scheduled_time = now
+                if seq.index == 0:
+                    self.stats["queue_time_seconds"] += now - seq.metrics.arrival_time
+                    self.stats["requests_scheduled"] += 1
         t("schedule")
         if not scheduled:
             if self.scheduler.waiting and not self.scheduler.running and not self.scheduler.swapped:
@@ -231,32 +348,67 @@ class LLMEngine:
                     f"({self.kv.manager.num_free_blocks()} free blocks): the engine would hang"
                 )
             return []
-        logits, batch = self.runner.run(scheduled, timer=t)  # 2. prepare + forward
+        try:
+            logits, batch = self.runner.run(scheduled, timer=t)  # 2. prepare + forward
+        except Exception as e:
+            return self._isolate_forward(scheduled, e)
+        failed: dict[str, BaseException] = {}
         if any(getattr(s, "allowed", None) is not None for s in batch.sample_seqs):  # grammar masks
             logits = logits.clone()
             for i, seq in enumerate(batch.sample_seqs):
-                mask = None if seq.allowed is None else seq.allowed(seq.output_token_ids)
-                if mask is not None:
-                    logits[i] = apply_mask(logits[i], mask)
+                try:
+                    mask = None if seq.allowed is None else seq.allowed(seq.output_token_ids)
+                    if mask is not None:
+                        logits[i] = apply_mask(logits[i], mask)
+                except Exception as e:
+                    failed.setdefault(seq.request_id, e)
+        errors: dict[int, BaseException] = {}
         tokens, logprobs = sample(
             logits,
             batch.sample_seqs,
             self.generator,  # 3. sample
             self.tokenizer if any(s.params.logprobs for s in batch.sample_seqs) else None,
+            eos_token_ids=sorted(self.eos_token_ids),
+            errors=errors,
         )
+        for i, e in errors.items():
+            failed.setdefault(batch.sample_seqs[i].request_id, e)
         t("sample")
         self.scheduler.update(scheduled)  # 4. update: K/V are cached,
         now = time.perf_counter()
         for seq, tok, lp in zip(batch.sample_seqs, tokens, logprobs):  #    new tokens, stop checks
-            self._append_token(seq, tok, lp, now)
-        outputs = [self._output(rid) for rid in dict.fromkeys(s.request_id for s in batch.sample_seqs)]
+            if seq.request_id in failed or seq.finished:
+                continue
+            try:
+                self._append_token(seq, tok, lp, now)
+            except Exception as e:
+                failed.setdefault(seq.request_id, e)
+        rids = dict.fromkeys(s.request_id for s in batch.sample_seqs)
+        outputs = [self.fail_request(r, failed[r]) if r in failed else self._output(r) for r in rids]
+        outputs = [o for o in outputs if o is not None]
         t("postprocess")
+        self.num_steps += 1
         self.step_times.append(
             dict(
                 t.times, num_seqs=len(scheduled), num_tokens=sum(n for _, n in scheduled), num_decodes=batch.num_decodes
             )
         )
         return outputs
+
+    def _isolate_forward(self, scheduled, error: BaseException) -> list[RequestOutput]:
+        """The forward pass raised: run each request's part alone; fail those that raise (all scheduled
+        requests if none does alone: the failure is the batch's)."""
+        by_request: dict[str, list] = {}
+        for seq, n in scheduled:
+            by_request.setdefault(seq.request_id, []).append((seq, n))
+        culprits = {}
+        for rid, part in by_request.items():
+            try:
+                self.runner.run(part)
+            except Exception as e:
+                culprits[rid] = e
+        culprits = culprits or dict.fromkeys(by_request, error)
+        return [o for rid, e in culprits.items() if (o := self.fail_request(rid, e)) is not None]
 
     def _append_token(self, seq: Sequence, tok: int, lp, now: float) -> None:
         p, m = seq.params, seq.metrics
@@ -279,7 +431,7 @@ class LLMEngine:
             seq.finish_reason = "stop"
         elif tok in p.stop_token_ids:
             seq.finish_reason, seq.stop_reason = "stop", tok
-        elif p.stop and any(s in seq.text for s in p.stop):
+        elif p.stop and len(seq.output_token_ids) > p.min_tokens and any(s in seq.text for s in p.stop):
             cut, stop = min((seq.text.find(s), s) for s in p.stop if s in seq.text)
             seq.text, seq.finish_reason, seq.stop_reason = seq.text[:cut], "stop", stop
         elif len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
@@ -447,6 +599,10 @@ class LLM:
         with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
             while self.engine.has_unfinished_requests():
                 for out in self.engine.step():
+                    if out.error is not None:  # offline: a failed request is an exception, as before
+                        for rid in ids:
+                            self.engine.abort_request(rid)
+                        raise RuntimeError(f"request {out.request_id} failed: {out.error}")
                     if out.finished:
                         done[out.request_id] = out
                         bar.update(1)
@@ -462,12 +618,15 @@ class LLM:
         eng, outs = self.engine, []
         checked = []
         for prompt, p in zip(prompts, params):  # every request is validated before any runs
-            p = p or SamplingParams()
-            ids = eng.encode(prompt)
-            if not ids:
-                raise ValueError("prompt is empty: a request needs at least one token")
-            grammar = eng._grammar(p, ids) if p.structured else None
-            checked.append((prompt, p, ids, grammar))
+            pr = eng.prepare(prompt, p)
+            p = pr.params
+            if p.processes_logits or p.min_p:
+                raise ParamError(
+                    "sampling_params",
+                    "speculative decoding honours temperature, top_k, top_p, stop, logprobs, seed, n and "
+                    "structured outputs; min_p, min_tokens, logit_bias and the penalties need the engine's path",
+                )
+            checked.append((prompt, p, pr.ids, pr.grammar))
         for prompt, p, ids, grammar in checked:
             eos = None if p.ignore_eos or not eng.eos_token_ids else min(eng.eos_token_ids)
             completions = []
@@ -497,7 +656,7 @@ class LLM:
                     temperature=p.temperature,
                     top_k=p.top_k,
                     top_p=p.top_p,
-                    seed=(self.seed if p.seed is None else p.seed) + i,
+                    seed=((self.seed if p.seed is None else p.seed) + i) % 2**64,
                     eos_id=eos,
                     allowed=None if grammar is None else grammar.walker(p.max_tokens),
                     stop=stop if (p.stop or p.stop_token_ids) else None,

@@ -6,6 +6,15 @@ smallest set of most likely tokens whose probability reaches p; the most likely 
 renormalised, and one draw from it with the sequence's own ``torch.Generator`` when the request has a
 ``seed`` (reproducible whatever else is batched with it), else with the engine's generator.
 
+Before that, the request's logit processors (``process_logits``: min_tokens, logit_bias, repetition,
+frequency and presence penalties; vLLM's order), and after the temperature ``min_p``; a greedy request
+with processors takes the argmax of the processed logits. The most likely token always survives top-p
+(even at ``top_p = 1e-320``, which float32 rounds to 0).
+
+Each row is sampled on its own: with ``errors`` (a dict) a row that raises is recorded there
+(row -> exception, its token ``None``) and the other rows are sampled as usual, so one request's
+failure never costs the others theirs.
+
 Log-probabilities are the model's: log_softmax of the raw logits (before temperature and
 filtering), the convention of vLLM v1 (``raw_logprobs``); rank 1 is the most likely token.
 """
@@ -17,39 +26,89 @@ import torch
 from .sequence import Logprob, Sequence
 
 
-def filter_probs(logits: torch.Tensor, temperature: float, top_k: int = -1, top_p: float = 1.0) -> torch.Tensor:
+def filter_probs(
+    logits: torch.Tensor, temperature: float, top_k: int = -1, top_p: float = 1.0, min_p: float = 0.0
+) -> torch.Tensor:
     """The sampling distribution of one row of logits [vocab] (probabilities summing to 1)."""
     logits = logits / temperature
     if 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = logits.softmax(-1)
+    if min_p > 0:
+        probs = probs.masked_fill(probs < min_p * probs.max(), 0.0)
+        probs = probs / probs.sum()
     if top_p < 1.0:
         sorted_p, idx = probs.sort(descending=True)
         drop = sorted_p.cumsum(-1) - sorted_p >= top_p  # mass strictly before this token already >= p
+        drop[0] = False  # the most likely token always stays (top_p may round to 0 in float32)
         probs = probs.scatter(-1, idx, sorted_p.masked_fill(drop, 0.0))
         probs = probs / probs.sum()
     return probs
 
 
+def process_logits(logits: torch.Tensor, seq: Sequence, eos_token_ids=()) -> torch.Tensor:
+    """One row of logits [vocab] after the request's logit processors (module docstring), a new tensor."""
+    p, out = seq.params, seq.output_token_ids
+    logits = logits.clone()
+    vocab = logits.shape[-1]
+    if p.min_tokens and len(out) < p.min_tokens:
+        ends = [t for t in (*(() if p.ignore_eos else eos_token_ids), *p.stop_token_ids) if 0 <= t < vocab]
+        logits[ends] = float("-inf")
+    if p.logit_bias:
+        ids = torch.tensor(list(p.logit_bias), dtype=torch.long)
+        logits[ids] += torch.tensor(list(p.logit_bias.values()), dtype=logits.dtype)
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(seq.prompt_token_ids) | set(out)), dtype=torch.long)
+        x = logits[seen]
+        logits[seen] = torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty)
+    if (p.frequency_penalty or p.presence_penalty) and out:
+        counts = torch.bincount(torch.tensor(out, dtype=torch.long), minlength=vocab)[:vocab].to(logits.dtype)
+        logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+    return logits
+
+
 def sample(
-    logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None = None, tokenizer=None
-) -> tuple[list[int], list[dict[int, Logprob] | None]]:
-    """Next token of each row of ``logits`` [batch, vocab] (fp32), and its log-probability entries."""
+    logits: torch.Tensor,
+    seqs: list[Sequence],
+    generator: torch.Generator | None = None,
+    tokenizer=None,
+    *,
+    eos_token_ids=(),
+    errors: dict | None = None,
+) -> tuple[list[int | None], list[dict[int, Logprob] | None]]:
+    """Next token of each row of ``logits`` [batch, vocab] (fp32), and its log-probability entries.
+
+    ``errors``: if given, a row whose sampling raises is recorded as ``errors[row] = exception`` with
+    token ``None``; otherwise the exception propagates."""
     tokens, entries = [], []
     need_lp = any(s.params.logprobs is not None for s in seqs)
     logp = torch.log_softmax(logits, dim=-1) if need_lp else None
     greedy = logits.argmax(dim=-1).tolist()
     for i, seq in enumerate(seqs):
-        p = seq.params
-        if p.greedy:
-            tok = greedy[i]
-        else:
-            probs = filter_probs(logits[i], p.temperature, p.top_k, p.top_p)
-            tok = int(torch.multinomial(probs, 1, generator=seq.generator or generator))
+        try:
+            tok = _sample_row(logits[i], seq, greedy[i], generator, eos_token_ids)
+            entry = None if seq.params.logprobs is None else _logprobs(logp[i], tok, seq.params.logprobs, tokenizer)
+        except Exception as e:
+            if errors is None:
+                raise
+            errors[i], tok, entry = e, None, None
         tokens.append(tok)
-        entries.append(None if p.logprobs is None else _logprobs(logp[i], tok, p.logprobs, tokenizer))
+        entries.append(entry)
     return tokens, entries
+
+
+def _sample_row(row: torch.Tensor, seq: Sequence, argmax: int, generator, eos_token_ids) -> int:
+    p = seq.params
+    if p.processes_logits:
+        row = process_logits(row, seq, eos_token_ids)
+        argmax = int(row.argmax())
+    if p.greedy:
+        return argmax
+    probs = filter_probs(row, p.temperature, p.top_k, p.top_p, p.min_p)
+    if not bool(torch.isfinite(probs).all()) or not float(probs.sum()) > 0:
+        raise ValueError(f"request {seq.request_id}: the sampling distribution is not finite (no token can be drawn)")
+    return int(torch.multinomial(probs, 1, generator=seq.generator or generator))
 
 
 def _logprobs(row: torch.Tensor, tok: int, k: int, tokenizer) -> dict[int, Logprob]:
@@ -57,7 +116,7 @@ def _logprobs(row: torch.Tensor, tok: int, k: int, tokenizer) -> dict[int, Logpr
     rank = int((row > row[tok]).sum()) + 1
     out = {tok: Logprob(lp, rank, _decode(tokenizer, tok))}
     if k:
-        vals, idx = torch.topk(row, k)
+        vals, idx = torch.topk(row, min(k, row.shape[-1]))
         for r, (v, t) in enumerate(zip(vals.tolist(), idx.tolist()), start=1):
             out.setdefault(t, Logprob(v, r, _decode(tokenizer, t)))
     return out

@@ -9,8 +9,8 @@ Status: WAITING (queued, or preempted by recompute: its cache was dropped) -> RU
 FINISHED; SWAPPED when preempted by swapping its blocks to the CPU pool.
 
 Outputs: ``RequestOutput(request_id, prompt, prompt_token_ids, outputs=[CompletionOutput], finished,
-metrics)``; ``CompletionOutput(index, text, token_ids, cumulative_logprob, logprobs, finish_reason,
-stop_reason)``; ``RequestMetrics`` holds wall-clock times in seconds (``time.perf_counter``).
+metrics, num_cached_tokens, error)``; ``CompletionOutput(index, text, token_ids, cumulative_logprob,
+logprobs, finish_reason, stop_reason)``; ``RequestMetrics`` holds wall-clock times in seconds (``time.perf_counter``).
 """
 
 from __future__ import annotations
@@ -94,6 +94,7 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
+    error: str | None = None  # set when the engine failed this request (its sequences raised); finished
 
 
 class Sequence:

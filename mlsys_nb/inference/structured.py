@@ -50,14 +50,27 @@ from collections import deque
 
 import torch
 
-__all__ = ["Grammar", "GrammarError", "apply_mask", "choice_regex", "generate_structured"]
+__all__ = [
+    "Grammar",
+    "GrammarError",
+    "apply_mask",
+    "choice_regex",
+    "enforceable_schema",
+    "generate_structured",
+    "schema_errors",
+]
 
 _META = set("\\.+*?()|[]{}^$#&-~")
 _START = -1  # the start state when the output must not begin with a space (no outlines-core state is < 0)
 
 
 class GrammarError(ValueError):
-    """An invalid schema/regex, or a grammar that admits no output (raised before generation)."""
+    """An invalid schema/regex, or a grammar that admits no output (raised before generation); ``param``
+    names the request parameter at fault (None: the constraint itself)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 def choice_regex(choices) -> str:
@@ -83,7 +96,14 @@ class Grammar:
     measured time spent computing masks (cache hits included)."""
 
     def __init__(
-        self, regex: str, *, vocab_size: int = 257, eos_id: int = 256, token_bytes=None, no_leading_space: bool = False
+        self,
+        regex: str,
+        *,
+        vocab_size: int = 257,
+        eos_id: int = 256,
+        token_bytes=None,
+        no_leading_space: bool = False,
+        max_states: int | None = None,
     ):
         from outlines_core import Index, Vocabulary
 
@@ -101,10 +121,12 @@ class Grammar:
         self.regex, self.vocab_size, self.eos_id = regex, vocab_size, eos_id
         self.token_bytes = token_bytes
         self.initial_state = self.index.get_initial_state()
-        self.transitions = {
-            s: {t: n for t, n in tr.items() if t != eos_id and t < vocab_size}
-            for s, tr in self.index.get_transitions().items()
-        }
+        raw = self.index.get_transitions()
+        if max_states is not None and len(raw) > max_states:  # before the Python-side tables (the costly part)
+            raise GrammarError(
+                f"the grammar has {len(raw)} automaton states, above the limit max_grammar_states={max_states}"
+            )
+        self.transitions = {s: {t: n for t, n in tr.items() if t != eos_id and t < vocab_size} for s, tr in raw.items()}
         self._start = None
         if no_leading_space:  # a decoder that strips the text's first space: the output must not start with one
             self._start = self.initial_state
@@ -155,11 +177,13 @@ class Grammar:
         eos_id: int = 256,
         token_bytes=None,
         no_leading_space: bool = False,
+        max_states: int | None = None,
     ) -> Grammar:
         """Exactly one of ``json_schema`` (dict or JSON string), ``regex``, ``choice``. ``token_bytes``:
         ``{token_id: bytes it writes}`` (default: the byte tokenizer's 0..255; for a ``transformers``
         tokenizer ``tokenizer.token_bytes``); ``no_leading_space``: no first token starting with a space
-        (the tokenizer's decode would drop it)."""
+        (the tokenizer's decode would drop it); ``max_states``: refuse an automaton with more states
+        (``GrammarError`` naming the limit)."""
         given = [n for n, v in (("json_schema", json_schema), ("regex", regex), ("choice", choice)) if v is not None]
         if len(given) != 1:
             raise GrammarError(f"give exactly one of json_schema=, regex=, choice= (got {given or 'none'})")
@@ -169,7 +193,14 @@ class Grammar:
             regex = choice_regex(choice)
         elif not isinstance(regex, str) or not regex:
             raise GrammarError(f"regex={regex!r}: allowed a non-empty string")
-        g = cls(regex, vocab_size=vocab_size, eos_id=eos_id, token_bytes=token_bytes, no_leading_space=no_leading_space)
+        g = cls(
+            regex,
+            vocab_size=vocab_size,
+            eos_id=eos_id,
+            token_bytes=token_bytes,
+            no_leading_space=no_leading_space,
+            max_states=max_states,
+        )
         g.source = {given[0]: json_schema if json_schema is not None else choice if choice is not None else regex}
         return g
 
@@ -220,8 +251,92 @@ class Grammar:
         return allowed
 
 
+# JSON-schema keywords whose every output the regex enforces (or that only annotate); any other keyword is
+# refused: outlines-core's regex ignores e.g. minimum/maximum/multipleOf/uniqueItems, and an ignored
+# restriction would let through outputs that fail the schema. Keywords that only RELAX (additionalProperties)
+# are safe to ignore: the regex then admits a subset of the valid documents.
+SCHEMA_KEYWORDS = frozenset(
+    "type properties required additionalProperties items prefixItems minItems maxItems minLength maxLength "
+    "pattern enum const anyOf $ref $defs definitions format title description default examples $schema $id "
+    "$comment deprecated readOnly writeOnly".split()
+)
+# formats as exact regexes (ASCII digits; a date's day within its month, February to 28 so every year is valid;
+# times in UTC with 'Z', as RFC 3339 requires an offset); other formats are refused
+_DATE = (
+    "[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+    "|02-(?:0[1-9]|1[0-9]|2[0-8]))"
+)
+_TIME = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?Z"
+FORMAT_PATTERNS = {
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": _DATE + "T" + _TIME,
+    "uuid": "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+}
+
+
+def enforceable_schema(schema, path: str = "") -> dict:
+    """A copy of ``schema`` whose every keyword the regex enforces (``format`` turned into an exact
+    ``pattern``), or ``GrammarError`` naming the first keyword it would ignore (and its place)."""
+    if isinstance(schema, bool):
+        return schema
+    if not isinstance(schema, dict):
+        raise GrammarError(f"json_schema{path} must be an object")
+    out = {}
+    for key, value in schema.items():
+        where = f"json_schema{path}.{key}"
+        if key not in SCHEMA_KEYWORDS:
+            raise GrammarError(
+                f"{where}: the keyword {key!r} cannot be enforced by the token grammar, so it is refused "
+                f"(enforced keywords: {', '.join(sorted(SCHEMA_KEYWORDS))})"
+            )
+        if key == "format":
+            if value not in FORMAT_PATTERNS:
+                raise GrammarError(
+                    f"{where}: format {value!r} is refused (enforced formats: {sorted(FORMAT_PATTERNS)})"
+                )
+            if "pattern" in schema:
+                raise GrammarError(f"{where}: format together with pattern is refused (one regex per string)")
+            out["pattern"] = FORMAT_PATTERNS[value]
+        elif key in ("properties", "$defs", "definitions"):
+            if not isinstance(value, dict):
+                raise GrammarError(f"{where} must be an object")
+            out[key] = {k: enforceable_schema(v, f"{path}.{key}.{k}") for k, v in value.items()}
+        elif key in ("anyOf", "prefixItems") or (key == "items" and isinstance(value, list)):
+            if not isinstance(value, list):
+                raise GrammarError(f"{where} must be a list")
+            out[key] = [enforceable_schema(v, f"{path}.{key}[{i}]") for i, v in enumerate(value)]
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = enforceable_schema(value, f"{path}.{key}")
+        else:
+            out[key] = value
+    return out
+
+
+def ascii_classes(regex: str) -> str:
+    """``regex`` with ``\\d`` and ``\\w`` turned into ASCII classes, as JSON Schema's (ECMA 262) patterns
+    mean them; the regex engine's ``\\d`` matches every Unicode digit (e.g. '٣')."""
+    out, i, in_class = [], 0, False
+    repl = {"d": ("[0-9]", "0-9"), "w": ("[A-Za-z0-9_]", "A-Za-z0-9_")}
+    while i < len(regex):
+        ch = regex[i]
+        if ch == "\\" and i + 1 < len(regex):
+            nxt = regex[i + 1]
+            out.append(repl[nxt][in_class] if nxt in repl else regex[i : i + 2])
+            i += 2
+            continue
+        if ch == "[" and not in_class:
+            in_class = True
+        elif ch == "]" and in_class:
+            in_class = False
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
 def schema_regex(json_schema) -> str:
-    """The compact regex (no free whitespace) of a JSON schema; GrammarError if the schema is invalid."""
+    """The compact regex (no free whitespace) of a JSON schema; GrammarError if the schema is invalid or
+    uses a keyword the regex cannot enforce (``enforceable_schema``)."""
     import jsonschema
     from outlines_core.json_schema import build_regex_from_schema
 
@@ -230,9 +345,26 @@ def schema_regex(json_schema) -> str:
         if not isinstance(schema, dict):
             raise TypeError("a JSON schema is an object")
         jsonschema.validators.validator_for(schema).check_schema(schema)
-        return build_regex_from_schema(json.dumps(schema), whitespace_pattern="")
+    except Exception as e:
+        raise GrammarError(f"json_schema is invalid: {str(e).splitlines()[0]}") from None
+    schema = enforceable_schema(schema)
+    try:
+        return ascii_classes(build_regex_from_schema(json.dumps(schema), whitespace_pattern=""))
     except Exception as e:
         raise GrammarError(f"json_schema is invalid or unsupported: {str(e).splitlines()[0]}") from None
+
+
+def schema_errors(text: str, json_schema) -> str | None:
+    """None if ``text`` is a JSON document valid under ``json_schema`` (formats checked too), else why not:
+    the server's post-check, so that no answer that fails its schema is ever returned."""
+    import jsonschema
+
+    try:
+        schema = json.loads(json_schema) if isinstance(json_schema, str) else json_schema
+        jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
+    except (ValueError, jsonschema.ValidationError) as e:
+        return str(e).splitlines()[0]
+    return None
 
 
 def generate_structured(
