@@ -4,7 +4,9 @@ The reference is PyTorch's ``scaled_dot_product_attention`` on the whole sequenc
 (every rank draws the same full q, k, v from a seed and keeps its tokens). ``cp_checks()`` returns
 max abs errors of outputs and of the q, k, v gradients for ring and all-gather attention, causal or
 not, contiguous or zig-zag chunks, with GQA; the work each rank computed; the bytes it sent; and
-the error of a deliberately broken merge that the tests expect to be large."""
+the error of a deliberately broken merge that the tests expect to be large. ``memory_checks()``
+measures (``LiveBytes``) the peak bytes a forward holds in groups of 1, 2 and all ranks, for the
+ring, the all-gather and a ring broken on purpose to keep every K/V block it received."""
 
 from __future__ import annotations
 
@@ -43,7 +45,6 @@ def one_case(fn, causal, layout, seed=0):
         "dk": (kl.grad - mine(kf.grad)).abs().max().item(),
         "dv": (vl.grad - mine(vf.grad)).abs().max().item(),
         "work": stats["work"],
-        "kv_resident_bytes": stats["kv_resident_bytes"],
         "kv_block_bytes": stats["kv_block_bytes"],
         "fwd_sent": fwd.bytes_sent,
         "bwd_sent": bwd.bytes_sent,
@@ -71,4 +72,33 @@ def cp_checks():
         res["broken/merge"] = one_case(cpm.ring_attention, True, "zigzag")
     finally:
         cpm._merge = orig
+    res["memory"] = memory_checks()
+    return res
+
+
+def memory_checks(s_local=8, d=32):
+    """Measured peak forward bytes per group size {1, 2, world} at fixed local tokens:
+    ``{"block": bytes of one K|V block, "ring": {cp: bytes}, "allgather": ..., "keep-all": ...}``."""
+    R = dist.get_world_size()
+    groups = cpm.nested_groups([1, 2, R])
+    torch.manual_seed(dist.get_rank())
+    q, k, v = torch.randn(1, A, s_local, d), torch.randn(1, KV, s_local, d), torch.randn(1, KV, s_local, d)
+    block = 2 * k.numel() * k.element_size()
+    res = {"block": block}
+    res["ring"] = cpm.kv_held_growth(cpm.ring_attention, q, k, v, groups)
+    res["allgather"] = cpm.kv_held_growth(cpm.allgather_attention, q, k, v, groups)
+    # the idea broken on purpose: a ring that keeps every block it received alive until the end
+    orig, kept = cpm._Ring.wait, []
+
+    def wait_and_keep(self):
+        t = orig(self)
+        kept.append(t)
+        return t
+
+    cpm._Ring.wait = wait_and_keep
+    try:
+        res["keep-all"] = cpm.kv_held_growth(cpm.ring_attention, q, k, v, groups)
+    finally:
+        cpm._Ring.wait = orig
+        kept.clear()
     return res

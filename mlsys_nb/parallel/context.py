@@ -36,16 +36,26 @@ Tensors are ``[b, heads, s_local, d]``; K and V have ``n_kv`` heads (grouped-que
 ``heads % n_kv == 0``; the blocks travel *unrepeated*). Positions of the local tokens:
 ``positions(seq_len, cp, rank, layout)``; ``shard_sequence`` cuts a full tensor the same way.
 All collectives are ``torch.distributed`` functions looked up at call time (``CommCounter`` counts them).
+
+**Memory, measured.** ``LiveBytes`` measures what a call really holds: the bytes of the distinct
+tensor storages created inside it that are alive at the same time (peak), every operation seen
+through PyTorch's dispatcher and every storage followed until it is freed. How many K/V blocks
+each variant holds (ring: the block in use and the one arriving; all-gather: all ``cp``) is a
+*model*; ``kv_held_growth`` is the measurement that tests it (the ring's peak stays flat as
+``cp`` grows at fixed local tokens, the all-gather's grows by at least one K/V block per rank).
 """
 
 from __future__ import annotations
 
 import math
 import time
+import weakref
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from ..config import ArgumentError, dtype_bytes
 from .tensor import _all_gather, _reduce_scatter
@@ -177,9 +187,7 @@ class _RingAttention(torch.autograd.Function):
         ctx.causal, ctx.layout, ctx.seq_len, ctx.group = causal, layout, seq_len, group
         if stats is not None:
             kv_bytes = k.numel() * k.element_size() * 2
-            stats.update(
-                work=work, compute_s=compute_s, wait_s=wait_s, kv_block_bytes=kv_bytes, kv_resident_bytes=2 * kv_bytes
-            )  # the block in use + the one arriving
+            stats.update(work=work, compute_s=compute_s, wait_s=wait_s, kv_block_bytes=kv_bytes)
         return out
 
     @staticmethod
@@ -232,7 +240,8 @@ def ring_attention(
 
     q [b, heads, s/cp, d], k and v [b, n_kv, s/cp, d]: this rank's tokens in ``layout`` order
     (``shard_sequence``). Returns [b, heads, s/cp, d] (differentiable). ``stats`` (a dict) is
-    filled with the work (score entries computed), compute and wait seconds and K/V bytes held.
+    filled with the work (score entries computed), compute and wait seconds and the bytes of this
+    rank's K|V block (``kv_block_bytes``; what it holds is measured with ``LiveBytes``).
     ``overlap=False`` waits for each next block before computing on the current one (the same
     result, to measure what the overlap hides)."""
     n = dist.get_world_size(group)
@@ -280,12 +289,7 @@ def allgather_attention(
     y = F.scaled_dot_product_attention(q, _repeat_kv(kf, g), _repeat_kv(vf, g), attn_mask=mask)
     if stats is not None:
         kv_bytes = k.numel() * k.element_size() * 2
-        stats.update(
-            work=q.shape[SEQ] * seq_len,
-            compute_s=time.perf_counter() - t0,
-            kv_block_bytes=kv_bytes,
-            kv_resident_bytes=n * kv_bytes,
-        )
+        stats.update(work=q.shape[SEQ] * seq_len, compute_s=time.perf_counter() - t0, kv_block_bytes=kv_bytes)
     return y
 
 
@@ -311,3 +315,78 @@ def ring_bytes_per_layer(b: int, seq_len: int, cp: int, n_kv_heads: int, head_di
     ``(cp−1)`` K|V blocks + ``cp`` dK|dV accumulators. A K|V block is ``2·b·(s/cp)·n_kv·d`` elements."""
     blk = 2 * b * seq_len // cp * n_kv_heads * head_dim * dtype_bytes(dtype)
     return {"forward": (cp - 1) * blk, "backward": (2 * cp - 1) * blk, "kv_block": blk}
+
+
+class LiveBytes(TorchDispatchMode):
+    """Measure the memory a block of code really holds: ``with LiveBytes() as lb: ...``, then
+    ``lb.peak`` (bytes) is the largest sum, at any moment, of the distinct tensor storages created
+    inside the block that were still alive; ``lb.now`` what is still alive at the end.
+
+    Every operation passes through PyTorch's dispatcher, so every tensor it returns is seen; each
+    storage is counted once (views share it) and followed with a weak reference until its memory
+    is freed. Not seen: tensors created before the block (the inputs), and scratch space a fused
+    kernel allocates and frees internally. Works on CPU and GPU; ``tracemalloc`` cannot do this
+    (it does not see torch's allocator)."""
+
+    def __init__(self):
+        super().__init__()
+        self._live: dict[int, int] = {}
+        self.now = 0
+        self.peak = 0
+
+    def _freed(self, key):
+        self.now -= self._live.pop(key)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                st = t.untyped_storage()
+                key, nbytes = id(st), st.nbytes()
+                if nbytes and key not in self._live:
+                    self._live[key] = nbytes
+                    self.now += nbytes
+                    self.peak = max(self.peak, self.now)
+                    weakref.finalize(st, self._freed, key)
+        return out
+
+
+def nested_groups(sizes) -> dict:
+    """``{cp: process group}``: for each ``cp`` in ``sizes`` (each dividing the world size), this
+    rank's group among the consecutive blocks of ``cp`` ranks (the world itself for ``cp`` = world
+    size). Every rank must call it with the same ``sizes`` (``new_group`` is collective)."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for cp in sorted(set(sizes)):
+        if not isinstance(cp, int) or cp < 1 or n % cp:
+            raise ArgumentError(f"sizes: each cp must be a positive divisor of the world size {n}, got {cp!r}")
+        if cp == n:
+            out[cp] = None
+            continue
+        for start in range(0, n, cp):
+            g = dist.new_group(list(range(start, start + cp)))
+            if start <= r < start + cp:
+                out[cp] = g
+    return out
+
+
+def peak_forward_bytes(fn, q, k, v, *, group=None, **kwargs) -> int:
+    """Measured peak bytes (``LiveBytes``) that one forward of ``fn`` (``ring_attention`` or
+    ``allgather_attention``, no autograd graph) holds on this rank beyond its inputs."""
+    with torch.no_grad(), LiveBytes() as lb:
+        y = fn(q, k, v, group=group, **kwargs)
+        del y
+    return lb.peak
+
+
+def kv_held_growth(fn, q, k, v, groups: dict, **kwargs) -> dict:
+    """Measured: ``{cp: peak_forward_bytes(...) on groups[cp]}`` for the same local q, k, v (this
+    rank's ``s_local`` tokens) in groups of ``cp`` ranks, so the peaks differ only by what the
+    variant holds because more ranks take part. ``groups``: cp -> the process group of that size
+    this rank belongs to (call on every rank of every group). Divide the differences by
+    ``2·k.numel()·k.element_size()`` (one K|V block) to count blocks."""
+    out = {}
+    for cp, g in sorted(groups.items()):
+        seq_len = q.shape[SEQ] * cp
+        out[cp] = peak_forward_bytes(fn, q, k, v, group=g, seq_len=seq_len, **kwargs)
+    return out
