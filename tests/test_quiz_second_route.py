@@ -9,6 +9,7 @@ from the paper, a brute-force search, or the pipeline's closed forms against its
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import cache
 
@@ -393,13 +394,20 @@ def test_card_numbers():
     # sp_traffic: reduce-scatter + all-gather move what one all-reduce moves
     rs_ag = comm.bytes_sent_per_rank("reduce_scatter", s, n) + comm.bytes_sent_per_rank("all_gather", s, n)
     assert rs_ag == pytest.approx(ddp)
-    # ring_bytes_grow: per-rank ring bytes 2(n-1)/n S approach 2S, they do not grow with n
-    assert 2 * (1024 - 1) / 1024 * s < 2 * s
+    # ring_bytes_grow: the kit's per-rank ring bytes are 2(n-1)/n S: they approach 2S, never pass it
+    sent = {k: comm.bytes_sent_per_rank("all_reduce", s, k) for k in (2, 3, 8, 64, 1024)}
+    assert all(v == pytest.approx(2 * (k - 1) / k * s) and v < 2 * s for k, v in sent.items()), sent
+    assert sent[1024] / sent[2] < 2  # 512x the ranks, under 2x the bytes: not proportional to n
     # decode_bound: batch-1 decode is memory-bound on every GPU of the bank
     assert all(_roofline("llama-2-7b", g, 1, 1, 1024)["bound"] == "memory" for g in ("H100-SXM", "L4"))
     # gqa_kv: the cache shrinks by n_heads / n_kv_heads (Llama 3 8B: 32 / 8)
+    from mlsys_nb import inference
+
     cfg = _meta("llama-3-8b")["cfg"]
-    assert _kv_bytes_per_token(cfg) * cfg.n_kv_heads and cfg.n_heads / cfg.n_kv_heads == 4
+    gqa = inference.kv_bytes_per_token("llama-3-8b")
+    mha = inference.kv_bytes_per_token(cfg.replace(n_kv_heads=cfg.n_heads))
+    assert gqa == _kv_bytes_per_token(cfg) and mha / gqa == cfg.n_heads / cfg.n_kv_heads == 4
+    assert cfg.head_dim == cfg.hidden // cfg.n_heads  # the heads are not smaller: there are fewer of them
     # twenty_tokens_per_param: under the approach-3 fit the optimal ratio moves with compute
     from mlsys_nb import flops, scaling
 
@@ -433,3 +441,213 @@ def test_second_route_catches_a_broken_key(monkeypatch):
         )
     ]
     assert misses, "a non-causal attention count went unnoticed"
+
+
+# ---- inference premises are physical: they fit on the GPUs they name -------------------------------
+ONE_GPU = (
+    "inference.decode_step_time",
+    "inference.prefill_time",
+    "inference.decode_bound",
+    "serving.decode_throughput",
+    "serving.batching_speedup",
+)
+
+
+def _fits_by_hand(preset, gpu, batch, context, tp=1):
+    """bf16 weights counted on the meta model / tp + the bf16 cache / min(tp, n_kv) <= 90 % of the GPU."""
+    m = _meta(preset)
+    cfg = m["cfg"]
+    per_gpu = 2 * m["total"] / tp + batch * context * _kv_bytes_per_token(cfg) / min(tp, cfg.n_kv_heads)
+    return per_gpu <= 0.9 * hardware.gpu(gpu).memory_bytes
+
+
+@pytest.mark.parametrize("name", ONE_GPU)
+def test_one_gpu_premises_fit_on_that_gpu(name):
+    seen = set()
+    for q in _draws(name, seeds=range(40)):
+        p = q.params
+        batch = p.get("batch", 1)
+        context = p.get("context", p.get("prompt_len", 1024))
+        assert _fits_by_hand(p["preset"], p["gpu"], batch, context), p
+        seen.add(p["preset"])
+    assert not {"llama-2-70b", "llama-3-70b", "llama-3.1-405b"} & seen  # 140 GB of bf16 weights fit no one GPU
+
+
+def test_fits_tp_by_hand_and_the_shared_check_is_what_the_one_gpu_families_use(monkeypatch):
+    answers = set()
+    for q in _draws("inference.fits_tp", seeds=range(40)):
+        p = q.params
+        tp = next((t for t in (1, 2, 4, 8) if _fits_by_hand(p["preset"], p["gpu"], p["batch"], p["context"], t)), None)
+        assert q.answer == ("does not fit on 8 GPUs" if tp is None else f"TP = {tp}"), p
+        answers.add(q.answer)
+    assert len(answers) >= 3, answers
+    # break the one physical check: every premise is then accepted, and a 70B model shows up on one GPU
+    from mlsys_nb.quiz.bank import inference as bank
+
+    monkeypatch.setattr(bank, "fits_on_gpus", lambda *a, **k: True)
+    drawn = {quiz.make("inference.decode_step_time", s).params["preset"] for s in range(60)}
+    assert drawn & {"llama-2-70b", "llama-3-70b", "llama-3.1-405b"}
+
+
+# ---- the families added for the interview notebook's sections ----------------------------------------
+def test_moe_params_on_the_real_model_and_published_mixtral():
+    """Counted on the MoE Transformer (meta device): active = total − (E − k) unused experts per layer;
+    Mixtral 8x7B itself: 46.7B total, 12.9B active (Jiang et al. 2024, arXiv:2401.04088, §2)."""
+    from mlsys_nb.memory import param_count, preset
+
+    pc = param_count(preset("mixtral-8x7b"))
+    assert pc.total == pytest.approx(46.7e9, rel=2e-3) and pc.active == pytest.approx(12.9e9, rel=2e-3)
+    asks = set()
+    for q in _draws("expert_context.moe_params", seeds=range(16)):
+        p = q.params
+        cfg = preset("mixtral-8x7b").replace(n_experts=p["n_experts"], top_k=p["top_k"])
+        with torch.device("meta"):
+            from mlsys_nb.models import Transformer
+
+            model = Transformer(cfg)
+        total = sum(t.numel() for t in model.parameters())
+        one_expert = 3 * cfg.hidden * cfg.expert_ffn_hidden
+        active = total - cfg.n_layers * (p["n_experts"] - p["top_k"]) * one_expert
+        want = {"total parameters": total, "active parameters per token": active}.get(p["ask"], 2 * total)
+        assert q.answer == want, p
+        asks.add(p["ask"])
+    assert len(asks) == 3
+
+
+def test_gpus_for_target_by_hand_search():
+    """Every batch 1..1024 (not only powers of two) on the hand roofline: the largest power of two
+    meeting the per-user rate and fitting gives ceil(target / its tokens/s) GPUs."""
+    for q in _draws("serving.gpus_for_target", seeds=range(12)):
+        p = q.params
+        ok = [
+            b
+            for b in range(1, 1025)
+            if _fits_by_hand(p["preset"], p["gpu"], b, p["context"])
+            and _roofline(p["preset"], p["gpu"], b, 1, p["context"])["time"] <= 1 / p["per_user"]
+        ]
+        b = 2 ** int(math.log2(max(ok)))
+        t = _roofline(p["preset"], p["gpu"], b, 1, p["context"])["time"]
+        assert q.answer == math.ceil(p["target"] * t / b), p
+
+
+def test_async_rlhf_by_the_two_worker_timeline():
+    """The closed forms (rl.placement) against the event timeline of a rollout worker and a trainer;
+    the timeline of a serialised 'async' (gen waits for the latest weights) has the synchronous period."""
+    from mlsys_nb.quiz.routes import rlhf_timeline
+
+    for q in _draws("rl.async_rlhf_speedup"):
+        g, t, s = q.params["gen_s"], q.params["train_s"], q.params["sync_s"]
+        ends = {lag: rlhf_timeline(g, t, s, lag=lag, steps=30) for lag in (1, 2)}
+        period = {lag: e[-1] - e[-2] for lag, e in ends.items()}
+        assert period[1] == pytest.approx(g + t + s) and period[2] == pytest.approx(max(g, t) + s)
+        assert q.answer == pytest.approx(period[1] / period[2], rel=1e-9), q.params
+
+
+# ---- a wrong key fails the worked solution ---------------------------------------------------------
+def _break(monkeypatch, what):
+    from mlsys_nb import memory
+    from mlsys_nb.inference import kv_cache, roofline
+    from mlsys_nb.rl import placement
+
+    if what == "kv without V":
+        real = kv_cache.kv_bytes_per_token
+        monkeypatch.setattr(kv_cache, "kv_bytes_per_token", lambda m, d="bf16": 0.5 * real(m, d))
+    elif what == "non-causal attention":
+        real_a = roofline.attention_flops
+        monkeypatch.setattr(roofline, "attention_flops", lambda m, new, ctx: 2 * real_a(m, new, ctx) + 1e12)
+    elif what == "tp ignored":
+        real_m = kv_cache.max_concurrent_sequences
+        monkeypatch.setattr(kv_cache, "max_concurrent_sequences", lambda *a, tp=1, **k: real_m(*a, tp=1, **k))
+        import mlsys_nb.inference as inf
+
+        monkeypatch.setattr(inf, "max_concurrent_sequences", kv_cache.max_concurrent_sequences)
+    elif what == "sync overlapped":
+        monkeypatch.setattr(placement, "async_step_s", lambda g, t, s: max(g, t + s))
+    elif what == "active = total":
+        real_p = memory.param_count
+
+        def same(cfg):
+            pc = real_p(cfg)
+            return dataclasses.replace(pc, active=pc.total)
+
+        import dataclasses
+
+        monkeypatch.setattr(memory, "param_count", same)
+
+
+BROKEN = {
+    "kv without V": "inference.kv_cache_bytes",
+    "non-causal attention": "inference.prefill_time",
+    "tp ignored": "inference.fits_tp",
+    "sync overlapped": "rl.async_rlhf_speedup",
+    "active = total": "expert_context.moe_params",
+}
+
+
+@pytest.mark.parametrize("what", sorted(BROKEN))
+def test_a_wrong_key_fails_the_worked_solution(monkeypatch, what):
+    """Notebook 20's worked solutions answer by the second route: with the key's idea broken, the
+    check of that answer fails for some seed (before: the key was fed back and always passed)."""
+    from mlsys_nb.quiz import routes
+
+    name = BROKEN[what]
+    seeds = range(24)
+    assert all(quiz.make(name, s).check(routes.worked_response(quiz.make(name, s))).ok for s in seeds)
+    _break(monkeypatch, what)
+    failed = [s for s in seeds if not quiz.make(name, s).check(routes.worked_response(quiz.make(name, s))).ok]
+    assert failed, f"a key broken by {what!r} passed its worked solutions"
+
+
+# ---- worksheets: adding a family keeps every other family's question --------------------------------
+def _kept_in_order(old, new):
+    """The entries of ``old`` still in ``new``, and whether ``new`` lists them in the same order."""
+    kept = [x for x in old if x in set(new)]
+    return kept, kept == [x for x in new if x in set(old)]
+
+
+def test_adding_a_family_keeps_the_questions_of_the_families_that_stay(monkeypatch):
+    from mlsys_nb.quiz import core
+
+    for seed in (0, 7, "x"):
+        before = core.worksheet(None, 4, seed=seed)
+        with monkeypatch.context() as m:
+            for name, like in (("comm.zz_new", "comm.busbw"), ("rl.zz_new", "rl.dpo_loss")):
+                m.setitem(core.REGISTRY, name, dataclasses.replace(core.REGISTRY[like], name=name))
+            after = core.worksheet(None, 4, seed=seed)
+        for t in before.questions:
+            old = [(q.family, q.text) for q in before.questions[t]]
+            new = [(q.family, q.text) for q in after.questions[t]]
+            kept, same_order = _kept_in_order(old, new)
+            assert len(kept) >= len(old) - 1 and same_order, (seed, t, old, new)  # one slot at most moves
+
+
+def test_the_old_worksheet_scheme_fails_the_same_check():
+    """The replaced selection (shuffle the topic's sorted list, seed the i-th question by position)
+    changes questions of families that stay when one is added."""
+    from mlsys_nb.quiz import core
+
+    def old_scheme(names, seed, n=4, t="comm"):
+        order = sorted(names)
+        core.rng_for(f"worksheet:{t}", seed).shuffle(order)
+        return [(order[i % len(order)], f"{seed}:{t}:{i}") for i in range(n)]
+
+    names = core.families("comm")
+    broken = [
+        seed
+        for seed in range(10)
+        if (lambda k: len(k[0]) < 3 or not k[1])(
+            _kept_in_order(old_scheme(names, seed), old_scheme([*names, "comm.zz_new"], seed))
+        )
+    ]
+    assert broken, "the old scheme kept every question: the check above would not catch it"
+    new = [
+        seed
+        for seed in range(10)
+        if (lambda k: len(k[0]) < 3 or not k[1])(
+            _kept_in_order(
+                [(f, f"{seed}:0") for f in core.rendezvous(names, seed, "worksheet")[:4]],
+                [(f, f"{seed}:0") for f in core.rendezvous([*names, "comm.zz_new"], seed, "worksheet")[:4]],
+            )
+        )
+    ]
+    assert not new

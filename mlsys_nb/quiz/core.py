@@ -230,9 +230,16 @@ def make(name: str, seed) -> Question:
     return Question(family=name, topic=fam.topic, seed=seed, **d)
 
 
+def rendezvous(names, seed, salt: str = "") -> list[str]:
+    """``names`` in rendezvous (highest-random-weight) order for ``seed``: sorted by
+    sha256(``salt|seed|name``). Each name's rank key depends only on the seed and the name, so
+    adding a family never reorders the others: it only slots in somewhere between them."""
+    return sorted(names, key=lambda n: hashlib.sha256(f"{salt}|{seed}|{n}".encode()).digest())
+
+
 def draw(family: str | None = None, topic: str | None = None, seed=None, difficulty: int | None = None) -> Question:
-    """One question: of ``family``, or of a family picked (by the seed) among ``topic`` and/or
-    ``difficulty`` (1 easy, 2 medium, 3 hard). ``seed=None`` draws a fresh random seed."""
+    """One question: of ``family``, or of the family first in rendezvous order (for the seed) among
+    ``topic`` and/or ``difficulty`` (1 easy, 2 medium, 3 hard). ``seed=None`` draws a fresh random seed."""
     if seed is None:
         seed = secrets.randbelow(2**31)
     if difficulty is not None:
@@ -242,8 +249,7 @@ def draw(family: str | None = None, topic: str | None = None, seed=None, difficu
     pool = [n for n in families(topic) if difficulty is None or REGISTRY[n].difficulty == difficulty]
     if not pool:
         raise ValueError(f"no family with topic={topic!r}, difficulty={difficulty!r}")
-    name = rng_for(f"draw:{topic}:{difficulty}", seed).choice(pool)
-    return make(name, seed)
+    return make(rendezvous(pool, seed, "draw")[0], seed)
 
 
 @dataclass
@@ -260,8 +266,10 @@ class Worksheet:
 
 
 def worksheet(topics=None, n: int = 5, seed=0) -> Worksheet:
-    """``n`` questions per topic (all topics if ``topics`` is None), families in a seeded order
-    (each family once before any repeats)."""
+    """``n`` questions per topic (all topics if ``topics`` is None). A topic's families are taken in
+    rendezvous order for ``seed`` (``rendezvous``), each once before any repeats; the k-th repeat of
+    family f is ``make(f, f"{seed}:{k}")``. So a question depends only on (seed, family, k): adding a
+    family to the bank leaves the question of every family that stays selected unchanged."""
     _load()
     if topics is None:
         topics = list(TOPICS)
@@ -269,8 +277,6 @@ def worksheet(topics=None, n: int = 5, seed=0) -> Worksheet:
         topics = [topics]
     ws = Worksheet(seed)
     for t in topics:
-        names = families(t)
-        order = names[:]
-        rng_for(f"worksheet:{t}", seed).shuffle(order)
-        ws.questions[t] = [make(order[i % len(order)], f"{seed}:{t}:{i}") for i in range(n)]
+        order = rendezvous(families(t), seed, "worksheet")
+        ws.questions[t] = [make(order[i % len(order)], f"{seed}:{i // len(order)}") for i in range(n)]
     return ws

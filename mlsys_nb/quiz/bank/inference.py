@@ -157,8 +157,31 @@ def _conc(rng):
     )
 
 
-def _roof_case(rng):
-    return pick(rng, MODELS[:6]), pick(rng, GPUS), pick(rng, [1, 8, 32, 128])
+USABLE = 0.9  # share of GPU memory given to weights + KV cache (vLLM's default gpu_memory_utilization)
+
+
+def fits_on_gpus(model, gpu, *, batch: int, context: int, tp: int = 1) -> bool:
+    """The one physical check of every inference family: do the bf16 weights (split over ``tp``
+    GPUs) and the bf16 KV cache of ``batch`` sequences of ``context`` tokens fit in ``USABLE`` of
+    each GPU's memory? (``inference.max_concurrent_sequences`` >= batch; a model, no activations.)"""
+    return inference.max_concurrent_sequences(model, gpu, context, tp=tp, gpu_memory_utilization=USABLE) >= batch
+
+
+TPS = (1, 2, 4, 8)
+
+
+def min_tp(model, gpu, *, batch: int, context: int) -> int | None:
+    """Smallest tensor-parallel degree in ``TPS`` (one node) at which ``fits_on_gpus``; None if none."""
+    return next((tp for tp in TPS if fits_on_gpus(model, gpu, batch=batch, context=context, tp=tp)), None)
+
+
+def _roof_case(rng, batches=(1, 8, 32, 128), contexts=(2048,)):
+    """(model, gpu, batch, context) drawn until the premise is physical: it fits on ONE GPU."""
+    for _ in range(1000):
+        model, g, batch, ctx = pick(rng, MODELS[:6]), pick(rng, GPUS), pick(rng, batches), pick(rng, contexts)
+        if fits_on_gpus(model, g, batch=batch, context=ctx):
+            return model, g, batch, ctx
+    raise RuntimeError("no premise fits on one GPU")  # pragma: no cover
 
 
 @family(
@@ -169,12 +192,11 @@ def _roof_case(rng):
     reference=REF_ROOF,
 )
 def _decode(rng):
-    model, g, batch = _roof_case(rng)
-    ctx = pick(rng, [512, 2048, 8192])
+    model, g, batch, ctx = _roof_case(rng, contexts=(512, 2048, 8192))
     c = inference.decode_cost(model, g, ctx, batch=batch)
     return dict(
-        text=f"Roofline model: one decode step of {model} (bf16) on one {g}, batch {batch}, each sequence at "
-        f"context {ctx}: time of the step (max of compute and memory time, 100 % of peak)?",
+        text=f"Roofline model: one decode step of {model} (bf16) on one {g} (weights and cache fit), batch {batch}, "
+        f"each sequence at context {ctx}: time of the step (max of compute and memory time, 100 % of peak)?",
         params={"preset": model, "gpu": g, "batch": batch, "context": ctx},
         answer=c.time_s,
         unit="seconds",
@@ -198,11 +220,11 @@ def _decode(rng):
     reference=REF_ROOF,
 )
 def _prefill(rng):
-    model, g, batch = _roof_case(rng)
-    n = pick(rng, [512, 2048, 8192])
+    model, g, batch, n = _roof_case(rng, contexts=(512, 2048, 8192))
     c = inference.prefill_cost(model, g, n, batch=batch)
     return dict(
-        text=f"Roofline model: prefill of {batch} prompt(s) of {n} tokens on {model} (bf16), one {g}: time?",
+        text=f"Roofline model: prefill of {batch} prompt(s) of {n} tokens on {model} (bf16), one {g} (weights and "
+        f"cache fit): time?",
         params={"preset": model, "gpu": g, "batch": batch, "prompt_len": n},
         answer=c.time_s,
         unit="seconds",
@@ -225,8 +247,7 @@ def _prefill(rng):
     reference=REF_ROOF,
 )
 def _bound(rng):
-    model, g, _ = _roof_case(rng)
-    batch = pick(rng, [1, 4, 64, 256, 1024])
+    model, g, batch, _ = _roof_case(rng, batches=(1, 4, 64, 256, 1024), contexts=(1024,))
     c = inference.decode_cost(model, g, 1024, batch=batch)
     return dict(
         text=f"Decode step of {model} on {g} at batch {batch}, context 1024: compute- or memory-bound (roofline)?",
@@ -269,9 +290,7 @@ def _ridge(rng):
     reference="docs/references.md#orca (Yu et al. 2022), #vllm",
 )
 def _tput(rng):
-    model, g, _ = _roof_case(rng)
-    batch = pick(rng, [1, 8, 32, 64, 128])
-    ctx = pick(rng, [1024, 4096])
+    model, g, batch, ctx = _roof_case(rng, batches=(1, 8, 32, 64, 128), contexts=(1024, 4096))
     c = inference.decode_cost(model, g, ctx, batch=batch)
     return dict(
         text=f"Continuous batching keeps {batch} sequences decoding on {model} (bf16), one {g}, context ≈ "
@@ -295,8 +314,7 @@ def _tput(rng):
     reference="docs/references.md#orca (Yu et al. 2022)",
 )
 def _bs(rng):
-    model, g, _ = _roof_case(rng)
-    batch = pick(rng, [8, 32, 64, 256])
+    model, g, batch, _ = _roof_case(rng, batches=(8, 32, 64, 256), contexts=(1024,))
     a = inference.decode_cost(model, g, 1024, batch=1)
     b = inference.decode_cost(model, g, 1024, batch=batch)
     r = b.tokens_per_s / a.tokens_per_s
@@ -511,3 +529,99 @@ def _overlap(rng):
         hints=["Serial: cpu + model per step.", "Overlapped: the slower of the two."],
         solution=[f"({cpu * 1e3:g} + {model * 1e3:g}) / max = {s:.4g} (inference.metrics.overlap_speedup)."],
     )
+
+
+FIT_CHOICES = [f"TP = {tp}" for tp in TPS] + ["does not fit on 8 GPUs"]
+
+
+@family(
+    "inference.fits_tp",
+    "inference",
+    kind="choice",
+    difficulty=2,
+    section=SEC13 + ", §3 Sizing the cache of real models",
+    reference=REF_KV,
+)
+def _fits_tp(rng):
+    model = pick(rng, MODELS)
+    g = pick(rng, GPUS)
+    batch = pick(rng, [1, 8, 32, 128])
+    ctx = pick(rng, [2048, 8192, 32768])
+    tp = min_tp(model, g, batch=batch, context=ctx)
+    ans = FIT_CHOICES[-1] if tp is None else f"TP = {tp}"
+    gpu = hardware.gpu(g)
+    rows = [
+        f"TP = {t}: weights {gb(inference.weight_bytes(model) / t)} + KV room for "
+        f"{inference.max_concurrent_sequences(model, g, ctx, tp=t, gpu_memory_utilization=USABLE)} sequences"
+        for t in TPS
+    ]
+    return dict(
+        text=f"Serve {model} (bf16 weights and KV cache) on {g} ({gb(gpu.memory_bytes)} each, {USABLE:.0%} usable "
+        f"for weights + cache) with {batch} sequences of {ctx} tokens in flight. Does it fit, and with what "
+        f"smallest tensor-parallel degree (1, 2, 4 or 8 GPUs of one node)?",
+        params={"preset": model, "gpu": g, "batch": batch, "context": ctx},
+        answer=ans,
+        choices=FIT_CHOICES,
+        hints=[
+            "Per GPU: weights / tp + the cache of every sequence / min(tp, n_kv_heads).",
+            "Weights alone: 2 B per parameter; 70B parameters are 140 GB.",
+        ],
+        solution=rows + [f"Smallest that fits: {ans} (inference.max_concurrent_sequences >= {batch})."],
+    )
+
+
+@family(
+    "serving.gpus_for_target",
+    "serving",
+    difficulty=3,
+    section=SEC13 + ", §4 Prefill and decode on the roofline",
+    reference=REF_ROOF + ", #vllm",
+)
+def _gpus_for_target(rng):
+    for _ in range(1000):
+        model, g, _, ctx = _roof_case(rng, batches=(1,), contexts=(1024, 4096))
+        per_user = pick(rng, [10, 20, 30, 50])  # tokens/s each user must see
+        target = pick(rng, [10_000, 50_000, 200_000, 1_000_000])  # tokens/s over all users
+        plan = gpus_for_decode_target(model, g, ctx, target, per_user)
+        if plan is not None:
+            break
+    n, batch, step = plan
+    return dict(
+        text=f"Serve {model} (bf16) on {g}s, one model replica per GPU, every sequence at context ≈ {ctx}. Each user "
+        f"must receive at least {per_user} tokens/s and the service must produce {target:,} tokens/s in total "
+        f"(decode only, roofline model). Using the largest power-of-two batch per GPU (up to 1024) that meets the "
+        f"per-user rate and fits in memory, how many GPUs?",
+        params={"preset": model, "gpu": g, "context": ctx, "per_user": per_user, "target": target},
+        answer=n,
+        unit="count",
+        tolerance=0.0,
+        hints=[
+            "Per-user rate = 1 / decode step time; the step grows with the batch (its KV reads).",
+            "GPUs = ceil(target / (batch / step time)).",
+        ],
+        solution=[
+            f"Largest batch meeting {per_user} tokens/s per user and fitting: {batch} (step {step * 1e3:.4g} ms).",
+            f"Per GPU {batch / step:.4g} tokens/s → ceil({target:,} / that) = {n} GPUs "
+            "(inference.decode_cost, inference.max_concurrent_sequences).",
+        ],
+    )
+
+
+def gpus_for_decode_target(model, gpu, context: int, target: float, per_user: float):
+    """(GPUs, batch per GPU, step seconds) to decode ``target`` tokens/s in total with every sequence
+    seeing >= ``per_user`` tokens/s: the largest power-of-two batch (<= 1024) whose roofline decode
+    step is <= 1 / per_user and whose cache fits (``fits_on_gpus``); None if batch 1 is too slow."""
+    import math
+
+    best = None
+    for b in (2**k for k in range(11)):
+        if not fits_on_gpus(model, gpu, batch=b, context=context):
+            break
+        c = inference.decode_cost(model, gpu, context, batch=b)
+        if c.time_s > 1 / per_user:
+            break
+        best = (b, c.time_s)
+    if best is None:
+        return None
+    b, step = best
+    return math.ceil(target / (b / step)), b, step

@@ -1045,3 +1045,77 @@ def _k3(rng):
         solution=[f"q = {lr - lp:.4g}; k3 = {v:.4g} (rl.rlhf.kl_estimate(kind='k3'))."],
         diagnostics=[(abs(lp - lr) / v if v else 1e9, "that is |k1|; k3 = e^q − q − 1")],
     )
+
+
+# ---- mixture of experts: total vs active -------------------------------------------------------------
+MOE_ASKS = ("total parameters", "active parameters per token", "bf16 weight bytes to serve it")
+
+
+@family(
+    "expert_context.moe_params",
+    "expert_context",
+    difficulty=2,
+    section="notebooks/09_experts_and_context.ipynb, §4 EP or TP for the experts? Bytes and memory per rank",
+    reference="docs/references.md#mixtral (Jiang et al. 2024, arXiv:2401.04088), #switch",
+)
+def _moe(rng):
+    base = memory.preset("mixtral-8x7b")
+    e = pick(rng, [8, 16, 32])
+    k = pick(rng, [1, 2, 4])
+    cfg = base.replace(n_experts=e, top_k=k, name=f"mixtral-like-{e}x{k}")
+    ask = pick(rng, MOE_ASKS)
+    pc = memory.param_count(cfg)
+    ans = {MOE_ASKS[0]: pc.total, MOE_ASKS[1]: pc.active, MOE_ASKS[2]: 2 * pc.total}[ask]
+    return dict(
+        text=f"A Mixtral-like MoE: {cfg.n_layers} layers, hidden {cfg.hidden}, attention with {cfg.n_heads} query "
+        f"and {cfg.n_kv_heads} KV heads of dim {cfg.head_dim}, every layer's MLP replaced by {e} SwiGLU experts "
+        f"of width {cfg.expert_ffn_hidden} with a linear router picking the top {k} per token, RMSNorms, "
+        f"vocabulary {cfg.vocab_size} (untied embedding and head). Its {ask}?",
+        params={"n_experts": e, "top_k": k, "ask": ask},
+        answer=ans,
+        unit="bytes" if ask == MOE_ASKS[2] else "params",
+        hints=[
+            "One expert: 3 × hidden × width (gate, up, down). The router: hidden × n_experts per layer.",
+            "Active: attention, router, norms, embedding, head and only the top-k experts. Serving holds ALL.",
+        ],
+        solution=[
+            f"Total {pc.total:,} parameters; active per token {pc.active:,} (memory.param_count).",
+            f"Serving keeps every expert resident: {gb(2 * pc.total)} in bf16, while each token costs "
+            f"2 × {pc.active:.4g} FLOPs.",
+        ],
+        diagnostics=[(pc.active / pc.total, "that is the active count: memory holds every expert")]
+        if ask != MOE_ASKS[1]
+        else [(pc.total / pc.active, "that is the total: a token only runs through its top-k experts")],
+    )
+
+
+# ---- RLHF: synchronous vs one-step-off-policy asynchronous -----------------------------------------
+@family(
+    "rl.async_rlhf_speedup",
+    "rl",
+    difficulty=2,
+    section="notebooks/19_rlhf_systems.ipynb, §3 Placement on Ray: co-located, disaggregated, one step off-policy",
+    reference="docs/references.md#openrlhf (Hu et al. 2024, arXiv:2405.11143; Sheng et al. 2024, arXiv:2409.19256)",
+)
+def _async_rlhf(rng):
+    from ...rl.placement import async_step_s, sync_step_s
+
+    g = pick(rng, [20.0, 40.0, 60.0, 90.0])
+    t = pick(rng, [15.0, 30.0, 45.0, 80.0])
+    s = pick(rng, [0.5, 2.0, 5.0, 10.0])
+    a, b = sync_step_s(g, t, s), async_step_s(g, t, s)
+    return dict(
+        text=f"Disaggregated PPO-RLHF: rollout GPUs generate a batch in {g:g} s, trainer GPUs train on it in {t:g} s, "
+        f"and pushing the new weights to the rollout engines takes {s:g} s (nothing else runs meanwhile). "
+        f"Going from synchronous (generate, train, sync in turn) to one-step off-policy asynchronous "
+        f"(generation of step t+1 overlaps training of step t): speed-up in steps per hour (model)?",
+        params={"gen_s": g, "train_s": t, "sync_s": s},
+        answer=a / b,
+        unit="ratio",
+        hints=["Synchronous step: gen + train + sync.", "Asynchronous: max(gen, train) + sync (the sync cannot hide)."],
+        solution=[
+            f"sync {a:g} s, async {b:g} s per step (rl.placement.sync_step_s, async_step_s).",
+            f"Speed-up {a / b:.4g}×; the price is data one policy version old.",
+        ],
+        diagnostics=[((g + t + s) / (max(g, t)) / (a / b), "the weight sync cannot overlap: add it to both")],
+    )
