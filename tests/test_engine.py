@@ -416,3 +416,185 @@ def test_cuda_graph_padding_changes_nothing(model):
     # 8 padded rows vs 3 packed rows: the matmuls have other shapes, so the CPU's GEMM may block them
     # differently (fp32 rounding up to ~3e-5 seen on AMD EPYC); a padding bug moves logits by O(1)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+# ---- isolation: validation before queueing, atomic add_request, one request's failure is its own ----------
+POISONED = [  # values that once passed validation and then broke every request's step
+    ("temperature", dict(temperature=float("nan"))),
+    ("top_p", dict(top_p=float("nan"))),
+    ("seed", dict(seed=2**64 - 1, n=2)),
+    ("logprobs", dict(logprobs=VOCAB + 1)),
+    ("presence_penalty", dict(presence_penalty=float("inf"))),
+    ("logit_bias", dict(logit_bias={VOCAB + 5: 1.0})),
+    ("stop_token_ids", dict(stop_token_ids=[VOCAB])),
+]
+
+
+@pytest.mark.parametrize("param,kw", POISONED, ids=[p for p, _ in POISONED])
+def test_poisoned_values_are_refused_before_anything_is_queued(model, param, kw):
+    from mlsys_nb.inference.sampling_params import ParamError
+
+    eng = LLM(model).engine
+    with pytest.raises(ParamError) as e:
+        eng.add_request("bad", [1, 2, 3], SamplingParams(**kw))
+    assert e.value.param == param, e.value
+    assert not eng.requests and not eng.scheduler.has_unfinished()
+
+
+def test_tiny_temperature_and_top_p_sample_the_argmax(model):
+    """temperature 1e-45 (raised to 0.01) and top_p 1e-320 (0 in float32) keep a finite distribution whose
+    only token is the most likely one; without the guard on the top token top_p gives all-zero probabilities."""
+    logits = torch.randn(VOCAB, generator=torch.Generator().manual_seed(0)) * 3
+    probs = filter_probs(logits, 1.0, top_p=1e-320)
+    assert torch.isfinite(probs).all() and int(probs.argmax()) == int(logits.argmax()) and float(probs.max()) == 1.0
+    p = SamplingParams(temperature=1e-45)
+    probs = filter_probs(logits, p.temperature)
+    assert torch.isfinite(probs).all() and int(probs.argmax()) == int(logits.argmax())
+    assert not torch.isfinite(filter_probs(logits, 1e-45)).all(), "the raw temperature overflows: the clamp matters"
+    ref = LLM(model).generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+    out = LLM(model).generate(
+        [[1, 2, 3]] * 2, [SamplingParams(temperature=1e-45, max_tokens=8), SamplingParams(top_p=1e-320, max_tokens=8)]
+    )
+    assert [o.outputs[0].token_ids for o in out] == [ref[0].outputs[0].token_ids] * 2
+
+
+def test_add_request_is_atomic(model):
+    """All n samples or none: a failure while building the second sample leaves nothing queued."""
+    eng = LLM(model).engine
+    pr = eng.prepare([1, 2, 3], SamplingParams(n=3, seed=5))
+    pr.generators = pr.generators[:1]  # the second sample cannot be built
+    with pytest.raises(IndexError):
+        eng.add_request("r", None, prepared=pr)
+    assert not eng.requests and not eng.scheduler.has_unfinished(), "an orphan sample was queued"
+    eng.add_request("ok", [1, 2, 3], SamplingParams(max_tokens=2))
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert eng.num_blocks_used() == 0
+
+
+def _run(eng, reqs):
+    for rid, prompt, sp in reqs:
+        eng.add_request(rid, prompt, sp)
+    outs = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                outs[o.request_id] = o
+    return outs
+
+
+@pytest.mark.parametrize("where", ["sample", "forward"])
+def test_a_failing_sequence_fails_alone(model, where, monkeypatch):
+    """A request whose sampling (or forward pass) raises is finished with ``error``; the others produce exactly
+    what they produce without it, and every block comes back."""
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    good = [(f"g{i}", [i + 1, 7, 9, i + 2], sp) for i in range(4)]
+    ref = _run(LLM(model).engine, good)
+    eng = LLM(model).engine
+    poison = 299  # a prompt token that marks the failing request
+    if where == "sample":
+        import mlsys_nb.inference.sampler as sampler
+
+        real = sampler._sample_row
+
+        def row(logits, seq, *a):
+            if poison in seq.prompt_token_ids and len(seq.output_token_ids) >= 3:
+                raise FloatingPointError("poisoned row")
+            return real(logits, seq, *a)
+
+        monkeypatch.setattr(sampler, "_sample_row", row)
+    else:
+        real = eng.runner.run
+
+        def run(scheduled, timer=None):
+            if any(poison in s.prompt_token_ids and s.output_token_ids for s, _ in scheduled):
+                raise FloatingPointError("poisoned forward")
+            return real(scheduled, timer=timer)
+
+        monkeypatch.setattr(eng.runner, "run", run)
+    outs = _run(eng, good + [("bad", [poison, 1, 2], SamplingParams(temperature=0.8, max_tokens=12, n=2, seed=1))])
+    assert "poisoned" in outs["bad"].error and all(c.finish_reason == "abort" for c in outs["bad"].outputs)
+    for rid, _, _ in good:
+        assert outs[rid].error is None and outs[rid].outputs[0].token_ids == ref[rid].outputs[0].token_ids
+    assert eng.num_blocks_used() == 0 and not eng.requests and eng.stats["requests_failed"] == 1
+
+
+def test_logit_processors_against_a_reference(model):
+    """process_logits (min_tokens, logit_bias, repetition/frequency/presence penalties) and min_p against a
+    direct transcription of their definitions on random logits, and one greedy run steered by logit_bias."""
+    import numpy as np
+
+    from mlsys_nb.inference.sampler import process_logits
+    from mlsys_nb.inference.sequence import Sequence
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 3, VOCAB)
+    prompt, out = [3, 5, 5, 9], [5, 7, 7, 7, 11]
+    sp = SamplingParams(
+        repetition_penalty=1.3,
+        frequency_penalty=0.4,
+        presence_penalty=-0.7,
+        logit_bias={7: 2.5, 100: -30},
+        min_tokens=8,
+        max_tokens=20,
+    )
+    seq = Sequence(0, "r", prompt, sp)
+    seq.output_token_ids = list(out)
+    got = process_logits(torch.tensor(logits, dtype=torch.float32), seq, eos_token_ids=[256]).numpy()
+    want = logits.copy()
+    want[256] = -np.inf  # min_tokens: 5 generated < 8
+    want[7] += 2.5
+    want[100] -= 30
+    for t in set(prompt) | set(out):
+        want[t] = want[t] / 1.3 if want[t] > 0 else want[t] * 1.3
+    for t in set(out):
+        want[t] -= 0.4 * out.count(t) - 0.7
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    probs = filter_probs(torch.tensor(logits, dtype=torch.float32), 1.0, min_p=0.2).numpy()
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    p[p < 0.2 * p.max()] = 0
+    np.testing.assert_allclose(probs, p / p.sum(), rtol=1e-5, atol=1e-7)
+    target = 42
+    o = LLM(model).generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4, logit_bias={target: 100}))
+    assert o[0].outputs[0].token_ids == [target] * 4
+
+
+def test_step_times_window_keeps_memory_flat(model):
+    """20,000 steps (the model's forward stubbed: the leak was the bookkeeping): the memory traced over the last
+    1,000 steps (after 1,000 traced steps filled the window with traced records) stays flat; with an unbounded
+    list of step records the same measurement grows (the check catches the leak)."""
+    import tracemalloc
+
+    from mlsys_nb.inference.model_runner import StepBatch
+
+    def engine(window):
+        eng = LLM(model, step_times_window=window).engine
+        eng.runner.run = lambda scheduled, timer=None: (
+            torch.zeros(sum(1 for s, n in scheduled if n == s.num_uncomputed), VOCAB),
+            StepBatch(eng.kv, scheduled),
+        )
+        return eng
+
+    def growth(eng, steps):
+        sp = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+        i, before = 0, None
+        for k in range(steps):
+            if not eng.has_unfinished_requests():
+                eng.add_request(str(i), [1, 2, 3], sp)
+                i += 1
+            eng.step()
+            if k == steps - 2001:
+                tracemalloc.start()
+            elif k == steps - 1001:
+                before = tracemalloc.get_traced_memory()[0]
+        after = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        return after - before
+
+    eng = engine(500)
+    flat = growth(eng, 20_000)
+    assert flat < 50_000 and len(eng.step_times) == 500 and eng.num_steps == 20_000, flat
+    leaky = engine(500)
+    leaky.step_times = []
+    assert growth(leaky, 2_500) > 150_000, "1,000 unbounded step records must show"
