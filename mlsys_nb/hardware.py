@@ -1,4 +1,7 @@
-"""Accelerators and links from ``data/hardware.yaml`` (datasheet values with sources)."""
+"""Accelerators and links from ``data/hardware.yaml``: datasheet values with sources (memory, HBM
+bandwidth, dense peaks, link bandwidths), except each link's ``latency_s``, an assumed default
+(``latency_source`` says so): an order of magnitude for the α-β model, not a datasheet or measured
+value. Fit α on a real system instead (``mlsys_nb.comm.pingpong``, notebook 04)."""
 
 from __future__ import annotations
 
@@ -29,11 +32,15 @@ class GPU:
 
 @dataclass(frozen=True)
 class Link:
+    """A link: bandwidths in bytes/s (datasheet, ``source``) and ``latency_s``, the one-message
+    latency α in seconds: an ASSUMED DEFAULT (``latency_source``), not a datasheet value."""
+
     name: str
     per_direction_bytes_per_s: float
     bidirectional_bytes_per_s: float
     latency_s: float
     source: str = ""
+    latency_source: str = ""  # where latency_s comes from: "assumed default ..." or a citation
 
 
 @lru_cache(maxsize=1)

@@ -30,3 +30,10 @@ def test_memory_is_what_the_device_reports_where_published():
         assert kind in ("reported", "datasheet"), f"{g.name}: memory_source must say reported or datasheet"
         if kind == "reported":
             assert g.memory_bytes % MiB == 0 or g.memory_bytes % 4096 == 0, g.name  # a device total, not a round GB
+
+
+def test_every_link_latency_says_where_it_comes_from():
+    """No datasheet gives a one-message latency: each is labelled an assumed default (or cites one)."""
+    for ln in hardware.links().values():
+        assert ln.latency_source.startswith("assumed default") or "arXiv" in ln.latency_source, ln
+        assert 1e-7 < ln.latency_s < 1e-3, ln  # seconds: microseconds, not milliseconds or ns

@@ -395,7 +395,7 @@ def _tp_time(rng):
     x = b * s * h * 2
     t = 2 * comm.collective_time("all_reduce", x, tp, alpha, beta, "ring")
     return dict(
-        text=f"TP = {tp} over NVLink (α = {us(alpha)}, β = {gbps(beta)}), micro-batch {b} × {s} tokens, "
+        text=f"TP = {tp} over NVLink (assumed α = {us(alpha)}, β = {gbps(beta)}), micro-batch {b} × {s} tokens, "
         f"hidden {h}, bf16: time of one layer's forward all-reduces (two ring all-reduces)?",
         params={"b": b, "s": s, "h": h, "tp": tp, "alpha": alpha, "beta": beta},
         answer=t,

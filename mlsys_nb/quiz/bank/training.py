@@ -556,8 +556,8 @@ def _tp_node(rng):
     return dict(
         text=f"One TP all-reduce of {x / 1e6:.4g} MB over tp = 8: how many times slower across nodes "
         f"(β = {gbps(ib)}, α = 10 us) than inside an NVLink4 node "
-        f"(β = {gbps(nv.per_direction_bytes_per_s)},"
-        f" α = 5 us)?",
+        f"(β = {gbps(nv.per_direction_bytes_per_s)} from the datasheet,"
+        f" α = {nv.latency_s * 1e6:g} us)? (Both α are assumed defaults, not datasheet values.)",
         params={"bytes": x, "tp": tp, "beta_inter": ib},
         answer=r,
         unit="ratio",
