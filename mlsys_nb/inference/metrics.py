@@ -8,11 +8,18 @@ milliseconds and the throughputs (requests/s, output tokens/s, total tokens/s ov
 CPU overhead: ``LLMEngine.step_times`` records the seconds of each phase of every step (schedule,
 prepare, model, sample, postprocess). ``phase_breakdown(step_times)`` takes medians over pure decode
 steps; everything but ``model`` is CPU work that a GPU would wait on at small batch sizes.
+``measure_decode_overhead`` steps one engine per batch size in turn (interleaved, so a burst of load
+on a shared machine hits every batch size alike). ``cpu_per_sequence_ratio(rows)`` compares the CPU
+time per sequence at the largest and the smallest batch (fastest step of each): well below 1 when
+the CPU work is mostly a cost per step (vectorised preparation), near 1 when it is a cost per
+sequence.
 
 Overlap scheduling (SGLang's zero-overhead scheduler, vLLM's async scheduling): while the GPU runs
 step N, the CPU prepares step N+1. Sequential step time is c + g (CPU c, GPU g); overlapped it is
 max(c, g), so the closed-form speed-up is ``(c + g) / max(c, g)`` (at most 2, when c = g).
-``overlap_speedup`` is that model, applied in the notebook to measured phase times.
+``overlap_speedup`` is that model; ``simulate_overlap`` is an independent route to it, an event
+simulation of the two-stage pipeline step by step (also on a measured per-step trace). Both are
+models: nothing here overlaps real CPU and GPU work.
 """
 
 from __future__ import annotations
@@ -71,30 +78,100 @@ def phase_breakdown(step_times, *, decode_only: bool = True) -> dict:
 
 
 def overlap_speedup(cpu_s: float, model_s: float) -> float:
-    """Closed-form speed-up of overlapping the CPU work of step N+1 with the model of step N."""
+    """Closed-form speed-up (dimensionless) of overlapping the CPU work of step N+1 (``cpu_s`` seconds)
+    with the model of step N (``model_s`` seconds): the limit of many steps."""
     if cpu_s < 0 or model_s < 0 or cpu_s + model_s == 0:
         raise ValueError(f"cpu_s={cpu_s}, model_s={model_s}: must be >= 0 and not both 0")
     return (cpu_s + model_s) / max(cpu_s, model_s)
 
 
+def simulate_overlap(cpu_s, model_s) -> tuple[float, float]:
+    """Event simulation of a decode loop, sequential and overlapped: (sequential seconds, overlapped seconds).
+
+    ``cpu_s[i]`` / ``model_s[i]``: seconds of CPU work and of model work of step i. Sequential: each step
+    runs its CPU part, then its model. Overlapped (one step of look-ahead): the CPU prepares step i while
+    the model runs step i-1, so the CPU part of step i starts when the CPU is free and step i-1 has been
+    launched, and the model of step i starts when its CPU part is done and the model is free."""
+    if len(cpu_s) != len(model_s) or not len(cpu_s):
+        raise ValueError(f"cpu_s and model_s: need one value per step each, got {len(cpu_s)} and {len(model_s)}")
+    if min(cpu_s) < 0 or min(model_s) < 0:
+        raise ValueError("cpu_s and model_s: seconds must be >= 0")
+    cpu_free = model_free = launched = 0.0
+    for c, g in zip(cpu_s, model_s):
+        cpu_done = max(cpu_free, launched) + c  # prepare step i once step i-1 is on the device
+        launched = max(cpu_done, model_free)  # the model takes step i when it is done with step i-1
+        cpu_free, model_free = cpu_done, launched + g
+    return float(sum(cpu_s) + sum(model_s)), model_free
+
+
+def overlap_model_error(speedup, ratios, steps: int = 200) -> float:
+    """Largest relative difference between ``speedup(c, g)`` and ``simulate_overlap`` over ``steps`` equal
+    steps with CPU/model ratio c/g in ``ratios`` (g = 1 s): at most 1/steps for the right closed form."""
+    worst = 0.0
+    for r in ratios:
+        seq, ovl = simulate_overlap([r] * steps, [1.0] * steps)
+        worst = max(worst, abs(speedup(r, 1.0) / (seq / ovl) - 1))
+    return worst
+
+
+def fastest_step(row, part: str = "cpu") -> float:
+    """Seconds of ``part`` ("cpu" or "model") in the fastest decode step of a ``measure_decode_overhead`` row.
+
+    Background load only ever adds time to a step, so the fastest of a row's steps is the one closest
+    to the undisturbed cost (a median still moves when another process takes the core for half the steps)."""
+    if part not in ("cpu", "model"):
+        raise ValueError(f"part={part!r}: allowed 'cpu' or 'model'")
+    return min(step[0 if part == "cpu" else 1] for step in row["trace"])
+
+
+def cpu_per_sequence_ratio(rows) -> float:
+    """CPU seconds per sequence at the largest batch / at the smallest, in the fastest step of each
+    (rows of ``measure_decode_overhead``): 1 if the CPU work is a fixed cost per sequence, B_min / B_max if
+    it is a fixed cost per step."""
+    rows = sorted(rows, key=lambda r: r["batch"])
+    if len(rows) < 2 or rows[0]["batch"] == rows[-1]["batch"]:
+        raise ValueError(f"rows: need at least two batch sizes, got {[r['batch'] for r in rows]}")
+    lo, hi = rows[0], rows[-1]
+    return (fastest_step(hi) / hi["batch"]) / (fastest_step(lo) / lo["batch"])
+
+
 def measure_decode_overhead(
     make_engine, batch_sizes, *, prompt_len: int = 16, steps: int = 20, use_tqdm: bool = True
 ) -> list[dict]:
-    """For each batch size B: B requests decode together for ``steps`` steps; median phase times.
+    """For each batch size B: B requests decode together for ``steps`` steps; median phase times (seconds).
 
-    ``make_engine()`` returns a fresh ``LLMEngine`` (it must hold B sequences)."""
+    ``make_engine()`` returns a fresh ``LLMEngine`` (it must hold B sequences). One engine per batch
+    size; after their prefills the engines take one decode step each in turn, so every batch size
+    sees the same background load. Each row also holds ``trace``: (CPU seconds, model seconds) of
+    every decode step, in order."""
     from tqdm.auto import tqdm
 
+    from .engine import PHASES
     from .sampling_params import SamplingParams
 
-    rows = []
-    for b in tqdm(list(batch_sizes), desc="decode overhead", disable=not use_tqdm):
+    batch_sizes = list(batch_sizes)
+    engines = []
+    for b in batch_sizes:
         eng = make_engine()
         sp = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
         for i in range(b):
             eng.add_request(f"b{b}-{i}", [(7 * i + j) % 200 + 1 for j in range(prompt_len)], sp)
-        while eng.has_unfinished_requests():
+        for _ in range(b * prompt_len + 2):  # prefill (possibly in chunks) until all B sequences decode
+            if eng.step_times and eng.step_times[-1]["num_decodes"] == b:
+                break
             eng.step()
-        row = phase_breakdown([s for s in eng.step_times if s["num_seqs"] == b])
-        rows.append({"batch": b, **row})
+        else:
+            raise ValueError(f"batch_sizes: batch {b} never decodes together (does the engine hold {b} sequences?)")
+        eng.step_times.clear()
+        engines.append(eng)
+    for _ in tqdm(range(steps), desc="decode overhead (interleaved)", disable=not use_tqdm):
+        for eng in engines:
+            if eng.has_unfinished_requests():
+                eng.step()
+    rows = []
+    for b, eng in zip(batch_sizes, engines):
+        decodes = [s for s in eng.step_times if s["num_seqs"] == b and s["num_decodes"] == s["num_tokens"]]
+        row = phase_breakdown(decodes)
+        trace = [(sum(s.get(p, 0.0) for p in PHASES if p != "model"), s.get("model", 0.0)) for s in decodes]
+        rows.append({"batch": b, **row, "trace": trace})
     return rows
