@@ -22,3 +22,34 @@ def test_notebook_14_rejects_a_bad_block_size():
 
     with pytest.raises(pm.PapermillExecutionError, match=r"block_size=3: choose one of \(1, 2, 4, 8, 16, 32\)"):
         run_notebook("14_kv_cache_management.ipynb", block_size=3)
+
+
+def _cell_sources(name):
+    import nbformat
+    from nbrun import NOTEBOOKS
+
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    return {c.id: "\n".join(l for l in c.source.splitlines() if not l.startswith("%")) for c in nb.cells}
+
+
+def test_hit_rate_check_fails_for_a_cache_that_ignores_capacity():
+    """Section 7's own check cell, run on the hit rates of a cache that keeps every token whatever its
+    capacity: it must raise (and pass on the real cache)."""
+    from mlsys_nb.inference.radix import RadixCache
+
+    class IgnoresCapacity(RadixCache):
+        def __init__(self, capacity_tokens=None):
+            super().__init__()  # the capacity is dropped: nothing is ever evicted
+
+    cells = _cell_sources("14_kv_cache_management.ipynb")
+    for cache, fails in ((RadixCache, False), (IgnoresCapacity, True)):
+        ns = {}
+        for cid in ("nb14-01", "nb14-02", "nb14-20"):  # parameters, imports, section 6's workload
+            exec(cells[cid], ns)
+        ns["RadixCache"] = cache
+        exec(cells["nb14-23"], ns)  # section 7: the capacity sweep
+        if fails:
+            with pytest.raises(AssertionError, match="strictly fewer hits"):
+                exec(cells["nb14-24"], ns)
+        else:
+            exec(cells["nb14-24"], ns)
