@@ -1,5 +1,6 @@
-"""Notebook 08 under papermill with a non-default, odd world size (the defaults run under nbval;
-DualPipe needs an even p and is skipped with a message)."""
+"""Notebook 08 under papermill with a non-default, odd world size (the defaults run under nbval and
+must run every schedule). DualPipe needs an even p: at p = 3 it is the one schedule the notebook
+may skip, and only because ``allowed_skips`` names it; any other skip fails the notebook."""
 
 import pytest
 
@@ -9,7 +10,22 @@ from nbrun import assert_exercises_passed, printed_text, run_notebook
 @pytest.mark.notebook
 @pytest.mark.slow
 def test_pipeline_notebook_three_ranks():
-    nb = run_notebook("08_pipeline_parallelism.ipynb", world_size=3, quick=True, solutions=True)
+    nb = run_notebook(
+        "08_pipeline_parallelism.ipynb", world_size=3, quick=True, solutions=True, allowed_skips="dualpipe"
+    )
     text = printed_text(nb)
     assert "p = 3 ranks, m = 6 micro-batches" in text
+    assert [line for line in text.splitlines() if line.startswith("skipping")] == [
+        "skipping dualpipe: dualpipe needs an even number of ranks p, got p=3"
+    ]
     assert_exercises_passed(text, 1)
+
+
+@pytest.mark.notebook
+def test_a_skipped_schedule_fails_the_notebook():
+    """The check bites: at p = 3 DualPipe cannot run, and without allowed_skips that is an error
+    (the notebook stops in its set-up cell, before any rank starts)."""
+    import papermill as pm
+
+    with pytest.raises(pm.PapermillExecutionError, match="schedules skipped at p=3"):
+        run_notebook("08_pipeline_parallelism.ipynb", world_size=3)

@@ -32,10 +32,29 @@ def test_real_order_and_causality(runs):
         i, j = bad.index[bad["rank"] == 0][:2]
         bad.loc[[i, j], "start"] = bad.loc[[j, i], "start"].values
         assert not type(run)(s, 0, 0, 0, bad).order_matches()
-        # the simulator, fed the measured median op costs, produces a timeline of the same ops
+        # the simulator, fed the measured median op costs, orders every rank's ops as the run did
         costs = run.op_costs()
         sim = simulate(s, F=costs["F"], B=costs["B"], W=costs.get("W") if s.split_backward else None)
-        assert len(sim.timeline) == len(tl) and sim.makespan > 0
+        assert run.same_order_as(sim), name
+        assert not type(run)(s, 0, 0, 0, bad).same_order_as(sim), name  # a swapped pair on rank 0 is noticed
+
+
+def _sim(sched):
+    return simulate(sched, F=1, B=2, W=1 if sched.split_backward else None)
+
+
+@pytest.mark.slow
+def test_simulation_of_another_schedule_does_not_match_the_run(runs):
+    """The order comparison bites: simulating a different schedule with the same ops on every rank
+    (GPipe for the 1F1B run and back, ZB-H1 for ZB-H2) puts some rank's ops
+    in another order, while the run's own schedule matches at any costs."""
+    for got, other in (("1f1b", "gpipe"), ("gpipe", "1f1b"), ("zb-h2", "zb-h1")):
+        run, wrong = runs[got], _sim(runs[other].schedule)
+        assert sorted(map(tuple, wrong.timeline[["rank", "kind", "microbatch", "stage"]].values.tolist())) == sorted(
+            map(tuple, run.timeline[["rank", "kind", "microbatch", "stage"]].values.tolist())
+        ), (got, other, "not the same ops: pick another pair")
+        assert not run.same_order_as(wrong), (got, other)
+        assert run.same_order_as(_sim(run.schedule)), got
 
 
 @pytest.mark.slow

@@ -281,6 +281,15 @@ def pipeline_worker(schedules: list[Schedule], spec: ModelSpec, repeats: int = 1
     return results
 
 
+def rank_sequences(timeline) -> dict[int, list[tuple]]:
+    """Per rank, the ``(kind, microbatch, stage)`` of its compute ops in start-time order, from a
+    timeline frame (measured ``RealRun.timeline`` or simulated ``SimResult.timeline``)."""
+    out = {}
+    for r, g in timeline.sort_values(["rank", "start"], kind="stable").groupby("rank"):
+        out[int(r)] = [(k, int(j), int(st)) for k, j, st in zip(g.kind, g.microbatch, g.stage)]
+    return out
+
+
 @dataclass
 class RealRun:
     """One schedule executed on real ranks."""
@@ -297,17 +306,22 @@ class RealRun:
 
     def order_matches(self) -> bool:
         """Did every rank run exactly its schedule's compute order (FB pairs as F then B)?"""
-        tl = self.timeline
+        got = rank_sequences(self.timeline)
         for r in range(self.schedule.p):
             want = [
                 (x.kind, x.microbatch, x.stage)
                 for a in self.schedule.compute[r]
                 for x in (a.sub if a.kind == "FB" else (a,))
             ]
-            got = tl[tl["rank"] == r].sort_values("start")
-            if list(zip(got.kind, got.microbatch, got.stage)) != want:
+            if got.get(r, []) != want:
                 return False
         return True
+
+    def same_order_as(self, sim) -> bool:
+        """Does a simulation (``SimResult``) put every rank's ops in the order this run measured them?
+        Compares, rank by rank, the (kind, micro-batch, stage) sequences sorted by start time
+        (an overlapped FB pair counts as F then B on both sides)."""
+        return rank_sequences(sim.timeline) == rank_sequences(self.timeline)
 
     def causal(self) -> bool:
         """Did every op that needs another rank's data start after that data was produced?"""
