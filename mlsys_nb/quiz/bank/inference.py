@@ -134,9 +134,9 @@ def _conc(rng):
         g = pick(rng, GPUS[:3])
         tp = pick(rng, [1, 2, 4, 8])
         seq = pick(rng, [2048, 4096, 8192, 32768])
-        n = inference.max_concurrent_sequences(model, g, seq, tp=tp)
-        if n >= 1:
+        if fits_on_gpus(model, g, batch=1, context=seq, tp=tp):  # the shared physical check
             break
+    n = inference.max_concurrent_sequences(model, g, seq, tp=tp, gpu_memory_utilization=USABLE)
     gpu = hardware.gpu(g)
     return dict(
         text=f"Serving {model} (bf16 weights and KV) with TP = {tp} on {g} ({gb(gpu.memory_bytes)}), 90 % of "
