@@ -251,17 +251,22 @@ class LLMEngine:
                 f"(got tokenizer {type(self.tokenizer).__name__}, eos {eos}); pass LLM(model, tokenizer=...)"
             )
         tb, strips = self._token_bytes()
+        given = next(n for n in ("json_schema", "regex", "choice") if getattr(params, n) is not None)
         with _GRAMMAR_LOCK:  # one compilation at a time: bounded memory however many requests bring one
-            g = Grammar.compile(
-                json_schema=params.json_schema,
-                regex=params.regex,
-                choice=params.choice,
-                vocab_size=vocab,
-                eos_id=eos,
-                token_bytes=tb,
-                no_leading_space=strips,
-                max_states=self.max_grammar_states,
-            )
+            try:
+                g = Grammar.compile(
+                    json_schema=params.json_schema,
+                    regex=params.regex,
+                    choice=params.choice,
+                    vocab_size=vocab,
+                    eos_id=eos,
+                    token_bytes=tb,
+                    no_leading_space=strips,
+                    max_states=self.max_grammar_states,
+                )
+            except GrammarError as e:
+                e.param = e.param or given  # the request parameter that brought the grammar
+                raise
         if params.max_tokens < max(1, g.min_tokens):
             raise GrammarError(
                 f"max_tokens={params.max_tokens} is out of range: the shortest match takes {g.min_tokens} tokens",
@@ -270,7 +275,8 @@ class LLMEngine:
         if len(ids) + g.min_tokens > self.max_model_len:
             raise GrammarError(
                 f"prompt of {len(ids)} tokens + the shortest match ({g.min_tokens}) exceeds "
-                f"max_model_len={self.max_model_len}"
+                f"max_model_len={self.max_model_len}",
+                param="prompt",
             )
         return g
 

@@ -504,7 +504,7 @@ def build_app(engine, model_name: str, limits: Limits | None = None):
         try:
             while True:  # wait for the final output; a client that goes away aborts the request
                 getter = getter or asyncio.ensure_future(q.get())
-                done, _ = await asyncio.wait({getter}, timeout=0.25)
+                done, _ = await asyncio.wait({getter}, timeout=0.1)
                 if not done:
                     if await request.is_disconnected():
                         return JSONResponse({}, status_code=499)
@@ -557,7 +557,11 @@ def build_app(engine, model_name: str, limits: Limits | None = None):
         return tb_cache[t]
 
     def token_str(t: int) -> str:
+        """A token as text: its UTF-8, ``bytes:\\xNN`` for part of a character, ``token_id:N`` for a token
+        without text (end of sequence, unused ids), so that no two tokens of a top-k share a key."""
         b = token_bytes_of(t)
+        if not b:
+            return f"token_id:{t}"
         try:
             return b.decode("utf-8")
         except UnicodeDecodeError:  # part of a character: vLLM's convention
