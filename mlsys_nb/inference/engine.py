@@ -12,7 +12,12 @@ max_num_batched_tokens=512, enable_prefix_caching=True, enable_chunked_prefill=T
 ``num_blocks=None`` the cache gets ``kv_cache_memory`` bytes (default 256 MiB), capped at what
 ``max_num_seqs`` sequences of the full context can use. Extra options (engine-only, for the
 notebook and the benchmark): ``continuous_batching=False`` (static batching),
-``preemption_mode="swap"`` with ``swap_blocks`` CPU blocks.
+``preemption_mode="swap"`` with ``swap_blocks`` CPU blocks; ``step_times_window`` (the last steps kept in
+``step_times``, bounded memory; ``num_steps`` counts all) and ``max_grammar_states``.
+
+Requests: ``prepare(prompt, params)`` validates fully and does the long work (tokenising, compiling a
+grammar) without touching the engine's state; ``add_request`` then queues all ``n`` samples or none. A
+request whose sequences raise inside ``step()`` fails alone (``RequestOutput.error``).
 """
 
 from __future__ import annotations

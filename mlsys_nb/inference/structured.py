@@ -25,6 +25,13 @@ the shortest completion below counts tokens, not bytes. A tokenizer whose decode
 space (SentencePiece's ``Strip``) gets ``no_leading_space=True``: a separate start state without
 space-initial tokens, so the decoded text is exactly the concatenated bytes.
 
+JSON-schema keywords the regex does not enforce (outlines-core ignores ``minimum``, ``maximum``,
+``multipleOf``, ``uniqueItems``...; ``oneOf``/``allOf`` are not exact) are refused with a ``GrammarError``
+naming the keyword (``enforceable_schema``; ``SCHEMA_KEYWORDS`` lists the enforced ones); formats become
+exact ASCII patterns (``FORMAT_PATTERNS``: date, time, date-time, uuid), and ``\\d``/``\\w`` mean ASCII
+as in JSON Schema (``ascii_classes``). ``schema_errors`` validates a finished answer (the server's
+post-check). ``max_states`` bounds the automaton (``GrammarError`` naming ``max_grammar_states``).
+
 The mask (written here, not by the library):
 
 - ``allowed_mask(state, remaining)``: token t is allowed iff the automaton has a transition on t
