@@ -162,8 +162,8 @@ class Dashboard:
         load_btn = W.Button(description="Load", icon="upload")
         copy_btn.add_class("mlsys-copy")
         load_btn.add_class("mlsys-load")
-        copy_btn.on_click(lambda _: self._show_config())
-        load_btn.on_click(lambda _: self._load_from_text())
+        copy_btn.on_click(lambda _: self.show_config())
+        load_btn.on_click(lambda _: self.load_text())
         share = W.VBox(
             [
                 W.HTML("<b>Share these settings</b>"),
@@ -188,35 +188,30 @@ class Dashboard:
         self._exports[spec.key] = export_links
         export_btn = W.Button(description="Export figure + numbers", icon="download", layout=W.Layout(width="230px"))
         export_btn.add_class(f"mlsys-export-{spec.key}")
-        export_btn.on_click(lambda _, k=spec.key: self._show_exports(k))
+        export_btn.on_click(lambda _, k=spec.key: self.show_exports(k))
         for ctl in _controls(obj.widget):  # stable CSS classes for browser tests and styling
             ctl.add_class(f"mlsys-{spec.key}-{_slug(getattr(ctl, 'description', '') or type(ctl).__name__)}")
-        self._follow_updates(spec.key, obj)
+        check_widget(obj, spec.key)
+        obj.on_update(lambda k=spec.key: self.refresh(k))  # the numbers view follows every redraw
         numbers_box = W.Accordion(children=[numbers], titles=("Numbers",))
         numbers_box.selected_index = None  # collapsed: the tab shows its headline numbers itself
         panel = W.VBox([obj.widget, numbers_box, W.HBox([export_btn, export_links])])
         panel.add_class(f"mlsys-panel-{spec.key}")
         return panel
 
-    def _follow_updates(self, key: str, obj: Widget) -> None:
-        """Refresh the numbers view after every redraw of the tab (the protocol's ``on_update``)."""
-        if not isinstance(obj, Widget):
-            missing = [
-                n
-                for n in ("widget", "figure", "error", "state", "set_state", "table", "on_update")
-                if not hasattr(obj, n)
-            ]
-            raise TypeError(
-                f"tab {key!r} ({type(obj).__name__}) does not follow mlsys_nb.widgets.base.Widget: missing {missing}"
-            )
-        obj.on_update(lambda: self._refresh_numbers(key))
-
-    def _refresh_numbers(self, key: str) -> None:
-        obj = self.tabs[key]
+    def refresh(self, key: str) -> None:
+        """Show the tab's current numbers (or its error) in its numbers view; drop stale export links.
+        Runs after every redraw of the tab (its ``on_update``) and after ``set_state``."""
+        obj = self._tab(key)
         self._numbers[key].value = (
             f'<span class="mlsys-error">{obj.error}</span>' if obj.error else _html_table(obj.table())
         )
         self._exports[key].value = ""  # stale links would export the old figure
+
+    def numbers_html(self, key: str) -> str:
+        """The HTML the tab's numbers view shows: its table, or its error in a ``mlsys-error`` span."""
+        self._tab(key)  # an unknown key: KeyError naming the tabs
+        return self._numbers[key].value
 
     # ---- export -------------------------------------------------------------------------------
     def export(self, key: str) -> dict:
@@ -229,7 +224,8 @@ class Dashboard:
             out[fmt] = buf.getvalue()
         return out
 
-    def _show_exports(self, key: str) -> None:
+    def show_exports(self, key: str) -> str:
+        """Put download links (PNG, SVG, CSV as data: URLs) under the tab (its Export button); returns their HTML."""
         files = self.export(key)
         self._exports[key].value = " · ".join(
             [
@@ -238,6 +234,7 @@ class Dashboard:
                 _data_link(files["csv"].encode(), "text/csv", f"{key}.csv", "CSV"),
             ]
         )
+        return self._exports[key].value
 
     # ---- state --------------------------------------------------------------------------------
     def _tab(self, key: str):
@@ -260,7 +257,7 @@ class Dashboard:
         for key, tab_state in state.items():
             if key != "tab":
                 self.tabs[key].set_state(_upgrade(key, tab_state))
-                self._refresh_numbers(key)
+                self.refresh(key)
         if "tab" in state:
             self._tab(state["tab"])
             self.tab.selected_index = list(self.tabs).index(state["tab"])
@@ -279,19 +276,34 @@ class Dashboard:
         self.set_state(json.loads(values[0]))
         return True
 
-    def _show_config(self) -> None:
+    def show_config(self) -> None:
+        """Write the configuration as JSON into the text box and as a link (the Copy button)."""
         self.config_text.value = json.dumps(self.state(), indent=1)
         q = self.to_query()
         self.link_text.value = f'Link (append to this page\'s address): <code class="mlsys-query">?{q}</code>'
         self.share_message.value = ""
 
-    def _load_from_text(self) -> None:
+    def load_text(self) -> None:
+        """Apply the configuration in the text box (the Load button); a bad one is explained in
+        ``share_message``, not raised."""
         try:
             self.set_state(json.loads(self.config_text.value))
         except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
             self.share_message.value = f'<span class="mlsys-error">Could not load: {e}</span>'
         else:
             self.share_message.value = "<span>Loaded.</span>"
+
+
+def check_widget(obj, key: str = "?"):
+    """``obj`` if it follows ``mlsys_nb.widgets.base.Widget``, else ``TypeError`` naming what it lacks."""
+    if not isinstance(obj, Widget):
+        missing = [
+            n for n in ("widget", "figure", "error", "state", "set_state", "table", "on_update") if not hasattr(obj, n)
+        ]
+        raise TypeError(
+            f"tab {key!r} ({type(obj).__name__}) does not follow mlsys_nb.widgets.base.Widget: missing {missing}"
+        )
+    return obj
 
 
 def _upgrade(key: str, tab_state):
@@ -319,7 +331,7 @@ def self_check(dash: Dashboard) -> dict:
         start = obj.state()
         table0, fig0 = obj.table().to_csv(), _figure_bytes(obj.figure)
         obj.set_state(spec.probe)
-        dash._refresh_numbers(key)
+        dash.refresh(key)
         if obj.error:
             problems.append(f"{key}: the probe {spec.probe} was refused: {obj.error}")
         elif obj.table().to_csv() == table0:
@@ -327,11 +339,11 @@ def self_check(dash: Dashboard) -> dict:
         elif _figure_bytes(obj.figure) == fig0:
             problems.append(f"{key}: the probe {spec.probe} did not change the figure")
         obj.set_state(spec.invalid)
-        dash._refresh_numbers(key)
-        if not obj.error or obj.error not in dash._numbers[key].value:
+        dash.refresh(key)
+        if not obj.error or obj.error not in dash.numbers_html(key):
             problems.append(f"{key}: the invalid combination {spec.invalid} showed no message")
         obj.set_state(start)
-        dash._refresh_numbers(key)
+        dash.refresh(key)
         if obj.error:
             problems.append(f"{key}: restoring the start state left an error: {obj.error}")
     return {"ok": not problems, "tabs": list(dash.tabs), "problems": problems}

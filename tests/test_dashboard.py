@@ -21,12 +21,12 @@ def test_every_tab_responds_and_explains_invalid_input(dash):
 
 def test_probe_changes_the_numbers_view(dash):
     for spec in TABS:
-        before = dash._numbers[spec.key].value
+        before = dash.numbers_html(spec.key)
         start = dash.tabs[spec.key].state()
         dash.tabs[spec.key].set_state(spec.probe)  # through the tab, as a control change would
-        assert dash._numbers[spec.key].value != before, f"{spec.key}: numbers view not refreshed"
+        assert dash.numbers_html(spec.key) != before, f"{spec.key}: numbers view not refreshed"
         dash.tabs[spec.key].set_state(spec.invalid)
-        assert "mlsys-error" in dash._numbers[spec.key].value
+        assert "mlsys-error" in dash.numbers_html(spec.key)
         dash.tabs[spec.key].set_state(start)
 
 
@@ -37,8 +37,7 @@ def test_exports_are_real_files(dash):
         assert b"<svg" in files["svg"][:2000], spec.key
         header = files["csv"].splitlines()[0]
         assert header.count(",") >= 1, f"{spec.key}: CSV has no columns: {header!r}"
-        dash._show_exports(spec.key)
-        assert f'download="{spec.key}.png"' in dash._exports[spec.key].value
+        assert f'download="{spec.key}.png"' in dash.show_exports(spec.key)
 
 
 def test_configuration_round_trip(dash):
@@ -60,7 +59,7 @@ def test_bad_configuration_is_explained(dash):
     with pytest.raises(KeyError, match="unknown tab"):
         dash.set_state({"tab": "nope"})
     dash.config_text.value = "{not json"
-    dash._load_from_text()
+    dash.load_text()
     assert "Could not load" in dash.share_message.value
     assert dash.load_query("") is False
 

@@ -245,7 +245,7 @@ def test_readme_tree_lists_every_subpackage():
 
 
 def test_every_dashboard_tab_follows_the_widget_protocol():
-    from mlsys_nb.dashboard import TABS, Dashboard
+    from mlsys_nb.dashboard import TABS, Dashboard, check_widget
     from mlsys_nb.widgets.base import Widget
 
     dash = Dashboard()
@@ -261,4 +261,128 @@ def test_every_dashboard_tab_follows_the_widget_protocol():
         widget = figure = error = None
 
     with pytest.raises(TypeError, match="on_update"):
-        dash._follow_updates("x", NoProtocol())
+        check_widget(NoProtocol(), "x")
+
+
+TEMPLATE = ("compute", "rows", "headline", "draw")
+
+
+def _template_problems(cls) -> list[str]:
+    """How ``cls`` departs from the ControlPanel template: a missing one of TEMPLATE, or its own update()."""
+    from mlsys_nb.widgets.base import ControlPanel
+
+    problems = [
+        f"{cls.__name__} does not implement {n}()" for n in TEMPLATE if getattr(cls, n) is getattr(ControlPanel, n)
+    ]
+    if cls.update is not ControlPanel.update:
+        problems.append(f"{cls.__name__} overrides update()")
+    return problems
+
+
+def _control_panels() -> list[type]:
+    """Every ControlPanel subclass defined in mlsys_nb.widgets (all its modules imported)."""
+    import pkgutil
+
+    import mlsys_nb.widgets as widgets
+    from mlsys_nb.widgets.base import ControlPanel
+
+    for info in pkgutil.iter_modules(widgets.__path__):
+        importlib.import_module(f"mlsys_nb.widgets.{info.name}")
+    found, todo = [], list(ControlPanel.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return [c for c in found if c.__module__.startswith("mlsys_nb.widgets.")]
+
+
+def test_every_control_panel_follows_the_template():
+    """Each calculator widget declares compute/rows/headline/draw and leaves update() to the base."""
+    from mlsys_nb.widgets.base import ControlPanel
+    from mlsys_nb.widgets.memory import MemoryWidget
+
+    panels = _control_panels()
+    names = {c.__name__ for c in panels}
+    assert {"MemoryWidget", "ScalingWidget", "PipelineWidget", "PlannerWidget", "InferenceWidget"} <= names
+    assert "RLHFSizingWidget" in names
+    for cls in panels:
+        assert not _template_problems(cls), _template_problems(cls)
+
+    class OwnUpdate(MemoryWidget):  # the check fails when its idea is broken
+        def update(self):
+            pass
+
+    class NoHeadline(ControlPanel):
+        def compute(self, state):
+            return state
+
+        rows = draw = compute
+
+    assert _template_problems(OwnUpdate) == ["OwnUpdate overrides update()"]
+    assert _template_problems(NoHeadline) == ["NoHeadline does not implement headline()"]
+
+
+def _toy_panel(errors=None):
+    """A one-control ControlPanel whose compute validates ``n`` with ``check_int`` (ArgumentError)."""
+    import ipywidgets as w
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    from mlsys_nb.widgets.base import ControlPanel
+
+    class Toy(ControlPanel):
+        def __init__(self):
+            figure = Figure(figsize=(2, 2))
+            self._ax = figure.add_subplot()
+            self._build({"n": w.IntText(value=2, description="n")}, figure, columns=(), label_width="40px")
+
+        def compute(self, state):
+            return {"n": check_int("n", state["n"], 1, 10)}
+
+        def rows(self, r):
+            return pd.DataFrame({"n": [r["n"]]})
+
+        def headline(self, r):
+            return f"n = {r['n']}"
+
+        def draw(self, r):
+            self._ax.clear()
+            self._ax.bar([0], [r["n"]])
+
+    if errors is not None:
+        Toy.errors = errors
+    return Toy()
+
+
+def test_bad_input_is_shown_in_place_of_the_figure():
+    """compute raising ArgumentError: its message (naming the parameter) replaces the figure, the
+    table is empty; a valid value brings both back. A panel that does not catch it would raise."""
+    from mlsys_nb.widgets.scaling import ScalingWidget
+
+    toy = _toy_panel()
+    assert toy.error is None and toy.table()["n"].tolist() == [2] and toy.stats.value == "n = 2"
+    assert bytes(toy.image.value).startswith(b"\x89PNG") and toy.image.layout.display is None
+    png = toy.image.value
+    toy.set_state({"n": 0})
+    assert toy.error == "n must be an int in [1, 10], got 0"
+    assert "Invalid input:</b> n must be an int in [1, 10], got 0" in toy.message.value
+    assert toy.image.layout.display == "none" and toy.table().empty and toy.stats.value == "" and toy.result is None
+    toy.set_state({"n": 3})
+    assert toy.error is None and toy.message.value == "" and toy.image.layout.display is None
+    assert toy.table()["n"].tolist() == [3] and toy.image.value != png
+    with pytest.raises(ArgumentError, match="n must be"):  # the template's catch is what shows it in place
+        _toy_panel(errors=()).set_state({"n": 11})
+    # a real widget whose calculator raises ArgumentError
+    sw = ScalingWidget()
+    with pytest.raises(ArgumentError, match="mfu"):
+        sw.compute(sw.state() | {"mfu": 1.5})
+    sw.set_state({"mfu": 1.5})
+    assert sw.error.startswith("mfu must be") and sw.error in sw.message.value
+    assert sw.image.layout.display == "none" and sw.table().empty
+
+
+def test_a_key_error_is_shown_without_its_quotes():
+    from mlsys_nb.widgets.base import error_text
+
+    assert error_text(KeyError("law='x': choose one of ['a']")) == "law='x': choose one of ['a']"
+    assert error_text(ValueError("choice must be one of ('a',), got 'b'")) == "choice must be one of ('a',), got 'b'"

@@ -1,20 +1,28 @@
 """What every visualizer in ``mlsys_nb.widgets`` shares: the ``Widget`` protocol the dashboard
-relies on, and ``ControlPanel``, the base class that implements it.
+relies on, ``Panel``, which implements it, and ``ControlPanel``, the one template of a calculator
+widget.
 
-A subclass builds ``self.controls`` (name -> ipywidgets control), ``self.widget`` (the container
-to display), ``self.figure`` (a matplotlib Figure it redraws in place), ``self.image`` (from
-``self._make_image()``: an ``Image`` widget showing the figure as PNG), ``self.message`` and
-``self.stats`` (HTML widgets), then calls ``self._wire()`` and implements ``update()``:
-read ``self.state()``, call a calculator, set ``self.error`` (None or the message shown in place)
-and ``self._table``, redraw, and ``self._show()``. The widget computes nothing itself. Every
-redraw caused by a control or by ``set_state`` then calls the ``on_update`` callbacks.
+A ``ControlPanel`` subclass declares its controls and its figure, builds them with ``self._build``
+and implements four methods; the base owns the message, the stats line, the image, the layout and
+``update()``, which runs them in this order and catches bad input once:
+
+- ``compute(state) -> result``: call the calculators (the widget computes nothing itself); raises
+  ``ValueError`` (e.g. ``mlsys_nb.config.ArgumentError``), ``KeyError`` or ``TypeError`` for bad
+  input, whose message, naming the parameter, is then shown in place of the figure;
+- ``rows(result) -> DataFrame``: the numbers shown (``table()``);
+- ``headline(result) -> str``: the stats line (HTML) above the figure;
+- ``draw(result)``: redraw ``self.figure`` in place;
+- optionally ``details(result) -> str``: HTML shown below the figure (e.g. a table of layouts).
+
+Every redraw caused by a control or by ``set_state`` then calls the ``on_update`` callbacks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
-from collections.abc import Callable
 
+import numpy as np
 import pandas as pd
 
 
@@ -43,8 +51,26 @@ class Widget(Protocol):
     def on_update(self, callback: Callable[[], None]) -> None: ...
 
 
-class ControlPanel:
-    """Implements ``Widget`` for a panel of controls over one calculator (see the module docstring)."""
+_SUPERSCRIPT = str.maketrans("-0123456789", "\u207b\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079")
+
+
+def pow10_label(x: float, _pos=None) -> str:
+    """A log-axis tick label '10¹⁸' in plain text (a ``FuncFormatter`` function): matplotlib's default
+    log labels are mathtext, whose parsing was over half of a log-axis figure's redraw."""
+    return "10" + str(int(round(np.log10(x)))).translate(_SUPERSCRIPT) if x > 0 else ""
+
+
+def error_text(error: BaseException) -> str:
+    """The message of a caught bad-input exception (a ``KeyError`` without the quotes its ``str`` adds)."""
+    if isinstance(error, KeyError) and len(error.args) == 1:
+        return str(error.args[0])
+    return str(error)
+
+
+class Panel:
+    """Implements ``Widget`` over ``self.controls`` (name -> ipywidgets control): settings, redraw
+    on change, callbacks, an error shown in place, the figure shown as PNG. A subclass implements
+    ``update()``; calculator widgets use the ``ControlPanel`` template instead."""
 
     controls: dict  # name -> ipywidgets control; ``state()`` reads them
     widget: object  # the container to display
@@ -100,7 +126,7 @@ class ControlPanel:
 
     def _show_error(self, error: str, label: str = "Invalid combination") -> None:
         """Show ``error`` in place of the figure and the numbers (the dashboard protocol's
-        ``.error``); ``self.message`` and ``self.stats`` are the subclass's HTML widgets."""
+        ``.error``); ``self.message`` and ``self.stats`` are HTML widgets."""
         self.error = error
         self.message.value = f"<b style='color:#D55E00'>{label}:</b> {error}"
         self.stats.value = ""
@@ -138,3 +164,90 @@ class ControlPanel:
         if self.image.width != width:  # show the PNG at its own size, not stretched to the page
             self.image.width = width
         self.image.value = buf.getvalue()
+
+
+class ControlPanel(Panel):
+    """The template of a calculator widget (see the module docstring): a subclass declares
+    ``compute``, ``rows``, ``headline`` and ``draw`` (and optionally ``details``), builds its
+    controls and figure with ``_build``, and never overrides ``update()``."""
+
+    error_label = "Invalid input"  # the bold word(s) before an error message
+    errors: tuple = (ValueError, KeyError, TypeError)  # what compute() raises for bad input
+    result = None  # the last compute() result; None while an error is shown
+    details_html = None  # ipywidgets HTML below the figure, when the subclass has ``details``
+
+    # ---- what a widget declares ----------------------------------------------------------------
+    def compute(self, state: dict):  # pragma: no cover - every subclass implements it
+        """All numbers for ``state`` (no drawing); raises one of ``errors`` on bad input."""
+        raise NotImplementedError
+
+    def rows(self, result) -> pd.DataFrame:  # pragma: no cover - every subclass implements it
+        """The numbers shown, as a DataFrame (``table()``)."""
+        raise NotImplementedError
+
+    def headline(self, result) -> str:  # pragma: no cover - every subclass implements it
+        """The stats line above the figure (HTML)."""
+        raise NotImplementedError
+
+    def draw(self, result) -> None:  # pragma: no cover - every subclass implements it
+        """Redraw ``self.figure`` in place."""
+        raise NotImplementedError
+
+    details = None  # optional: ``details(result) -> str``, HTML shown below the figure
+
+    # ---- what the base does --------------------------------------------------------------------
+    def _build(
+        self,
+        controls: dict,
+        figure,
+        *,
+        columns: Sequence[int],
+        label_width: str,
+        beside: Sequence = (),
+        below: Sequence = (),
+    ) -> None:
+        """Lay out ``controls`` (split into columns at the indices ``columns``; ``beside`` goes
+        under the last column), then the message, the stats line, the figure's image, the
+        ``details`` HTML and ``below``; redraw on every control change, and draw once."""
+        import ipywidgets as w
+
+        self.controls, self.figure = controls, figure
+        for c in controls.values():
+            c.style = {"description_width": label_width}
+        self.message = w.HTML()
+        self.stats = w.HTML()
+        self.image = self._make_image()
+        self.error = None
+        self.result = None
+        self._table = pd.DataFrame()
+        c = list(controls.values())
+        cuts = [0, *columns, len(c)]
+        cols = [c[a:b] for a, b in zip(cuts, cuts[1:])]
+        cols[-1] = cols[-1] + list(beside)
+        parts = [w.HBox([w.VBox(col) for col in cols]), self.message, self.stats, self.image]
+        if self.details is not None:
+            self.details_html = w.HTML()
+            parts.append(self.details_html)
+        self.widget = w.VBox([*parts, *below])
+        self._wire()
+        self.update()
+
+    def update(self) -> None:
+        """compute -> rows -> headline -> draw, or the error message in place of the figure."""
+        try:
+            result = self.compute(self.state())
+        except self.errors as e:
+            self.result = None
+            if self.details_html is not None:
+                self.details_html.value = ""
+            self._show_error(error_text(e), self.error_label)
+            return
+        self.error = None
+        self.result = result
+        self.message.value = ""
+        self._table = self.rows(result)
+        self.stats.value = self.headline(result)
+        self.draw(result)
+        if self.details_html is not None:
+            self.details_html.value = self.details(result)
+        self._show()

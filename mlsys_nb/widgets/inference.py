@@ -18,7 +18,7 @@ from ..config import load_model_preset, model_presets
 from ..inference import kv_cache_bytes, max_concurrent_sequences, weight_bytes
 from ..inference.roofline import decode_cost, prefill_cost
 from ..plots import PALETTE, label, style
-from .base import ControlPanel
+from .base import ControlPanel, pow10_label
 
 DEFAULTS = {
     "model": "llama-3-8b",
@@ -42,7 +42,7 @@ class InferenceWidget(ControlPanel):
 
         s = DEFAULTS | state
         lay = w.Layout(width="320px")
-        self.controls = {
+        controls = {
             "model": w.Dropdown(options=list(model_presets()), value=s["model"], description="model", layout=lay),
             "gpu": w.Dropdown(options=list(hardware.gpus()), value=s["gpu"], description="GPU", layout=lay),
             "context": w.IntText(value=s["context"], description="context (tokens)", layout=lay),
@@ -53,25 +53,17 @@ class InferenceWidget(ControlPanel):
             ),
             "tp": w.IntText(value=s["tp"], description="TP degree", layout=lay),
         }
-        for c in self.controls.values():
-            c.style = {"description_width": "110px"}
-        self.message = w.HTML()
-        self.stats = w.HTML()
-        self.image = self._make_image()
         with style():
-            self.figure = Figure(figsize=(7.5, 3.6), layout="none")
-            self._ax = self.figure.subplots()
-        self.figure.subplots_adjust(left=0.1, right=0.98, top=0.9, bottom=0.15)
-        self.error = None
-        self._table = pd.DataFrame()
-        c = list(self.controls.values())
-        self.widget = w.VBox([w.HBox([w.VBox(c[:4]), w.VBox(c[4:])]), self.message, self.stats, self.image])
-        self._wire()
-        self.update()
+            figure = Figure(figsize=(7.5, 3.6), layout="none")
+            self._ax = figure.subplots()
+        figure.subplots_adjust(left=0.1, right=0.98, top=0.9, bottom=0.15)
+        self._artists = None
+        self._build(controls, figure, columns=(4,), label_width="110px")
 
-    def compute(self, state: dict | None = None) -> dict:
+    # ---- the template: compute, rows, headline, draw -------------------------------------------
+    def compute(self, state: dict) -> dict:
         """All numbers for a state (no drawing); raises ``ValueError``/``KeyError`` on bad input."""
-        s = state or self.state()
+        s = state
         cfg = load_model_preset(s["model"])
         ctx, b, tp = s["context"], s["batch"], s["tp"]
         if not (isinstance(ctx, int) and 1 <= ctx <= cfg.seq_len):
@@ -101,17 +93,10 @@ class InferenceWidget(ControlPanel):
                 decode_cost(cfg, gpu, ctx, batch=int(x), dtype=peak_dtype, kv_dtype=s["dtype"])
                 for x in np.unique(np.logspace(0, 10, 21, base=2).astype(int))
             ],
+            "state": s,
         }
 
-    def update(self) -> None:
-        s = self.state()
-        try:
-            r = self.compute(s)
-        except (ValueError, KeyError, TypeError) as e:
-            self._show_error(str(e).strip("'\""), "Invalid input")
-            return
-        self.error = None
-        self.message.value = ""
+    def rows(self, r: dict) -> pd.DataFrame:
         pre, dec = r["prefill"], r["decode"]
         rows = [
             ("KV cache per sequence", r["kv_per_seq"], "bytes"),
@@ -125,23 +110,22 @@ class InferenceWidget(ControlPanel):
             ("decode intensity", dec.intensity_flop_per_byte, "FLOP/byte"),
             ("ridge point", dec.ridge_flop_per_byte, "FLOP/byte"),
         ]
-        self._table = pd.DataFrame(rows, columns=["quantity", "value", "unit"]).set_index("quantity")
+        return pd.DataFrame(rows, columns=["quantity", "value", "unit"]).set_index("quantity")
+
+    def headline(self, r: dict) -> str:
+        s, pre, dec = r["state"], r["prefill"], r["decode"]
         fits = "" if r["max_seqs"] >= s["batch"] else " <b style='color:#D55E00'>(the batch does not fit)</b>"
-        self.stats.value = (
+        return (
             f"{s['model']} on {s['gpu']}: KV cache {r['kv_per_seq'] / 1e9:.3g} GB per {s['context']}-token sequence "
             f"({s['dtype']}), weights {r['weights'] / 1e9:.3g} GB; <b>{r['max_seqs']} sequences fit</b> "
             f"(tp={s['tp']}, 90% memory){fits}. Prefill: {pre.time_s * 1e3:.3g} ms, {pre.bound}-bound. "
             f"Decode at batch {s['batch']}: {dec.time_s * 1e3:.3g} ms per step, "
             f"{dec.tokens_per_s:,.0f} tokens/s, {dec.bound}-bound. <i>Roofline model, 100% of peak.</i>"
         )
-        self._draw(r)
-        self._show()
 
     def _setup(self):
         """Artists, log axes with plain-text tick labels (mathtext labels dominate a redraw)."""
         from matplotlib.ticker import FuncFormatter, LogLocator
-
-        from .scaling import _pow10
 
         ax = self._ax
         with style():
@@ -154,15 +138,15 @@ class InferenceWidget(ControlPanel):
             ax.set_xlim(0.1, 1e5)
             label(ax, "arithmetic intensity (FLOP/byte)", "attained FLOP/s (model)")
             for axis in (ax.xaxis, ax.yaxis):
-                axis.set_major_formatter(FuncFormatter(_pow10))
+                axis.set_major_formatter(FuncFormatter(pow10_label))
                 axis.set_major_locator(LogLocator(base=100.0))
             ax.minorticks_off()
             ax.legend(fontsize=8, loc="lower right")
             title = ax.set_title("", fontsize=10)
         self._artists = {"roof": roof, "curve": curve, "dec": dec, "pre": pre, "title": title}
 
-    def _draw(self, r):
-        if getattr(self, "_artists", None) is None:
+    def draw(self, r: dict) -> None:
+        if self._artists is None:
             self._setup()
         a, gpu, pre, dec = self._artists, r["gpu"], r["prefill"], r["decode"]
         xs = np.array([0.1, pre.ridge_flop_per_byte, 1e5])

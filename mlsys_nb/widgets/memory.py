@@ -88,6 +88,8 @@ class MemoryWidget(ControlPanel):
     """Controls for every ``TrainConfig`` input, a model preset, the GPU, the unit (GiB/GB) and a
     Playbook-compatibility toggle. Shows a stacked bar per rank with the GPU memory line."""
 
+    error_label = "Invalid combination"
+
     def __init__(self, **state):
         import ipywidgets as w
 
@@ -95,7 +97,7 @@ class MemoryWidget(ControlPanel):
         lay = w.Layout(width="320px")
         dd = lambda opts, v, d: w.Dropdown(options=opts, value=v, description=d, layout=lay)  # noqa: E731
         sel = lambda opts, v, d: w.SelectionSlider(options=opts, value=v, description=d, layout=lay)  # noqa: E731
-        self.controls = {
+        controls = {
             "model": dd(memory.presets(), s["model"], "model"),
             "micro_batch": sel(POW2(0, 8), s["micro_batch"], "micro-batch (seqs)"),
             "seq_len": sel(POW2(7, 17), s["seq_len"], "sequence (tokens)"),
@@ -120,51 +122,37 @@ class MemoryWidget(ControlPanel):
             "unit": w.ToggleButtons(options=list(UNITS), value=s["unit"], description="unit"),
             "playbook": w.Checkbox(value=s["playbook"], description="Playbook-compatible numbers"),
         }
-        for c in self.controls.values():
-            c.style = {"description_width": "130px"}
-        self.message = w.HTML()
-        self.stats = w.HTML()
-        self.image = self._make_image()
         from matplotlib.figure import Figure
 
         with style():  # a fixed layout: constrained layout would re-measure every text on each redraw
-            self.figure = Figure(figsize=(5.0, 3.6), layout="none")
-            self._ax = self.figure.add_subplot()
-        self.figure.subplots_adjust(left=0.14, right=0.98, top=0.96, bottom=0.13)
-        self.error: str | None = None
-        self.breakdown = None
-        self._table = pd.DataFrame()
-        c = list(self.controls.values())
-        self.widget = w.VBox(
-            [w.HBox([w.VBox(c[:8]), w.VBox(c[8:15]), w.VBox(c[15:])]), self.message, self.stats, self.image]
-        )
-        self._wire()
-        self.update()
+            figure = Figure(figsize=(5.0, 3.6), layout="none")
+            self._ax = figure.add_subplot()
+        figure.subplots_adjust(left=0.14, right=0.98, top=0.96, bottom=0.13)
+        self._build(controls, figure, columns=(8, 15), label_width="130px")
 
-    # ---- computing and drawing ---------------------------------------------------------------
-    def compute(self, state: dict | None = None):
-        """The breakdown for a state (no drawing): ``(Breakdown, TrainConfig)``."""
-        s = state or self.state()
-        train = train_config(s)
-        model = memory.preset(s["model"])
-        return memory.estimate(model, train, compat="playbook" if s["playbook"] else None), train
+    @property
+    def breakdown(self):
+        """The ``memory.Breakdown`` shown (None while an error is shown)."""
+        return self.result["breakdown"] if self.result else None
 
-    def update(self) -> None:
-        s = self.state()
-        try:
-            b, train = self.compute(s)
-        except (ValueError, KeyError) as e:
-            self.breakdown = None
-            self._show_error(str(e).strip("'\""))
-            return
-        self.error = None
-        self.breakdown = b
-        self.message.value = ""
-        unit, scale = s["unit"], UNITS[s["unit"]]
+    # ---- the template: compute, rows, headline, draw -------------------------------------------
+    def compute(self, state: dict) -> dict:
+        """The breakdown for a state (no drawing): ``{"breakdown", "train", "state"}``."""
+        train = train_config(state)
+        model = memory.preset(state["model"])
+        b = memory.estimate(model, train, compat="playbook" if state["playbook"] else None)
+        return {"breakdown": b, "train": train, "state": state}
+
+    def rows(self, r: dict) -> pd.DataFrame:
+        b, unit = r["breakdown"], r["state"]["unit"]
         rows = [(lab, getattr(b, f)) for f, lab, _, _ in COMPONENTS] + [("total", b.total)]
-        self._table = pd.DataFrame(rows, columns=["component", "bytes per rank"]).set_index("component")
-        self._table[unit] = self._table["bytes per rank"] / scale
-        self._draw(b, s, unit, scale)
+        table = pd.DataFrame(rows, columns=["component", "bytes per rank"]).set_index("component")
+        table[unit] = table["bytes per rank"] / UNITS[unit]
+        return table
+
+    def headline(self, r: dict) -> str:
+        b, s = r["breakdown"], r["state"]
+        unit, scale = s["unit"], UNITS[s["unit"]]
         verdict = "fits" if b.fits else "does NOT fit"
         extra = ""
         if s["playbook"]:
@@ -173,16 +161,17 @@ class MemoryWidget(ControlPanel):
                 f" &nbsp; <i>the Playbook widget prints <b>{pb['shown']}</b> (really GiB; it ignores "
                 f"TP for model states, PP, GQA, FlashAttention and the FFN width in its parameter count)</i>"
             )
-        self.stats.value = (
+        return (
             f"{b.total / scale:,.2f} {unit} per rank on stage {b.stage} ({b.layers} layers, "
             f"{b.in_flight:g} micro-batches in flight): <b>{verdict}</b> on {s['gpu']} "
             f"({b.gpu_memory / scale:,.1f} {unit}); parameters: {b.n_params_total / 1e9:,.2f} B total, "
             f"{b.n_params_active / 1e9:,.2f} B active, {b.n_params_rank / 1e9:,.3f} B on this rank" + extra
         )
-        self._show()
 
-    def _draw(self, b, s, unit, scale):
+    def draw(self, r: dict) -> None:
         """Update the bars, the GPU line, labels and legend in place (no re-layout of new artists)."""
+        b, s = r["breakdown"], r["state"]
+        unit, scale = s["unit"], UNITS[s["unit"]]
         ax = self._ax
         if not getattr(self, "_bars", None):
             ax.clear()

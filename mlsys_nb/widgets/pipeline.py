@@ -16,7 +16,7 @@ import pandas as pd
 from matplotlib import rc_context
 from matplotlib.collections import PolyCollection
 
-from ..pipeline import SCHEDULES, ScheduleError, check_args
+from ..pipeline import SCHEDULES, check_args
 from ..pipeline.compare import cached_schedule, cached_simulation, compare
 from ..pipeline.plots import plot_timeline
 from ..plots import label, style
@@ -35,13 +35,14 @@ class PipelineWidget(ControlPanel):
     activations per rank, makespan and both bubble conventions, and a table of all schedules."""
 
     png_dpi = 80  # a wide Gantt chart: 800 px across is enough
+    error_label = "Invalid combination"
 
     def __init__(self, **state):
         import ipywidgets as w
 
         s = DEFAULTS | state
         lay = w.Layout(width="330px")
-        self.controls = {
+        controls = {
             "schedule": w.Dropdown(options=list(SCHEDULES), value=s["schedule"], description="schedule", layout=lay),
             "p": w.IntSlider(value=s["p"], min=1, max=32, description="stages p", layout=lay),
             "m": w.IntSlider(value=s["m"], min=1, max=128, description="micro-batches m", layout=lay),
@@ -52,12 +53,6 @@ class PipelineWidget(ControlPanel):
             "comm": w.FloatSlider(value=s["comm"], min=0.0, max=2, step=0.05, description="comm latency", layout=lay),
             "color_by": w.ToggleButtons(options=["kind", "microbatch"], value=s["color_by"], description="colour by"),
         }
-        for c in self.controls.values():
-            c.style = {"description_width": "140px"}
-        self.message = w.HTML()
-        self.stats = w.HTML()
-        self.image = self._make_image()
-        self.table_html = w.HTML()
         note = w.HTML(
             "<small>Simulation. Costs are per micro-batch over L/p layers; a schedule that "
             "does not split the backward runs B+W as one op; chunks cost their share.</small>"
@@ -65,9 +60,9 @@ class PipelineWidget(ControlPanel):
         from matplotlib.figure import Figure
 
         with style():  # fixed margins, no layout engine: a slider move must redraw fast
-            self.figure = Figure(figsize=(10, 3.4), layout="none")
-            self._ax, self._ax_mem = self.figure.subplots(1, 2, width_ratios=[4, 1])
-            self.figure.subplots_adjust(left=0.09, right=0.98, bottom=0.16, top=0.9, wspace=0.6)
+            figure = Figure(figsize=(10, 3.4), layout="none")
+            self._ax, self._ax_mem = figure.subplots(1, 2, width_ratios=[4, 1])
+            figure.subplots_adjust(left=0.09, right=0.98, bottom=0.16, top=0.9, wspace=0.6)
         # fixed axis-label positions (axes fractions measured from the automatic ones for 1- and
         # 2-digit ranks): the automatic placement measures every tick label again on each redraw
         for axis, xy in (
@@ -77,24 +72,9 @@ class PipelineWidget(ControlPanel):
             (self._ax_mem.yaxis, (-0.076, 0.5)),
         ):
             axis.set_label_coords(*xy)
-        self.error: str | None = None
-        self._result = None
-        self._table = pd.DataFrame()
-        self.widget = w.VBox(
-            [
-                w.HBox([w.VBox(list(self.controls.values())[:5]), w.VBox(list(self.controls.values())[5:] + [note])]),
-                self.message,
-                self.stats,
-                self.image,
-                self.table_html,
-            ]
-        )
-        for c in self.controls.values():
-            c.observe(self._on_change, names="value")
+        self._build(controls, figure, columns=(5,), label_width="140px", beside=[note])
         self.controls["schedule"].observe(self._on_schedule, names="value")
-        self.update()
 
-    # ---- drawing -----------------------------------------------------------------------------
     def _on_schedule(self, change):
         """Picking a schedule moves v to that schedule's own chunk count (1, or 2)."""
         if not self._hold:
@@ -105,43 +85,58 @@ class PipelineWidget(ControlPanel):
         if not self._hold and change["owner"] is not self.controls["schedule"]:
             self._redraw()
 
-    def update(self) -> None:
-        s = self.state()
+    # ---- the template: compute, rows, headline, draw, details --------------------------------
+    def compute(self, state: dict) -> dict:
+        """The schedule and its simulation (cached); raises ``ScheduleError`` on an invalid combination."""
+        s = state
+        sched = cached_schedule(s["schedule"], s["p"], s["m"], s["v"])
+        res = cached_simulation(s["schedule"], s["p"], s["m"], s["v"], s["F"], s["B"], s["W"], s["comm"])
+        args = (s["p"], s["m"], s["v"], s["F"], s["B"], s["W"], s["comm"])
+        return {"schedule": sched, "simulation": res, "compare_args": args, "color_by": s["color_by"]}
+
+    def rows(self, r: dict) -> pd.DataFrame:
+        """Every schedule at these p, m, v and costs (``pipeline.compare.compare``)."""
+        return compare(*r["compare_args"])
+
+    def headline(self, r: dict) -> str:
+        res = r["simulation"]
+        return (
+            f"makespan <b>{res.makespan:.2f}</b> &nbsp; bubble fraction (idle/total) "
+            f"<b>{res.bubble_fraction:.3f}</b> &nbsp; bubble ratio (idle/busy) "
+            f"<b>{res.bubble_ratio:.3f}</b> &nbsp; peak activations rank 0 "
+            f"<b>{res.peak_activations[0]:.2f}</b>, max <b>{max(res.peak_activations):.2f}</b>"
+        )
+
+    def details(self, r: dict) -> str:
+        """The comparison table, rendered (cached)."""
+        return _compare_html(*r["compare_args"])
+
+    def draw(self, r: dict) -> None:
+        sched, res = r["schedule"], r["simulation"]
         for ax in (self._ax, self._ax_mem):  # drop the drawn data but keep the axes and their ticks:
             for art in [*ax.collections, *ax.patches, *ax.texts]:  # ax.clear() would rebuild every
                 art.remove()  # tick, the slowest part of a redraw
             if ax.get_legend() is not None:
                 ax.get_legend().remove()
-        try:
-            sched = cached_schedule(s["schedule"], s["p"], s["m"], s["v"])
-            res = cached_simulation(s["schedule"], s["p"], s["m"], s["v"], s["F"], s["B"], s["W"], s["comm"])
-        except (ScheduleError, ValueError) as e:
-            self._result = None
-            self.table_html.value = ""
-            self._show_error(str(e))
-            return
-        self.error = None
-        self._result = res
-        self.message.value = ""
         with rc_context({"axes.titley": 1.0}):  # a fixed title height: no tick-label measuring
             plot_timeline(
                 res,
                 self._ax,
-                color_by=s["color_by"],
+                color_by=r["color_by"],
                 title=f"{sched.name}, p={sched.p}, m={sched.m}, v={sched.v} (simulated)",
             )
         with style():
             peak = np.asarray(res.peak_activations, float)  # one bar per rank, as ONE collection
-            r = np.arange(sched.p, dtype=float)
-            z = np.zeros_like(r)
+            y = np.arange(sched.p, dtype=float)
+            z = np.zeros_like(y)
             self._ax_mem.add_collection(
                 PolyCollection(
                     np.stack(
                         [
-                            np.stack([z, r - 0.4], 1),
-                            np.stack([z, r + 0.4], 1),
-                            np.stack([peak, r + 0.4], 1),
-                            np.stack([peak, r - 0.4], 1),
+                            np.stack([z, y - 0.4], 1),
+                            np.stack([z, y + 0.4], 1),
+                            np.stack([peak, y + 0.4], 1),
+                            np.stack([peak, y - 0.4], 1),
                         ],
                         1,
                     ),
@@ -155,13 +150,3 @@ class PipelineWidget(ControlPanel):
             self._ax_mem.tick_params(labelleft=False)  # texts: each one is laid out on every redraw)
             self._ax_mem.set_xlim(0, max(res.peak_activations) * 1.1)
             label(self._ax_mem, "peak activ. (mb × L/p)", "rank (same rows)")
-        self.stats.value = (
-            f"makespan <b>{res.makespan:.2f}</b> &nbsp; bubble fraction (idle/total) "
-            f"<b>{res.bubble_fraction:.3f}</b> &nbsp; bubble ratio (idle/busy) "
-            f"<b>{res.bubble_ratio:.3f}</b> &nbsp; peak activations rank 0 "
-            f"<b>{res.peak_activations[0]:.2f}</b>, max <b>{max(res.peak_activations):.2f}</b>"
-        )
-        args = (s["p"], s["m"], s["v"], s["F"], s["B"], s["W"], s["comm"])
-        self._table = compare(*args)
-        self.table_html.value = _compare_html(*args)
-        self._show()

@@ -42,13 +42,15 @@ class PlannerWidget(ControlPanel):
     """Controls: model preset, GPU, number of GPUs, GPUs per node, sequence length, sequences per
     step (the global batch is sequences x seq_len tokens) and which of the best layouts to break down."""
 
+    error_label = "No layout"
+
     def __init__(self, **state):
         import ipywidgets as w
         from matplotlib.figure import Figure
 
         s = DEFAULTS | state
         lay = w.Layout(width="320px")
-        self.controls = {
+        controls = {
             "model": w.Dropdown(options=memory.presets(), value=s["model"], description="model", layout=lay),
             "gpu": w.Dropdown(options=list(hardware.gpus()), value=s["gpu"], description="GPU", layout=lay),
             "gpus": w.IntText(value=s["gpus"], description="GPUs", layout=lay),
@@ -57,29 +59,18 @@ class PlannerWidget(ControlPanel):
             "sequences": w.IntText(value=s["sequences"], description="sequences / step", layout=lay),
             "show": w.IntSlider(value=s["show"], min=0, max=TOP - 1, description="break down #", layout=lay),
         }
-        for c in self.controls.values():
-            c.style = {"description_width": "120px"}
-        self.message = w.HTML()
-        self.stats = w.HTML()
-        self.layouts = w.HTML()
-        self.image = self._make_image()
         with style():
-            self.figure = Figure(figsize=(9.0, 2.6), layout="none")
-            self._ax_t, self._ax_m = self.figure.subplots(1, 2)
-        self.figure.subplots_adjust(left=0.03, right=0.99, top=0.86, bottom=0.38, wspace=0.08)
-        self.error: str | None = None
-        self._table = pd.DataFrame()
+            figure = Figure(figsize=(9.0, 2.6), layout="none")
+            self._ax_t, self._ax_m = figure.subplots(1, 2)
+        figure.subplots_adjust(left=0.03, right=0.99, top=0.86, bottom=0.38, wspace=0.08)
         self._cache: dict = {}
-        c = list(self.controls.values())
-        self.widget = w.VBox(
-            [w.HBox([w.VBox(c[:4]), w.VBox(c[4:])]), self.message, self.stats, self.image, self.layouts]
-        )
-        self._wire()
-        self.update()
+        self._build(controls, figure, columns=(4,), label_width="120px")
 
-    def compute(self, state: dict | None = None) -> tuple[pd.DataFrame, planner.Plan]:
-        """The best layouts and the chosen one's plan; raises ValueError/KeyError/TypeError on bad input."""
-        s = state or self.state()
+    # ---- the template: compute, rows, headline, draw, details --------------------------------
+    def compute(self, state: dict) -> dict:
+        """The best layouts (``"layouts"``, a DataFrame) and the chosen one's plan (``"plan"``);
+        raises ValueError/KeyError/TypeError on bad input."""
+        s = state
         seq = s["seq_len"]
         kw = dict(
             gpus=s["gpus"],
@@ -97,34 +88,32 @@ class PlannerWidget(ControlPanel):
         row = df.iloc[min(s["show"], len(df) - 1)]
         fields = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", "micro_batch", "schedule", "v")
         plan = planner.evaluate(s["model"], planner.Layout(**{f: row[f] for f in fields}), **kw)
-        return df, plan
+        return {"layouts": df, "plan": plan, "shown": min(s["show"], len(df) - 1)}
 
-    def update(self) -> None:
-        s = self.state()
-        try:
-            df, plan = self.compute(s)
-        except (ValueError, KeyError, TypeError) as e:
-            self._show_error(str(e).strip("'\""), "No layout")
-            return
-        self.error = None
-        self.message.value = ""
-        self._table = df
+    def rows(self, r: dict) -> pd.DataFrame:
+        return r["layouts"]
+
+    def headline(self, r: dict) -> str:
+        plan = r["plan"]
         lay = plan.layout
-        self.stats.value = (
-            f"<b>#{min(s['show'], len(df) - 1)}</b>: dp {lay.dp} &times; tp {lay.tp} &times; pp {lay.pp} &times; "
+        return (
+            f"<b>#{r['shown']}</b>: dp {lay.dp} &times; tp {lay.tp} &times; pp {lay.pp} &times; "
             f"cp {lay.cp} (ep {lay.ep}), ZeRO-{lay.zero}, {lay.recompute} recompute, micro-batch {lay.micro_batch}, "
             f"{lay.schedule}{f' v={lay.v}' if lay.v > 1 else ''}: modelled step <b>{plan.step_s:.2f} s</b>, "
             f"MFU {plan.mfu:.0%} (compute at peak: an upper bound), {plan.memory_bytes / 1e9:.1f} GB of "
             f"{plan.gpu_memory_bytes / 1e9:.0f} GB. Bottleneck: {plan.bottleneck}."
         )
-        shown = df.assign(
+
+    def details(self, r: dict) -> str:
+        """The best layouts as a table (memory in GB, MFU in %)."""
+        df = r["layouts"]
+        view = df.assign(
             memory_GB=(df.memory_bytes / 1e9).round(1), step_s=df.step_s.round(3), mfu=(100 * df.mfu).round(1)
         ).drop(columns="memory_bytes")
-        self.layouts.value = "<small>" + shown.to_html(border=0) + "</small>"
-        self._draw(plan)
-        self._show()
+        return "<small>" + view.to_html(border=0) + "</small>"
 
-    def _draw(self, plan) -> None:
+    def draw(self, r: dict) -> None:
+        plan = r["plan"]
         ax_t, ax_m = self._ax_t, self._ax_m
         for ax in (ax_t, ax_m):
             ax.clear()

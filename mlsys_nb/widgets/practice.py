@@ -16,12 +16,12 @@ import pandas as pd
 
 from .. import quiz
 from ..plots import PALETTE, label, style
-from .base import ControlPanel
+from .base import Panel
 
 DEFAULTS = {"topic": "any", "difficulty": "any", "seed": 0, "mode": "practice", "mock_n": 5}
 
 
-class PracticeWidget(ControlPanel):
+class PracticeWidget(Panel):
     """Controls: topic, difficulty, seed (same seed, same questions), mode (practice / mock), mock_n."""
 
     def __init__(self, **state):

@@ -37,6 +37,8 @@ class RLHFSizingWidget(ControlPanel):
     response lengths (tokens), rollout tensor-parallel degree, training MFU, the link between the
     trainer and rollout GPUs of a split layout."""
 
+    errors = (*ControlPanel.errors, ZeroDivisionError)
+
     def __init__(self, **state):
         import ipywidgets as w
         from matplotlib.figure import Figure
@@ -44,7 +46,7 @@ class RLHFSizingWidget(ControlPanel):
         s = DEFAULTS | state
         lay = w.Layout(width="320px")
         links = [n for n in hardware.links() if n not in ("nvlink4",)] or list(hardware.links())
-        self.controls = {
+        controls = {
             "model": w.Dropdown(options=list(model_presets()), value=s["model"], description="actor", layout=lay),
             "gpu": w.Dropdown(options=list(hardware.gpus()), value=s["gpu"], description="GPU", layout=lay),
             "n_gpus": w.IntText(value=s["n_gpus"], description="GPUs", layout=lay),
@@ -60,28 +62,20 @@ class RLHFSizingWidget(ControlPanel):
                 layout=lay,
             ),
         }
-        for c in self.controls.values():
-            c.style = {"description_width": "110px"}
-        self.message = w.HTML()
-        self.stats = w.HTML()
-        self.image = self._make_image()
         with style():
-            self.figure = Figure(figsize=(8.5, 3.4), layout="none")
-            self._axes = self.figure.subplots(1, 2)
-        self.figure.subplots_adjust(left=0.08, right=0.98, top=0.88, bottom=0.16, wspace=0.35)
-        self.error = None
-        self._table = pd.DataFrame()
-        c = list(self.controls.values())
-        self.widget = w.VBox([w.HBox([w.VBox(c[:5]), w.VBox(c[5:])]), self.message, self.stats, self.image])
-        self._wire()
-        self.update()
+            figure = Figure(figsize=(8.5, 3.4), layout="none")
+            self._axes = figure.subplots(1, 2)
+        figure.subplots_adjust(left=0.08, right=0.98, top=0.88, bottom=0.16, wspace=0.35)
+        self._build(controls, figure, columns=(5,), label_width="110px")
 
-    def compute(self, state: dict | None = None) -> dict:
-        """Both layouts for a state (no drawing): ``{"colocated": LayoutCost, "split": LayoutCost}``;
-        raises ``ValueError``/``KeyError``/``TypeError`` on bad input (the calculator's messages)."""
+    # ---- the template: compute, rows, headline, draw -------------------------------------------
+    def compute(self, state: dict) -> dict:
+        """Both layouts for a state (no drawing): ``{"layouts": {"colocated": LayoutCost, "split":
+        LayoutCost}, "gpu_memory_bytes": bytes}``; raises ``ValueError``/``KeyError``/``TypeError`` on
+        bad input (the calculator's messages)."""
         from ..rl.sizing import layout_cost
 
-        s = state or self.state()
+        s = state
         for name in ("n_gpus", "rollout_batch", "rollout_tp"):
             if not (isinstance(s[name], int) and s[name] >= 1):
                 raise ValueError(f"{name}={s[name]} is out of range: allowed an integer >= 1")
@@ -91,19 +85,12 @@ class RLHFSizingWidget(ControlPanel):
         if s["prompt_len"] + s["response_len"] < 1:
             raise ValueError("prompt_len + response_len must be at least 1 token")
         kw = {k: s[k] for k in ("gpu", "n_gpus", "rollout_batch", "prompt_len", "response_len", "rollout_tp", "mfu")}
-        return {p: layout_cost(s["model"], placement=p, sync_link=s["sync_link"], **kw) for p in PLACEMENTS}
+        costs = {p: layout_cost(s["model"], placement=p, sync_link=s["sync_link"], **kw) for p in PLACEMENTS}
+        return {"layouts": costs, "gpu_memory_bytes": hardware.gpu(s["gpu"]).memory_bytes}
 
-    def update(self) -> None:
-        s = self.state()
-        try:
-            r = self.compute(s)
-        except (ValueError, KeyError, TypeError, ZeroDivisionError) as e:
-            self._show_error(str(e).strip("'\""), "Invalid input")
-            return
-        self.error = None
-        self.message.value = ""
+    def rows(self, r: dict) -> pd.DataFrame:
         rows = []
-        for p, c in r.items():
+        for p, c in r["layouts"].items():
             rows.append(
                 {
                     "layout": p,
@@ -116,10 +103,12 @@ class RLHFSizingWidget(ControlPanel):
                     "step (async) s": c.step_async_s,
                 }
             )
-        self._table = pd.DataFrame(rows).set_index("layout")
-        cap = hardware.gpu(s["gpu"]).memory_bytes
+        return pd.DataFrame(rows).set_index("layout")
+
+    def headline(self, r: dict) -> str:
+        cap = r["gpu_memory_bytes"]
         parts = []
-        for p, c in r.items():
+        for p, c in r["layouts"].items():
             heavy = max(c.memory.roles, key=lambda role: sum(c.memory.roles[role][1].values()))
             verdict = "fits" if c.fits else f"<b style='color:#D55E00'>out of memory</b> (the {heavy} GPUs)"
             parts.append(
@@ -127,24 +116,21 @@ class RLHFSizingWidget(ControlPanel):
                 f"step {c.step_sync_s:.3g} s synchronous, {c.step_async_s:.3g} s one step off-policy "
                 f"(weight sync {c.sync_s:.3g} s)"
             )
-        self.stats.value = (
-            "<br>".join(parts) + "<br><i>Models: roofline generation, training at the MFU set, α-β sync.</i>"
-        )
-        self._draw(r, cap)
-        self._show()
+        return "<br>".join(parts) + "<br><i>Models: roofline generation, training at the MFU set, α-β sync.</i>"
 
-    def _draw(self, r, cap) -> None:
+    def draw(self, r: dict) -> None:
+        costs, cap = r["layouts"], r["gpu_memory_bytes"]
         mem_ax, time_ax = self._axes
         with style():
             for ax in self._axes:
                 ax.clear()
-            names = list(r)
-            mem_ax.bar(names, [r[p].per_gpu_bytes / 1e9 for p in names], color=[PALETTE[0], PALETTE[1]])
+            names = list(costs)
+            mem_ax.bar(names, [costs[p].per_gpu_bytes / 1e9 for p in names], color=[PALETTE[0], PALETTE[1]])
             mem_ax.axhline(cap / 1e9, color="black", lw=1, ls="--", label="GPU memory")
             mem_ax.set_ylabel("GB per GPU, heaviest role (GB)")
             mem_ax.legend(fontsize=8, loc="upper right")
             mem_ax.set_title("memory (model)", fontsize=10)
-            bars = [(f"{p}\nsync", r[p], False) for p in names] + [("split\nasync", r["split"], True)]
+            bars = [(f"{p}\nsync", costs[p], False) for p in names] + [("split\nasync", costs["split"], True)]
             seen = set()
             for i, (_, c, overlap) in enumerate(bars):
                 segs = (

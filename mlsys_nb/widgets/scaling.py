@@ -15,7 +15,7 @@ import pandas as pd
 
 from .. import flops, hardware, scaling
 from ..plots import PALETTE, label, style
-from .base import ControlPanel
+from .base import ControlPanel, pow10_label
 
 DEFAULTS = {
     "law": "chinchilla",
@@ -28,15 +28,6 @@ DEFAULTS = {
     "price_per_gpu_hour": 2.0,
 }
 C_RANGE = (1e18, 1e27)
-_SUPERSCRIPT = str.maketrans("-0123456789", "\u207b\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079")
-
-
-def _pow10(x, _pos=None) -> str:
-    """A log-axis tick label '10¹⁸' in plain text: matplotlib's default log labels are mathtext,
-    whose parsing was over half of this figure's redraw."""
-    return "10" + str(int(round(np.log10(x)))).translate(_SUPERSCRIPT) if x > 0 else ""
-
-
 DECADES = (-2, -1, 0, 1, 2)  # iso-FLOP curves at C x 10^k
 
 
@@ -56,7 +47,7 @@ class ScalingWidget(ControlPanel):
         self.laws = {n: scaling.law(n) for n in scaling.law_names()} | dict(laws or {})
         s = DEFAULTS | state
         lay = w.Layout(width="340px")
-        self.controls = {
+        controls = {
             "law": w.Dropdown(options=list(self.laws), value=s["law"], description="law", layout=lay),
             "compute": w.FloatLogSlider(
                 value=s["compute"],
@@ -84,10 +75,6 @@ class ScalingWidget(ControlPanel):
             "mfu": w.FloatText(value=s["mfu"], description="MFU (0-1]", layout=lay),
             "price_per_gpu_hour": w.FloatText(value=s["price_per_gpu_hour"], description="USD / GPU-hour", layout=lay),
         }
-        for c in self.controls.values():
-            c.style = {"description_width": "120px"}
-        self.message = w.HTML()
-        self.stats = w.HTML()
         # the legend lives in HTML: matplotlib legends cost ~1/3 of a redraw
         sw = lambda col, txt: f"<span style='color:{col}'>&#9632;</span>&nbsp;{txt}"  # noqa: E731
         names = ("C/100", "C/10", "C (bold)", "10 C", "100 C")
@@ -103,25 +90,17 @@ class ScalingWidget(ControlPanel):
             + sw(PALETTE[1], "D* (tokens)")
             + ", &#9650;/&#9660; famous runs' N and D at their 6ND (data/scaling_laws.yaml), dashed: your C.</small>"
         )
-        self.image = self._make_image()
         with style():
-            self.figure = Figure(figsize=(9.0, 3.8), layout="none")
-            self._ax_iso, self._ax_opt = self.figure.subplots(1, 2)
-        self.figure.subplots_adjust(left=0.07, right=0.99, top=0.91, bottom=0.14, wspace=0.25)
-        self.error: str | None = None
-        self._table = pd.DataFrame()
+            figure = Figure(figsize=(9.0, 3.8), layout="none")
+            self._ax_iso, self._ax_opt = figure.subplots(1, 2)
+        figure.subplots_adjust(left=0.07, right=0.99, top=0.91, bottom=0.14, wspace=0.25)
         self._artists = None
-        c = list(self.controls.values())
-        self.widget = w.VBox(
-            [w.HBox([w.VBox(c[:4]), w.VBox(c[4:])]), self.message, self.stats, self.image, self.legend]
-        )
-        self._wire()
-        self.update()
+        self._build(controls, figure, columns=(4,), label_width="120px", below=[self.legend])
 
-    # ---- computing -------------------------------------------------------------------------------
-    def compute(self, state: dict | None = None) -> dict:
+    # ---- the template: compute, rows, headline, draw ---------------------------------------------
+    def compute(self, state: dict) -> dict:
         """All numbers for a state (no drawing); raises ``ValueError``/``KeyError`` on bad input."""
-        s = state or self.state()
+        s = state
         if s["law"] not in self.laws:
             raise KeyError(f"law={s['law']!r}: choose one of {sorted(self.laws)}")
         law = self.laws[s["law"]]
@@ -147,20 +126,13 @@ class ScalingWidget(ControlPanel):
             "estimate": est,
             "twenty": scaling.twenty_tokens_per_param(C),
             "inference": None,
+            "state": s,
         }
         if s["inference"]:
             out["inference"] = law.inference_optimal(C, s["inference_tokens"])
         return out
 
-    def update(self) -> None:
-        s = self.state()
-        try:
-            r = self.compute(s)
-        except (ValueError, KeyError, TypeError) as e:
-            self._show_error(str(e).strip("'\""), "Invalid input")
-            return
-        self.error = None
-        self.message.value = ""
+    def rows(self, r: dict) -> pd.DataFrame:
         est = r["estimate"]
         rows = [
             ("compute budget C", r["C"], "FLOPs"),
@@ -181,8 +153,11 @@ class ScalingWidget(ControlPanel):
                 ("lifetime compute, inference-aware", inf["total_flops"], "FLOPs"),
                 ("lifetime compute, Chinchilla-optimal", inf["chinchilla_total_flops"], "FLOPs"),
             ]
-        self._table = pd.DataFrame(rows, columns=["quantity", "value", "unit"]).set_index("quantity")
-        self.stats.value = (
+        return pd.DataFrame(rows, columns=["quantity", "value", "unit"]).set_index("quantity")
+
+    def headline(self, r: dict) -> str:
+        s, est, inf = r["state"], r["estimate"], r["inference"]
+        return (
             f"{r['law'].label}: C = {r['C']:.2e} FLOPs &rarr; N* = {r['N']:.3g} params, D* = {r['D']:.3g} tokens "
             f"({r['D'] / r['N']:.1f} tokens/param), L* = {r['loss']:.3f} nats/token. "
             f"On {s['n_gpus']} &times; {s['gpu']} at MFU {s['mfu']:.2f}: <b>{est.days:,.1f} days</b>, "
@@ -200,8 +175,6 @@ class ScalingWidget(ControlPanel):
                 else ""
             )
         )
-        self._draw(r)
-        self._show()
 
     # ---- drawing (artists created once, then updated in place) -----------------------------------
     def _setup(self):
@@ -231,7 +204,7 @@ class ScalingWidget(ControlPanel):
             from matplotlib.ticker import FuncFormatter, LogLocator
 
             for axis in (ax1.xaxis, ax2.xaxis, ax2.yaxis):
-                axis.set_major_formatter(FuncFormatter(_pow10))
+                axis.set_major_formatter(FuncFormatter(pow10_label))
             for ax in (ax1, ax2):  # few ticks, no minor ticks: tick text dominates a redraw
                 ax.minorticks_off()
             ax1.xaxis.set_major_locator(LogLocator(numticks=5))  # every 2nd decade, like the right
@@ -249,7 +222,7 @@ class ScalingWidget(ControlPanel):
                 axis.set_label_coords(*xy)
         self._artists = {"iso": iso, "opt": opt, "inf": inf, "n": n_line, "d": d_line, "v": vline, "cs": cs}
 
-    def _draw(self, r):
+    def draw(self, r: dict) -> None:
         if self._artists is None:
             self._setup()
         a, law, C = self._artists, r["law"], r["C"]
