@@ -282,7 +282,7 @@ class BlockManager:
 
 
 def fragmentation(lengths, *, block_size: int, max_seq_len: int) -> dict:
-    """Allocate sequences of ``lengths`` tokens in a ``BlockManager`` and measure reserved vs used slots.
+    """Allocate sequences of ``lengths`` tokens in a ``BlockManager`` and count reserved vs used slots.
 
     Returns token slots used, slots reserved by paging (whole blocks), slots a contiguous allocator
     reserving ``max_seq_len`` per sequence would hold, and the per-sequence paging waste (each
