@@ -26,7 +26,9 @@ out and copied back on resume, instead of being recomputed).
 ``CUDAGraphRunner`` (CUDA only, guarded by ``torch.cuda.is_available()``): decode steps replay one
 captured CUDA graph per batch-size bucket; a batch is padded up to its bucket by repeating its first
 row (the repeated row writes the same K/V value into the same slot, so padding changes nothing).
-On CPU the launch overhead it removes is what ``LLMEngine.step_times`` measures as CPU time.
+A graph removes the per-kernel launch cost, CPU time spent inside the model's forward; on CPU there
+is nothing to capture, and the per-operator dispatch a graph would replace is part of the ``model``
+phase of ``LLMEngine.step_times`` (the ``prepare`` phase stays, plus the copy into static buffers).
 """
 
 from __future__ import annotations
