@@ -33,8 +33,11 @@ Everything here is a model (no GPU is touched), built only from the package's ca
 
 Not modelled: kernel efficiency below peak (``compute_efficiency``), network congestion and
 stragglers, optimizer step time, load imbalance between experts, overlap of TP/CP communication.
-Published layouts reproduced in ``tests/test_planner.py``: Llama 3 405B on 16,384 H100 and
-DeepSeek-V3 on 2,048 H800.
+Published layouts checked in ``tests/test_planner.py``: Llama 3 405B on 16,384 H100 and
+DeepSeek-V3 on 2,048 H800 fit and rank near the top of the modelled step times (not first; notebook
+12 shows where the planner's own best differs). The step times and MFUs are a model; DeepSeek-V3's
+MFU to compare with is ``flops.implied_mfu`` (the kit's FLOPs over the reported GPU-hours), also a
+model, not a measurement.
 """
 
 from __future__ import annotations
