@@ -299,9 +299,9 @@ def test_keyboard_interrupt_stops_every_rank(tmp_path):
     stopped_after_s = time.monotonic() - interrupted["at"]
     assert _pids_alive(interrupted["pids"]) == [], "ranks survived the interrupt"
     print(f"ranks stopped {stopped_after_s:.3f} s after SIGINT")
-    # The README promises "within 2 s"; 10 s is a generous bound on a loaded 2-core machine (not a
-    # benchmark), but a launcher that waited for the 100 s timeout or the ranks' 120 s sleep fails it.
-    assert stopped_after_s < 10, f"ranks stopped {stopped_after_s:.1f} s after the interrupt (README: within 2 s)"
+    # Not a benchmark (measured 0.01-0.09 s, data/measured/interrupt.md; the README quotes that record):
+    # a launcher that waited for the 100 s timeout or the ranks' 120 s sleep fails this 10 s bound.
+    assert stopped_after_s < 10, f"ranks stopped {stopped_after_s:.1f} s after the interrupt (measured: < 0.1 s)"
 
 
 PARENT_SCRIPT = """
