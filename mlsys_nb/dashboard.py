@@ -1,4 +1,5 @@
-"""One tabbed dashboard over the package's visualizers (memory, scaling laws, pipeline schedules).
+"""One tabbed dashboard over the package's visualizers (memory, scaling laws, pipeline schedules,
+inference, the parallelism planner, RLHF systems, interview practice): ``TABS``.
 
 It opens in JupyterLab (``notebooks/00_dashboard.ipynb``) and as a standalone web page served by
 Voilà (``make dashboard``). It computes nothing itself: each tab is a widget object from
@@ -10,8 +11,10 @@ Voilà (``make dashboard``). It computes nothing itself: each tab is a widget ob
 - ``.error``: ``None`` or the message shown in place for an invalid combination,
 - ``.on_update(callback)``: the tab calls ``callback()`` after every redraw,
 
-and the dashboard adds what is common: a numbers view, figure/CSV export, and a shareable
-configuration (JSON text or a ``?config=...`` query string that Voilà passes to the kernel).
+and the dashboard adds what is common: a numbers view (``refresh(key)``, ``numbers_html(key)``),
+figure/CSV export (``export``, ``show_exports``), and a shareable configuration (``state``/``set_state``,
+JSON text or a ``?config=...`` query string that Voilà passes to the kernel). ``self_check`` drives
+every tab with its probe and its invalid combination.
 """
 
 from __future__ import annotations
