@@ -142,35 +142,45 @@ def measure_decode_overhead(
 
     ``make_engine()`` returns a fresh ``LLMEngine`` (it must hold B sequences). One engine per batch
     size; after their prefills the engines take one decode step each in turn, so every batch size
-    sees the same background load. Each row also holds ``trace``: (CPU seconds, model seconds) of
-    every decode step, in order."""
+    sees the same background load. Only steps in which all B sequences decode count (a chunked prefill
+    lets some start early). Each row also holds ``trace``: (CPU seconds, model seconds) of every
+    counted step, in order."""
     from tqdm.auto import tqdm
 
     from .engine import PHASES
     from .sampling_params import SamplingParams
 
+    def counted(eng, b):
+        return [s for s in eng.step_times if s["num_seqs"] == b and s["num_decodes"] == s["num_tokens"] == b]
+
     batch_sizes = list(batch_sizes)
     engines = []
     for b in batch_sizes:
         eng = make_engine()
-        sp = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
+        sp = SamplingParams(temperature=0, max_tokens=eng.max_model_len - prompt_len, ignore_eos=True)
         for i in range(b):
             eng.add_request(f"b{b}-{i}", [(7 * i + j) % 200 + 1 for j in range(prompt_len)], sp)
         for _ in range(b * prompt_len + 2):  # prefill (possibly in chunks) until all B sequences decode
-            if eng.step_times and eng.step_times[-1]["num_decodes"] == b:
+            if counted(eng, b):
                 break
             eng.step()
         else:
             raise ValueError(f"batch_sizes: batch {b} never decodes together (does the engine hold {b} sequences?)")
         eng.step_times.clear()
         engines.append(eng)
-    for _ in tqdm(range(steps), desc="decode overhead (interleaved)", disable=not use_tqdm):
-        for eng in engines:
-            if eng.has_unfinished_requests():
+    with tqdm(total=steps * len(engines), desc="decode overhead (interleaved)", disable=not use_tqdm) as bar:
+        for _ in range(2 * steps):  # each round: one step of every engine still short of `steps` counted steps
+            todo = [(b, e) for b, e in zip(batch_sizes, engines) if len(counted(e, b)) < steps]
+            todo = [(b, e) for b, e in todo if e.has_unfinished_requests()]
+            if not todo:
+                break
+            for b, eng in todo:
+                n = len(counted(eng, b))
                 eng.step()
+                bar.update(len(counted(eng, b)) - n)
     rows = []
     for b, eng in zip(batch_sizes, engines):
-        decodes = [s for s in eng.step_times if s["num_seqs"] == b and s["num_decodes"] == s["num_tokens"]]
+        decodes = counted(eng, b)[:steps]
         row = phase_breakdown(decodes)
         trace = [(sum(s.get(p, 0.0) for p in PHASES if p != "model"), s.get("model", 0.0)) for s in decodes]
         rows.append({"batch": b, **row, "trace": trace})
