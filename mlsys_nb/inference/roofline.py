@@ -37,7 +37,8 @@ import time
 from dataclasses import dataclass
 
 from ..config import dtype_name
-from .kv_cache import _config, _dtype_bytes, kv_bytes_per_token
+from ..config import as_model_config, dtype_bytes
+from .kv_cache import kv_bytes_per_token
 
 
 @dataclass(frozen=True)
@@ -95,19 +96,19 @@ def matmul_params(model, *, active: bool = True) -> int:
     """Weights of the matrix multiplies one token goes through: all parameters but the embedding
     table and the norms (the LM head counts, tied or not). ``active``: MoE counts the routed top-k
     experts only; ``active=False`` counts every expert (the bytes a large batch reads)."""
-    from ..memory import _norm_params, param_count
+    from ..memory import norm_params, param_count
 
-    cfg = _config(model)
+    cfg = as_model_config(model)
     pc = param_count(cfg)
     n = pc.active if active else pc.total
     return int(
-        n - pc.embedding - (2 * cfg.n_layers + 1) * _norm_params(cfg) + (pc.embedding if cfg.tied_embeddings else 0)
+        n - pc.embedding - (2 * cfg.n_layers + 1) * norm_params(cfg) + (pc.embedding if cfg.tied_embeddings else 0)
     )
 
 
 def attention_flops(model, new: int, context: int) -> float:
     """QKᵀ and PV FLOPs of one sequence: query j (0-based) of ``new`` sees context + j + 1 keys."""
-    cfg = _config(model)
+    cfg = as_model_config(model)
     keys = new * context + new * (new + 1) // 2
     if cfg.kv_lora_rank:  # MLA scores use head_dim + rope_head_dim; values head_dim
         per_key = 2 * cfg.n_heads * (2 * cfg.head_dim + cfg.rope_head_dim)
@@ -145,7 +146,7 @@ def step_cost(
     flops = 2.0 * matmul_params(model) * batch * new_tokens_per_seq + batch * attention_flops(
         model, new_tokens_per_seq, context
     )
-    nbytes = matmul_params(model, active=False) * _dtype_bytes(dtype) + batch * (context + new_tokens_per_seq) * kv_tok
+    nbytes = matmul_params(model, active=False) * dtype_bytes(dtype) + batch * (context + new_tokens_per_seq) * kv_tok
     phase = phase or ("decode" if new_tokens_per_seq == 1 and context > 0 else "prefill")
     return StepCost(phase, batch, new_tokens_per_seq, context, flops, nbytes, peak, bw)
 
@@ -210,7 +211,9 @@ def measure_throughput(
     """Measured prefill and decode tokens/s of ``model`` on this machine, per batch size.
 
     Prefill: one forward of ``batch × prompt_len`` tokens into an empty cache. Decode: ``decode_steps``
-    single-token steps after that prompt. Median over ``reps`` repetitions; ``torch.no_grad``."""
+    single-token steps after that prompt. Median over ``reps`` repetitions; ``torch.no_grad``. The
+    repetitions are interleaved (every batch size once per round, the order reversed every other
+    round), so a change of load on a shared machine hits every batch size alike."""
     import torch
     from tqdm.auto import tqdm
 
@@ -219,29 +222,32 @@ def measure_throughput(
     cfg = model.cfg
     if prompt_len + decode_steps > cfg.seq_len:
         raise ValueError(f"prompt_len + decode_steps = {prompt_len + decode_steps} exceeds cfg.seq_len={cfg.seq_len}")
-    rows = []
     g = torch.Generator().manual_seed(0)
     model.eval()
-    for b in tqdm(list(batch_sizes), desc="batch sizes", disable=not progress, leave=False):
-        pre, dec = [], []
-        x = torch.randint(0, cfg.vocab_size, (b, prompt_len), generator=g)
-        with torch.no_grad():
-            for _ in range(reps):
+    batch_sizes = list(batch_sizes)
+    xs = {b: torch.randint(0, cfg.vocab_size, (b, prompt_len), generator=g) for b in batch_sizes}
+    pre: dict = {b: [] for b in batch_sizes}
+    dec: dict = {b: [] for b in batch_sizes}
+    with torch.no_grad():
+        for r in tqdm(range(reps), desc="rounds", disable=not progress, leave=False):
+            for b in batch_sizes if r % 2 == 0 else batch_sizes[::-1]:
                 cache = KVCache(model, b, prompt_len + decode_steps)
                 t0 = time.perf_counter()
-                logits = model(x, cache=cache)
-                pre.append(time.perf_counter() - t0)
+                logits = model(xs[b], cache=cache)
+                pre[b].append(time.perf_counter() - t0)
                 tok = logits[:, -1:].argmax(-1)
                 t0 = time.perf_counter()
                 for _ in range(decode_steps):
                     tok = model(tok, cache=cache)[:, -1:].argmax(-1)
-                dec.append(time.perf_counter() - t0)
+                dec[b].append(time.perf_counter() - t0)
+    rows = []
+    for b in batch_sizes:
         rows.append(
             {
                 "batch": b,
-                "prefill_tokens_per_s": b * prompt_len / statistics.median(pre),
-                "decode_tokens_per_s": b * decode_steps / statistics.median(dec),
-                "decode_step_s": statistics.median(dec) / decode_steps,
+                "prefill_tokens_per_s": b * prompt_len / statistics.median(pre[b]),
+                "decode_tokens_per_s": b * decode_steps / statistics.median(dec[b]),
+                "decode_step_s": statistics.median(dec[b]) / decode_steps,
                 "prompt_len": prompt_len,
                 "decode_steps": decode_steps,
             }
