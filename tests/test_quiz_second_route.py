@@ -333,12 +333,12 @@ def test_fastest_layout_through_the_planner_search():
     through the planner's search instead (its enumeration, rules and memory filter), pinned to that
     layout's degrees, and the fastest fitting row must be the key."""
     from mlsys_nb import planner
-    from mlsys_nb.quiz.bank import training as bank
+    from mlsys_nb.quiz.bank import layout as bank
 
     for q in _draws("layout.fastest_layout", seeds=range(6), n_min=4):
         p = q.params
         steps = {}
-        for name, lay in bank._LAYOUTS.items():
+        for name, lay in bank.LAYOUTS.items():
             try:
                 rows = planner.search(
                     p["model"],
@@ -533,7 +533,7 @@ def test_gpus_for_target_by_hand_search():
 def test_async_rlhf_by_the_two_worker_timeline():
     """The closed forms (rl.placement) against the event timeline of a rollout worker and a trainer;
     the timeline of a serialised 'async' (gen waits for the latest weights) has the synchronous period."""
-    from mlsys_nb.quiz.routes import rlhf_timeline
+    from mlsys_nb.quiz.routes.rl import rlhf_timeline
 
     for q in _draws("rl.async_rlhf_speedup"):
         g, t, s = q.params["gen_s"], q.params["train_s"], q.params["sync_s"]

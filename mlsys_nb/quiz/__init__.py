@@ -16,7 +16,10 @@
   of the wrong dimension raises ``UnitError`` (``check`` reports it, never converts it).
 - ``python -m mlsys_nb.quiz --topic pipeline -n 10``: practice in a terminal; ``html.write_worksheets``:
   printable sheets and a separate answer key (``make worksheets``).
-- Families live in ``quiz.bank`` (one module per area); spot-the-error cards in ``bank.cards``.
+- Families live in ``quiz.bank``, one module per topic named after it (``bank.memory`` holds the
+  ``memory`` families; ``bank._util.ratio_family`` declares a family whose answer is one calculator
+  under two settings); spot-the-error cards in ``bank.cards``. Second routes: ``quiz.routes``, the same
+  split by topic.
 """
 
 from .core import TOPICS, CheckResult, Question, Worksheet, draw, families, family_info, make, topics, worksheet

@@ -1,3 +1,19 @@
-"""Every question family, by topic (importing this module registers them in ``quiz.core.REGISTRY``)."""
+"""Every question family, one module per quiz topic (``quiz.core.TOPICS``) plus the spot-the-error
+cards; importing this package registers them all in ``quiz.core.REGISTRY``. A family's topic is the
+name of the module that declares it (``tests/test_quiz.py`` checks it for every family)."""
 
-from . import comm, training, pipeline, inference, cards  # noqa: F401
+from . import (  # noqa: F401
+    cards,
+    comm,
+    compute,
+    data_parallel,
+    expert_context,
+    inference,
+    layout,
+    memory,
+    pipeline,
+    rl,
+    scaling,
+    serving,
+    tensor,
+)

@@ -1,35 +1,83 @@
-"""Small helpers shared by the family modules (number pickers and formatting for question text)."""
+"""Small helpers shared by the family modules: a seeded picker, formatting for question text, and
+``ratio_family`` (a family whose answer is one calculator under two settings)."""
 
 from __future__ import annotations
 
-from ..units import fmt
+import sys
+
+from ..core import family
 
 GB = 1e9
 MB = 1e6
 
 
 def pick(rng, seq):
+    """One element of ``seq`` drawn by ``rng`` (a ``random.Random``)."""
     return seq[rng.randrange(len(seq))]
 
 
 def gb(x: float) -> str:
+    """Bytes written in GB (1e9 B)."""
     return f"{x / GB:.4g} GB"
 
 
-def sizes_mb(rng):
-    return pick(rng, [1, 4, 16, 64, 100, 256, 512, 1000]) * MB
-
-
 def us(x: float) -> str:
+    """Seconds written in microseconds."""
     return f"{x * 1e6:.3g} us"
 
 
 def gbps(x: float) -> str:
+    """Bytes/s written in GB/s."""
     return f"{x / GB:.4g} GB/s"
 
 
-def tflops(x: float) -> str:
-    return f"{x / 1e12:.4g} TFLOP/s"
+def _setting(s, p) -> dict:
+    return s(p) if callable(s) else s
 
 
-__all__ = ["GB", "MB", "pick", "gb", "sizes_mb", "us", "gbps", "tflops", "fmt"]
+def ratio_family(
+    name: str,
+    topic: str,
+    *,
+    draw,
+    calc,
+    over,
+    under,
+    text,
+    hints: list[str],
+    solution,
+    diagnostics=(),
+    unit: str = "ratio",
+    **registration,
+):
+    """Declare family ``name`` whose answer is ONE calculator under two settings:
+    ``calc(p, **over) / calc(p, **under)``.
+
+    ``draw(rng) -> p`` draws the question's params; ``over`` and ``under`` are keyword dicts for
+    ``calc``, or functions of ``p`` returning one; ``text(p)`` words the question and
+    ``solution(p, num, den, ratio)`` its steps; ``diagnostics`` is a list of (factor, hint) or
+    ``fn(p, num, den, ratio)`` returning one; ``registration`` goes to ``core.family`` (difficulty,
+    section, reference, kind). The family's function names the caller's module as its own (as
+    ``collections.namedtuple`` does), so a family belongs to the topic module that declares it."""
+
+    def make(rng):
+        p = draw(rng)
+        num = calc(p, **_setting(over, p))
+        den = calc(p, **_setting(under, p))
+        r = num / den
+        return dict(
+            text=text(p),
+            params=p,
+            answer=r,
+            unit=unit,
+            hints=list(hints),
+            solution=solution(p, num, den, r),
+            diagnostics=list(diagnostics(p, num, den, r) if callable(diagnostics) else diagnostics),
+        )
+
+    make.__module__ = sys._getframe(1).f_globals["__name__"]
+    make.__qualname__ = make.__name__ = f"ratio_family({name!r})"
+    return family(name, topic, **registration)(make)
+
+
+__all__ = ["GB", "MB", "pick", "gb", "us", "gbps", "ratio_family"]

@@ -8,7 +8,8 @@ from ... import comm, flops, inference, memory, scaling
 from ... import pipeline as pl
 from ..core import family
 from ._util import pick
-from .comm import tp_bytes_per_layer, zero_bytes_per_step
+from .data_parallel import zero_bytes_per_step
+from .tensor import tp_bytes_per_layer
 
 CHOICES = ["true", "false"]
 

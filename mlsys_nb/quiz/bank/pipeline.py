@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ... import pipeline as pl
 from ..core import family
-from ._util import pick
+from ._util import pick, ratio_family
 
 SEC = "notebooks/08_pipeline_parallelism.ipynb"
 REF = {
@@ -212,28 +212,27 @@ def _min_m(rng):
     )
 
 
-@family(
+def _interleaved_case(rng):
+    _, p, m, v = pipeline_case(rng, "interleaved-1f1b")
+    return {"p": p, "m": m, "v": v}
+
+
+ratio_family(
     "pipeline.interleaving_gain",
     "pipeline",
     section=SEC + ", §5 Interleaving: v chunks per rank",
     reference=REF["interleaved-1f1b"],
+    draw=_interleaved_case,
+    calc=lambda q, schedule, v: sim(schedule, q["p"], q["m"], v).bubble_time,
+    over=dict(schedule="1f1b", v=None),
+    under=lambda q: dict(schedule="interleaved-1f1b", v=q["v"]),
+    text=lambda q: (
+        f"p = {q['p']}, m = {q['m']}: by what factor does interleaved 1F1B with v = {q['v']} chunks per "
+        f"rank shrink the bubble TIME of plain 1F1B? ({COSTS})"
+    ),
+    hints=["Each chunk is 1/v of the layers: the ramp is v times shorter.", "Cost: v× more P2P messages."],
+    solution=lambda q, a, b, r: [f"1F1B bubble {a:g}, interleaved {b:g} (pipeline.simulate).", f"Ratio = {r:g}."],
 )
-def _interleave(rng):
-    _, p, m, v = pipeline_case(rng, "interleaved-1f1b")
-    a, b = sim("1f1b", p, m, None), sim("interleaved-1f1b", p, m, v)
-    r = a.bubble_time / b.bubble_time
-    return dict(
-        text=f"p = {p}, m = {m}: by what factor does interleaved 1F1B with v = {v} chunks per rank shrink the "
-        f"bubble TIME of plain 1F1B? ({COSTS})",
-        params={"p": p, "m": m, "v": v},
-        answer=r,
-        unit="ratio",
-        hints=["Each chunk is 1/v of the layers: the ramp is v times shorter.", "Cost: v× more P2P messages."],
-        solution=[
-            f"1F1B bubble {a.bubble_time:g}, interleaved {b.bubble_time:g} (pipeline.simulate).",
-            f"Ratio = {r:g}.",
-        ],
-    )
 
 
 @family(

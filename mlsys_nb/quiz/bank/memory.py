@@ -1,0 +1,300 @@
+"""Families of the topic ``memory``: training memory (model states, bytes per parameter,
+activations, recomputation, whether it fits, which knob fixes an OOM, the largest micro-batch).
+
+Answer keys: ``mlsys_nb.memory`` (``model_state_bytes``, ``estimate``).
+"""
+
+from __future__ import annotations
+
+from ... import hardware, memory
+from ...config import TrainConfig
+from ..core import family
+from ._util import gb, pick, ratio_family
+
+REF_MEM = "docs/references.md#zero (Rajbhandari et al. 2020, arXiv:1910.02054, §3), #mixed-precision"
+SEC_MEM = "notebooks/10_training_memory.ipynb"
+N_PARAMS = [125e6, 350e6, 1.3e9, 2.7e9, 7e9, 13e9, 34e9, 70e9, 175e9]
+
+
+@family(
+    "memory.model_states",
+    "memory",
+    section=SEC_MEM + ", §1 Model states: parameters, gradients, optimizer, master weights",
+    reference=REF_MEM,
+)
+def _model_states(rng):
+    n = pick(rng, N_PARAMS)
+    dp = pick(rng, [1, 2, 4, 8, 16, 64])
+    z = pick(rng, [0, 1, 2, 3])
+    s = memory.model_state_bytes(n, dp=dp, zero=z)
+    wrong12 = memory.model_state_bytes(n, dp=dp, zero=z, precision="bf16-nomaster").total
+    unsharded = memory.model_state_bytes(n, dp=1, zero=0).total
+    diag = [(wrong12 / s.total, "did you forget the fp32 master copy (4 B/param)? mixed-precision Adam is 2+2+12")]
+    if z and dp > 1:
+        diag.append((unsharded / s.total, f"ZeRO-{z} shards part of the states over dp = {dp}"))
+    return dict(
+        text=f"Mixed-precision Adam (bf16 params and grads, fp32 master + 2 fp32 moments), {n:.3g} parameters, "
+        f"data parallel over {dp} GPUs with ZeRO stage {z}: bytes of model states per GPU?",
+        params={"n_params": n, "dp": dp, "zero": z},
+        answer=s.total,
+        unit="bytes",
+        hints=[
+            "2 B params + 2 B grads + 12 B (master 4 + m 4 + v 4) per parameter.",
+            "Stage 1 shards the 12 B, stage 2 also the grads, stage 3 also the params.",
+        ],
+        solution=[
+            f"params {gb(s.params)}, grads {gb(s.grads)}, optimizer {gb(s.optimizer)}, master {gb(s.master)}.",
+            f"Total {gb(s.total)} per GPU (memory.model_state_bytes).",
+        ],
+        diagnostics=diag,
+    )
+
+
+@family(
+    "memory.bytes_per_param",
+    "memory",
+    section=SEC_MEM + ", §1 Model states: parameters, gradients, optimizer, master weights",
+    reference=REF_MEM,
+)
+def _bpp(rng):
+    prec, opt = pick(
+        rng,
+        [
+            ("bf16-mixed", "adam"),
+            ("fp32", "adam"),
+            ("bf16-mixed", "sgd-momentum"),
+            ("fp32", "sgd"),
+            ("bf16-mixed", "adam-8bit"),
+        ],
+    )
+    b = memory.model_state_bytes(1, precision=prec, optimizer=opt).total
+    return dict(
+        text=f"Bytes of model states per parameter for precision {prec} with optimizer {opt} (no sharding)?",
+        params={"precision": prec, "optimizer": opt},
+        answer=b,
+        unit="count",
+        hints=[
+            "params + grads + optimizer states + (mixed precision) an fp32 master copy.",
+            "Adam keeps 2 states (m, v); SGD with momentum 1; plain SGD 0.",
+        ],
+        solution=[f"memory.model_state_bytes(1, precision={prec!r}, optimizer={opt!r}).total = {b:g} B."],
+    )
+
+
+def _train_case(rng):
+    model = pick(rng, ["llama-2-7b", "llama-3-8b", "llama-2-13b", "llama-3.2-3b"])
+    t = TrainConfig(
+        micro_batch=pick(rng, [1, 2, 4]),
+        seq_len=pick(rng, [2048, 4096]),
+        dp=pick(rng, [8, 16]),
+        zero=pick(rng, [1, 2, 3]),
+        recompute=pick(rng, ["none", "selective"]),
+        gpu=pick(rng, ["H100-SXM", "A100-80GB-SXM", "A100-40GB-SXM"]),
+    )
+    return model, t
+
+
+@family(
+    "memory.activations_per_layer",
+    "memory",
+    difficulty=2,
+    section=SEC_MEM + ", §2 Activations, measured on a real transformer",
+    reference="docs/references.md#megatron-sp (Korthikanti et al. 2022, arXiv:2205.05198, §4)",
+)
+def _acts(rng):
+    model = pick(rng, ["llama-2-7b", "llama-3-8b", "gpt-2-small"])
+    t = TrainConfig(
+        micro_batch=pick(rng, [1, 2, 4]),
+        seq_len=pick(rng, [1024, 2048, 4096]),
+        recompute=pick(rng, ["none", "selective", "full"]),
+    )
+    b = memory.estimate(memory.preset(model), t)
+    return dict(
+        text=f"Training {model} (flash attention, fused kernels, bf16 activations), micro-batch "
+        f"{t.micro_batch} × {t.seq_len} tokens, recompute={t.recompute}: "
+        f"activation bytes stored per layer?",
+        params={"model": model, "micro_batch": t.micro_batch, "seq_len": t.seq_len, "recompute": t.recompute},
+        answer=b.activations_per_layer,
+        unit="bytes",
+        tolerance=0.05,
+        hints=[
+            "Add the tensors each op saves for backward, per token, then × b·s.",
+            "recompute=full stores only the block input (2·h bytes per token).",
+        ],
+        solution=[f"{name}: {v / 1e6:.4g} MB" for name, v in b.terms]
+        + [f"Sum = {gb(b.activations_per_layer)} (memory.estimate(...).activations_per_layer)."],
+    )
+
+
+@family(
+    "memory.fits",
+    "memory",
+    kind="choice",
+    section=SEC_MEM + ", §4 The whole GPU: one rank of a real model, §8 Sweeps",
+    reference=REF_MEM,
+)
+def _fits(rng):
+    model, t = _train_case(rng)
+    b = memory.estimate(memory.preset(model), t)
+    ans = "yes" if b.fits else "no"
+    return dict(
+        text=f"{model}, micro-batch {t.micro_batch} × {t.seq_len}, dp = {t.dp} with ZeRO-{t.zero}, "
+        f"recompute={t.recompute}, bf16-mixed Adam, on {t.gpu}: does training fit in GPU memory?",
+        params={
+            "model": model,
+            **{k: getattr(t, k) for k in ("micro_batch", "seq_len", "dp", "zero", "recompute", "gpu")},
+        },
+        answer=ans,
+        choices=["yes", "no"],
+        hints=[
+            "Model states (16 B/param sharded by the stage) + activations + temporaries.",
+            f"The GPU holds {gb(hardware.gpu(t.gpu).memory_bytes)}.",
+        ],
+        solution=[
+            f"states {gb(b.model_states)}, activations {gb(b.activations)}, temporary {gb(b.temporary)}.",
+            f"Total {gb(b.total)} vs {gb(b.gpu_memory)}: {ans} (memory.estimate).",
+        ],
+    )
+
+
+@family(
+    "memory.oom_knob",
+    "memory",
+    kind="choice",
+    difficulty=3,
+    section=SEC_MEM + ", §5 How each parallelism divides each term, §8 Sweeps",
+    reference=REF_MEM,
+)
+def _oom(rng):
+    for _ in range(200):
+        model = pick(rng, ["llama-2-7b", "llama-3-8b", "llama-2-13b", "llama-3-70b"])
+        t = TrainConfig(
+            micro_batch=pick(rng, [1, 2, 4, 8]),
+            seq_len=pick(rng, [2048, 4096, 8192]),
+            dp=pick(rng, [8, 16, 32]),
+            zero=pick(rng, [0, 1, 2]),
+            recompute="none",
+            gpu=pick(rng, ["H100-SXM", "A100-80GB-SXM", "A100-40GB-SXM"]),
+        )
+        m = memory.preset(model)
+        base = memory.estimate(m, t)
+        if base.fits:
+            continue
+        options = {
+            "ZeRO-3": t.replace(zero=3),
+            "full recompute": t.replace(recompute="full"),
+            "TP = 8 with SP": t.replace(tp=8, sp=True),
+            "halve the micro-batch": t.replace(micro_batch=max(1, t.micro_batch // 2)) if t.micro_batch > 1 else None,
+        }
+        totals = {k: memory.estimate(m, v).total for k, v in options.items() if v is not None}
+        fitting = [k for k, v in totals.items() if v <= base.gpu_memory]
+        if len(fitting) == 1:
+            ans = fitting[0]
+            choices = sorted(totals)
+            return dict(
+                text=f"{model}, micro-batch {t.micro_batch} × {t.seq_len}, dp = {t.dp} with ZeRO-{t.zero}, no "
+                f"recompute, on {t.gpu} needs {gb(base.total)} and runs out of memory. Which ONE single "
+                f"change makes it fit?",
+                params={
+                    "model": model,
+                    "micro_batch": t.micro_batch,
+                    "seq_len": t.seq_len,
+                    "dp": t.dp,
+                    "zero": t.zero,
+                    "gpu": t.gpu,
+                },
+                answer=ans,
+                choices=choices,
+                hints=[
+                    f"Split the {gb(base.total)}: states {gb(base.model_states)}, activations {gb(base.activations)}.",
+                    "Attack the largest part.",
+                ],
+                solution=[f"{k}: {gb(v)}" for k, v in totals.items()]
+                + [f"Only '{ans}' fits in {gb(base.gpu_memory)} (memory.estimate)."],
+            )
+    raise RuntimeError("no OOM case with a single fix found")  # pragma: no cover
+
+
+ratio_family(
+    "memory.recompute_saving",
+    "memory",
+    difficulty=2,
+    section=SEC_MEM + ", §3 Recomputation: memory against extra FLOPs",
+    reference="docs/references.md#activation-checkpointing (Chen et al. 2016), #megatron-sp",
+    draw=lambda rng: {
+        "model": pick(rng, ["llama-2-7b", "llama-3-8b", "gpt-2-small"]),
+        "recompute": pick(rng, ["selective", "full"]),
+        "seq_len": pick(rng, [2048, 4096]),
+    },
+    calc=lambda p, recompute: (
+        memory.estimate(
+            memory.preset(p["model"]), TrainConfig(recompute=recompute, seq_len=p["seq_len"], flash_attention=False)
+        ).activations_layers
+    ),
+    over=dict(recompute="none"),
+    under=lambda p: dict(recompute=p["recompute"]),
+    text=lambda p: (
+        f"{p['model']}, micro-batch 1 × {p['seq_len']}, WITHOUT flash attention (scores stored): by what "
+        f"factor does {p['recompute']} recomputation divide the activations stored by the transformer layers?"
+    ),
+    hints=[
+        "Selective drops the s²-sized attention tensors; full keeps only each block's input.",
+        "Full: 2·h bytes per token per layer remain.",
+    ],
+    solution=lambda p, a, b, r: [
+        f"none {gb(a)}, {p['recompute']} {gb(b)} (memory.estimate(...).activations_layers).",
+        f"Factor {r:.4g}.",
+    ],
+)
+
+
+@family(
+    "memory.max_micro_batch",
+    "memory",
+    difficulty=2,
+    section=SEC_MEM + ", §4 The whole GPU: one rank of a real model, §8 Sweeps",
+    reference=REF_MEM,
+)
+def _max_mb(rng):
+    for _ in range(100):
+        model = pick(rng, ["llama-2-7b", "llama-3-8b", "llama-3.2-3b", "llama-2-13b"])
+        t = TrainConfig(
+            seq_len=pick(rng, [2048, 4096]),
+            dp=pick(rng, [8, 16, 64]),
+            zero=pick(rng, [1, 2, 3]),
+            recompute=pick(rng, ["none", "selective", "full"]),
+            gpu=pick(rng, ["H100-SXM", "A100-80GB-SXM"]),
+        )
+        m = memory.preset(model)
+        best = 0
+        for mb in range(1, 65):
+            if memory.estimate(m, t.replace(micro_batch=mb)).fits:
+                best = mb
+            else:
+                break
+        if 1 <= best < 64:
+            break
+    first = memory.estimate(m, t.replace(micro_batch=1))
+    return dict(
+        text=f"{model}, sequences of {t.seq_len} tokens, dp = {t.dp} with ZeRO-{t.zero}, recompute="
+        f"{t.recompute}, bf16-mixed Adam, on {t.gpu}: the largest micro-batch (sequences) that fits?",
+        params={
+            "model": model,
+            "seq_len": t.seq_len,
+            "dp": t.dp,
+            "zero": t.zero,
+            "recompute": t.recompute,
+            "gpu": t.gpu,
+        },
+        answer=best,
+        unit="count",
+        tolerance=0.0,
+        hints=[
+            "Model states do not depend on the micro-batch; activations grow linearly with it.",
+            f"At micro-batch 1: states {gb(first.model_states)}, activations {gb(first.activations)}.",
+        ],
+        solution=[
+            "Free after states and temporaries: compare with the activations per sequence.",
+            f"micro-batch {best} fits, {best + 1} does not (memory.estimate(...).fits).",
+        ],
+    )

@@ -1,0 +1,299 @@
+"""Families of the topic ``serving``: decode throughput and batching, paging, prefix sharing,
+speculative decoding, static batching, overlap scheduling, GPUs for a throughput target.
+
+Answer keys: ``mlsys_nb.inference`` (``decode_cost``, ``kv_cache_bytes``, ``paged.fragmentation``,
+``speculative``, ``metrics.overlap_speedup``); premises drawn through ``bank.inference.fits_on_gpus``.
+"""
+
+from __future__ import annotations
+
+from ... import inference
+from ..core import family
+from ._util import gb, pick, ratio_family
+from .inference import MODELS, REF_ROOF, SEC13, fits_on_gpus, roof_case
+
+SEC14 = "notebooks/14_kv_cache_management.ipynb"
+
+
+@family(
+    "serving.decode_throughput",
+    "serving",
+    difficulty=2,
+    section=SEC13 + ", §5 Measured on this machine",
+    reference="docs/references.md#orca (Yu et al. 2022), #vllm",
+)
+def _tput(rng):
+    model, g, batch, ctx = roof_case(rng, batches=(1, 8, 32, 64, 128), contexts=(1024, 4096))
+    c = inference.decode_cost(model, g, ctx, batch=batch)
+    return dict(
+        text=f"Continuous batching keeps {batch} sequences decoding on {model} (bf16), one {g}, context ≈ "
+        f"{ctx}. Roofline decode throughput (tokens/s, all sequences)?",
+        params={"preset": model, "gpu": g, "batch": batch, "context": ctx},
+        answer=c.tokens_per_s,
+        unit="tokens/s",
+        hints=["One step emits `batch` tokens.", "Step time = max(compute, memory) on the roofline."],
+        solution=[
+            f"Step {c.time_s * 1e3:.4g} ms for {batch} tokens → {c.tokens_per_s:.4g} tokens/s "
+            "(inference.decode_cost(...).tokens_per_s)."
+        ],
+    )
+
+
+def _batching_case(rng):
+    model, g, batch, _ = roof_case(rng, batches=(8, 32, 64, 256), contexts=(1024,))
+    return {"preset": model, "gpu": g, "batch": batch}
+
+
+ratio_family(
+    "serving.batching_speedup",
+    "serving",
+    difficulty=2,
+    section=SEC13 + ", §4 Prefill and decode on the roofline",
+    reference="docs/references.md#orca (Yu et al. 2022)",
+    draw=_batching_case,
+    calc=lambda p, batch: inference.decode_cost(p["preset"], p["gpu"], 1024, batch=batch).tokens_per_s,
+    over=lambda p: dict(batch=p["batch"]),
+    under=dict(batch=1),
+    text=lambda p: (
+        f"{p['preset']} on {p['gpu']}, context 1024: how many times more decode tokens/s at batch "
+        f"{p['batch']} than at batch 1 (roofline)?"
+    ),
+    hints=[
+        "Memory-bound decode reads the weights once per step whatever the batch.",
+        "But each sequence adds its own KV-cache reads.",
+    ],
+    solution=lambda p, many, one, r: [
+        f"batch 1: {one:.4g} tok/s; batch {p['batch']}: {many:.4g} tok/s.",
+        f"Ratio {r:.4g} (below {p['batch']} because of the KV reads).",
+    ],
+    diagnostics=lambda p, many, one, r: [(p["batch"] / r, "not ×batch: the KV-cache reads grow with the batch")],
+)
+
+
+@family(
+    "serving.paged_utilization",
+    "serving",
+    difficulty=2,
+    section=SEC14 + ", §1 Why blocks: what a contiguous reservation wastes",
+    reference="docs/references.md#vllm (Kwon et al. 2023, arXiv:2309.06180, §4)",
+)
+def _frag(rng):
+    from ...inference.paged import fragmentation
+
+    bs = pick(rng, [8, 16, 32])
+    lengths = [rng.randint(20, 500) for _ in range(pick(rng, [3, 4, 5]))]
+    r = fragmentation(lengths, block_size=bs, max_seq_len=512)
+    return dict(
+        text=f"Sequences of {lengths} tokens in a paged KV cache with blocks of {bs} tokens: what fraction of "
+        f"the reserved slots hold tokens?",
+        params={"lengths": lengths, "block_size": bs},
+        answer=r["paged_utilization"],
+        unit="fraction",
+        tolerance=0.005,
+        hints=["Each sequence reserves ceil(len / block) blocks.", "Utilization = Σ len / (blocks × block)."],
+        solution=[
+            f"Reserved slots {r['paged_slots']}, tokens {r['tokens']} (inference.paged.fragmentation, "
+            f"a real BlockManager).",
+            f"Utilization {r['paged_utilization']:.4g}; a contiguous "
+            f"max-length allocator: {r['contiguous_utilization']:.4g}.",
+        ],
+    )
+
+
+@family(
+    "serving.prefix_sharing_savings",
+    "serving",
+    difficulty=2,
+    section=SEC14 + ", §4 Prefix caching by hash-chained blocks",
+    reference="docs/references.md#sglang (Zheng et al. 2023, arXiv:2312.07104), #vllm",
+)
+def _prefix(rng):
+    model = pick(rng, MODELS[:6])
+    n = pick(rng, [8, 32, 100])
+    prefix = pick(rng, [500, 1000, 2000])
+    bs = pick(rng, [16, 32])
+    shared = (prefix // bs) * bs  # only whole blocks are shared
+    saved = inference.kv_cache_bytes(model, (n - 1) * shared)
+    return dict(
+        text=f"{n} requests to {model} share a {prefix}-token system prompt. With block-level prefix caching "
+        f"(block size {bs}; only full blocks are shared), how many bytes of bf16 KV cache are saved vs no "
+        f"sharing?",
+        params={"preset": model, "n": n, "prefix": prefix, "block_size": bs},
+        answer=saved,
+        unit="bytes",
+        hints=[
+            "The first request computes the prefix; the other n − 1 reuse its full blocks.",
+            f"Shared tokens per request: floor({prefix}/{bs}) × {bs}.",
+        ],
+        solution=[
+            f"(n − 1) × {shared} tokens = {(n - 1) * shared} tokens.",
+            f"kv_cache_bytes → {gb(saved)} saved (inference.kv_cache_bytes).",
+        ],
+        diagnostics=[(n / (n - 1), "the first request still stores the prefix once")],
+    )
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """Speculative decoding's closed form, from the kit (``mlsys_nb.inference.speculative``)."""
+    from mlsys_nb.inference.speculative import expected_tokens_per_step as closed_form
+
+    return closed_form(alpha, k)
+
+
+@family(
+    "serving.speculative_tokens_per_step",
+    "serving",
+    difficulty=2,
+    section="speculative decoding (Leviathan et al. 2023)",
+    reference="docs/references.md#speculative-leviathan (arXiv:2211.17192, eq. 1)",
+)
+def _spec(rng):
+    a = pick(rng, [0.5, 0.6, 0.7, 0.8, 0.9])
+    k = pick(rng, [2, 3, 4, 5, 8])
+    e = expected_tokens_per_step(a, k)
+    return dict(
+        text=f"Speculative decoding drafts k = {k} tokens; each is accepted with probability α = {a} "
+        f"(independently). Expected tokens produced per target forward pass?",
+        params={"alpha": a, "k": k},
+        answer=e,
+        unit="tokens",
+        hints=["Accept i drafted tokens, then the target adds one more.", "(1 − α^(k+1)) / (1 − α)."],
+        solution=[f"Σ_{{i=0..k}} α^i = (1 − {a}^{k + 1}) / (1 − {a}) = {e:.4g} tokens."],
+        diagnostics=[(k / e, "not all k drafts are accepted"), ((k + 1) / e, "k + 1 is the maximum")],
+    )
+
+
+@family(
+    "serving.speculative_speedup",
+    "serving",
+    difficulty=3,
+    section="speculative decoding (Leviathan et al. 2023)",
+    reference="docs/references.md#speculative-leviathan (arXiv:2211.17192, Theorem 3.8)",
+)
+def _spec2(rng):
+    a = pick(rng, [0.6, 0.7, 0.8, 0.9])
+    k = pick(rng, [2, 3, 4, 6])
+    c = pick(rng, [0.02, 0.05, 0.1])
+    from mlsys_nb.inference.speculative import expected_speedup
+
+    s = expected_speedup(a, k, c)
+    return dict(
+        text=f"Draft model costs c = {c} of a target forward; k = {k}, α = {a}. Expected wall-clock speed-up "
+        f"over plain decoding?",
+        params={"alpha": a, "k": k, "c": c},
+        answer=s,
+        unit="ratio",
+        hints=["Tokens per step (1 − α^(k+1))/(1 − α).", "Cost per step: k drafts (k·c) + 1 target pass."],
+        solution=[f"{expected_tokens_per_step(a, k):.4g} tokens / ({k} × {c} + 1) = {s:.4g}×."],
+    )
+
+
+def static_batch_utilization(lengths) -> float:
+    """Static batching: every sequence's slot is held until the longest output finishes; the
+    fraction of decode slot-steps doing useful work is Σ len / (n · max len) (Yu et al. 2022, Orca §2)."""
+    return sum(lengths) / (len(lengths) * max(lengths))
+
+
+@family(
+    "serving.static_batching_utilization",
+    "serving",
+    section="notebooks/15_batching_and_scheduling.ipynb, §1 Static vs continuous batching",
+    reference="docs/references.md#orca (Yu et al. 2022, OSDI, §2.2)",
+)
+def _static(rng):
+    lengths = [pick(rng, [16, 32, 64, 128, 256, 512]) for _ in range(pick(rng, [4, 8]))]
+    if len(set(lengths)) == 1:
+        lengths[0] = lengths[0] // 2
+    u = static_batch_utilization(lengths)
+    return dict(
+        text=f"Static batching of {len(lengths)} requests whose outputs are {lengths} tokens long: the batch "
+        f"runs until the longest finishes. What fraction of the decode slot-steps produce a token? "
+        f"(Continuous batching refills a finished slot at once.)",
+        params={"lengths": lengths},
+        answer=u,
+        unit="fraction",
+        hints=["Steps = max length; slots = batch size.", "Useful = Σ lengths."],
+        solution=[f"Σ len = {sum(lengths)}, n × max = {len(lengths) * max(lengths)}.", f"Utilization {u:.4g}."],
+    )
+
+
+@family(
+    "serving.overlap_scheduling_speedup",
+    "serving",
+    difficulty=2,
+    section="notebooks/15_batching_and_scheduling.ipynb, §6 Overlap scheduling (a model, fed with the measured phases)",
+    reference="docs/references.md#nano-vllm, #sglang",
+)
+def _overlap(rng):
+    from ...inference.metrics import overlap_speedup
+
+    cpu = pick(rng, [0.5, 1.0, 2.0, 3.0, 5.0]) * 1e-3
+    model = pick(rng, [2.0, 4.0, 8.0, 20.0]) * 1e-3
+    s = overlap_speedup(cpu, model)
+    return dict(
+        text=f"A decode step spends {cpu * 1e3:g} ms on the CPU (scheduling, sampling, detokenizing) and "
+        f"{model * 1e3:g} ms in the model. Overlapping the CPU work of step N+1 with the model of step N: "
+        f"speed-up in steps per second?",
+        params={"cpu_s": cpu, "model_s": model},
+        answer=s,
+        unit="ratio",
+        hints=["Serial: cpu + model per step.", "Overlapped: the slower of the two."],
+        solution=[f"({cpu * 1e3:g} + {model * 1e3:g}) / max = {s:.4g} (inference.metrics.overlap_speedup)."],
+    )
+
+
+@family(
+    "serving.gpus_for_target",
+    "serving",
+    difficulty=3,
+    section=SEC13 + ", §4 Prefill and decode on the roofline",
+    reference=REF_ROOF + ", #vllm",
+)
+def _gpus_for_target(rng):
+    for _ in range(1000):
+        model, g, _, ctx = roof_case(rng, batches=(1,), contexts=(1024, 4096))
+        per_user = pick(rng, [10, 20, 30, 50])  # tokens/s each user must see
+        target = pick(rng, [10_000, 50_000, 200_000, 1_000_000])  # tokens/s over all users
+        plan = gpus_for_decode_target(model, g, ctx, target, per_user)
+        if plan is not None:
+            break
+    n, batch, step = plan
+    return dict(
+        text=f"Serve {model} (bf16) on {g}s, one model replica per GPU, every sequence at context ≈ {ctx}. Each user "
+        f"must receive at least {per_user} tokens/s and the service must produce {target:,} tokens/s in total "
+        f"(decode only, roofline model). Using the largest power-of-two batch per GPU (up to 1024) that meets the "
+        f"per-user rate and fits in memory, how many GPUs?",
+        params={"preset": model, "gpu": g, "context": ctx, "per_user": per_user, "target": target},
+        answer=n,
+        unit="count",
+        tolerance=0.0,
+        hints=[
+            "Per-user rate = 1 / decode step time; the step grows with the batch (its KV reads).",
+            "GPUs = ceil(target / (batch / step time)).",
+        ],
+        solution=[
+            f"Largest batch meeting {per_user} tokens/s per user and fitting: {batch} (step {step * 1e3:.4g} ms).",
+            f"Per GPU {batch / step:.4g} tokens/s → ceil({target:,} / that) = {n} GPUs "
+            "(inference.decode_cost, inference.max_concurrent_sequences).",
+        ],
+    )
+
+
+def gpus_for_decode_target(model, gpu, context: int, target: float, per_user: float):
+    """(GPUs, batch per GPU, step seconds) to decode ``target`` tokens/s in total with every sequence
+    seeing >= ``per_user`` tokens/s: the largest power-of-two batch (<= 1024) whose roofline decode
+    step is <= 1 / per_user and whose cache fits (``fits_on_gpus``); None if batch 1 is too slow."""
+    import math
+
+    best = None
+    for b in (2**k for k in range(11)):
+        if not fits_on_gpus(model, gpu, batch=b, context=context):
+            break
+        c = inference.decode_cost(model, gpu, context, batch=b)
+        if c.time_s > 1 / per_user:
+            break
+        best = (b, c.time_s)
+    if best is None:
+        return None
+    b, step = best
+    return math.ceil(target / (b / step)), b, step

@@ -1,0 +1,96 @@
+"""Second routes of the spot-the-error cards: judge the statement shown against a number computed here."""
+
+from __future__ import annotations
+
+import re
+
+from .inference import roofline
+from .model import cfg_of
+from .registry import route
+from .scaling import optimum
+
+
+def _claims_number(text, pattern) -> float | None:
+    m = re.search(pattern, text)
+    return float(m.group(1)) if m else None
+
+
+def _card(fn):
+    def judge(p):
+        """The statement shown judged against a number computed here (never which one was drawn)."""
+        return "true" if fn(p["_text"]) else "false"
+
+    return judge
+
+
+@route("cards.zero3_traffic")
+@_card
+def _(text):
+    n = 8
+    ratio = (3 * (n - 1) / n) / (2 * (n - 1) / n)  # ZeRO-3: RS + 2 AG; DDP: RS + AG (ring)
+    return abs(_claims_number(text, r"sends ([\d.]+)×") - ratio) < 1e-9
+
+
+@route("cards.adam_bytes_per_param")
+@_card
+def _(text):
+    return _claims_number(text, r"needs (\d+) bytes per parameter") == 2 + 2 + 4 + 4 + 4
+
+
+@route("cards.one_f_one_b_bubble")
+@_card
+def _(text):
+    p, m = 4, 8
+    gpipe = one_f_one_b = (p - 1) / (m + p - 1)  # both ramp up and down once (Narayanan et al. 2021)
+    claims_half = "halves" in text
+    return claims_half == (one_f_one_b <= gpipe / 2 + 1e-12)
+
+
+@route("cards.twenty_tokens_per_param")
+@_card
+def _(text):
+    from ... import scaling
+
+    law = scaling.law("epoch")
+    lo, hi = (d / n for n, d in (optimum(law, 1e20), optimum(law, 1e26)))
+    constant = abs(hi / lo - 1) < 0.05
+    return ("at every budget" in text) == constant
+
+
+@route("cards.sp_traffic")
+@_card
+def _(text):
+    n, s = 4, 1.0
+    adds = (n - 1) / n * s * 2 > 2 * (n - 1) / n * s  # RS + AG vs one ring all-reduce
+    return ("adds communication" in text) == adds
+
+
+@route("cards.decode_bound")
+@_card
+def _(text):
+    bound = roofline("llama-3-8b", "H100-SXM", 1, 1, 1024)["bound"]
+    return ("compute-bound" in text) == (bound == "compute")
+
+
+@route("cards.ring_bytes_grow")
+@_card
+def _(text):
+    grows = 2 * (1024 - 1) / 1024 > 2  # ring all-reduce bytes per rank 2(n−1)/n·S never exceed 2S
+    return ("more bytes per rank as you add ranks" in text) == grows
+
+
+@route("cards.mfu_recompute")
+@_card
+def _(text):
+    # MFU counts the model's FLOPs (6 per parameter per token, whatever is executed); full recompute
+    # executes the forward twice (8 per parameter): hardware FLOPs rise, the model's do not
+    model_flops, executed = 6, 2 + 2 + 4
+    return ("raises HFU, not MFU" in text) == (executed > model_flops)
+
+
+@route("cards.gqa_kv")
+@_card
+def _(text):
+    cfg = cfg_of("llama-2-70b")
+    heads_smaller = cfg.head_dim < cfg.hidden // cfg.n_heads  # GQA keeps head_dim; it caches fewer heads
+    return ("making each head smaller" in text) == heads_smaller
