@@ -15,6 +15,7 @@ from torch import nn
 
 from mlsys_nb.config import ModelConfig
 from mlsys_nb.models.transformer import MLP, Attention, Block, Transformer
+from mlsys_nb.parallel import functional as pf
 from mlsys_nb.parallel import tensor as tp
 from mlsys_nb.comm.counting import CommCounter
 
@@ -357,12 +358,90 @@ def _check_torch_tp(out, t, r):
         out[f"calls/ours_mlp/sp={sp}"] = {op: v["calls"] for op, v in cc.by_op().items()}
 
 
+def _run_counted(op, x, dy):
+    """``op(x)``, then its backward with upstream gradient ``dy``; returns (y, dx, collectives
+    counted in forward, collectives counted in backward)."""
+    x = x.clone().requires_grad_(True)
+    with CommCounter() as fwd:
+        y = op(x)
+    with CommCounter() as bwd:
+        y.backward(dy)
+    return y.detach(), x.grad, sorted(fwd.by_op()), sorted(bwd.by_op())
+
+
+def _check_functional(out, t, r):
+    """Every differentiable collective of ``mlsys_nb.parallel.functional`` on this rank: forward and
+    input gradient against single-process formulas over every rank's data (all ranks draw all of it
+    from one seed; ``xs[j]``, ``ws[j]``: rank j's input and upstream gradient), and the collectives
+    counted in forward and backward, which the test compares with the module's table."""
+    _seeded(7)
+    dim = 1
+    xs, ws = torch.randn(t, 2, 3 * t, 5), torch.randn(t, 2, 3 * t, 5)
+    x_rep, w_rep = xs[0], ws[0]  # a replicated tensor: the same on every rank
+    shard_r = lambda full: tp.shard(full, dim, r, t)  # noqa: E731
+    cases = {  # name: (op, input, upstream gradient, forward reference, gradient reference)
+        # copy_to: the input is replicated, each rank's consumer differs: dx = sum of every rank's dy
+        "copy_to": (lambda x: pf.copy_to(x), x_rep, ws[r], x_rep, ws.sum(0)),
+        # reduce_from: the output is replicated and consumed alike on every rank: dx = dy
+        "reduce_from": (lambda x: pf.reduce_from(x), xs[r], w_rep, xs.sum(0), w_rep),
+        # gather_from: every rank's copy of the gathered tensor feeds its own consumer
+        "gather_from": (
+            lambda x: pf.gather_from(x, dim),
+            shard_r(xs[0]),
+            ws[r],
+            xs[0],
+            shard_r(ws.sum(0)),
+        ),
+        "reduce_scatter_to": (
+            lambda x: pf.reduce_scatter_to(x, dim),
+            xs[r],
+            shard_r(ws[r]),
+            shard_r(xs.sum(0)),
+            torch.cat([tp.shard(ws[j], dim, j, t) for j in range(t)], dim),
+        ),
+        # gather_replicated: the gathered tensor is consumed alike on every rank
+        "gather_replicated": (
+            lambda x: pf.gather_replicated(x, dim),
+            shard_r(xs[0]),
+            w_rep,
+            xs[0],
+            shard_r(w_rep),
+        ),
+    }
+    # all_to_all with uneven splits: rank i sends split[i][j] = (i + 2j) % 3 + 1 rows to rank j
+    split = [[(i + 2 * j) % 3 + 1 for j in range(t)] for i in range(t)]
+    rows = [torch.randn(sum(split[i]), 4) for i in range(t)]  # every rank's send buffer
+    grads = [torch.randn(sum(split[j][i] for j in range(t)), 4) for i in range(t)]  # every rank's dy
+
+    def block(mats, sizes, k):  # rows of block k of a matrix cut into blocks of ``sizes`` rows
+        return mats[sum(sizes[:k]) : sum(sizes[: k + 1])]
+
+    recv = [split[j][r] for j in range(t)]
+    cases["all_to_all"] = (
+        lambda x: pf.all_to_all(x, split[r], recv),
+        rows[r],
+        grads[r],
+        torch.cat([block(rows[j], split[j], r) for j in range(t)]),
+        torch.cat([block(grads[j], [split[i][j] for i in range(t)], r) for j in range(t)]),
+    )
+    for name, (op, x, dy, y_ref, dx_ref) in cases.items():
+        y, dx, fwd_ops, bwd_ops = _run_counted(op, x, dy)
+        out[f"err/functional/{name}/forward"] = _max_err(y, y_ref)
+        out[f"err/functional/{name}/grad"] = _max_err(dx, dx_ref)
+        out[f"ops/functional/{name}"] = (fwd_ops, bwd_ops)
+    # the idea broken on purpose: f without its backward all-reduce (a plain view)
+    _, x, dy, _, dx_ref = cases["copy_to"]
+    dx = _run_counted(lambda v: v.view_as(v), x, dy)[1]
+    out["broken/functional/copy_to_without_all_reduce"] = _max_err(dx, dx_ref)
+
+
 def tp_checks():
     """Run every check on this rank; returns a dict (errors, bytes, call counts)."""
     torch.set_num_threads(1)
     t, r = dist.get_world_size(), dist.get_rank()
     out = {"world": t}
     for fn in (
+        _check_functional,
         _check_linears,
         _check_blocks,
         _check_embedding_and_loss,

@@ -10,61 +10,15 @@ communication), PyTorch's DistributedDataParallel, the ring-traffic closed forms
 
 from __future__ import annotations
 
-import sys
-
-import cloudpickle
 import pytest
 import torch
-import torch.distributed as dist
 
 import mlsys_nb
-from mlsys_nb.comm.counting import CommCounter
-from mlsys_nb.parallel.harness import IMPLEMENTATIONS, compare_implementations
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks get this module's functions by value
 
 WORLD_SIZES = (2, 3)  # 3: shards do not divide the model, so the padding is tested too
 TOL = 1e-5
 DDP_LIKE = ("naive", "ddp", "ddp_no_overlap", "ddp_accum", "zero1", "zero2")
 OPT_STATE_BYTES = {"adamw": 8, "sgd-momentum": 4}  # fp32 m and v / fp32 momentum, per parameter
-
-
-def _count_probe(sizes):
-    """Run each wrapped collective once on random sizes; return what the counter saw and results."""
-    rank, n = dist.get_rank(), dist.get_world_size()
-    out = {}
-    for op, k in zip(("all_reduce", "reduce_scatter_single", "all_gather_single", "broadcast"), sizes):
-        x = torch.arange(k * n, dtype=torch.float32) + rank
-        with CommCounter() as cc:
-            if op == "all_reduce":
-                y = x.clone()
-                dist.all_reduce(y)
-                ok = torch.equal(y, n * torch.arange(k * n, dtype=torch.float32) + n * (n - 1) / 2)
-            elif op == "reduce_scatter_single":
-                y = torch.empty(k)
-                dist.reduce_scatter_single(y, x)
-                ok = torch.equal(y, n * torch.arange(rank * k, (rank + 1) * k, dtype=torch.float32) + n * (n - 1) / 2)
-            elif op == "all_gather_single":
-                y = torch.empty(k * n)
-                dist.all_gather_single(y, torch.full((k,), float(rank)))
-                ok = torch.equal(y, torch.arange(n, dtype=torch.float32).repeat_interleave(k))
-            else:
-                dist.broadcast(x, src=0)
-                ok = True
-        out[op] = dict(ok=ok, **cc.by_op()[op])
-    # counters nest, and functions are restored afterwards
-    with CommCounter() as outer:
-        with CommCounter() as inner:
-            dist.all_reduce(torch.ones(3))
-        dist.all_reduce(torch.ones(5))
-    out["nested"] = (outer.calls, inner.calls, dist.all_reduce is dist.distributed_c10d.all_reduce)
-    return out
-
-
-def _rank_checks(sizes):
-    result = compare_implementations(impls=IMPLEMENTATIONS, optimizers=("adamw", "sgd-momentum"), steps=3)
-    result["probe"] = _count_probe(sizes)
-    return result
 
 
 pytestmark = pytest.mark.slow
@@ -73,7 +27,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module", params=WORLD_SIZES, ids=lambda w: f"world{w}")
 def runs(request):
     sizes = [int(s) for s in torch.randint(1, 50, (4,), generator=torch.Generator().manual_seed(request.param))]
-    per_rank = mlsys_nb.launch(_rank_checks, world_size=request.param, args=(sizes,), backend="gloo", timeout=120)
+    from ddp_zero_checks import rank_checks
+
+    per_rank = mlsys_nb.launch(rank_checks, world_size=request.param, args=(sizes,), backend="gloo", timeout=120)
     return request.param, sizes, per_rank
 
 

@@ -1,17 +1,19 @@
 """Device mesh (mlsys_nb.parallel.mesh): coordinates and groups, and DP x TP, DP x PP, DP x PP x TP
-training on 4 and 8 gloo ranks equal to single-process training."""
+training on 4 and 8 gloo ranks equal to single-process training; with the dp gradient sync taken
+out on the test side (``mesh_checks.py``) the same comparison fails."""
 
 import pytest
 
+import mlsys_nb
 from mlsys_nb.parallel import mesh
 
 TOL = 1e-5
 FOUR = [
     {"dp": 2, "tp": 2},
     {"dp": 2, "pp": 2},
-    {"dp": 2, "tp": 2, "broken": "dp"},
     {"dp": 2, "tp": 2, "impl": "torch"},
 ]  # PyTorch's FSDP2 + tensor parallel on the same 2D mesh
+UNSYNCED = [{"dp": 2, "tp": 2}, {"dp": 2, "pp": 2}]  # run with the dp gradient sync taken out
 EIGHT = [{"pp": 2, "dp": 2, "tp": 2}]
 
 
@@ -53,7 +55,13 @@ def test_train_rejects_before_launch():
 
 @pytest.fixture(scope="module")
 def four():
-    return mesh.train(FOUR, world_size=4, steps=3)
+    from mesh_checks import train_with_and_without_dp_sync
+
+    mesh.check_cases(FOUR + UNSYNCED, 4)
+    kwargs = {"cases": FOUR, "unsynced": UNSYNCED, "steps": 3}
+    return mlsys_nb.launch(
+        train_with_and_without_dp_sync, world_size=4, kwargs=kwargs, backend="gloo", timeout=180.0, output="quiet"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +69,9 @@ def eight():
     return mesh.train(EIGHT, world_size=8, steps=3)
 
 
-def _check(results, cases, world):
+def _check(results, cases, world, synced=True):
     for c, case in enumerate(cases):
-        dims = {k: v for k, v in case.items() if k not in ("broken", "impl")}
+        dims = {k: v for k, v in case.items() if k != "impl"}
         coords = mesh.coordinates(**dims)
         for rank in range(world):
             r = results[rank][c]
@@ -71,7 +79,7 @@ def _check(results, cases, world):
             for dim in mesh.DIM_ORDER:  # and its process groups with group_ranks()
                 assert r["groups"][dim] in mesh.group_ranks(dim, **dims)
                 assert rank in r["groups"][dim]
-            if case.get("broken"):
+            if not synced:
                 assert r["max_err"] > 100 * TOL, "skipping the dp gradient sync must be caught"
             else:
                 assert r["max_err"] < TOL, (case, rank, r["max_err"])
@@ -80,9 +88,9 @@ def _check(results, cases, world):
 
 @pytest.mark.slow
 def test_dp_tp_and_dp_pp_on_four_ranks_equal_single_process(four):
-    _check(four, FOUR, 4)
+    _check([synced for synced, _ in four], FOUR, 4)
     for rank in range(4):  # the kit's DDP + TP/SP and PyTorch's FSDP2 + TP see the same losses
-        kit, torch_run = four[rank][0], four[rank][3]
+        kit, torch_run = four[rank][0][0], four[rank][0][2]
         assert torch_run["impl"] == "torch" and kit["impl"] == "kit"
         for (a, _), (b, _) in zip(kit["losses"], torch_run["losses"]):
             assert abs(a - b) < TOL
@@ -91,3 +99,8 @@ def test_dp_tp_and_dp_pp_on_four_ranks_equal_single_process(four):
 @pytest.mark.slow
 def test_dp_pp_tp_on_eight_ranks_equals_single_process(eight):
     _check(eight, EIGHT, 8)
+
+
+@pytest.mark.slow
+def test_the_comparison_fails_without_the_dp_gradient_sync(four):
+    _check([unsynced for _, unsynced in four], UNSYNCED, 4, synced=False)

@@ -38,7 +38,8 @@ def test_no_check_raised(results):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "group", ["column", "row", "mlp_", "attention_", "block", "embedding", "vocab_ce", "model/", "torch_tp"]
+    "group",
+    ["functional/", "column", "row", "mlp_", "attention_", "block", "embedding", "vocab_ce", "model/", "torch_tp"],
 )
 def test_outputs_and_gradients_equal_unsharded(results, group):
     """Every output, input gradient and parameter gradient equals the unsharded reference."""
@@ -46,6 +47,26 @@ def test_outputs_and_gradients_equal_unsharded(results, group):
     assert rows, f"no results for {group}: the check did not run"
     bad = [f"rank {r} {k}: {v:.3g}" for r, k, v in rows if not v <= TOL]
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.slow
+def test_each_differentiable_collective_runs_what_its_table_row_says(results):
+    """The forward/backward table heading mlsys_nb.parallel.functional, against the collectives
+    counted on every rank (names as torch.distributed calls them)."""
+    table = {
+        "copy_to": ([], ["all_reduce"]),
+        "reduce_from": (["all_reduce"], []),
+        "gather_from": (["all_gather_into_tensor"], ["reduce_scatter_tensor"]),
+        "reduce_scatter_to": (["reduce_scatter_tensor"], ["all_gather_into_tensor"]),
+        "gather_replicated": (["all_gather_into_tensor"], []),
+        "all_to_all": (["all_to_all_single"], ["all_to_all_single"]),
+    }
+    for res in results:
+        assert {k.split("/")[-1]: tuple(v) for k, v in res.items() if k.startswith("ops/functional/")} == {
+            k: tuple(v) for k, v in table.items()
+        }
+        # and the gradient check bites: f with an identity backward misses the other ranks' share
+        assert res["broken/functional/copy_to_without_all_reduce"] > 1e-2
 
 
 @pytest.mark.slow

@@ -4,6 +4,12 @@
   ``DataParallel(model, bucket_cap_mb=25, overlap=True)`` (buckets, overlap, ``no_sync``).
 - ``zero``: ZeRO stages 1-3 (``ZeRO(model, make_optimizer, stage=3, prefetch=True)``, ``FlatUnit``,
   ``default_units``) with reduce-scatter and all-gather.
+- ``functional``: the differentiable collectives the strategies are built from, headed by the table
+  of each one's forward and backward: ``copy_to`` / ``reduce_from`` (f and g), ``gather_from`` /
+  ``reduce_scatter_to`` along a dimension, ``gather_replicated``, ``all_to_all``, and the plain
+  ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``shard``. ``tensor``, ``context`` and
+  ``expert`` use them (``tensor.copy_to_tp``, ``tensor.gather_from_sp``, ``expert.all_to_all``, ...
+  are the same operators under their strategy's names).
 - ``tensor``: Megatron-style tensor and sequence parallelism (``ColumnParallelLinear``,
   ``RowParallelLinear``, ``TPMLP``, ``TPAttention``, ``TPTransformer``, ...).
 - ``expert``: expert parallelism for mixture-of-experts layers (``EPMoE``: all_to_all dispatch with
@@ -18,7 +24,16 @@
   and with PyTorch's DDP/FSDP2.
 - ``mesh``: a pp x dp x cp x tp device mesh (``build_mesh``, ``coordinates``, ``grid``,
   ``group_ranks``) and training that combines DDP, TP/SP and the pipeline executor on it
-  (``train``), compared with single-process training.
+  (``train``, ``train_worker``, ``check_cases``; one training loop for every combination), compared
+  with single-process training.
+
+Rank-side check workers (functions run on every rank by ``mlsys_nb.launch``): those a notebook or
+benchmark launches live in the package, beside what they check (``harness`` for data parallelism
+and ZeRO, ``mesh.train_worker``); those only the tests launch live in ``tests/<topic>_checks.py``
+(``tensor_parallel_checks``, ``expert_parallel_checks``, ``context_parallel_checks``,
+``mesh_checks``, ``ddp_zero_checks``). Breaking an idea on purpose, to show that its check fails,
+is done there, on the test side (a notebook that shows it does the same in its own cell): the
+library has no switch for it.
 
 Every module imports torch; import the one you need (``from mlsys_nb.parallel import ddp``).
 Bytes on the wire are counted by ``mlsys_nb.comm.counting.CommCounter``.

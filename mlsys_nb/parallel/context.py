@@ -35,7 +35,8 @@ really computed (query-key pairs, per sequence and head) and ``stats["compute_s"
 Tensors are ``[b, heads, s_local, d]``; K and V have ``n_kv`` heads (grouped-query attention:
 ``heads % n_kv == 0``; the blocks travel *unrepeated*). Positions of the local tokens:
 ``positions(seq_len, cp, rank, layout)``; ``shard_sequence`` cuts a full tensor the same way.
-All collectives are ``torch.distributed`` functions looked up at call time (``CommCounter`` counts them).
+All collectives are ``torch.distributed`` functions looked up at call time (``CommCounter`` counts them);
+the all-gather variant's is ``mlsys_nb.parallel.functional.gather_from`` along the sequence.
 
 **Memory, measured.** ``LiveBytes`` measures what a call really holds: the bytes of the distinct
 tensor storages created inside it that are alive at the same time (peak), every operation seen
@@ -58,7 +59,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..config import ArgumentError, dtype_bytes
-from .tensor import _all_gather, _reduce_scatter
+from .functional import gather_from
 
 LAYOUTS = ("contiguous", "zigzag")
 SEQ = 2  # [b, heads, s, d]
@@ -250,19 +251,6 @@ def ring_attention(
     return _RingAttention.apply(q, k, v, causal, layout, seq_len, group, stats, overlap)
 
 
-class _GatherSeq(torch.autograd.Function):
-    """All-gather along the sequence forward; reduce-scatter of the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _all_gather(x, SEQ, group)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _reduce_scatter(dy, SEQ, ctx.group), None
-
-
 def allgather_attention(
     q,
     k,
@@ -279,7 +267,7 @@ def allgather_attention(
     r, n = dist.get_rank(group), dist.get_world_size(group)
     seq_len = seq_len or q.shape[SEQ] * n
     check_cp_args(seq_len, n, layout=layout, n_heads=q.shape[1], n_kv_heads=k.shape[1])
-    kv = _GatherSeq.apply(torch.cat([k, v], dim=1), group)  # one message: K and V heads side by side
+    kv = gather_from(torch.cat([k, v], dim=1), SEQ, group)  # one message: K and V heads side by side
     kf, vf = kv.split(k.shape[1], dim=1)
     g = q.shape[1] // k.shape[1]
     qpos = positions(seq_len, n, r, layout).to(q.device)

@@ -33,7 +33,8 @@ backward all-to-alls. ``last_aux_loss`` / ``last_z_loss`` have the *group's* val
 while their gradient is this rank's share (sum over ranks = the dense gradient).
 
 All collectives go through ``torch.distributed`` functions looked up at call time, so
-``mlsys_nb.comm.counting.CommCounter`` counts them; ``last_stats`` also records the exact
+``mlsys_nb.comm.counting.CommCounter`` counts them (the token all-to-all is
+``mlsys_nb.parallel.functional.all_to_all``, re-exported here); ``last_stats`` also records the exact
 token rows each rank sent to every other rank (bytes off the rank, beside the counter's model).
 """
 
@@ -54,6 +55,7 @@ from ..models.routing import (
     z_loss_sum,
 )
 from ..models.transformer import MLP
+from .functional import all_to_all
 
 __all__ = [
     "GATINGS",
@@ -75,28 +77,6 @@ def check_ep_args(cfg: ModelConfig, ep: int, *, gating: str = "softmax", capacit
     check_router_args(cfg.n_experts, cfg.top_k, gating, capacity_factor)
     if not isinstance(ep, int) or ep < 1 or cfg.n_experts % ep:
         raise ArgumentError(f"ep={ep!r}: the EP size must be an integer >= 1 dividing n_experts={cfg.n_experts}")
-
-
-class _AllToAll(torch.autograd.Function):
-    """Rows ``x[sum(in_splits[:j]) : ...]`` go to rank j; backward sends the gradients back the
-    same way with the splits swapped (an all-to-all is its own transpose)."""
-
-    @staticmethod
-    def forward(ctx, x, in_splits, out_splits, group):
-        ctx.in_splits, ctx.out_splits, ctx.group = in_splits, out_splits, group
-        out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, dy):
-        dx = dy.new_empty((sum(ctx.in_splits),) + tuple(dy.shape[1:]))
-        dist.all_to_all_single(dx, dy.contiguous(), ctx.in_splits, ctx.out_splits, group=ctx.group)
-        return dx, None, None, None
-
-
-def all_to_all(x, in_splits: list[int], out_splits: list[int], group=None):
-    return _AllToAll.apply(x, in_splits, out_splits, group)
 
 
 class EPMoE(nn.Module):

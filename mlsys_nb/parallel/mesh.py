@@ -18,13 +18,16 @@ group of a rank is ``ep`` consecutive dp coordinates (``coordinates(..., ep=)`` 
   bucketed ``DataParallel`` over the dp group; pp > 1 runs the pipeline executor
   (``mlsys_nb.pipeline.executor.run_step``, 1F1B) over the pp group on transformer blocks that are
   tensor-parallel over the tp group, then averages gradients over the dp group
-  (``allreduce_gradients``). ``train(cases, world_size)`` launches it.
+  (``allreduce_gradients``); PyTorch's FSDP2 + tensor parallel (``"impl": "torch"``) runs beside
+  them. The three differ only in how they build the model and step it: one training loop runs
+  them all. ``train(cases, world_size)`` checks the cases (``check_cases``) and launches it.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 DIM_ORDER = ("pp", "dp", "cp", "tp")  # outermost (slowest) to innermost (fastest)
@@ -156,6 +159,53 @@ def build_mesh(*, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, device_typ
 
 
 # ---- training on a mesh, compared with single-process training -------------------------------
+@dataclass
+class _Setup:
+    """One way of training on the mesh, in the terms of the one training loop (``_train_loop``).
+
+    ``step(x, y)``: forward, backward and data-parallel gradient sync of this replica's rows;
+    returns its loss (float). ``ref_loss(x_all, y_all)``: the single-process reference's loss on
+    the whole global batch (a tensor to backpropagate). ``batch(generator)``: one global batch
+    ``(x_all, y_all)`` of ``rows`` rows per dp replica. ``max_err()``: (largest |parameter -
+    reference slice|, tensors compared) after training."""
+
+    params: list
+    ref: object
+    step: Callable
+    ref_loss: Callable
+    batch: Callable
+    rows: int
+    max_err: Callable
+    seed_offset: int = 1
+
+
+def _train_loop(run: _Setup, mesh: Mesh, steps: int, lr: float, seed: int) -> dict:
+    """``steps`` SGD steps of this rank's model (on its dp replica's rows of each global batch) and,
+    beside it, of the single-process reference on the whole batch; then compare them."""
+    import torch
+
+    init = [p.detach().clone() for p in run.ref.parameters()]
+    opt = torch.optim.SGD(run.params, lr=lr)
+    ref_opt = torch.optim.SGD(run.ref.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(seed + run.seed_offset)
+    d = mesh.coord("dp")
+    losses = []
+    for _ in range(steps):
+        x_all, y_all = run.batch(g)
+        mine = slice(d * run.rows, (d + 1) * run.rows)
+        loss = run.step(x_all[mine], y_all[mine])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        ref_loss = run.ref_loss(x_all, y_all)  # single process, whole batch
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad(set_to_none=True)
+        losses.append((loss, ref_loss.item()))
+    err, n = run.max_err()
+    moved = max((p.detach() - q).abs().max().item() for p, q in zip(run.ref.parameters(), init))
+    return {"max_err": err, "n_tensors": n, "moved": moved, "losses": losses}
+
+
 def _config(hidden=32, n_layers=4, n_heads=8, vocab=64, seq_len=16):
     from ..config import ModelConfig
 
@@ -164,9 +214,18 @@ def _config(hidden=32, n_layers=4, n_heads=8, vocab=64, seq_len=16):
     )
 
 
-def _train_tp_dp(
-    mesh: Mesh, steps: int, lr: float, seed: int, broken: str | None = None, batch: int = 4, seq: int = 16
-) -> dict:
+def _token_batches(cfg, rows: int, dp: int, seq: int):
+    """``batch(generator)``: random tokens [rows·dp, seq + 1] split into inputs and next-token targets."""
+    import torch
+
+    def batch(g):
+        tokens = torch.randint(0, cfg.vocab_size, (rows * dp, seq + 1), generator=g)
+        return tokens[:, :-1], tokens[:, 1:]
+
+    return batch
+
+
+def _tp_dp(mesh: Mesh, seed: int, batch: int = 4, seq: int = 16) -> _Setup:
     """pp = 1: TPTransformer (TP + SP over the tp group) inside DataParallel over the dp group."""
     import torch
 
@@ -180,35 +239,30 @@ def _train_tp_dp(
     tp_g, dp_g = mesh.group("tp"), mesh.group("dp")
     model = TPTransformer(cfg, sequence_parallel=mesh.size("tp") > 1, attn_impl="matmul", group=tp_g)
     load_full_state_dict(model, ref.state_dict(), group=tp_g)
-    init = {n: p.detach().clone() for n, p in ref.named_parameters()}
-    ddp = model if broken == "dp" else DataParallel(model, group=dp_g)  # "dp": replicas never synchronise
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=lr)
-    g = torch.Generator().manual_seed(seed + 1)
-    dp, d = mesh.size("dp"), mesh.coord("dp")
-    losses = []
-    for _ in range(steps):
-        tokens = torch.randint(0, cfg.vocab_size, (batch * dp, seq + 1), generator=g)
-        x, y = tokens[:, :-1], tokens[:, 1:]
-        mine = slice(d * batch, (d + 1) * batch)
-        loss = ddp(x[mine], y[mine])
+    ddp = DataParallel(model, group=dp_g)
+
+    def step(x, y):
+        loss = ddp(x, y)
         loss.backward()
         sync_sequence_parallel_grads(model, group=tp_g)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        ref_loss = ref(x, y)  # single process, whole batch
-        ref_loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad(set_to_none=True)
-        losses.append((loss.item(), ref_loss.item()))
-    errs = compare_with_full(model, {n: p.detach() for n, p in ref.named_parameters()}, grads=False, group=tp_g)
-    moved = max((p.detach() - init[n]).abs().max().item() for n, p in ref.named_parameters())
-    return {"max_err": max(errs.values()), "n_tensors": len(errs), "moved": moved, "losses": losses}
+        return loss.item()
+
+    def max_err():
+        errs = compare_with_full(model, {n: p.detach() for n, p in ref.named_parameters()}, grads=False, group=tp_g)
+        return max(errs.values()), len(errs)
+
+    return _Setup(
+        params=list(model.parameters()),
+        ref=ref,
+        step=step,
+        ref_loss=ref,
+        batch=_token_batches(cfg, batch, mesh.size("dp"), seq),
+        rows=batch,
+        max_err=max_err,
+    )
 
 
-def _train_torch_fsdp_tp(
-    mesh: Mesh, steps: int, lr: float, seed: int, broken: str | None = None, batch: int = 4, seq: int = 16
-) -> dict:
+def _torch_fsdp_tp(mesh: Mesh, seed: int, batch: int = 4, seq: int = 16) -> _Setup:
     """PyTorch's own composition on the same 2D mesh: ``parallelize_module`` (ColwiseParallel q/k/v,
     gate/up; RowwiseParallel o/down) over the tp dimension, then FSDP2 ``fully_shard`` over dp."""
     import torch
@@ -220,7 +274,6 @@ def _train_torch_fsdp_tp(
     cfg = _config(seq_len=seq)
     torch.manual_seed(seed)
     ref = Transformer(cfg, attn_impl="matmul")
-    init = {n: p.detach().clone() for n, p in ref.named_parameters()}
     torch.manual_seed(seed)
     model = Transformer(cfg, attn_impl="matmul")
     dm = mesh.device_mesh
@@ -235,35 +288,31 @@ def _train_torch_fsdp_tp(
     }
     for blk in model.blocks:
         parallelize_module(blk, dm["tp"], plan)
-        if broken != "dp":
-            fully_shard(blk, mesh=dm["dp"])
-    if broken != "dp":
-        fully_shard(model, mesh=dm["dp"])
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=lr)
-    g = torch.Generator().manual_seed(seed + 1)
-    dp, d = mesh.size("dp"), mesh.coord("dp")
-    losses = []
-    for _ in range(steps):
-        tokens = torch.randint(0, cfg.vocab_size, (batch * dp, seq + 1), generator=g)
-        x, y = tokens[:, :-1], tokens[:, 1:]
-        mine = slice(d * batch, (d + 1) * batch)
-        loss = model(x[mine], y[mine])
+        fully_shard(blk, mesh=dm["dp"])
+    fully_shard(model, mesh=dm["dp"])
+
+    def step(x, y):
+        loss = model(x, y)
         loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        ref_loss = ref(x, y)
-        ref_loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad(set_to_none=True)
-        losses.append((loss.item(), ref_loss.item()))
-    ref_params = dict(ref.named_parameters())
-    err = 0.0
-    for n, p in model.named_parameters():
-        full = p.full_tensor() if hasattr(p, "full_tensor") else p
-        err = max(err, (full.detach() - ref_params[n].detach()).abs().max().item())
-    moved = max((p.detach() - init[n]).abs().max().item() for n, p in ref.named_parameters())
-    return {"max_err": err, "n_tensors": len(ref_params), "moved": moved, "losses": losses}
+        return loss.item()
+
+    def max_err():
+        ref_params = dict(ref.named_parameters())
+        err = 0.0
+        for n, p in model.named_parameters():
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            err = max(err, (full.detach() - ref_params[n].detach()).abs().max().item())
+        return err, len(ref_params)
+
+    return _Setup(
+        params=list(model.parameters()),
+        ref=ref,
+        step=step,
+        ref_loss=ref,
+        batch=_token_batches(cfg, batch, mesh.size("dp"), seq),
+        rows=batch,
+        max_err=max_err,
+    )
 
 
 def _tp_stage_block(cfg, full_block, tp_group):
@@ -291,14 +340,14 @@ def _tp_stage_block(cfg, full_block, tp_group):
     return mod
 
 
-def _train_pp(mesh: Mesh, steps: int, lr: float, seed: int, broken: str | None = None, m: int = 4) -> dict:
+def _pipeline_tp(mesh: Mesh, seed: int, m: int = 4) -> _Setup:
     """pp > 1: the pipeline executor (1F1B) over the pp group, blocks tensor-parallel over the tp
     group, gradients averaged over the dp group; loss = mean over every micro-batch of every replica."""
     import torch
     from torch import nn
 
     from ..pipeline import schedule
-    from ..pipeline.executor import ModelSpec, _layers_of, build_blocks, run_step, stage_modules
+    from ..pipeline.executor import ModelSpec, build_blocks, layers_of, model_config, run_step, stage_modules
     from .ddp import allreduce_gradients
     from .tensor import compare_with_full
 
@@ -308,75 +357,75 @@ def _train_pp(mesh: Mesh, steps: int, lr: float, seed: int, broken: str | None =
     )
     sched = schedule("1f1b", pp, m)
     ref = build_blocks(spec)  # single-process reference, same seed
-    init = [p.detach().clone() for p in ref.parameters()]
     full = build_blocks(spec)
-    pp_rank, tp_g = mesh.coord("pp"), mesh.group("tp")
+    tp_g = mesh.group("tp")
     if tp > 1:
-        cfg = _spec_config(spec)
-        full = nn.ModuleList(_tp_stage_block(cfg, b, tp_g) for b in full)
-    mods = stage_modules(sched, spec, pp_rank, full)
-    params = [p for mod in mods.values() for p in mod.parameters()]
-    opt = torch.optim.SGD(params, lr=lr)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=lr)
-    g = torch.Generator().manual_seed(seed + 7)
-    d = mesh.coord("dp")
-    losses = []
-    for _ in range(steps):
-        x_all = torch.randn((dp * m, *spec.shape), generator=g)
-        y_all = torch.randn((dp * m, *spec.shape), generator=g)
-        mine = slice(d * m, (d + 1) * m)
-        res = run_step(sched, spec, group=mesh.group("pp"), mods=mods, batch=(x_all[mine], y_all[mine]))
-        if broken != "dp":
-            allreduce_gradients(nn.ModuleList(mods.values()), group=mesh.group("dp"))
-        opt.step()
-        ref_loss = 0.0
+        full = nn.ModuleList(_tp_stage_block(model_config(spec), b, tp_g) for b in full)
+    mods = stage_modules(sched, spec, mesh.coord("pp"), full)
+
+    def step(x, y):
+        res = run_step(sched, spec, group=mesh.group("pp"), mods=mods, batch=(x, y))
+        allreduce_gradients(nn.ModuleList(mods.values()), group=mesh.group("dp"))
+        return res["loss"]
+
+    def ref_loss(x_all, y_all):
+        total = 0.0
         for j in range(dp * m):
             h = x_all[j]
             for blk in ref:
                 h = blk(h)
-            ref_loss = ref_loss + torch.nn.functional.mse_loss(h, y_all[j]) / (dp * m)
-        ref_loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad(set_to_none=True)
-        losses.append((res["loss"], ref_loss.item()))
-    err, n = 0.0, 0
-    for (_path, s), mod in mods.items():
-        for i, blk in zip(_layers_of(sched, spec, s), mod):
-            if tp > 1:
-                full_params = {k: p.detach() for k, p in ref[i].block.named_parameters()}
-                e = compare_with_full(blk.block, full_params, grads=False, group=tp_g)
-                err, n = max(err, *e.values()), n + len(e)
-            else:
-                for (_, p), (_, q) in zip(blk.named_parameters(), ref[i].named_parameters()):
-                    err, n = max(err, (p.detach() - q.detach()).abs().max().item()), n + 1
-    moved = max((p.detach() - q).abs().max().item() for p, q in zip(ref.parameters(), init))
-    return {"max_err": err, "n_tensors": n, "moved": moved, "losses": losses}
+            total = total + torch.nn.functional.mse_loss(h, y_all[j]) / (dp * m)
+        return total
+
+    def batch(g):
+        return torch.randn((dp * m, *spec.shape), generator=g), torch.randn((dp * m, *spec.shape), generator=g)
+
+    def max_err():
+        err, n = 0.0, 0
+        for (_path, s), mod in mods.items():
+            for i, blk in zip(layers_of(sched, spec, s), mod):
+                if tp > 1:
+                    full_params = {k: p.detach() for k, p in ref[i].block.named_parameters()}
+                    e = compare_with_full(blk.block, full_params, grads=False, group=tp_g)
+                    err, n = max(err, *e.values()), n + len(e)
+                else:
+                    for (_, p), (_, q) in zip(blk.named_parameters(), ref[i].named_parameters()):
+                        err, n = max(err, (p.detach() - q.detach()).abs().max().item()), n + 1
+        return err, n
+
+    return _Setup(
+        params=[p for mod in mods.values() for p in mod.parameters()],
+        ref=ref,
+        step=step,
+        ref_loss=ref_loss,
+        batch=batch,
+        rows=m,
+        max_err=max_err,
+        seed_offset=7,
+    )
 
 
-def _spec_config(spec):
-    from ..pipeline.executor import model_config
-
-    return model_config(spec)
+IMPLS = ("kit", "torch")
 
 
 def train_worker(cases: list[dict], steps: int = 3, lr: float = 0.1, seed: int = 0) -> list[dict]:
     """Run under ``mlsys_nb.launch``: for each case (degrees, e.g. ``{"dp": 2, "tp": 2}``, and
-    optionally ``"broken": "dp"`` to skip the data-parallel gradient sync, for showing that the
-    comparison catches it) build the mesh, train ``steps`` SGD steps and compare with
-    single-process training. Returns, per case, this rank's coordinates, ``max_err`` (largest
-    parameter difference), ``moved`` (largest change of a reference parameter over the run: the
-    difference must be far below it) and ``losses`` (this replica's, the single process's)."""
+    optionally ``"impl": "torch"`` for PyTorch's FSDP2 + tensor parallel) build the mesh, train
+    ``steps`` SGD steps and compare with single-process training. Returns, per case, this rank's
+    coordinates, ``max_err`` (largest parameter difference), ``moved`` (largest change of a
+    reference parameter over the run: the difference must be far below it) and ``losses`` (this
+    replica's, the single process's)."""
+    import torch.distributed as dist
+
     out = []
     for case in cases:
-        dims = {k: v for k, v in case.items() if k not in ("broken", "impl")}
-        mesh = build_mesh(**dims)
-        if case.get("impl") == "torch":
-            fn = _train_torch_fsdp_tp
+        impl = case.get("impl", "kit")
+        mesh = build_mesh(**{k: v for k, v in case.items() if k != "impl"})
+        if impl == "torch":
+            setup = _torch_fsdp_tp
         else:
-            fn = _train_pp if mesh.size("pp") > 1 else _train_tp_dp
-        res = fn(mesh, steps, lr, seed, case.get("broken"))
-        import torch.distributed as dist
-
+            setup = _pipeline_tp if mesh.size("pp") > 1 else _tp_dp
+        res = _train_loop(setup(mesh, seed), mesh, steps, lr, seed)
         groups = {k: dist.get_process_group_ranks(mesh.group(k)) for k in DIM_ORDER}
         out.append(
             {
@@ -384,12 +433,31 @@ def train_worker(cases: list[dict], steps: int = 3, lr: float = 0.1, seed: int =
                 "rank": mesh.rank,
                 "coords": dict(mesh.coords),
                 "groups": groups,
-                "broken": case.get("broken"),
-                "impl": case.get("impl", "kit"),
+                "impl": impl,
                 **res,
             }
         )
     return out
+
+
+def check_cases(cases: list[dict], world_size: int, steps: int = 1) -> None:
+    """Raise ``ValueError`` naming the parameter if ``train_worker`` cannot run ``cases`` on
+    ``world_size`` ranks for ``steps`` steps (call it before launching any rank)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps={steps!r}: allowed an int >= 1")
+    for case in cases:
+        if case.get("impl", "kit") not in IMPLS:
+            raise ValueError(f"impl={case['impl']!r}: allowed 'kit' or 'torch' (FSDP2 + tensor parallel, pp = 1)")
+        d = check_dims(world_size, **{k: v for k, v in case.items() if k != "impl"})
+        if case.get("impl") == "torch" and d["pp"] > 1:
+            raise ValueError("impl='torch' composes FSDP2 with tensor parallelism: pp must be 1")
+        if d["cp"] > 1:
+            raise ValueError("cp > 1: context parallelism is not part of these training runs (cp=1)")
+        if d["tp"] > (2 if d["pp"] > 1 else 4):
+            raise ValueError(
+                f"tp={d['tp']}: these small models have 4 KV heads (2 in pipeline blocks): "
+                "allowed tp <= 4 with pp = 1, tp <= 2 with pp > 1"
+            )
 
 
 def train(
@@ -404,27 +472,11 @@ def train(
     backend: str = "gloo",
 ) -> list[list[dict]]:
     """Launch ``train_worker`` on ``world_size`` ranks (CPU; ``backend`` "gloo", or "auto" which
-    means gloo here: the runs are on CPU); check every case's degrees before any rank starts.
-    Returns ``results[rank][case]`` (see ``train_worker``)."""
+    means gloo here: the runs are on CPU); check every case's degrees before any rank starts
+    (``check_cases``). Returns ``results[rank][case]`` (see ``train_worker``)."""
     if backend not in ("gloo", "auto"):
         raise ValueError(f"backend={backend!r}: allowed 'gloo' or 'auto' (these runs use CPU tensors)")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r}: allowed an int >= 1")
-    for case in cases:
-        if case.get("broken") not in (None, "dp"):
-            raise ValueError(f"broken={case['broken']!r}: allowed None or 'dp' (skip the data-parallel gradient sync)")
-        if case.get("impl", "kit") not in ("kit", "torch"):
-            raise ValueError(f"impl={case['impl']!r}: allowed 'kit' or 'torch' (FSDP2 + tensor parallel, pp = 1)")
-        d = check_dims(world_size, **{k: v for k, v in case.items() if k not in ("broken", "impl")})
-        if case.get("impl") == "torch" and d["pp"] > 1:
-            raise ValueError("impl='torch' composes FSDP2 with tensor parallelism: pp must be 1")
-        if d["cp"] > 1:
-            raise ValueError("cp > 1: context parallelism is not part of these training runs (cp=1)")
-        if d["tp"] > (2 if d["pp"] > 1 else 4):
-            raise ValueError(
-                f"tp={d['tp']}: these small models have 4 KV heads (2 in pipeline blocks): "
-                "allowed tp <= 4 with pp = 1, tp <= 2 with pp > 1"
-            )
+    check_cases(cases, world_size, steps)
     from .. import launch
 
     return launch(

@@ -2,7 +2,8 @@
 
 Every rank of the tensor-parallel (TP) group of size ``t`` holds a slice of each weight matrix and
 the ranks talk only through four small autograd functions (Shoeybi et al. 2019, Korthikanti et al.
-2022). The communication in forward *and* backward is written out below:
+2022), the TP/SP names of the differentiable collectives in ``mlsys_nb.parallel.functional``. The
+communication in forward *and* backward is written out below:
 
     operator                    forward                   backward                  where
     copy_to_tp            (f)   identity                  all-reduce                entering a TP region
@@ -39,8 +40,6 @@ assumes an initialised process group (``mlsys_nb.launch``); ``group=None`` means
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -48,19 +47,48 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..models.transformer import apply_rope, attention_core, build_norm, rope_tables
+from .functional import (
+    all_gather,
+    all_reduce,
+    copy_to,
+    gather_from,
+    gather_replicated,
+    reduce_from,
+    reduce_scatter,
+    reduce_scatter_to,
+    shard,
+)
 
 SEQ_DIM = 1  # activations are [batch, seq, hidden]
-# torch 2.13 marks the *_tensor collectives deprecated in favour of *_single; the byte counter
-# (mlsys_nb.comm.counting) and torch's own DTensor code still use these names.
-warnings.filterwarnings(
-    "ignore",
-    message=r".*`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
-    category=FutureWarning,
-)
+
+__all__ = [
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "SEQ_DIM",
+    "TPAttention",
+    "TPBlock",
+    "TPMLP",
+    "TPTransformer",
+    "VocabParallelEmbedding",
+    "compare_with_full",
+    "copy_to_tp",
+    "enter_tp",
+    "exit_tp",
+    "gather_from_sp",
+    "gather_from_tp",
+    "load_full_state_dict",
+    "reduce_from_tp",
+    "reduce_scatter_to_sp",
+    "shard",
+    "sync_sequence_parallel_grads",
+    "tp_rank",
+    "tp_size",
+    "vocab_parallel_cross_entropy",
+]
 
 
 # ---------------------------------------------------------------------------------------------
-# 0. Small helpers: group size/rank, slicing a full tensor, raw collectives along a dimension
+# 0. Small helpers: group size and rank (slicing and the collectives: ``mlsys_nb.parallel.functional``)
 # ---------------------------------------------------------------------------------------------
 def tp_size(group=None) -> int:
     return dist.get_world_size(group)
@@ -70,125 +98,32 @@ def tp_rank(group=None) -> int:
     return dist.get_rank(group)
 
 
-def shard(full: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
-    """Slice ``rank`` of ``world`` equal slices of ``full`` along ``dim`` (a view)."""
-    if full.shape[dim] % world:
-        raise ValueError(f"size {full.shape[dim]} of dim {dim} is not divisible by tp={world}")
-    n = full.shape[dim] // world
-    return full.narrow(dim, rank * n, n)
-
-
-def _all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
-    x = x.contiguous()
-    dist.all_reduce(x, op=op, group=group)
-    return x
-
-
-def _all_gather(x: torch.Tensor, dim: int, group) -> torch.Tensor:
-    """Concatenate every rank's ``x`` along ``dim`` (the collective runs on a dim-0 layout)."""
-    t = tp_size(group)
-    x0 = x.movedim(dim, 0).contiguous()
-    out = x0.new_empty((t * x0.shape[0],) + tuple(x0.shape[1:]))
-    dist.all_gather_into_tensor(out, x0, group=group)
-    return out.movedim(0, dim)
-
-
-def _reduce_scatter(x: torch.Tensor, dim: int, group) -> torch.Tensor:
-    """Sum ``x`` over ranks and keep this rank's slice along ``dim``."""
-    t = tp_size(group)
-    if x.shape[dim] % t:
-        raise ValueError(f"size {x.shape[dim]} of dim {dim} is not divisible by tp={t}")
-    x0 = x.movedim(dim, 0).contiguous()
-    out = x0.new_empty((x0.shape[0] // t,) + tuple(x0.shape[1:]))
-    dist.reduce_scatter_tensor(out, x0, group=group)
-    return out.movedim(0, dim)
-
-
 # ---------------------------------------------------------------------------------------------
-# 1. The conjugate operators (autograd functions: communication in forward and backward)
+# 1. The conjugate operators, by their TP/SP names (the autograd functions: ``functional``)
 # ---------------------------------------------------------------------------------------------
-class _CopyToTP(torch.autograd.Function):
-    """f: identity forward, all-reduce backward (each rank's input gradient is a partial sum)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _all_reduce(dy.clone(), ctx.group), None  # dy may be shared with other branches
-
-
-class _ReduceFromTP(torch.autograd.Function):
-    """g: all-reduce forward (sum the partial products), identity backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        return _all_reduce(x.clone(), group)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return dy, None
-
-
-class _GatherFromSP(torch.autograd.Function):
-    """SP entry: all-gather the sequence shards forward; reduce-scatter the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _all_gather(x, SEQ_DIM, group)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _reduce_scatter(dy, SEQ_DIM, ctx.group), None
-
-
-class _ReduceScatterToSP(torch.autograd.Function):
-    """SP exit: reduce-scatter along the sequence forward; all-gather the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _reduce_scatter(x, SEQ_DIM, group)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _all_gather(dy, SEQ_DIM, ctx.group), None
-
-
-class _GatherFromTP(torch.autograd.Function):
-    """Concatenate a column-sharded output along the last dim; backward keeps this rank's slice."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _all_gather(x, -1, group)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return shard(dy, -1, tp_rank(ctx.group), tp_size(ctx.group)).contiguous(), None
-
-
 def copy_to_tp(x, group=None):
-    return _CopyToTP.apply(x, group)
+    """f (``functional.copy_to``): identity forward, all-reduce backward."""
+    return copy_to(x, group)
 
 
 def reduce_from_tp(x, group=None):
-    return _ReduceFromTP.apply(x, group)
+    """g (``functional.reduce_from``): all-reduce forward, identity backward."""
+    return reduce_from(x, group)
 
 
 def gather_from_sp(x, group=None):
-    return _GatherFromSP.apply(x, group)
+    """SP entry: all-gather along the sequence forward, reduce-scatter backward."""
+    return gather_from(x, SEQ_DIM, group)
 
 
 def reduce_scatter_to_sp(x, group=None):
-    return _ReduceScatterToSP.apply(x, group)
+    """SP exit: reduce-scatter along the sequence forward, all-gather backward."""
+    return reduce_scatter_to(x, SEQ_DIM, group)
 
 
 def gather_from_tp(x, group=None):
-    return _GatherFromTP.apply(x, group)
+    """Concatenate a column-sharded output along the last dim; backward keeps this rank's slice."""
+    return gather_replicated(x, -1, group)
 
 
 def enter_tp(x, sequence_parallel: bool, group=None):
@@ -211,7 +146,7 @@ class _GatherLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, group, regather):
-        full = _all_gather(x, SEQ_DIM, group)
+        full = all_gather(x, SEQ_DIM, group)
         ctx.group, ctx.regather, ctx.has_bias = group, regather, bias is not None
         ctx.save_for_backward(x if regather else full, weight)
         return F.linear(full, weight, bias)
@@ -219,8 +154,8 @@ class _GatherLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         saved, weight = ctx.saved_tensors
-        full = _all_gather(saved, SEQ_DIM, ctx.group) if ctx.regather else saved
-        dx = _reduce_scatter(dy @ weight, SEQ_DIM, ctx.group)
+        full = all_gather(saved, SEQ_DIM, ctx.group) if ctx.regather else saved
+        dx = reduce_scatter(dy @ weight, SEQ_DIM, ctx.group)
         dw = dy.reshape(-1, dy.shape[-1]).t() @ full.reshape(-1, full.shape[-1])
         db = dy.reshape(-1, dy.shape[-1]).sum(0) if ctx.has_bias else None
         return dx, dw, db, None, None
@@ -457,15 +392,15 @@ class _VocabParallelCE(torch.autograd.Function):
     def forward(ctx, logits, targets, start, group):
         logits = logits.float()
         n_local = logits.shape[-1]
-        gmax = _all_reduce(logits.max(dim=-1).values, group, dist.ReduceOp.MAX)
+        gmax = all_reduce(logits.max(dim=-1).values, group, dist.ReduceOp.MAX)
         shifted = logits - gmax.unsqueeze(-1)
         local_t = targets - start
         outside = (local_t < 0) | (local_t >= n_local)
         local_t = local_t.masked_fill(outside, 0)
         target_logit = shifted.gather(-1, local_t.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
-        target_logit = _all_reduce(target_logit, group)
+        target_logit = all_reduce(target_logit, group)
         exp = shifted.exp()
-        sum_exp = _all_reduce(exp.sum(dim=-1), group)
+        sum_exp = all_reduce(exp.sum(dim=-1), group)
         loss = sum_exp.log() - target_logit  # per token
         ctx.save_for_backward(exp / sum_exp.unsqueeze(-1), local_t, outside)
         return loss.mean()

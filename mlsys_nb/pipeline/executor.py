@@ -141,7 +141,9 @@ def reference_grads(spec: ModelSpec, m: int) -> tuple[dict, float]:
     return {n: p.grad.clone() for n, p in blocks.named_parameters()}, loss.item()
 
 
-def _layers_of(sched: Schedule, spec: ModelSpec, stage: int) -> range:
+def layers_of(sched: Schedule, spec: ModelSpec, stage: int) -> range:
+    """The indices of the model's layers that stage ``stage`` of ``sched`` holds (an equal,
+    contiguous share: ``n_layers`` must be a multiple of the number of stages)."""
     if spec.n_layers % sched.n_stages:
         raise ValueError(f"n_layers={spec.n_layers} must be a multiple of the {sched.n_stages} stages of {sched.name}")
     k = spec.n_layers // sched.n_stages
@@ -158,7 +160,7 @@ def stage_modules(sched: Schedule, spec: ModelSpec, rank: int, blocks=None) -> d
     for path, pl in enumerate(sched.placement):
         for s, (r, _chunk) in enumerate(pl):
             if r == rank:
-                mods[(path, s)] = nn.Sequential(*[full_model[i] for i in _layers_of(sched, spec, s)])
+                mods[(path, s)] = nn.Sequential(*[full_model[i] for i in layers_of(sched, spec, s)])
         full_model = build_blocks(spec) if path + 1 < len(sched.placement) else full_model
     return mods
 
@@ -256,7 +258,7 @@ def run_step(sched: Schedule, spec: ModelSpec, group=None, *, mods=None, batch=N
     dist.barrier(group=group)
     out = {}
     for (_path, s), mod in mods.items():
-        for i, blk in zip(_layers_of(sched, spec, s), mod):
+        for i, blk in zip(layers_of(sched, spec, s), mod):
             for n, p in blk.named_parameters():
                 key = f"{i}.{n}"
                 g = p.grad.detach().cpu()
