@@ -16,9 +16,10 @@
   prices a ``CommCounter``'s calls the way gloo sends them.
 - ``plots``: who holds what before/after each collective, ring schedule, time and busbw vs size.
 - ``pingpong``: fit α, β on point-to-point exchanges (γ on a local add, δ on the all-gather's copy) at 2 ranks, predict
-  collectives at larger sizes from their step counts (notebook 04).
-- ``overlap``: blocking vs non-blocking send around a CPU-free wait, and the check that the
-  non-blocking one overlaps (notebook 02).
+  collectives at larger sizes from their step counts, and notebook 04's claims (what 2 ranks can tell apart: S vs
+  2S per rank; the all-gather's missing local work), re-measured up to 3 times on a shared machine.
+- ``overlap``: blocking vs non-blocking send around a CPU-free wait (a blocking control interleaved), and
+  the check that the non-blocking one overlaps, re-measured up to 3 times (notebook 02).
 
 The cost functions are light (numpy only); ``collectives``, ``counting`` (torch) and ``plots``
 (matplotlib) load when first used.
