@@ -30,6 +30,48 @@ def test_families_cover_every_topic_and_required_names():
         assert name in FAMILIES
 
 
+def _misplaced(registry) -> list[str]:
+    """Families not declared in the bank module named after their topic (cards: in ``bank.cards``),
+    or whose kind does not match their question (choice and card families offer choices)."""
+    bad = []
+    for name, fam in registry.items():
+        package, module = fam.fn.__module__.rsplit(".", 1)
+        want = "cards" if fam.kind == "card" else fam.topic
+        if package != "mlsys_nb.quiz.bank" or module != want:
+            bad.append(f"{name}: topic {fam.topic!r}, kind {fam.kind!r}, declared in {fam.fn.__module__}")
+        elif quiz.make(name, 0).is_choice != (fam.kind in ("choice", "card")):
+            bad.append(
+                f"{name}: kind {fam.kind!r} but its question {'has' if fam.kind == 'number' else 'lacks'} choices"
+            )
+    return bad
+
+
+def test_each_family_lives_in_the_bank_module_of_its_topic(monkeypatch):
+    """One bank module per topic: a family's topic is the name of the module that declares it (also for
+    the families declared through ``ratio_family``), the cards live in ``bank.cards``, and no module
+    of the quiz runs past 400 lines."""
+    import dataclasses
+    import importlib
+    from pathlib import Path
+
+    from mlsys_nb.quiz import core
+
+    quiz.families()
+    assert _misplaced(core.REGISTRY) == []
+    for t in quiz.topics():
+        importlib.import_module(f"mlsys_nb.quiz.bank.{t}")
+    # the check fails when a family sits in another topic's module, or its kind is wrong
+    fam = core.REGISTRY["layout.tp_within_node"]
+    monkeypatch.setitem(
+        core.REGISTRY, "memory.zz_moved", dataclasses.replace(fam, name="memory.zz_moved", topic="memory")
+    )
+    monkeypatch.setitem(core.REGISTRY, "layout.zz_kind", dataclasses.replace(fam, name="layout.zz_kind", kind="choice"))
+    assert len(_misplaced(core.REGISTRY)) == 2
+    root = Path(quiz.__file__).parent
+    long = {str(p.relative_to(root)): n for p in root.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, long
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_family_draws_50_seeds_checks_right_and_rejects_wrong(name):
     for seed in range(50):
@@ -294,3 +336,11 @@ def test_bad_arguments_name_the_parameter():
         quiz.draw(topic="nope")
     with pytest.raises(ArgumentError, match="family"):
         quiz.draw(family="nope.nope")
+    with pytest.raises(ArgumentError, match="n must be an int >= 1"):
+        quiz.worksheet("comm", 0)
+    with pytest.raises(ArgumentError, match="unit"):
+        units.parse("3", "furlongs")
+    from mlsys_nb.quiz import core
+
+    with pytest.raises(ArgumentError, match="topic"):
+        core.family("nope.x", "nope")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..config import ArgumentError, check_int
 from . import core
 
 
@@ -26,8 +27,10 @@ def main(argv=None) -> int:
     ap.add_argument("--html", metavar="DIR", help="write printable HTML worksheets + answer keys to DIR")
     ap.add_argument("--list", action="store_true", help="list the families and exit")
     a = ap.parse_args(argv)
-    if a.n < 1:
-        ap.error(f"-n {a.n}: allowed >= 1")
+    try:
+        check_int("-n", a.n, 1)
+    except ArgumentError as e:
+        ap.error(str(e))
     if a.list:
         for name in core.families():
             print(f"{core.family_info(name).topic:15s} {name}")

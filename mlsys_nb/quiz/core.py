@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..config import check_choice
+from ..config import check_choice, check_int
 from .units import UNITS, UnitError, fmt, parse
 
 TOPICS = {  # topic -> (title, notebook that teaches it)
@@ -169,8 +169,7 @@ REGISTRY: dict[str, Family] = {}
 def family(name: str, topic: str, *, difficulty: int = 1, section: str = "", reference: str = "", kind: str = "number"):
     """Register ``fn(rng) -> dict`` as question family ``name``. The dict holds Question fields
     (text, params, answer, unit, solution, hints, optional choices/tolerance/diagnostics)."""
-    if topic not in TOPICS:
-        raise ValueError(f"topic={topic!r}: allowed {sorted(TOPICS)}")
+    check_choice("topic", topic, TOPICS)
 
     def deco(fn):
         if name in REGISTRY:
@@ -215,8 +214,8 @@ def make(name: str, seed) -> Question:
     """The question of family ``name`` for ``seed``."""
     fam = family_info(name)
     d = dict(fam.fn(rng_for(name, seed)))
-    if d.get("unit", "choice") != "choice" and d["unit"] not in UNITS:
-        raise ValueError(f"family {name}: unit {d['unit']!r} not in UNITS")
+    if d.get("unit", "choice") != "choice":
+        check_choice(f"the unit of family {name}", d["unit"], UNITS)
     if "choices" in d:
         d["unit"] = "choice"
         d["choices"] = tuple(d["choices"])
@@ -271,6 +270,7 @@ def worksheet(topics=None, n: int = 5, seed=0) -> Worksheet:
     family f is ``make(f, f"{seed}:{k}")``. So a question depends only on (seed, family, k): adding a
     family to the bank leaves the question of every family that stays selected unchanged."""
     _load()
+    check_int("n", n, 1)
     if topics is None:
         topics = list(TOPICS)
     elif isinstance(topics, str):

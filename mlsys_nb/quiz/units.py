@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import re
 
+from ..config import check_choice
+
 # unit name (lower case) -> (dimension, factor to the dimension's base unit)
 _SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15, "e": 1e18}
 _BIN = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50}
@@ -85,8 +87,7 @@ class UnitError(ValueError):
 
 def parse(text, unit: str) -> float:
     """The number ``text`` means, expressed in ``unit`` (a key of ``UNITS``)."""
-    if unit not in UNITS:
-        raise ValueError(f"unit={unit!r}: allowed {sorted(UNITS)}")
+    check_choice("unit", unit, UNITS)
     dim, base = UNITS[unit]
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         return float(text)
