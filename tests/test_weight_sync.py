@@ -1,5 +1,6 @@
 """Weight sync between trainer and rollout ranks: bit-equal weights on all three paths, bytes on the wire,
-the memory spike of a full gather avoided by bucketing, a clear timeout naming the ranks."""
+the memory spike of a full gather avoided by bucketing (measured with the profiler's allocation events),
+a clear timeout naming the ranks."""
 
 import pytest
 
@@ -56,13 +57,24 @@ def _scenario(tmpdir, bucket_bytes):
     out["gloo_model"] = gloo_bytes_sent(
         "broadcast", n_bytes, len(roles.rollout_ranks) + 1, rank=0 if roles.rank == roles.src else 1
     )
-    # memory: full gather vs bucketed, on the trainers
+    # memory, measured (MemoryPeak: torch's allocator events), on the trainers: a full gather, the bucketed
+    # one, and a broken consumer that keeps every bucket alive; for two depths of the same width
     if roles.is_trainer:
-        for g in ("full", "bucketed"):
-            st = ws.SyncStats(g)
-            for _ in ws.buckets(model, bucket_bytes, zero=zero, gather=g, stats=st):
-                pass
-            out[f"peak_{g}"] = st.peak_bytes
+        for n_layers in (2, 6):
+            torch.manual_seed(n_layers)
+            m = Transformer(ws.toy_config(32, n_layers))
+            z = ZeRO(m, lambda ps: torch.optim.SGD(ps, lr=0.1), stage=3, group=roles.train_group)
+            out[f"model_bytes_{n_layers}"] = sum(p.numel() * 4 for p in m.parameters())
+            for g in ("full", "bucketed", "kept"):
+                kept = []
+                with ws.MemoryPeak() as peak:
+                    for _, flat in ws.buckets(m, bucket_bytes, zero=z, gather="full" if g == "full" else "bucketed"):
+                        if g == "kept":
+                            kept.append(flat)
+                        del flat
+                    del kept
+                out[f"peak_{g}_{n_layers}"] = peak.peak_bytes
+                out[f"net_{g}_{n_layers}"] = peak.net_bytes
     # the rollout generates with the kit's KV cache after the sync
     if not roles.is_trainer:
         out["text"] = generate(model, ByteTokenizer(), "ab", max_new_tokens=4)[0].text
@@ -102,10 +114,30 @@ def test_broadcast_bytes_on_the_wire_match_gloo_tree(runs):
     assert runs[2]["handle_bytes"] < 1024  # shm: only a handle travels
 
 
-def test_bucketing_avoids_the_full_gather_spike(runs):
+def _bucketing_holds(r, variant):
+    """The idea of bucketing, on measured peaks: the extra memory is one unit (with its gather's staging
+    buffers) plus one bucket, so it does not grow when the model gets 3x deeper, and stays well under the
+    model's bytes; a full gather's peak does grow (about twice the model)."""
+    small, deep = r[f"peak_{variant}_2"], r[f"peak_{variant}_6"]
+    return deep <= 1.1 * small and deep < 0.5 * r["model_bytes_6"]
+
+
+def test_bucketing_avoids_the_full_gather_spike_measured(runs):
     for r in runs[:2]:
-        assert r["peak_full"] >= 2 * r["model_bytes"] * 0.95  # gathered units + a full copy
-        assert r["peak_bucketed"] < 0.6 * r["peak_full"], (r["peak_bucketed"], r["peak_full"])
+        assert r["model_bytes_6"] > 2 * r["model_bytes_2"]
+        for n in (2, 6):
+            assert r[f"peak_full_{n}"] >= 1.9 * r[f"model_bytes_{n}"], (n, r[f"peak_full_{n}"])  # units + full copy
+            for g in ("full", "bucketed", "kept"):
+                assert r[f"net_{g}_{n}"] == 0, (g, n, r[f"net_{g}_{n}"])  # everything allocated was freed
+        assert _bucketing_holds(r, "bucketed"), {k: v for k, v in r.items() if k.startswith(("peak", "model_b"))}
+
+
+def test_memory_measurement_catches_buckets_kept_alive(runs):
+    """A consumer that keeps every bucket alive holds the whole model by the end: the measured peak shows
+    it, and the bucketing check fails (a counter of the bytes ``buckets`` itself holds would not see it)."""
+    for r in runs[:2]:
+        assert r["peak_kept_6"] >= r["model_bytes_6"], (r["peak_kept_6"], r["model_bytes_6"])
+        assert not _bucketing_holds(r, "kept")
 
 
 def _timeout_scenario():

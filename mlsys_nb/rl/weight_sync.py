@@ -19,14 +19,16 @@ weights travel to them. Three ways, all run inside ranks started by ``mlsys_nb.l
 ZeRO-3 trainers hold only a shard of each parameter: ``buckets()`` gathers one unit at a time
 (all-gather in the trainer group), copies its parameters into buckets and frees the unit again, so
 the extra memory is one unit plus one bucket instead of the full model (``gather="full"``
-materialises everything first: the memory spike of a naive full-weight gather, measured by
-``SyncStats.peak_bytes``, the high-water mark of the tensor bytes this module holds).
+materialises everything first: the memory spike of a naive full-weight gather). ``MemoryPeak`` measures
+it: the high-water mark of the bytes torch's CPU allocator held on this thread during a block, from
+``torch.profiler``'s allocation events (``profile_memory=True``); ``sync_broadcast(..., memory=True)``
+puts it in ``SyncStats.peak_bytes``.
 
 Every wait has a timeout: a broadcast that does not complete raises ``WeightSyncTimeout`` naming the
 source rank and the rollout ranks.
 
 Public names: ``Roles``, ``make_roles``, ``bucket_plan``, ``buckets``, ``sync_broadcast``, ``sync_file``,
-``SharedWeights``, ``SyncStats``, ``WeightSyncTimeout``, ``weights_equal``, ``toy_config``,
+``SharedWeights``, ``SyncStats``, ``MemoryPeak``, ``WeightSyncTimeout``, ``weights_equal``, ``toy_config``,
 ``toy_train_step``, ``broadcast_model_seconds``.
 """
 
@@ -36,13 +38,14 @@ import datetime
 import os
 import pickle
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 __all__ = [
+    "MemoryPeak",
     "Roles",
     "SharedWeights",
     "SyncStats",
@@ -107,25 +110,53 @@ def make_roles(n_trainers: int, *, timeout_s: float = 30.0) -> Roles:
 @dataclass
 class SyncStats:
     """One synchronisation, as seen by this rank: ``path``, payload ``nbytes`` (bytes of weights moved),
-    ``seconds``, ``n_buckets``, ``peak_bytes`` (most bytes of gathered weights and buckets this rank
-    held at once), ``wire_sent``/``wire_received`` (bytes this rank's TCP sockets sent/received, if
+    ``seconds``, ``n_buckets``, ``peak_bytes`` (measured, ``MemoryPeak``: the most bytes torch's CPU
+    allocator held for this rank's thread during the sync above the level at its start; ``None`` unless
+    asked for), ``wire_sent``/``wire_received`` (bytes this rank's TCP sockets sent/received, if
     measured)."""
 
     path: str
     nbytes: int = 0
     seconds: float = 0.0
     n_buckets: int = 0
-    peak_bytes: int = 0
+    peak_bytes: int | None = None
     wire_sent: int | None = None
     wire_received: int | None = None
-    _live: int = field(default=0, repr=False)
 
-    def hold(self, n: int) -> None:
-        self._live += n
-        self.peak_bytes = max(self.peak_bytes, self._live)
 
-    def release(self, n: int) -> None:
-        self._live -= n
+class MemoryPeak:
+    """Measure the memory a block of code allocates: ``with MemoryPeak() as m: ...`` then ``m.peak_bytes``
+    (the high-water mark, bytes above the level at entry) and ``m.net_bytes`` (still held at exit).
+
+    Measured, not counted by the code under test: ``torch.profiler.profile(profile_memory=True)`` records
+    every allocation and free of torch's CPU allocator made on this thread, each with its size and time
+    (``tracemalloc`` does not see that allocator); the running sum of those, in time order, is the bytes
+    held above the start (the allocation events of the profiler's event tree, as torch's own memory
+    timeline reads them). Temporaries of a collective (gloo's staging buffers) are included. The first use
+    in a process starts the profiler (1-2 s of CPU); after that the overhead is microseconds per op."""
+
+    def __enter__(self) -> MemoryPeak:
+        from torch.profiler import ProfilerActivity, profile
+
+        self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self._prof.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from torch._C._profiler import _EventType
+
+        self._prof.__exit__(*exc)
+        stack, sizes = list(self._prof.profiler.kineto_results.experimental_event_tree()), []
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children)
+            if node.typed[0] == _EventType.Allocation:  # a free is an allocation of negative size
+                sizes.append((node.start_time_ns, node.typed[1].alloc_size))
+        live = peak = 0
+        for _, n in sorted(sizes):
+            live += n
+            peak = max(peak, live)
+        self.peak_bytes, self.net_bytes, self.n_events = peak, live, len(sizes)
 
 
 def bucket_plan(shapes: list[tuple[str, torch.Size, torch.dtype]], bucket_bytes: int) -> list[list[int]]:
@@ -154,19 +185,16 @@ def _zero_units(zero):
     return {id(p): u for u in zero.units for p in u.params} if zero is not None else {}
 
 
-def buckets(
-    model: nn.Module, bucket_bytes: int, *, zero=None, gather: str = "bucketed", stats: SyncStats | None = None
-):
+def buckets(model: nn.Module, bucket_bytes: int, *, zero=None, gather: str = "bucketed"):
     """Yield ``(indices, flat)``: the model's parameters in ``bucket_plan`` order, each bucket flattened
     into one new tensor. Call on every trainer rank (ZeRO-3 gathers are collective in its group).
 
     ``zero``: a ``mlsys_nb.parallel.zero.ZeRO`` (stage 3) wrapping ``model``: a unit is gathered when
     a bucket first needs it and freed as soon as no later bucket does (``gather="bucketed"``), or every
     unit is gathered up front and the full state copied before the first bucket (``gather="full"``,
-    the naive way: about twice the model's bytes at the peak)."""
+    the naive way: about twice the model's bytes at the peak; ``MemoryPeak`` measures both)."""
     if gather not in ("bucketed", "full"):
         raise ValueError(f"gather={gather!r}: allowed 'bucketed', 'full'")
-    stats = stats or SyncStats("buckets")
     params = [p for _, p in model.named_parameters()]
     plan = bucket_plan(_shapes(model), bucket_bytes)
     owner = _zero_units(zero)
@@ -178,11 +206,8 @@ def buckets(
         for u in units:
             u.gather()
             u.wait()
-            stats.hold(u.padded_numel * u.full.element_size())
         full_copy = [p.detach().clone() for p in params]  # the naive full state dict
-        stats.hold(sum(t.numel() * t.element_size() for t in full_copy))
         for u in units:
-            stats.release(u.padded_numel * u.full.element_size())
             u.free()
     last_use = {}
     for b, idx in enumerate(plan):
@@ -198,20 +223,20 @@ def buckets(
                     u.gather()
                     u.wait()
                     live[id(u)] = u
-                    stats.hold(u.padded_numel * u.full.element_size())
         src = full_copy if full_copy is not None else params
         flat = torch.cat([src[i].detach().reshape(-1) for i in idx])
-        stats.hold(flat.numel() * flat.element_size())
         yield idx, flat
-        stats.release(flat.numel() * flat.element_size())
         del flat
         for key, u in list(live.items()):
             if last_use[key] == b:
-                stats.release(u.padded_numel * u.full.element_size())
                 u.free()
                 del live[key]
-    if full_copy is not None:
-        stats.release(sum(t.numel() * t.element_size() for t in full_copy))
+
+
+def _release(flat: torch.Tensor) -> None:
+    """Free a sent or received bucket's bytes now, on this thread: gloo's finished work may still hold a
+    reference, and its worker thread would otherwise free them later (unseen by ``MemoryPeak``)."""
+    flat.untyped_storage().resize_(0)
 
 
 def _wait(work, roles: Roles, what: str) -> None:
@@ -234,12 +259,14 @@ def sync_broadcast(
     zero=None,
     gather: str = "bucketed",
     wire: bool = False,
+    memory: bool = False,
 ) -> SyncStats:
     """Send the trainer's weights to every rollout rank by bucketed broadcast in the sync group.
 
     Call on every rank: trainers (all of them, ZeRO-3 gathers are collective) pass their (wrapped)
     model, rollouts their engine's model of the same architecture. ``wire=True`` measures this rank's
-    TCP bytes with ``mlsys_nb.comm.wire.WireCounter``. Returns this rank's ``SyncStats``."""
+    TCP bytes with ``mlsys_nb.comm.wire.WireCounter``; ``memory=True`` measures the peak bytes the sync
+    allocated on this rank (``MemoryPeak``) into ``peak_bytes``. Returns this rank's ``SyncStats``."""
     stats = SyncStats("broadcast")
     in_sync = roles.rank == roles.src or not roles.is_trainer
     counter = None
@@ -248,29 +275,34 @@ def sync_broadcast(
 
         counter = WireCounter()
         counter.__enter__()
+    peak = MemoryPeak().__enter__() if memory else None
     t0 = time.perf_counter()
     if roles.is_trainer:
-        for _, flat in buckets(model, bucket_bytes, zero=zero, gather=gather, stats=stats):
+        for _, flat in buckets(model, bucket_bytes, zero=zero, gather=gather):
             if in_sync:
                 _wait(dist.broadcast(flat, src=roles.src, group=roles.sync_group, async_op=True), roles, "broadcast")
                 stats.nbytes += flat.numel() * flat.element_size()
                 stats.n_buckets += 1
+                _release(flat)
+            del flat
     else:
         params = [p for _, p in model.named_parameters()]
         for idx in bucket_plan(_shapes(model), bucket_bytes):
             n = sum(params[i].numel() for i in idx)
             flat = torch.empty(n, dtype=params[idx[0]].dtype)
-            stats.hold(flat.numel() * flat.element_size())
             _wait(dist.broadcast(flat, src=roles.src, group=roles.sync_group, async_op=True), roles, "broadcast")
             off = 0
             for i in idx:
                 k = params[i].numel()
                 params[i].copy_(flat[off : off + k].view_as(params[i]))
                 off += k
-            stats.release(flat.numel() * flat.element_size())
             stats.nbytes += flat.numel() * flat.element_size()
             stats.n_buckets += 1
+            _release(flat)
     stats.seconds = time.perf_counter() - t0
+    if peak is not None:
+        peak.__exit__(None, None, None)
+        stats.peak_bytes = peak.peak_bytes
     if counter is not None:
         counter.__exit__(None, None, None)
         stats.wire_sent, stats.wire_received = counter.raw_bytes_sent, counter.raw_bytes_received
@@ -290,7 +322,7 @@ def sync_file(model: nn.Module, roles: Roles, path: str, *, zero=None, bucket_by
     names = [n for n, _ in model.named_parameters()]
     if roles.is_trainer:
         state = {}
-        for idx, flat in buckets(model, bucket_bytes, zero=zero, stats=stats):
+        for idx, flat in buckets(model, bucket_bytes, zero=zero):
             off = 0
             params = dict(model.named_parameters())
             for i in idx:
@@ -364,7 +396,7 @@ class SharedWeights:
         roles = self.roles
         if roles.is_trainer:
             off = 0
-            for _, flat in buckets(self.model, 1 << 20, zero=self.zero, stats=stats):
+            for _, flat in buckets(self.model, 1 << 20, zero=self.zero):
                 if roles.rank == roles.src:
                     self.flat[off : off + flat.numel()].copy_(flat)
                 off += flat.numel()
