@@ -14,7 +14,7 @@ def test_notebook_19_runs_on_two_ranks_with_solutions():
         "bucketing cut the sync's peak",
         "sync/co-located runs are on-policy and identical step for step, async is exactly one step",
         "PPO raises the true reward with engine rollouts",
-        "split layouts gain from overlap",
+        "the 70B split sync equals the hand count",
         "exercise 1",
         "exercise 2",
     ):
