@@ -64,6 +64,7 @@ def main(argv=None):
     ap.add_argument("--neighbour-runs", type=int, default=2, help="runs beside a busy loop on core 1")
     ap.add_argument("--repeats", type=int, default=25, help="timed rounds per run (notebook 04: 25)")
     ap.add_argument("--out", type=Path, default=None, help="write a markdown record here")
+    ap.add_argument("--append", default=None, metavar="TITLE", help="append the runs to --out as a section TITLE")
     a = ap.parse_args(argv)
     if a.runs < 0 or a.neighbour_runs < 0 or a.runs + a.neighbour_runs < 1 or a.repeats < 3:
         raise SystemExit("need --runs >= 0, --neighbour-runs >= 0, one run at least, --repeats >= 3")
@@ -116,7 +117,23 @@ def main(argv=None):
     )
     text += "\n".join(table)
     print(text)
-    if a.out:
+    if a.out and a.append:
+        section = [
+            "",
+            f"## {a.append}",
+            "",
+            f"Regenerate: `.venv/bin/python benchmarks/comm_prediction.py --runs {a.runs} --neighbour-runs "
+            f"{a.neighbour_runs} --repeats {a.repeats} --out {a.out} --append '{a.append}'`",
+            "",
+            "Machine: " + "; ".join(f"{k}: {v}" for k, v in head.items()) + ".",
+            "",
+            text,
+            "",
+        ]
+        with a.out.open("a") as f:
+            f.write("\n".join(section))
+        print("appended to", a.out)
+    elif a.out:
         a.out.write_text(
             "\n".join(
                 [

@@ -238,21 +238,18 @@ def median_errors(rows) -> dict:
 
 
 def check_all_reduce_class(rows, bound: float) -> tuple[float, float]:
-    """The all-reduce check of notebook 04 at 2 ranks: the models that move ``S`` per rank (k_β = 1:
-    ring, recursive doubling and Rabenseifner coincide there) predict within ``bound`` (median relative
-    error), and those that move ``2S`` (binomial tree, pipelined tree) miss it. Raises
-    ``AssertionError`` otherwise; returns (ring's error, the best 2S model's error). It tells the
-    bandwidth class apart, not the algorithms inside one class."""
+    """The all-reduce check of notebook 04 at 2 ranks: the ring's prediction (a model that moves ``S``
+    per rank, k_β = 1; Rabenseifner's is the same at n = 2, recursive doubling's one α less) is within
+    ``bound`` (median relative error), and every model that moves ``2S`` (binomial tree, pipelined
+    tree) misses it. Raises ``AssertionError`` otherwise; returns (ring's error, the best 2S model's
+    error). It tells the bandwidth class apart, not the algorithms inside one class."""
     err = median_errors(rows)
     ar = {r["model"]: r["k_beta"] for r in rows if r["op"] == "all_reduce"}
-    one = [m for m, kb in ar.items() if kb == ar["ring"]]
     two = [m for m, kb in ar.items() if kb > ar["ring"]]
     if not two:
         raise ValueError("no model moves more bytes than the ring at this world size: nothing to tell apart")
     ring = err[("all_reduce", "ring")]
     assert ring <= bound, f"the ring all-reduce prediction misses by {ring:.0%} (> {bound:.0%})"
-    worst_one = max(err[("all_reduce", m)] for m in one)
-    assert worst_one <= bound, f"a model that moves S per rank misses by {worst_one:.0%} (> {bound:.0%})"
     best_two = min(err[("all_reduce", m)] for m in two)
     assert best_two > bound, (
         f"a model that moves {ar[min(two, key=lambda m: err[('all_reduce', m)])]:.0f}·S per rank is within "
