@@ -319,6 +319,19 @@ def load_model_preset(name: str) -> ModelConfig:
     return presets[name]
 
 
+def as_model_config(model) -> ModelConfig:
+    """A ``ModelConfig`` from a preset name (``data/models.yaml``), a ``ModelConfig``, or a module carrying
+    one as ``.cfg`` (the package's ``Transformer``). The one coercion every calculator uses."""
+    if isinstance(model, ModelConfig):
+        return model
+    if isinstance(model, str):
+        return load_model_preset(model)
+    cfg = getattr(model, "cfg", None)
+    if isinstance(cfg, ModelConfig):
+        return cfg
+    raise TypeError(f"model must be a preset name, a ModelConfig or a Transformer, got {type(model).__name__}")
+
+
 # ---- training configuration (used by mlsys_nb.memory, .flops and the parallelism helpers) -------
 PRECISIONS = ("fp32", "bf16-mixed", "bf16-nomaster", "fp8-te", "fp8-dsv3")
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adam-8bit")

@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .config import ModelConfig, check_int, check_number, dtype_name
+from .config import ModelConfig, as_model_config, check_int, check_number, dtype_name
 
 COMPONENTS = ("qkv", "attn_scores", "attn_values", "out_proj", "mlp", "lm_head")
 SECONDS_PER_DAY = 86400.0
@@ -40,16 +40,6 @@ PF_DAY = 1e15 * SECONDS_PER_DAY  # FLOPs in one petaflop/s-day (Kaplan et al. un
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-def _config(model) -> ModelConfig:
-    """A ``ModelConfig`` from a config or a module carrying ``.cfg`` (the package's Transformer)."""
-    if isinstance(model, ModelConfig):
-        return model
-    cfg = getattr(model, "cfg", None)
-    if isinstance(cfg, ModelConfig):
-        return cfg
-    raise TypeError(f"model must be a ModelConfig or a module with a ModelConfig .cfg, got {type(model).__name__}")
-
-
 def _check_seq_len(seq_len) -> int:
     return check_int("seq_len (tokens)", seq_len, 1)
 
@@ -68,7 +58,7 @@ def parameter_count(model, *, exclude_embedding: bool = False, active: bool = Tr
         return _check_positive("model (parameter count)", model)
     from .memory import param_count
 
-    pc = param_count(_config(model))
+    pc = param_count(as_model_config(model))
     n = pc.active if active else pc.total
     return float(n - (pc.embedding + pc.head if exclude_embedding else 0))
 
@@ -117,20 +107,21 @@ class FlopBreakdown:
         return pd.DataFrame(rows).set_index("component")
 
 
-def _mlp_forward(cfg: ModelConfig, width: int) -> float:
+def mlp_forward_flops(cfg: ModelConfig, width: int) -> float:
+    """Forward FLOPs per token of one MLP of inner ``width`` (2 FLOPs per multiply-add; SwiGLU has 3 matrices)."""
     return 2.0 * cfg.hidden * width * (3 if cfg.activation == "swiglu" else 2)
 
 
 def breakdown(model, seq_len: int, *, causal: bool = True) -> FlopBreakdown:
     """Per-component forward FLOPs per token (see the module docstring for each formula)."""
-    cfg = _config(model)
+    cfg = as_model_config(model)
     s = _check_seq_len(seq_len)
     h, L = cfg.hidden, cfg.n_layers
     s_eff = (s + 1) / 2.0 if causal else float(s)
-    dense_mlp = _mlp_forward(cfg, cfg.ffn_hidden)
+    dense_mlp = mlp_forward_flops(cfg, cfg.ffn_hidden)
     if cfg.is_moe:
         moe_layers = L - cfg.n_dense_layers
-        expert = _mlp_forward(cfg, cfg.expert_ffn_hidden)
+        expert = mlp_forward_flops(cfg, cfg.expert_ffn_hidden)
         moe_mlp = 2.0 * h * cfg.n_experts + (cfg.top_k + cfg.n_shared_experts) * expert
         mlp = cfg.n_dense_layers * dense_mlp + moe_layers * moe_mlp
     else:
@@ -177,7 +168,7 @@ def hardware_flops_per_token(
     of a checkpointed region is not redone: the MLP down projection for a full block (dense
     models), the probabilities x V product for the attention core. ``FlopCounterMode`` confirms
     this count exactly (tests/test_flops.py)."""
-    cfg = _config(model)
+    cfg = as_model_config(model)
     b = breakdown(cfg, seq_len, causal=causal)
     if recompute == "none":
         extra = 0.0
@@ -201,7 +192,7 @@ def six_n(model, *, exclude_embedding: bool = False) -> float:
 
 def six_n_attention(model, seq_len: int, *, exclude_embedding: bool = False) -> float:
     """PaLM's ``6N + 12 L (a d_h) s`` training FLOPs per token (non-causal attention term)."""
-    cfg = _config(model)
+    cfg = as_model_config(model)
     return six_n(cfg, exclude_embedding=exclude_embedding) + 12.0 * cfg.n_layers * cfg.q_dim * _check_seq_len(seq_len)
 
 
@@ -294,7 +285,7 @@ def hfu(
     causal: bool = True,
 ) -> float:
     """Hardware FLOPs utilisation: like ``mfu`` but counting recomputed forwards."""
-    cfg = _config(model)
+    cfg = as_model_config(model)
     per_tok = hardware_flops_per_token(cfg, seq_len or cfg.seq_len, recompute=recompute, causal=causal)
     return mfu(model, tokens_per_s, gpu=gpu, n_gpus=n_gpus, dtype=dtype, per_token_flops=per_tok)
 
@@ -344,7 +335,7 @@ def measure_matmul_peak(n: int = 512, repeats: int = 10) -> float:
 def _training_flops_per_token(model, seq_len, causal) -> float:
     if isinstance(model, (int, float)) and not isinstance(model, bool):
         return 6.0 * _check_positive("model (parameter count)", model)
-    cfg = _config(model)
+    cfg = as_model_config(model)
     return flops_per_token(cfg, seq_len or cfg.seq_len, backward=True, causal=causal)
 
 

@@ -106,7 +106,8 @@ def _attn_params(m: ModelConfig, tp: int) -> tuple[float, int]:
     return shard, rep
 
 
-def _norm_params(m: ModelConfig) -> int:
+def norm_params(m: ModelConfig) -> int:
+    """Parameters of one normalisation layer: the gain (``hidden``), plus the bias of a LayerNorm with biases."""
     return m.hidden * (2 if (m.norm == "layernorm" and m.bias) else 1)
 
 
@@ -122,7 +123,7 @@ def _layer_params(m: ModelConfig, i: int, *, tp: int = 1, ep: int = 1, active: b
     """Parameters of layer ``i`` held by one rank: ``dense`` (ZeRO over dp x cp) and ``expert``
     (ZeRO over dp x cp / ep)."""
     attn_shard, attn_rep = _attn_params(m, tp)
-    dense = attn_shard + attn_rep + 2 * _norm_params(m)
+    dense = attn_shard + attn_rep + 2 * norm_params(m)
     expert = 0.0
     if m.is_moe and i >= m.n_dense_layers:
         dense += m.hidden * m.n_experts  # router, replicated
@@ -168,7 +169,7 @@ def _param_count(model: ModelConfig) -> ParamCount:
     per_active = {i: _layer_params(model, i, active=True) for i in kinds}
     emb = model.vocab_size * model.hidden
     head = 0 if model.tied_embeddings else emb
-    outside = emb + head + _norm_params(model)
+    outside = emb + head + norm_params(model)
     total = outside + sum(n * (per[i]["dense"] + per[i]["expert"]) for i, n in kinds.items())
     active = outside + sum(n * (per_active[i]["dense"] + per_active[i]["expert"]) for i, n in kinds.items())
     kind_of = lambda j: max(i for i in kinds if i <= j) if model.is_moe else next(iter(kinds))  # noqa: E731
@@ -197,7 +198,9 @@ class ModelStates:
         return float(self.total)
 
 
-def _bytes_per_param(precision: str, optimizer: str, fp32_grad_accum: bool, k: float | None) -> dict:
+def bytes_per_param(precision: str, optimizer: str, fp32_grad_accum: bool, k: float | None) -> dict:
+    """Bytes per parameter of each model state (``param``, ``grad``, ``master``, ``optimizer``, ...) for a
+    precision recipe and an optimizer; ``k`` overrides the optimizer-state bytes (the ZeRO paper's K)."""
     if precision not in _PRECISION:
         raise ValueError(f"precision={precision!r}: allowed {tuple(_PRECISION)}")
     if optimizer not in _STATES:
@@ -279,7 +282,7 @@ def model_state_bytes(
         raise ValueError(f"zero={zero}: allowed 0, 1, 2, 3")
     if dp < 1:
         raise ValueError(f"dp={dp}: allowed >= 1")
-    b = _bytes_per_param(precision, optimizer, fp32_grad_accum, optimizer_bytes_per_param)
+    b = bytes_per_param(precision, optimizer, fp32_grad_accum, optimizer_bytes_per_param)
     return ModelStates(
         params=b["param"] * _sharded(n_params, dp, zero >= 3),
         grads=b["grad"] * _sharded(n_params, dp, zero >= 2),
@@ -410,7 +413,7 @@ def _outside_terms(m: ModelConfig, t: TrainConfig, first: bool, last: bool) -> l
     return terms
 
 
-def _in_flight(t: TrainConfig, stage: int) -> float:
+def in_flight_microbatches(t: TrainConfig, stage: int) -> float:
     """Micro-batches (in units of one micro-batch through a whole stage) whose activations a
     stage holds at its peak: the pipeline schedule's own closed form (``peak_in_flight``)."""
     if t.pp == 1:
@@ -565,7 +568,7 @@ def _stage_range(m: ModelConfig, t: TrainConfig, stage: int) -> range:
     return range(start, start + sizes[stage])
 
 
-def _stage_params(m: ModelConfig, t: TrainConfig, stage: int) -> tuple[float, float, float, int]:
+def stage_params(m: ModelConfig, t: TrainConfig, stage: int) -> tuple[float, float, float, int]:
     """(dense, expert, largest layer) parameters on ``stage`` per TP/EP rank, and its layer count."""
     layers = _stage_range(m, t, stage)
     per = len(layers)
@@ -580,7 +583,7 @@ def _stage_params(m: ModelConfig, t: TrainConfig, stage: int) -> tuple[float, fl
     if stage == 0:
         dense += vshard
     if stage == t.pp - 1:
-        dense += _norm_params(m) + (vshard if (not m.tied_embeddings or t.pp > 1) else 0)
+        dense += norm_params(m) + (vshard if (not m.tied_embeddings or t.pp > 1) else 0)
     return dense, expert, largest, per
 
 
@@ -603,17 +606,17 @@ def estimate(
     if stage is not None and not 0 <= stage < t.pp:
         raise ValueError(f"stage={stage}: allowed 0..{t.pp - 1}")
     gpu = hardware.gpu(t.gpu)
-    bpp = _bytes_per_param(t.precision, t.optimizer, t.fp32_grad_accum, t.optimizer_bytes_per_param)
+    bpp = bytes_per_param(t.precision, t.optimizer, t.fp32_grad_accum, t.optimizer_bytes_per_param)
     pc = param_count(model)
     zgroup = t.dp * t.cp
     egroup = zgroup // t.ep
     results = []
     for st in [stage] if stage is not None else range(t.pp):
-        dense, expert, largest, nlay = _stage_params(model, t, st)
+        dense, expert, largest, nlay = stage_params(model, t, st)
         stages = [st]
         if t.pp_schedule == "dualpipe" and t.pp > 1:  # DualPipe: this rank also holds stage pp-1-st
             mirror = t.pp - 1 - st
-            d2, e2, l2, n2 = _stage_params(model, t, mirror)
+            d2, e2, l2, n2 = stage_params(model, t, mirror)
             dense, expert, largest, nlay = dense + d2, expert + e2, max(largest, l2), nlay + n2
             stages.append(mirror)
         states = {}
@@ -642,7 +645,7 @@ def estimate(
             for i, n in _kinds(model, _stage_range(model, t, s_)).items()
         )
         acts_layers /= len(stages)  # DualPipe: in-flight micro-batches counted over one stage's layers
-        fl = _in_flight(t, st)
+        fl = in_flight_microbatches(t, st)
         acts_layers *= fl
         first, last = 0 in stages, t.pp - 1 in stages
         outside = _outside_terms(model, t, first, last)
@@ -801,7 +804,7 @@ def playbook_inputs(model: ModelConfig, train: TrainConfig) -> dict:
     mixed = train.precision != "fp32"
     k = train.optimizer_bytes_per_param
     if k is None:
-        states = _bytes_per_param(train.precision, train.optimizer, False, None)["optimizer"]
+        states = bytes_per_param(train.precision, train.optimizer, False, None)["optimizer"]
         k = states * (4 / _PRECISION[train.precision]["state"])
     return dict(
         a=model.n_heads,

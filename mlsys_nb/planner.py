@@ -237,7 +237,7 @@ def _context(
         raise ValueError(f"dp_overlap={dp_overlap}: allowed [0, 1]")
     if overhead_bytes < 0:
         raise ValueError(f"overhead_bytes={overhead_bytes}: allowed >= 0")
-    memory._bytes_per_param(precision, "adam", False, None)  # raises naming precision
+    memory.bytes_per_param(precision, "adam", False, None)  # raises naming precision
     if ep_copies is not None and not 0 < ep_copies:
         raise ValueError(f"ep_copies={ep_copies}: allowed > 0 (token copies sent per MoE layer) or None (top_k)")
     if not 0 < ep_bytes <= 4:
@@ -272,9 +272,9 @@ def _layer_flops(model: ModelConfig, seq_len: int) -> tuple[tuple[float, ...], f
     b = _flops.breakdown(model, seq_len, causal=True).forward
     L = model.n_layers
     attn = (b["qkv"] + b["attn_scores"] + b["attn_values"] + b["out_proj"]) / L
-    dense = _flops._mlp_forward(model, model.ffn_hidden)
+    dense = _flops.mlp_forward_flops(model, model.ffn_hidden)
     if model.is_moe:
-        moe = 2.0 * model.hidden * model.n_experts + (model.top_k + model.n_shared_experts) * _flops._mlp_forward(
+        moe = 2.0 * model.hidden * model.n_experts + (model.top_k + model.n_shared_experts) * _flops.mlp_forward_flops(
             model, model.expert_ffn_hidden
         )
         per = tuple(attn + (moe if i >= model.n_dense_layers else dense) for i in range(L))
@@ -342,9 +342,9 @@ def _stage_states(model: ModelConfig, tp: int, pp: int, ep: int, dualpipe: bool)
     t = TrainConfig(tp=tp, pp=pp, ep=ep, dp=ep, pp_schedule="dualpipe" if dualpipe else "1f1b")
     best = (0.0, 0.0)
     for st in range(pp):
-        d, e, _, _ = memory._stage_params(model, t, st)
+        d, e, _, _ = memory.stage_params(model, t, st)
         if dualpipe and pp > 1:
-            d2, e2, _, _ = memory._stage_params(model, t, pp - 1 - st)
+            d2, e2, _, _ = memory.stage_params(model, t, pp - 1 - st)
             d, e = d + d2, e + e2
         if d + e > sum(best):
             best = (d, e)
@@ -364,7 +364,7 @@ def _states_bound(ctx: _Ctx, lay: Layout) -> float:
 @lru_cache(maxsize=1 << 14)
 def _states_bytes(model, precision, tp, pp, ep, dual, zg, zero) -> float:
     d, e = _stage_states(model, tp, pp, ep, dual)
-    b = memory._bytes_per_param(precision, "adam", False, None)
+    b = memory.bytes_per_param(precision, "adam", False, None)
     eg = zg // ep
     tot = 0.0
     for key, zmin in (("param", 3), ("grad", 2), ("optimizer", 1), ("master", 1)):
@@ -389,7 +389,7 @@ def _in_flight_last(schedule: str, pp: int, m: int, v: int) -> float:
         pp_schedule=_MEM_SCHEDULE.get(schedule, schedule),
         virtual_stages=v if schedule == "interleaved-1f1b" else 1,
     )
-    return memory._in_flight(t, pp - 1)
+    return memory.in_flight_microbatches(t, pp - 1)
 
 
 @lru_cache(maxsize=1024)

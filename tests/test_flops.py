@@ -207,7 +207,8 @@ def test_mfu_and_hfu_from_step_time():
         (lambda: flops.training_time(7e9, 1e12, gpu="A100", n_gpus=8, mfu=0.4), "unknown GPU"),  # ambiguous
         (lambda: flops.flops_per_token(LLAMA2_7B, 0), "seq_len"),
         (lambda: flops.hardware_flops_per_token(LLAMA2_7B, 8, recompute="half"), "recompute"),
-        (lambda: flops.flops_per_token("llama", 8), "ModelConfig"),
+        (lambda: flops.flops_per_token("llama", 8), "unknown model preset 'llama'"),  # presets are accepted by name
+        (lambda: flops.flops_per_token(3.5, 8), "ModelConfig"),
     ],
 )
 def test_bad_input_names_the_parameter(call, match):

@@ -99,7 +99,7 @@ _LAZY = {
     "expected_tokens_per_step": ".speculative",
     "Grammar": ".structured",
     "GrammarError": ".structured",
-    "apply_mask": ".structured",
+    "apply_mask": ".sampler",
     "generate_structured": ".structured",
 }
 

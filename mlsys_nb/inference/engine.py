@@ -35,7 +35,7 @@ from .model_runner import ModelRunner, SwapPool
 from .paged import PagedKVCache
 from .sampler import sample
 from .sampling_params import ParamError, SamplingParams
-from .structured import apply_mask
+from .sampler import apply_mask
 from .scheduler import PREEMPTION_MODES, Scheduler
 from .sequence import CompletionOutput, RequestOutput, Sequence, SequenceStatus
 from .tokenizer import ByteTokenizer, decode_stream
@@ -494,9 +494,9 @@ class LLMEngine:
         a trained ``LlamaForCausalLM``'s), mapped as ``models.from_hf`` does. Requests already running keep
         the K/V they computed with the old weights (as in vLLM)."""
         if any(k.startswith("model.") for k in state_dict):
-            from ..models.hf import _name_map
+            from ..models.hf import hf_name_map
 
-            names = _name_map(self.model.cfg)
+            names = hf_name_map(self.model.cfg)
             missing = [theirs for theirs in names.values() if theirs not in state_dict]
             if missing:
                 raise KeyError(f"transformers-style state_dict lacks {missing[:3]} ({len(missing)} missing in all)")
@@ -623,7 +623,7 @@ class LLM:
         """Each request decoded on its own (batch 1, where decode is memory-bound and drafting pays),
         ``n`` samples with seeds ``seed + i``; temperature/top_k/top_p shape target and draft alike,
         stop strings and stop token ids end a sample, logprobs are the target's raw ones."""
-        from .sampler import _logprobs
+        from .sampler import logprob_entry
         from .speculative import speculative_generate
 
         eng, outs = self.engine, []
@@ -681,7 +681,7 @@ class LLM:
                     text = hit["text"][: hit["cut"]]
                 lps = None
                 if p.logprobs is not None:
-                    lps = [_logprobs(row, t, p.logprobs, eng.tokenizer) for row, t in zip(stats.logprobs, toks)]
+                    lps = [logprob_entry(row, t, p.logprobs, eng.tokenizer) for row, t in zip(stats.logprobs, toks)]
                 cum = sum(lp[t].logprob for lp, t in zip(lps, toks)) if lps is not None else None
                 completions.append(
                     CompletionOutput(i, text, list(toks), cum, lps, "stop" if ended else "length", hit.get("reason"))

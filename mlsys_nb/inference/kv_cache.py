@@ -51,38 +51,20 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..config import DTYPE_BYTES, ModelConfig, dtype_bytes, torch_dtype
+from ..config import DTYPE_BYTES, as_model_config, dtype_bytes, torch_dtype
 
 __all__ = ["DTYPE_BYTES", "KVCache", "kv_bytes_per_token", "kv_cache_bytes", "max_concurrent_sequences", "weight_bytes"]
-
-
-def _dtype_bytes(dtype) -> float:
-    return dtype_bytes(dtype)
 
 
 def _torch_dtype(dtype):
     return torch.float32 if dtype is None else torch_dtype(dtype)
 
 
-def _config(model) -> ModelConfig:
-    """A ModelConfig from a preset name, a ModelConfig, or anything with ``.cfg`` (Transformer)."""
-    if isinstance(model, ModelConfig):
-        return model
-    if isinstance(model, str):
-        from ..config import load_model_preset
-
-        return load_model_preset(model)
-    cfg = getattr(model, "cfg", None)
-    if isinstance(cfg, ModelConfig):
-        return cfg
-    raise TypeError(f"model must be a preset name, a ModelConfig or a Transformer, got {type(model).__name__}")
-
-
 # ---- sizes ---------------------------------------------------------------------------------------
 def kv_bytes_per_token(model, dtype="bf16") -> float:
     """Bytes cached per token over all layers (K and V; MLA: latent + shared RoPE key)."""
-    cfg = _config(model)
-    b = _dtype_bytes(dtype)
+    cfg = as_model_config(model)
+    b = dtype_bytes(dtype)
     if cfg.kv_lora_rank:  # MLA (DeepSeek-V2/V3)
         return (cfg.kv_lora_rank + cfg.rope_head_dim) * cfg.n_layers * b
     return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * b
@@ -103,7 +85,7 @@ def weight_bytes(model, dtype="bf16") -> float:
     """Bytes of all parameters (a tied head once) at ``dtype``."""
     from ..memory import param_count
 
-    return int(param_count(_config(model))) * _dtype_bytes(dtype)
+    return int(param_count(as_model_config(model))) * dtype_bytes(dtype)
 
 
 def max_concurrent_sequences(
@@ -118,7 +100,7 @@ def max_concurrent_sequences(
     do not fit. ``gpu``: a name in data/hardware.yaml or a ``mlsys_nb.hardware.GPU``."""
     from .. import hardware
 
-    cfg = _config(model)
+    cfg = as_model_config(model)
     g = hardware.gpu(gpu) if isinstance(gpu, str) else gpu
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"seq_len={seq_len!r} is out of range: allowed an int >= 1")
@@ -146,7 +128,7 @@ class KVCache:
     """
 
     def __init__(self, model, n_seqs: int, max_len: int | None = None, *, dtype=None, device=None):
-        cfg = _config(model)
+        cfg = as_model_config(model)
         if dtype is None and isinstance(model, torch.nn.Module):
             p = next(model.parameters())
             dtype, device = p.dtype, device or p.device

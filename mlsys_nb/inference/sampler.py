@@ -88,7 +88,7 @@ def sample(
     for i, seq in enumerate(seqs):
         try:
             tok = _sample_row(logits[i], seq, greedy[i], generator, eos_token_ids)
-            entry = None if seq.params.logprobs is None else _logprobs(logp[i], tok, seq.params.logprobs, tokenizer)
+            entry = None if seq.params.logprobs is None else logprob_entry(logp[i], tok, seq.params.logprobs, tokenizer)
         except Exception as e:
             if errors is None:
                 raise
@@ -111,7 +111,16 @@ def _sample_row(row: torch.Tensor, seq: Sequence, argmax: int, generator, eos_to
     return int(torch.multinomial(probs, 1, generator=seq.generator or generator))
 
 
-def _logprobs(row: torch.Tensor, tok: int, k: int, tokenizer) -> dict[int, Logprob]:
+def apply_mask(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """logits with disallowed tokens (``mask`` False) set to −inf; raises if nothing is allowed."""
+    if not bool(mask.any()):
+        raise RuntimeError("the grammar mask allows no token (a bug: budgeted masks always allow one)")
+    return logits.float().masked_fill(~mask.to(logits.device), float("-inf"))
+
+
+def logprob_entry(row: torch.Tensor, tok: int, k: int, tokenizer) -> dict[int, Logprob]:
+    """One position's logprobs: the sampled token ``tok`` and the ``k`` most likely ones, from the
+    log-probability ``row`` (natural log), each with its rank (1 = most likely) and decoded text."""
     lp = float(row[tok])
     rank = int((row > row[tok]).sum()) + 1
     out = {tok: Logprob(lp, rank, _decode(tokenizer, tok))}

@@ -261,7 +261,7 @@ def speculative_generate(
         if allowed is not None:
             m = allowed(prefix)
             if m is not None:  # the grammar: disallowed logits to -inf BEFORE the softmax
-                from .structured import apply_mask
+                from .sampler import apply_mask
 
                 logits = apply_mask(logits, m)
         if temperature == 0 or (top_k == -1 and top_p == 1.0):

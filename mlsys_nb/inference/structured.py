@@ -57,6 +57,8 @@ from collections import deque
 
 import torch
 
+from .sampler import apply_mask  # the mask is applied where logits are processed; re-exported here
+
 __all__ = [
     "Grammar",
     "GrammarError",
@@ -85,13 +87,6 @@ def choice_regex(choices) -> str:
     if isinstance(choices, str) or not choices or not all(isinstance(c, str) and c for c in choices):
         raise GrammarError(f"choice={choices!r}: allowed a non-empty list of non-empty strings")
     return "(" + "|".join("".join("\\" + ch if ch in _META else ch for ch in c) for c in choices) + ")"
-
-
-def apply_mask(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """logits with disallowed tokens (``mask`` False) set to −inf; raises if nothing is allowed."""
-    if not bool(mask.any()):
-        raise RuntimeError("the grammar mask allows no token (a bug: budgeted masks always allow one)")
-    return logits.float().masked_fill(~mask.to(logits.device), float("-inf"))
 
 
 class Grammar:

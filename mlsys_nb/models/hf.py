@@ -83,8 +83,8 @@ def config_from_hf(hc, *, seq_len: int | None = None) -> ModelConfig:
     )
 
 
-def _name_map(cfg: ModelConfig) -> dict[str, str]:
-    """package parameter name -> transformers parameter name."""
+def hf_name_map(cfg: ModelConfig) -> dict[str, str]:
+    """The kit's parameter name -> the ``transformers`` (Llama-layout) parameter name, for ``cfg``."""
     m = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
     if not cfg.tied_embeddings:
         m["lm_head.weight"] = "lm_head.weight"
@@ -112,7 +112,7 @@ def from_hf(hf_model, *, seq_len: int | None = None, dtype=None) -> Transformer:
     ref = next(iter(src.values()))
     with torch.device("meta"):
         model = Transformer(cfg)
-    names = _name_map(cfg)
+    names = hf_name_map(cfg)
     state = {}
     for ours, theirs in names.items():
         if theirs not in src:
@@ -173,7 +173,7 @@ def to_hf(model: Transformer):
     p = next(model.parameters())
     hf = cls(hc).to(device=p.device, dtype=p.dtype)
     ours = model.state_dict()
-    state = {theirs: ours[mine] for mine, theirs in _name_map(cfg).items()}
+    state = {theirs: ours[mine] for mine, theirs in hf_name_map(cfg).items()}
     missing, unexpected = hf.load_state_dict(state, strict=False)
     missing = [n for n in missing if not (cfg.tied_embeddings and n == "lm_head.weight")]
     if missing or unexpected:
