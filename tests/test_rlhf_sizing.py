@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlsys_nb.memory import rlhf_estimate
+from mlsys_nb.rl.sizing import rlhf_estimate
 from mlsys_nb.rl import sizing
 
 N7 = 6_738_415_616  # Llama-2-7B parameters (memory.param_count)

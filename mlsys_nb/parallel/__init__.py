@@ -29,7 +29,7 @@
 
 Rank-side check workers (functions run on every rank by ``mlsys_nb.launch``): those a notebook or
 benchmark launches live in the package, beside what they check (``harness`` for data parallelism
-and ZeRO, ``mesh.train_worker``); those only the tests launch live in ``tests/<topic>_checks.py``
+and ZeRO, ``mesh.train_worker``); those only the tests launch live in the ``tests/*_checks`` modules
 (``tensor_parallel_checks``, ``expert_parallel_checks``, ``context_parallel_checks``,
 ``mesh_checks``, ``ddp_zero_checks``). Breaking an idea on purpose, to show that its check fails,
 is done there, on the test side (a notebook that shows it does the same in its own cell): the

@@ -22,7 +22,8 @@ after every step. Here, small but real, on a local Ray cluster:
   generation of batch t+1 runs while step t trains (``RunResult.overlap_s``, ``overlapped_share``); in
   sync and co-located mode it never does. ``run("async", overlap=False)`` is the broken idea for the
   tests: still one step stale, but generation waits for training.
-- Closed forms (models): ``sync_step_s = gen + sync + train``, ``async_step_s = max(gen, train) + sync``.
+- Closed forms (models, from ``rl.sizing``): ``sync_step_s = gen + sync + train``,
+  ``async_step_s = max(gen, train) + sync``.
 - Reliability: a rollout worker that dies mid-step (``die_at_step``) is detected (``RayActorError``),
   replaced by a new actor which gets the trainer's current weights; the trainer's state is untouched and
   the step is generated again. ``ray_session()`` starts a capped local cluster (``object_store_memory``,
@@ -35,6 +36,8 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass, field
+
+from .sizing import async_step_s, sync_step_s  # the closed forms, one home (re-exported here)
 
 __all__ = [
     "RLWorker",
@@ -49,17 +52,6 @@ __all__ = [
 ]
 
 TARGET = ord("a")  # the toy reward: the share of response bytes equal to this one
-
-
-def sync_step_s(gen_s: float, train_s: float, sync_s: float) -> float:
-    """Closed form (model) of one step when phases alternate: ``gen + sync + train`` seconds."""
-    return gen_s + sync_s + train_s
-
-
-def async_step_s(gen_s: float, train_s: float, sync_s: float) -> float:
-    """Closed form (model) of one step with generation of t+1 overlapped with training of t:
-    ``max(gen, train) + sync`` seconds (the sync cannot overlap: the rollout waits for the weights)."""
-    return max(gen_s, train_s) + sync_s
 
 
 def leftover_ray_processes(session_dir: str | None = None) -> list[int]:

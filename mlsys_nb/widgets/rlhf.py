@@ -1,6 +1,6 @@
 """RLHF sizing: a model, a GPU type, a GPU count and the rollout settings in; per-GPU memory and the
 modelled step of a co-located and a split (disaggregated) PPO-RLHF layout out, side by side
-(``mlsys_nb.rl.sizing.layout_cost``, which builds on ``memory.rlhf_estimate``, the inference roofline
+(``mlsys_nb.rl.sizing.layout_cost``, which builds on ``rl.sizing.rlhf_estimate``, the inference roofline
 and the links of ``data/hardware.yaml``). Models, not measurements. The widget computes nothing itself.
 
 ``RLHFSizingWidget().widget`` is the ipywidgets container; ``state()``/``set_state()``, ``figure``,

@@ -1,13 +1,14 @@
 """Families of the topic ``rl``: RL and RLHF (GAE, PPO's clipped objective, GRPO advantages, the DPO
 loss, the k3 KL estimate, RLHF memory, weight sync, asynchronous RLHF).
 
-Answer keys: ``mlsys_nb.rl`` (``gae``, ``ppo``, ``rlhf``, ``placement``), ``memory.rlhf_estimate``,
+Answer keys: ``mlsys_nb.rl`` (``gae``, ``ppo``, ``rlhf``, ``placement``), ``rl.sizing.rlhf_estimate``,
 ``comm.collective_time``.
 """
 
 from __future__ import annotations
 
-from ... import comm, memory
+from ... import comm
+from ...rl.sizing import rlhf_estimate
 from ..core import family
 from ._util import gb, gbps, pick
 
@@ -25,7 +26,7 @@ def _rlhf(rng):
     actor = pick(rng, ["llama-2-7b", "llama-3-8b", "llama-2-13b"])
     ng = pick(rng, [8, 16, 32])
     batch = pick(rng, [64, 128, 256])
-    r = memory.rlhf_estimate(actor, n_gpus=ng, rollout_batch=batch, prompt_len=512, response_len=512)
+    r = rlhf_estimate(actor, n_gpus=ng, rollout_batch=batch, prompt_len=512, response_len=512)
     return dict(
         text=f"PPO-RLHF of {actor}, colocated on {ng} GPUs: actor and critic trained with ZeRO-3 (bf16-mixed "
         f"Adam, 16 B/param), reference and reward frozen bf16 (sharded), a rollout engine holding the "
@@ -39,7 +40,7 @@ def _rlhf(rng):
             "Rollout: full bf16 actor weights (tp=1) + KV cache / n.",
         ],
         solution=[f"{row['part']}: {row['GB per GPU']:.4g} GB" for row in r.table()]
-        + [f"Total {gb(r.per_gpu)} per GPU (memory.rlhf_estimate)."],
+        + [f"Total {gb(r.per_gpu)} per GPU (rl.sizing.rlhf_estimate)."],
     )
 
 
