@@ -328,40 +328,6 @@ def test_inference_optimal_shrink_by_brute_force():
         assert q.answer == pytest.approx(n0 / ns[ok][np.argmin(cost)], rel=2e-3), q.params
 
 
-def test_fastest_layout_through_the_planner_search():
-    """The family evaluates each candidate layout directly (``planner.evaluate``); here each one goes
-    through the planner's search instead (its enumeration, rules and memory filter), pinned to that
-    layout's degrees, and the fastest fitting row must be the key."""
-    from mlsys_nb import planner
-    from mlsys_nb.quiz.bank import layout as bank
-
-    for q in _draws("layout.fastest_layout", seeds=range(6), n_min=4):
-        p = q.params
-        steps = {}
-        for name, lay in bank.LAYOUTS.items():
-            try:
-                rows = planner.search(
-                    p["model"],
-                    gpus=p["gpus"],
-                    gpu=p["gpu"],
-                    global_batch_tokens=p["global_batch_tokens"],
-                    seq_len=4096,
-                    tp=[lay["tp"]],
-                    pp=[lay.get("pp", 1)],
-                    cp=[1],
-                    zero=lay["zero"],
-                    recompute="none",
-                    micro_batch=[1],
-                    schedules=[lay.get("schedule", "1f1b")],
-                    top=None,
-                )
-            except ValueError:  # nothing of this layout fits (or its rules reject it)
-                continue
-            steps[name] = float(rows.step_s.min())
-        assert q.answer == (min(steps, key=steps.get) if steps else "none fits"), (p, steps)
-
-
-# ---- cards: each key is the truth of the statement shown ----------------------------------------
 CARDS_TRUE = {  # the corrected statement of each card, checked by a number computed here
     "cards.zero3_traffic": lambda: (2 + 1) / 2,  # ZeRO-3 = RS + 2 AG vs DDP's RS + AG: 1.5x, not 3x
     "cards.adam_bytes_per_param": lambda: 2 + 2 + 4 + 4 + 4,  # bf16 params/grads, fp32 m, v, master
