@@ -65,7 +65,10 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=25, help="timed rounds per run (notebook 04: 25)")
     ap.add_argument("--out", type=Path, default=None, help="write a markdown record here")
     ap.add_argument("--append", default=None, metavar="TITLE", help="append the runs to --out as a section TITLE")
+    ap.add_argument("--quick", action="store_true", help="one run, 3 rounds, no neighbour, no record (a smoke test)")
     a = ap.parse_args(argv)
+    if a.quick:
+        a.runs, a.neighbour_runs, a.repeats, a.out = 1, 0, 3, None
     if a.runs < 0 or a.neighbour_runs < 0 or a.runs + a.neighbour_runs < 1 or a.repeats < 3:
         raise SystemExit("need --runs >= 0, --neighbour-runs >= 0, one run at least, --repeats >= 3")
     head = machine()

@@ -38,14 +38,6 @@ def test_check_fails_all_attempts_when_the_send_blocks(timings):
         assert f"in {ATTEMPTS} attempt(s)" in str(err.value) and "load average" in str(err.value)
 
 
-def test_control_variant_cannot_overlap(timings):
-    # the control (the non-blocking shape with a blocking send) is the broken idea measured beside the real one
-    for t in timings:
-        check_overlap(t[True])
-        with pytest.raises(AssertionError):
-            check_overlap(dict(t[True], ratio=t[True]["control_ratio"]))
-
-
 def test_failure_message_names_attempts_control_and_load():
     t = dict(ratio=0.93, tries=[(0.95, 1.01, 0.02), (0.97, 0.99, 0.02), (0.93, 1.0, 0.03)], load_avg=3.25, limit=0.8)
     with pytest.raises(AssertionError) as err:
