@@ -191,6 +191,25 @@ def raw_request(url, path, body: dict) -> socket.socket:
     return s
 
 
+def test_a_client_that_leaves_before_its_body_is_read_counts_as_aborted(url):
+    """Half a body, then the socket closes: the request never reaches the engine, yet it ended because its client
+    left, so it counts once in requests_aborted_total (under load this is how a quick leaver ends)."""
+    before = metrics(url)
+    host, port = url.removeprefix("http://").split(":")
+    data = json.dumps({**GOOD, "prompt": "never read"}).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        head = f"POST {COMPL} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+        s.sendall(f"{head}content-length: {len(data)}\r\n\r\n".encode() + data[: len(data) // 2])
+        time.sleep(0.3)  # the handler is now waiting for the rest of the body
+    deadline = time.monotonic() + 30
+    while metrics(url)["requests_aborted_total"] == before["requests_aborted_total"]:
+        assert time.monotonic() < deadline, "a client that left mid-body was never counted as aborted"
+        time.sleep(0.05)
+    m = wait_idle(url)
+    assert m["requests_aborted_total"] - before["requests_aborted_total"] == 1
+    assert m["requests_finished_total"] == before["requests_finished_total"]
+
+
 def test_everything_at_once(url, client, offline):
     """32 streams, 8 non-streaming, 8 clients that leave early (4 streaming, 4 not: raw sockets closed), the
     poisoned values and the malformed requests, all at once: every good request gets the offline text, every bad

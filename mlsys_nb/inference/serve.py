@@ -28,7 +28,8 @@ the engine thread feeds. Streaming sends *incremental detokenization* deltas: ea
 part of the text decoded so far, holding back an unfinished UTF-8 character (decoded as U+FFFD) and the
 last ``len(stop) - 1`` characters while a stop string could still be completing, so the deltas
 concatenate exactly to the non-streamed text; each chunk carries the logprobs of the tokens it adds.
-A client that disconnects (streaming or not) aborts its request: its blocks are freed at once.
+A client that disconnects (streaming or not) aborts its request: its blocks are freed at once. Every such
+request counts in ``requests_aborted_total``, also one whose client left before its body was read.
 
 Errors are OpenAI-style JSON ``{"error": {"message", "type", "param", "code"}}``: malformed JSON (also
 too deeply nested) or an invalid value 400, an unknown model or route 404, a full queue 429, a body
@@ -53,6 +54,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from .sampling_params import SamplingParams
 
@@ -337,10 +339,14 @@ def build_app(engine, model_name: str, limits: Limits | None = None):
         if size is not None and size.isdigit() and int(size) > limits.max_request_bytes:
             raise APIError(413, f"the body has {size} bytes, above max_request_bytes={limits.max_request_bytes}")
         raw = bytearray()
-        async for part in request.stream():
-            raw += part
-            if len(raw) > limits.max_request_bytes:
-                raise APIError(413, f"the body is above max_request_bytes={limits.max_request_bytes}")
+        try:
+            async for part in request.stream():
+                raw += part
+                if len(raw) > limits.max_request_bytes:
+                    raise APIError(413, f"the body is above max_request_bytes={limits.max_request_bytes}")
+        except ClientDisconnect:  # the client left before its body was read: it never reached the engine
+            aengine.aborted += 1
+            raise APIError(499, "the client closed the connection before its request was read") from None
         try:
             body = json.loads(raw) if len(raw) < 2**20 else await asyncio.to_thread(json.loads, bytes(raw))
         except RecursionError:
