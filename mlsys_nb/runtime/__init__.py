@@ -9,11 +9,15 @@
   ``RankError`` / ``RankTimeoutError`` (a ``RankError`` and a ``TimeoutError``).
 - ``torchrun``: the entry point of ``python -m mlsys_nb.run`` / ``mlsys-nb-run``.
 - ``machine``: a one-line description of this machine for benchmark records.
+- ``timing``: the one way to time things: ``Timer`` (wall seconds, ``time.perf_counter``; a context
+  manager or decorator), ``repeat(fn, n, warmup)`` (list of seconds), ``median`` / ``lower_quartile``
+  of repeats, and ``profile_ops(fn)`` (self CPU seconds per op from ``torch.profiler``).
 
 Thread count: every entry point takes ``threads=`` (intra-op threads per rank, default 1).
 """
 
 from .ranks import BACKENDS, RankError, RankFailure, RankTimeoutError, device, prestart, resolve_backend
+from .timing import Timer, lower_quartile, median, profile_ops, repeat
 
 __all__ = [
     "launch",
@@ -27,6 +31,11 @@ __all__ = [
     "RankTimeoutError",
     "RankFailure",
     "load_ipython_extension",
+    "Timer",
+    "repeat",
+    "median",
+    "lower_quartile",
+    "profile_ops",
 ]
 
 

@@ -1,0 +1,119 @@
+"""One way to time things: a timer, the repeat loop, the two statistics we report, and the profiler.
+
+- ``Timer()``: context manager or decorator; wall seconds from ``time.perf_counter`` in ``.seconds``
+  (``cpu=True`` adds this process's CPU seconds from ``time.process_time`` in ``.cpu_seconds``);
+  every timed run is also appended to ``.samples`` (and ``.cpu_samples``), so a decorated function
+  collects one sample per call.
+- ``repeat(fn, n, warmup)``: call ``fn()`` ``warmup`` times untimed, then ``n`` times timed; a list of seconds.
+- ``median(xs)`` and ``lower_quartile(xs)``: the statistics of repeats. The median is the usual summary;
+  the lower quartile is for a time whose noise only ever adds (a message on a busy machine), where the
+  quick runs are the ones closest to the cost itself.
+- ``profile_ops(fn)``: run ``fn()`` under ``torch.profiler`` and return the self CPU seconds per op
+  (``aten::mm``, ...), largest first.
+
+Durations only: a timestamp (when an event happened, to line events up) is a plain
+``time.perf_counter()`` and stays one. Timing numbers are never asserted in tests; compare variants
+interleaved in one run instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+
+from ..config import check_int
+
+__all__ = ["Timer", "repeat", "median", "lower_quartile", "profile_ops"]
+
+
+class Timer(contextlib.ContextDecorator):
+    """Wall-clock seconds (``time.perf_counter``) of a ``with`` block or of each call of a decorated function.
+
+    ``with Timer() as t: ...`` then ``t.seconds`` (s); ``Timer(cpu=True)`` also reads ``time.process_time``
+    (CPU seconds of this process, all its threads) into ``t.cpu_seconds``. Each run appends to
+    ``t.samples`` (s) and, with ``cpu=True``, ``t.cpu_samples`` (s). Not reentrant: one block at a time.
+    """
+
+    def __init__(self, cpu: bool = False):
+        if not isinstance(cpu, bool):
+            raise TypeError(f"cpu must be a bool, got {cpu!r}")
+        self.cpu = cpu
+        self.seconds = float("nan")
+        self.cpu_seconds = float("nan")
+        self.samples: list[float] = []
+        self.cpu_samples: list[float] = []
+        self._start: float | None = None
+        self._cpu_start = 0.0
+
+    def __enter__(self) -> Timer:
+        if self._start is not None:
+            raise RuntimeError("Timer is already running (not reentrant): use one Timer per nested block")
+        if self.cpu:
+            self._start, self._cpu_start = time.perf_counter(), time.process_time()
+        else:
+            self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.seconds = time.perf_counter() - self._start
+        self.samples.append(self.seconds)
+        if self.cpu:
+            self.cpu_seconds = time.process_time() - self._cpu_start
+            self.cpu_samples.append(self.cpu_seconds)
+        self._start = None
+        return False
+
+
+def repeat(fn, n: int, warmup: int = 0) -> list[float]:
+    """Call ``fn()`` ``warmup`` times (not timed), then ``n`` times, each timed alone; the ``n`` wall
+    times in seconds, in call order. ``n >= 1``, ``warmup >= 0``."""
+    n, warmup = check_int("n", n, 1), check_int("warmup", warmup, 0)
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {fn!r}")
+    for _ in range(warmup):
+        fn()
+    t = Timer()
+    for _ in range(n):
+        with t:
+            fn()
+    return t.samples
+
+
+def _values(xs, what: str) -> list[float]:
+    xs = [float(x) for x in xs]
+    if not xs:
+        raise ValueError(f"{what} of no values: xs must hold at least one number")
+    return xs
+
+
+def median(xs) -> float:
+    """Median of ``xs`` (any iterable of numbers; same unit out as in): ``statistics.median``."""
+    return statistics.median(_values(xs, "median"))
+
+
+def lower_quartile(xs) -> float:
+    """25th percentile of ``xs`` (same unit out as in), linear interpolation between the sorted values
+    (``statistics.quantiles(method="inclusive")``, the same as ``numpy.quantile(xs, 0.25)``)."""
+    xs = _values(xs, "lower_quartile")
+    if len(xs) == 1:
+        return xs[0]
+    return statistics.quantiles(xs, n=4, method="inclusive")[0]
+
+
+def profile_ops(fn, *, warmup: int = 1) -> dict[str, float]:
+    """Run ``fn()`` once under ``torch.profiler`` (CPU activity) after ``warmup`` untimed calls; the self
+    CPU time per op in seconds (time inside the op, not in the ops it calls), summed over its calls,
+    as ``{op name: seconds}`` largest first. The profiler adds microseconds per op, so use it to see
+    where time goes, and ``repeat`` to say how long something takes."""
+    warmup = check_int("warmup", warmup, 0)
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {fn!r}")
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        fn()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    rows = [(e.key, e.self_cpu_time_total * 1e-6) for e in prof.key_averages()]  # profiler reports us
+    return dict(sorted(rows, key=lambda r: r[1], reverse=True))
