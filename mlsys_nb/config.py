@@ -446,3 +446,23 @@ class TrainConfig:
 
     def replace(self, **changes) -> TrainConfig:
         return dataclasses.replace(self, **changes)
+
+
+# ---- the one small-model factory ----------------------------------------------------------------
+_TINY_BASE = dict(n_layers=2, hidden=32, n_heads=4, n_kv_heads=2, ffn_hidden=64, vocab_size=64, seq_len=16)
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    """A tiny Llama-style ``ModelConfig`` for tests, ranks and toy runs: by default 2 layers, hidden 32,
+    4 query heads and 2 KV heads (GQA), SwiGLU width 64, vocabulary 64, context 16 tokens (22,688
+    parameters; every ZeRO unit's size divides by 8).
+
+    ``overrides``: any ``ModelConfig`` fields; ``ffn_hidden=None``, ``n_kv_heads=None`` or
+    ``head_dim=None`` take ``ModelConfig``'s own defaults (8/3·hidden rounded up to a multiple of 8,
+    MHA, hidden // n_heads). An unknown name raises ``ArgumentError`` listing the valid fields."""
+    unknown = sorted(set(overrides) - _MODEL_FIELDS)
+    if unknown:
+        raise ArgumentError(
+            f"tiny_config got unknown field(s) {unknown}: valid ModelConfig fields are {sorted(_MODEL_FIELDS)}"
+        )
+    return ModelConfig(**{**_TINY_BASE, **overrides})

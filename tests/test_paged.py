@@ -355,11 +355,13 @@ def test_paged_kv_cache_attend_equals_full_causal_attention_over_prefill_fork_an
 
 
 def tiny_model(n_heads=4, n_kv=2, seed=0, seq_len=64):
-    from mlsys_nb.config import ModelConfig
+    from mlsys_nb.config import tiny_config
     from mlsys_nb.models import Transformer
 
     torch.manual_seed(seed)
-    cfg = ModelConfig(n_layers=2, hidden=8 * n_heads, n_heads=n_heads, n_kv_heads=n_kv, vocab_size=61, seq_len=seq_len)
+    cfg = tiny_config(
+        hidden=8 * n_heads, n_heads=n_heads, n_kv_heads=n_kv, ffn_hidden=None, vocab_size=61, seq_len=seq_len
+    )
     return Transformer(cfg).eval()
 
 

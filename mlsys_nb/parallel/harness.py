@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import ModelConfig, check_choice
+from ..config import tiny_config as _tiny_config
 from ..models import Transformer
 from ..comm import wire
 from ..comm.counting import CommCounter
@@ -61,12 +62,9 @@ def make_optimizer(name: str, params) -> torch.optim.Optimizer:
 
 
 def tiny_config(**overrides) -> ModelConfig:
-    """A 2-layer GQA/SwiGLU transformer of 22,688 parameters; every unit's size divides by 8, so
-    ZeRO's shards need no padding for N = 1, 2, 4, 8."""
-    base = dict(
-        n_layers=2, hidden=32, n_heads=4, n_kv_heads=2, ffn_hidden=64, vocab_size=64, seq_len=16, name="dp-tiny"
-    )
-    return ModelConfig(**{**base, **overrides})
+    """``mlsys_nb.config.tiny_config`` named ``dp-tiny``: a 2-layer GQA/SwiGLU transformer of 22,688
+    parameters; every unit's size divides by 8, so ZeRO's shards need no padding for N = 1, 2, 4, 8."""
+    return _tiny_config(**{"name": "dp-tiny", **overrides})
 
 
 def make_batches(cfg: ModelConfig, steps: int, global_batch: int, seed: int = 0):

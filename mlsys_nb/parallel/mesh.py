@@ -207,10 +207,17 @@ def _train_loop(run: _Setup, mesh: Mesh, steps: int, lr: float, seed: int) -> di
 
 
 def _config(hidden=32, n_layers=4, n_heads=8, vocab=64, seq_len=16):
-    from ..config import ModelConfig
+    """``config.tiny_config`` at the mesh runs' sizes: 4 layers, 8 heads, 4 KV heads, the default SwiGLU width."""
+    from ..config import tiny_config
 
-    return ModelConfig(
-        n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_heads // 2, vocab_size=vocab, seq_len=seq_len
+    return tiny_config(
+        n_layers=n_layers,
+        hidden=hidden,
+        n_heads=n_heads,
+        n_kv_heads=n_heads // 2,
+        ffn_hidden=None,
+        vocab_size=vocab,
+        seq_len=seq_len,
     )
 
 

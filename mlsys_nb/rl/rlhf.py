@@ -78,11 +78,12 @@ def true_reward(text: str) -> float:
 
 
 def tiny_config(seq_len: int = 32) -> ModelConfig:
-    """The ``tiny`` preset's shape (2 layers, hidden 64, 4 heads, 2 KV heads, byte vocabulary 320) with a
-    short context: enough for a 3-byte prompt and a 16-token response."""
-    from ..memory import preset
+    """``config.tiny_config`` at the ``tiny`` preset's shape (``data/models.yaml``: 2 layers, hidden 64,
+    4 heads, 2 KV heads, SwiGLU width 176, byte vocabulary 320) with a short context: enough for a 3-byte
+    prompt and a 16-token response."""
+    from ..config import tiny_config as _tiny
 
-    return replace(preset("tiny"), seq_len=seq_len, name="tiny-rlhf")
+    return _tiny(hidden=64, ffn_hidden=176, vocab_size=320, seq_len=seq_len, name="tiny-rlhf")
 
 
 def _check_int(name, v, lo):

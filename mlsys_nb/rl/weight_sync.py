@@ -431,11 +431,18 @@ def weights_equal(model: nn.Module, roles: Roles, *, zero=None) -> bool:
 
 
 def toy_config(hidden: int = 32, n_layers: int = 2, *, vocab: int = 257, seq_len: int = 64):
-    """A small ``ModelConfig`` for the trainer and rollouts (byte vocabulary, Llama style)."""
-    from ..config import ModelConfig
+    """``config.tiny_config`` for the trainer and rollouts: byte vocabulary, Llama style, one head per 16
+    channels (MHA), the default SwiGLU width."""
+    from ..config import tiny_config
 
-    return ModelConfig(
-        n_layers=n_layers, hidden=hidden, n_heads=max(1, hidden // 16), vocab_size=vocab, seq_len=seq_len
+    return tiny_config(
+        n_layers=n_layers,
+        hidden=hidden,
+        n_heads=max(1, hidden // 16),
+        n_kv_heads=None,
+        ffn_hidden=None,
+        vocab_size=vocab,
+        seq_len=seq_len,
     )
 
 
