@@ -1,9 +1,11 @@
-"""The exercise machinery of the notebooks, without launching ranks.
+"""The exercise machinery of the notebooks (``mlsys_nb.exercises``), without launching ranks.
 
-- Notebooks 01-11 carry the same ``attempted`` helper, and it tells a stub (``...``,
-  a function or a class whose bodies are ``...``) from an answer.
-- Exercise checks that need no ranks (notebooks 08, 10, 11) are executed from the stored notebook on a
-  stub (they print "not attempted" and do not raise), on a wrong answer (they raise) and on the
+- ``attempted`` tells every kind of stub the notebooks use (``...``, ``None``, ``[...] * n``, a function
+  or a class whose bodies are ``...``/``pass``/``raise NotImplementedError``, a function returning
+  ``None`` on a probe) from an answer, on random values; ``exercise`` prints the notebooks' exact
+  "not attempted" line; no notebook keeps a local copy of the helper.
+- Exercise checks that need no ranks (notebooks 08, 10, 11, 14, 15) are executed from the stored notebook
+  on a stub (they print "not attempted" and do not raise), on a wrong answer (they raise) and on the
   worked solution (they print their pass line): the checks can fail, and the solutions pass them.
 """
 
@@ -12,10 +14,14 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import random
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from mlsys_nb.exercises import attempted, exercise, not_attempted_line
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -27,15 +33,6 @@ def _cells(nb_path: Path) -> list[dict]:
 
 def _src(cell: dict) -> str:
     return "".join(cell["source"])
-
-
-def _helper_sources() -> dict[str, str]:
-    out = {}
-    for p in NOTEBOOKS:
-        for c in _cells(p):
-            if c["cell_type"] == "code" and _src(c).startswith("# Exercise helper"):
-                out[p.name] = _src(c)
-    return out
 
 
 def _exec_file(src: str, ns: dict, path: Path) -> dict:
@@ -53,31 +50,49 @@ def _exercise(nb_name: str, k: int) -> tuple[str, str, str]:
     return _src(cells[i - 2]), _src(cells[i - 1]), _src(cells[i])
 
 
-def test_the_exercise_helper_is_the_same_everywhere():
-    helpers = _helper_sources()
-    assert {f"{k:02d}" for k in (1, 2, 3, 4, 5, 6, 7, 8, 10, 11)} <= {n[:2] for n in helpers}, sorted(helpers)
-    assert len(set(helpers.values())) == 1, "the exercise helper differs between notebooks"
+STUBS = '''
+def stub_ellipsis(x):
+    ...
 
-
-def test_attempted_tells_stubs_from_answers(tmp_path):
-    ns = _exec_file(next(iter(_helper_sources().values())), {}, tmp_path / "helper.py")
-    _exec_file(
-        '''
-def stub(x):
+def stub_doc(x):
     """doc"""
     ...
 
+def stub_pass(x):
+    pass
+
+def stub_raise(x):
+    """doc"""
+    raise NotImplementedError
+
+def stub_raise_msg(x):
+    raise NotImplementedError("write me")
+
+def stub_one_line(x): ...  # your code
+
+class StubFn:
+    """doc"""
+
+    @staticmethod
+    def forward(ctx, x): ...
+
+    @staticmethod
+    def backward(ctx, dy): ...
+'''
+
+ANSWERS = """
 def answer(x):
     return x + 1
 
-class StubFn:
-    @staticmethod
-    def forward(ctx, x):
-        ...
+def answer_none(x):
+    return None  # written, but returns nothing: read as a stub only when probed
 
-    @staticmethod
-    def backward(ctx, dy):
-        ...
+def answer_raises(x):
+    raise ValueError("wrong shape")
+
+def answer_not_impl(x):
+    y = x + 1
+    raise NotImplementedError
 
 class HalfDone:
     @staticmethod
@@ -85,15 +100,75 @@ class HalfDone:
         return x
 
     @staticmethod
-    def backward(ctx, dy):
-        ...
-''',
-        ns,
-        tmp_path / "learner.py",
+    def backward(ctx, dy): ...
+"""
+
+
+def test_stubs_read_as_not_attempted(tmp_path):
+    ns = _exec_file(STUBS, {}, tmp_path / "stubs.py")
+    rng = random.Random(7)
+    n = rng.randint(1, 20)
+    stubs = [..., None, [...] * n, (...,) * n] + [v for k, v in ns.items() if k.startswith(("stub", "Stub"))]
+    assert len(stubs) == 11
+    for s in stubs:
+        assert not attempted(s), s
+        assert not attempted(s, probe=(rng.random(),)), s  # a stub is never called
+
+
+def test_answers_read_as_attempted(tmp_path):
+    ns = _exec_file(ANSWERS, {}, tmp_path / "answers.py")
+    rng = random.Random(8)
+    n = rng.randint(2, 20)
+    partly = [...] * n
+    partly[rng.randrange(n)] = rng.random()
+    values = [0, 0.0, rng.uniform(-1e9, 1e9), "", False, [], partly, np.zeros(n), ns["answer"], ns["HalfDone"]]
+    for v in values:
+        assert attempted(v), v
+    assert attempted(lambda x: x) and attempted(len)  # no source to read, or a builtin: an answer
+    x = (rng.random(),)
+    assert attempted(ns["answer"], probe=x) and attempted(ns["answer_raises"], probe=x)  # a wrong answer is checked
+    assert attempted(ns["answer_none"]) and not attempted(ns["answer_none"], probe=x)  # None on a probe: a stub
+    assert not attempted(ns["answer_not_impl"], probe=x)
+    assert not attempted(lambda x: None, probe=x)
+
+
+def test_exercise_prints_the_notebooks_line(capsys):
+    rng = random.Random(9)
+    k = rng.randint(1, 9)
+    assert not exercise(k, ..., hint="write my_fn above, or run with solutions=True")
+    assert not exercise("comm", [...] * 3)
+    assert not exercise(k, 1.0, ...)  # every answer must be attempted
+    assert capsys.readouterr().out == (
+        f"exercise {k}: not attempted (write my_fn above, or run with solutions=True)\n"
+        "comm: not attempted\n"
+        f"exercise {k}: not attempted\n"
     )
-    attempted = ns["attempted"]
-    assert not attempted(...) and not attempted(ns["stub"]) and not attempted(ns["StubFn"])
-    assert attempted(ns["answer"]) and attempted(ns["HalfDone"]) and attempted(0) and attempted(3.5)
+    assert exercise(k, rng.random(), [1, ...], hint="x") and exercise("exercise 1 (solution)", lambda: 0)
+    assert capsys.readouterr().out == ""  # an attempt prints nothing: its check prints "check passed: ..."
+    assert not_attempted_line(k) == f"exercise {k}: not attempted"
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="label=0"):
+        exercise(0, 1.0)
+    with pytest.raises(TypeError, match="label=1.5"):
+        exercise(1.5, 1.0)
+    with pytest.raises(TypeError, match="at least one answer"):
+        exercise(1)
+    with pytest.raises(TypeError, match="probe=3"):
+        attempted(lambda x: x, probe=3)
+
+
+@pytest.mark.parametrize("p", NOTEBOOKS, ids=lambda p: p.name[:2])
+def test_no_notebook_keeps_its_own_copy(p):
+    """Every notebook's checks come from mlsys_nb.exercises: no local ``attempted`` helper is left."""
+    for i, c in enumerate(_cells(p)):
+        src = _src(c) if c["cell_type"] == "code" else ""
+        assert not src.startswith("# Exercise helper"), f"{p.name} cell {i}: a local copy of the helper"
+        assert not re.search(r"^\s*def _?attempted\(", src, re.M), f"{p.name} cell {i}: a local attempted()"
+        assert not re.search(r"print\(f?\"(exercise \d+|\{\w+\}): not attempted", src), (
+            f"{p.name} cell {i}: prints its own 'not attempted' line; use mlsys_nb.exercises.exercise"
+        )
 
 
 def _run_check(check: str, ns: dict) -> str:
@@ -104,7 +179,7 @@ def _run_check(check: str, ns: dict) -> str:
 
 
 def _namespace(nb_name: str, tmp_path: Path) -> dict:
-    ns = _exec_file(_helper_sources()[nb_name], {"np": np, "seed": 3, "solutions": True}, tmp_path / "helper.py")
+    ns = {"np": np, "seed": 3, "solutions": True, "exercise": exercise, "attempted": attempted}
     if nb_name.startswith("11"):
         from mlsys_nb import flops, scaling
 
@@ -127,6 +202,16 @@ def _namespace(nb_name: str, tmp_path: Path) -> dict:
             gpu=hardware.gpu("H100-SXM"),
             base=TrainConfig(micro_batch=1, seq_len=4096, gpu="H100-SXM"),
         )
+    elif nb_name.startswith("14"):
+        from mlsys_nb.inference.paged import BlockManager
+
+        ns.update(rng=random.Random(3), BlockManager=BlockManager, VALID_BLOCK_SIZES=(1, 2, 4, 8, 16, 32))
+    elif nb_name.startswith("15"):
+        import torch
+
+        from mlsys_nb.inference.sampler import filter_probs
+
+        ns.update(torch=torch, filter_probs=filter_probs)
     return ns
 
 
@@ -139,6 +224,17 @@ WRONG = {
     ): "def my_1f1b(p, m, r):\n    return [('F', j) for j in range(m)] + [('B', j) for j in range(m)]\n",  # GPipe
     ("10_training_memory.ipynb", 1): "def my_layer_bytes(s, b, h, a):\n    return s * b * h * 34\n",  # no s² term
     ("10_training_memory.ipynb", 2): "my_d = 1024\n",  # fits, but not the smallest
+    (
+        "14_kv_cache_management.ipynb",
+        1,
+    ): "def blocks_and_waste(n_tokens, block_size):\n    return n_tokens // block_size, 0\n",  # floor, not ceil
+    ("15_batching_and_scheduling.ipynb", 2): (  # drops the token whose probability reaches p
+        "def my_top_p(probs, p):\n"
+        "    s, i = probs.sort(descending=True)\n"
+        "    keep = torch.zeros_like(probs, dtype=torch.bool)\n"
+        "    keep[i[s.cumsum(0) < p]] = True\n"
+        "    return probs * keep / (probs * keep).sum()\n"
+    ),
 }
 
 
