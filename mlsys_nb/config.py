@@ -8,7 +8,8 @@ Presets with published shapes and their sources live in ``data/models.yaml``
 (``load_model_preset(name)``, ``model_presets()``).
 
 Also here, because every part of the kit uses them: the one argument validator (``check_int``,
-``check_number``, ``check_seconds``, ``check_choice``, raising ``ArgumentError``, a ``ValueError``
+``check_number``, ``check_seconds``, ``check_choice``, ``check_probability``, ``check_multiple``,
+``check_divides``, ``check_power_of_two``, raising ``ArgumentError``, a ``ValueError``
 naming the parameter and its allowed range) and the one dtype table (``DTYPE_BYTES``,
 ``dtype_bytes``, ``dtype_name``, ``torch_dtype``).
 """
@@ -59,19 +60,21 @@ def check_number(
     hi: float | None = None,
     *,
     lo_open: bool = False,
+    hi_open: bool = False,
     unit: str = "",
     error: type[ArgumentError] = ArgumentError,
 ) -> float:
     """``value`` must be a finite real number (not a bool) with ``lo <= value <= hi`` (``lo < value``
-    when ``lo_open``); ``None`` bounds are not checked. ``unit`` only words the message."""
+    when ``lo_open``, ``value < hi`` when ``hi_open``); ``None`` bounds are not checked. ``unit`` only
+    words the message."""
     parts = [f"{'>' if lo_open else '>='} {lo:g}"] if lo is not None else []
     if hi is not None:
-        parts.append(f"<= {hi:g}")
+        parts.append(f"{'<' if hi_open else '<='} {hi:g}")
     ok = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
     if ok and lo is not None:
         ok = value > lo if lo_open else value >= lo
     if ok and hi is not None:
-        ok = value <= hi
+        ok = value < hi if hi_open else value <= hi
     if not ok:
         what = f"a finite number of {unit}" if unit else "a finite number"
         raise error(f"{name} must be {what} {' and '.join(parts)}, got {value!r}".replace("  ", " "))
@@ -89,6 +92,36 @@ def check_choice(name: str, value, choices, *, error: type[ArgumentError] = Argu
     if value not in choices:
         raise error(f"{name}={value!r} is not allowed: {name} must be one of {choices}")
     return value
+
+
+def check_probability(name: str, value, *, lo_open: bool = False, hi_open: bool = False) -> float:
+    """A probability or fraction: a finite number in ``[0, 1]`` (``lo_open``: ``> 0``, ``hi_open``: ``< 1``)."""
+    return check_number(name, value, 0.0, 1.0, lo_open=lo_open, hi_open=hi_open)
+
+
+def check_multiple(name: str, value, of: int, of_name: str, *, error: type[ArgumentError] = ArgumentError) -> int:
+    """``value`` must be an int >= 1 that is a multiple of ``of`` (the value of parameter ``of_name``),
+    e.g. a batch that splits evenly over ``world_size`` ranks."""
+    check_int(name, value, 1, error=error)
+    if value % of:
+        raise error(f"{name} must be a multiple of {of_name}={of} (an int >= 1), got {value!r}")
+    return int(value)
+
+
+def check_divides(name: str, value, total: int, total_name: str, *, error: type[ArgumentError] = ArgumentError) -> int:
+    """``value`` must be an int >= 1 that divides ``total`` (the value of parameter ``total_name``),
+    e.g. a tensor-parallel degree that divides the number of heads."""
+    check_int(name, value, 1, error=error)
+    if total % value:
+        raise error(f"{name} must be an int >= 1 that divides {total_name}={total}, got {value!r}")
+    return int(value)
+
+
+def check_power_of_two(name: str, value, *, error: type[ArgumentError] = ArgumentError) -> int:
+    """``value`` must be an int >= 1 that is a power of two (1, 2, 4, ...)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1 or value & (value - 1):
+        raise error(f"{name} must be a power of two (1, 2, 4, ...), got {value!r}")
+    return int(value)
 
 
 # ---- number formats: the one table of dtype names and bytes --------------------------------------

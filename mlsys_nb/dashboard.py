@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import ipywidgets as W
 
+from .config import check_choice
 from .widgets.base import Widget
 
 
@@ -254,9 +255,8 @@ class Dashboard:
         """Apply a configuration (all keys optional). Unknown tabs raise ValueError naming them."""
         if not isinstance(state, dict):
             raise ValueError(f"a configuration must be a JSON object, got {type(state).__name__}")
-        unknown = set(state) - set(self.tabs) - {"tab"}
-        if unknown:
-            raise ValueError(f"unknown keys {sorted(unknown)} in configuration: allowed 'tab' and {sorted(self.tabs)}")
+        for key in state:
+            check_choice("configuration key", key, ("tab", *sorted(self.tabs)))
         for key, tab_state in state.items():
             if key != "tab":
                 self.tabs[key].set_state(_upgrade(key, tab_state))

@@ -32,7 +32,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .config import ModelConfig, as_model_config, check_int, check_number, dtype_name
+from .config import ModelConfig, as_model_config, check_choice, check_int, check_number, dtype_name
+
 
 COMPONENTS = ("qkv", "attn_scores", "attn_values", "out_proj", "mlp", "lm_head")
 SECONDS_PER_DAY = 86400.0
@@ -168,19 +169,18 @@ def hardware_flops_per_token(
     of a checkpointed region is not redone: the MLP down projection for a full block (dense
     models), the probabilities x V product for the attention core. ``FlopCounterMode`` confirms
     this count exactly (tests/test_flops.py)."""
+    check_choice("recompute", recompute, ("none", "selective", "full"))
     cfg = as_model_config(model)
     b = breakdown(cfg, seq_len, causal=causal)
     if recompute == "none":
         extra = 0.0
     elif recompute == "selective":
         extra = b.forward["attn_scores"] + (0.0 if early_stop else b.forward["attn_values"])
-    elif recompute == "full":
+    else:  # "full"
         extra = b.forward_total - b.forward["lm_head"]
         if early_stop and not cfg.is_moe:
             width = cfg.ffn_hidden
             extra -= cfg.n_layers * 2.0 * width * cfg.hidden  # down projection not recomputed
-    else:
-        raise ValueError(f"recompute={recompute!r}: allowed ('none', 'selective', 'full')")
     return b.total(True) + extra
 
 
@@ -417,8 +417,8 @@ def training_time(
     ``gpu``: a name from ``data/hardware.yaml`` (``"H100-SXM"``, ``"A100-80GB"`` as a unique
     prefix of ``"A100-80GB-SXM"``) or a peak FLOP/s number; ``mfu`` in (0, 1];
     ``price_per_gpu_hour`` (USD, your assumption) gives ``.cost_usd``."""
-    if isinstance(n_gpus, bool) or not isinstance(n_gpus, int) or n_gpus < 1:
-        raise ValueError(f"n_gpus={n_gpus!r} is out of range: allowed an int >= 1")
+    check_int("n_gpus", n_gpus, 1)
+
     u = _check_positive("mfu", mfu, hi=1.0)
     peak = _peak(gpu, dtype)
     price = None if price_per_gpu_hour is None else _check_positive("price_per_gpu_hour", price_per_gpu_hour)

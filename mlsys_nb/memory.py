@@ -29,7 +29,8 @@ import math
 from functools import lru_cache
 from dataclasses import asdict, dataclass, field
 
-from .config import ModelConfig, TrainConfig, load_model_preset, model_presets
+from .config import ModelConfig, TrainConfig, check_choice, check_int, load_model_preset, model_presets
+
 from .pipeline.closed_forms import peak_in_flight
 
 __all__ = [
@@ -201,10 +202,8 @@ class ModelStates:
 def bytes_per_param(precision: str, optimizer: str, fp32_grad_accum: bool, k: float | None) -> dict:
     """Bytes per parameter of each model state (``param``, ``grad``, ``master``, ``optimizer``, ...) for a
     precision recipe and an optimizer; ``k`` overrides the optimizer-state bytes (the ZeRO paper's K)."""
-    if precision not in _PRECISION:
-        raise ValueError(f"precision={precision!r}: allowed {tuple(_PRECISION)}")
-    if optimizer not in _STATES:
-        raise ValueError(f"optimizer={optimizer!r}: allowed {tuple(_STATES)}")
+    check_choice("precision", precision, _PRECISION)
+    check_choice("optimizer", optimizer, _STATES)
     p = dict(_PRECISION[precision])
     state = 1 if optimizer == "adam-8bit" else p["state"]
     p["optimizer"] = float(k) if k is not None else _STATES[optimizer] * state
@@ -248,8 +247,8 @@ def sharded_elements(model: ModelConfig, n: int, layout: str, rank: int = 0) -> 
     one buffer, ``⌈P/n⌉``. ``total`` = the parameters without padding. ``local``: the unpadded
     elements of ``rank``'s shard, what an optimizer built on FSDP2's local tensors allocates (the
     last ranks hold fewer rows; rank 0 always the most); for the other layouts the shard itself."""
-    if not 0 <= rank < n:
-        raise ValueError(f"rank={rank}: allowed 0..{n - 1}")
+    check_int("rank", rank, 0, n - 1)
+    check_choice("layout", layout, ("flat", "units", "fsdp2"))
     units, shapes = _module_layout(model)
     total = sum(units)
     if layout == "units":
@@ -260,9 +259,7 @@ def sharded_elements(model: ModelConfig, n: int, layout: str, rank: int = 0) -> 
         shard = sum(math.ceil(r / n) * c for r, c in rows)
         local = sum(max(0, min(math.ceil(r / n), r - rank * math.ceil(r / n))) * c for r, c in rows)
         return dict(total=total, full=total, shard=shard, local=local)
-    if layout == "flat":
-        return dict(total=total, full=total, shard=math.ceil(total / n), local=math.ceil(total / n))
-    raise ValueError(f"layout={layout!r}: allowed 'flat', 'units', 'fsdp2'")
+    return dict(total=total, full=total, shard=math.ceil(total / n), local=math.ceil(total / n))  # "flat"
 
 
 def model_state_bytes(
@@ -278,10 +275,8 @@ def model_state_bytes(
     """Bytes per rank of params + grads + optimizer states (+ fp32 master) for ``n_params``
     parameters replicated over ``dp`` ranks with ZeRO stage ``zero`` (ZeRO paper, arXiv:1910.02054, §3):
     stage 1 shards optimizer states and master weights, 2 also gradients, 3 also parameters."""
-    if zero not in (0, 1, 2, 3):
-        raise ValueError(f"zero={zero}: allowed 0, 1, 2, 3")
-    if dp < 1:
-        raise ValueError(f"dp={dp}: allowed >= 1")
+    check_int("zero", zero, 0, 3)
+    check_int("dp", dp, 1)
     b = bytes_per_param(precision, optimizer, fp32_grad_accum, optimizer_bytes_per_param)
     return ModelStates(
         params=b["param"] * _sharded(n_params, dp, zero >= 3),
@@ -508,11 +503,13 @@ def check(model: ModelConfig, train: TrainConfig) -> None:
         )
     if m.ffn_hidden % t.tp or (m.is_moe and m.expert_ffn_hidden % t.tp):
         raise ValueError(f"tp={t.tp} must divide the FFN width ffn_hidden={m.ffn_hidden}")
-    if t.pp * t.virtual_stages > m.n_layers:
-        raise ValueError(
-            f"pp={t.pp} x virtual_stages={t.virtual_stages} must be <= n_layers={m.n_layers} "
-            "(every pipeline chunk needs at least one layer)"
-        )
+    # every pipeline chunk needs at least one layer
+    check_int(
+        f"pp x virtual_stages = {t.pp} x {t.virtual_stages} (n_layers={m.n_layers})",
+        t.pp * t.virtual_stages,
+        1,
+        m.n_layers,
+    )
     if t.pp_layers is not None:
         stage_layers(m.n_layers, t.pp, t.pp_layers)  # raises naming pp_layers
     if t.pp_schedule == "dualpipe" and t.pp > 1 and t.pp % 2:
@@ -532,8 +529,8 @@ def check(model: ModelConfig, train: TrainConfig) -> None:
             )
     if t.seq_len > m.seq_len and t.kernels == "eager":
         raise ValueError(f"seq_len={t.seq_len} exceeds the model's seq_len={m.seq_len}")
-    if t.pp > 1 and t.microbatches < 1:
-        raise ValueError("n_microbatches must be >= 1")
+    if t.pp > 1:
+        check_int("n_microbatches", t.microbatches, 1)
 
 
 def stage_layers(n_layers: int, pp: int, split=None) -> tuple[int, ...]:
@@ -545,10 +542,7 @@ def stage_layers(n_layers: int, pp: int, split=None) -> tuple[int, ...]:
     to stage 0 and stage pp-1. For Llama 3.1 405B (126 layers, PP16) this gives 7, 8 x 14, 7: the
     split Meta describes ("one Transformer layer" fewer on the first and the last stage; Llama Team
     2024, arXiv:2407.21783, §3.3.2)."""
-    if isinstance(pp, bool) or not isinstance(pp, int) or pp < 1:
-        raise ValueError(f"pp={pp!r}: allowed an int >= 1")
-    if pp > n_layers:
-        raise ValueError(f"pp={pp} is out of range: allowed 1..n_layers={n_layers} (a stage needs a layer)")
+    check_int(f"pp (a stage needs a layer: n_layers={n_layers})", pp, 1, n_layers)
     if split is not None:
         split = tuple(int(x) for x in split)
         if len(split) != pp or sum(split) != n_layers or min(split) < 1:
@@ -599,12 +593,11 @@ def estimate(
 
     t = train or TrainConfig()
     if compat is not None:
-        if compat != "playbook":
-            raise ValueError(f"compat={compat!r}: allowed None or 'playbook'")
+        check_choice("compat", compat, (None, "playbook"))
         return _playbook_breakdown(model, t)
     check(model, t)
-    if stage is not None and not 0 <= stage < t.pp:
-        raise ValueError(f"stage={stage}: allowed 0..{t.pp - 1}")
+    if stage is not None:
+        check_int("stage", stage, 0, t.pp - 1)
     gpu = hardware.gpu(t.gpu)
     bpp = bytes_per_param(t.precision, t.optimizer, t.fp32_grad_accum, t.optimizer_bytes_per_param)
     pc = param_count(model)
@@ -745,10 +738,8 @@ def playbook_estimate(
 
     Returns bytes: ``activations`` (with its parts), ``parameters``, ``gradients``, ``optimizer``,
     ``total``, the widget's parameter count ``N`` and ``shown`` (its label: GiB printed as "GB")."""
-    if recomputation not in ("none", "selective", "full"):
-        raise ValueError(f"recomputation={recomputation!r}: allowed none, selective, full")
-    if ff_activation not in ("relu", "gelu", "swiglu"):
-        raise ValueError(f"ff_activation={ff_activation!r}: allowed relu, gelu, swiglu")
+    check_choice("recomputation", recomputation, ("none", "selective", "full"))
+    check_choice("ff_activation", ff_activation, ("relu", "gelu", "swiglu"))
     zero = int(zero)  # the widget passes a string; JS coerces it in >=
     B = 2 if mixed else 4
     X = 1 / tp if seq_parallel else 1

@@ -49,7 +49,8 @@ from functools import lru_cache
 from . import flops as _flops
 from . import hardware, memory
 from .comm import collective_time
-from .config import ModelConfig, TrainConfig
+from .config import ModelConfig, TrainConfig, check_choice, check_int, check_number, check_probability
+
 
 __all__ = ["Layout", "Plan", "search", "evaluate", "rank_of", "clear_caches", "COLUMNS", "SCHEDULES", "DEFAULTS"]
 
@@ -88,9 +89,7 @@ _MEM_SCHEDULE = {"none": "1f1b"}  # planner name -> mlsys_nb.memory name (pp = 1
 
 
 def _pos_int(name, value, lo=1):
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ValueError(f"{name}={value!r} is out of range: allowed an int >= {lo}")
-    return value
+    return check_int(name, value, lo)
 
 
 def _degrees(name, value, default):
@@ -231,17 +230,13 @@ def _context(
     hardware.link(nv)
     hardware.link(network)
     g.peak(dtype)
-    if not 0.0 < compute_efficiency <= 1.0:
-        raise ValueError(f"compute_efficiency={compute_efficiency}: allowed (0, 1]")
-    if not 0.0 <= dp_overlap <= 1.0:
-        raise ValueError(f"dp_overlap={dp_overlap}: allowed [0, 1]")
-    if overhead_bytes < 0:
-        raise ValueError(f"overhead_bytes={overhead_bytes}: allowed >= 0")
+    check_probability("compute_efficiency", compute_efficiency, lo_open=True)
+    check_probability("dp_overlap", dp_overlap)
+    check_number("overhead_bytes", overhead_bytes, 0, unit="bytes")
     memory.bytes_per_param(precision, "adam", False, None)  # raises naming precision
-    if ep_copies is not None and not 0 < ep_copies:
-        raise ValueError(f"ep_copies={ep_copies}: allowed > 0 (token copies sent per MoE layer) or None (top_k)")
-    if not 0 < ep_bytes <= 4:
-        raise ValueError(f"ep_bytes={ep_bytes}: allowed (0, 4] bytes per element on the wire")
+    if ep_copies is not None:  # None: top_k
+        check_number("ep_copies", ep_copies, 0, lo_open=True, unit="token copies sent per MoE layer")
+    check_number("ep_bytes", ep_bytes, 0, 4, lo_open=True, unit="bytes per element on the wire")
     nvl, net = hardware.link(nv), hardware.link(network)
     return _Ctx(
         model,
@@ -614,9 +609,8 @@ def _candidates(ctx: _Ctx, tp, pp, cp, ep, zero, recompute, micro_batch, schedul
         ("recompute", recompute, ("none", "selective", "full")),
         ("schedules", schedules, SCHEDULES),
     ):
-        bad = [x for x in vals if x not in allowed]
-        if bad:
-            raise ValueError(f"{name}={bad}: allowed {allowed}")
+        for x in vals:
+            check_choice(f"each of {name}", x, allowed)
     for t_, p_, c_ in itertools.product(tps, pps, cps):
         if ctx.gpus % (t_ * p_ * c_):
             continue
@@ -823,8 +817,7 @@ def rank_of(df, **layout) -> int | None:
     """Position (0 = best) of the first row matching the given column values, or None."""
     mask = None
     for k, val in layout.items():
-        if k not in df.columns:
-            raise ValueError(f"{k!r} is not a column: allowed {list(df.columns)}")
+        check_choice("column", k, list(df.columns))
         mk = df[k] == val
         mask = mk if mask is None else (mask & mk)
     idx = df.index[mask] if mask is not None else df.index

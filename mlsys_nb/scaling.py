@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import load_yaml
+from .config import check_number, check_probability, load_yaml
+
 from .flops import PF_DAY
 
 PARAMS = ("E", "A", "B", "alpha", "beta")
@@ -35,8 +36,8 @@ PARAMS = ("E", "A", "B", "alpha", "beta")
 
 def _positive(name, x):
     arr = np.asarray(x, dtype=float)
-    if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
-        raise ValueError(f"{name} must be finite and > 0, got {x!r}")
+    for bound in (arr.min(), arr.max()) if arr.size else ():  # nan makes min and max nan
+        check_number(f"each of {name}", float(bound), 0, lo_open=True)
     return arr
 
 
@@ -89,8 +90,7 @@ class Law:
         quantities for the training-optimal point under keys prefixed ``chinchilla_``."""
         C = float(_positive("C", C))
         d_inf = float(inference_tokens)
-        if not math.isfinite(d_inf) or d_inf < 0:
-            raise ValueError(f"inference_tokens={inference_tokens!r}: allowed a number >= 0 (tokens)")
+        check_number("inference_tokens", d_inf, 0, unit="tokens")
         n0, d0 = self.compute_optimal(C)
         target = self.loss(n0, d0)
         ns = n0 * np.logspace(-3, 0.0, n_grid)  # smaller models only: larger ones cost more everywhere
@@ -163,8 +163,7 @@ class ChinchillaLaw(Law):
     def __post_init__(self):
         for k in PARAMS:
             v = getattr(self, k)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise ValueError(f"{k}={v!r} is out of range: allowed a finite number > 0")
+            check_number(k, v, 0, lo_open=True)
         if not self.label:
             object.__setattr__(self, "label", self.name)
 
@@ -409,8 +408,7 @@ def fit(
         raise ValueError(f"N, D, loss must have the same length, got {len(N)}, {len(D)}, {len(L)}")
     if len(N) < 5:
         raise ValueError(f"need at least 5 points to fit 5 parameters, got {len(N)}")
-    if not (0 < ci < 1):
-        raise ValueError(f"ci={ci!r} is out of range: allowed (0, 1)")
+    check_probability("ci", ci, lo_open=True, hi_open=True)
     g = GRIDS[grid] if isinstance(grid, str) else grid
     inits = [(a, b, e, al, be) for al, be, e, a, b in itertools.product(g["alpha"], g["beta"], g["e"], g["a"], g["b"])]
     logN, logD, logL = np.log(N), np.log(D), np.log(L)

@@ -97,7 +97,7 @@ def test_chunk_bounds_match_tensor_split():
         for n in (1, 2, 3, 7, 8):
             sizes = [b - a for a, b in chunk_bounds(numel, n)]
             assert sizes == [c.numel() for c in torch.tensor_split(torch.arange(numel), n)]
-    with pytest.raises(ValueError, match="n=0"):
+    with pytest.raises(ValueError, match="n must be an int >= 1, got 0"):
         chunk_bounds(4, 0)
 
 

@@ -32,6 +32,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..config import check_int
+
 __all__ = [
     "CountingComm",
     "chunk_bounds",
@@ -109,8 +111,7 @@ class CountingComm:
         self.messages_sent = 0
 
     def _peer(self, peer: int) -> int:
-        if not 0 <= peer < self.world_size:
-            raise ValueError(f"peer={peer} is out of range: allowed [0, {self.world_size - 1}]")
+        check_int("peer", peer, 0, self.world_size - 1)
         return peer if self.group is None else dist.get_global_rank(self.group, peer)
 
     def _sent(self, t):
@@ -162,8 +163,7 @@ class CountingComm:
 def chunk_bounds(numel: int, n: int) -> list[tuple[int, int]]:
     """``[(start, stop), ...]`` of ``n`` chunks covering ``numel`` elements, as ``torch.tensor_split``
     cuts them: the first ``numel % n`` chunks hold one element more."""
-    if n < 1:
-        raise ValueError(f"n={n} is out of range: allowed >= 1")
+    check_int("n", n, 1)
     base, extra = divmod(int(numel), n)
     bounds, start = [], 0
     for i in range(n):
@@ -409,8 +409,7 @@ def tree_reduce(tensor: torch.Tensor, comm: CountingComm | None = None, root: in
     comm = _comm(comm)
     reduce_ = _reduce_fn(op)
     n, r = comm.world_size, comm.rank
-    if not 0 <= root < n:
-        raise ValueError(f"root={root} is out of range: allowed [0, {n - 1}]")
+    check_int("root", root, 0, n - 1)
     flat = _flat_work(tensor)
     vr = (r - root) % n
     buf = _workspace(1, flat.numel(), flat.dtype, flat.device)[0]
@@ -431,8 +430,7 @@ def tree_broadcast(tensor: torch.Tensor, comm: CountingComm | None = None, root:
     """Binomial-tree broadcast from ``root`` (in place; ``ceil(log2 n)`` steps). Returns ``tensor``."""
     comm = _comm(comm)
     n, r = comm.world_size, comm.rank
-    if not 0 <= root < n:
-        raise ValueError(f"root={root} is out of range: allowed [0, {n - 1}]")
+    check_int("root", root, 0, n - 1)
     flat = _flat_work(tensor)
     vr = (r - root) % n
     mask = 1
@@ -594,10 +592,9 @@ def collective_semantics(op: str, n: int, root: int = 0):
     with ``torch.distributed`` on real ranks."""
     if op not in SEMANTICS_OPS:
         raise ValueError(f"op={op!r} is not known: choose one of {list(SEMANTICS_OPS)}")
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n={n!r} is out of range: allowed int >= 1")
-    if not 0 <= root < n:
-        raise ValueError(f"root={root} is out of range: allowed [0, {n - 1}]")
+    check_int("n", n, 1)
+
+    check_int("root", root, 0, n - 1)
     one = lambda s, c: frozenset({(s, c)})  # noqa: E731
     total = lambda c: frozenset((s, c) for s in range(n))  # noqa: E731
     own = [[one(r, c) for c in range(n)] for r in range(n)]

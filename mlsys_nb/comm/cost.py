@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..config import check_choice, check_int
+from ..config import check_choice, check_int, check_number
+
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
 ALGORITHMS = {
@@ -68,8 +69,7 @@ def busbw_factor(op: str, n: int) -> float:
 
 def algbw(nbytes: float, seconds: float) -> float:
     """Algorithm bandwidth ``S / t`` in bytes/s (S as in nccl-tests: see the module docstring)."""
-    if seconds <= 0:
-        raise ValueError(f"seconds must be > 0, got {seconds}")
+    check_number("seconds", seconds, 0, lo_open=True)
     return nbytes / seconds
 
 
@@ -95,8 +95,7 @@ def ring_bytes_sent(op: str, numel: int, n: int, rank: int, element_size: int = 
     ``numel - c_{r+1}``. Both are ``(n-1)/n * numel`` when ``n`` divides ``numel``.
     """
     n = _check_n(n)
-    if not 0 <= rank < n:
-        raise ValueError(f"rank={rank} is out of range: allowed [0, {n - 1}]")
+    check_int("rank", rank, 0, n - 1)
     c = _chunk_sizes(numel, n)
     if n == 1:
         return 0
@@ -175,8 +174,7 @@ def gloo_bytes_sent(op: str, nbytes: float, n: int, rank: int, root: int = 0) ->
     """
     _check_op(op)
     n = _check_n(n)
-    if not 0 <= rank < n:
-        raise ValueError(f"rank={rank} is out of range: allowed [0, {n - 1}]")
+    check_int("rank", rank, 0, n - 1)
     if n == 1:
         return 0.0
     ring = (n - 1) / n * nbytes
@@ -231,10 +229,9 @@ def cost_coefficients(op: str, algorithm: str, n: int) -> tuple[float, float]:
 def collective_time(op: str, nbytes: float, n: int, alpha: float, beta: float, algorithm: str = "ring") -> float:
     """Predicted seconds for one collective: ``k_alpha·alpha + k_beta·nbytes/beta``.
     ``alpha`` in seconds per message, ``beta`` in bytes/s per direction."""
-    if alpha < 0 or beta <= 0:
-        raise ValueError(f"need alpha >= 0 s and beta > 0 B/s, got alpha={alpha}, beta={beta}")
-    if nbytes < 0:
-        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    check_number("alpha", alpha, 0, unit="seconds")
+    check_number("beta", beta, 0, lo_open=True, unit="bytes/s")
+    check_number("nbytes", nbytes, 0)
     ka, kb = cost_coefficients(op, algorithm, n)
     return ka * alpha + kb * nbytes / beta
 
@@ -343,8 +340,8 @@ def memcpy_bandwidth(nbytes: int = 64 << 20, repeats: int = 9, warmup: int = 2, 
     every shared-memory or loopback transfer is at least one such copy."""
     import torch
 
-    if nbytes < 1 or repeats < 1:
-        raise ValueError(f"need nbytes >= 1 and repeats >= 1, got {nbytes}, {repeats}")
+    check_int("nbytes", nbytes, 1)
+    check_int("repeats", repeats, 1)
     device = torch.device(device) if device is not None else torch.device("cpu")
     src = torch.ones(nbytes // 4 or 1, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
@@ -481,8 +478,9 @@ def sweep(
     for op in ops:
         if op not in IMPLEMENTATIONS:
             raise ValueError(f"op={op!r} cannot be swept: choose one of {list(IMPLEMENTATIONS)}")
-    if warmup < 0 or repeats < 1:
-        raise ValueError(f"need warmup >= 0 and repeats >= 1, got {warmup}, {repeats}")
+    check_int("warmup", warmup, 0)
+    check_int("repeats", repeats, 1)
+
     per_op = impls if isinstance(impls, dict) else {op: impls for op in ops}
     cases = [
         (op, impl, int(s)) for op in ops for impl in per_op.get(op, ()) if impl in IMPLEMENTATIONS[op] for s in sizes

@@ -32,6 +32,9 @@ import os
 import statistics
 import time
 
+from ..config import check_int
+
+
 OVERLAP_LIMIT = 0.8  # non-blocking <= 0.8 x blocking when compute ~ comm (perfect overlap: 0.5)
 ATTEMPTS = 3  # measurements before the check gives up (a blocking variant fails all of them)
 
@@ -57,10 +60,9 @@ def overlap_timings(
     rank = dist.get_rank()
     if rank not in (0, 1):
         raise ValueError(f"rank={rank}: overlap_timings runs on ranks 0 and 1")
-    if payload_numel < 1 or repeats < 1:
-        raise ValueError(f"payload_numel={payload_numel}, repeats={repeats}: both must be >= 1")
-    if not 1 <= attempts <= 10:
-        raise ValueError(f"attempts={attempts}: allowed 1..10")
+    check_int("payload_numel", payload_numel, 1)
+    check_int("repeats", repeats, 1)
+    check_int("attempts", attempts, 1, 10)
     peer = 1 - rank
     payload = torch.arange(payload_numel, dtype=torch.float32, device=device)
     inbox = torch.zeros(payload_numel, device=device)

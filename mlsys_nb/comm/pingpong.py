@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 
+from ..config import check_int, check_multiple, check_number
 import numpy as np
 
 from .cost import cost_coefficients, fit_alpha_beta
@@ -54,8 +55,7 @@ def measure(
 
     rank, n = dist.get_rank(), dist.get_world_size()
     for s in list(fit_sizes) + list(predict_sizes):
-        if s % (4 * n) or s <= 0:
-            raise ValueError(f"size {s} B: sizes must be positive multiples of 4 x world_size = {4 * n}")
+        check_multiple("size (bytes) in fit_sizes/predict_sizes", s, 4 * n, "4 x world_size")
     bufs = {s: torch.ones(s // 4) for s in set(fit_sizes) | set(predict_sizes)}
     outs = {s: torch.empty(s // 4) for s in predict_sizes}
     chunks = {s: torch.ones(s // 4 // n) for s in predict_sizes}
@@ -177,8 +177,7 @@ def predict(
     adds ``(n-1)/n`` of S, tree-like all_reduce algorithms ``k_β / 2`` of S (half their traffic is the
     reduce phase). For all_gather, ``copy_s_per_byte`` (δ, seconds per byte of output) adds the
     backend's copy out of its flat buffer, ``S·δ`` (0: the pure α-β model)."""
-    if copy_s_per_byte < 0:
-        raise ValueError(f"copy_s_per_byte={copy_s_per_byte!r} must be >= 0 (seconds per byte)")
+    check_number("copy_s_per_byte", copy_s_per_byte, 0, unit="seconds per byte")
     ka, kb = cost_coefficients(op, algorithm, n)
     s = np.asarray(nbytes, dtype=float)
     kg = 0.0
@@ -313,8 +312,7 @@ def measure_and_check(run, check, attempts: int = ATTEMPTS, first=None):
     neighbour's load usually passes the next."""
     import os
 
-    if not 1 <= attempts <= 10:
-        raise ValueError(f"attempts={attempts}: allowed 1..10")
+    check_int("attempts", attempts, 1, 10)
     failures = []
     for k in range(attempts):
         m = first if (k == 0 and first is not None) else run()

@@ -31,7 +31,9 @@ from collections import deque
 
 import torch
 
+from ..config import check_choice, check_int
 from .model_runner import ModelRunner, SwapPool
+
 from .paged import PagedKVCache
 from .sampler import sample
 from .sampling_params import ParamError, SamplingParams
@@ -96,10 +98,8 @@ class LLMEngine:
             ("max_num_seqs", max_num_seqs, 1),
             ("max_num_batched_tokens", max_num_batched_tokens, 1),
         ):
-            if not isinstance(value, int) or value < low:
-                raise ValueError(f"{name}={value!r}: must be an integer >= {low}")
-        if preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"preemption_mode={preemption_mode!r}: allowed {PREEMPTION_MODES}")
+            check_int(name, value, low)
+        check_choice("preemption_mode", preemption_mode, PREEMPTION_MODES)
         hf = _is_hf(model)
         self.model = resolve_model(model, seed).eval()
         self.tokenizer = resolve_tokenizer(tokenizer, self.model, hf)
@@ -118,14 +118,13 @@ class LLMEngine:
         blocks_per_seq = math.ceil(cfg.seq_len / block_size)
         if num_blocks is None:  # from the memory budget, capped at max_num_seqs full-length sequences
             num_blocks = max(1, min(kv_cache_memory // block_bytes, max_num_seqs * blocks_per_seq))
-        if not isinstance(num_blocks, int) or num_blocks < 2:
-            raise ValueError(f"num_blocks={num_blocks!r}: must be an integer >= 2")
+        check_int("num_blocks", num_blocks, 2)
         self.max_model_len = min(cfg.seq_len, num_blocks * block_size)  # one sequence alone always fits
-        if not enable_chunked_prefill and max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                f"max_num_batched_tokens={max_num_batched_tokens} must be >= the context "
-                f"max_model_len={self.max_model_len} without chunked prefill (a prompt is computed "
-                f"in one step)"
+        if not enable_chunked_prefill:  # a prompt is computed in one step: it must fit the token budget
+            check_int(
+                f"max_num_batched_tokens (without chunked prefill: >= the context max_model_len={self.max_model_len})",
+                max_num_batched_tokens,
+                self.max_model_len,
             )
         self.kv = PagedKVCache(
             cfg,
@@ -569,8 +568,7 @@ class LLM:
         self.speculative_model, self.num_speculative_tokens = None, num_speculative_tokens
         if speculative_model is not None:
             k = num_speculative_tokens
-            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-                raise ValueError(f"num_speculative_tokens={k!r} is out of range: allowed an int >= 1")
+            check_int("num_speculative_tokens", k, 1)
             draft = "ngram" if speculative_model == "ngram" else resolve_model(speculative_model, seed + 1).eval()
             if draft != "ngram" and draft.cfg.vocab_size != self.engine.model.cfg.vocab_size:
                 raise ValueError(

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from ..config import check_int, check_number
 
 from .kv_cache import KVCache
 from .tokenizer import decode_stream
@@ -43,10 +44,8 @@ def generate(
     """Generate continuations of ``prompts`` (a str or a list of str) with the KV cache."""
     if isinstance(prompts, str):
         prompts = [prompts]
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r} is out of range: allowed an int >= 1")
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature} is out of range: allowed >= 0")
+    check_int("max_new_tokens", max_new_tokens, 1)
+    check_number("temperature", temperature, 0)
     ids = [list(tokenizer.encode(p)) for p in prompts]
     if any(len(x) == 0 for x in ids):
         raise ValueError("an empty prompt has no token to condition on: give at least one character")

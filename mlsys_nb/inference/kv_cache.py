@@ -51,7 +51,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..config import DTYPE_BYTES, as_model_config, dtype_bytes, torch_dtype
+from ..config import DTYPE_BYTES, as_model_config, check_int, check_probability, dtype_bytes, torch_dtype
+
 
 __all__ = ["DTYPE_BYTES", "KVCache", "kv_bytes_per_token", "kv_cache_bytes", "max_concurrent_sequences", "weight_bytes"]
 
@@ -76,8 +77,7 @@ def kv_cache_bytes(model, tokens: int, dtype="bf16") -> int:
     ``model``: preset name, ``ModelConfig`` or ``Transformer``; ``dtype``: a name in ``DTYPE_BYTES``
     or a ``torch.dtype``. MHA/GQA/MQA: 2·L·n_kv_heads·head_dim·bytes·tokens; MLA:
     (kv_lora_rank + rope_head_dim)·L·bytes·tokens."""
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-        raise ValueError(f"tokens={tokens!r} is out of range: allowed an int >= 0")
+    check_int("tokens", tokens, 0)
     return math.ceil(kv_bytes_per_token(model, dtype) * tokens)
 
 
@@ -102,12 +102,9 @@ def max_concurrent_sequences(
 
     cfg = as_model_config(model)
     g = hardware.gpu(gpu) if isinstance(gpu, str) else gpu
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"seq_len={seq_len!r} is out of range: allowed an int >= 1")
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ValueError(f"tp={tp!r} is out of range: allowed an int >= 1")
-    if not (0.0 < gpu_memory_utilization <= 1.0):
-        raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization} is out of range: allowed (0, 1]")
+    check_int("seq_len", seq_len, 1)
+    check_int("tp", tp, 1)
+    check_probability("gpu_memory_utilization", gpu_memory_utilization, lo_open=True)
     budget = gpu_memory_utilization * g.memory_bytes - weight_bytes(cfg, weight_dtype) / tp
     if budget <= 0:
         return 0
@@ -133,10 +130,8 @@ class KVCache:
             p = next(model.parameters())
             dtype, device = p.dtype, device or p.device
         max_len = cfg.seq_len if max_len is None else max_len
-        if isinstance(n_seqs, bool) or not isinstance(n_seqs, int) or n_seqs < 1:
-            raise ValueError(f"n_seqs={n_seqs!r} is out of range: allowed an int >= 1")
-        if isinstance(max_len, bool) or not isinstance(max_len, int) or not (1 <= max_len <= cfg.seq_len):
-            raise ValueError(f"max_len={max_len!r} is out of range: allowed [1, cfg.seq_len={cfg.seq_len}]")
+        check_int("n_seqs", n_seqs, 1)
+        check_int(f"max_len (cfg.seq_len={cfg.seq_len})", max_len, 1, cfg.seq_len)
         self.cfg, self.n_seqs, self.max_len = cfg, n_seqs, max_len
         shape = (cfg.n_layers, n_seqs, cfg.n_kv_heads, max_len, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=_torch_dtype(dtype), device=device)
@@ -159,8 +154,8 @@ class KVCache:
 
     def _ids(self, seq_ids) -> torch.Tensor:
         ids = torch.as_tensor(seq_ids, dtype=torch.long).reshape(-1)
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.n_seqs):
-            raise ValueError(f"seq_ids {ids.tolist()} out of range: allowed [0, n_seqs={self.n_seqs})")
+        for i in ids.tolist():
+            check_int(f"each of seq_ids (n_seqs={self.n_seqs})", i, 0, self.n_seqs - 1)
         if ids.unique().numel() != ids.numel():
             raise ValueError(f"seq_ids {ids.tolist()} repeat a sequence: each row needs its own")
         return ids
@@ -185,8 +180,8 @@ class KVCache:
             )
         if b > self.n_seqs:
             raise ValueError(f"batch of {b} rows exceeds n_seqs={self.n_seqs}")
-        if int(n.min()) < 1 or int(n.max()) > s:
-            raise ValueError(f"n_new {n.tolist()} out of range: allowed [1, s={s}] per row")
+        for i in n.tolist():
+            check_int(f"each of n_new (s={s} new tokens per row)", i, 1, s)
         start = self.lengths[ids]
         over = (start + n) > self.max_len
         if over.any():

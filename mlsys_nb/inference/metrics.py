@@ -26,6 +26,9 @@ from __future__ import annotations
 
 import statistics
 
+from ..config import check_choice, check_number
+
+
 PERCENTILES = (50, 90, 99)
 
 
@@ -80,8 +83,10 @@ def phase_breakdown(step_times, *, decode_only: bool = True) -> dict:
 def overlap_speedup(cpu_s: float, model_s: float) -> float:
     """Closed-form speed-up (dimensionless) of overlapping the CPU work of step N+1 (``cpu_s`` seconds)
     with the model of step N (``model_s`` seconds): the limit of many steps."""
-    if cpu_s < 0 or model_s < 0 or cpu_s + model_s == 0:
-        raise ValueError(f"cpu_s={cpu_s}, model_s={model_s}: must be >= 0 and not both 0")
+    check_number("cpu_s", cpu_s, 0, unit="seconds")
+    check_number("model_s", model_s, 0, unit="seconds")
+    if cpu_s + model_s == 0:
+        raise ValueError("cpu_s=0 and model_s=0: a step takes some time, give one of them > 0")
     return (cpu_s + model_s) / max(cpu_s, model_s)
 
 
@@ -94,8 +99,8 @@ def simulate_overlap(cpu_s, model_s) -> tuple[float, float]:
     launched, and the model of step i starts when its CPU part is done and the model is free."""
     if len(cpu_s) != len(model_s) or not len(cpu_s):
         raise ValueError(f"cpu_s and model_s: need one value per step each, got {len(cpu_s)} and {len(model_s)}")
-    if min(cpu_s) < 0 or min(model_s) < 0:
-        raise ValueError("cpu_s and model_s: seconds must be >= 0")
+    check_number("min(cpu_s)", min(cpu_s), 0, unit="seconds")
+    check_number("min(model_s)", min(model_s), 0, unit="seconds")
     cpu_free = model_free = launched = 0.0
     for c, g in zip(cpu_s, model_s):
         cpu_done = max(cpu_free, launched) + c  # prepare step i once step i-1 is on the device
@@ -119,8 +124,7 @@ def fastest_step(row, part: str = "cpu") -> float:
 
     Background load only ever adds time to a step, so the fastest of a row's steps is the one closest
     to the undisturbed cost (a median still moves when another process takes the core for half the steps)."""
-    if part not in ("cpu", "model"):
-        raise ValueError(f"part={part!r}: allowed 'cpu' or 'model'")
+    check_choice("part", part, ("cpu", "model"))
     return min(step[0 if part == "cpu" else 1] for step in row["trace"])
 
 

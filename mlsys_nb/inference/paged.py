@@ -243,8 +243,7 @@ class BlockManager:
 
     def free_block(self, block_id: int) -> None:
         """Return one unreferenced block to the free list (it keeps its cached prefix until reused)."""
-        if not isinstance(block_id, int) or not 0 <= block_id < self.num_blocks:
-            raise ValueError(f"block_id={block_id!r}: must be in [0, {self.num_blocks})")
+        check_int(f"block_id (num_blocks={self.num_blocks})", block_id, 0, self.num_blocks - 1)
         if self.ref_count[block_id] > 0:
             users = [sid for sid, s in self.seqs.items() if block_id in s.table]
             raise ValueError(
@@ -383,8 +382,8 @@ class PagedKVCache:
         if dtype is None and isinstance(model, torch.nn.Module):
             p = next(model.parameters())
             dtype, device = p.dtype, device or p.device
-        if max_seq_len is not None and not (isinstance(max_seq_len, int) and 1 <= max_seq_len <= cfg.seq_len):
-            raise ValueError(f"max_seq_len={max_seq_len!r} is out of range: allowed [1, cfg.seq_len={cfg.seq_len}]")
+        if max_seq_len is not None:
+            check_int(f"max_seq_len (cfg.seq_len={cfg.seq_len})", max_seq_len, 1, cfg.seq_len)
         self.cfg, self.block_size = cfg, block_size
         self.manager = BlockManager(
             num_blocks, block_size, prefix_caching=prefix_caching, max_seq_len=max_seq_len or cfg.seq_len
@@ -471,11 +470,13 @@ class PagedKVCache:
                 f"counts (sequences with uncomputed tokens: {waiting})"
             )
         for sid, cnt in zip(ids, n):
-            if not 1 <= cnt <= min(s, self.pending(sid)):
-                raise ValueError(
-                    f"seq_id={sid!r}: n_new={cnt} out of range: allowed [1, min(s={s}, "
-                    f"uncomputed tokens={self.pending(sid)})]"
-                )
+            check_int(
+                f"n_new of seq_id={sid!r} (min(s={s}, uncomputed tokens={self.pending(sid)}))",
+                cnt,
+                1,
+                min(s, self.pending(sid)),
+            )
+
         bs = self.block_size
         start = [self.computed[sid] for sid in ids]
         slots = [

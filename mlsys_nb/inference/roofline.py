@@ -37,7 +37,8 @@ import time
 from dataclasses import dataclass
 
 from ..config import dtype_name
-from ..config import as_model_config, dtype_bytes
+from ..config import as_model_config, check_int, dtype_bytes
+
 from .kv_cache import kv_bytes_per_token
 
 
@@ -139,8 +140,7 @@ def step_cost(
     data/hardware.yaml or a ``hardware.GPU``; ``dtype``: weights and compute; ``kv_dtype``: the
     cache (default ``dtype``)."""
     for name, v, lo in (("batch", batch, 1), ("new_tokens_per_seq", new_tokens_per_seq, 1), ("context", context, 0)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"{name}={v!r} is out of range: allowed an int >= {lo}")
+        check_int(name, v, lo)
     peak, bw = _peak(gpu, dtype)
     kv_tok = kv_bytes_per_token(model, kv_dtype or dtype)
     flops = 2.0 * matmul_params(model) * batch * new_tokens_per_seq + batch * attention_flops(

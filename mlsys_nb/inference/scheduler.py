@@ -27,7 +27,9 @@ from __future__ import annotations
 
 from collections import deque
 
+from ..config import check_choice
 from .model_runner import SwapPool
+
 from .paged import NO_HASH, OutOfBlocksError, PagedKVCache
 from .sequence import Sequence, SequenceStatus
 
@@ -46,8 +48,7 @@ class Scheduler:
         preemption_mode: str = "recompute",
         swap_pool: SwapPool | None = None,
     ):
-        if preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"preemption_mode={preemption_mode!r}: allowed {PREEMPTION_MODES}")
+        check_choice("preemption_mode", preemption_mode, PREEMPTION_MODES)
         if preemption_mode == "swap" and swap_pool is None:
             raise ValueError("preemption_mode='swap' needs a swap_pool (a CPU pool of blocks)")
         self.kv, self.manager = kv, kv.manager

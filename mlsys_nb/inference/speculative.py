@@ -41,7 +41,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..config import check_choice, check_int, check_number, check_probability
 from .kv_cache import KVCache
+
 
 __all__ = [
     "SpecStats",
@@ -60,10 +62,8 @@ __all__ = [
 
 # ---- closed forms (models, Leviathan et al., 2023) ---------------------------------------------
 def _check_alpha_k(alpha, k):
-    if not (0.0 <= alpha <= 1.0):
-        raise ValueError(f"alpha={alpha!r} is out of range: allowed [0, 1]")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ValueError(f"k={k!r} is out of range: allowed an int >= 0")
+    check_probability("alpha", alpha)
+    check_int("k", k, 0)
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
@@ -77,8 +77,7 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
 def expected_speedup(alpha: float, k: int, cost_ratio: float) -> float:
     """Wall-clock speed-up over the target alone: tokens per step / (k · c + 1), c = draft forward
     time / target forward time (a model: verification of k+1 tokens assumed to cost one forward)."""
-    if not cost_ratio >= 0:
-        raise ValueError(f"cost_ratio={cost_ratio!r} is out of range: allowed >= 0")
+    check_number("cost_ratio", cost_ratio, 0)
     return expected_tokens_per_step(alpha, k) / (k * cost_ratio + 1.0)
 
 
@@ -224,12 +223,9 @@ def speculative_generate(
     emitted token (stop strings, stop token ids). ``keep_logprobs``: keep the target's raw
     log-softmax row of every emitted token in ``SpecStats.logprobs`` (vLLM's raw logprobs).
     Returns ``(tokens, SpecStats)``."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k={k!r} is out of range: allowed an int >= 1")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r} is out of range: allowed an int >= 1")
-    if not temperature >= 0:
-        raise ValueError(f"temperature={temperature!r} is out of range: allowed >= 0")
+    check_int("k", k, 1)
+    check_int("max_new_tokens", max_new_tokens, 1)
+    check_number("temperature", temperature, 0)
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
         raise ValueError("prompt_ids is empty: give at least one token")
@@ -237,8 +233,8 @@ def speculative_generate(
     if isinstance(draft, torch.nn.Module):
         if draft.cfg.vocab_size != V:
             raise ValueError(f"draft vocab_size={draft.cfg.vocab_size} differs from the target's {V}")
-    elif draft not in (None, "ngram"):
-        raise ValueError(f"draft={draft!r}: allowed a Transformer, 'ngram' or None")
+    else:
+        check_choice("draft (or a Transformer)", draft, (None, "ngram"))
     kk = 0 if draft is None else k
     max_len = len(prompt) + max_new_tokens + kk + 1
     for m in (target, draft) if isinstance(draft, torch.nn.Module) else (target,):

@@ -14,6 +14,8 @@ from __future__ import annotations
 import codecs
 import weakref
 
+from ..config import check_choice, check_int
+
 
 class ByteTokenizer:
     """UTF-8 bytes as token ids (0-255) plus an end-of-sequence id 256 if ``vocab_size > 256``."""
@@ -21,8 +23,7 @@ class ByteTokenizer:
     n_bytes = 256
 
     def __init__(self, vocab_size: int = 257):
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 256:
-            raise ValueError(f"vocab_size={vocab_size!r} is out of range: a byte tokenizer needs >= 256")
+        check_int("vocab_size (a byte tokenizer needs one id per byte)", vocab_size, 256)
         self.vocab_size = vocab_size
         self.eos_id = 256 if vocab_size > 256 else None
 
@@ -244,10 +245,8 @@ def train_tokenizer(text: str, vocab_size: int = 400, style: str = "byte_level")
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    if style not in STYLES:
-        raise ValueError(f"style={style!r}: allowed {STYLES}")
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 300:
-        raise ValueError(f"vocab_size={vocab_size!r} is out of range: allowed an int >= 300")
+    check_choice("style", style, STYLES)
+    check_int("vocab_size", vocab_size, 300)
     if style == "byte_level":
         t = Tokenizer(models.BPE())
         t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

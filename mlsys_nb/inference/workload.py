@@ -20,6 +20,7 @@ import random
 import time
 from dataclasses import dataclass
 
+from ..config import check_int, check_number
 from .sampling_params import SamplingParams
 
 
@@ -33,8 +34,9 @@ class WorkloadRequest:
 
 def _range(name, value):
     lo, hi = value
-    if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
-        raise ValueError(f"{name}={value!r}: must be (low, high) integers with 1 <= low <= high")
+    check_int(f"{name} low", lo, 1)
+    check_int(f"{name} high (>= its low)", hi, lo)
+
     return lo, hi
 
 
@@ -49,14 +51,12 @@ def make_workload(
     vocab_size: int = 256,
     seed: int = 0,
 ) -> list[WorkloadRequest]:
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n={n!r}: must be an integer >= 1")
-    if not rate > 0:
-        raise ValueError(f"rate={rate!r}: requests per second, must be > 0 (math.inf: all at once)")
+    check_int("n", n, 1)
+    if rate != math.inf:  # math.inf: all requests at once
+        check_number("rate", rate, 0, lo_open=True, unit="requests per second (or math.inf)")
     p_lo, p_hi = _range("prompt_len", prompt_len)
     o_lo, o_hi = _range("output_len", output_len)
-    if shared_prefix_len < 0 or shared_prefix_len >= p_lo:
-        raise ValueError(f"shared_prefix_len={shared_prefix_len}: must be in [0, prompt_len low={p_lo})")
+    check_int(f"shared_prefix_len (prompt_len low={p_lo})", shared_prefix_len, 0, p_lo - 1)
     rng = random.Random(seed)
     prefixes = [[rng.randrange(vocab_size) for _ in range(shared_prefix_len)] for _ in range(n_prefixes)]
     t, out = 0.0, []

@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+from ..config import check_int, check_number
+
+
 @dataclass
 class MarkovLanguage:
     vocab: int = 16
@@ -31,12 +34,15 @@ class MarkovLanguage:
     stationary: np.ndarray = field(init=False, repr=False)  # [vocab**order]
 
     def __post_init__(self):
-        if not (isinstance(self.vocab, int) and 2 <= self.vocab <= 256):
-            raise ValueError(f"vocab={self.vocab!r} is out of range: allowed an int in [2, 256]")
-        if not (isinstance(self.order, int) and 1 <= self.order <= 4 and self.vocab**self.order <= 2**16):
-            raise ValueError(f"order={self.order!r} is out of range: allowed 1..4 with vocab**order <= 65536")
-        if not (self.concentration > 0):
-            raise ValueError(f"concentration={self.concentration!r} is out of range: allowed > 0")
+        check_int("vocab", self.vocab, 2, 256)
+        # the transition table has vocab**order rows: at most 65536
+        check_int(
+            f"order (vocab={self.vocab}: vocab**order <= 65536)",
+            self.order,
+            1,
+            max(o for o in range(1, 5) if self.vocab**o <= 2**16),
+        )
+        check_number("concentration", self.concentration, 0, lo_open=True)
         rng = np.random.default_rng(self.seed)
         n_ctx = self.vocab**self.order
         p = rng.dirichlet(np.full(self.vocab, float(self.concentration)), size=n_ctx)

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import ModelConfig, TrainConfig
+from ..config import ModelConfig, TrainConfig, check_choice
+
 from .transformer import Transformer
 
 __all__ = [
@@ -179,8 +180,7 @@ def measure_model_states(
         "sgd-momentum": lambda p, lr: torch.optim.SGD(p, lr=lr, momentum=0.9),
         "sgd": lambda p, lr: torch.optim.SGD(p, lr=lr),
     }
-    if optimizer not in opts:
-        raise ValueError(f"optimizer={optimizer!r}: allowed {tuple(opts)}")
+    check_choice("optimizer", optimizer, opts)
     mixed = {"fp32": False, "bf16-mixed": True}.get(precision)
     if mixed is None:
         raise ValueError(f"precision={precision!r}: measurable here: 'fp32', 'bf16-mixed'")

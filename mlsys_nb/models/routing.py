@@ -35,23 +35,19 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import ArgumentError
+from ..config import check_choice, check_int, check_number
+
 
 GATINGS = ("softmax", "sigmoid")
 
 
 def check_router_args(n_experts: int, top_k: int, gating: str, capacity_factor) -> None:
     """Raise ``ArgumentError`` (a ``ValueError``) naming the parameter for an impossible router setting."""
-    if not isinstance(n_experts, int) or n_experts < 1:
-        raise ArgumentError(f"n_experts={n_experts!r}: must be an integer >= 1")
-    if not isinstance(top_k, int) or not 1 <= top_k <= n_experts:
-        raise ArgumentError(f"top_k={top_k!r}: must be an integer in 1..n_experts={n_experts}")
-    if gating not in GATINGS:
-        raise ArgumentError(f"gating={gating!r}: allowed {GATINGS}")
-    if capacity_factor is not None and (
-        not isinstance(capacity_factor, (int, float)) or not capacity_factor > 0 or math.isinf(capacity_factor)
-    ):
-        raise ArgumentError(f"capacity_factor={capacity_factor!r}: must be a finite number > 0, or None (no drops)")
+    check_int("n_experts", n_experts, 1)
+    check_int(f"top_k (n_experts={n_experts})", top_k, 1, n_experts)
+    check_choice("gating", gating, GATINGS)
+    if capacity_factor is not None:  # None: no drops
+        check_number("capacity_factor (or None: no drops)", capacity_factor, 0, lo_open=True)
 
 
 def capacity(capacity_factor, n_tokens: int, top_k: int, n_experts: int) -> int | None:
@@ -108,7 +104,7 @@ def choose(logits: torch.Tensor, top_k: int, gating: str = "softmax", bias: torc
         weight = scores.gather(-1, idx)
         probs = scores / scores.sum(dim=-1, keepdim=True)
     else:
-        raise ArgumentError(f"gating={gating!r}: allowed {GATINGS}")
+        check_choice("gating", gating, GATINGS)
     return idx, weight / weight.sum(dim=-1, keepdim=True), probs
 
 

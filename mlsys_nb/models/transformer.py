@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..config import ModelConfig
+from ..config import ModelConfig, check_choice, check_int
+
 from .routing import check_router_args, load_balancing_loss, load_balancing_terms, route, update_bias, z_loss_sum
 
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -214,10 +215,8 @@ class Transformer(nn.Module):
 
     def __init__(self, cfg: ModelConfig, *, recompute: str = "none", attn_impl: str = "sdpa"):
         super().__init__()
-        if recompute not in RECOMPUTE_MODES:
-            raise ValueError(f"recompute={recompute!r}: allowed {RECOMPUTE_MODES}")
-        if attn_impl not in ATTN_IMPLS:
-            raise ValueError(f"attn_impl={attn_impl!r}: allowed {ATTN_IMPLS}")
+        check_choice("recompute", recompute, RECOMPUTE_MODES)
+        check_choice("attn_impl", attn_impl, ATTN_IMPLS)
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden)
         self.blocks = nn.ModuleList(Block(cfg, i, attn_impl) for i in range(cfg.n_layers))
@@ -229,7 +228,8 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.set_recompute(recompute)
-        self.apply(self._init_weights)
+        if not self.embed.weight.is_meta:  # a meta build has no values to set (and init there costs seconds)
+            self.apply(self._init_weights)
 
     @staticmethod
     def _init_weights(m):
@@ -239,15 +239,13 @@ class Transformer(nn.Module):
             nn.init.zeros_(m.bias)
 
     def set_recompute(self, mode: str) -> None:
-        if mode not in RECOMPUTE_MODES:
-            raise ValueError(f"recompute={mode!r}: allowed {RECOMPUTE_MODES}")
+        check_choice("mode", mode, RECOMPUTE_MODES)
         self.recompute = mode
         for blk in self.blocks:
             blk.attn.selective_recompute = mode == "selective"
 
     def set_attn_impl(self, impl: str) -> None:
-        if impl not in ATTN_IMPLS:
-            raise ValueError(f"attn_impl={impl!r}: allowed {ATTN_IMPLS}")
+        check_choice("impl", impl, ATTN_IMPLS)
         for blk in self.blocks:
             blk.attn.attn_impl = impl
 
@@ -266,11 +264,10 @@ class Transformer(nn.Module):
             positions = positions.unsqueeze(0).expand(b, s)
         if tuple(positions.shape) != (b, s):
             raise ValueError(f"positions has shape {tuple(positions.shape)}: expected ({b}, {s}) or ({s},)")
-        if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= self.cfg.seq_len):
-            raise ValueError(
-                f"positions range [{int(positions.min())}, {int(positions.max())}] is out of "
-                f"range: allowed [0, cfg.seq_len={self.cfg.seq_len})"
-            )
+        if positions.numel():
+            for bound in (int(positions.min()), int(positions.max())):
+                check_int(f"each of positions (cfg.seq_len={self.cfg.seq_len})", bound, 0, self.cfg.seq_len - 1)
+
         return self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
 
     def forward(

@@ -33,6 +33,9 @@ from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
+
+from ..config import check_number
+
 from torch import nn
 
 
@@ -100,8 +103,7 @@ class DataParallel(nn.Module):
 
     def __init__(self, module: nn.Module, *, bucket_cap_mb: float = 25.0, overlap: bool = True, group=None):
         super().__init__()
-        if bucket_cap_mb < 0:
-            raise ValueError(f"bucket_cap_mb={bucket_cap_mb}: allowed >= 0")
+        check_number("bucket_cap_mb", bucket_cap_mb, 0, unit="MB")
         self.module, self.overlap, self.group = module, overlap, group
         self.world = dist.get_world_size(group)
         broadcast_parameters(module, src=dist.get_global_rank(group, 0) if group else 0, group=group)

@@ -44,7 +44,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..config import ArgumentError, ModelConfig, dtype_bytes
+from ..config import ArgumentError, ModelConfig, check_divides, dtype_bytes
+
 from ..models.routing import (
     GATINGS,
     check_router_args,
@@ -75,8 +76,7 @@ def check_ep_args(cfg: ModelConfig, ep: int, *, gating: str = "softmax", capacit
     if not cfg.is_moe:
         raise ArgumentError(f"n_experts={cfg.n_experts}: expert parallelism needs an MoE config (n_experts > 0)")
     check_router_args(cfg.n_experts, cfg.top_k, gating, capacity_factor)
-    if not isinstance(ep, int) or ep < 1 or cfg.n_experts % ep:
-        raise ArgumentError(f"ep={ep!r}: the EP size must be an integer >= 1 dividing n_experts={cfg.n_experts}")
+    check_divides("ep", ep, cfg.n_experts, "n_experts")
 
 
 class EPMoE(nn.Module):

@@ -38,6 +38,9 @@ import math
 
 import torch
 import torch.distributed as dist
+
+from ..config import check_choice
+
 from torch import nn
 
 STAGES = (1, 2, 3)
@@ -145,8 +148,7 @@ class ZeRO:
     """
 
     def __init__(self, model: nn.Module, make_optimizer, *, stage: int, units=None, prefetch: bool = False, group=None):
-        if stage not in STAGES:
-            raise ValueError(f"stage={stage!r}: allowed {STAGES}")
+        check_choice("stage", stage, STAGES)
         if prefetch and stage != 3:
             raise ValueError(f"prefetch=True needs stage=3 (got stage={stage}): only stage 3 gathers parameters")
         self.model, self.stage, self.prefetch, self.group = model, stage, prefetch, group

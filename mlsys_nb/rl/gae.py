@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..config import check_probability
+
 
 def _check(rewards, values, dones, last_value, gamma, lam):
-    if not 0.0 <= float(gamma) <= 1.0:
-        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
-    if not 0.0 <= float(lam) <= 1.0:
-        raise ValueError(f"lam must be in [0, 1], got {lam}")
+    check_probability("gamma", gamma)
+    check_probability("lam", lam)
     shape = tuple(rewards.shape)
     if len(shape) not in (1, 2) or shape[0] == 0:
         raise ValueError(f"rewards must be time-major [T] or [T, N] with T >= 1, got shape {shape}")

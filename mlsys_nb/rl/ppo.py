@@ -25,6 +25,9 @@ from collections import deque
 
 import numpy as np
 import torch
+
+from ..config import check_int, check_number, check_probability
+
 from torch import nn
 
 
@@ -121,8 +124,8 @@ def ppo_loss(
     ``clip=None`` gives the unclipped policy-gradient surrogate (what A2C optimises in one step).
     Returns ``(loss, parts)`` with parts ``policy``, ``value``, ``entropy``, ``clip_fraction``, ``approx_kl``.
     """
-    if clip is not None and not 0.0 < clip < 1.0:
-        raise ValueError(f"clip must be in (0, 1), got {clip}")
+    if clip is not None:
+        check_probability("clip", clip, lo_open=True, hi_open=True)
     if normalize and advantages.numel() > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     log_ratio = new_logp - old_logp
@@ -206,8 +209,7 @@ def evaluate(
     episodes can no longer reach that value (used by ``train`` to skip hopeless evaluations; the bound
     assumes rewards <= 1 per step and a time limit, as in CartPole).
     """
-    if not isinstance(episodes, int) or episodes < 1:
-        raise ValueError(f"episodes must be a positive int, got {episodes!r}")
+    check_int("episodes", episodes, 1)
     spec = check_env_id(env_id)
     envs = make_envs(env_id, episodes, same_step=False)
     max_return = float(spec.max_episode_steps or np.inf)
@@ -253,19 +255,15 @@ class Config:
     def __post_init__(self):
         for name in ("n_envs", "n_steps", "batch_size", "epochs", "hidden", "anneal_steps", "eval_every"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+            check_int(name, v, 1)
         if (self.n_envs * self.n_steps) % self.batch_size:
             raise ValueError(
                 f"batch_size must divide n_envs * n_steps = {self.n_envs * self.n_steps}, got {self.batch_size}"
             )
-        for name, lo, hi in (("gamma", 0, 1), ("lam", 0, 1), ("floor", 0, 1)):
-            if not lo <= getattr(self, name) <= hi:
-                raise ValueError(f"{name} must be in [{lo}, {hi}], got {getattr(self, name)}")
-        if not 0 < self.clip < 1:
-            raise ValueError(f"clip must be in (0, 1), got {self.clip}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        for name in ("gamma", "lam", "floor"):
+            check_probability(name, getattr(self, name))
+        check_probability("clip", self.clip, lo_open=True, hi_open=True)
+        check_number("lr", self.lr, 0, lo_open=True)
 
 
 def update(model, opt, batch: dict, cfg: Config, clip: float, generator=None) -> dict:
@@ -334,8 +332,8 @@ def train(
     cfg = config or Config()
     if threshold is None:
         threshold = spec.reward_threshold if spec.reward_threshold is not None else math.inf
-    if total_steps is not None and (not isinstance(total_steps, int) or total_steps < 1):
-        raise ValueError(f"total_steps must be a positive int or None, got {total_steps!r}")
+    if total_steps is not None:
+        check_int("total_steps (or None)", total_steps, 1)
     budget = total_steps if total_steps is not None else max_steps
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

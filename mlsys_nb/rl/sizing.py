@@ -30,7 +30,8 @@ import math
 from dataclasses import dataclass
 
 from ..comm.cost import collective_time
-from ..config import ModelConfig, check_int, dtype_bytes
+from ..config import ModelConfig, check_choice, check_int, check_probability, dtype_bytes
+
 from ..hardware import GPU, gpu as _gpu, link as _link
 from ..inference.kv_cache import kv_bytes_per_token
 from ..inference.roofline import decode_cost, prefill_cost
@@ -157,13 +158,15 @@ def rlhf_estimate(
                 "reward": n_gpus // 8,
                 "rollout": n_gpus // 4,
             }
-        if set(split) != set(_RLHF_ROLES) or any(not isinstance(v, int) or v < 1 for v in split.values()):
-            raise ValueError(f"split={split!r}: allowed a dict of GPU counts >= 1 for exactly {_RLHF_ROLES}")
+        if set(split) != set(_RLHF_ROLES):
+            raise ValueError(f"split={split!r}: needs exactly the keys {_RLHF_ROLES} (GPU counts)")
+        for role, v in split.items():
+            check_int(f"split[{role!r}] (GPUs)", v, 1)
         if sum(split.values()) != n_gpus:
             raise ValueError(f"split={split!r}: its GPU counts add up to {sum(split.values())}, not n_gpus={n_gpus}")
         groups = dict(split)
     else:
-        raise ValueError(f"placement={placement!r}: allowed 'colocated', 'split'")
+        check_choice("placement", placement, ("colocated", "split"))
     if groups["rollout"] % rollout_tp:
         raise ValueError(f"rollout_tp={rollout_tp}: must divide the rollout GPUs ({groups['rollout']})")
     fb = dtype_bytes(frozen_dtype, "frozen_dtype")
@@ -254,8 +257,7 @@ def layout_cost(
     frozen_dtype="bf16",
 ) -> LayoutCost:
     """Per-GPU memory and modelled step time of one PPO-RLHF layout (see the module docstring)."""
-    if not 0 < mfu <= 1:
-        raise ValueError(f"mfu={mfu!r}: allowed 0 < mfu <= 1")
+    check_probability("mfu", mfu, lo_open=True)
     m: ModelConfig = preset(actor) if isinstance(actor, str) else actor
     g: GPU = _gpu(gpu) if isinstance(gpu, str) else gpu
     mem = rlhf_estimate(

@@ -417,8 +417,7 @@ class Cluster:
         """Send one message per rank, wait for all replies; return (results, outputs)."""
         self._check_alive()
         timeout = self.timeout if timeout is None else float(timeout)
-        if not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        check_seconds("timeout", timeout)
         results, outputs, errors, exits = {}, {}, {}, {}
         pending = {}
         for r in ranks:
@@ -662,9 +661,9 @@ def _parse_ranks(spec, world_size):
             raise ValueError(f"ranks must look like 0,2 or 1-3 or all, got {spec!r}")
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
         ranks.extend(range(lo, hi + 1))
-    bad = [r for r in ranks if r >= world_size]
-    if bad:
-        raise ValueError(f"ranks must be in 0..{world_size - 1} (world_size={world_size}), got {spec!r}")
+    for r in ranks:
+        check_int(f"each of ranks={spec!r} (world_size={world_size})", r, 0, world_size - 1)
+
     return sorted(set(ranks))
 
 

@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 
 from .. import hardware
-from ..config import load_model_preset, model_presets
+from ..config import check_int, load_model_preset, model_presets
+
 from ..inference import kv_cache_bytes, max_concurrent_sequences, weight_bytes
 from ..inference.roofline import decode_cost, prefill_cost
 from ..plots import PALETTE, label, style
@@ -66,12 +67,9 @@ class InferenceWidget(ControlPanel):
         s = state
         cfg = load_model_preset(s["model"])
         ctx, b, tp = s["context"], s["batch"], s["tp"]
-        if not (isinstance(ctx, int) and 1 <= ctx <= cfg.seq_len):
-            raise ValueError(f"context={ctx} is out of range for {s['model']}: allowed [1, {cfg.seq_len}]")
-        if not (isinstance(b, int) and b >= 1):
-            raise ValueError(f"batch={b} is out of range: allowed >= 1")
-        if not (isinstance(tp, int) and tp >= 1):
-            raise ValueError(f"tp={tp} is out of range: allowed >= 1")
+        check_int(f"context (for {s['model']})", ctx, 1, cfg.seq_len)
+        check_int("batch", b, 1)
+        check_int("tp", tp, 1)
         gpu = hardware.gpu(s["gpu"])
         peak_dtype = s["weight_dtype"] if s["weight_dtype"] in gpu.peak_flops else "fp32"
         if peak_dtype not in gpu.peak_flops:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import pandas as pd
 
 from .. import hardware, memory, planner
+from ..config import check_int
+
 from ..plots import PALETTE, style
 from .base import ControlPanel
 
@@ -79,8 +81,8 @@ class PlannerWidget(ControlPanel):
             seq_len=seq,
             gpus_per_node=s["gpus_per_node"],
         )
-        if not isinstance(s["sequences"], int) or s["sequences"] < 1:
-            raise ValueError(f"sequences={s['sequences']!r}: allowed an int >= 1")
+        check_int("sequences", s["sequences"], 1)
+
         key = (s["model"], *kw.values())
         if key not in self._cache:
             self._cache[key] = planner.search(s["model"], **kw, top=TOP)

@@ -15,6 +15,8 @@ import time
 import pandas as pd
 
 from .. import quiz
+from ..config import check_int
+
 from ..plots import PALETTE, label, style
 from .base import Panel
 
@@ -92,10 +94,9 @@ class PracticeWidget(Panel):
 
     # ---- the protocol ------------------------------------------------------------------------
     def _settings(self, s: dict) -> dict:
-        if not isinstance(s["seed"], int) or s["seed"] < 0:
-            raise ValueError(f"seed={s['seed']!r} is out of range: allowed an int >= 0")
-        if not isinstance(s["mock_n"], int) or not 1 <= s["mock_n"] <= 50:
-            raise ValueError(f"mock_n={s['mock_n']!r} is out of range: allowed 1..50 questions")
+        check_int("seed", s["seed"], 0)
+        check_int("mock_n (questions)", s["mock_n"], 1, 50)
+
         topic = None if s["topic"] == "any" else s["topic"]
         diff = None if s["difficulty"] == "any" else int(s["difficulty"])
         if (

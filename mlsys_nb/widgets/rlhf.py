@@ -13,7 +13,8 @@ from __future__ import annotations
 import pandas as pd
 
 from .. import hardware
-from ..config import model_presets
+from ..config import check_int, model_presets
+
 from ..plots import PALETTE, style
 from .base import ControlPanel
 
@@ -77,13 +78,10 @@ class RLHFSizingWidget(ControlPanel):
 
         s = state
         for name in ("n_gpus", "rollout_batch", "rollout_tp"):
-            if not (isinstance(s[name], int) and s[name] >= 1):
-                raise ValueError(f"{name}={s[name]} is out of range: allowed an integer >= 1")
+            check_int(name, s[name], 1)
         for name in ("prompt_len", "response_len"):
-            if not (isinstance(s[name], int) and s[name] >= 0):
-                raise ValueError(f"{name}={s[name]} is out of range: allowed an integer >= 0")
-        if s["prompt_len"] + s["response_len"] < 1:
-            raise ValueError("prompt_len + response_len must be at least 1 token")
+            check_int(name, s[name], 0)
+        check_int("prompt_len + response_len (tokens)", s["prompt_len"] + s["response_len"], 1)
         kw = {k: s[k] for k in ("gpu", "n_gpus", "rollout_batch", "prompt_len", "response_len", "rollout_tp", "mfu")}
         costs = {p: layout_cost(s["model"], placement=p, sync_link=s["sync_link"], **kw) for p in PLACEMENTS}
         return {"layouts": costs, "gpu_memory_bytes": hardware.gpu(s["gpu"]).memory_bytes}

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from .. import flops, hardware, scaling
+from ..config import check_number
 from ..plots import PALETTE, label, style
 from .base import ControlPanel, pow10_label
 
@@ -104,9 +105,8 @@ class ScalingWidget(ControlPanel):
         if s["law"] not in self.laws:
             raise KeyError(f"law={s['law']!r}: choose one of {sorted(self.laws)}")
         law = self.laws[s["law"]]
-        C = float(s["compute"])
-        if not (C_RANGE[0] <= C <= C_RANGE[1]):
-            raise ValueError(f"compute={C:.3g} FLOPs is out of range: allowed [{C_RANGE[0]:.0e}, {C_RANGE[1]:.0e}]")
+        C = check_number("compute", float(s["compute"]), C_RANGE[0], C_RANGE[1], unit="FLOPs")
+
         n, d = law.compute_optimal(C)
         est = flops.training_time(
             n,
