@@ -27,7 +27,15 @@ puts it in ``SyncStats.peak_bytes``.
 Every wait has a timeout: a broadcast that does not complete raises ``WeightSyncTimeout`` naming the
 source rank and the rollout ranks.
 
-Public names: ``Roles``, ``make_roles``, ``bucket_plan``, ``buckets``, ``sync_broadcast``, ``sync_file``,
+One interface over every transport, ``WeightSync``: ``send(named_tensors)`` on the sender returns a handle,
+``receive(handle)`` on a receiver returns ``{name: tensor}`` bit-equal to what was sent; ``name`` says
+which transport, ``stats`` holds the last ``SyncStats``. ``FileSync``, ``BroadcastSync`` and
+``SharedMemorySync`` are the three paths above (``sync_file``, ``sync_broadcast`` and ``SharedWeights``
+move a model's weights with them), ``RayObjectStoreSync`` is Ray's object store between actors
+(``mlsys_nb.rl.placement``).
+
+Public names: ``WeightSync``, ``FileSync``, ``BroadcastSync``, ``SharedMemorySync``, ``RayObjectStoreSync``,
+``tensor_layout``, ``Roles``, ``make_roles``, ``bucket_plan``, ``buckets``, ``sync_broadcast``, ``sync_file``,
 ``SharedWeights``, ``SyncStats``, ``MemoryPeak``, ``WeightSyncTimeout``, ``weights_equal``, ``toy_config``,
 ``toy_train_step``, ``broadcast_model_seconds``.
 """
@@ -38,6 +46,8 @@ import datetime
 import os
 import pickle
 import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -45,8 +55,12 @@ import torch.distributed as dist
 from torch import nn
 
 __all__ = [
+    "BroadcastSync",
+    "FileSync",
     "MemoryPeak",
+    "RayObjectStoreSync",
     "Roles",
+    "SharedMemorySync",
     "SharedWeights",
     "SyncStats",
     "WeightSyncTimeout",
@@ -59,6 +73,8 @@ __all__ = [
     "sync_file",
     "toy_config",
     "toy_train_step",
+    "tensor_layout",
+    "WeightSync",
     "weights_equal",
 ]
 
@@ -250,6 +266,267 @@ def _wait(work, roles: Roles, what: str) -> None:
         ) from e
 
 
+# ---- one interface over the transports ---------------------------------------------------------
+def tensor_layout(named) -> list[tuple[str, torch.Size, torch.dtype]]:
+    """``[(name, shape, dtype), ...]`` of a ``{name: tensor}`` mapping or of a module's parameters, in order:
+    what a receiver must know in advance to take tensors off a broadcast or out of shared memory."""
+    if isinstance(named, nn.Module):
+        return _shapes(named)
+    return [(k, v.shape, v.dtype) for k, v in named.items()]
+
+
+def _nbytes(shape, dtype) -> int:
+    return torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+
+
+class WeightSync(ABC):
+    """Moves named tensors from one sender to its receivers.
+
+    ``send(named_tensors)`` (the sender) returns a handle: what a receiver needs besides the transport
+    itself (a path, an object reference; ``None`` where the transport is a collective). ``receive(handle)``
+    (each receiver) returns ``{name: tensor}``, bit-equal to what was sent. ``name``: the transport's name;
+    ``stats``: the ``SyncStats`` of this side's last ``send`` or ``receive`` (``None`` before one)."""
+
+    name: str = ""
+
+    def __init__(self) -> None:
+        self.stats: SyncStats | None = None
+
+    @abstractmethod
+    def send(self, named_tensors: Mapping[str, torch.Tensor]):
+        """Send ``named_tensors``; returns the handle for ``receive``."""
+
+    @abstractmethod
+    def receive(self, handle=None) -> dict[str, torch.Tensor]:
+        """The tensors of the matching ``send``."""
+
+    def _check_layout(self, named: Mapping[str, torch.Tensor], layout) -> None:
+        want = {n: (tuple(s), d) for n, s, d in layout}
+        got = {n: (tuple(t.shape), t.dtype) for n, t in named.items()}
+        if got != want:
+            missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+            other = sorted(n for n in set(want) & set(got) if want[n] != got[n])
+            raise ValueError(
+                f"named_tensors do not match this {self.name} sync's layout: missing {missing}, unexpected {extra}, "
+                f"other shape or dtype {other}"
+            )
+
+
+class FileSync(WeightSync):
+    """``torch.save`` to ``path`` (written to ``path.tmp`` and renamed, so no reader sees half a file),
+    ``torch.load(mmap=True)`` on the receivers. With ``roles`` (ranks of ``make_roles``), the sender is
+    ``roles.src`` and the sync group's barriers order it: the file is read only after it was written, and
+    the sender returns only after every receiver read it (so the next send may replace it). The handle is
+    the path; ``stats.nbytes``: the file's size."""
+
+    name = "file"
+
+    def __init__(self, path: str, roles: Roles | None = None):
+        super().__init__()
+        self.path, self.roles = str(path), roles
+
+    def send(self, named_tensors: Mapping[str, torch.Tensor]) -> str:
+        t0 = time.perf_counter()
+        tmp = self.path + ".tmp"
+        torch.save({k: v.detach() for k, v in named_tensors.items()}, tmp)
+        os.replace(tmp, self.path)  # receivers never see a half-written file
+        if self.roles is not None:
+            _barrier(self.roles, "file written")
+            _barrier(self.roles, "file read")  # the next send may overwrite the file only after every read
+        self.stats = SyncStats(self.name, os.path.getsize(self.path), time.perf_counter() - t0)
+        return self.path
+
+    def receive(self, handle=None) -> dict[str, torch.Tensor]:
+        t0 = time.perf_counter()
+        path = self.path if handle is None else str(handle)
+        if self.roles is not None:
+            _barrier(self.roles, "file written")
+        state = torch.load(path, mmap=True, weights_only=True)
+        if self.roles is not None:
+            _barrier(self.roles, "file read")  # a replaced file leaves this mmap valid (os.replace: new inode)
+        self.stats = SyncStats(self.name, os.path.getsize(path), time.perf_counter() - t0)
+        return state
+
+
+class BroadcastSync(WeightSync):
+    """Bucketed ``dist.broadcast`` from ``roles.src`` to the rollout ranks in the sync group. Sender and
+    receivers share ``layout`` (``tensor_layout``: names, shapes, dtypes in order) and so the same
+    ``bucket_plan``: only payload travels. ``send``/``receive`` move each bucket as raw bytes (any mix of
+    dtypes, bit-exact); ``send_bucket``/``receive_bucket`` move one flat tensor (``sync_broadcast``'s
+    path for a model's weights). Every wait is bounded by ``roles.timeout_s`` (``WeightSyncTimeout``).
+    The handle is ``None``: a broadcast is a collective."""
+
+    name = "broadcast"
+
+    def __init__(self, roles: Roles, layout=None, *, bucket_bytes: int = 1 << 20):
+        super().__init__()
+        if bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes={bucket_bytes}: allowed >= 1")
+        self.roles, self.layout, self.bucket_bytes = roles, list(layout or []), bucket_bytes
+
+    def send_bucket(self, flat: torch.Tensor) -> int:
+        """Broadcast one flat tensor from ``roles.src``; returns its bytes."""
+        _wait(
+            dist.broadcast(flat, src=self.roles.src, group=self.roles.sync_group, async_op=True),
+            self.roles,
+            "broadcast",
+        )
+        return flat.numel() * flat.element_size()
+
+    def receive_bucket(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A new flat tensor of ``numel`` elements of ``dtype``, filled by the matching ``send_bucket``."""
+        flat = torch.empty(numel, dtype=dtype)
+        self.send_bucket(flat)  # the same collective on a receiving rank
+        return flat
+
+    def _plan(self):
+        return bucket_plan([(n, s, torch.uint8) for n, s, _ in self._byte_layout()], self.bucket_bytes)
+
+    def _byte_layout(self):
+        return [(n, (_nbytes(s, d),), d) for n, s, d in self.layout]
+
+    def send(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
+        t0 = time.perf_counter()
+        self._check_layout(named_tensors, self.layout)
+        stats = SyncStats(self.name)
+        for idx in self._plan():
+            parts = [named_tensors[self.layout[i][0]].detach().contiguous().reshape(-1).view(torch.uint8) for i in idx]
+            stats.nbytes += self.send_bucket(torch.cat(parts))
+            stats.n_buckets += 1
+        stats.seconds = time.perf_counter() - t0
+        self.stats = stats
+
+    def receive(self, handle=None) -> dict[str, torch.Tensor]:
+        t0 = time.perf_counter()
+        stats, out, sizes = SyncStats(self.name), {}, self._byte_layout()
+        for idx in self._plan():
+            flat = self.receive_bucket(sum(sizes[i][1][0] for i in idx), torch.uint8)
+            off = 0
+            for i in idx:
+                name, shape, dtype = self.layout[i]
+                k = sizes[i][1][0]
+                chunk = flat[off : off + k]
+                if off % torch.empty((), dtype=dtype).element_size():
+                    chunk = chunk.clone()  # a typed view needs an aligned offset
+                out[name] = chunk.view(dtype).view(shape)
+                off += k
+            stats.nbytes += flat.numel()
+            stats.n_buckets += 1
+        stats.seconds = time.perf_counter() - t0
+        self.stats = stats
+        return out
+
+
+class SharedMemorySync(WeightSync):
+    """Co-located processes share one buffer: ``roles.src`` allocates ``layout``'s bytes (each tensor at an
+    offset aligned to its element size) in shared memory (``torch.multiprocessing``, ``file_system``
+    strategy; a CUDA buffer would give a CUDA IPC handle through the same path), and the receivers open it
+    from its pickled handle (``handle_bytes`` crossed a socket, once, when every participant built this
+    object: a collective over ``roles.src`` and the rollouts). ``send`` waits until every receiver called
+    ``receive`` (done with the last views), copies the tensors in and waits at a second barrier;
+    ``receive`` passes both and returns views into the shared pages: zero copies, valid until this
+    receiver's next ``receive``. The handle of ``send`` is ``None``. (``SharedWeights``, whose rollout
+    parameters are the views, publishes with the second barrier only: its rollouts read between syncs.)"""
+
+    name = "shm"
+
+    def __init__(self, roles: Roles, layout, *, device="cpu"):
+        import torch.multiprocessing as mp
+        from multiprocessing.reduction import ForkingPickler  # torch.multiprocessing registers tensors here
+
+        super().__init__()
+        mp.set_sharing_strategy("file_system")
+        self.roles, self.layout, self.offsets = roles, list(layout), []
+        end = 0
+        for _, shape, dtype in self.layout:
+            size = torch.empty((), dtype=dtype).element_size()
+            start = -(-end // size) * size  # aligned, so a typed view of the bytes is allowed
+            self.offsets.append(start)
+            end = start + _nbytes(shape, dtype)
+        self.nbytes, self.buffer, self.handle_bytes = end, None, None
+        self.participant = roles.rank == roles.src or not roles.is_trainer
+        payload = [None]
+        if roles.rank == roles.src:
+            self.buffer = torch.zeros(max(end, 1), dtype=torch.uint8, device=device)
+            if self.buffer.device.type == "cpu":
+                self.buffer.share_memory_()
+            payload = [bytes(ForkingPickler.dumps(self.buffer))]  # CPU: file_system handle; CUDA: IPC handle
+        if self.participant:
+            dist.broadcast_object_list(payload, src=roles.src, group=roles.sync_group)
+            self.handle_bytes = len(payload[0])
+        if not roles.is_trainer:
+            self.buffer = pickle.loads(payload[0])
+        if self.participant:
+            _barrier(roles, "shared memory opened")
+
+    def view(self, i: int) -> torch.Tensor:
+        """Tensor ``i`` of the layout as a view of the shared bytes."""
+        _, shape, dtype = self.layout[i]
+        start = self.offsets[i]
+        return self.buffer[start : start + _nbytes(shape, dtype)].view(dtype).view(shape)
+
+    def published(self) -> None:
+        """The barrier after a write: the sender passes it once the new weights are in, receivers once
+        they may read them. Participants only."""
+        _barrier(self.roles, "shared weights published")
+
+    def send(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
+        t0 = time.perf_counter()
+        self._check_layout(named_tensors, self.layout)
+        _barrier(self.roles, "receivers ready for new shared weights")  # nobody reads the old ones any more
+        with torch.no_grad():
+            for i, (name, _, _) in enumerate(self.layout):
+                self.view(i).copy_(named_tensors[name])
+        self.published()
+        self.stats = SyncStats(self.name, self.nbytes, time.perf_counter() - t0)
+
+    def receive(self, handle=None) -> dict[str, torch.Tensor]:
+        t0 = time.perf_counter()
+        _barrier(self.roles, "receivers ready for new shared weights")  # this side is done with the last views
+        self.published()
+        out = {name: self.view(i) for i, (name, _, _) in enumerate(self.layout)}
+        self.stats = SyncStats(self.name, 0, time.perf_counter() - t0)  # nothing was copied on this side
+        return out
+
+
+class RayObjectStoreSync(WeightSync):
+    """Ray's object store between actors (``mlsys_nb.rl.placement``): ``send`` puts the tensors in the
+    store (``ray.put``: one serialised copy, shared by every reader on the node) and returns the
+    ``ObjectRef``; ``receive(ref)`` gets them (``ray.get``, at most ``timeout_s``). A handle Ray already
+    resolved (an ``ObjectRef`` passed as a task's top-level argument arrives as its value) is taken as
+    it is."""
+
+    name = "ray"
+
+    def __init__(self, timeout_s: float = 60.0):
+        super().__init__()
+        self.timeout_s = timeout_s
+
+    def send(self, named_tensors: Mapping[str, torch.Tensor]):
+        import ray
+
+        t0 = time.perf_counter()
+        state = {k: v.detach() for k, v in named_tensors.items()}
+        ref = ray.put(state)
+        nbytes = sum(v.numel() * v.element_size() for v in state.values())
+        self.stats = SyncStats(self.name, nbytes, time.perf_counter() - t0)
+        return ref
+
+    def receive(self, handle=None) -> dict[str, torch.Tensor]:
+        t0 = time.perf_counter()
+        if isinstance(handle, Mapping):
+            state = dict(handle)
+        else:
+            import ray
+
+            if handle is None:
+                raise ValueError("handle: RayObjectStoreSync.receive needs the ObjectRef that send returned")
+            state = dict(ray.get(handle, timeout=self.timeout_s))
+        nbytes = sum(v.numel() * v.element_size() for v in state.values())
+        self.stats = SyncStats(self.name, nbytes, time.perf_counter() - t0)
+        return state
+
+
 @torch.no_grad()
 def sync_broadcast(
     model: nn.Module,
@@ -277,20 +554,18 @@ def sync_broadcast(
         counter.__enter__()
     peak = MemoryPeak().__enter__() if memory else None
     t0 = time.perf_counter()
+    channel = BroadcastSync(roles, bucket_bytes=bucket_bytes)
     if roles.is_trainer:
         for _, flat in buckets(model, bucket_bytes, zero=zero, gather=gather):
             if in_sync:
-                _wait(dist.broadcast(flat, src=roles.src, group=roles.sync_group, async_op=True), roles, "broadcast")
-                stats.nbytes += flat.numel() * flat.element_size()
+                stats.nbytes += channel.send_bucket(flat)
                 stats.n_buckets += 1
                 _release(flat)
             del flat
     else:
         params = [p for _, p in model.named_parameters()]
         for idx in bucket_plan(_shapes(model), bucket_bytes):
-            n = sum(params[i].numel() for i in idx)
-            flat = torch.empty(n, dtype=params[idx[0]].dtype)
-            _wait(dist.broadcast(flat, src=roles.src, group=roles.sync_group, async_op=True), roles, "broadcast")
+            flat = channel.receive_bucket(sum(params[i].numel() for i in idx), params[idx[0]].dtype)
             off = 0
             for i in idx:
                 k = params[i].numel()
@@ -330,24 +605,19 @@ def sync_file(model: nn.Module, roles: Roles, path: str, *, zero=None, bucket_by
                 state[names[i]] = flat[off : off + p.numel()].view(p.shape).clone()
                 off += p.numel()
         if roles.rank == roles.src:
-            tmp = path + ".tmp"
-            torch.save(state, tmp)
-            os.replace(tmp, path)  # rollouts never see a half-written file
-            stats.nbytes = os.path.getsize(path)
-            _barrier(roles, "file written")
+            channel = FileSync(path, roles)
+            channel.send(state)  # returns after every rollout read the file
+            stats.nbytes = channel.stats.nbytes
     else:
-        _barrier(roles, "file written")
-        state = torch.load(path, mmap=True, weights_only=True)
-        model.load_state_dict(state, strict=False)
-        stats.nbytes = os.path.getsize(path)
-    if roles.rank == roles.src or not roles.is_trainer:
-        _barrier(roles, "file read")  # the trainer may overwrite the file only after every rollout read it
+        channel = FileSync(path, roles)
+        model.load_state_dict(channel.receive(), strict=False)
+        stats.nbytes = channel.stats.nbytes
     stats.seconds = time.perf_counter() - t0
     return stats
 
 
 class SharedWeights:
-    """Zero-copy weights for co-located trainer and rollout processes.
+    """Zero-copy weights for co-located trainer and rollout processes (a model over ``SharedMemorySync``).
 
     The trainer (``roles.src``) builds ``SharedWeights(model, roles)``: one flat buffer in shared memory
     (``file_system`` strategy) that its own copy of the weights is written into by ``publish()``; the
@@ -359,33 +629,21 @@ class SharedWeights:
     """
 
     def __init__(self, model: nn.Module, roles: Roles, *, zero=None):
-        import torch.multiprocessing as mp
-        from multiprocessing.reduction import ForkingPickler  # torch.multiprocessing registers tensors here
-
-        mp.set_sharing_strategy("file_system")
         self.model, self.roles, self.zero = model, roles, zero
         params = [p for _, p in model.named_parameters()]
-        numel = sum(p.numel() for p in params)
-        self.nbytes = numel * params[0].element_size()
-        participant = roles.rank == roles.src or not roles.is_trainer
-        payload = [None]
-        if roles.rank == roles.src:
-            device = params[0].device
-            self.flat = torch.zeros(numel, dtype=params[0].dtype, device=device)
-            if device.type == "cpu":
-                self.flat.share_memory_()
-            payload = [bytes(ForkingPickler.dumps(self.flat))]  # CPU: file_system handle; CUDA: IPC handle
-        if participant:
-            dist.broadcast_object_list(payload, src=roles.src, group=roles.sync_group)
-            self.handle_bytes = len(payload[0])
+        if len({p.dtype for p in params}) != 1:
+            raise ValueError(
+                f"model: SharedWeights needs one parameter dtype, got {sorted({str(p.dtype) for p in params})}"
+            )
+        # the buffer, its handle and the barriers: SharedMemorySync (a collective over src and the rollouts)
+        self.channel = SharedMemorySync(roles, _shapes(model), device=params[0].device)
+        self.nbytes = self.channel.nbytes
+        if self.channel.participant:
+            self.handle_bytes = self.channel.handle_bytes
+            self.flat = self.channel.buffer[: self.nbytes].view(params[0].dtype)  # one dtype: no alignment gaps
         if not roles.is_trainer:
-            self.flat = pickle.loads(payload[0])
-            off = 0
-            for p in params:  # parameters become views into the shared pages: zero copies from now on
-                p.data = self.flat[off : off + p.numel()].view_as(p)
-                off += p.numel()
-        if participant:
-            _barrier(roles, "shared memory opened")
+            for i, p in enumerate(params):  # parameters become views into the shared pages: zero copies from now on
+                p.data = self.channel.view(i)
 
     @torch.no_grad()
     def publish(self) -> SyncStats:
@@ -402,8 +660,8 @@ class SharedWeights:
                 off += flat.numel()
                 stats.n_buckets += 1
             stats.nbytes = off * self.flat.element_size() if roles.rank == roles.src else 0
-        if roles.rank == roles.src or not roles.is_trainer:
-            _barrier(roles, "shared weights published")
+        if self.channel.participant:
+            self.channel.published()
         stats.seconds = time.perf_counter() - t0
         return stats
 
