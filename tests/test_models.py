@@ -104,3 +104,20 @@ def test_sequence_too_long():
     c = ModelConfig(n_layers=1, hidden=16, n_heads=2, vocab_size=10, seq_len=8)
     with pytest.raises(ValueError, match="seq_len"):
         Transformer(c)(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_init_on_cpu_and_a_meta_build_of_the_same_shapes():
+    """A CPU build draws Linear/Embedding weights from N(0, 0.02) with zero biases; a meta build (init
+    skipped there: no values) has the same parameters by name and shape."""
+    c = ModelConfig(n_layers=2, hidden=64, n_heads=4, vocab_size=300, ffn_hidden=128, seq_len=16)
+    torch.manual_seed(0)
+    cpu = Transformer(c)
+    for name, m in cpu.named_modules():
+        if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
+            assert abs(m.weight.std().item() - 0.02) < 0.004 and abs(m.weight.mean().item()) < 0.004, name
+        if isinstance(m, torch.nn.Linear) and m.bias is not None:
+            assert torch.count_nonzero(m.bias) == 0, name
+    with torch.device("meta"):
+        meta = Transformer(c)
+    assert all(p.is_meta for p in meta.parameters())
+    assert [(n, p.shape) for n, p in meta.named_parameters()] == [(n, p.shape) for n, p in cpu.named_parameters()]

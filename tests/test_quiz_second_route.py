@@ -456,6 +456,16 @@ def test_fits_tp_by_hand_and_the_shared_check_is_what_the_one_gpu_families_use(m
 
 
 # ---- the families added for the interview notebook's sections ----------------------------------------
+@cache
+def _meta_total(cfg) -> int:
+    """Parameters of the whole ``Transformer(cfg)`` built on the meta device (each config built once)."""
+    from mlsys_nb.models import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    return sum(t.numel() for t in model.parameters())
+
+
 def test_moe_params_on_the_real_model_and_published_mixtral():
     """Counted on the MoE Transformer (meta device): active = total − (E − k) unused experts per layer;
     Mixtral 8x7B itself: 46.7B total, 12.9B active (Jiang et al. 2024, arXiv:2401.04088, §2)."""
@@ -467,11 +477,7 @@ def test_moe_params_on_the_real_model_and_published_mixtral():
     for q in _draws("expert_context.moe_params", seeds=range(16)):
         p = q.params
         cfg = preset("mixtral-8x7b").replace(n_experts=p["n_experts"], top_k=p["top_k"])
-        with torch.device("meta"):
-            from mlsys_nb.models import Transformer
-
-            model = Transformer(cfg)
-        total = sum(t.numel() for t in model.parameters())
+        total = _meta_total(cfg)
         one_expert = 3 * cfg.hidden * cfg.expert_ffn_hidden
         active = total - cfg.n_layers * (p["n_experts"] - p["top_k"]) * one_expert
         want = {"total parameters": total, "active parameters per token": active}.get(p["ask"], 2 * total)
