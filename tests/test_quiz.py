@@ -11,8 +11,10 @@ import pytest
 
 from mlsys_nb import quiz
 from mlsys_nb.quiz import units
+from quiz_golden import SEEDS, digest, pinned
 
 FAMILIES = quiz.families()
+PINNED = pinned()
 
 
 def test_families_cover_every_topic_and_required_names():
@@ -74,8 +76,11 @@ def test_each_family_lives_in_the_bank_module_of_its_topic(monkeypatch):
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_family_draws_50_seeds_checks_right_and_rejects_wrong(name):
+    assert name in PINNED, f"{name} has no pinned questions: run `python tests/quiz_golden.py --write`"
     for seed in range(50):
         q = quiz.make(name, seed)
+        if seed in SEEDS:  # a refactor leaves every question as it was (tests/quiz_golden.py)
+            assert digest(q) == PINNED[name][seed], (name, seed, "question changed", q.text)
         assert q.family == name and q.text and q.hints and q.solution and q.section and q.reference
         assert q.check(q.answer).ok, (name, seed, q.answer)
         assert q.check(q.answer_response()).ok, (name, seed, q.answer_response())
@@ -86,6 +91,15 @@ def test_family_draws_50_seeds_checks_right_and_rejects_wrong(name):
             assert math.isfinite(q.answer) and q.answer != 0, (name, seed)
             assert not q.check(q.answer * 1.5).ok, (name, seed)
             assert not q.check(q.answer / 1.5).ok, (name, seed)
+
+
+def test_pinned_questions_catch_a_changed_question(monkeypatch):
+    """The pin bites: a family whose text or answer moves no longer matches its digest."""
+    q = quiz.make("memory.model_states", 0)
+    assert digest(q) == PINNED["memory.model_states"][0]
+    monkeypatch.setattr(q, "answer", q.answer * 1.01)
+    assert digest(q) != PINNED["memory.model_states"][0]
+    assert set(PINNED) == set(FAMILIES), "a pinned family was removed or renamed"
 
 
 def test_same_seed_same_question_in_another_process():
