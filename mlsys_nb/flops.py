@@ -29,10 +29,10 @@ and ``FlopCounterMode`` does not count it either. Embedding lookups cost 0 FLOPs
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from .config import ModelConfig, as_model_config, check_choice, check_int, check_number, dtype_name
+from .runtime.timing import median, repeat
 
 
 COMPONENTS = ("qkv", "attn_scores", "attn_values", "out_proj", "mlp", "lm_head")
@@ -294,11 +294,8 @@ def measure_step(model, tokens, *, repeats: int = 5, warmup: int = 1, optimizer=
     """Time ``repeats`` training steps (forward, backward, optional optimizer step) of ``model`` on
     ``tokens`` [batch, seq] (the loss is next-token cross-entropy on the same tokens).
     Returns ``{"step_s": median seconds, "steps_s": [...], "tokens_per_s": ...}``."""
-    import statistics
 
-    times = []
-    for i in range(warmup + repeats):
-        t0 = time.perf_counter()
+    def one_step():
         loss = model(tokens[:, :-1], tokens[:, 1:])
         loss.backward()
         if optimizer is not None:
@@ -306,10 +303,9 @@ def measure_step(model, tokens, *, repeats: int = 5, warmup: int = 1, optimizer=
             optimizer.zero_grad(set_to_none=True)
         else:
             model.zero_grad(set_to_none=True)
-        dt = time.perf_counter() - t0
-        if i >= warmup:
-            times.append(dt)
-    step = statistics.median(times)
+
+    times = repeat(one_step, repeats, warmup)
+    step = median(times)
     n_tok = tokens[:, :-1].numel()
     return {"step_s": step, "steps_s": times, "tokens_per_s": n_tok / step, "tokens_per_step": n_tok}
 
@@ -317,18 +313,10 @@ def measure_step(model, tokens, *, repeats: int = 5, warmup: int = 1, optimizer=
 def measure_matmul_peak(n: int = 512, repeats: int = 10) -> float:
     """Achieved FLOP/s of an ``n x n`` fp32 matmul on this CPU (median over ``repeats``): a
     practical stand-in for "peak" when computing an MFU on a CPU, which has no datasheet number here."""
-    import statistics
-
     import torch
 
     a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ b
-        ts.append(time.perf_counter() - t0)
-    return 2.0 * n**3 / statistics.median(ts)
+    return 2.0 * n**3 / median(repeat(lambda: a @ b, repeats, warmup=1))
 
 
 # ---- training FLOPs, time, cost ----------------------------------------------------------------

@@ -23,12 +23,12 @@ Measurements: :func:`memcpy_bandwidth` (this process) and :func:`sweep` (real ra
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from ..config import check_choice, check_int, check_number
+from ..runtime.timing import Timer, lower_quartile, median, repeat
 
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
@@ -347,18 +347,14 @@ def memcpy_bandwidth(nbytes: int = 64 << 20, repeats: int = 9, warmup: int = 2, 
     dst = torch.empty_like(src)
     size = src.numel() * 4
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times = []
-    for i in range(warmup + repeats):
-        sync()
-        t0 = time.perf_counter()
+
+    def copy():
         dst.copy_(src)
         sync()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    bw = size / np.asarray(times)
-    return MemcpyBandwidth(
-        size, float(np.median(bw)), float(np.percentile(bw, 25)), float(np.percentile(bw, 75)), repeats
-    )
+
+    sync()  # nothing queued before the first copy; each copy ends synchronized
+    bw = size / np.asarray(repeat(copy, repeats, warmup))
+    return MemcpyBandwidth(size, median(bw), lower_quartile(bw), float(np.percentile(bw, 75)), repeats)
 
 
 IMPLEMENTATIONS = {
@@ -437,10 +433,10 @@ def _sweep_worker(cases, warmup: int, repeats: int, dtype_name: str):
         for i, (fn, _) in enumerate(calls):
             dist.barrier()
             sync()
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            times[i].append(time.perf_counter() - t0)
+            with Timer() as t:
+                fn()
+                sync()
+            times[i].append(t.seconds)
     return [(op, impl, int(nbytes), used, t) for (op, impl, nbytes), (_, used), t in zip(cases, calls, times)]
 
 

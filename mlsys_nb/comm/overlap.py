@@ -29,10 +29,10 @@ really blocks misses the limit in every attempt (its ratio is about 1 whatever t
 from __future__ import annotations
 
 import os
-import statistics
 import time
 
 from ..config import check_int
+from ..runtime.timing import Timer, median
 
 
 OVERLAP_LIMIT = 0.8  # non-blocking <= 0.8 x blocking when compute ~ comm (perfect overlap: 0.5)
@@ -91,7 +91,7 @@ def _attempt(transfer, repeats: int, group, nonblocking: bool) -> dict:
     import torch.distributed as dist
 
     sends = [_once(lambda: transfer(True), group) for _ in range(repeats)]
-    t_comm = torch.tensor([statistics.median(sends)], dtype=torch.float64)
+    t_comm = torch.tensor([median(sends)], dtype=torch.float64)
     dist.broadcast(t_comm, src=0, group=group)  # both ranks wait the same time
     wait_s = float(t_comm.item())
 
@@ -121,12 +121,12 @@ def _attempt(transfer, repeats: int, group, nonblocking: bool) -> dict:
         w.append(_once(compute, group))
     return dict(
         comm=wait_s,
-        compute=statistics.median(w),
-        blocking=statistics.median(b),
-        nonblocking=statistics.median(o),
-        control=statistics.median(c),
-        ratio=statistics.median(x / y for x, y in zip(o, b)),
-        control_ratio=statistics.median(x / y for x, y in zip(c, b)),
+        compute=median(w),
+        blocking=median(b),
+        nonblocking=median(o),
+        control=median(c),
+        ratio=median(x / y for x, y in zip(o, b)),
+        control_ratio=median(x / y for x, y in zip(c, b)),
     )
 
 
@@ -134,9 +134,9 @@ def _once(fn, group) -> float:
     import torch.distributed as dist
 
     dist.barrier(group=group)
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
+    with Timer() as t:
+        fn()
+    return t.seconds
 
 
 def check_overlap(timings: dict, limit: float | None = None) -> float:

@@ -20,12 +20,12 @@ and ``fit_ping_pong`` are pure functions over its numbers.
 
 from __future__ import annotations
 
-import time
-
-from ..config import check_int, check_multiple, check_number
 import numpy as np
 
+from ..config import check_int, check_multiple, check_number
+from ..runtime.timing import Timer, lower_quartile
 from .cost import cost_coefficients, fit_alpha_beta
+
 
 REDUCES = {"all_reduce": True, "all_gather": False, "reduce_scatter": True}
 
@@ -105,9 +105,9 @@ def measure(
 
     def timed(fn, *args) -> float:
         dist.barrier()
-        t0 = time.perf_counter()
-        fn(*args)
-        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        with Timer() as t:
+            fn(*args)
+        dt = torch.tensor([t.seconds], dtype=torch.float64)
         dist.all_reduce(dt, op=dist.ReduceOp.MAX)  # the slowest rank's time
         return float(dt.item())
 
@@ -136,7 +136,7 @@ def measure(
     # the lower quartile of the repeats, for the fit and the prediction alike: other load only adds
     # time, so the low end is the machine's own cost, and a quartile does not hang on one lucky repeat
     # (the fastest small exchange is a scheduling of both ranks a long collective never gets)
-    med = {c: float(np.quantile(v, 0.25)) for c, v in times.items()}
+    med = {c: lower_quartile(v) for c, v in times.items()}
     return dict(
         n=n,
         fit_sizes=list(fit_sizes),

@@ -10,12 +10,12 @@ time per output token), the two latencies serving systems report.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
-from ..config import check_int, check_number
 
+from ..config import check_int, check_number
+from ..runtime.timing import Timer
 from .kv_cache import KVCache
 from .tokenizer import decode_stream
 
@@ -69,13 +69,13 @@ def generate(
     for i, x in enumerate(ids):
         tokens[i, : len(x)] = torch.tensor(x)
     n_new = [len(x) for x in ids]
-    t0 = time.perf_counter()
-    cache.plan(list(range(b)), n_new)
-    logits = model(tokens, cache=cache)[torch.arange(b), torch.tensor(n_new) - 1]
-    nxt = _sample(logits, temperature, gen)
-    ttft = time.perf_counter() - t0
+    with Timer() as prefill:
+        cache.plan(list(range(b)), n_new)
+        logits = model(tokens, cache=cache)[torch.arange(b), torch.tensor(n_new) - 1]
+        nxt = _sample(logits, temperature, gen)
+    ttft = prefill.seconds
     active = list(range(b))
-    step_times = []
+    steps = Timer()
     for step in range(max_new_tokens):
         still = []
         for r, i in enumerate(active):
@@ -92,11 +92,11 @@ def generate(
         if not still:
             break
         active = [i for _, i in still]
-        t0 = time.perf_counter()
-        cache.plan(active, [1] * len(active))  # decode: one new token for each running sequence
-        logits = model(nxt[[r for r, _ in still]].view(-1, 1), cache=cache)[:, -1]
-        nxt = _sample(logits, temperature, gen)
-        step_times.append(time.perf_counter() - t0)
+        with steps:
+            cache.plan(active, [1] * len(active))  # decode: one new token for each running sequence
+            logits = model(nxt[[r for r, _ in still]].view(-1, 1), cache=cache)[:, -1]
+            nxt = _sample(logits, temperature, gen)
+    step_times = steps.samples
     for i, o in enumerate(outs):
         o.text += streams[i].flush()
         o.tpot_s = sum(step_times) / len(step_times) if step_times else 0.0

@@ -32,13 +32,12 @@ the same model can be drawn beside the measurement. Both are labelled measured; 
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 
 from ..config import dtype_name
 from ..config import as_model_config, check_int, dtype_bytes
 
+from ..runtime.timing import Timer, median, repeat
 from .kv_cache import kv_bytes_per_token
 
 
@@ -183,13 +182,7 @@ def machine_roofline(*, n: int = 1024, copy_mib: int = 256, reps: int = 5):
     flops = measure_matmul_peak(n, repeats=reps)
     src = torch.ones(copy_mib * 2**20 // 4)
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        ts.append(time.perf_counter() - t0)
-    bw = 2 * src.nbytes / statistics.median(ts)  # read + write
+    bw = 2 * src.nbytes / median(repeat(lambda: dst.copy_(src), reps, warmup=1))  # read + write
     return GPU(
         "this-cpu",
         memory_bytes=0.0,
@@ -226,28 +219,26 @@ def measure_throughput(
     model.eval()
     batch_sizes = list(batch_sizes)
     xs = {b: torch.randint(0, cfg.vocab_size, (b, prompt_len), generator=g) for b in batch_sizes}
-    pre: dict = {b: [] for b in batch_sizes}
-    dec: dict = {b: [] for b in batch_sizes}
+    pre = {b: Timer() for b in batch_sizes}
+    dec = {b: Timer() for b in batch_sizes}
     with torch.no_grad():
         for r in tqdm(range(reps), desc="rounds", disable=not progress, leave=False):
             for b in batch_sizes if r % 2 == 0 else batch_sizes[::-1]:
                 cache = KVCache(model, b, prompt_len + decode_steps)
-                t0 = time.perf_counter()
-                logits = model(xs[b], cache=cache)
-                pre[b].append(time.perf_counter() - t0)
+                with pre[b]:
+                    logits = model(xs[b], cache=cache)
                 tok = logits[:, -1:].argmax(-1)
-                t0 = time.perf_counter()
-                for _ in range(decode_steps):
-                    tok = model(tok, cache=cache)[:, -1:].argmax(-1)
-                dec[b].append(time.perf_counter() - t0)
+                with dec[b]:
+                    for _ in range(decode_steps):
+                        tok = model(tok, cache=cache)[:, -1:].argmax(-1)
     rows = []
     for b in batch_sizes:
         rows.append(
             {
                 "batch": b,
-                "prefill_tokens_per_s": b * prompt_len / statistics.median(pre[b]),
-                "decode_tokens_per_s": b * decode_steps / statistics.median(dec[b]),
-                "decode_step_s": statistics.median(dec[b]) / decode_steps,
+                "prefill_tokens_per_s": b * prompt_len / median(pre[b].samples),
+                "decode_tokens_per_s": b * decode_steps / median(dec[b].samples),
+                "decode_step_s": median(dec[b].samples) / decode_steps,
                 "prompt_len": prompt_len,
                 "decode_steps": decode_steps,
             }

@@ -13,12 +13,12 @@ context (whose floor is the language's entropy rate). ``fit_ladder(table)`` fits
 from __future__ import annotations
 
 import math
-import time
 
 
 from ..config import ModelConfig
 from .corpus import MarkovLanguage
 from ..flops import flops_per_token, parameter_count
+from ..runtime.timing import Timer
 
 # (n_layers, hidden): head_dim 8, SwiGLU width ~8/3 h, all Llama-style
 SIZES = [(1, 8), (2, 16), (2, 24), (2, 32), (2, 48), (3, 64)]
@@ -104,17 +104,17 @@ def train_run(cfg: ModelConfig, steps: int, lang: MarkovLanguage, *, batch: int,
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     s = cfg.seq_len
-    t0 = time.perf_counter()
-    model.train()
-    for i in range(steps):
-        x = torch.from_numpy(lang.sample(batch, s + 1, seed=seed * 1_000_003 + i))
-        loss = model(x[:, :-1], x[:, 1:])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-    train_s = time.perf_counter() - t0
+    with Timer() as train:
+        model.train()
+        for i in range(steps):
+            x = torch.from_numpy(lang.sample(batch, s + 1, seed=seed * 1_000_003 + i))
+            loss = model(x[:, :-1], x[:, 1:])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+    train_s = train.seconds
     model.eval()
     with torch.no_grad():
         x = torch.from_numpy(eval_tokens)

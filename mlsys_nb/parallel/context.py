@@ -49,7 +49,6 @@ each variant holds (ring: the block in use and the one arriving; all-gather: all
 from __future__ import annotations
 
 import math
-import time
 import weakref
 
 import torch
@@ -59,6 +58,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..config import ArgumentError, dtype_bytes
+from ..runtime.timing import Timer
 from .functional import gather_from
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -165,30 +165,27 @@ class _RingAttention(torch.autograd.Function):
         out = torch.zeros_like(q)
         lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
         kv = torch.stack([k, v]).contiguous()
-        work = compute_s = wait_s = 0.0
+        work, compute, wait = 0.0, Timer(), Timer()
         for step in range(n):
             src = (r - step) % n
             ring = _Ring(kv, group) if step < n - 1 else None  # next block travels during compute
             if ring is not None and not overlap:  # for comparison: wait for the bytes first
-                t0 = time.perf_counter()
-                nxt = ring.wait()
-                wait_s += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            kk, vv = _repeat_kv(kv[0], g), _repeat_kv(kv[1], g)
-            for qs, ks, masked in _blocks(mine, pieces(seq_len, n, src, layout), causal):
-                bo, bl = _block_forward(q[:, :, qs], kk[:, :, ks], vv[:, :, ks], masked, scale)
-                out[:, :, qs], lse[:, :, qs] = _merge(out[:, :, qs], lse[:, :, qs], bo, bl)
-                work += (qs.stop - qs.start) * (ks.stop - ks.start)
-            compute_s += time.perf_counter() - t0
+                with wait:
+                    nxt = ring.wait()
+            with compute:
+                kk, vv = _repeat_kv(kv[0], g), _repeat_kv(kv[1], g)
+                for qs, ks, masked in _blocks(mine, pieces(seq_len, n, src, layout), causal):
+                    bo, bl = _block_forward(q[:, :, qs], kk[:, :, ks], vv[:, :, ks], masked, scale)
+                    out[:, :, qs], lse[:, :, qs] = _merge(out[:, :, qs], lse[:, :, qs], bo, bl)
+                    work += (qs.stop - qs.start) * (ks.stop - ks.start)
             if ring is not None:
-                t0 = time.perf_counter()
-                kv = ring.wait() if overlap else nxt
-                wait_s += time.perf_counter() - t0
+                with wait:
+                    kv = ring.wait() if overlap else nxt
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.layout, ctx.seq_len, ctx.group = causal, layout, seq_len, group
         if stats is not None:
             kv_bytes = k.numel() * k.element_size() * 2
-            stats.update(work=work, compute_s=compute_s, wait_s=wait_s, kv_block_bytes=kv_bytes)
+            stats.update(work=work, compute_s=sum(compute.samples), wait_s=sum(wait.samples), kv_block_bytes=kv_bytes)
         return out
 
     @staticmethod
@@ -273,11 +270,11 @@ def allgather_attention(
     qpos = positions(seq_len, n, r, layout).to(q.device)
     kpos = torch.cat([positions(seq_len, n, j, layout) for j in range(n)]).to(q.device)
     mask = (qpos[:, None] >= kpos[None, :]) if causal else None
-    t0 = time.perf_counter()
-    y = F.scaled_dot_product_attention(q, _repeat_kv(kf, g), _repeat_kv(vf, g), attn_mask=mask)
+    with Timer() as t:
+        y = F.scaled_dot_product_attention(q, _repeat_kv(kf, g), _repeat_kv(vf, g), attn_mask=mask)
     if stats is not None:
         kv_bytes = k.numel() * k.element_size() * 2
-        stats.update(work=q.shape[SEQ] * seq_len, compute_s=time.perf_counter() - t0, kv_block_bytes=kv_bytes)
+        stats.update(work=q.shape[SEQ] * seq_len, compute_s=t.seconds, kv_block_bytes=kv_bytes)
     return y
 
 
