@@ -6,8 +6,10 @@ after every step. Here, small but real, on a local Ray cluster:
 
 - ``RLWorker``: a Ray actor holding a ``Transformer`` policy. As a *rollout* it samples responses with
   the kit's serving engine (``inference.engine.LLM``) and takes new weights with ``LLM.load_weights``;
-  as a *trainer* it updates the policy and hands out its weights (``get_weights``, through Ray's object
-  store). A *hybrid* worker does both in one process (verl's hybrid engine): the sync is a local copy.
+  as a *trainer* it updates the policy and sends its weights (``send_weights``:
+  ``weight_sync.RayObjectStoreSync``, Ray's object store, behind the same ``WeightSync`` interface as
+  notebook 19's file, broadcast and shared memory paths; ``get_weights`` returns a plain copy). A
+  *hybrid* worker does both in one process (verl's hybrid engine): the sync is a local copy.
   Two tasks: ``"rlhf"``, notebook 18's (the SFT policy and Bradley-Terry reward model of ``rlhf_init``;
   the trainer runs ``rlhf.ppo_update`` with the actor, critic, frozen reference and reward model, the
   ratio taken against the log-probabilities the rollout engine sampled with), and ``"toy"`` (REINFORCE
@@ -132,7 +134,7 @@ class _Worker:
         import torch
 
         from ..models import Transformer
-        from .weight_sync import toy_config
+        from .weight_sync import RayObjectStoreSync, toy_config
 
         torch.set_num_threads(1)
         torch.manual_seed(seed)
@@ -151,6 +153,7 @@ class _Worker:
         self.version = 0  # how many training steps the weights in self.model have seen
         self.train_version = 0
         self.llm = None
+        self.channel = RayObjectStoreSync()  # trainer: send_weights; rollout: load_weights
 
     def pid(self) -> int:
         return os.getpid()
@@ -218,10 +221,11 @@ class _Worker:
             "gen_at": (start, time.monotonic()),
         }
 
-    def load_weights(self, state: dict, version: int) -> float:
-        """Copy ``state`` (name -> tensor) into the policy (the serving engine's ``LLM.load_weights``)."""
+    def load_weights(self, state, version: int) -> float:
+        """Receive ``state`` (the ``ObjectRef`` of ``send_weights``, or name -> tensor) through
+        ``self.channel`` and copy it into the policy (the serving engine's ``LLM.load_weights``). Seconds."""
         t0 = time.perf_counter()
-        self._engine().load_weights(state)  # in place into self.model, prefix cache forgotten
+        self._engine().load_weights(self.channel.receive(state))  # in place into self.model, prefix cache forgotten
         self.version = version
         return time.perf_counter() - t0
 
@@ -303,6 +307,11 @@ class _Worker:
 
     def get_weights(self) -> dict:
         return {k: v.detach().clone() for k, v in self._trainee().state_dict().items()}
+
+    def send_weights(self):
+        """Trainer: put the policy's weights in Ray's object store (``RayObjectStoreSync.send``); returns
+        the ``ObjectRef`` a rollout's ``load_weights`` receives."""
+        return self.channel.send(self._trainee().state_dict())
 
     def greedy(self, n_tokens: int = 8) -> tuple[list[int], list[float]]:
         """Greedy tokens of the rollout engine from the first prompt (temperature 0) and the engine's
@@ -512,7 +521,7 @@ def run(
         rollout = W.remote(**kw)  # a fresh actor: no crash injected
         workers[1] = rollout
         pending = None  # a generation queued on the dead actor is lost: redo it
-        get(rollout.load_weights.remote(trainer.get_weights.remote(), version))  # current trainer weights
+        get(rollout.load_weights.remote(trainer.send_weights.remote(), version))  # current trainer weights
         res.replaced += 1
 
     def generate(t):
@@ -523,7 +532,7 @@ def run(
             return get(rollout.generate.remote(t, seed))
 
     def sync():
-        ref = trainer.get_weights.remote()
+        ref = trainer.send_weights.remote()  # resolved to the inner ObjectRef; the rollout ray.get's it
         try:
             return get(rollout.load_weights.remote(ref, version))
         except RayActorError:
