@@ -13,7 +13,8 @@
 - ``rlhf``: RLHF on a tiny language model: a hidden true reward, SFT, a Bradley-Terry reward model, PPO with
   the four models and a per-token KL penalty, GRPO, DPO, and reward hacking at KL coefficient 0.
 - ``weight_sync``: RLHF trainer -> rollout weight synchronisation on real ranks (file, bucketed
-  broadcast, zero-copy shared memory), ZeRO-3 gathers bucketed to avoid the full-gather spike.
+  broadcast, zero-copy shared memory), ZeRO-3 gathers bucketed to avoid the full-gather spike; one
+  ``WeightSync`` interface (``send(named_tensors)`` / ``receive(handle)``) over those and Ray's object store.
 - ``placement``: co-located vs disaggregated RLHF on Ray actors, measured against the closed forms.
 - ``sizing``: per-GPU memory and step time of RLHF layouts for real model sizes (pure functions).
 """
