@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import statistics
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mlsys_nb.runtime.machine import summary as machine  # noqa: E402
+from mlsys_nb.runtime.timing import median, repeat  # noqa: E402
 
 TRIVIAL = "pass"
 IN_RANK_ROW = "1-element all_reduce (median over ranks' medians)"
@@ -43,16 +43,9 @@ statistics.median(samples)
 
 
 def _median_ms(fn, repeats, warmup=10):
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-    samples.sort()
+    samples = sorted(repeat(fn, repeats, warmup))
     return (
-        statistics.median(samples) * 1e3,
+        median(samples) * 1e3,
         samples[len(samples) // 10] * 1e3,
         samples[(9 * len(samples)) // 10] * 1e3,
     )
@@ -79,7 +72,7 @@ def measure_cluster(world_size, repeats):
                 ("mlsys_nb.Cluster", name, *_median_ms(lambda cell=cell: ip.run_cell_magic("ranks", "", cell), repeats))
             )
         inside = cluster.execute(IN_RANK.format(n=repeats), show=False)
-    rows.append(("baseline: inside a rank", IN_RANK_ROW, statistics.median(float(v) for v in inside) * 1e3, None, None))
+    rows.append(("baseline: inside a rank", IN_RANK_ROW, median(float(v) for v in inside) * 1e3, None, None))
     cluster.shutdown()
     return rows
 

@@ -13,12 +13,12 @@ repeats (the slowest rank per step) and ratios against the baseline measured in 
 from __future__ import annotations
 
 import argparse
-import statistics
 
 
 import mlsys_nb
 from mlsys_nb.parallel.harness import TIMING_VARIANTS, time_ddp_steps
 from mlsys_nb.runtime.machine import summary as machine
+from mlsys_nb.runtime.timing import median
 
 
 def main() -> None:
@@ -43,7 +43,7 @@ def main() -> None:
     )
     # a step ends when its slowest rank ends
     step = {v: [max(r["times"][v][i] for r in res) for i in range(a.repeats)] for v in TIMING_VARIANTS}
-    med = {v: statistics.median(t) for v, t in step.items()}
+    med = {v: median(t) for v, t in step.items()}
     base = med["no_overlap"]
     lines = [
         f"world_size {a.world_size}, MLP {a.layers} x Linear({a.hidden}, {a.hidden}), {a.rows} rows per rank, "

@@ -15,26 +15,24 @@ Prints the median time per generated token and the ratios; the uncached/cached r
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mlsys_nb.runtime.machine import summary as machine  # noqa: E402
+from mlsys_nb.runtime.timing import Timer, median  # noqa: E402
 
 
 def per_token(fn, steps, repeats, setup=lambda: None):
     """Median seconds per token of ``fn(state)`` over ``repeats``; ``setup()`` (untimed) makes the state."""
-    ts = []
+    t = Timer()
     for _ in range(repeats):
         state = setup()
-        t0 = time.perf_counter()
-        fn(state)
-        ts.append((time.perf_counter() - t0) / steps)
-    return statistics.median(ts)
+        with t:
+            fn(state)
+    return median(s / steps for s in t.samples)
 
 
 def main(argv=None):

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,16 +21,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from mlsys_nb.runtime.timing import median, repeat  # noqa: E402
+
 
 def median_ms(fn, repeats, warmup=2):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
+    return 1e3 * median(repeat(fn, repeats, warmup))
 
 
 def gqa_in_place_cache_class():
@@ -101,7 +95,7 @@ def decode_step_rows(model, batch, context, block_sizes, repeats):
                 fn()
                 if r >= 2:  # two warm-up rounds
                     times[name].append(time.perf_counter() - t)
-    return [(name, bs, 1e3 * statistics.median(times[name])) for name, bs, _ in variants]
+    return [(name, bs, 1e3 * median(times[name])) for name, bs, _ in variants]
 
 
 def attention_only_rows(cfg, batch, context, block_sizes, repeats):
@@ -169,7 +163,7 @@ def prefix_rows(model, n_requests, system_len, question_len, block_size):
                 if first_tokens[i] != first:
                     raise AssertionError(f"request {i}: first token differs with prefix caching")
                 cache.free(i)  # finished (its blocks stay in the prefix cache until reused)
-        out[caching] = (computed, 1e3 * statistics.median(ttft))
+        out[caching] = (computed, 1e3 * median(ttft))
     return out
 
 

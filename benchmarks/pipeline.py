@@ -11,24 +11,22 @@ structure costs on top of the op count.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
 from mlsys_nb.runtime.machine import summary as machine
+from mlsys_nb.runtime.timing import Timer, median
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
 def timed(fn, repeats):
-    wall, cpu = [], []
+    t = Timer(cpu=True)
     for _ in range(repeats):
-        t, c = time.perf_counter(), time.process_time()
-        fn()
-        wall.append(time.perf_counter() - t)
-        cpu.append(time.process_time() - c)
-    return statistics.median(wall), statistics.median(cpu)
+        with t:
+            fn()
+    return median(t.samples), median(t.cpu_samples)
 
 
 def main():
@@ -75,8 +73,8 @@ def main():
         t, c = time.perf_counter(), time.process_time()
         w.controls["F"].value = 1.0 + 0.1 * (i + 1)
         moves.append((time.perf_counter() - t, time.process_time() - c))
-    widget_wall = statistics.median(x[0] for x in moves)
-    widget_cpu = statistics.median(x[1] for x in moves)
+    widget_wall = median(x[0] for x in moves)
+    widget_cpu = median(x[1] for x in moves)
 
     lines = [
         "# Pipeline simulator and widget speed",

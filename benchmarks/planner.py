@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mlsys_nb.runtime.machine import summary as machine  # noqa: E402
+from mlsys_nb.runtime.timing import Timer, median  # noqa: E402
 
 CASES = {
     "Llama 3.1 405B, 16,384 H100, 16M tokens x 8K": (
@@ -47,15 +47,13 @@ CASES = {
 
 
 def timed(fn, repeats, before=None):
-    wall, cpu, out = [], [], None
+    t, out = Timer(cpu=True), None
     for _ in range(repeats):
         if before:
             before()
-        t, c = time.perf_counter(), time.process_time()
-        out = fn()
-        wall.append(time.perf_counter() - t)
-        cpu.append(time.process_time() - c)
-    return statistics.median(wall), statistics.median(cpu), out
+        with t:
+            out = fn()
+    return median(t.samples), median(t.cpu_samples), out
 
 
 def exhaustive(model, kw, sample=None, seed=0):

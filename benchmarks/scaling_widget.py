@@ -12,24 +12,21 @@ both printed (the machine may be shared: CPU time is the steadier number).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 from mlsys_nb.runtime.machine import summary as machine
+from mlsys_nb.runtime.timing import Timer, median
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
 def timed(fn, repeats):
-    wall, cpu = [], []
+    t = Timer(cpu=True)
     for i in range(repeats):
-        t, c = time.perf_counter(), time.process_time()
-        fn(i)
-        wall.append(time.perf_counter() - t)
-        cpu.append(time.process_time() - c)
-    return statistics.median(wall), statistics.median(cpu)
+        with t:
+            fn(i)
+    return median(t.samples), median(t.cpu_samples)
 
 
 def main(argv=None):
