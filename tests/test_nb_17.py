@@ -21,3 +21,32 @@ def test_notebook_17_runs_with_solutions_and_another_seed():
     ):
         assert f"check passed: {check}" in text, check
     assert "not attempted" not in text
+
+
+def _returns_to_go_by_tensor_steps(rewards, gamma):
+    """The recursion G_t = r_t + gamma G_{t+1} on 0-d tensors, one torch op per step (the reference)."""
+    import torch
+
+    out, g = torch.empty_like(rewards), 0.0
+    for t in reversed(range(len(rewards))):
+        g = rewards[t] + gamma * g
+        out[t] = g
+    return out
+
+
+def test_returns_to_go_bit_equal_to_the_tensor_recursion():
+    import numpy as np
+    import torch
+
+    from mlsys_nb.rl.pg import returns_to_go
+
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 5, 300):
+        for dtype in (torch.float32, torch.float64):
+            for gamma in (0.99, 0.5, 1.0, float(rng.random())):
+                r = torch.tensor(rng.normal(size=n) * 3, dtype=dtype)
+                got = returns_to_go(r, gamma)
+                assert got.dtype == dtype and torch.equal(got, _returns_to_go_by_tensor_steps(r, gamma)), (n, gamma)
+    # and the value itself: constant rewards give the geometric sum (float64, independent of the loop)
+    g = returns_to_go(torch.ones(50, dtype=torch.float64), 0.9)
+    assert np.allclose(g.numpy(), (1 - 0.9 ** np.arange(50, 0, -1)) / (1 - 0.9), rtol=1e-12)

@@ -27,11 +27,15 @@ from .ppo import ActorCritic, Policy, Rollout, check_env_id, make_envs
 
 def returns_to_go(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
     """G_t = sum_{k >= t} gamma^(k - t) r_k for one episode ``[T]``."""
-    out, g = torch.empty_like(rewards), 0.0
-    for t in reversed(range(len(rewards))):
-        g = rewards[t] + gamma * g
+    # the recursion on numpy scalars of the tensor's dtype: the same roundings as the loop on 0-d tensors
+    # (gamma rounded to that dtype, then one multiply and one add per step), without a tensor op per step
+    r = rewards.detach().cpu().numpy()
+    gam, g = r.dtype.type(gamma), r.dtype.type(0.0)
+    out = np.empty_like(r)
+    for t in range(len(r) - 1, -1, -1):
+        g = r[t] + gam * g
         out[t] = g
-    return out
+    return torch.from_numpy(out).to(rewards.device)
 
 
 def reinforce_loss(
@@ -52,13 +56,13 @@ def run_episode(model: ActorCritic, env, seed: int, generator=None):
     """One episode with sampled actions: ``(obs [T, d], actions [T], rewards [T])`` tensors."""
     obs, _ = env.reset(seed=seed)
     o, a, r, done = [], [], [], False
-    while not done:
-        x = torch.as_tensor(obs, dtype=torch.float32)
-        with torch.no_grad():
+    with torch.no_grad():  # one context for the episode, not one per step (the same ops, less overhead)
+        while not done:
+            x = torch.as_tensor(obs, dtype=torch.float32)
             action = int(torch.multinomial(torch.softmax(model.pi(x), -1), 1, generator=generator))
-        obs, reward, term, trunc, _ = env.step(action)
-        o.append(x), a.append(action), r.append(float(reward))
-        done = term or trunc
+            obs, reward, term, trunc, _ = env.step(action)
+            o.append(x), a.append(action), r.append(float(reward))
+            done = term or trunc
     return torch.stack(o), torch.tensor(a), torch.tensor(r)
 
 
