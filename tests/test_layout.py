@@ -61,9 +61,9 @@ def test_the_torchrun_entry_runs_as_a_module():
     assert out.returncode == 0 and "module:function" in out.stdout, out.stderr
 
 
-def test_at_most_nine_top_level_modules_and_every_subpackage_has_a_front_page():
+def test_at_most_ten_top_level_modules_and_every_subpackage_has_a_front_page():
     modules = sorted(p.name for p in PKG.glob("*.py") if p.name != "__init__.py")
-    assert len(modules) <= 9, f"top-level modules: {modules}"
+    assert len(modules) <= 10, f"top-level modules (a new topic gets a subpackage): {modules}"
     for sub in sorted(p for p in PKG.iterdir() if (p / "__init__.py").exists()):
         doc = importlib.import_module(f"mlsys_nb.{sub.name}").__doc__ or ""
         assert len(doc.strip().splitlines()) >= 3, f"mlsys_nb/{sub.name}/__init__.py needs a front-page docstring"
