@@ -7,7 +7,8 @@ from nbrun import printed_text, run_notebook
 @pytest.mark.notebook
 @pytest.mark.slow
 def test_notebook_17_runs_with_solutions_and_another_seed():
-    nb = run_notebook("17_rl_fundamentals.ipynb", seed=1, solutions=True)
+    # compare_sb3=False: this run shows the notebook works with another seed; the default run compares with SB3
+    nb = run_notebook("17_rl_fundamentals.ipynb", seed=1, solutions=True, compare_sb3=False)
     text = printed_text(nb)
     for check in (
         "REINFORCE more than doubles",
