@@ -266,7 +266,7 @@ def test_bad_input_names_value_and_limit_and_changes_nothing():
         ),
         (lambda: m.free_block(m.block_table("a")[0]), ValueError, r"still referenced: ref_count=2 .*\['a', 'b'\]"),
         (lambda: m.free_block(m.free and next(iter(m.free))), ValueError, "already free"),
-        (lambda: m.free_block(6), ValueError, r"block_id=6: must be in \[0, 6\)"),
+        (lambda: m.free_block(6), ValueError, r"block_id \(num_blocks=6\) must be an int in \[0, 5\], got 6"),
         (lambda: m.allocate("x", [50] * 16), OutOfBlocksError, r"needs 4 free blocks, 3 of num_blocks=6"),
         (lambda: m.allocate("a", [1]), ValueError, "already allocated"),
         (lambda: m.allocate("x", []), ValueError, "empty"),
@@ -447,13 +447,15 @@ def test_paged_protocol_bad_input_leaves_the_cache_usable():
     cache = PagedKVCache(m, num_blocks=4, block_size=8)
     with pytest.raises(ValueError, match="prompt of 40 tokens exceeds the context max_seq_len=32"):
         cache.add_sequence(0, range(40))
-    with pytest.raises(ValueError, match="max_seq_len=64 is out of range"):
+    with pytest.raises(ValueError, match=r"max_seq_len \(cfg.seq_len=32\) must be an int in \[1, 32\], got 64"):
         PagedKVCache(m, num_blocks=4, max_seq_len=64)
     cache.add_sequence(0, range(10))
     with pytest.raises(ValueError, match="the batch has 2 rows but the plan has 1 sequences"):
         m(torch.zeros(2, 10, dtype=torch.long), cache=cache)
     cache.plan([0], [11])
-    with pytest.raises(ValueError, match=r"n_new=11 out of range: allowed \[1, min\(s=11, uncomputed tokens=10\)\]"):
+    with pytest.raises(
+        ValueError, match=r"n_new of seq_id=0 \(min\(s=11, uncomputed tokens=10\)\) must be an int in \[1, 10\], got 11"
+    ):
         m(torch.zeros(1, 11, dtype=torch.long), cache=cache)
     with pytest.raises(OutOfBlocksError, match="needs 3 free blocks, 2 of num_blocks=4"):
         cache.add_sequence(1, [50] * 20)

@@ -135,19 +135,19 @@ def test_bad_input_is_named():
         evaluate(ppo.Policy(model()), "NoSuchEnv-v0", 3, 0)
     with pytest.raises(TypeError, match="only Discrete"):
         ppo.make_envs("Pendulum-v1", 2)
-    with pytest.raises(ValueError, match="episodes must be a positive int"):
+    with pytest.raises(ValueError, match="episodes must be an int >= 1"):
         evaluate(ppo.Policy(model()), "CartPole-v1", 0, 0)
-    with pytest.raises(ValueError, match="clip must be in"):
+    with pytest.raises(ValueError, match="clip must be a finite number > 0 and < 1"):
         ppo.ppo_loss(*(torch.zeros(2),) * 6, clip=1.5)
-    with pytest.raises(ValueError, match="clip must be in"):
+    with pytest.raises(ValueError, match="clip must be a finite number > 0 and < 1"):
         ppo.Config(clip=0.0)
-    with pytest.raises(ValueError, match="gamma must be in"):
+    with pytest.raises(ValueError, match="gamma must be a finite number >= 0 and <= 1"):
         ppo.Config(gamma=1.2)
-    with pytest.raises(ValueError, match="lam must be in"):
+    with pytest.raises(ValueError, match="lam must be a finite number >= 0 and <= 1"):
         ppo.Config(lam=-0.5)
     with pytest.raises(ValueError, match="batch_size must divide"):
         ppo.Config(batch_size=100)
-    with pytest.raises(ValueError, match="total_steps must be a positive int"):
+    with pytest.raises(ValueError, match=r"total_steps \(or None\) must be an int >= 1"):
         ppo.train(total_steps=0, progress=False)
 
 

@@ -116,10 +116,10 @@ def test_numpy_float32_stays_float32():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"gamma": 1.5}, "gamma must be in"),
-        ({"gamma": -0.1}, "gamma must be in"),
-        ({"lam": 1.01}, "lam must be in"),
-        ({"lam": -1}, "lam must be in"),
+        ({"gamma": 1.5}, "gamma must be a finite number >= 0 and <= 1"),
+        ({"gamma": -0.1}, "gamma must be a finite number >= 0 and <= 1"),
+        ({"lam": 1.01}, "lam must be a finite number >= 0 and <= 1"),
+        ({"lam": -1}, "lam must be a finite number >= 0 and <= 1"),
     ],
 )
 def test_bad_gamma_lambda(kwargs, match):
