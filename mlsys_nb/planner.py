@@ -42,6 +42,7 @@ model, not a measurement.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -49,7 +50,7 @@ from functools import lru_cache
 from . import flops as _flops
 from . import hardware, memory
 from .comm import collective_time
-from .config import ModelConfig, TrainConfig, check_choice, check_int, check_number, check_probability
+from .config import ModelConfig, TrainConfig, check_choice, check_int, check_multiple, check_number, check_probability
 
 
 __all__ = ["Layout", "Plan", "search", "evaluate", "rank_of", "clear_caches", "COLUMNS", "SCHEDULES", "DEFAULTS"]
@@ -71,25 +72,8 @@ COLUMNS = [
     "bottleneck",
 ]
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipe")
-# the assumptions every number depends on (each is a keyword of search/evaluate)
-DEFAULTS = dict(
-    gpus_per_node=8,
-    network="infiniband-ndr",
-    nvlink=None,
-    precision="bf16-mixed",
-    dtype="bf16",
-    compute_efficiency=1.0,
-    dp_overlap=0.8,
-    overhead_bytes=4e9,
-    ep_copies=None,
-    ep_bytes=2.0,
-)
 _ACT_BYTES = 2  # bf16 activations on the wire
 _MEM_SCHEDULE = {"none": "1f1b"}  # planner name -> mlsys_nb.memory name (pp = 1: no schedule)
-
-
-def _pos_int(name, value, lo=1):
-    return check_int(name, value, lo)
 
 
 def _degrees(name, value, default):
@@ -98,7 +82,7 @@ def _degrees(name, value, default):
         return list(default)
     vals = [value] if isinstance(value, int) and not isinstance(value, bool) else list(value)
     for v in vals:
-        _pos_int(name, v)
+        check_int(name, v)
     return sorted(set(vals))
 
 
@@ -214,16 +198,12 @@ def _context(
         model = memory.preset(model)
     if not isinstance(model, ModelConfig):
         raise TypeError(f"model must be a ModelConfig or a preset name, got {type(model).__name__}")
-    _pos_int("gpus", gpus)
-    _pos_int("gpus_per_node", gpus_per_node)
-    _pos_int("seq_len", seq_len)
-    _pos_int("global_batch_tokens", global_batch_tokens)
+    check_int("gpus", gpus)
+    check_int("gpus_per_node", gpus_per_node)
+    check_int("seq_len", seq_len)
+    check_int("global_batch_tokens", global_batch_tokens)
     g = hardware.gpu(gpu)  # KeyError listing the GPUs
-    if global_batch_tokens % seq_len:
-        raise ValueError(
-            f"global_batch_tokens={global_batch_tokens} must be a multiple of seq_len={seq_len} "
-            "(whole sequences per step)"
-        )
+    check_multiple("global_batch_tokens", global_batch_tokens, seq_len, "seq_len")  # whole sequences per step
     nv = nvlink or g.nvlink
     if nv is None:
         raise ValueError(f"gpu={gpu!r} has no NVLink in data/hardware.yaml: pass nvlink= (a link name)")
@@ -259,6 +239,12 @@ def _context(
         g.peak(dtype),
         g.memory_bytes,
     )
+
+
+# the assumptions every number depends on (each is a keyword of search/evaluate): _context's keyword defaults
+DEFAULTS = {
+    k: p.default for k, p in inspect.signature(_context).parameters.items() if p.default is not inspect.Parameter.empty
+}
 
 
 @lru_cache(maxsize=64)
@@ -690,7 +676,7 @@ def search(
         **assumptions,
     )
     if top is not None:
-        _pos_int("top", top)
+        check_int("top", top)
     zero = [zero] if isinstance(zero, int) else list(zero)
     recompute = [recompute] if isinstance(recompute, str) else list(recompute)
     schedules = [schedules] if isinstance(schedules, str) else list(schedules)
