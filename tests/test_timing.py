@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mlsys_nb.runtime import timing
-from mlsys_nb.runtime.timing import Timer, lower_quartile, median, profile_ops, repeat
+from mlsys_nb.runtime.timing import Laps, Timer, lower_quartile, median, profile_ops, repeat
 
 
 class FakeClock:
@@ -118,6 +118,71 @@ def test_timer_refuses_nesting_itself_and_bad_cpu():
             t.__enter__()
     with pytest.raises(TypeError, match="cpu must be a bool"):
         Timer(cpu="yes")
+
+
+def test_laps_split_one_clock_into_phases(clocks):
+    wall, _ = clocks
+    wall.advance(2.0)  # before the Laps is made: not counted
+    laps = Laps()
+    wall.advance(0.25)
+    assert laps("schedule") == 0.25
+    wall.advance(0.5)
+    assert laps("model") == 0.5
+    wall.advance(0.125)
+    assert laps("schedule") == 0.125  # a repeated phase sums
+    assert laps.times == {"schedule": 0.375, "model": 0.5}
+    assert laps.elapsed() == 0.875 == sum(laps.times.values())  # the phases tile the time since the start
+    wall.advance(1.0)
+    assert laps.elapsed() == 1.875 and laps.times == {"schedule": 0.375, "model": 0.5}  # no phase ended
+    with pytest.raises(TypeError, match="phase must be a str"):
+        laps(3)
+
+
+def test_laps_check_bites(clocks):
+    """A lap timer that forgets to move its mark (each phase counted from the start) fails the check
+    above: its phases 0.25 then 0.5 come out as 0.25 and 0.75."""
+    wall, _ = clocks
+
+    class NoMark(Laps):
+        def __call__(self, phase):
+            last = self.last
+            seconds = super().__call__(phase)
+            self.last = last  # the bug: the next phase is counted from the same mark
+            return seconds
+
+    laps = NoMark()
+    wall.advance(0.25)
+    laps("schedule")
+    wall.advance(0.5)
+    assert laps("model") != 0.5
+    assert laps.times == {"schedule": 0.25, "model": 0.75}
+
+
+def test_engine_step_times_are_laps(clocks, monkeypatch):
+    """The engine's per-step phase times come from ``Laps``: the phases it names, each the fake-clock
+    seconds spent in it (the model runner advances the clock by a known amount per phase)."""
+    from mlsys_nb.inference.engine import LLMEngine
+    from mlsys_nb.inference.sampling_params import SamplingParams
+
+    wall, _ = clocks
+    eng = LLMEngine("tiny", seed=0)
+    real_run = eng.runner.run
+
+    def run(scheduled, timer=None):
+        wall.advance(0.25)  # the prepare phase
+        out = real_run(scheduled, timer=None)
+        timer("prepare")
+        wall.advance(0.5)  # the forward pass
+        timer("model")
+        return out
+
+    monkeypatch.setattr(eng.runner, "run", run)
+    eng.add_request("r", [1, 2, 3], SamplingParams(max_tokens=2, temperature=0.0))
+    eng.step()
+    step = eng.step_times[-1]
+    assert (step["prepare"], step["model"]) == (0.25, 0.5)
+    assert set(step) >= {"schedule", "prepare", "model", "sample", "postprocess"}
+    assert all(step[k] == 0.0 for k in ("schedule", "sample", "postprocess"))  # the fake clock did not move
 
 
 def test_repeat_times_each_call_after_untimed_warmup(clocks):

@@ -32,6 +32,7 @@ from collections import deque
 import torch
 
 from ..config import check_choice, check_int
+from ..runtime.timing import Laps
 from .model_runner import ModelRunner, SwapPool
 
 from .paged import PagedKVCache
@@ -57,18 +58,6 @@ class Prepared:
     params: SamplingParams
     grammar: object
     generators: list
-
-
-class _Timer:
-    """Wall-clock seconds of consecutive phases: call ``t("name")`` at the end of each phase."""
-
-    def __init__(self):
-        self.last, self.times = time.perf_counter(), {}
-
-    def __call__(self, phase: str) -> None:
-        now = time.perf_counter()
-        self.times[phase] = self.times.get(phase, 0.0) + now - self.last
-        self.last = now
 
 
 class LLMEngine:
@@ -341,7 +330,7 @@ class LLMEngine:
         finished with ``RequestOutput.error`` and the others go on. If the forward pass raises, each
         scheduled request is run alone to find the ones that raise; they fail, the rest are recomputed at
         the next step (their K/V positions are simply written again)."""
-        t = _Timer()
+        t = Laps()  # wall seconds of the phases of this step
         scheduled = self.scheduler.schedule()  # 1. schedule
         now = time.perf_counter()
         for seq, _ in scheduled:

@@ -4,6 +4,9 @@
   (``cpu=True`` adds this process's CPU seconds from ``time.process_time`` in ``.cpu_seconds``);
   every timed run is also appended to ``.samples`` (and ``.cpu_samples``), so a decorated function
   collects one sample per call.
+- ``Laps()``: one running clock split into consecutive phases: ``laps("name")`` ends the current phase
+  and adds its wall seconds to ``laps.times["name"]``; ``laps.elapsed()`` is the wall seconds since the
+  start (the engine's per-step phase times, a training loop's time column).
 - ``repeat(fn, n, warmup)``: call ``fn()`` ``warmup`` times untimed, then ``n`` times timed; a list of seconds.
 - ``median(xs)`` and ``lower_quartile(xs)``: the statistics of repeats. The median is the usual summary;
   the lower quartile is for a time whose noise only ever adds (a message on a busy machine), where the
@@ -24,7 +27,7 @@ import time
 
 from ..config import check_int
 
-__all__ = ["Timer", "repeat", "median", "lower_quartile", "profile_ops"]
+__all__ = ["Timer", "Laps", "repeat", "median", "lower_quartile", "profile_ops"]
 
 
 class Timer(contextlib.ContextDecorator):
@@ -63,6 +66,33 @@ class Timer(contextlib.ContextDecorator):
             self.cpu_samples.append(self.cpu_seconds)
         self._start = None
         return False
+
+
+class Laps:
+    """Wall-clock seconds (``time.perf_counter``) of consecutive phases on one running clock.
+
+    ``laps = Laps()`` starts the clock; ``laps("name")`` ends the phase running since the previous call
+    (or the start), adds its seconds to ``laps.times["name"]`` (a repeated name sums) and returns them;
+    ``laps.elapsed()`` is the seconds since the start, whatever the phases. Phases tile the time: the
+    sum of ``laps.times`` equals ``elapsed()`` read at the last ``laps(...)`` call.
+    """
+
+    def __init__(self):
+        self.start = self.last = time.perf_counter()
+        self.times: dict[str, float] = {}
+
+    def __call__(self, phase: str) -> float:
+        if not isinstance(phase, str):
+            raise TypeError(f"phase must be a str (the phase's name), got {phase!r}")
+        now = time.perf_counter()
+        seconds = now - self.last
+        self.times[phase] = self.times.get(phase, 0.0) + seconds
+        self.last = now
+        return seconds
+
+    def elapsed(self) -> float:
+        """Wall seconds since this ``Laps`` was made."""
+        return time.perf_counter() - self.start
 
 
 def repeat(fn, n: int, warmup: int = 0) -> list[float]:
