@@ -39,6 +39,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from ..runtime.timing import Laps, Timer, median
 from .sizing import async_step_s, sync_step_s  # the closed forms, one home (re-exported here)
 
 __all__ = [
@@ -167,7 +168,7 @@ class _Worker:
             return self._generate_rlhf(step, seed)
         from ..inference import ByteTokenizer, generate
 
-        start, t0 = time.monotonic(), time.perf_counter()
+        start, clock = time.monotonic(), Laps()
         outs = generate(
             self.model,
             ByteTokenizer(),
@@ -176,7 +177,7 @@ class _Worker:
             temperature=1.0,
             seed=seed * 7919 + step,
         )
-        seconds = time.perf_counter() - t0
+        seconds = clock.elapsed()
         responses = [o.token_ids for o in outs]
         rewards = [sum(t == TARGET for t in r) / max(1, len(r)) for r in responses]
         return {
@@ -205,10 +206,10 @@ class _Worker:
         ratio) and the hidden true reward of each response."""
         from . import rlhf
 
-        start, t0 = time.monotonic(), time.perf_counter()
+        start, clock = time.monotonic(), Laps()
         prompts = [rlhf.PROMPTS[i % len(rlhf.PROMPTS)] for i in range(self.batch)]
         ro = rlhf.engine_rollout(self._engine(), prompts, seed=(seed * 7919 + step) * 1000)
-        seconds = time.perf_counter() - t0
+        seconds = clock.elapsed()
         rewards = [rlhf.true_reward(t) for t in ro.texts]
         return {
             "step": step,
@@ -224,10 +225,10 @@ class _Worker:
     def load_weights(self, state, version: int) -> float:
         """Receive ``state`` (the ``ObjectRef`` of ``send_weights``, or name -> tensor) through
         ``self.channel`` and copy it into the policy (the serving engine's ``LLM.load_weights``). Seconds."""
-        t0 = time.perf_counter()
-        self._engine().load_weights(self.channel.receive(state))  # in place into self.model, prefix cache forgotten
-        self.version = version
-        return time.perf_counter() - t0
+        with Timer() as t:
+            self._engine().load_weights(self.channel.receive(state))  # in place into self.model, prefix cache forgotten
+            self.version = version
+        return t.seconds
 
     # -- trainer --------------------------------------------------------------------------------
     def _trainee(self):
@@ -263,7 +264,7 @@ class _Worker:
 
         from ..inference import ByteTokenizer
 
-        start, t0 = time.monotonic(), time.perf_counter()
+        start, clock = time.monotonic(), Laps()
         model = self._trainee()
         if self.task == "rlhf":
             from . import rlhf
@@ -275,7 +276,7 @@ class _Worker:
             self.version += 1 if self.train_model is None else 0
             self.train_version += 1
             return {
-                "train_s": time.perf_counter() - t0,
+                "train_s": clock.elapsed(),
                 "loss": float("nan"),
                 "version": self.train_version,
                 "train_at": (start, time.monotonic()),
@@ -299,7 +300,7 @@ class _Worker:
         self.version += 1 if self.train_model is None else 0
         self.train_version += 1
         return {
-            "train_s": time.perf_counter() - t0,
+            "train_s": clock.elapsed(),
             "loss": float(loss.detach()),
             "version": self.train_version,
             "train_at": (start, time.monotonic()),
@@ -393,10 +394,8 @@ class RunResult:
     t0: float = 0.0
 
     def medians(self) -> dict:
-        import statistics as st
-
         def med(x):
-            return st.median(x[1:] if len(x) > 2 else x)  # the first step includes warm-up
+            return median(x[1:] if len(x) > 2 else x)  # the first step includes warm-up
 
         return {
             "gen_s": med(self.gen_s),
@@ -496,11 +495,11 @@ def run(
         w = workers[0]
         get(w.make_trainer.remote(hybrid=True))
         for t in range(steps):
-            t0 = time.perf_counter()
+            clock = Laps()
             b = get(w.generate.remote(t, seed))
             tr = get(w.train.remote(b))
             s = get(w.sync_local.remote())
-            res.step_s.append(time.perf_counter() - t0)
+            res.step_s.append(clock.elapsed())
             res.gen_s.append(b["gen_s"]), res.train_s.append(tr["train_s"]), res.sync_s.append(s)
             res.versions.append(b["version"]), res.rewards.append(sum(b["rewards"]) / len(b["rewards"]))
             res.gen_at.append(b["gen_at"]), res.train_at.append(tr["train_at"])
@@ -540,7 +539,7 @@ def run(
             return 0.0
 
     for t in range(steps):
-        t0 = time.perf_counter()
+        clock = Laps()
         if mode == "sync":
             b = generate(t)
             tr = get(trainer.train.remote(b))
@@ -559,7 +558,7 @@ def run(
             tr = get(train_ref)
         version = tr["version"]
         s = sync()
-        res.step_s.append(time.perf_counter() - t0)
+        res.step_s.append(clock.elapsed())
         res.gen_s.append(b["gen_s"]), res.train_s.append(tr["train_s"]), res.sync_s.append(s)
         res.versions.append(b["version"]), res.rewards.append(sum(b["rewards"]) / len(b["rewards"]))
         res.gen_at.append(b["gen_at"]), res.train_at.append(tr["train_at"])
