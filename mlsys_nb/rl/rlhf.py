@@ -49,7 +49,6 @@ from __future__ import annotations
 import copy
 import math
 import random
-import time
 from dataclasses import dataclass, replace
 
 import pandas as pd
@@ -60,6 +59,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..inference.kv_cache import KVCache
 from ..inference.tokenizer import ByteTokenizer
+from ..runtime.timing import Laps
 from .gae import gae
 from .ppo import ppo_loss
 
@@ -418,9 +418,9 @@ class RLConfig:
         return self
 
 
-def _history_row(it, policy, reference, rm, t0, flops, seed):
+def _history_row(it, policy, reference, rm, clock, flops, seed):
     row = {"iteration": it, **evaluate(policy, reference, rm, seed=seed)}
-    row.update(wall_s=time.perf_counter() - t0, flops=flops)
+    row.update(wall_s=clock.elapsed(), flops=flops)
     return row
 
 
@@ -486,14 +486,14 @@ def ppo(
     reference = copy.deepcopy(sft_model).eval().requires_grad_(False)
     critic = copy.deepcopy(reward_model).requires_grad_(True).train()  # value model starts as the RM
     opt = torch.optim.Adam(list(actor.parameters()) + list(critic.parameters()), lr=cfg.lr)
-    t0, flops, hist = time.perf_counter(), 0.0, []
-    hist.append(_history_row(0, actor, reference, reward_model, t0, flops, seed + 10_000))
+    clock, flops, hist = Laps(), 0.0, []
+    hist.append(_history_row(0, actor, reference, reward_model, clock, flops, seed + 10_000))
     for it in _progress(range(1, cfg.iterations + 1), progress, "PPO"):
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(cfg.batch)]
         ro = rollout(actor, prompts, generator=gen)
         flops += ppo_update(actor, critic, reference, reward_model, opt, ro, cfg, gen)
         if it % cfg.eval_every == 0 or it == cfg.iterations:
-            hist.append(_history_row(it, actor, reference, reward_model, t0, flops, seed + 10_000))
+            hist.append(_history_row(it, actor, reference, reward_model, clock, flops, seed + 10_000))
     return actor.eval(), pd.DataFrame(hist)
 
 
@@ -528,8 +528,8 @@ def grpo(
     opt = torch.optim.Adam(actor.parameters(), lr=cfg.lr)
     n_a, n_r = n_params(actor), n_params(reward_model)
     n_groups = cfg.batch // cfg.group_size
-    t0, flops, hist = time.perf_counter(), 0.0, []
-    hist.append(_history_row(0, actor, reference, reward_model, t0, flops, seed + 10_000))
+    clock, flops, hist = Laps(), 0.0, []
+    hist.append(_history_row(0, actor, reference, reward_model, clock, flops, seed + 10_000))
     for it in _progress(range(1, cfg.iterations + 1), progress, "GRPO"):
         prompts = [PROMPTS[(i // cfg.group_size) % len(PROMPTS)] for i in range(cfg.batch)]
         ro = rollout(actor, prompts, generator=gen)
@@ -562,7 +562,7 @@ def grpo(
                 opt.step()
                 flops += 6 * n_a * ro.tokens[idx].numel()
         if it % cfg.eval_every == 0 or it == cfg.iterations:
-            hist.append(_history_row(it, actor, reference, reward_model, t0, flops, seed + 10_000))
+            hist.append(_history_row(it, actor, reference, reward_model, clock, flops, seed + 10_000))
     return actor.eval(), pd.DataFrame(hist)
 
 
@@ -610,8 +610,8 @@ def dpo(
     reference = copy.deepcopy(sft_model).eval().requires_grad_(False)
     opt = torch.optim.Adam(policy.parameters(), lr=lr)
     n_a = n_params(policy)
-    t0, flops, hist = time.perf_counter(), 0.0, []
-    hist.append(_history_row(0, policy, reference, reward_model, t0, flops, seed + 10_000))
+    clock, flops, hist = Laps(), 0.0, []
+    hist.append(_history_row(0, policy, reference, reward_model, clock, flops, seed + 10_000))
     for it in _progress(range(1, steps + 1), progress, "DPO"):
         (tc, mc), (tr, mr) = _pair_tensors([pairs[rng.randrange(len(pairs))] for _ in range(batch)])
         with torch.no_grad():
@@ -622,7 +622,7 @@ def dpo(
         opt.step()
         flops += (2 * n_a + 6 * n_a) * (tc.numel() + tr.numel())
         if it % eval_every == 0 or it == steps:
-            hist.append(_history_row(it, policy, reference, reward_model, t0, flops, seed + 10_000))
+            hist.append(_history_row(it, policy, reference, reward_model, clock, flops, seed + 10_000))
     return policy.eval(), pd.DataFrame(hist)
 
 
