@@ -11,6 +11,19 @@ GB = 1e9
 MB = 1e6
 
 
+class LazyModule:
+    """The module ``name`` imported on first attribute access: ``mlsys_nb.inference`` imports torch (about 2 s of
+    start-up), which the quiz CLI and most families never need."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr):
+        import importlib
+
+        return getattr(importlib.import_module(self._name), attr)
+
+
 def pick(rng, seq):
     """One element of ``seq`` drawn by ``rng`` (a ``random.Random``)."""
     return seq[rng.randrange(len(seq))]

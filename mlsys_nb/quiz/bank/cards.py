@@ -4,12 +4,14 @@ misconception or as its correction, with the kit's measurement or calculator tha
 
 from __future__ import annotations
 
-from ... import comm, flops, inference, memory, scaling
+from ... import comm, flops, memory, scaling
 from ... import pipeline as pl
 from ..core import family
-from ._util import pick
+from ._util import LazyModule, pick
 from .data_parallel import zero_bytes_per_step
 from .tensor import tp_bytes_per_layer
+
+inference = LazyModule("mlsys_nb.inference")  # torch only when a family needs it
 
 CHOICES = ["true", "false"]
 

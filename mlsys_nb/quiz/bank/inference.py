@@ -8,10 +8,12 @@ check every inference and serving family draws its premise through.
 
 from __future__ import annotations
 
-from ... import hardware, inference
+from ... import hardware
 from ...config import DTYPE_BYTES
 from ..core import family
-from ._util import gb, pick, ratio_family
+from ._util import LazyModule, gb, pick, ratio_family
+
+inference = LazyModule("mlsys_nb.inference")  # torch only when a family needs it
 
 SEC13 = "notebooks/13_inference_anatomy.ipynb"
 REF_KV = "docs/references.md#gqa (Ainslie et al. 2023, arXiv:2305.13245), #vllm"

@@ -8,7 +8,6 @@ Answer keys: ``mlsys_nb.rl`` (``gae``, ``ppo``, ``rlhf``, ``placement``), ``rl.s
 from __future__ import annotations
 
 from ... import comm
-from ...rl.sizing import rlhf_estimate
 from ..core import family
 from ._util import gb, gbps, pick
 
@@ -23,6 +22,8 @@ REF_RLHF = "docs/references.md#instructgpt (Ouyang et al. 2022, arXiv:2203.02155
     reference=REF_RLHF,
 )
 def _rlhf(rng):
+    from ...rl.sizing import rlhf_estimate  # imports torch (through inference): only when this family draws
+
     actor = pick(rng, ["llama-2-7b", "llama-3-8b", "llama-2-13b"])
     ng = pick(rng, [8, 16, 32])
     batch = pick(rng, [64, 128, 256])

@@ -7,10 +7,11 @@ Answer keys: ``mlsys_nb.inference`` (``decode_cost``, ``kv_cache_bytes``, ``page
 
 from __future__ import annotations
 
-from ... import inference
 from ..core import family
-from ._util import gb, pick, ratio_family
+from ._util import LazyModule, gb, pick, ratio_family
 from .inference import MODELS, REF_ROOF, SEC13, fits_on_gpus, roof_case
+
+inference = LazyModule("mlsys_nb.inference")  # torch only when a family needs it
 
 SEC14 = "notebooks/14_kv_cache_management.ipynb"
 
