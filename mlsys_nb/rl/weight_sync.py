@@ -45,7 +45,6 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -53,6 +52,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from ..runtime.timing import Laps
 
 __all__ = [
     "BroadcastSync",
@@ -326,25 +327,25 @@ class FileSync(WeightSync):
         self.path, self.roles = str(path), roles
 
     def send(self, named_tensors: Mapping[str, torch.Tensor]) -> str:
-        t0 = time.perf_counter()
+        clock = Laps()
         tmp = self.path + ".tmp"
         torch.save({k: v.detach() for k, v in named_tensors.items()}, tmp)
         os.replace(tmp, self.path)  # receivers never see a half-written file
         if self.roles is not None:
             _barrier(self.roles, "file written")
             _barrier(self.roles, "file read")  # the next send may overwrite the file only after every read
-        self.stats = SyncStats(self.name, os.path.getsize(self.path), time.perf_counter() - t0)
+        self.stats = SyncStats(self.name, os.path.getsize(self.path), clock.elapsed())
         return self.path
 
     def receive(self, handle=None) -> dict[str, torch.Tensor]:
-        t0 = time.perf_counter()
+        clock = Laps()
         path = self.path if handle is None else str(handle)
         if self.roles is not None:
             _barrier(self.roles, "file written")
         state = torch.load(path, mmap=True, weights_only=True)
         if self.roles is not None:
             _barrier(self.roles, "file read")  # a replaced file leaves this mmap valid (os.replace: new inode)
-        self.stats = SyncStats(self.name, os.path.getsize(path), time.perf_counter() - t0)
+        self.stats = SyncStats(self.name, os.path.getsize(path), clock.elapsed())
         return state
 
 
@@ -386,18 +387,18 @@ class BroadcastSync(WeightSync):
         return [(n, (_nbytes(s, d),), d) for n, s, d in self.layout]
 
     def send(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
-        t0 = time.perf_counter()
+        clock = Laps()
         self._check_layout(named_tensors, self.layout)
         stats = SyncStats(self.name)
         for idx in self._plan():
             parts = [named_tensors[self.layout[i][0]].detach().contiguous().reshape(-1).view(torch.uint8) for i in idx]
             stats.nbytes += self.send_bucket(torch.cat(parts))
             stats.n_buckets += 1
-        stats.seconds = time.perf_counter() - t0
+        stats.seconds = clock.elapsed()
         self.stats = stats
 
     def receive(self, handle=None) -> dict[str, torch.Tensor]:
-        t0 = time.perf_counter()
+        clock = Laps()
         stats, out, sizes = SyncStats(self.name), {}, self._byte_layout()
         for idx in self._plan():
             flat = self.receive_bucket(sum(sizes[i][1][0] for i in idx), torch.uint8)
@@ -412,7 +413,7 @@ class BroadcastSync(WeightSync):
                 off += k
             stats.nbytes += flat.numel()
             stats.n_buckets += 1
-        stats.seconds = time.perf_counter() - t0
+        stats.seconds = clock.elapsed()
         self.stats = stats
         return out
 
@@ -471,21 +472,21 @@ class SharedMemorySync(WeightSync):
         _barrier(self.roles, "shared weights published")
 
     def send(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
-        t0 = time.perf_counter()
+        clock = Laps()
         self._check_layout(named_tensors, self.layout)
         _barrier(self.roles, "receivers ready for new shared weights")  # nobody reads the old ones any more
         with torch.no_grad():
             for i, (name, _, _) in enumerate(self.layout):
                 self.view(i).copy_(named_tensors[name])
         self.published()
-        self.stats = SyncStats(self.name, self.nbytes, time.perf_counter() - t0)
+        self.stats = SyncStats(self.name, self.nbytes, clock.elapsed())
 
     def receive(self, handle=None) -> dict[str, torch.Tensor]:
-        t0 = time.perf_counter()
+        clock = Laps()
         _barrier(self.roles, "receivers ready for new shared weights")  # this side is done with the last views
         self.published()
         out = {name: self.view(i) for i, (name, _, _) in enumerate(self.layout)}
-        self.stats = SyncStats(self.name, 0, time.perf_counter() - t0)  # nothing was copied on this side
+        self.stats = SyncStats(self.name, 0, clock.elapsed())  # nothing was copied on this side
         return out
 
 
@@ -505,15 +506,15 @@ class RayObjectStoreSync(WeightSync):
     def send(self, named_tensors: Mapping[str, torch.Tensor]):
         import ray
 
-        t0 = time.perf_counter()
+        clock = Laps()
         state = {k: v.detach() for k, v in named_tensors.items()}
         ref = ray.put(state)
         nbytes = sum(v.numel() * v.element_size() for v in state.values())
-        self.stats = SyncStats(self.name, nbytes, time.perf_counter() - t0)
+        self.stats = SyncStats(self.name, nbytes, clock.elapsed())
         return ref
 
     def receive(self, handle=None) -> dict[str, torch.Tensor]:
-        t0 = time.perf_counter()
+        clock = Laps()
         if isinstance(handle, Mapping):
             state = dict(handle)
         else:
@@ -523,7 +524,7 @@ class RayObjectStoreSync(WeightSync):
                 raise ValueError("handle: RayObjectStoreSync.receive needs the ObjectRef that send returned")
             state = dict(ray.get(handle, timeout=self.timeout_s))
         nbytes = sum(v.numel() * v.element_size() for v in state.values())
-        self.stats = SyncStats(self.name, nbytes, time.perf_counter() - t0)
+        self.stats = SyncStats(self.name, nbytes, clock.elapsed())
         return state
 
 
@@ -553,7 +554,7 @@ def sync_broadcast(
         counter = WireCounter()
         counter.__enter__()
     peak = MemoryPeak().__enter__() if memory else None
-    t0 = time.perf_counter()
+    clock = Laps()
     channel = BroadcastSync(roles, bucket_bytes=bucket_bytes)
     if roles.is_trainer:
         for _, flat in buckets(model, bucket_bytes, zero=zero, gather=gather):
@@ -574,7 +575,7 @@ def sync_broadcast(
             stats.nbytes += flat.numel() * flat.element_size()
             stats.n_buckets += 1
             _release(flat)
-    stats.seconds = time.perf_counter() - t0
+    stats.seconds = clock.elapsed()
     if peak is not None:
         peak.__exit__(None, None, None)
         stats.peak_bytes = peak.peak_bytes
@@ -593,7 +594,7 @@ def sync_file(model: nn.Module, roles: Roles, path: str, *, zero=None, bucket_by
     """Trainer rank 0 writes the full weights to ``path`` (``torch.save``); after a barrier in the sync
     group every rollout loads them (``torch.load(mmap=True)``) into its model. ``nbytes`` = file size."""
     stats = SyncStats("file")
-    t0 = time.perf_counter()
+    clock = Laps()
     names = [n for n, _ in model.named_parameters()]
     if roles.is_trainer:
         state = {}
@@ -612,7 +613,7 @@ def sync_file(model: nn.Module, roles: Roles, path: str, *, zero=None, bucket_by
         channel = FileSync(path, roles)
         model.load_state_dict(channel.receive(), strict=False)
         stats.nbytes = channel.stats.nbytes
-    stats.seconds = time.perf_counter() - t0
+    stats.seconds = clock.elapsed()
     return stats
 
 
@@ -650,7 +651,7 @@ class SharedWeights:
         """Trainers: gather (ZeRO-3) and write the weights into the shared buffer; rollouts: wait for it.
         Call on every rank after each training step."""
         stats = SyncStats("shm")
-        t0 = time.perf_counter()
+        clock = Laps()
         roles = self.roles
         if roles.is_trainer:
             off = 0
@@ -662,7 +663,7 @@ class SharedWeights:
             stats.nbytes = off * self.flat.element_size() if roles.rank == roles.src else 0
         if self.channel.participant:
             self.channel.published()
-        stats.seconds = time.perf_counter() - t0
+        stats.seconds = clock.elapsed()
         return stats
 
 
@@ -743,9 +744,8 @@ def broadcast_model_seconds(
 
 
 def _measure_rank(hiddens, n_layers, bucket_bytes, tmpdir, repeats):
-    import statistics
-
     from ..models import Transformer
+    from ..runtime.timing import median
 
     roles = make_roles(1, timeout_s=60)
     rows = []
@@ -771,7 +771,7 @@ def _measure_rank(hiddens, n_layers, bucket_bytes, tmpdir, repeats):
                     "hidden": h,
                     "path": path,
                     "model_bytes": nbytes,
-                    "seconds": statistics.median(s.seconds for s in stats),
+                    "seconds": median(s.seconds for s in stats),
                     "wire_sent": stats[-1].wire_sent,
                     "wire_received": stats[-1].wire_received,
                     "moved_bytes": stats[-1].nbytes,
