@@ -10,9 +10,10 @@ once the last 20 training episodes average 0.8 x threshold, at most every 4096 s
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
+
+from ..runtime.timing import Laps, Timer
 
 RL_ZOO_CARTPOLE = {"n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20, "ent_coef": 0.0}
 N_ENVS, N_TIMESTEPS = 8, 100_000
@@ -59,7 +60,7 @@ def sb3_train(
     class Stop(BaseCallback):
         def _on_training_start(self):
             self.rows, self.last_eval, self.reached, self.eval_s = [], -math.inf, None, 0.0
-            self.start = time.perf_counter()
+            self.clock = Laps()
 
         def _on_step(self):  # False stops learn() at once (before another update) once reached
             return self.reached is None
@@ -72,12 +73,13 @@ def sb3_train(
             mean_return = float(np.mean(recent)) if recent else math.nan
             eval_return = math.nan
             if recent and mean_return >= eval_trigger * threshold and steps - self.last_eval >= eval_every:
-                self.last_eval, t = steps, time.perf_counter()
-                eval_return = float(
-                    evaluate(policy, env_id, eval_episodes, 10**6 + 1000 * seed, stop_below=threshold).mean()
-                )
-                self.eval_s += time.perf_counter() - t
-            self.rows.append((steps, time.perf_counter() - self.start, mean_return, eval_return))
+                self.last_eval = steps
+                with Timer() as t:
+                    eval_return = float(
+                        evaluate(policy, env_id, eval_episodes, 10**6 + 1000 * seed, stop_below=threshold).mean()
+                    )
+                self.eval_s += t.seconds
+            self.rows.append((steps, self.clock.elapsed(), mean_return, eval_return))
             if eval_return >= threshold:
                 self.reached = steps
 
@@ -86,7 +88,7 @@ def sb3_train(
             if self.reached is None and (not self.rows or self.rows[-1][0] != steps):
                 recent = [ep["r"] for ep in list(self.model.ep_info_buffer)[-20:]]
                 self.rows.append(
-                    (steps, time.perf_counter() - self.start, float(np.mean(recent)) if recent else math.nan, math.nan)
+                    (steps, self.clock.elapsed(), float(np.mean(recent)) if recent else math.nan, math.nan)
                 )
 
     cb = Stop()

@@ -16,11 +16,10 @@ expectation; they differ in variance, which ``gradient_variance`` measures on re
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 
+from ..runtime.timing import Laps
 from .gae import gae
 from .ppo import ActorCritic, Policy, Rollout, check_env_id, make_envs
 
@@ -132,7 +131,7 @@ def train_reinforce(
     env, g = gym.make(env_id), torch.Generator().manual_seed(seed)
     model = ActorCritic(env.observation_space.shape[0], int(env.action_space.n), 64, g)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    rows, steps, start = [], 0, time.perf_counter()
+    rows, steps, clock = [], 0, Laps()
     try:
         for it in tqdm(
             range(iterations), desc=f"REINFORCE{' + baseline' if baseline else ''}", disable=not progress, leave=False
@@ -151,7 +150,7 @@ def train_reinforce(
             (loss / sum(len(r) for _, _, r in batch)).backward()
             opt.step()
             steps += sum(len(r) for _, _, r in batch)
-            rows.append((it, steps, time.perf_counter() - start, float(np.mean([r.sum() for _, _, r in batch]))))
+            rows.append((it, steps, clock.elapsed(), float(np.mean([r.sum() for _, _, r in batch]))))
     finally:
         env.close()
         torch.set_num_threads(threads)
@@ -182,7 +181,7 @@ def train_actor_critic(
     model = ActorCritic(envs.single_observation_space.shape[0], int(envs.single_action_space.n), 64, g)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     roll = Rollout(envs, model, seed, gamma, g)
-    rows, steps, start = [], 0, time.perf_counter()
+    rows, steps, clock = [], 0, Laps()
     bar = tqdm(total=total_steps, desc="actor-critic", disable=not progress, leave=False)
     try:
         while steps < total_steps:
@@ -201,7 +200,7 @@ def train_actor_critic(
             steps += b["steps"]
             bar.update(b["steps"])
             recent = list(roll.finished)[-20:]
-            rows.append((steps, time.perf_counter() - start, float(np.mean(recent)) if recent else float("nan")))
+            rows.append((steps, clock.elapsed(), float(np.mean(recent)) if recent else float("nan")))
     finally:
         bar.close()
         envs.close()

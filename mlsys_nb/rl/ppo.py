@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections import deque
 
 import numpy as np
 import torch
 
 from ..config import check_int, check_number, check_probability
+from ..runtime.timing import Laps, Timer
 
 from torch import nn
 
@@ -345,7 +345,7 @@ def train(
         opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=1e-5)
         roll = Rollout(envs, model, seed, cfg.gamma, g)
         rows, steps, last_eval, reached, eval_s = [], 0, -cfg.eval_every, None, 0.0
-        start = time.perf_counter()
+        clock = Laps()
         bar = tqdm(total=budget, desc=f"PPO {env_id} seed {seed}", unit="step", disable=not progress, leave=False)
         while steps < budget:
             frac = max(1.0 - steps / cfg.anneal_steps, cfg.floor)
@@ -364,12 +364,13 @@ def train(
                 and mean_return >= cfg.eval_trigger * threshold
                 and steps - last_eval >= cfg.eval_every
             ):
-                last_eval, t_eval = steps, time.perf_counter()
-                eval_return = float(
-                    evaluate(policy, env_id, eval_episodes, 10**6 + 1000 * seed, stop_below=threshold).mean()
-                )
-                eval_s += time.perf_counter() - t_eval
-            rows.append((steps, time.perf_counter() - start, mean_return, eval_return))
+                last_eval = steps
+                with Timer() as t_eval:
+                    eval_return = float(
+                        evaluate(policy, env_id, eval_episodes, 10**6 + 1000 * seed, stop_below=threshold).mean()
+                    )
+                eval_s += t_eval.seconds
+            rows.append((steps, clock.elapsed(), mean_return, eval_return))
             bar.set_postfix(mean_return=f"{mean_return:.0f}")
             if eval_return >= threshold:
                 reached = steps
