@@ -36,12 +36,12 @@ is the reference loop (batch 1, contiguous caches) returning tokens and statisti
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 
 from ..config import check_choice, check_int, check_number, check_probability
+from ..runtime.timing import Laps
 from .kv_cache import KVCache
 
 
@@ -251,7 +251,7 @@ def speculative_generate(
         drf.pending = list(prompt)
     out: list[int] = []
     stats = SpecStats()
-    t0 = time.perf_counter()
+    clock = Laps()
 
     def dist(logits, prefix):
         if allowed is not None:
@@ -328,5 +328,5 @@ def speculative_generate(
                 break
         if done:
             break
-    stats.seconds = time.perf_counter() - t0
+    stats.seconds = clock.elapsed()
     return out, stats

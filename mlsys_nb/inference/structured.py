@@ -52,11 +52,11 @@ a draft or ``"ngram"`` gives structured + speculative decoding: drafted tokens a
 from __future__ import annotations
 
 import json
-import time
 from collections import deque
 
 import torch
 
+from ..runtime.timing import Timer
 from .sampler import apply_mask  # the mask is applied where logits are processed; re-exported here
 
 __all__ = [
@@ -217,18 +217,18 @@ class Grammar:
 
     def allowed_mask(self, state, remaining: int) -> torch.Tensor:
         """bool [vocab_size]: tokens allowed in ``state`` with ``remaining`` tokens of budget."""
-        t0 = time.perf_counter()
-        toks, dist = self._edges.get(state, (torch.zeros(0, dtype=torch.long),) * 2)
-        binding = bool(dist.numel()) and int(dist.max()) > remaining - 1
-        key = (state, remaining if binding else None)
-        m = self._cache.get(key)
-        if m is None:
-            m = torch.zeros(self.vocab_size, dtype=torch.bool)
-            m[toks[dist <= remaining - 1]] = True
-            if self.is_final(state):
-                m[self.eos_id] = True
-            self._cache[key] = m
-        self.mask_seconds += time.perf_counter() - t0
+        with Timer() as t:
+            toks, dist = self._edges.get(state, (torch.zeros(0, dtype=torch.long),) * 2)
+            binding = bool(dist.numel()) and int(dist.max()) > remaining - 1
+            key = (state, remaining if binding else None)
+            m = self._cache.get(key)
+            if m is None:
+                m = torch.zeros(self.vocab_size, dtype=torch.bool)
+                m[toks[dist <= remaining - 1]] = True
+                if self.is_final(state):
+                    m[self.eos_id] = True
+                self._cache[key] = m
+        self.mask_seconds += t.seconds
         self.mask_calls += 1
         return m
 

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from ..config import check_int, check_number
+from ..runtime.timing import Laps
 from .sampling_params import SamplingParams
 
 
@@ -92,10 +93,10 @@ def run_workload(engine, requests, *, realtime: bool = True, use_tqdm: bool = Tr
     from tqdm.auto import tqdm
 
     pending = sorted(requests, key=lambda r: r.arrival_time)
-    done, start, i = {}, time.perf_counter(), 0
+    done, clock, i = {}, Laps(), 0  # clock.start: the perf_counter timestamp arrivals count from
     with tqdm(total=len(pending), desc="workload", disable=not use_tqdm) as bar:
         while len(done) < len(pending):
-            now = time.perf_counter() - start
+            now = clock.elapsed()
             if now > timeout:
                 raise TimeoutError(f"workload not finished after timeout={timeout} s ({len(done)}/{len(pending)} done)")
             while i < len(pending) and (not realtime or pending[i].arrival_time <= now):
@@ -104,7 +105,7 @@ def run_workload(engine, requests, *, realtime: bool = True, use_tqdm: bool = Tr
                     r.request_id,
                     r.prompt_token_ids,
                     SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True),
-                    arrival_time=start + (r.arrival_time if realtime else 0.0),
+                    arrival_time=clock.start + (r.arrival_time if realtime else 0.0),
                 )
                 i += 1
             if engine.has_unfinished_requests():
@@ -113,5 +114,5 @@ def run_workload(engine, requests, *, realtime: bool = True, use_tqdm: bool = Tr
                         done[out.request_id] = out
                         bar.update(1)
             elif i < len(pending):
-                time.sleep(max(0.0, pending[i].arrival_time - (time.perf_counter() - start)))
-    return [done[r.request_id] for r in requests], time.perf_counter() - start
+                time.sleep(max(0.0, pending[i].arrival_time - clock.elapsed()))
+    return [done[r.request_id] for r in requests], clock.elapsed()
