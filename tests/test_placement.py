@@ -18,12 +18,13 @@ def cluster():
     with pl.ray_session(num_cpus=2, object_store_mb=200) as session:
         out["session"] = session
         workers = [pl._actor_class().remote() for _ in range(2)]
+        # notebook 18's RLHF task: the SFT policy and reward model, trained here while the actors start up
+        init = pl.rlhf_init(seed=0, steps=100)
         for mode in ("colocated", "sync", "async"):
             out[mode] = pl.run(mode, 4, workers=workers)
         out["crash"] = pl.run("async", 4, die_at_step=2, workers=workers)
         out["workers_after"] = ray.get([w.pid.remote() for w in workers], timeout=60)
         # notebook 18's RLHF task: PPO on the SFT policy and reward model, rollouts from the serving engine
-        init = pl.rlhf_init(seed=0, steps=100)
         for mode in ("colocated", "sync", "async"):
             out["rlhf_" + mode] = pl.run(mode, 6, task="rlhf", init=init, batch=32, workers=workers, timeout_s=120)
         # the broken idea: "async" whose generation of batch t+1 waits for training step t (as stale, no overlap)
