@@ -230,10 +230,8 @@ class ModelConfig:
         check_int("n_heads", self.n_heads)
         check_int("vocab_size", self.vocab_size, 2)
         check_int("seq_len", self.seq_len)
-        if self.activation not in _ACTIVATIONS:
-            raise ValueError(f"activation={self.activation!r}: allowed {_ACTIVATIONS}")
-        if self.norm not in _NORMS:
-            raise ValueError(f"norm={self.norm!r}: allowed {_NORMS}")
+        check_choice("activation", self.activation, _ACTIVATIONS)
+        check_choice("norm", self.norm, _NORMS)
         if self.ffn_hidden is None:
             if self.activation == "swiglu":
                 f = int(8 * self.hidden / 3)
@@ -266,8 +264,7 @@ class ModelConfig:
         for name in ("q_lora_rank", "kv_lora_rank", "rope_head_dim"):
             check_int(name, getattr(self, name), 0)
         check_number("norm_eps", self.norm_eps, 0.0, 1.0, lo_open=True)
-        if not (0.0 <= self.dropout < 1.0):
-            raise ValueError(f"dropout={self.dropout} is out of range: allowed [0, 1)")
+        check_probability("dropout", self.dropout, hi_open=True)
 
     # ---- derived -------------------------------------------------------------------------
     @property
@@ -462,10 +459,9 @@ class TrainConfig:
             raise ValueError("sp=True needs tp > 1 (sequence parallelism lives inside the TP group)")
         if self.virtual_stages > 1 and self.pp_schedule != "interleaved-1f1b":
             raise ValueError(f"virtual_stages={self.virtual_stages} needs pp_schedule='interleaved-1f1b'")
-        if self.optimizer_bytes_per_param is not None and self.optimizer_bytes_per_param < 0:
-            raise ValueError(f"optimizer_bytes_per_param={self.optimizer_bytes_per_param}: allowed >= 0")
-        if self.overhead_bytes < 0:
-            raise ValueError(f"overhead_bytes={self.overhead_bytes}: allowed >= 0")
+        if self.optimizer_bytes_per_param is not None:
+            check_number("optimizer_bytes_per_param", self.optimizer_bytes_per_param, 0.0, unit="bytes")
+        check_number("overhead_bytes", self.overhead_bytes, 0.0, unit="bytes")
 
     @property
     def microbatches(self) -> int:

@@ -124,14 +124,14 @@ def test_positions_cover_the_sequence_once():
 
 
 def test_bad_inputs_name_the_parameter():
-    with pytest.raises(ValueError, match="seq_len=12"):
+    with pytest.raises(ValueError, match=r"seq_len must be a multiple of 2·cp=8 \(an int >= 1\), got 12"):
         cpm.check_cp_args(12, 4, layout="zigzag")  # needs a multiple of 2·cp = 8
     cpm.check_cp_args(12, 4, layout="contiguous")
-    with pytest.raises(ValueError, match="layout"):
+    with pytest.raises(ValueError, match="layout='striped' is not allowed: layout must be one of"):
         cpm.check_cp_args(16, 2, layout="striped")
-    with pytest.raises(ValueError, match="n_kv_heads=3"):
+    with pytest.raises(ValueError, match="n_kv_heads must be an int >= 1 that divides n_heads=4, got 3"):
         cpm.check_cp_args(16, 2, n_heads=4, n_kv_heads=3)
-    with pytest.raises(ValueError, match="cp=0"):
+    with pytest.raises(ValueError, match="cp must be an int >= 1, got 0"):
         cpm.check_cp_args(16, 0)
-    with pytest.raises(ValueError, match="seq_len"):
+    with pytest.raises(ValueError, match="seq_len must be a multiple of 2·cp=8 .*got 10"):
         cpm.shard_sequence(torch.zeros(1, 1, 10, 2), 4, 0)

@@ -54,7 +54,9 @@ def test_configuration_round_trip(dash):
 
 
 def test_bad_configuration_is_explained(dash):
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(
+        ValueError, match=r"configuration key='memroy' is not allowed: configuration key must be one of \('tab', "
+    ):
         dash.set_state({"memroy": {}})
     with pytest.raises(KeyError, match="unknown tab"):
         dash.set_state({"tab": "nope"})

@@ -78,7 +78,10 @@ def test_the_hand_value_catches_a_kv_cache_that_ignores_gqa(monkeypatch):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"placement": "mixed"}, "placement='mixed': allowed"),
+        (
+            {"placement": "mixed"},
+            r"placement='mixed' is not allowed: placement must be one of \('colocated', 'split'\)",
+        ),
         ({"n_gpus": 0}, "n_gpus must be an int >= 1, got 0"),
         ({"rollout_tp": 3}, "rollout_tp=3: must divide"),
         ({"placement": "split", "n_gpus": 6}, "multiple of 8"),

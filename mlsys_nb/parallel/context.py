@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ..config import ArgumentError, dtype_bytes
+from ..config import check_choice, check_divides, check_int, check_multiple, dtype_bytes
 from ..runtime.timing import Timer
 from .functional import gather_from
 
@@ -69,18 +69,15 @@ def check_cp_args(
     seq_len: int, cp: int, *, layout: str = "zigzag", n_heads: int | None = None, n_kv_heads: int | None = None
 ) -> None:
     """Raise ``ArgumentError`` (a ``ValueError``) naming the parameter (call before starting ranks)."""
-    if layout not in LAYOUTS:
-        raise ArgumentError(f"layout={layout!r}: allowed {LAYOUTS}")
-    if not isinstance(cp, int) or cp < 1:
-        raise ArgumentError(f"cp={cp!r}: must be an integer >= 1")
-    parts = 2 * cp if layout == "zigzag" else cp
-    if not isinstance(seq_len, int) or seq_len < 1 or seq_len % parts:
-        raise ArgumentError(
-            f"seq_len={seq_len!r} must be a positive multiple of {parts} "
-            f"({'2·cp chunks for zig-zag' if layout == 'zigzag' else 'cp chunks'}, cp={cp})"
-        )
-    if n_heads is not None and n_kv_heads is not None and (n_kv_heads < 1 or n_heads % n_kv_heads):
-        raise ArgumentError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads} (grouped-query attention)")
+    check_choice("layout", layout, LAYOUTS)
+    check_int("cp", cp, 1)
+    # zig-zag cuts the sequence into 2·cp chunks (rank r holds chunks r and 2cp-1-r), contiguous into cp
+    if layout == "zigzag":
+        check_multiple("seq_len", seq_len, 2 * cp, "2·cp")
+    else:
+        check_multiple("seq_len", seq_len, cp, "cp")
+    if n_heads is not None and n_kv_heads is not None:
+        check_divides("n_kv_heads", n_kv_heads, n_heads, "n_heads")
 
 
 def pieces(seq_len: int, cp: int, rank: int, layout: str) -> list[tuple[int, int]]:
@@ -343,8 +340,7 @@ def nested_groups(sizes) -> dict:
     r, n = dist.get_rank(), dist.get_world_size()
     out = {}
     for cp in sorted(set(sizes)):
-        if not isinstance(cp, int) or cp < 1 or n % cp:
-            raise ArgumentError(f"sizes: each cp must be a positive divisor of the world size {n}, got {cp!r}")
+        check_divides("each cp of sizes", cp, n, "world_size")
         if cp == n:
             out[cp] = None
             continue

@@ -107,8 +107,7 @@ def train_parallel(
 ) -> dict:
     """Train with ``impl`` on this rank's slices; return full parameters, bytes sent per step
     (counted), per-op counts and model-state bytes after the last step."""
-    if impl not in IMPLEMENTATIONS:
-        raise ValueError(f"impl={impl!r}: allowed {IMPLEMENTATIONS}")
+    check_choice("impl", impl, IMPLEMENTATIONS)
     rank, world = dist.get_rank(), dist.get_world_size()
     model = build_model(cfg, seed)
     check_choice("optimizer", optimizer, tuple(_OPTIMIZER_SETTINGS))
@@ -267,9 +266,8 @@ def time_ddp_steps(
     bytes counted by CommCounter (0 for torch_ddp: its C++ reducer is not visible)}, "grad_bytes",
     "flops_per_step"}``.
     """
-    unknown = set(variants) - set(TIMING_VARIANTS)
-    if unknown:
-        raise ValueError(f"variants {sorted(unknown)}: allowed {TIMING_VARIANTS}")
+    for variant in variants:
+        check_choice("each of variants", variant, TIMING_VARIANTS)
     rank = dist.get_rank()
     g = torch.Generator().manual_seed(100 + rank)
     x, target = torch.randn(rows, hidden, generator=g), torch.randn(rows, hidden, generator=g)

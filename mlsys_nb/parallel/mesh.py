@@ -30,22 +30,16 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..config import check_choice, check_divides, check_int
+
 DIM_ORDER = ("pp", "dp", "cp", "tp")  # outermost (slowest) to innermost (fastest)
 
 
 def _dims(**dims) -> dict:
-    unknown = set(dims) - set(DIM_ORDER) - {"ep"}
-    if unknown:
-        raise ValueError(f"unknown mesh dimension(s) {sorted(unknown)}: allowed {DIM_ORDER} (+ ep inside dp)")
-    out = {}
-    for name in DIM_ORDER:
-        v = dims.get(name, 1)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}={v!r}: allowed an int >= 1")
-        out[name] = v
-    ep = dims.get("ep", 1)
-    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1 or out["dp"] % ep:
-        raise ValueError(f"ep={ep!r}: allowed an int >= 1 dividing dp={out['dp']} (experts are sharded over dp ranks)")
+    for name in sorted(dims):
+        check_choice("mesh dimension", name, DIM_ORDER + ("ep",))  # ep lives inside dp
+    out = {name: check_int(name, dims.get(name, 1), 1) for name in DIM_ORDER}
+    check_divides("ep", dims.get("ep", 1), out["dp"], "dp")  # experts are sharded over dp ranks
     return out
 
 
@@ -78,8 +72,7 @@ def coordinates(**dims) -> list[dict]:
 def group_ranks(dim: str, **dims) -> list[list[int]]:
     """The process groups of dimension ``dim``: lists of ranks that differ only in ``dim``."""
     coords = coordinates(**dims)
-    if dim not in coords[0]:
-        raise ValueError(f"dim={dim!r}: allowed {list(coords[0])}")
+    check_choice("dim", dim, tuple(coords[0]))
     groups: dict[tuple, list[int]] = {}
     for r, c in enumerate(coords):
         if dim == "ep":  # ep consecutive dp indices, same everything else
@@ -450,21 +443,17 @@ def train_worker(cases: list[dict], steps: int = 3, lr: float = 0.1, seed: int =
 def check_cases(cases: list[dict], world_size: int, steps: int = 1) -> None:
     """Raise ``ValueError`` naming the parameter if ``train_worker`` cannot run ``cases`` on
     ``world_size`` ranks for ``steps`` steps (call it before launching any rank)."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r}: allowed an int >= 1")
+    check_int("steps", steps, 1)
     for case in cases:
-        if case.get("impl", "kit") not in IMPLS:
-            raise ValueError(f"impl={case['impl']!r}: allowed 'kit' or 'torch' (FSDP2 + tensor parallel, pp = 1)")
+        check_choice("impl", case.get("impl", "kit"), IMPLS)  # torch: FSDP2 + tensor parallel, pp = 1
         d = check_dims(world_size, **{k: v for k, v in case.items() if k != "impl"})
         if case.get("impl") == "torch" and d["pp"] > 1:
             raise ValueError("impl='torch' composes FSDP2 with tensor parallelism: pp must be 1")
         if d["cp"] > 1:
             raise ValueError("cp > 1: context parallelism is not part of these training runs (cp=1)")
-        if d["tp"] > (2 if d["pp"] > 1 else 4):
-            raise ValueError(
-                f"tp={d['tp']}: these small models have 4 KV heads (2 in pipeline blocks): "
-                "allowed tp <= 4 with pp = 1, tp <= 2 with pp > 1"
-            )
+        # tp splits the KV heads: these small models have 4, their pipeline blocks 2
+        kv_heads = 2 if d["pp"] > 1 else 4
+        check_int(f"tp (with pp={d['pp']}: {kv_heads} KV heads to split)", d["tp"], 1, kv_heads)
 
 
 def train(
@@ -481,8 +470,7 @@ def train(
     """Launch ``train_worker`` on ``world_size`` ranks (CPU; ``backend`` "gloo", or "auto" which
     means gloo here: the runs are on CPU); check every case's degrees before any rank starts
     (``check_cases``). Returns ``results[rank][case]`` (see ``train_worker``)."""
-    if backend not in ("gloo", "auto"):
-        raise ValueError(f"backend={backend!r}: allowed 'gloo' or 'auto' (these runs use CPU tensors)")
+    check_choice("backend", backend, ("gloo", "auto"))  # these runs use CPU tensors
     check_cases(cases, world_size, steps)
     from .. import launch
 

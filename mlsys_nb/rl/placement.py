@@ -39,6 +39,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from ..config import ArgumentError, check_choice, check_int
 from ..runtime.timing import Laps, Timer, median
 from .sizing import async_step_s, sync_step_s  # the closed forms, one home (re-exported here)
 
@@ -459,16 +460,13 @@ def run(
     import ray
     from ray.exceptions import RayActorError
 
-    if mode not in ("colocated", "sync", "async"):
-        raise ValueError(f"mode={mode!r}: allowed 'colocated', 'sync', 'async'")
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r}: allowed an int >= 1")
-    if task not in ("toy", "rlhf"):
-        raise ValueError(f"task={task!r}: allowed 'toy' or 'rlhf'")
+    check_choice("mode", mode, ("colocated", "sync", "async"))
+    check_int("steps", steps, 1)
+    check_choice("task", task, ("toy", "rlhf"))
     if task == "rlhf" and not (isinstance(init, dict) and {"policy", "reward"} <= set(init)):
         raise ValueError("init: task='rlhf' needs {'policy': state_dict, 'reward': state_dict} (see rlhf_init)")
     if not overlap and mode != "async":
-        raise ValueError(f"overlap=False: allowed only with mode='async', got mode={mode!r}")
+        raise ArgumentError(f"overlap=False needs mode='async' (it serialises the async mode), got mode={mode!r}")
     if lr is None:
         from .rlhf import RLConfig
 

@@ -47,7 +47,6 @@ token for a forward pass, 6 N for forward + backward, N = parameters of the mode
 from __future__ import annotations
 
 import copy
-import math
 import random
 from dataclasses import dataclass, replace
 
@@ -56,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ModelConfig
+from ..config import ModelConfig, check_choice, check_int, check_number, check_probability
 from ..inference.kv_cache import KVCache
 from ..inference.tokenizer import ByteTokenizer
 from ..runtime.timing import Laps
@@ -86,16 +85,6 @@ def tiny_config(seq_len: int = 32) -> ModelConfig:
     return _tiny(hidden=64, ffn_hidden=176, vocab_size=320, seq_len=seq_len, name="tiny-rlhf")
 
 
-def _check_int(name, v, lo):
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ValueError(f"{name}={v!r} is out of range: allowed an int >= {lo}")
-
-
-def _check_pos(name, v, lo=0.0, strict=False):
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v) or v < lo or (strict and v == lo):
-        raise ValueError(f"{name}={v!r} is out of range: allowed {'>' if strict else '>='} {lo}")
-
-
 # ------------------------------------------------------------------ data
 def _random_response(rng: random.Random) -> str:
     return "".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, MAX_LEN)))
@@ -103,7 +92,7 @@ def _random_response(rng: random.Random) -> str:
 
 def make_demos(n: int, seed: int = 0) -> list[tuple[str, str]]:
     """``n`` demonstrations ``(prompt, response)``: random a/b strings of 1-8 characters."""
-    _check_int("n", n, 1)
+    check_int("n", n, 1)
     rng = random.Random(seed)
     return [(rng.choice(PROMPTS), _random_response(rng)) for _ in range(n)]
 
@@ -111,7 +100,7 @@ def make_demos(n: int, seed: int = 0) -> list[tuple[str, str]]:
 def make_preferences(n: int, seed: int = 0) -> list[tuple[str, str, str]]:
     """``n`` preference pairs ``(prompt, chosen, rejected)`` of random a/b strings (1-8 characters), labelled
     by ``true_reward`` (ties are redrawn). Length goes with the label (a spurious feature: see the module)."""
-    _check_int("n", n, 1)
+    check_int("n", n, 1)
     rng = random.Random(seed)
     out = []
     while len(out) < n:
@@ -217,8 +206,8 @@ def token_logprobs(model, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 def sft(model, demos, *, steps: int = 300, batch: int = 64, lr: float = 3e-3, seed: int = 0) -> list[float]:
     """Supervised fine-tuning on ``(prompt, response)`` demonstrations: cross-entropy on the response tokens
     (and EOS) only. Trains ``model`` in place; returns the loss per step."""
-    _check_int("steps", steps, 1)
-    _check_int("batch", batch, 1)
+    check_int("steps", steps, 1)
+    check_int("batch", batch, 1)
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     losses = []
@@ -258,7 +247,7 @@ def train_reward_model(
 ) -> tuple[ScalarModel, list[float]]:
     """A reward model: a copy of ``init`` (a Transformer; a fresh ``tiny`` one if None) with a scalar head,
     trained with the Bradley-Terry loss. Returns ``(rm, losses)``; ``rm`` is frozen (eval mode)."""
-    _check_int("steps", steps, 1)
+    check_int("steps", steps, 1)
     trunk = copy.deepcopy(init) if init is not None else new_policy(seed=seed)
     rm = ScalarModel(trunk)
     rng = random.Random(seed)
@@ -298,8 +287,8 @@ def rollout(
 ) -> Rollouts:
     """Sample one response per prompt with the kit's KV cache: prefill all prompts in one forward, then one
     token per step for every row (rows that emitted EOS keep going, masked). Returns ``Rollouts``."""
-    _check_int("max_new_tokens", max_new_tokens, 1)
-    _check_pos("temperature", temperature, strict=True)
+    check_int("max_new_tokens", max_new_tokens, 1)
+    check_number("temperature", temperature, 0.0, lo_open=True)
     b = len(prompts)
     tokens = torch.full((b, PROMPT_LEN + max_new_tokens), EOS, dtype=torch.long)
     tokens[:, :PROMPT_LEN] = torch.tensor([TOKENIZER.encode(p) for p in prompts])
@@ -329,7 +318,7 @@ def engine_rollout(llm, prompts, *, max_new_tokens: int = MAX_NEW_TOKENS, seed: 
     (``logprobs=0``: at temperature 1 they are the sampling distribution's). Same ``Rollouts`` layout."""
     from ..inference import SamplingParams
 
-    _check_int("max_new_tokens", max_new_tokens, 1)
+    check_int("max_new_tokens", max_new_tokens, 1)
     b = len(prompts)
     params = [SamplingParams(temperature=1.0, max_tokens=max_new_tokens, seed=seed + i, logprobs=0) for i in range(b)]
     outs = llm.generate([TOKENIZER.encode(p) for p in prompts], params, use_tqdm=False)
@@ -351,12 +340,11 @@ def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k1") ->
     """Per-sample estimate of KL(pi || pi_ref) from tokens sampled from pi (Schulman, 2020):
     k1 = log pi - log pi_ref (unbiased, can be negative); k3 = exp(q) - q - 1 with q = log pi_ref - log pi
     (unbiased, never negative, lower variance)."""
+    check_choice("kind", kind, ("k1", "k3"))
     if kind == "k1":
         return logp - logp_ref
-    if kind == "k3":
-        q = logp_ref - logp
-        return q.exp() - q - 1
-    raise ValueError(f"kind={kind!r}: allowed 'k1' or 'k3'")
+    q = logp_ref - logp
+    return q.exp() - q - 1
 
 
 @torch.no_grad()
@@ -383,7 +371,7 @@ def shaped_rewards(
 ) -> torch.Tensor:
     """Per-token rewards [B, T]: -kl_coef * k1 on every response token, plus the reward-model score on the
     last one; 0 on padding."""
-    _check_pos("kl_coef", kl_coef)
+    check_number("kl_coef", kl_coef, 0.0)
     r = -kl_coef * kl_estimate(logp, logp_ref, "k1") * mask
     last = mask.sum(1) - 1
     r[torch.arange(r.shape[0]), last] += rm_score
@@ -409,12 +397,11 @@ class RLConfig:
 
     def check(self):
         for k in ("iterations", "batch", "epochs", "minibatches", "eval_every"):
-            _check_int(k, getattr(self, k), 1)
-        _check_pos("kl_coef", self.kl_coef)
-        _check_pos("lr", self.lr, strict=True)
-        if not 0.0 < self.clip < 1.0:
-            raise ValueError(f"clip={self.clip!r} is out of range: allowed (0, 1)")
-        _check_int("group_size", self.group_size, 2)
+            check_int(k, getattr(self, k), 1)
+        check_number("kl_coef", self.kl_coef, 0.0)
+        check_number("lr", self.lr, 0.0, lo_open=True)
+        check_probability("clip", self.clip, lo_open=True, hi_open=True)
+        check_int("group_size", self.group_size, 2)
         return self
 
 
@@ -576,7 +563,7 @@ def dpo_loss(
 ) -> torch.Tensor:
     """DPO loss (Rafailov et al., 2023, eq. 7), inputs are sequence log-probabilities [B]:
     -log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r))), averaged."""
-    _check_pos("beta", beta, strict=True)
+    check_number("beta", beta, 0.0, lo_open=True)
     return -F.logsigmoid(beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))).mean()
 
 
@@ -601,9 +588,9 @@ def dpo(
 ):
     """Offline DPO from preference pairs, starting from (and regularised towards) the SFT model. The reward
     model is used only to report its score in the history. Returns ``(policy, history)`` like ``ppo``."""
-    _check_pos("beta", beta, strict=True)
-    _check_int("steps", steps, 1)
-    _check_int("batch", batch, 1)
+    check_number("beta", beta, 0.0, lo_open=True)
+    check_int("steps", steps, 1)
+    check_int("batch", batch, 1)
     torch.manual_seed(seed)
     rng = random.Random(seed)
     policy = copy.deepcopy(sft_model).train()

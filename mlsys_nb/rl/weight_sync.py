@@ -53,6 +53,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..config import check_choice, check_int, check_multiple
 from ..runtime.timing import Laps
 
 __all__ = [
@@ -112,10 +113,7 @@ def make_roles(n_trainers: int, *, timeout_s: float = 30.0) -> Roles:
     """Split the running world: ranks ``0..n_trainers-1`` train, the rest roll out. Call on every rank
     (``new_group`` is collective). ``timeout_s`` bounds every wait of the groups made here."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    if not 1 <= n_trainers < world:
-        raise ValueError(
-            f"n_trainers={n_trainers}: allowed 1..{world - 1} (world size {world}; at least one rollout rank)"
-        )
+    check_int(f"n_trainers (world_size={world}, at least one rollout rank)", n_trainers, 1, world - 1)
     t = datetime.timedelta(seconds=timeout_s)
     trainers, rollouts = list(range(n_trainers)), list(range(n_trainers, world))
     train_group = dist.new_group(trainers, timeout=t)
@@ -179,8 +177,7 @@ class MemoryPeak:
 def bucket_plan(shapes: list[tuple[str, torch.Size, torch.dtype]], bucket_bytes: int) -> list[list[int]]:
     """Indices of ``shapes`` grouped in order into buckets of at most ``bucket_bytes`` (a tensor bigger
     than a bucket travels alone). Trainer and rollouts compute the same plan from the same shapes."""
-    if bucket_bytes < 1:
-        raise ValueError(f"bucket_bytes={bucket_bytes}: allowed >= 1")
+    check_int("bucket_bytes", bucket_bytes, 1)
     plan, cur, size = [], [], 0
     for i, (_, shape, dtype) in enumerate(shapes):
         n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
@@ -210,8 +207,7 @@ def buckets(model: nn.Module, bucket_bytes: int, *, zero=None, gather: str = "bu
     a bucket first needs it and freed as soon as no later bucket does (``gather="bucketed"``), or every
     unit is gathered up front and the full state copied before the first bucket (``gather="full"``,
     the naive way: about twice the model's bytes at the peak; ``MemoryPeak`` measures both)."""
-    if gather not in ("bucketed", "full"):
-        raise ValueError(f"gather={gather!r}: allowed 'bucketed', 'full'")
+    check_choice("gather", gather, ("bucketed", "full"))
     params = [p for _, p in model.named_parameters()]
     plan = bucket_plan(_shapes(model), bucket_bytes)
     owner = _zero_units(zero)
@@ -361,8 +357,7 @@ class BroadcastSync(WeightSync):
 
     def __init__(self, roles: Roles, layout=None, *, bucket_bytes: int = 1 << 20):
         super().__init__()
-        if bucket_bytes < 1:
-            raise ValueError(f"bucket_bytes={bucket_bytes}: allowed >= 1")
+        check_int("bucket_bytes", bucket_bytes, 1)
         self.roles, self.layout, self.bucket_bytes = roles, list(layout or []), bucket_bytes
 
     def send_bucket(self, flat: torch.Tensor) -> int:
@@ -806,10 +801,10 @@ def measure(
 
     from .. import launch
 
-    if not isinstance(n_rollouts, int) or not 1 <= n_rollouts <= 3:
-        raise ValueError(f"n_rollouts={n_rollouts!r}: allowed 1..3 on this kit's local ranks")
-    if not hiddens or any(not isinstance(h, int) or h < 16 or h % 16 for h in hiddens):
-        raise ValueError(f"hiddens={hiddens!r}: allowed ints >= 16, multiples of 16")
+    check_int("n_rollouts (on this kit's local ranks)", n_rollouts, 1, 3)
+    check_int("len(hiddens)", len(hiddens), 1)
+    for h in hiddens:
+        check_multiple("each of hiddens", h, 16, "the head width")  # toy_config: one head per 16 channels
     with tempfile.TemporaryDirectory(dir=workdir) as d:
         out = launch(
             _measure_rank,
