@@ -79,6 +79,7 @@ from .ranks import (
     run_on_rank,
     without_main_module,
 )
+from .timing import Laps
 
 __all__ = ["Cluster", "RankError", "RankTimeoutError", "current", "load_ipython_extension"]
 
@@ -314,7 +315,7 @@ class Cluster:
     # ---- lifecycle ---------------------------------------------------------------------------
     def _start(self):
         ctx = context()
-        t0 = time.perf_counter()
+        clock = Laps()
         self._store[:] = [open_store(self.start_timeout)]  # a fresh store per generation
         port = self._store[0].port
         with without_main_module():  # a script's __main__ is not re-imported in each rank
@@ -348,7 +349,7 @@ class Cluster:
         if failures:
             self._stop_procs()
             raise RankError("could not start the cluster", errors=failures)
-        self.start_seconds = time.perf_counter() - t0
+        self.start_seconds = clock.elapsed()
 
     def _stop_procs(self):
         _kill(self._procs)
