@@ -24,15 +24,14 @@ tokens-per-forward / (k·c + 1) with c the measured draft/target forward-time ra
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mlsys_nb.runtime.machine import summary as machine  # noqa: E402
+from mlsys_nb.runtime.timing import Laps, Timer, median, repeat  # noqa: E402
 
 
 def corpus_bytes() -> bytes:
@@ -46,10 +45,10 @@ def train(model, data, seconds: float, *, seq=128, batch=16, lr=2e-3, desc="trai
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(0)
-    t0, step, loss = time.perf_counter(), 0, float("nan")
+    clock, step, loss = Laps(), 0, float("nan")
     bar = tqdm(desc=desc, unit="step", leave=False)
     model.train()
-    while time.perf_counter() - t0 < seconds:
+    while clock.elapsed() < seconds:
         idx = torch.randint(0, len(data) - seq - 1, (batch,), generator=g)
         x = torch.stack([data[i : i + seq] for i in idx])
         y = torch.stack([data[i + 1 : i + seq + 1] for i in idx])
@@ -74,12 +73,8 @@ def forward_time(model, ctx: int, repeats: int) -> float:
     cache = KVCache(model, 1, ctx + repeats + 1)
     with torch.no_grad():
         model(torch.zeros(1, ctx, dtype=torch.long), cache=cache)
-        ts = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
-            ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+        ts = repeat(lambda: model(torch.zeros(1, 1, dtype=torch.long), cache=cache), repeats)
+    return median(ts)
 
 
 def greedy_continuations(model, data, n: int, prompt_len: int, new_tokens: int, batch: int = 16, seed: int = 1):
@@ -118,10 +113,10 @@ def distil(draft, seqs, prompt_len: int, seconds: float, *, batch: int = 16, lr:
 
     opt = torch.optim.AdamW(draft.parameters(), lr=lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(2)
-    t0, step, loss = time.perf_counter(), 0, float("nan")
+    clock, step, loss = Laps(), 0, float("nan")
     bar = tqdm(desc="distil draft", unit="step", leave=False)
     draft.train()
-    while time.perf_counter() - t0 < seconds:
+    while clock.elapsed() < seconds:
         x = seqs[torch.randint(0, len(seqs), (batch,), generator=g)]
         logits = draft(x[:, :-1])
         tgt = x[:, 1:].clone()
@@ -170,9 +165,9 @@ def main(argv=None):
     d_steps, d_loss = train(draft, train_data, secs / 4, desc="train draft")
     # distillation: the draft fine-tuned on the target's own greedy continuations of training text
     n_seq, p_len, g_len = (16, 32, 32) if args.quick else (96, 64, 128)
-    t0 = time.perf_counter()
-    seqs = greedy_continuations(target, train_data, n_seq, p_len, g_len)
-    gen_s = time.perf_counter() - t0
+    with Timer() as t:
+        seqs = greedy_continuations(target, train_data, n_seq, p_len, g_len)
+    gen_s = t.seconds
     x_steps, x_loss = distil(draft, seqs, p_len, secs / 4)
     n_t, n_d = target.num_parameters(), draft.num_parameters()
     ft, fd = forward_time(target, 128, 5 if args.quick else 30), forward_time(draft, 128, 5 if args.quick else 30)
@@ -251,9 +246,9 @@ def main(argv=None):
             "tags": {"type": "array", "items": {"type": "string"}},
         },
     }
-    t0 = time.perf_counter()
-    grammar = Grammar.compile(json_schema=schema)
-    compile_ms = 1e3 * (time.perf_counter() - t0)
+    with Timer() as t:
+        grammar = Grammar.compile(json_schema=schema)
+    compile_ms = 1e3 * t.seconds
     n_tok, secs_gen = 0, 0.0
     for i, p in enumerate(prompt_list):
         toks, st = generate_structured(target, p, grammar, max_tokens=48, temperature=1.0, seed=i)
