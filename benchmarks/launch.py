@@ -21,11 +21,10 @@ import os
 import selectors
 import signal
 import socket
-import statistics
 import subprocess
 import sys
-import time
 from mlsys_nb.runtime.machine import summary as machine
+from mlsys_nb.runtime.timing import Timer, median
 
 METHODS = ("mlsys_nb", "accelerate", "mp_spawn")
 BASELINE = "accelerate.notebook_launcher warm"
@@ -80,24 +79,24 @@ def child(method: str, world_size: int, calls: int) -> None:
         if method == "mlsys_nb":
             import mlsys_nb
 
-            start = time.perf_counter()
-            result = mlsys_nb.launch(job, world_size, output="quiet")
-            elapsed = time.perf_counter() - start
+            with Timer() as t:
+                result = mlsys_nb.launch(job, world_size, output="quiet")
+            elapsed = t.seconds
             assert result == [float(world_size)] * world_size
         elif method == "accelerate":
             from accelerate import notebook_launcher
 
             port = str(_free_port())
-            start = time.perf_counter()
-            notebook_launcher(job_env, num_processes=world_size, use_port=port, master_addr="127.0.0.1")
-            elapsed = time.perf_counter() - start
+            with Timer() as t:
+                notebook_launcher(job_env, num_processes=world_size, use_port=port, master_addr="127.0.0.1")
+            elapsed = t.seconds
         else:
             import torch.multiprocessing as tmp
 
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-            start = time.perf_counter()
-            tmp.spawn(job_spawn, args=(world_size,), nprocs=world_size, join=True)
-            elapsed = time.perf_counter() - start
+            with Timer() as t:
+                tmp.spawn(job_spawn, args=(world_size,), nprocs=world_size, join=True)
+            elapsed = t.seconds
         print(f"TIME {elapsed}", flush=True)
 
 
@@ -183,12 +182,12 @@ def main() -> None:
                 samples[cold_name].append(first)
                 samples[warm_name] += warm
         # What any fresh rank (and a cold forkserver) must pay before it can do anything.
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import torch.distributed"], check=True)
-        samples["reference: fresh python -c 'import torch.distributed'"].append(time.perf_counter() - start)
+        with Timer() as t:
+            subprocess.run([sys.executable, "-c", "import torch.distributed"], check=True)
+        samples["reference: fresh python -c 'import torch.distributed'"].append(t.seconds)
         print(f"round {round_ + 1}/{ns.rounds} done; hangs so far {hangs}", file=sys.stderr, flush=True)
 
-    medians = {k: statistics.median(v) for k, v in samples.items()}
+    medians = {k: median(v) for k, v in samples.items()}
     spawn = medians["torch.multiprocessing.spawn"]
     header = ("method", "n", "median s", "min s", "max s", "ratio to baseline", "speed-up vs mp.spawn")
     print(
