@@ -242,7 +242,7 @@ def test_bad_inputs_name_the_parameter():
     for bad in (0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="capacity_factor"):
             MoE(cfg, capacity_factor=bad)
-    with pytest.raises(ValueError, match="ep=4"):
+    with pytest.raises(ValueError, match="ep must be an int >= 1 that divides n_experts=6, got 4"):
         ep.check_ep_args(cfg, 4)
     with pytest.raises(ValueError, match="gating"):
         ep.check_ep_args(cfg, 2, gating="relu")

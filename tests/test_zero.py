@@ -54,7 +54,7 @@ def test_bad_arguments_are_explained():
         ZeRO(Transformer(tiny_config(tied_embeddings=True)), torch.optim.SGD, stage=3)
     with pytest.raises(ValueError, match="do not cover parameters"):
         ZeRO(model, torch.optim.SGD, stage=1, units=[model.embed])
-    with pytest.raises(ValueError, match="bucket_cap_mb=-1"):
+    with pytest.raises(ValueError, match="bucket_cap_mb must be a finite number of MB >= 0, got -1"):
         DataParallel(model, bucket_cap_mb=-1)
     x, y = make_batches(tiny_config(), 1, 6)[0]
     with pytest.raises(ValueError, match="not divisible by world_size=4"):
