@@ -13,9 +13,7 @@ from __future__ import annotations
 import argparse
 import io
 import platform
-import statistics
 import subprocess
-import time
 
 import matplotlib
 
@@ -24,6 +22,7 @@ matplotlib.use("Agg")
 
 from mlsys_nb.widgets.memory import MemoryWidget  # noqa: E402
 from mlsys_nb.runtime.machine import summary as machine
+from mlsys_nb.runtime.timing import Timer, median
 
 TARGET_S = 0.100
 CHANGES = [
@@ -47,35 +46,31 @@ def main() -> None:
     if args.quick:
         args.repeats, args.out = 3, None
     w = MemoryWidget()
-    calc, full, calc_cpu, full_cpu = [], [], [], []
+    calc_t, full_t = Timer(cpu=True), Timer(cpu=True)
     for i in range(args.repeats + 2):
         change = CHANGES[i % len(CHANGES)]
         state = w.state() | change
-        t0, c0 = time.perf_counter(), time.process_time()
-        w.compute(state)
-        t1, c1 = time.perf_counter(), time.process_time()
-        name, value = next(iter(change.items()))
-        w.controls[name].value = value  # triggers update()
-        w.figure.savefig(io.BytesIO(), format="png")
-        t2, c2 = time.perf_counter(), time.process_time()
-        if i >= 2:  # warm-up
-            calc.append(t1 - t0)
-            full.append(t2 - t1)
-            calc_cpu.append(c1 - c0)
-            full_cpu.append(c2 - c1)
+        with calc_t:
+            w.compute(state)
+        with full_t:
+            name, value = next(iter(change.items()))
+            w.controls[name].value = value  # triggers update()
+            w.figure.savefig(io.BytesIO(), format="png")
+    calc, full = calc_t.samples[2:], full_t.samples[2:]  # the first two runs are warm-up
+    calc_cpu, full_cpu = calc_t.cpu_samples[2:], full_t.cpu_samples[2:]
     rows = [
         ("memory.estimate only (baseline), wall", calc),
         ("widget update + PNG render, wall", full),
         ("memory.estimate only, CPU time of this process", calc_cpu),
         ("widget update + PNG render, CPU time of this process", full_cpu),
     ]
-    base = statistics.median(calc)
+    base = median(calc)
     lines = ["| step | median (ms) | min (ms) | max (ms) | ratio to baseline (wall) |", "|---|---|---|---|---|"]
     for n, xs in rows:
-        med = statistics.median(xs)
+        med = median(xs)
         lines.append(f"| {n} | {med * 1e3:.1f} | {min(xs) * 1e3:.1f} | {max(xs) * 1e3:.1f} | {med / base:.1f} |")
     load = open("/proc/loadavg").read().split()[0] if platform.system() == "Linux" else "?"
-    wall, cpu = statistics.median(full), statistics.median(full_cpu)
+    wall, cpu = median(full), median(full_cpu)
     text = "\n".join(lines) + (
         f"\n\nTarget: widget update <= {TARGET_S * 1e3:.0f} ms median. Wall: {wall * 1e3:.0f} ms "
         f"({'meets' if wall <= TARGET_S else 'misses'}); CPU time of the process (what an idle machine would "
