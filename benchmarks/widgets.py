@@ -13,11 +13,10 @@ Targets: (a) <= 100 ms median, (b) <= 300 ms median. Prints a table of medians a
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 from mlsys_nb.runtime.machine import summary as machine
+from mlsys_nb.runtime.timing import Timer, median, quantile
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -35,25 +34,18 @@ IN_BROWSER = {
 }
 
 
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
-
-
 def in_process(repeats: int) -> dict:
     from mlsys_nb.dashboard import Dashboard
 
     dash = Dashboard()
     out = {}
     for key, (a, b) in IN_PROCESS.items():
-        tab, times = dash.tabs[key], []
+        tab, t = dash.tabs[key], Timer()
         for i in range(repeats + 2):
-            t0 = time.perf_counter()
-            tab.set_state(a if i % 2 else b)
-            dash.refresh(key)
-            if i >= 2:  # warm-up
-                times.append(time.perf_counter() - t0)
-        out[key] = times
+            with t:
+                tab.set_state(a if i % 2 else b)
+                dash.refresh(key)
+        out[key] = t.samples[2:]  # the first two are warm-up
     return out
 
 
@@ -80,15 +72,13 @@ def in_browser(repeats: int) -> dict:
                 continue
             open_tab(page, title)
             page.wait_for_selector(f".mlsys-panel-{key} img", timeout=60_000)
-            times = []
+            t = Timer()
             for i in range(repeats + 2):
                 src = img_src(page, key)
-                t0 = time.perf_counter()
-                press_slider(page, css, "ArrowRight" if i % 2 == 0 else "ArrowLeft")
-                wait_figure_change(page, key, src)
-                if i >= 2:
-                    times.append(time.perf_counter() - t0)
-            out[key] = times
+                with t:
+                    press_slider(page, css, "ArrowRight" if i % 2 == 0 else "ArrowLeft")
+                    wait_figure_change(page, key, src)
+            out[key] = t.samples[2:]  # the first two are warm-up
     return out
 
 
@@ -109,9 +99,9 @@ def main() -> None:
         "|---|---|---|---|---|---|",
     ]
     for key in IN_PROCESS:
-        ma, pa = statistics.median(a[key]) * 1e3, pct(a[key], 0.9) * 1e3
+        ma, pa = median(a[key]) * 1e3, quantile(a[key], 0.9, method="nearest") * 1e3
         if key in b:
-            mb, pb = statistics.median(b[key]) * 1e3, pct(b[key], 0.9) * 1e3
+            mb, pb = median(b[key]) * 1e3, quantile(b[key], 0.9, method="nearest") * 1e3
             lines.append(f"| {key} | {ma:.1f} | {pa:.1f} | {mb:.1f} | {pb:.1f} | {mb / ma:.1f}x |")
         else:
             lines.append(f"| {key} | {ma:.1f} | {pa:.1f} | - | - | - |")

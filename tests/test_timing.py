@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mlsys_nb.runtime import timing
-from mlsys_nb.runtime.timing import Laps, Timer, lower_quartile, median, profile_ops, repeat
+from mlsys_nb.runtime.timing import Laps, Timer, lower_quartile, median, profile_ops, quantile, repeat
 
 
 class FakeClock:
@@ -59,6 +59,35 @@ def test_lower_quartile_is_not_the_median_nor_another_quantile_method():
     assert lower_quartile(xs) == 2.0  # sorted position 0.25 * (5 - 1) = 1
     assert median(xs) == 3.0
     assert statistics.quantiles(xs, n=4)[0] == 1.5  # the default "exclusive" method differs: not this one
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_quantile_matches_numpy_both_methods(seed):
+    rng = random.Random(seed)
+    xs = [rng.lognormvariate(0, 1) for _ in range(rng.randint(1, 40))]
+    for q in (0.0, 0.1, 0.25, 0.5, 0.9, 0.99, 1.0, rng.random()):
+        assert quantile(xs, q) == pytest.approx(float(np.quantile(xs, q)), rel=1e-12)
+        assert quantile(xs, q, method="nearest") == float(np.quantile(xs, q, method="nearest"))
+        assert quantile(xs, q, method="nearest") in xs  # a measured value, never an interpolated one
+
+
+def test_quantile_check_bites():
+    """The numpy comparison above tells the methods apart, and catches a "nearest" that truncates the
+    position instead of rounding it."""
+    rng = random.Random(1)
+    lists = [[rng.random() for _ in range(3 + k)] for k in range(10)]
+    assert any(quantile(xs, 0.9) != quantile(xs, 0.9, method="nearest") for xs in lists)
+    truncated = [sorted(xs)[int(0.9 * (len(xs) - 1))] for xs in lists]
+    assert any(t != float(np.quantile(xs, 0.9, method="nearest")) for t, xs in zip(truncated, lists))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [(dict(q=1.5), "q"), (dict(q=-0.1), "q"), (dict(q=0.5, method="midpoint"), "method")],
+)
+def test_quantile_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        quantile([1.0, 2.0], **kwargs)
 
 
 def test_statistics_of_nothing_is_a_clear_error():

@@ -11,14 +11,14 @@
 - ``machine``: a one-line description of this machine for benchmark records.
 - ``timing``: the one way to time things: ``Timer`` (wall seconds, ``time.perf_counter``; a context
   manager or decorator), ``Laps`` (seconds of consecutive phases), ``repeat(fn, n, warmup)`` (list of
-  seconds), ``median`` / ``lower_quartile`` of repeats, and ``profile_ops(fn)`` (self CPU seconds per
+  seconds), ``median`` / ``lower_quartile`` / ``quantile`` of repeats, and ``profile_ops(fn)`` (self CPU seconds per
   op from ``torch.profiler``).
 
 Thread count: every entry point takes ``threads=`` (intra-op threads per rank, default 1).
 """
 
 from .ranks import BACKENDS, RankError, RankFailure, RankTimeoutError, device, prestart, resolve_backend
-from .timing import Laps, Timer, lower_quartile, median, profile_ops, repeat
+from .timing import Laps, Timer, lower_quartile, median, profile_ops, quantile, repeat
 
 __all__ = [
     "launch",
@@ -37,6 +37,7 @@ __all__ = [
     "repeat",
     "median",
     "lower_quartile",
+    "quantile",
     "profile_ops",
 ]
 

@@ -1,4 +1,4 @@
-"""One way to time things: a timer, the repeat loop, the two statistics we report, and the profiler.
+"""One way to time things: a timer, a lap clock, the repeat loop, the statistics we report, and the profiler.
 
 - ``Timer()``: context manager or decorator; wall seconds from ``time.perf_counter`` in ``.seconds``
   (``cpu=True`` adds this process's CPU seconds from ``time.process_time`` in ``.cpu_seconds``);
@@ -8,26 +8,32 @@
   and adds its wall seconds to ``laps.times["name"]``; ``laps.elapsed()`` is the wall seconds since the
   start (the engine's per-step phase times, a training loop's time column).
 - ``repeat(fn, n, warmup)``: call ``fn()`` ``warmup`` times untimed, then ``n`` times timed; a list of seconds.
-- ``median(xs)`` and ``lower_quartile(xs)``: the statistics of repeats. The median is the usual summary;
-  the lower quartile is for a time whose noise only ever adds (a message on a busy machine), where the
-  quick runs are the ones closest to the cost itself.
+- ``median(xs)``, ``lower_quartile(xs)`` and ``quantile(xs, q)``: the statistics of repeats. The
+  median is the usual summary; the lower quartile is for a time whose noise only ever adds (a message
+  on a busy machine), where the quick runs are the ones closest to the cost itself; ``quantile(xs, 0.9)``
+  is a tail (p90), and ``method="nearest"`` picks a measured value instead of interpolating.
 - ``profile_ops(fn)``: run ``fn()`` under ``torch.profiler`` and return the self CPU seconds per op
   (``aten::mm``, ...), largest first.
 
-Durations only: a timestamp (when an event happened, to line events up) is a plain
-``time.perf_counter()`` and stays one. Timing numbers are never asserted in tests; compare variants
-interleaved in one run instead.
+Durations only; timestamps stay ``time.perf_counter()``: a request's arrival, scheduling and token
+times (``inference.sequence.RequestMetrics``, set in the engine and ``run_workload``), the server's
+token log (``inference.serve``), the start/end times that line up overlap in ``rl.placement`` (there
+``time.monotonic``, one clock for all processes), and the deadlines of waits (``time.monotonic``).
+Code strings run inside a rank (``benchmarks/cluster.py``'s in-rank all_reduce) keep their own
+``perf_counter`` pairs: a rank need not import this package. Timing numbers are never asserted in
+tests; compare variants interleaved in one run instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import time
 
-from ..config import check_int
+from ..config import check_choice, check_int, check_number
 
-__all__ = ["Timer", "Laps", "repeat", "median", "lower_quartile", "profile_ops"]
+__all__ = ["Timer", "Laps", "repeat", "median", "lower_quartile", "quantile", "profile_ops"]
 
 
 class Timer(contextlib.ContextDecorator):
@@ -73,7 +79,8 @@ class Laps:
 
     ``laps = Laps()`` starts the clock; ``laps("name")`` ends the phase running since the previous call
     (or the start), adds its seconds to ``laps.times["name"]`` (a repeated name sums) and returns them;
-    ``laps.elapsed()`` is the seconds since the start, whatever the phases. Phases tile the time: the
+    ``laps.elapsed()`` is the seconds since the start, whatever the phases; ``laps.start`` is the start
+    itself, a ``time.perf_counter()`` timestamp (to place events on the same clock). Phases tile the time: the
     sum of ``laps.times`` equals ``elapsed()`` read at the last ``laps(...)`` call.
     """
 
@@ -123,12 +130,24 @@ def median(xs) -> float:
 
 
 def lower_quartile(xs) -> float:
-    """25th percentile of ``xs`` (same unit out as in), linear interpolation between the sorted values
-    (``statistics.quantiles(method="inclusive")``, the same as ``numpy.quantile(xs, 0.25)``)."""
-    xs = _values(xs, "lower_quartile")
-    if len(xs) == 1:
-        return xs[0]
-    return statistics.quantiles(xs, n=4, method="inclusive")[0]
+    """25th percentile of ``xs`` (same unit out as in): ``quantile(xs, 0.25)``, linear interpolation
+    between the sorted values (the same as ``numpy.quantile(xs, 0.25)``)."""
+    return quantile(_values(xs, "lower_quartile"), 0.25)
+
+
+def quantile(xs, q: float, method: str = "linear") -> float:
+    """The ``q``-quantile of ``xs`` (0 <= q <= 1; same unit out as in), at sorted position ``q * (n - 1)``:
+    ``method="linear"`` interpolates between the two values around it, ``method="nearest"`` takes the
+    value at the rounded position (ties to even). Both as ``numpy.quantile(xs, q, method=...)``."""
+    xs = sorted(_values(xs, "quantile"))
+    q = check_number("q", q, 0.0, 1.0)
+    method = check_choice("method", method, ("linear", "nearest"))
+    pos = q * (len(xs) - 1)
+    if method == "nearest":
+        return xs[round(pos)]
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (pos - lo) * (xs[hi] - xs[lo])
 
 
 def profile_ops(fn, *, warmup: int = 1) -> dict[str, float]:
