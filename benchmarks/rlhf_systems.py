@@ -14,7 +14,8 @@ placement on Ray actors, measured beside their models.
    phase seconds measured inside the actors, the measured step beside the closed form (gen + sync +
    train, or max(gen, train) + sync), samples per second, and the true reward of every batch.
 
-Full runs write data/measured/rlhf_systems.md. ``--quick``: one width, 2 steps, nothing written.
+Full runs write data/measured/rlhf_systems.md. ``--quick``: one width, one repeat, 2 steps of 8 responses,
+nothing written.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def weight_sync(quick: bool) -> tuple[pd.DataFrame, str]:
     from mlsys_nb.rl import weight_sync as ws
 
     hiddens = (64,) if quick else (64, 128, 256, 512)
-    rows = ws.measure(hiddens, n_rollouts=2, repeats=2 if quick else 5, timeout=300)
+    rows = ws.measure(hiddens, n_rollouts=2, repeats=1 if quick else 5, timeout=300)
     df = pd.DataFrame(rows)
     df["MB"] = df.model_bytes / 1e6
     df["ms"] = df.seconds * 1e3
@@ -57,14 +58,15 @@ def weight_sync(quick: bool) -> tuple[pd.DataFrame, str]:
 def placement(quick: bool, seed: int = 0) -> tuple[pd.DataFrame, dict]:
     from mlsys_nb.rl import placement as pl
 
-    steps = 2 if quick else 20
-    init = pl.rlhf_init(seed=seed, steps=20 if quick else 150)
+    steps = 2 if quick else 20  # quick: 2 steps, the fewest in which async overlaps generation with training
+    batch = 8 if quick else 32  # quick: a smoke test of every layout's code path, not a measurement
     runs = {}
     with pl.ray_session(num_cpus=2, object_store_mb=200):
-        workers = [pl._actor_class().remote() for _ in range(2)]
+        workers = [pl._actor_class().remote() for _ in range(2)]  # they start up while the driver trains init
+        init = pl.rlhf_init(seed=seed, steps=20 if quick else 150)
         for mode in ("colocated", "sync", "async"):
             runs[mode] = pl.run(
-                mode, steps, task="rlhf", init=init, batch=32, seed=seed, workers=workers, timeout_s=300
+                mode, steps, task="rlhf", init=init, batch=batch, seed=seed, workers=workers, timeout_s=300
             )
             print(f"seed {seed} {mode}: true reward per batch {np.round(runs[mode].rewards, 2).tolist()}", flush=True)
     table = pd.DataFrame(
