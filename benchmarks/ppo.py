@@ -17,8 +17,6 @@ Full runs write data/measured/ppo.md, data/measured/ppo_cartpole.md and data/mea
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 import warnings
 from pathlib import Path
 
@@ -27,6 +25,7 @@ import pandas as pd
 
 from mlsys_nb.rl import evaluate, ppo, sb3_train
 from mlsys_nb.runtime.machine import summary as machine
+from mlsys_nb.runtime.timing import Timer, median
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "data" / "measured"
@@ -39,15 +38,15 @@ def run(seeds: list[int], total_steps: int | None):
     rows = []
     for seed in seeds:
         for name in ("mlsys_nb", "stable-baselines3"):
-            t = time.perf_counter()
-            if name == "mlsys_nb":
-                policy, curve = ppo.train("CartPole-v1", seed=seed, total_steps=total_steps, progress=False)
-            else:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    _, curve = sb3_train("CartPole-v1", seed=seed, total_steps=total_steps or 100_000)
-                policy = None
-            wall = time.perf_counter() - t
+            with Timer() as t:
+                if name == "mlsys_nb":
+                    policy, curve = ppo.train("CartPole-v1", seed=seed, total_steps=total_steps, progress=False)
+                else:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        _, curve = sb3_train("CartPole-v1", seed=seed, total_steps=total_steps or 100_000)
+                    policy = None
+            wall = t.seconds
             fresh = (
                 float(evaluate(policy, "CartPole-v1", 100, 10**7 + 1000 * seed).mean())
                 if policy is not None and total_steps is None
@@ -85,9 +84,9 @@ def table(df: pd.DataFrame, quick: bool) -> str:
     med = {}
     for name, g in df.groupby("method", sort=False):
         med[name] = (
-            statistics.median(g[col].fillna(np.inf)),
-            statistics.median(g.wall_s),
-            statistics.median(g.train_s),
+            median(g[col].fillna(np.inf)),
+            median(g.wall_s),
+            median(g.train_s),
         )
     base = med["stable-baselines3"]
     for name, (s, w, t) in med.items():
