@@ -25,7 +25,6 @@ sizes with the overlap-scheduling closed form applied to it. ``--quick``: 8 shor
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
@@ -44,7 +43,9 @@ def run_engine(model, reqs, batch, **kw):
 def run_hf(hf, reqs, batch):
     from tqdm.auto import tqdm
 
-    t0, tokens, outs = time.perf_counter(), 0, []
+    from mlsys_nb.runtime.timing import Laps
+
+    clock, tokens, outs = Laps(), 0, []
     for i in tqdm(range(0, len(reqs), batch), desc="transformers generate"):
         group = reqs[i : i + batch]
         width = max(len(r.prompt_token_ids) for r in group)
@@ -57,7 +58,7 @@ def run_hf(hf, reqs, batch):
             )
         outs += [out[j, width : width + r.max_tokens].tolist() for j, r in enumerate(group)]
         tokens += sum(r.max_tokens for r in group)
-    secs = time.perf_counter() - t0
+    secs = clock.elapsed()
     return {"duration_s": secs, "output_tokens_per_s": tokens / secs}, outs
 
 
