@@ -19,7 +19,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -27,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import mlsys_nb  # noqa: E402
 from mlsys_nb.comm import pingpong  # noqa: E402
 from mlsys_nb.runtime.machine import info as machine  # noqa: E402
+from mlsys_nb.runtime.timing import Timer  # noqa: E402
 
 FIT_SIZES = [int(2 ** (k / 2)) // 64 * 64 for k in range(24, 39)]  # notebook 04: 4 KiB .. 512 KiB
 PREDICT_SIZES = [4 * FIT_SIZES[-1], 8 * FIT_SIZES[-1], 16 * FIT_SIZES[-1]]  # 2, 4, 8 MiB
@@ -78,9 +78,9 @@ def main(argv=None):
         proc = neighbour() if busy else None
         try:
             load0 = os.getloadavg()[0]
-            t0 = time.perf_counter()
-            err = one_run(a.repeats)
-            wall = time.perf_counter() - t0
+            with Timer() as t:
+                err = one_run(a.repeats)
+            wall = t.seconds
         finally:
             if proc is not None:
                 proc.kill()
