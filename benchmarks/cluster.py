@@ -16,14 +16,13 @@ import contextlib
 import io
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mlsys_nb.runtime.machine import summary as machine  # noqa: E402
-from mlsys_nb.runtime.timing import median, repeat  # noqa: E402
+from mlsys_nb.runtime.timing import Timer, median, quantile, repeat  # noqa: E402
 
 TRIVIAL = "pass"
 IN_RANK_ROW = "1-element all_reduce (median over ranks' medians)"
@@ -43,11 +42,11 @@ statistics.median(samples)
 
 
 def _median_ms(fn, repeats, warmup=10):
-    samples = sorted(repeat(fn, repeats, warmup))
+    samples = repeat(fn, repeats, warmup)
     return (
         median(samples) * 1e3,
-        samples[len(samples) // 10] * 1e3,
-        samples[(9 * len(samples)) // 10] * 1e3,
+        quantile(samples, 0.1, method="nearest") * 1e3,
+        quantile(samples, 0.9, method="nearest") * 1e3,
     )
 
 
@@ -57,12 +56,12 @@ def measure_cluster(world_size, repeats):
     import mlsys_nb
 
     rows = []
-    t = time.perf_counter()
-    cluster = mlsys_nb.Cluster(world_size=world_size, timeout=60)
-    rows.append(("mlsys_nb.Cluster", "start (first, forkserver cold)", (time.perf_counter() - t) * 1e3, None, None))
-    t = time.perf_counter()
-    cluster.restart()
-    rows.append(("mlsys_nb.Cluster", RESTART_ROW, (time.perf_counter() - t) * 1e3, None, None))
+    with Timer() as t:
+        cluster = mlsys_nb.Cluster(world_size=world_size, timeout=60)
+    rows.append(("mlsys_nb.Cluster", "start (first, forkserver cold)", t.seconds * 1e3, None, None))
+    with t:
+        cluster.restart()
+    rows.append(("mlsys_nb.Cluster", RESTART_ROW, t.seconds * 1e3, None, None))
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "mlsys_nb")
     sink = io.StringIO()
@@ -81,18 +80,18 @@ def measure_ipyparallel(world_size, repeats):
     import ipyparallel as ipp
 
     rows = []
-    t = time.perf_counter()
-    cluster = ipp.Cluster(n=world_size, controller_ip="127.0.0.1", log_level=40)
-    rc = cluster.start_and_connect_sync()
-    view = rc[:]
-    view.execute("import torch", block=True)
-    rows.append(("ipyparallel 9", "start + import torch", (time.perf_counter() - t) * 1e3, None, None))
+    with Timer() as t:
+        cluster = ipp.Cluster(n=world_size, controller_ip="127.0.0.1", log_level=40)
+        rc = cluster.start_and_connect_sync()
+        view = rc[:]
+        view.execute("import torch", block=True)
+    rows.append(("ipyparallel 9", "start + import torch", t.seconds * 1e3, None, None))
     rows.append(("ipyparallel 9", "trivial execute", *_median_ms(lambda: view.execute(TRIVIAL, block=True), repeats)))
-    t = time.perf_counter()
-    cluster.restart_engines_sync()
-    rc.wait_for_engines(world_size, timeout=120)
-    rc[:].execute("import torch", block=True)
-    rows.append(("ipyparallel 9", IPP_RESTART_ROW, (time.perf_counter() - t) * 1e3, None, None))
+    with t:
+        cluster.restart_engines_sync()
+        rc.wait_for_engines(world_size, timeout=120)
+        rc[:].execute("import torch", block=True)
+    rows.append(("ipyparallel 9", IPP_RESTART_ROW, t.seconds * 1e3, None, None))
     cluster.stop_cluster_sync()
     return rows
 
