@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mlsys_nb.runtime.timing import median, repeat  # noqa: E402
+from mlsys_nb.runtime.timing import Timer, median, repeat  # noqa: E402
 
 
 def median_ms(fn, repeats, warmup=2):
@@ -88,14 +87,12 @@ def decode_step_rows(model, batch, context, block_sizes, repeats):
                 model(tok, cache=cache)
 
             variants.append((f"PagedKVCache, block {bs}", bs, step))
-        times = {name: [] for name, _, _ in variants}
-        for r in range(repeats + 2):
+        timers = {name: Timer() for name, _, _ in variants}
+        for _ in range(repeats + 2):
             for name, _, fn in variants:
-                t = time.perf_counter()
-                fn()
-                if r >= 2:  # two warm-up rounds
-                    times[name].append(time.perf_counter() - t)
-    return [(name, bs, 1e3 * median(times[name])) for name, bs, _ in variants]
+                with timers[name]:
+                    fn()
+    return [(name, bs, 1e3 * median(timers[name].samples[2:])) for name, bs, _ in variants]  # 2 warm-up rounds
 
 
 def attention_only_rows(cfg, batch, context, block_sizes, repeats):
@@ -149,15 +146,15 @@ def prefix_rows(model, n_requests, system_len, question_len, block_size):
             block_size=block_size,
             prefix_caching=caching,
         )
-        ttft, computed = [], 0
+        ttft, computed, t = [], 0, Timer()
         with torch.no_grad():
             for i, p in enumerate(prompts):
-                t = time.perf_counter()
-                n_cached = cache.add_sequence(i, p)
-                logits = model(torch.tensor([p[n_cached:]]), cache=cache)
-                first = int(logits[0, -1].argmax())
+                with t:
+                    n_cached = cache.add_sequence(i, p)
+                    logits = model(torch.tensor([p[n_cached:]]), cache=cache)
+                    first = int(logits[0, -1].argmax())
                 if i:
-                    ttft.append(time.perf_counter() - t)
+                    ttft.append(t.seconds)
                     computed += len(p) - n_cached
                 first_tokens.setdefault(i, first)
                 if first_tokens[i] != first:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from mlsys_nb.runtime.machine import summary as machine
 from mlsys_nb.runtime.timing import Timer, median
@@ -68,13 +67,12 @@ def main():
     from mlsys_nb.widgets.pipeline import PipelineWidget
 
     w = PipelineWidget(schedule="interleaved-1f1b", p=16, m=64, v=2)
-    moves = []
+    moves = Timer(cpu=True)
     for i in range(3 if args.quick else max(args.repeats, 7)):
-        t, c = time.perf_counter(), time.process_time()
-        w.controls["F"].value = 1.0 + 0.1 * (i + 1)
-        moves.append((time.perf_counter() - t, time.process_time() - c))
-    widget_wall = median(x[0] for x in moves)
-    widget_cpu = median(x[1] for x in moves)
+        with moves:
+            w.controls["F"].value = 1.0 + 0.1 * (i + 1)
+    widget_wall = median(moves.samples)
+    widget_cpu = median(moves.cpu_samples)
 
     lines = [
         "# Pipeline simulator and widget speed",

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,19 +73,18 @@ def exhaustive(model, kw, sample=None, seed=0):
         None,
     )
     pick = random.Random(seed).sample(cands, sample) if sample and sample < len(cands) else cands
-    t = time.perf_counter()
     fits = []
-    for lay in pick:
-        m = ctx.sequences // (lay.dp * lay.micro_batch)
-        tm = planner._time(ctx, lay)
-        if tm is None:
-            continue
-        b = memory.estimate(ctx.model, planner._train_config(ctx, lay, m))
-        if b.total <= ctx.cap:
-            fits.append((sum(tm[0].values()), lay))
-    fits.sort(key=lambda x: x[0])
-    dt = time.perf_counter() - t
-    return dt / len(pick), len(cands), len(pick)
+    with Timer() as t:
+        for lay in pick:
+            m = ctx.sequences // (lay.dp * lay.micro_batch)
+            tm = planner._time(ctx, lay)
+            if tm is None:
+                continue
+            b = memory.estimate(ctx.model, planner._train_config(ctx, lay, m))
+            if b.total <= ctx.cap:
+                fits.append((sum(tm[0].values()), lay))
+        fits.sort(key=lambda x: x[0])
+    return t.seconds / len(pick), len(cands), len(pick)
 
 
 def main():
