@@ -139,3 +139,53 @@ def test_bad_mode_rejected_before_any_actor():
         pl.run("hybrid-ish")
     with pytest.raises(ValueError, match="overlap=False"):
         pl.run("sync", overlap=False)
+
+
+def test_a_ray_start_that_times_out_is_stopped_and_tried_again(monkeypatch):
+    """Ray's node has a fixed 30 s start-up wait that a loaded machine can miss: ray_session stops the failed
+    start and tries again (up to start_attempts), naming the attempts; any other error is raised at once."""
+    import ray
+
+    calls, stops = [], []
+    monkeypatch.setattr(pl, "_stop_ray_children", lambda wait_s: stops.append(wait_s))
+
+    def timed_out(**kw):
+        calls.append(kw)
+        raise Exception("The current node timed out during startup. This could happen because ...")
+
+    monkeypatch.setattr(ray, "init", timed_out)
+    with pytest.raises(RuntimeError, match=r"Ray did not start \(2 of start_attempts=2\)"):
+        with pl.ray_session(start_attempts=2):
+            pass
+    assert len(calls) == 2 and len(stops) == 2
+
+    def other(**kw):
+        calls.append(kw)
+        raise OSError("no space left on device")
+
+    calls.clear()
+    monkeypatch.setattr(ray, "init", other)
+    with pytest.raises(RuntimeError, match="1 of start_attempts=3"):
+        with pl.ray_session():
+            pass
+    assert len(calls) == 1, "an error other than the start-up timeout must not be retried"
+    with pytest.raises(ValueError, match="start_attempts"):
+        with pl.ray_session(start_attempts=0):
+            pass
+
+
+def test_stop_ray_children_stops_only_ray_processes():
+    import subprocess
+    import sys
+
+    code = "import time; time.sleep(120)"
+    ray_like = subprocess.Popen([sys.executable, "-c", code, "/site-packages/ray/core/src/ray/raylet/raylet"])
+    other = subprocess.Popen([sys.executable, "-c", code, "unrelated"])
+    try:
+        pl._stop_ray_children(wait_s=10)
+        assert ray_like.wait(timeout=10) is not None
+        assert other.poll() is None, "a child that is not Ray's must be left alone"
+    finally:
+        for p in (ray_like, other):
+            p.kill()
+            p.wait(timeout=10)

@@ -79,22 +79,54 @@ def leftover_ray_processes(session_dir: str | None = None) -> list[int]:
     return out
 
 
+def _stop_ray_children(wait_s: float) -> None:
+    """Terminate (then kill, after ``wait_s`` seconds) this process's child processes that run Ray's binaries."""
+    import psutil
+
+    kids = []
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            if "ray" in " ".join(p.cmdline()):
+                kids.append(p)
+    for p in kids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _, alive = psutil.wait_procs(kids, timeout=wait_s)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(alive, timeout=wait_s)
+
+
 @contextlib.contextmanager
-def ray_session(num_cpus: int = 2, object_store_mb: int = 200, wait_s: float = 15.0):
+def ray_session(num_cpus: int = 2, object_store_mb: int = 200, wait_s: float = 15.0, start_attempts: int = 3):
     """A local Ray cluster for the block: ``ray.init(num_cpus, include_dashboard=False,
     object_store_memory=object_store_mb MB)`` (by default Ray claims 30 % of RAM for its store);
     ``ray.shutdown()`` in ``finally``, then waits up to ``wait_s`` for this session's ``raylet`` and
-    ``gcs_server`` to exit and raises ``RuntimeError`` listing any that remain."""
+    ``gcs_server`` to exit and raises ``RuntimeError`` listing any that remain.
+
+    On a loaded machine Ray's node can miss its own fixed 30 s start-up wait ("timed out during startup":
+    its agents start slowly beside busy cores); such a start is shut down and tried again, up to
+    ``start_attempts`` times in all, and the last failure is raised with the attempts named."""
     import ray
 
-    ray.init(
-        num_cpus=num_cpus,
-        include_dashboard=False,
-        object_store_memory=object_store_mb * 1024 * 1024,
-        log_to_driver=False,
-        configure_logging=False,
-        runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}},
-    )
+    check_int("start_attempts", start_attempts, 1, 10)
+    for attempt in range(1, start_attempts + 1):
+        try:
+            ray.init(
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                object_store_memory=object_store_mb * 1024 * 1024,
+                log_to_driver=False,
+                configure_logging=False,
+                runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}},
+            )
+            break
+        except Exception as e:  # Ray raises a bare Exception for a node that missed its start-up wait
+            ray.shutdown()
+            _stop_ray_children(wait_s)  # the failed node's gcs_server, raylet and agents are not shut down by Ray
+            if "timed out during startup" not in str(e) or attempt == start_attempts:
+                raise RuntimeError(f"Ray did not start ({attempt} of start_attempts={start_attempts}): {e}") from e
     session = None
     try:
         session = ray._private.worker._global_node.get_session_dir_path()
