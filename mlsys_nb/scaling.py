@@ -21,15 +21,12 @@ percentile confidence intervals.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import glob
 import itertools
 import math
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from .config import check_number, check_probability, load_yaml
 
@@ -342,39 +339,13 @@ _LBFGS = dict(maxiter=500, ftol=1e-12, gtol=1e-8)
 _LBFGS_BOOT = dict(maxiter=300, ftol=1e-10, gtol=1e-6)
 
 
-@contextlib.contextmanager
-def _one_blas_thread():
-    """Run SciPy's bundled OpenBLAS on one thread inside the block (restored after). L-BFGS-B on 5
-    parameters calls BLAS on 5-vectors; waking pool threads for each call is pure overhead, and on a
-    busy machine it made a quick-mode fit ~9x slower (same optimum: the vectors are far below
-    OpenBLAS's threading threshold). A no-op where SciPy uses another BLAS."""
-    import scipy
-
-    libs = glob.glob(os.path.join(os.path.dirname(os.path.dirname(scipy.__file__)), "scipy.libs", "libscipy_openblas*"))
-    lib = None
-    if libs:
-        try:
-            lib = ctypes.CDLL(libs[0])
-            get, set_ = lib.scipy_openblas_get_num_threads, lib.scipy_openblas_set_num_threads
-        except (OSError, AttributeError):
-            lib = None
-    if lib is None:
-        yield
-        return
-    set_.argtypes = [ctypes.c_int]
-    before = get()
-    set_(1)
-    try:
-        yield
-    finally:
-        set_(before)
-
-
 def _fit_theta(logN, logD, logL, delta, inits, options=None):
     from scipy.optimize import minimize
 
     best = None
-    with _one_blas_thread():
+    # L-BFGS-B on 5 parameters calls BLAS on 5-vectors: waking BLAS pool threads for each call is pure overhead
+    # (a quick-mode fit ran ~9x slower on a busy 2-core machine); one thread gives the same optimum.
+    with threadpool_limits(limits=1, user_api="blas"):
         for x0 in inits:
             res = minimize(
                 _objective,

@@ -148,3 +148,25 @@ def test_markov_language_entropy_rate_is_exact():
 def test_bad_input_names_the_parameter(call, match):
     with pytest.raises((ValueError, KeyError), match=match):
         call()
+
+
+def test_the_fit_runs_blas_on_one_thread_and_restores_it(monkeypatch):
+    """L-BFGS-B on 5-vectors must not wake BLAS pool threads (the quick fit ran ~9x slower beside load):
+    inside the fit every BLAS library runs one thread; after it, the count it had before."""
+    import scipy.optimize
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    seen, real = [], scipy.optimize.minimize
+
+    def spy(*a, **kw):
+        seen.append({i["filepath"]: i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})
+        return real(*a, **kw)
+
+    monkeypatch.setattr(scipy.optimize, "minimize", spy)
+    N, D, L = _synthetic(scaling.law("epoch"), 0.0, 0)
+    with threadpool_limits(limits=2, user_api="blas"):
+        before = {i["filepath"]: i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+        scaling.fit(N, D, L, starts=2)
+        after = {i["filepath"]: i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+    assert seen and all(set(s.values()) == {1} for s in seen), seen
+    assert after == before
