@@ -29,7 +29,6 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from .config import check_number, check_probability, load_yaml
-
 from .flops import PF_DAY
 
 PARAMS = ("E", "A", "B", "alpha", "beta")

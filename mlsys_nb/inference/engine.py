@@ -34,7 +34,6 @@ import torch
 from ..config import check_choice, check_int
 from ..runtime.timing import Laps
 from .model_runner import ModelRunner, SwapPool
-
 from .paged import PagedKVCache
 from .sampler import sample
 from .sampling_params import ParamError, SamplingParams
