@@ -1,0 +1,60 @@
+"""Number formats and mixed precision: what fp32, tf32, bf16, fp16, fp8 and fp4 do to the numbers (notebook 22).
+
+- ``formats``: ``format_info(name)`` derives each format's range and epsilon from its bit layout (exponent
+  bits, mantissa bits, bias, special-value rule; tested against ``torch.finfo`` and every fp8 value);
+  ``quantize(x, name)`` rounds to the format's grid (equal bit for bit to torch's real bf16/fp16/fp8 casts,
+  tested on random inputs; the simulation of tf32 and fp4, which have no CPU cast); ``cast``;
+  ``block_quantize`` simulates the block-scaled MXFP8 / MXFP4 (32 elements, e8m0 scale) and NVFP4
+  (16 elements, e4m3 scale) formats.
+- ``scaler``: ``LossScaler``, dynamic loss scaling from scratch whose scales and skipped steps equal
+  ``torch.amp.GradScaler("cpu")``'s (``scaler_trajectory`` runs both with infs injected; tested).
+- ``fp8``: FP8 matmuls on ``torch._scaled_mm`` (real fp8 operands on CPU, emulated numerics): per-tensor
+  current and delayed (amax history) scaling, DeepSeek-V3's 1×128 / 128×128 tile scaling.
+"""
+
+from .formats import (
+    BLOCK_FORMATS,
+    FORMATS,
+    FormatInfo,
+    block_quantize,
+    cast,
+    format_info,
+    make_format,
+    quantize,
+    relative_error,
+    representable_values,
+)
+from .fp8 import (
+    DelayedScaling,
+    activations_with_outliers,
+    amax_scale,
+    quantize_tensor,
+    quantize_tiles,
+    relative_matmul_error,
+    tensor_matmul,
+    tile_matmul,
+)
+from .scaler import LossScaler, scaler_trajectory
+
+__all__ = [
+    "BLOCK_FORMATS",
+    "FORMATS",
+    "DelayedScaling",
+    "FormatInfo",
+    "LossScaler",
+    "activations_with_outliers",
+    "amax_scale",
+    "block_quantize",
+    "cast",
+    "format_info",
+    "make_format",
+    "quantize",
+    "quantize_tensor",
+    "quantize_tiles",
+    "relative_error",
+    "relative_matmul_error",
+    "representable_values",
+    "scaler_trajectory",
+    "tensor_matmul",
+    "tile_matmul",
+]

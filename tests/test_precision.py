@@ -1,0 +1,258 @@
+"""mlsys_nb.precision against independent references: torch.finfo, torch's real casts and fp8 bit patterns,
+integer bit rounding (tf32), the OCP fp4 table, torch.amp.GradScaler, casts + an fp32 matmul. Each key check is
+shown once to fail when its idea is broken (a wrong exponent bias, a scaler that never backs off, per-tensor
+scales on activations with outliers)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mlsys_nb.config import ArgumentError
+from mlsys_nb.precision import (
+    BLOCK_FORMATS,
+    FORMATS,
+    DelayedScaling,
+    LossScaler,
+    activations_with_outliers,
+    block_quantize,
+    cast,
+    format_info,
+    make_format,
+    quantize,
+    quantize_tensor,
+    quantize_tiles,
+    relative_matmul_error,
+    representable_values,
+    scaler_trajectory,
+    tensor_matmul,
+    tile_matmul,
+)
+
+TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TORCH_FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+OCP_FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]  # OCP MX v1.0, the FP4 E2M1 table
+
+
+def _matches_finfo(f, dtype) -> bool:
+    fi = torch.finfo(dtype)
+    return (
+        f.max == fi.max
+        and f.min_normal == fi.smallest_normal
+        and f.eps == fi.eps
+        and f.exponent_bits + f.mantissa_bits + 1 == fi.bits
+    )
+
+
+@pytest.mark.parametrize("name", ["fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2"])
+def test_format_info_matches_torch_finfo(name):
+    f = format_info(name)
+    assert _matches_finfo(f, {**TORCH, **TORCH_FP8}[name])
+    if name in TORCH:  # the smallest subnormal is a real value of the dtype and half of it rounds to 0
+        sub = torch.tensor(f.min_subnormal, dtype=torch.float64)
+        assert float(sub.to(TORCH[name])) == f.min_subnormal and float((sub / 2).to(TORCH[name])) == 0.0
+
+
+def test_a_wrong_exponent_bias_fails_the_finfo_check():
+    for name, dtype in {**TORCH, **TORCH_FP8}.items():
+        f = format_info(name)
+        wrong = make_format(name, f.exponent_bits, f.mantissa_bits, bias=f.bias + 1, special=f.special)
+        assert not _matches_finfo(wrong, dtype), name
+        wrong_rule = make_format(name, f.exponent_bits, f.mantissa_bits, special="ieee" if f.special == "fn" else "fn")
+        assert not _matches_finfo(wrong_rule, dtype), name
+
+
+def test_published_ranges_and_the_simulated_formats():
+    assert (format_info("fp8_e4m3").max, format_info("fp8_e5m2").max, format_info("fp4_e2m1").max) == (448, 57344, 6)
+    assert not format_info("fp8_e4m3").has_inf and format_info("fp8_e5m2").has_inf
+    tf32 = format_info("tf32")
+    assert (tf32.exponent_bits, tf32.mantissa_bits, tf32.eps, tf32.min_normal) == (8, 10, 2.0**-10, 2.0**-126)
+    assert representable_values("fp4_e2m1").tolist() == OCP_FP4_VALUES
+    assert [f.bits for f in FORMATS.values()] == [32, 19, 16, 16, 8, 8, 4]
+
+
+@pytest.mark.parametrize("name", list(TORCH_FP8))
+def test_every_fp8_value_from_the_bit_layout_is_a_value_of_torchs_dtype(name):
+    every = torch.arange(256, dtype=torch.uint8).view(TORCH_FP8[name]).double()
+    finite = every[torch.isfinite(every) & (every >= 0)].unique().sort().values
+    assert torch.equal(representable_values(name), finite)
+
+
+def _random_inputs(name, n=50_000, seed=0):
+    """Random magnitudes over the format's whole range and beyond, every exact tie between neighbours,
+    zeros, infinities and NaN."""
+    f = format_info(name)
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = math.floor(math.log2(f.min_subnormal)) - 2, math.ceil(math.log2(f.max)) + 2
+    mags = torch.exp2(torch.empty(n, dtype=torch.float64).uniform_(max(lo, -140), min(hi, 127), generator=g))
+    x = (mags * torch.randn(n, generator=g, dtype=torch.float64).sign()).float()
+    v = representable_values(name).float()
+    ties = (v[1:] + v[:-1]) / 2
+    return torch.cat([x, ties, -ties, torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, f.max * 1.02])])
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16", "fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_quantize_equals_torchs_real_cast_bit_for_bit(name, seed):
+    if name == "bf16":  # 8 exponent bits: every tie would be 2^16 values; sample them instead
+        g = torch.Generator().manual_seed(seed)
+        bits = torch.randint(0, 2**16, (50_000,), generator=g, dtype=torch.int32) << 16
+        x = torch.cat([_random_inputs("fp8_e5m2", seed=seed), (bits | 0x8000).view(torch.float32)])  # exact ties
+    else:
+        x = _random_inputs(name, seed=seed)
+    real = x.to({**TORCH, **TORCH_FP8}[name]).float()
+    sim = quantize(x, name).float()
+    assert torch.equal(sim.isnan(), real.isnan())
+    ok = ~real.isnan()
+    assert torch.equal(sim[ok].view(torch.int32), real[ok].view(torch.int32))  # bit for bit, signed zeros too
+
+
+def test_tf32_simulation_equals_integer_rounding_of_the_fp32_bits():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(100_000, generator=g) * torch.exp2(torch.randint(-60, 60, (100_000,), generator=g).float())
+    b = x.view(torch.int32).to(torch.int64)
+    rounded = (b + 0xFFF + ((b >> 13) & 1)) & ~0x1FFF  # round to nearest even at mantissa bit 13
+    ref = rounded.to(torch.int32).view(torch.float32)
+    assert torch.equal(cast(x, "tf32"), ref)
+
+
+def test_fp4_simulation_is_the_nearest_value_of_the_ocp_table_ties_to_even():
+    grid = torch.tensor(OCP_FP4_VALUES, dtype=torch.float64)
+    g = torch.Generator().manual_seed(4)
+    x = torch.cat([torch.empty(20_000, dtype=torch.float64).uniform_(-8, 8, generator=g), (grid[1:] + grid[:-1]) / 2])
+    d = (x.abs()[:, None] - grid[None, :]).abs()
+    best = d.min(1, keepdim=True).values
+    cand = (d == best) & True
+    even = torch.tensor([i % 2 == 0 for i in range(8)])  # codes 0..7: an even code has mantissa bit 0
+    pick = torch.where((cand & even).any(1, keepdim=True), cand & even, cand).float().argmax(1)
+    ref = torch.where(x.abs() > 6, torch.full_like(x, 6.0), grid[pick]) * x.sign()
+    assert torch.equal(quantize(x, "fp4_e2m1"), ref)
+
+
+def test_e4m3_saturates_and_e5m2_overflows_to_inf():
+    big = torch.tensor([500.0, 1e6, math.inf])
+    assert cast(big, "fp8_e4m3").tolist() == [448.0] * 3 == quantize(big, "fp8_e4m3").tolist()
+    assert cast(big, "fp8_e5m2").tolist()[1:] == [math.inf] * 2 == quantize(big, "fp8_e5m2").tolist()[1:]
+
+
+def _mx_reference(x, elem, block):
+    """OCP MX v1.0 §6.3, one block at a time in Python floats: X = 2^(floor(log2 amax) - emax_elem)."""
+    f = format_info(elem)
+    out = []
+    for row in x.double().reshape(-1, block).tolist():
+        amax = max(abs(v) for v in row)
+        s = 2.0 ** (math.floor(math.log2(amax)) - f.emax) if amax > 0 else 1.0
+        vals = representable_values(elem).tolist()
+        for v in row:
+            a = min(abs(v) / s, f.max)
+            best = min(vals, key=lambda w: (abs(w - a), vals.index(w) % 2))  # ties: the even code
+            out.append(math.copysign(best * s, v))
+    return torch.tensor(out).reshape(x.shape).float()
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "mxfp8"])
+def test_mx_block_quantize_follows_the_spec(name):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 64, generator=g) * torch.exp2(torch.randint(-8, 8, (4, 1), generator=g).float())
+    elem, block, _ = BLOCK_FORMATS[name]
+    assert torch.equal(block_quantize(x, name), _mx_reference(x, elem, block))
+
+
+def test_nvfp4_smaller_blocks_and_finer_scales_beat_mxfp4():
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(64, 256, generator=g) * torch.exp(torch.randn(64, 256, generator=g))
+    err = {n: float((block_quantize(x, n) - x).norm() / x.norm()) for n in ("mxfp4", "nvfp4", "mxfp8")}
+    assert err["mxfp8"] < err["nvfp4"] < err["mxfp4"], err
+    with pytest.raises(ArgumentError, match="multiple of the block size 16"):
+        block_quantize(torch.ones(2, 24), "nvfp4")
+
+
+# ---- loss scaling -----------------------------------------------------------------------------------
+SCALER_SETTINGS = [dict(), dict(init_scale=2.0**24, growth_interval=3), dict(init_scale=4.0, growth_interval=2)]
+
+
+@pytest.mark.parametrize("kw", SCALER_SETTINGS)
+def test_loss_scaler_equals_torch_gradscaler(kw):
+    ref = scaler_trajectory(torch.amp.GradScaler("cpu", **kw), n_steps=30, seed=1)
+    mine = scaler_trajectory(LossScaler(**kw), n_steps=30, seed=1)
+    assert mine[0] == ref[0] and mine[1] == ref[1]
+    assert torch.equal(mine[2], ref[2])
+    assert any(ref[1]) and len(set(ref[0])) > 2  # the run does skip steps and move the scale
+
+
+def test_a_scaler_that_never_backs_off_fails_the_comparison():
+    kw = dict(init_scale=2.0**24, growth_interval=3)
+    ref = scaler_trajectory(torch.amp.GradScaler("cpu", **kw), n_steps=30, seed=1)
+    broken = scaler_trajectory(LossScaler(**kw, backoff_factor=1.0), n_steps=30, seed=1)
+    assert broken[0] != ref[0] and broken[1] != ref[1] and all(broken[1])  # stuck at an overflowing scale
+
+
+def test_scaler_rejects_bad_arguments():
+    with pytest.raises(ArgumentError, match="backoff_factor"):
+        LossScaler(backoff_factor=2.0)
+    with pytest.raises(ArgumentError, match="growth_interval"):
+        LossScaler(growth_interval=0)
+
+
+# ---- fp8 scaling ------------------------------------------------------------------------------------
+def test_scaled_mm_matmuls_equal_casts_and_an_fp32_matmul():
+    g = torch.Generator().manual_seed(7)
+    a, b = torch.randn(64, 256, generator=g) * 3, torch.randn(256, 128, generator=g) * 0.1
+    qa, sa = quantize_tensor(a)
+    qb, sb = quantize_tensor(b)
+    ref = (qa.float() / sa) @ (qb.float() / sb)
+    assert torch.allclose(tensor_matmul(a, b), ref, rtol=1e-5, atol=1e-5)
+    qa, sa = quantize_tiles(a, (1, 128))
+    qb, sb = quantize_tiles(b, (128, 128))
+    ra = qa.float() / sa.repeat_interleave(128, 1)
+    rb = qb.float() / sb.repeat_interleave(128, 0).repeat_interleave(128, 1)
+    assert torch.allclose(tile_matmul(a, b), ra @ rb, rtol=1e-5, atol=1e-4)
+    exact = a.double() @ b.double()
+    assert relative_matmul_error(tensor_matmul(a, b), exact) < 0.05  # e4m3: about 2^-4 / sqrt(3) per element
+
+
+def test_tile_scaling_beats_per_tensor_scaling_on_outliers_and_not_without():
+    g = torch.Generator().manual_seed(8)
+    w = torch.randn(512, 256, generator=g) * 0.05
+    for seed in range(3):
+        a = activations_with_outliers(256, 512, 1e-3, 1e3, seed=seed)
+        exact = a.double() @ w.double()
+        assert relative_matmul_error(tile_matmul(a, w), exact) < 0.85 * relative_matmul_error(
+            tensor_matmul(a, w), exact
+        )
+    plain = activations_with_outliers(256, 512, 0.0, 1.0, seed=0)  # no outliers: the advantage vanishes
+    exact = plain.double() @ w.double()
+    e_tile, e_tensor = (
+        relative_matmul_error(tile_matmul(plain, w), exact),
+        relative_matmul_error(tensor_matmul(plain, w), exact),
+    )
+    assert e_tile > 0.9 * e_tensor
+
+
+def test_delayed_scaling_uses_the_history_and_saturates_a_new_spike():
+    ds = DelayedScaling(history=2)
+    x = torch.ones(8)
+    _, s0 = ds.quantize(x)  # first step: its own amax
+    assert float(s0) == 448.0
+    _, s1 = ds.quantize(x * 100)  # the spike is not in the history yet: it saturates
+    assert float(s1) == 448.0
+    q, s2 = ds.quantize(x)
+    assert float(s2) == pytest.approx(4.48)  # now the spike's amax sets the scale
+    ds.quantize(x)
+    _, s4 = ds.quantize(x)
+    assert float(s4) == pytest.approx(448.0)  # the spike left the 2-step history
+    cur, _ = quantize_tensor(x * 100)
+    assert cur.float().max() == 448.0
+
+
+def test_fp8_arguments_are_checked():
+    with pytest.raises(ArgumentError, match="fmt"):
+        DelayedScaling(fmt="fp16")
+    with pytest.raises(ArgumentError, match="history"):
+        DelayedScaling(history=0)
+    with pytest.raises(ArgumentError, match="name"):
+        format_info("fp6")
+    with pytest.raises(ArgumentError, match="columns of x"):
+        quantize_tiles(torch.ones(4, 100), (1, 128))
