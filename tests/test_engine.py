@@ -93,11 +93,24 @@ def test_greedy_equals_reference(model, name):
     llm.engine.kv.manager.check_invariants()
 
 
+def register_at_allocation(monkeypatch):
+    """Break the prefix-cache rule: register a prompt's full blocks when they are allocated, before the
+    forward that computes their K/V (what the engine once did, with a second table to paper over it)."""
+    from mlsys_nb.inference import paged
+
+    allocate = paged.BlockManager.allocate
+
+    def allocate_and_register(self, seq_id, token_ids):
+        cached = allocate(self, seq_id, token_ids)
+        self.mark_computed(seq_id, len(self.seqs[seq_id].tokens) // self.block_size * self.block_size)
+        return cached
+
+    monkeypatch.setattr(paged.BlockManager, "allocate", allocate_and_register)
+
+
 def test_prefix_cache_hits_and_mid_prefill_preemption(model, monkeypatch):
     """A request preempted in the middle of its chunked prefill left registered but never computed
     blocks behind: only computed blocks may count as hits. Breaking that rule must break the output."""
-    from mlsys_nb.inference.scheduler import Scheduler
-
     prompt = random_prompts(1, 40, 41, seed=5)[0]
     want = reference_greedy(model, prompt, 8)
     sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -106,7 +119,7 @@ def test_prefix_cache_hits_and_mid_prefill_preemption(model, monkeypatch):
         llm = LLM(model, block_size=4, max_num_batched_tokens=8)
         eng = llm.engine
         eng.add_request("a", prompt, sp)
-        eng.step()  # 8 of 40 prompt tokens computed, all 10 blocks registered in the prefix cache
+        eng.step()  # 8 of 40 prompt tokens computed: 2 of its 10 blocks are prefix-cache hits
         eng.scheduler._preempt(eng.requests["a"][0])
         outs = []
         while eng.has_unfinished_requests():
@@ -114,8 +127,47 @@ def test_prefix_cache_hits_and_mid_prefill_preemption(model, monkeypatch):
         return outs[0].outputs[0].token_ids
 
     assert run() == want
-    monkeypatch.setattr(Scheduler, "_ready_blocks", lambda self, seq, cached: cached // self.manager.block_size)
+    register_at_allocation(monkeypatch)
     assert run() != want, "trusting registered-but-uncomputed blocks should have corrupted the output"
+
+
+def test_a_reused_block_is_no_hit_until_its_new_owner_computes_it(model, monkeypatch):
+    """The stale-block case: block b held computed K/V for prefix P, was handed to another request as
+    its partial last block (overwritten), then to a request with prefix P whose chunked prefill is
+    preempted before it writes b. b must not be a hit when that request comes back: the scheduler once
+    kept its own "this block is computed" table, which still said yes for b from its first life."""
+    n_blocks, bs = 10, 4
+    p = random_prompts(1, 12, 13, seed=11)[0]
+    e = random_prompts(1, (n_blocks - 2) * bs + 2, (n_blocks - 2) * bs + 3, seed=12)[0]
+    d = p + random_prompts(1, 8, 9, seed=13)[0]
+    want = reference_greedy(model, d, 6)
+
+    def run():
+        eng = LLM(model, block_size=bs, num_blocks=n_blocks, max_num_batched_tokens=64).engine
+        man = eng.kv.manager
+        for rid, prompt in (("p", p), ("e", e)):  # e takes every free block: p's second one as its last
+            eng.add_request(rid, prompt, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+            while eng.has_unfinished_requests():
+                eng.step()
+        eng.scheduler.max_num_batched_tokens = 1  # d's prefill writes one token, then d is preempted
+        eng.add_request("d", d, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+        eng.step()
+        seq = eng.requests["d"][0]
+        table = man.block_table(seq.seq_id)
+        eng.scheduler._preempt(seq)
+        eng.scheduler.max_num_batched_tokens = 64
+        outs = []
+        while eng.has_unfinished_requests():
+            outs += [o for o in eng.step() if o.finished]
+        man.check_invariants()
+        return table, outs[0].outputs[0].token_ids
+
+    table, got = run()
+    assert table[1] == 1, f"the scenario needs d's second block to be p's reused block 1, got table {table}"
+    assert got == want
+
+    register_at_allocation(monkeypatch)  # breaking the rule must break the output
+    assert run()[1] != want, "a block registered before it is computed should have been hit with stale K/V"
 
 
 def test_prefix_caching_saves_prefill(model):

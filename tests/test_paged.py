@@ -129,12 +129,14 @@ def random_ops(m: BlockManager, rng: random.Random, steps: int, vocab: int):
                 cached = m.allocate(next_id, toks)
                 assert cached % m.block_size == 0 and cached < len(toks)
                 shadow.write_new(next_id, cached)
+                m.mark_computed(next_id, len(toks))  # the forward wrote them: their full blocks become hits
                 next_id += 1
             elif op == "append" and live:
                 sid = rng.choice(live)
                 n = m.num_tokens(sid)
                 shadow.copy(m.append_token(sid, rng.randrange(vocab)))
                 shadow.write_new(sid, n)
+                m.mark_computed(sid, n + 1)
             elif op == "fork" and live:
                 m.fork(rng.choice(live), next_id)
                 next_id += 1
@@ -211,6 +213,7 @@ def test_prefix_caching_shares_exactly_the_full_blocks_of_the_common_prefix():
         a = common + [100] + [rng.randrange(5) for _ in range(rng.randrange(0, 10))]
         b = common + [200] + [rng.randrange(5) for _ in range(rng.randrange(0, 10))]
         m.allocate("a", a)
+        m.mark_computed("a", len(a))
         got = m.allocate("b", b)
         lcp = len(common)  # independent count: full blocks inside the common prefix, never the last token
         assert got == min(lcp, len(b) - 1) // bs * bs
@@ -222,19 +225,22 @@ def test_prefix_caching_shares_exactly_the_full_blocks_of_the_common_prefix():
 def test_prefix_hash_is_chained_on_the_parent():
     m = BlockManager(16, 2)
     m.allocate("a", [1, 2, 3, 4, 5])
+    m.mark_computed("a", 5)
     assert m.allocate("b", [9, 9, 3, 4, 5]) == 0  # block [3, 4] after another prefix is not shared
     assert block_hash([3, 4], block_hash([1, 2])) != block_hash([3, 4], block_hash([9, 9]))
 
 
 def test_freed_cached_blocks_are_revived_then_forgotten_when_reused():
     m = BlockManager(4, 4)
-    m.allocate("a", range(9))  # 3 blocks, 2 full and cached
+    m.allocate("a", range(9))  # 3 blocks, 2 full and cached once computed
+    m.mark_computed("a", 9)
     blocks = m.block_table("a")
     m.free_seq("a")
     assert m.num_free_blocks() == 4
     assert m.allocate("b", range(10)) == 8 and m.block_table("b")[:2] == blocks[:2]
     m.free_seq("b")
     m.allocate("c", [7] * 16)  # needs all 4 blocks: the old cached ones are overwritten
+    m.mark_computed("c", 16)
     m.free_seq("c")
     assert m.allocate("d", range(9)) == 0
     m.check_invariants()
@@ -245,8 +251,37 @@ def test_decode_filled_blocks_become_cached():
     m.allocate("a", [1, 2, 3])
     for t in [4, 5, 6, 7, 8]:
         m.append_token("a", t)
+    assert m.allocate("b", [1, 2, 3, 4, 5, 6, 7, 8, 0]) == 0  # appended, but no K/V computed yet
+    m.free_seq("b")
+    m.mark_computed("a", 8)
     assert m.allocate("b", [1, 2, 3, 4, 5, 6, 7, 8, 0]) == 8
     m.check_invariants()
+
+
+def test_only_computed_blocks_are_prefix_hits_and_forget_prefixes_empties_the_cache():
+    """The block manager is the one truth of which blocks hold computed K/V: a block becomes a hit at
+    ``mark_computed``, in order, never at ``allocate``; ``forget_prefixes`` (new weights) drops them all."""
+    rng = random.Random(4)
+    for _ in range(20):
+        bs = rng.choice([1, 2, 4])
+        m = BlockManager(160, bs)
+        prompt = [rng.randrange(3) for _ in range(rng.randrange(2, 30))]
+        m.allocate("a", prompt)
+        assert m.allocate("b", prompt) == 0  # allocated, nothing computed: no hit
+        done = rng.randrange(0, len(prompt) + 1)
+        m.mark_computed("a", done)
+        got = m.allocate("c", prompt)
+        assert got == min(done, len(prompt) - 1) // bs * bs  # whole computed blocks, never the last token
+        m.check_invariants()
+        m.forget_prefixes()
+        assert m.allocate("d", prompt) == 0 and not m.cached
+        m.mark_computed("a", len(prompt))  # the chain was cut: a's later blocks are not registered either
+        assert m.allocate("e", prompt) == 0
+        m.check_invariants()
+    with pytest.raises(ValueError, match=r"num_computed_tokens of seq_id='a' must be an int in \[0, 5\], got 6"):
+        m = BlockManager(8, 2)
+        m.allocate("a", range(5))
+        m.mark_computed("a", 6)
 
 
 # ---- bad input -----------------------------------------------------------------------------------

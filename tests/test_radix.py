@@ -187,8 +187,10 @@ def test_radix_hits_equal_token_level_block_hashing(seed):
     for i, (_, prompt, reply) in enumerate(wl):
         n, node, _ = radix.match_prefix(prompt)
         assert blocks.allocate(i, prompt) == min(n, len(prompt) - 1)
+        blocks.mark_computed(i, len(prompt))
         for t in reply:
             blocks.append_token(i, t)
+        blocks.mark_computed(i, len(prompt) + len(reply))
         radix.insert(prompt + reply)
         blocks.free_seq(i)
     blocks.check_invariants()

@@ -492,7 +492,7 @@ class LLMEngine:
                 state_dict["lm_head.weight"] = state_dict["embed.weight"]
         with torch.no_grad():
             self.model.load_state_dict(state_dict, strict=True)
-        self.scheduler.ready_hash = [-1] * self.kv.manager.num_blocks
+        self.kv.manager.forget_prefixes()
 
     def num_blocks_used(self) -> int:
         m = self.kv.manager

@@ -13,8 +13,12 @@ Three pieces, each readable on its own:
   (after ``fork``, as in parallel sampling), and hash-chained prefix caching: a *full* block is keyed
   by ``hash((parent block's hash, its token ids))`` so two prompts share blocks exactly as far as their
   token prefixes agree (the design of nano-vllm's ``block_manager.py`` and vLLM's automatic prefix
-  caching). Freed blocks keep their hash until the pool hands them out again, so a later request
-  with the same prefix can revive them. ``check_invariants()`` re-derives every count from scratch.
+  caching). A block is registered under its key only once its K/V are computed
+  (``mark_computed(seq_id, n)``, called after the forward that computed the first ``n`` tokens), so
+  the prefix cache is the one truth of which blocks hold computed K/V: a block that is allocated but not
+  yet computed (a prompt in chunked prefill, a sequence preempted mid-prefill) is never a hit. Freed
+  blocks keep their key until the pool hands them out again, so a later request with the same prefix
+  can revive them. ``check_invariants()`` re-derives every count from scratch.
 - ``paged_attention(q, k_cache, v_cache, block_tables, context_lens)``: attention over K/V read
   through block tables (grouped-query heads supported), causal relative to each sequence's length.
 - ``PagedKVCache``: K/V tensors ``[n_layers, num_blocks, block_size, n_kv_heads, head_dim]`` plus a
@@ -67,6 +71,7 @@ class _Seq:
     tokens: list[int]
     table: list[int] = field(default_factory=list)
     cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
+    hashed: int = 0  # leading blocks registered in the prefix cache (their K/V are computed)
 
 
 class BlockManager:
@@ -141,8 +146,9 @@ class BlockManager:
     def allocate(self, seq_id, token_ids) -> int:
         """Give ``seq_id`` a block table for its prompt; return how many leading tokens are already cached.
 
-        Full blocks whose chained key is cached are shared (reference count + 1). At least the last
-        prompt token is always left uncached, so the model computes the logits of the next token."""
+        Full blocks whose chained key is cached (computed by an earlier sequence) are shared (reference
+        count + 1). At least the last prompt token is always left uncached, so the model computes the
+        logits of the next token. The other blocks are registered by ``mark_computed`` once computed."""
         tokens = [int(t) for t in token_ids]
         if seq_id in self.seqs:
             raise ValueError(f"seq_id={seq_id!r} is already allocated")
@@ -172,11 +178,10 @@ class BlockManager:
             if b is not None:
                 self.free.pop(b, None)
                 seq.cached_tokens += bs
-        for b, key, chunk in plan:
+        seq.hashed = seq.cached_tokens // bs
+        for b, _, _ in plan:
             if b is None:
                 b = self._take_free()
-                if key != NO_HASH and self.prefix_caching:
-                    self._register(b, key, chunk)
             self.ref_count[b] += 1
             seq.table.append(b)
         self.seqs[seq_id] = seq
@@ -187,6 +192,36 @@ class BlockManager:
     def _register(self, b: int, key: int, chunk: tuple) -> None:
         self.hash_of[b], self.tokens_of[b] = key, chunk
         self.cached.setdefault(key, b)  # an equal block computed twice: the first stays the cached one
+
+    def mark_computed(self, seq_id, num_computed_tokens: int) -> None:
+        """The first ``num_computed_tokens`` tokens of ``seq_id`` now have their K/V in the cache: register
+        every full block among them in the prefix cache (call after the forward that computed them).
+
+        This is the only place a block becomes a prefix-cache hit, so a block whose K/V were never
+        written (chunked prefill not there yet, a preempted sequence) cannot be found by another request."""
+        s = self._seq(seq_id)
+        n = check_int(f"num_computed_tokens of seq_id={seq_id!r}", num_computed_tokens, 0, len(s.tokens))
+        bs = self.block_size
+        while self.prefix_caching and s.hashed < n // bs:
+            i = s.hashed
+            parent = self.hash_of[s.table[i - 1]] if i else NO_HASH
+            chunk = tuple(s.tokens[i * bs : (i + 1) * bs])
+            key, b = block_hash(chunk, parent), s.table[i]
+            if self.hash_of[b] == NO_HASH:
+                self._register(b, key, chunk)
+            elif self.hash_of[b] != key:  # a shared block (fork, hit) is registered by the first owner
+                raise AssertionError(f"block {b} of seq_id={seq_id!r} is registered under another key")
+            s.hashed += 1
+
+    def forget_prefixes(self) -> None:
+        """Empty the prefix cache (e.g. new weights make every cached K/V stale); blocks stay allocated.
+
+        Sequences alive now keep their K/V but never register them: they were computed before the cut."""
+        self.cached.clear()
+        self.hash_of = [NO_HASH] * self.num_blocks
+        self.tokens_of = [()] * self.num_blocks
+        for s in self.seqs.values():
+            s.hashed = self.num_blocks  # past any block index: ``mark_computed`` registers nothing more
 
     def append_token(self, seq_id, token_id: int) -> tuple[int, int] | None:
         """Reserve the slot of one more token of ``seq_id``.
@@ -215,12 +250,7 @@ class BlockManager:
             self.ref_count[dst] += 1
             s.table[-1] = dst
             copy = (src, dst)
-        s.tokens.append(int(token_id))
-        if len(s.tokens) % bs == 0 and self.prefix_caching:  # the block just filled up: make it findable
-            parent = self.hash_of[s.table[-2]] if len(s.table) > 1 else NO_HASH
-            chunk = tuple(s.tokens[-bs:])
-            if len(s.table) == 1 or parent != NO_HASH:
-                self._register(s.table[-1], block_hash(chunk, parent), chunk)
+        s.tokens.append(int(token_id))  # its block is registered by ``mark_computed`` once its K/V exist
         return copy
 
     def fork(self, parent_id, child_id) -> None:
@@ -230,7 +260,7 @@ class BlockManager:
             raise ValueError(f"child_id={child_id!r} is already allocated")
         for b in p.table:
             self.ref_count[b] += 1
-        self.seqs[child_id] = _Seq(list(p.tokens), list(p.table), p.cached_tokens)
+        self.seqs[child_id] = _Seq(list(p.tokens), list(p.table), p.cached_tokens, p.hashed)
 
     def free_seq(self, seq_id) -> None:
         """Drop ``seq_id``'s references; blocks nobody references go back to the free list."""
@@ -349,7 +379,7 @@ class PagedKVCache:
 
     Unlike the contiguous ``KVCache``, the paged cache knows each sequence's token ids (the block
     manager hashes them for prefix caching), so tokens are registered before the forward that
-    computes them:
+    computes them, and ``commit`` (after the forward) marks the computed blocks as prefix-cache hits:
 
     - ``n_cached = cache.add_sequence(seq_id, prompt_ids)``: blocks for the prompt; the first
       ``n_cached`` tokens (whole blocks found in the prefix cache) need no compute. Then
@@ -361,8 +391,8 @@ class PagedKVCache:
     Without ``plan``, the rows of the next forward are the sequences with uncomputed tokens, in the
     order they were added. ``plan(seq_ids, n_new)`` may compute fewer tokens than are pending
     (chunked prefill) and mixes prefill chunks with decodes (rows padded to the longest).
-    Prefix-cache keys are registered when blocks are allocated, so sequences sharing a prefix must
-    be computed in the order they were added, or in the same forward.
+    A block becomes a prefix-cache hit only after the forward that computed it, so a sequence added
+    before that forward computes the shared prefix itself.
 
     ``k``, ``v``: [n_layers, num_blocks, block_size, n_kv_heads, head_dim]; ``dtype``: "fp32", "bf16",
     "fp16" or a ``torch.dtype`` (default: the model's parameters' dtype, fp32 for a ``ModelConfig``)."""
@@ -519,6 +549,7 @@ class PagedKVCache:
             raise RuntimeError("cache.commit called without cache.begin")
         for sid, cnt in zip(self._step["ids"], self._step["n"]):
             self.computed[sid] += cnt
+            self.manager.mark_computed(sid, self.computed[sid])
         self._step = None
 
     def __repr__(self):

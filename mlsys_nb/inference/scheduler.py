@@ -18,9 +18,10 @@ sequences run. ``schedule()``:
    blocks found in the prefix cache are not recomputed. With ``continuous_batching=False`` (static
    batching, the baseline) a new batch is admitted only when the previous one has finished.
 
-After the forward pass ``update(scheduled)`` advances ``num_computed_tokens`` and marks the blocks
-now holding computed K/V; only marked blocks count as prefix-cache hits (a block registered by a
-prompt whose chunked prefill has not reached it yet holds no K/V).
+After the forward pass ``update(scheduled)`` advances ``num_computed_tokens`` and tells the block
+manager (``mark_computed``), which registers the blocks now holding computed K/V in the prefix cache:
+the block manager is the one truth of which blocks are hits, and a block whose chunked prefill has not
+reached it yet (or whose sequence was preempted first) is not one.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections import deque
 from ..config import check_choice
 from .model_runner import SwapPool
 
-from .paged import NO_HASH, OutOfBlocksError, PagedKVCache
+from .paged import OutOfBlocksError, PagedKVCache
 from .sequence import Sequence, SequenceStatus
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -58,7 +59,6 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
-        self.ready_hash = [NO_HASH] * self.manager.num_blocks  # block -> key of the K/V it holds
         self.num_preemptions = {"recompute": 0, "swap": 0}
 
     def add(self, seq: Sequence) -> None:
@@ -116,14 +116,10 @@ class Scheduler:
         return out
 
     def update(self, scheduled: list[tuple[Sequence, int]]) -> None:
-        """After the forward pass: the new tokens' K/V are cached; mark the blocks they completed."""
-        bs = self.manager.block_size
+        """After the forward pass: the new tokens' K/V are cached; the blocks they completed become hits."""
         for seq, n in scheduled:
-            before = seq.num_computed_tokens
             seq.num_computed_tokens += n
-            table = self.manager.seqs[seq.seq_id].table
-            for i in range(before // bs, seq.num_computed_tokens // bs):
-                self.ready_hash[table[i]] = self.manager.hash_of[table[i]]
+            self.manager.mark_computed(seq.seq_id, seq.num_computed_tokens)
 
     def finish(self, seq: Sequence) -> None:
         """Release a finished or aborted sequence's blocks (they stay in the prefix cache until reused)."""
@@ -143,21 +139,11 @@ class Scheduler:
             cached = self.manager.allocate(seq.seq_id, seq.token_ids)
         except OutOfBlocksError:
             return False
-        seq.num_computed_tokens = self._ready_blocks(seq, cached) * self.manager.block_size
+        seq.num_computed_tokens = cached  # prefix-cache hits: their K/V were computed by an earlier step
         if seq.num_preemptions == 0:
             seq.num_cached_tokens = seq.num_computed_tokens
         seq.status = SequenceStatus.RUNNING
         return True
-
-    def _ready_blocks(self, seq: Sequence, cached: int) -> int:
-        """Leading prefix-cache hits whose K/V were really computed (not just registered)."""
-        table, ready = self.manager.seqs[seq.seq_id].table, 0
-        while (
-            ready < cached // self.manager.block_size
-            and self.ready_hash[table[ready]] == self.manager.hash_of[table[ready]] != NO_HASH
-        ):
-            ready += 1
-        return ready
 
     def _reserve(self, seq: Sequence) -> bool:
         """Slots for every token of ``seq`` the block manager does not hold yet (a decode's last token)."""
@@ -193,6 +179,7 @@ class Scheduler:
             return False  # room for its cached tokens and for the ones it feeds next
         cached = self.manager.allocate(seq.seq_id, seq.token_ids[:n])  # prefix-cache hits need no copy
         table = self.manager.seqs[seq.seq_id].table
-        self.swap_pool.swap_in(seq.seq_id, self.kv, table, first=self._ready_blocks(seq, cached))
+        self.swap_pool.swap_in(seq.seq_id, self.kv, table, first=cached // self.manager.block_size)
+        self.manager.mark_computed(seq.seq_id, n)  # the copied-back blocks hold computed K/V again
         seq.status = SequenceStatus.RUNNING
         return True
