@@ -17,8 +17,12 @@ Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
   bytes, arithmetic intensity, compute- or memory-bound, modelled time per token on a GPU of
   data/hardware.yaml); ``measure_throughput`` measures tokens/s on this machine and
   ``machine_roofline`` its matmul FLOP/s and copy bandwidth.
-- Paged KV cache and prefix caching (``paged``, ``radix``): ``BlockManager``, ``PagedKVCache``,
-  ``paged_attention``, ``RadixCache``.
+- Paged KV cache and prefix caching (``paged``): ``BlockManager`` (the one truth of which blocks
+  hold computed K/V: a block is a prefix-cache hit only after ``mark_computed``), ``PagedKVCache``,
+  ``paged_attention``. The engine's prefix index is these hash-chained blocks.
+- ``RadixCache`` (``radix``): SGLang's token-level radix tree with LRU eviction, a notebook exhibit
+  (notebook 14 measures it beside the hash-chained blocks on a multi-turn workload). The engine does
+  not use it.
 - The serving engine, in vLLM's style (``engine``, ``scheduler``, ``model_runner``, ``sampler``,
   ``sampling_params``, ``sequence``): ``LLM(model, ...).generate(prompts, SamplingParams(...))`` ->
   ``RequestOutput``s; ``LLMEngine`` (``add_request``, ``step``, ``abort_request``) with continuous

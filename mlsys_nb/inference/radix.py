@@ -7,6 +7,9 @@ A new request walks the tree: the matched prefix's K/V already exist and need no
 hash-chained blocks (``paged.BlockManager``), a match can end at any token, not only at a block
 boundary.
 
+This module is an exhibit, not a part of the serving engine: the engine's prefix index is the
+hash-chained ``BlockManager``; notebook 14 runs both on the same multi-turn workload.
+
 - ``match_prefix(tokens)`` -> ``(n_matched, node, values)``; marks the path as just used.
 - ``insert(tokens, values=None)`` -> tokens that were already present; stores the rest.
 - ``lock(node)`` / ``unlock(node)``: a running request pins its path (reference count on every node
