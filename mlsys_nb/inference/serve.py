@@ -18,9 +18,10 @@ the engine lock, under limits (``Limits``: prompt bytes, ``n``, logprobs, gramma
 clients get an error event, or a 500) and serves the rest.
 
 Back-pressure: at most ``max_waiting_requests`` requests wait (being prepared or queued, none of their
-samples scheduled yet); beyond that a 429 with ``Retry-After``. ``max_tokens`` beyond the context is a
-400 (vLLM's rule); without it, completions generate min(16, rest of the context) and chat the rest of
-the context.
+samples scheduled yet); beyond that a 429 with ``Retry-After``: the seconds the waiting requests need to
+drain at the rate requests left the engine over the last 10 s, in [1, 60] (``retry_after_seconds``).
+``max_tokens`` beyond the context is a 400 (vLLM's rule); without it, completions generate min(16, rest
+of the context) and chat the rest of the context.
 
 One background thread runs ``engine.step()`` while requests are pending (the engine is not
 thread-safe: every call into it holds ``AsyncEngine.lock``); each request has an ``asyncio.Queue`` that
@@ -121,12 +122,27 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+def retry_after_seconds(waiting: int, left_times, now: float, window: float = 10.0, lo: int = 1, hi: int = 60) -> int:
+    """Seconds a client refused with 429 should wait (``Retry-After``): the time the ``waiting`` requests
+    ahead of it need to drain at the recent rate, ``ceil(waiting / rate)`` with ``rate`` = requests that left
+    the engine (finished, failed or aborted) in the last ``window`` seconds / ``window`` (requests/s;
+    ``left_times`` in seconds on the clock of ``now``), clamped to [``lo``, ``hi``]; ``hi`` when none left
+    in the window. A model of the wait, not a promise: the rate changes."""
+    if not window > 0 or not 1 <= lo <= hi:
+        raise ValueError(f"window={window!r} must be > 0 and lo={lo!r}, hi={hi!r} must satisfy 1 <= lo <= hi")
+    rate = sum(1 for t in left_times if now - window <= t <= now) / window
+    if rate == 0:
+        return hi
+    return int(min(hi, max(lo, math.ceil(waiting / rate))))
+
+
 class AsyncEngine:
     """The engine behind a lock, stepped by one background thread; per-request asyncio queues of outputs.
 
-    ``token_window`` seconds of (time, tokens) are kept for tokens/s (trimmed at every step)."""
+    ``token_window`` seconds of (time, tokens) are kept for tokens/s, and of the times requests left the
+    engine for ``Retry-After`` (both trimmed at every step); ``clock`` gives those times in seconds."""
 
-    def __init__(self, engine, token_window: float = 10.0):
+    def __init__(self, engine, token_window: float = 10.0, clock=time.perf_counter):
         self.engine, self.lock = engine, threading.Lock()
         self.queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self.work = threading.Event()
@@ -135,6 +151,8 @@ class AsyncEngine:
         self.num_waiting = self.num_running = 0  # requests in the engine, updated under the lock
         self.token_window = token_window
         self.token_log: deque[tuple[float, int]] = deque()  # (time, tokens generated in that step)
+        self.clock = clock
+        self.left_log: deque[float] = deque(maxlen=2**16)  # times requests left the engine (finished, failed, aborted)
         self.thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self.thread.start()
 
@@ -153,6 +171,7 @@ class AsyncEngine:
             if request_id in self.engine.requests:
                 self.engine.abort_request(request_id)
                 self.aborted += 1
+                self.left_log.append(self.clock())
             self.queues.pop(request_id, None)
             self._count()
 
@@ -160,8 +179,14 @@ class AsyncEngine:
         c = self.engine.request_counts()
         self.num_waiting, self.num_running = c["waiting"], c["running"]
 
+    def retry_after(self) -> int:
+        """``Retry-After`` seconds for a request refused now (``retry_after_seconds`` of the queue)."""
+        with self.lock:
+            waiting, left = self.num_waiting + self.preparing, list(self.left_log)
+        return retry_after_seconds(waiting, left, self.clock(), self.token_window)
+
     def tokens_per_second(self) -> float:
-        now, log = time.perf_counter(), list(self.token_log)
+        now, log = self.clock(), list(self.token_log)
         return sum(n for t, n in log if t >= now - self.token_window) / self.token_window
 
     def _loop(self) -> None:
@@ -178,7 +203,7 @@ class AsyncEngine:
                     outputs = self.engine.step()  # fails only the requests whose sequences raise
                 except Exception as e:  # the step failed as a whole: fail every request, with an error event
                     outputs = self.engine.fail_all(e)
-                now = time.perf_counter()
+                now = self.clock()
                 self.token_log.append((now, self.engine.stats["generation_tokens"] - before))
                 while self.token_log and self.token_log[0][0] < now - self.token_window:
                     self.token_log.popleft()
@@ -186,6 +211,9 @@ class AsyncEngine:
                 for out in outputs:
                     if out.finished:
                         self.queues.pop(out.request_id, None)
+                        self.left_log.append(now)
+                while self.left_log and self.left_log[0] < now - self.token_window:
+                    self.left_log.popleft()
                 self._count()
             for out, target in targets:
                 if target is not None:
@@ -197,6 +225,13 @@ class AsyncEngine:
         self.stopped = True
         self.work.set()
         self.thread.join(timeout=5)
+
+
+async def client_gone(request: Request) -> None:
+    """Return when the client has closed its connection (the body must have been read already: this
+    consumes the ASGI receive channel, where only ``http.disconnect`` is left to come)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _visible(text: str, finished: bool, stops: list[str]) -> str:
@@ -247,11 +282,12 @@ def _str(body, field):
     return body[field]
 
 
-def build_app(engine, model_name: str, limits: Limits | None = None):
-    """The FastAPI app serving ``engine`` (an ``LLMEngine``) under the id ``model_name``."""
+def build_app(engine, model_name: str, limits: Limits | None = None, clock=time.perf_counter):
+    """The FastAPI app serving ``engine`` (an ``LLMEngine``) under the id ``model_name``; ``clock`` (seconds)
+    times tokens/s and ``Retry-After`` (a test passes a fake one)."""
     limits = limits or Limits()
     max_prompt_bytes = limits.max_prompt_bytes or max(2**16, 64 * engine.max_model_len)
-    aengine = AsyncEngine(engine)
+    aengine = AsyncEngine(engine, clock=clock)
     workers = cf.ThreadPoolExecutor(4, thread_name_prefix="prepare")  # tokenising
     grammar_worker = cf.ThreadPoolExecutor(1, thread_name_prefix="grammar")  # one compilation at a time
     vocab = engine.model.cfg.vocab_size
@@ -485,7 +521,7 @@ def build_app(engine, model_name: str, limits: Limits | None = None):
                 f"too many requests waiting (max_waiting_requests={limits.max_waiting_requests}); retry later",
                 type_="rate_limit_error",
                 code="queue_full",
-                headers={"Retry-After": "1"},
+                headers={"Retry-After": str(aengine.retry_after())},
             )
         aengine.preparing += 1
         try:
@@ -505,22 +541,25 @@ def build_app(engine, model_name: str, limits: Limits | None = None):
             aengine.preparing -= 1
         params = prepared.params
         if opts["stream"]:
-            return StreamingResponse(stream(rid, q, params, opts, chat, prepared), media_type="text/event-stream")
-        getter = None
+            return AbortingStream(rid, stream(rid, q, params, opts, chat, prepared))
+        # Wait for the final output and, at the same time, for the client to leave (a task blocked on the ASGI
+        # receive: the server delivers http.disconnect the moment the connection closes). The engine feeds `q`
+        # at every step, so the two waits must race: a disconnect checked only between outputs is never seen.
+        getter, gone = None, asyncio.ensure_future(client_gone(request))
         try:
-            while True:  # wait for the final output; a client that goes away aborts the request
+            while True:
                 getter = getter or asyncio.ensure_future(q.get())
-                done, _ = await asyncio.wait({getter}, timeout=0.1)
-                if not done:
-                    if await request.is_disconnected():
-                        return JSONResponse({}, status_code=499)
-                    continue
-                out, getter = getter.result(), None
-                if out.finished:
-                    break
+                await asyncio.wait({getter, gone}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                if gone.done():
+                    return JSONResponse({}, status_code=499)  # `finally` aborts the request
+                if getter.done():
+                    out, getter = getter.result(), None
+                    if out.finished:
+                        break
         finally:
-            if getter is not None:
-                getter.cancel()
+            for task in (getter, gone):
+                if task is not None:
+                    task.cancel()
             if rid in aengine.queues:
                 aengine.abort(rid)
         if out.error is not None:
@@ -692,6 +731,25 @@ def build_app(engine, model_name: str, limits: Limits | None = None):
         finally:  # also on client disconnect (the task is cancelled): free the request's blocks
             if rid in aengine.queues:
                 aengine.abort(rid)
+
+    class AbortingStream(StreamingResponse):
+        """A server-sent-event stream that aborts its request when the response ends for any reason: finished,
+        client gone (Starlette cancels the sending task on http.disconnect, possibly while it awaits ``send``,
+        outside the generator, which an ``async for`` then leaves suspended until garbage collection), or an
+        error. The generator is closed here, at once, so its own clean-up runs now too."""
+
+        def __init__(self, rid: str, events):
+            super().__init__(events, media_type="text/event-stream")
+            self.rid = rid
+
+        async def __call__(self, scope, receive, send) -> None:
+            try:
+                await super().__call__(scope, receive, send)
+            finally:
+                if self.rid in aengine.queues:
+                    aengine.abort(self.rid)
+                with contextlib.suppress(Exception):
+                    await self.body_iterator.aclose()
 
     def check_prompt_size(text: str, field: str) -> None:
         if len(text) > max_prompt_bytes or len(text.encode("utf-8", "surrogatepass")) > max_prompt_bytes:

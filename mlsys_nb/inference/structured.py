@@ -52,6 +52,8 @@ a draft or ``"ngram"`` gives structured + speculative decoding: drafted tokens a
 from __future__ import annotations
 
 import json
+import re._constants as _sre
+import re._parser as _sre_parse
 from collections import deque
 
 import torch
@@ -89,6 +91,194 @@ def choice_regex(choices) -> str:
     return "(" + "|".join("".join("\\" + ch if ch in _META else ch for ch in c) for c in choices) + ")"
 
 
+# ---- a bounded count of states before compiling (max_grammar_states) ------------------------------------
+_MAXCHAR = 0x110000
+_SRE_CATEGORIES = {
+    _sre.CATEGORY_DIGIT: [(48, 58)],
+    _sre.CATEGORY_WORD: [(48, 58), (65, 91), (95, 96), (97, 123)],
+    _sre.CATEGORY_SPACE: [(9, 14), (32, 33)],
+}
+_SRE_CATEGORIES[_sre.CATEGORY_NOT_DIGIT] = ("not", _sre.CATEGORY_DIGIT)
+_SRE_CATEGORIES[_sre.CATEGORY_NOT_WORD] = ("not", _sre.CATEGORY_WORD)
+_SRE_CATEGORIES[_sre.CATEGORY_NOT_SPACE] = ("not", _sre.CATEGORY_SPACE)
+
+
+class _Unsupported(Exception):
+    """Regex syntax the state count does not model."""
+
+
+def _complement(ranges):
+    out, lo = [], 0
+    for a, b in sorted(ranges):
+        if a > lo:
+            out.append((lo, a))
+        lo = max(lo, b)
+    if lo < _MAXCHAR:
+        out.append((lo, _MAXCHAR))
+    return out
+
+
+def _category(cat):
+    v = _SRE_CATEGORIES.get(cat)
+    if v is None:
+        raise _Unsupported(cat)
+    return _complement(_SRE_CATEGORIES[v[1]]) if isinstance(v, tuple) else v
+
+
+def _charset(op, av):
+    if op is _sre.LITERAL:
+        return [(av, av + 1)]
+    if op is _sre.NOT_LITERAL:
+        return _complement([(av, av + 1)])
+    if op is _sre.ANY:
+        return _complement([(10, 11)])
+    if op is _sre.IN:
+        neg, rs = False, []
+        for o, a in av:
+            if o is _sre.NEGATE:
+                neg = True
+            elif o is _sre.LITERAL:
+                rs.append((a, a + 1))
+            elif o is _sre.RANGE:
+                rs.append((a[0], a[1] + 1))
+            elif o is _sre.CATEGORY:
+                rs += _category(a)
+            else:
+                raise _Unsupported(o)
+        return _complement(rs) if neg else rs
+    raise _Unsupported(op)
+
+
+def dfa_states(regex: str, limit: int, max_nfa: int = 20_000) -> int | None:
+    """The number of states of ``regex``'s character-level DFA (subset construction over a Thompson NFA built
+    from Python's regex parser; the alphabet split into the intervals between range boundaries; ``\\d``,
+    ``\\w``, ``\\s`` as ASCII), counting no further than ``limit + 1``: a bounded compilation, so that a
+    grammar above ``max_grammar_states`` is refused before outlines-core builds its token automaton (seconds
+    to minutes for an exponential one). outlines-core's automaton over bytes has at least as many states on
+    the tests' regexes (it reports a match one byte late, which can double them), so this count refuses only
+    grammars the exact check would refuse; those between the two pass it and meet the exact check.
+    None where the syntax is not modelled (look-arounds, back-references, more than ``max_nfa`` NFA
+    states), and for alternations of more than single characters and lazy repeats: outlines-core's automaton
+    follows leftmost-first priorities, which drop lower-priority branches once a higher one matches
+    (``(x?|bxx1)`` compiles to 2 states in 0.2.14, ``(a|ab)`` never allows ``ab``), so it can have fewer
+    states than this count. Then only the exact check applies. (Python's parser turns ``(a|b)`` into the
+    class ``[ab]``, so such alternations are counted.)"""
+    try:
+        tree = _sre_parse.parse(regex)
+    except Exception:
+        return None
+    eps: list[list[int]] = []
+    edges: list[list] = []  # per NFA state: [(ranges, target)]
+
+    def new():
+        if len(eps) >= max_nfa:
+            raise _Unsupported("nfa too large")
+        eps.append([])
+        edges.append([])
+        return len(eps) - 1
+
+    def build(seq, start):  # returns end state
+        cur = start
+        for op, av in seq:
+            if op in (_sre.LITERAL, _sre.NOT_LITERAL, _sre.ANY, _sre.IN):
+                nxt = new()
+                edges[cur].append((_charset(op, av), nxt))
+                cur = nxt
+            elif op is _sre.SUBPATTERN:
+                cur = build(av[3], cur)
+            elif op in (_sre.MAX_REPEAT, _sre.POSSESSIVE_REPEAT):  # greedy
+                lo, hi, sub = av
+                for _ in range(lo):
+                    cur = build(sub, cur)
+                if hi is _sre.MAXREPEAT:
+                    loop = new()
+                    eps[cur].append(loop)
+                    eps[build(sub, loop)].append(loop)
+                    cur = loop
+                else:
+                    end = new()
+                    for _ in range(hi - lo):
+                        eps[cur].append(end)
+                        cur = build(sub, cur)
+                    eps[cur].append(end)
+                    cur = end
+            elif op is _sre.AT and av in (_sre.AT_BEGINNING, _sre.AT_BEGINNING_STRING, _sre.AT_END, _sre.AT_END_STRING):
+                continue  # outlines-core matches the whole output: anchors change nothing
+            elif op is _sre.ATOMIC_GROUP:
+                cur = build(av, cur)
+            else:
+                raise _Unsupported(op)
+        return cur
+
+    try:
+        start = new()
+        final = build(tree, start)
+    except (_Unsupported, RecursionError):
+        return None
+    # the alphabet split into classes: intervals between every range boundary
+    bounds = sorted({x for es in edges for rs, _ in es for a, b in rs for x in (a, b)} | {0, _MAXCHAR})
+    pos = {b: i for i, b in enumerate(bounds)}
+    n = len(eps)
+    closure = [0] * n
+    for s in range(n):
+        seen, stack = 1 << s, [s]
+        while stack:
+            for t in eps[stack.pop()]:
+                if not seen >> t & 1:
+                    seen |= 1 << t
+                    stack.append(t)
+        closure[s] = seen
+    live = [s for s in range(n) if edges[s]] + ([final] if not edges[final] else [])
+    index = {s: i for i, s in enumerate(live)}  # the DFA's states are sets of these (compact bit positions)
+
+    def compact(mask):
+        out = 0
+        for s, i in index.items():
+            if mask >> s & 1:
+                out |= 1 << i
+        return out
+
+    moves = []  # per live state: {class index: the set of live states reached}
+    for s in live:
+        m = {}
+        for rs, t in edges[s]:
+            c = compact(closure[t])
+            for a, b in rs:
+                for k in range(pos[a], pos[b]):
+                    m[k] = m.get(k, 0) | c
+        moves.append(m)
+    chunk_cache: dict = {}  # (chunk, its 8 bits) -> {class: set reached}: a DFA step is a few dict merges
+
+    def chunk_moves(j, v):
+        out: dict = {}
+        for b in range(8):
+            if v >> b & 1:
+                for k, c in moves[8 * j + b].items():
+                    out[k] = out.get(k, 0) | c
+        chunk_cache[j, v] = out
+        return out
+
+    s0 = compact(closure[start])
+    seen, todo = {s0}, [s0]
+    while todo:
+        mask, j = todo.pop(), 0
+        out: dict = {}
+        while mask:
+            v = mask & 255
+            if v:
+                for k, c in (chunk_cache.get((j, v)) or chunk_moves(j, v)).items():
+                    out[k] = out.get(k, 0) | c
+            mask >>= 8
+            j += 1
+        for t in set(out.values()):
+            if t not in seen:
+                seen.add(t)
+                if len(seen) > limit:
+                    return limit + 1
+                todo.append(t)
+    return len(seen)
+
+
 class Grammar:
     """A compiled constraint over a vocabulary of ``vocab_size`` tokens (``token_bytes`` and EOS).
 
@@ -111,6 +301,11 @@ class Grammar:
 
         if eos_id is None or not 0 <= eos_id < vocab_size:
             raise GrammarError(f"eos_id={eos_id!r}: a constrained vocabulary needs an end token in [0, {vocab_size})")
+        if max_states is not None and (n := dfa_states(regex, max_states)) is not None and n > max_states:
+            raise GrammarError(  # counted before compiling: quick, and the compilation may take minutes
+                f"the grammar has more than {max_states} automaton states (counted before compiling), above the "
+                f"limit max_grammar_states={max_states}"
+            )
         token_bytes = token_bytes or {i: bytes([i]) for i in range(256)}
         vocab = {}
         for tid, b in token_bytes.items():
