@@ -31,8 +31,17 @@ from ..config import check_choice, check_int
 
 HOST = "127.0.0.1"
 BACKENDS = ("auto", "gloo", "nccl")
-# Imported once by the forkserver, so every rank starts with them already loaded.
-PRELOAD = ["torch", "torch.distributed", "cloudpickle", "mlsys_nb.runtime.launcher", "mlsys_nb.runtime.cluster"]
+# Imported once by the forkserver, so every rank starts with them already loaded. torch._dynamo: the first
+# torch.optim optimizer a process builds imports it (torch._compile's lazy import, several seconds of CPU per
+# rank, with DTensor and sympy); preloaded, ranks that train skip that import (it starts no thread: forking stays safe).
+PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "cloudpickle",
+    "mlsys_nb.runtime.launcher",
+    "mlsys_nb.runtime.cluster",
+]
 # Messages a rank gets because *another* rank died or stalled: consequences, not causes.
 COLLATERAL_PATTERNS = (
     "Connection closed by peer",
