@@ -1,0 +1,278 @@
+"""Reading a ``torch.profiler`` trace: ranges, op counts, communication overlap and memory over time.
+
+The profiler (``torch.profiler.profile``) records every op, every ``record_function`` range and, with
+``profile_memory=True``, every allocation and free; ``prof.export_chrome_trace(path)`` writes them as
+Chrome-trace JSON (open it in https://ui.perfetto.dev or chrome://tracing). The helpers here read
+that JSON back as plain Python (a list of event dicts) and compute from it:
+
+- ``load_trace(path)``: the trace's events; ``spans(events, name=..., prefix=...)``: the complete
+  events (``"ph": "X"``) that match, as ``(start, end)`` intervals in microseconds (the trace's unit).
+- ``mm_flops(events, within)``: FLOPs of the ``aten::mm`` calls inside an interval, ``2 M K N`` each,
+  from the shapes that ``record_shapes=True`` stores.
+- ``union``, ``length``, ``intersection_length`` and ``overlap_fraction(comm, compute)``: the part
+  of the communication time that lies inside the compute (pure functions over intervals).
+- ``memory_timeline(events)``: live bytes after each allocation or free (``[memory]`` events),
+  counted from the start of profiling; ``live_at`` and ``peak_in`` read it.
+- ``activities()``: CPU, plus CUDA where a GPU is present; ``trace_ddp_step``: a rank function that
+  traces one data-parallel step with and without overlap (notebook 05b).
+
+Timestamps are the profiler's microseconds (its own clock, one per process); durations out of the
+helpers are microseconds unless a name says otherwise. Timing is ``runtime.timing``'s job: the profiler
+adds microseconds per op, so it shows where time goes, not how long a step takes unprofiled.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from ..config import check_choice, check_int, check_number
+
+__all__ = [
+    "COMM_OPS",
+    "activities",
+    "load_trace",
+    "spans",
+    "mm_flops",
+    "union",
+    "length",
+    "intersection_length",
+    "overlap_fraction",
+    "memory_timeline",
+    "live_at",
+    "peak_in",
+    "trace_ddp_step",
+]
+
+# names of communication events: gloo's all-reduce runs on its worker threads; NCCL's are GPU kernels
+COMM_OPS = ("gloo:all_reduce", "nccl:all_reduce", "ncclDevKernel_AllReduce", "ncclKernel_AllReduce")
+
+
+def activities(device: str = "auto") -> list:
+    """The ``torch.profiler.ProfilerActivity`` list for ``device``: ``"cpu"`` records host ops only;
+    ``"cuda"`` adds the GPU's kernels and memory copies (CUPTI); ``"auto"`` adds CUDA where a GPU is present."""
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    device = check_choice("device", device, ("auto", "cpu", "cuda"))
+    gpu = torch.cuda.is_available() if device == "auto" else device == "cuda"
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+
+
+def load_trace(path) -> list[dict]:
+    """The ``traceEvents`` of a Chrome-trace JSON file (``.json`` or ``.json.gz``) written by
+    ``prof.export_chrome_trace(path)``: one dict per event (``name``, ``ph``, ``ts`` and ``dur`` in us, ...)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"path={str(path)!r}: no such trace file")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise ValueError(f"path={str(path)!r}: not a Chrome trace (no list of traceEvents)")
+    return events
+
+
+def spans(events, *, name: str | None = None, prefix: str | None = None, cat: str | None = None, tid=None):
+    """Complete events (``"ph": "X"``) whose name is ``name`` (or starts with ``prefix``), optionally
+    of category ``cat`` and thread ``tid``, as ``(start, end)`` in microseconds, sorted by start."""
+    if (name is None) == (prefix is None):
+        raise ValueError("give exactly one of name= (an exact event name) or prefix= (its beginning)")
+    out = []
+    for e in events:
+        if e.get("ph") != "X" or "dur" not in e:
+            continue
+        n = e.get("name", "")
+        if (name is not None and n != name) or (prefix is not None and not n.startswith(prefix)):
+            continue
+        if (cat is not None and e.get("cat") != cat) or (tid is not None and e.get("tid") != tid):
+            continue
+        out.append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+    return sorted(out)
+
+
+def _inside(e: dict, within) -> bool:
+    t0, t1 = within
+    return e.get("ph") == "X" and t0 <= float(e["ts"]) and float(e["ts"]) + float(e.get("dur", 0.0)) <= t1
+
+
+def mm_flops(events, within) -> tuple[int, float]:
+    """Number of ``aten::mm`` calls inside the interval ``within`` = ``(start, end)`` (us) and their
+    FLOPs, ``2 M K N`` per call for inputs of shapes ``[M, K]`` and ``[K, N]`` (the ``Input Dims``
+    that ``record_shapes=True`` stores; without them a ``ValueError`` says so)."""
+    calls, flops = 0, 0.0
+    for e in events:
+        if e.get("name") != "aten::mm" or not _inside(e, within):
+            continue
+        dims = e.get("args", {}).get("Input Dims")
+        if not dims or len(dims) < 2 or len(dims[0]) != 2 or len(dims[1]) != 2:
+            raise ValueError("aten::mm without two 2-d input shapes: profile with record_shapes=True")
+        (m, k), (k2, n) = dims[0], dims[1]
+        if k != k2:
+            raise ValueError(f"aten::mm shapes {dims[0]} x {dims[1]} do not chain")
+        calls += 1
+        flops += 2.0 * m * k * n
+    return calls, flops
+
+
+def _checked(intervals, what: str) -> list[tuple[float, float]]:
+    out = []
+    for iv in intervals:
+        a, b = (float(x) for x in iv)
+        if b < a:
+            raise ValueError(f"{what}: interval {iv} ends before it starts (need start <= end)")
+        out.append((a, b))
+    return out
+
+
+def union(intervals) -> list[tuple[float, float]]:
+    """The union of ``(start, end)`` intervals as disjoint, sorted intervals (touching ones merge)."""
+    merged: list[list[float]] = []
+    for a, b in sorted(_checked(intervals, "union")):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def length(intervals) -> float:
+    """Total time covered by ``intervals`` (same unit as theirs), each instant counted once."""
+    return sum(b - a for a, b in union(intervals))
+
+
+def intersection_length(a, b) -> float:
+    """Time covered by both the intervals ``a`` and the intervals ``b`` (same unit as theirs)."""
+    ua, ub = union(a), union(b)
+    total, i, j = 0.0, 0, 0
+    while i < len(ua) and j < len(ub):  # two sorted disjoint lists: one sweep
+        lo, hi = max(ua[i][0], ub[j][0]), min(ua[i][1], ub[j][1])
+        total += max(0.0, hi - lo)
+        if ua[i][1] < ub[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def overlap_fraction(comm, compute) -> float:
+    """Fraction (0..1) of the communication time that lies inside the compute:
+    ``|union(comm) ∩ union(compute)| / |union(comm)|``. 1: all communication hidden behind compute;
+    0: none (it ran after, as in a DDP without overlap). ``comm`` must cover some time."""
+    total = length(comm)
+    if total <= 0:
+        raise ValueError("comm: the communication intervals cover no time; nothing to overlap")
+    return intersection_length(comm, compute) / total
+
+
+def memory_timeline(events, *, device_type: int = 0) -> list[tuple[float, int]]:
+    """Live bytes over time from the ``[memory]`` events of a trace recorded with ``profile_memory=True``:
+    ``[(ts_us, live_bytes), ...]`` sorted by time, where live bytes are the allocations minus the frees
+    (each event's ``Bytes``, negative for a free) since profiling started: memory allocated before
+    the profiler started (the parameters, say) is not in it. ``device_type``: 0 for CPU, 1 for CUDA."""
+    device_type = check_int("device_type", device_type, 0)
+    rows = sorted(
+        (float(e["ts"]), int(e["args"]["Bytes"]))
+        for e in events
+        if e.get("name") == "[memory]" and int(e.get("args", {}).get("Device Type", 0)) == device_type
+    )
+    out, live = [], 0
+    for ts, nbytes in rows:
+        live += nbytes
+        out.append((ts, live))
+    return out
+
+
+def live_at(timeline, t: float) -> int:
+    """Live bytes at time ``t`` (us): the value after the last event at or before ``t`` (0 before any)."""
+    t = check_number("t", t, unit="us")
+    live = 0
+    for ts, b in timeline:
+        if ts > t:
+            break
+        live = b
+    return live
+
+
+def peak_in(timeline, start: float, end: float) -> int:
+    """Largest live bytes in ``[start, end]`` (us), counting the value already live at ``start``."""
+    if end < start:
+        raise ValueError(f"end={end} < start={start}: the window must not end before it starts")
+    return max([live_at(timeline, start)] + [b for ts, b in timeline if start <= ts <= end])
+
+
+def trace_ddp_step(
+    overlap_variants=(True, False), *, bucket_cap_mb: float = 0.02, batch: int = 4, seed: int = 0, trace_dir=None
+) -> dict:
+    """Rank function (run it with ``mlsys_nb.launch``): one step (forward + backward, gradient sync)
+    of ``parallel.ddp.DataParallel`` over the kit's tiny transformer (``config.tiny_config``), traced
+    with ``torch.profiler`` for each ``overlap`` value, interleaved after one untraced warm-up step each.
+
+    Returns, per variant (``"overlap"`` / ``"no_overlap"``): ``comm`` (the spans of the all-reduce
+    events, us), ``backward`` (the extent of the autograd engine's ``evaluate_function`` events: the
+    backward *compute*, which ends before DDP's end-of-backward callback waits for the buckets),
+    ``backward_range`` (the ``record_function("backward")`` range, which includes that wait),
+    ``fraction`` (``overlap_fraction(comm, [backward])``), ``buckets`` and, with ``trace_dir``, the
+    path of the exported trace (``ddp_<variant>_rank<r>.json``)."""
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import profile, record_function
+
+    from ..config import tiny_config
+    from ..models import Transformer
+    from ..parallel.ddp import DataParallel
+
+    check_number("bucket_cap_mb", bucket_cap_mb, 0, unit="MB")
+    batch = check_int("batch", batch, 1)
+    rank = dist.get_rank()
+    cfg = tiny_config()
+    g = torch.Generator().manual_seed(seed + 1 + rank)  # each rank its own shard
+    x = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g)
+    y = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g)
+    nets = {}
+    for ov in overlap_variants:
+        torch.manual_seed(seed)
+        nets[ov] = DataParallel(Transformer(cfg), bucket_cap_mb=bucket_cap_mb, overlap=ov)
+
+    def step(net):
+        with record_function("forward"):
+            loss = net(x, y)
+        with record_function("backward"):
+            loss.backward()
+        net.zero_grad(set_to_none=True)
+
+    for net in nets.values():  # warm-up: first-call costs stay out of the trace
+        step(net)
+    out = {}
+    for ov, net in nets.items():
+        variant = "overlap" if ov else "no_overlap"
+        dist.barrier()
+        with profile(activities=activities()) as prof:
+            dist.barrier()  # both ranks start the step together, inside the trace
+            step(net)
+        if trace_dir is not None:
+            path = Path(trace_dir) / f"ddp_{variant}_rank{rank}.json"
+            prof.export_chrome_trace(str(path))
+            events = load_trace(path)
+        else:
+            path = None
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as tmp:
+                prof.export_chrome_trace(f"{tmp}/trace.json")
+                events = load_trace(f"{tmp}/trace.json")
+        comm = sorted(s for op in COMM_OPS for s in spans(events, prefix=op))
+        engine = spans(events, prefix="autograd::engine::evaluate_function")
+        backward = (engine[0][0], max(b for _, b in engine))
+        out[variant] = dict(
+            comm=comm,
+            backward=backward,
+            backward_range=spans(events, name="backward")[0],
+            forward_range=spans(events, name="forward")[0],
+            fraction=overlap_fraction(comm, [backward]),
+            buckets=len(net.buckets),
+            trace=str(path) if path else None,
+        )
+    return out
