@@ -13,6 +13,9 @@
   manager or decorator), ``Laps`` (seconds of consecutive phases), ``repeat(fn, n, warmup)`` (list of
   seconds), ``median`` / ``lower_quartile`` / ``quantile`` of repeats, and ``profile_ops(fn)`` (self CPU seconds per
   op from ``torch.profiler``).
+- ``profiling``: a ``torch.profiler`` trace read back (``load_trace``, ``spans``, ``mm_flops``), the
+  overlap fraction of communication with compute (pure interval arithmetic) and the memory timeline
+  of a step (``memory_timeline``, ``live_at``, ``peak_in``); ``trace_ddp_step`` (notebook 05b).
 
 Thread count: every entry point takes ``threads=`` (intra-op threads per rank, default 1).
 """
