@@ -27,6 +27,7 @@ from mlsys_nb.precision import (
     relative_matmul_error,
     representable_values,
     scaler_trajectory,
+    stochastic_round,
     tensor_matmul,
     tile_matmul,
 )
@@ -256,3 +257,17 @@ def test_fp8_arguments_are_checked():
         format_info("fp6")
     with pytest.raises(ArgumentError, match="columns of x"):
         quantize_tiles(torch.ones(4, 100), (1, 128))
+
+
+def test_stochastic_rounding_picks_a_neighbour_and_is_unbiased():
+    grid = representable_values("fp8_e4m3")
+    g = torch.Generator().manual_seed(9)
+    x = torch.empty(20_000, dtype=torch.float64).uniform_(0.001, 400, generator=g)
+    r = stochastic_round(x, "fp8_e4m3", generator=torch.Generator().manual_seed(1))
+    i = torch.searchsorted(grid, x, right=True)
+    assert bool(((r == grid[i - 1]) | (r == grid[i.clamp(max=len(grid) - 1)])).all())
+    one = torch.full((200_000,), 1.0 + 2.0**-10, dtype=torch.float64)  # 1/8 of an e4m3 ulp above 1
+    mean = float(stochastic_round(one, "fp8_e4m3", generator=torch.Generator().manual_seed(2)).mean())
+    p = 1 / 8  # P(round up); the mean's standard error is 0.125 · sqrt(p(1-p)/n)
+    assert abs(mean - (1 + 2.0**-10)) < 5 * 0.125 * math.sqrt(p * (1 - p) / one.numel())
+    assert float(quantize(one, "fp8_e4m3").mean()) == 1.0  # round to nearest loses it every time

@@ -4,6 +4,7 @@
   bits, mantissa bits, bias, special-value rule; tested against ``torch.finfo`` and every fp8 value);
   ``quantize(x, name)`` rounds to the format's grid (equal bit for bit to torch's real bf16/fp16/fp8 casts,
   tested on random inputs; the simulation of tf32 and fp4, which have no CPU cast); ``cast``;
+  ``stochastic_round`` (unbiased rounding to the same grid);
   ``block_quantize`` simulates the block-scaled MXFP8 / MXFP4 (32 elements, e8m0 scale) and NVFP4
   (16 elements, e4m3 scale) formats.
 - ``scaler``: ``LossScaler``, dynamic loss scaling from scratch whose scales and skipped steps equal
@@ -23,6 +24,7 @@ from .formats import (
     quantize,
     relative_error,
     representable_values,
+    stochastic_round,
 )
 from .fp8 import (
     DelayedScaling,
@@ -55,6 +57,7 @@ __all__ = [
     "relative_matmul_error",
     "representable_values",
     "scaler_trajectory",
+    "stochastic_round",
     "tensor_matmul",
     "tile_matmul",
 ]

@@ -171,6 +171,26 @@ def quantize(x, name):
     return torch.copysign(q, x)
 
 
+def stochastic_round(x, name, generator=None):
+    """``x`` rounded to format ``name``'s grid **stochastically** (float64 tensor): to the upper neighbour with
+    probability ``(x - lower) / (upper - lower)``, else to the lower, so the expected result is ``x`` (an
+    update below half an ulp survives on average). Overflow as in ``quantize``. ``generator``: a
+    ``torch.Generator`` for reproducible draws."""
+    import torch
+
+    f = format_info(name)
+    x = torch.as_tensor(x).to(torch.float64)
+    a = x.abs()
+    _, exp = torch.frexp(a)
+    ulp = torch.ldexp(torch.ones_like(a), (torch.clamp(exp - 1, min=f.emin) - f.mantissa_bits).to(torch.int32))
+    low = torch.floor(a / ulp)
+    up = torch.rand(a.shape, generator=generator, dtype=torch.float64) < (a / ulp - low)
+    q = (low + up.to(torch.float64)) * ulp
+    q = torch.where(q > f.max, torch.tensor(math.inf if f.has_inf else f.max, dtype=torch.float64), q)
+    q = torch.where(torch.isinf(a) | torch.isnan(a), quantize(a, f), q)
+    return torch.copysign(q, x)
+
+
 def cast(x, name):
     """``x`` rounded to format ``name`` and returned as float32 (float64 for fp32 inputs is kept float32):
     torch's real cast (``x.to(dtype).float()``) when torch has the dtype, ``quantize`` otherwise (tf32, fp4)."""
