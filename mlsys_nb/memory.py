@@ -305,6 +305,11 @@ def _norm_terms(m: ModelConfig, B: int, eager: bool, where: str) -> list:
     ]
 
 
+def _moe_layer(m: ModelConfig, layer: int) -> bool:
+    """Whether layer ``layer`` (0-based) is a mixture-of-experts layer: the only way ``layer_terms`` depends on it."""
+    return m.is_moe and layer >= m.n_dense_layers
+
+
 def layer_terms(
     model: ModelConfig, train: TrainConfig, *, layer: int | None = None, recompute: str | None = None
 ) -> list[tuple[str, float]]:
@@ -354,7 +359,7 @@ def layer_terms(
         terms += [("attention output dropout mask", M * h, "rep")]
     terms += _norm_terms(m, B, eager, "mlp")
     terms += [("mlp input", B * h, "rep")]
-    moe = m.is_moe and layer >= m.n_dense_layers
+    moe = _moe_layer(m, layer)
 
     def ffn(width: float, name: str, scale: float = 1.0):
         if m.activation == "swiglu":  # gate out (SiLU input), SiLU out, up out, product (down input)
@@ -542,12 +547,20 @@ def stage_layers(n_layers: int, pp: int, split=None) -> tuple[int, ...]:
     to stage 0 and stage pp-1. For Llama 3.1 405B (126 layers, PP16) this gives 7, 8 x 14, 7: the
     split Meta describes ("one Transformer layer" fewer on the first and the last stage; Llama Team
     2024, arXiv:2407.21783, §3.3.2)."""
+    if split is None:
+        return _even_stage_layers(n_layers, pp)
     check_int(f"pp (a stage needs a layer: n_layers={n_layers})", pp, 1, n_layers)
-    if split is not None:
-        split = tuple(int(x) for x in split)
-        if len(split) != pp or sum(split) != n_layers or min(split) < 1:
-            raise ValueError(f"pp_layers={split}: need {pp} stage sizes >= 1 summing to n_layers={n_layers}")
-        return split
+    split = tuple(int(x) for x in split)
+    if len(split) != pp or sum(split) != n_layers or min(split) < 1:
+        raise ValueError(f"pp_layers={split}: need {pp} stage sizes >= 1 summing to n_layers={n_layers}")
+    return split
+
+
+@lru_cache(maxsize=1024, typed=True)
+def _even_stage_layers(n_layers: int, pp: int) -> tuple[int, ...]:
+    """``stage_layers`` without a published split. Cached (a planner search asks for the same few splits ~10^5
+    times); ``typed``: 2 and 2.0 are different keys, so a bad type still raises, an exception is never cached."""
+    check_int(f"pp (a stage needs a layer: n_layers={n_layers})", pp, 1, n_layers)
     q, r = divmod(n_layers, pp)
     counts = [q] * pp
     order = (list(range(1, pp - 1)) + [0, pp - 1]) if pp > 2 else list(range(pp))
@@ -604,6 +617,17 @@ def estimate(
     zgroup = t.dp * t.cp
     egroup = zgroup // t.ep
     results = []
+    # the stages share these: one layer's saved bytes depend on the layer only through _moe_layer
+    per_layer_terms = layer_terms(model, t)
+    per_layer = sum(b for _, b in per_layer_terms)
+    layer_bytes: dict[tuple, float] = {}  # (MoE layer?, recompute override) -> bytes, for this call only
+
+    def one_layer(i: int, recompute: str | None = None) -> float:
+        key = (_moe_layer(model, i), recompute)
+        if key not in layer_bytes:
+            layer_bytes[key] = sum(b for _, b in layer_terms(model, t, layer=i, recompute=recompute))
+        return layer_bytes[key]
+
     for st in [stage] if stage is not None else range(t.pp):
         dense, expert, largest, nlay = stage_params(model, t, st)
         stages = [st]
@@ -629,13 +653,9 @@ def estimate(
                 break
             n = _sharded(dense, zgroup, t.zero >= zmin) + _sharded(expert, egroup, t.zero >= zmin)
             states[key] = bpp[key] * n
-        per_layer_terms = layer_terms(model, t)
-        per_layer = sum(b for _, b in per_layer_terms)
         stage_layer = _stage_range(model, t, st).start
         acts_layers = sum(
-            n * sum(b for _, b in layer_terms(model, t, layer=i))
-            for s_ in stages
-            for i, n in _kinds(model, _stage_range(model, t, s_)).items()
+            n * one_layer(i) for s_ in stages for i, n in _kinds(model, _stage_range(model, t, s_)).items()
         )
         acts_layers /= len(stages)  # DualPipe: in-flight micro-batches counted over one stage's layers
         fl = in_flight_microbatches(t, st)
@@ -653,8 +673,8 @@ def estimate(
                 largest = math.ceil(largest / zgroup) * zgroup
             temp["ZeRO-3 gathered layers (2 x largest)"] = 2 * largest * bpp["param"]
         if t.recompute != "none":
-            work = sum(b for _, b in layer_terms(model, t, layer=stage_layer, recompute="none"))
-            kept = sum(b for _, b in layer_terms(model, t, layer=stage_layer))
+            work = one_layer(stage_layer, "none")
+            kept = one_layer(stage_layer)
             temp["recompute working set (one layer)"] = work - kept if t.recompute == "selective" else work
         if last:
             vp = t.tp if (t.vocab_parallel and t.tp > 1) else 1

@@ -404,3 +404,70 @@ def test_zero_layouts_pad_like_the_implementations_measured_on_three_ranks():
     assert estimate(cfg, t).params == 4 * 22695  # below stage 3 the params live in the padded buffers
     with pytest.raises(ValueError, match="zero_layout"):
         TrainConfig(zero_layout="rows")
+
+
+# ---- the caches behind a planner search (performance only: the results may not change) ----------
+def test_stage_layers_cache_equals_the_rule_on_random_inputs_and_is_never_stale():
+    import random
+
+    rng = random.Random(7)
+    for _ in range(300):
+        n = rng.randint(1, 200)
+        pp = rng.randint(1, n)
+        got = memory.stage_layers(n, pp)
+        # the rule, written again: floor(n/pp) each, the n mod pp extras to stages 1, 2, ... then 0 and pp-1
+        q, r = divmod(n, pp)
+        order = (list(range(1, pp - 1)) + [0, pp - 1]) if pp > 2 else list(range(pp))
+        want = tuple(q + (s in order[:r]) for s in range(pp))
+        assert got == want == memory._even_stage_layers.__wrapped__(n, pp), (n, pp)
+    # a changed input gets its own answer, never the cached one of a neighbour
+    assert memory.stage_layers(126, 16) == (7,) + (8,) * 14 + (7,)  # Meta's split (arXiv:2407.21783, §3.3.2)
+    assert memory.stage_layers(126, 18) == (7,) * 18 and memory.stage_layers(127, 16) != memory.stage_layers(126, 16)
+    # a bad value or type raises every time (an exception is never cached; 2.0 is not the cached 2)
+    assert memory.stage_layers(8, 2) == (4, 4)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="pp"):
+            memory.stage_layers(8, 2.0)
+        with pytest.raises(ValueError, match="pp"):
+            memory.stage_layers(8, 9)
+    assert memory.stage_layers(8, 2, (3, 5)) == (3, 5)  # a published split bypasses the cache
+
+
+@pytest.mark.parametrize("pp_schedule", ["1f1b", "dualpipe"])
+def test_estimate_equals_a_layer_by_layer_sum_on_a_stage_with_dense_and_moe_layers(pp_schedule):
+    # estimate computes one layer's saved bytes once per kind of layer (dense MLP / MoE) and recompute mode;
+    # the reference sums layer_terms over every layer of the stage
+    import random
+
+    cfg = memory.preset("deepseek-v3")  # 3 dense layers, then MoE: stage 0 holds both kinds
+    dense0 = sum(b for _, b in memory.layer_terms(cfg, TrainConfig(seq_len=1024), layer=0))
+    moe3 = sum(b for _, b in memory.layer_terms(cfg, TrainConfig(seq_len=1024), layer=3))
+    assert dense0 != moe3, "the two kinds must differ, or this test could not catch a memo that mixes them up"
+    rng = random.Random(3)
+    for _ in range(6):
+        pp = rng.choice([2, 4, 8])
+        t = TrainConfig(
+            seq_len=rng.choice([1024, 4096]),
+            micro_batch=rng.choice([1, 2]),
+            pp=pp,
+            n_microbatches=16,
+            pp_schedule=pp_schedule,
+            recompute=rng.choice(["none", "selective", "full"]),
+            tp=rng.choice([1, 8]),
+            device="cuda",
+        )
+        for st in range(pp):
+            b = estimate(cfg, t, stage=st)
+            stages = [st, pp - 1 - st] if pp_schedule == "dualpipe" else [st]
+            per_layer = [
+                sum(sum(bb for _, bb in memory.layer_terms(cfg, t, layer=i)) for i in memory._stage_range(cfg, t, s))
+                for s in stages
+            ]
+            want = sum(per_layer) / len(stages) * memory.in_flight_microbatches(t, st)
+            assert b.activations_layers == pytest.approx(want, rel=1e-12), (t, st)
+            if t.recompute != "none":
+                first = memory._stage_range(cfg, t, st).start
+                work = sum(bb for _, bb in memory.layer_terms(cfg, t, layer=first, recompute="none"))
+                kept = sum(bb for _, bb in memory.layer_terms(cfg, t, layer=first))
+                want_rc = work - kept if t.recompute == "selective" else work
+                assert b.detail["temporary"]["recompute working set (one layer)"] == want_rc
