@@ -20,6 +20,7 @@ from .units import UNITS, UnitError, fmt, parse
 TOPICS = {  # topic -> (title, notebook that teaches it)
     "comm": ("Collectives and the α-β model", "notebooks/03_collectives.ipynb, 04_communication_cost.ipynb"),
     "data_parallel": ("DDP and ZeRO", "notebooks/05_data_parallelism.ipynb, 06_zero_and_fsdp.ipynb"),
+    "profiling": ("Profiling: traces, overlap, memory over time", "notebooks/05b_profiling.ipynb"),
     "tensor": ("Tensor and sequence parallelism", "notebooks/07_tensor_parallelism.ipynb"),
     "pipeline": ("Pipeline parallelism", "notebooks/08_pipeline_parallelism.ipynb"),
     "expert_context": ("Expert and context parallelism", "notebooks/09_experts_and_context.ipynb"),

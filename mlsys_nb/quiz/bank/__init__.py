@@ -12,6 +12,7 @@ from . import (  # noqa: F401
     layout,
     memory,
     pipeline,
+    profiling,
     rl,
     scaling,
     serving,
