@@ -613,3 +613,39 @@ def test_the_old_worksheet_scheme_fails_the_same_check():
 
     assert any(moved(old_scheme, seed) for seed in range(10)), "the check would not catch the old scheme"
     assert not any(moved(new_scheme, seed) for seed in range(10))
+
+
+# ---- precision: torch's real casts and finfo, bit patterns by hand -------------------------------
+@pytest.mark.parametrize(
+    "name",
+    [
+        "precision.format_max",
+        "precision.rounding_error_bound",
+        "precision.loss_scale_for_gradient",
+        "precision.dynamic_scale_after_steps",
+        "precision.state_bytes_saved",
+        "precision.fp8_scale_from_amax",
+        "precision.cast_error",
+    ],
+)
+def test_precision_families_by_a_second_route(name):
+    from mlsys_nb.quiz import routes
+
+    for q in _draws(name):
+        assert q.check(routes.worked_response(q)).ok, (name, q.params, q.answer)
+
+
+def test_precision_route_catches_a_wrong_exponent_bias(monkeypatch):
+    """A key whose formats take the bias one too large fails the hand enumeration of bit patterns."""
+    from mlsys_nb.precision import formats
+    from mlsys_nb.quiz import routes
+    from mlsys_nb.quiz.bank import precision as bank
+
+    real = formats.make_format
+
+    def wrong_bias(name, e, m, bias=None, special="ieee", torch_dtype=None):
+        return real(name, e, m, 2 ** (e - 1), special, torch_dtype)
+
+    monkeypatch.setattr(bank, "make_format", wrong_bias)
+    qs = _draws("precision.format_max")
+    assert not any(q.check(routes.worked_response(q)).ok for q in qs)

@@ -67,6 +67,12 @@ class LossScaler:
             optimizer.step()
         return found
 
+    def observe(self, found_inf: bool) -> None:
+        """Update S as after a step whose gradients were (``True``) or were not (``False``) inf/NaN, without a
+        model: the rule alone, for calculators and quiz keys."""
+        self._found_inf = bool(found_inf)
+        self.update()
+
     def update(self) -> None:
         """Back off after an overflow, grow after ``growth_interval`` good steps in a row."""
         if self._found_inf is None:

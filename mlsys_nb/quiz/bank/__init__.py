@@ -12,6 +12,7 @@ from . import (  # noqa: F401
     layout,
     memory,
     pipeline,
+    precision,
     profiling,
     rl,
     scaling,

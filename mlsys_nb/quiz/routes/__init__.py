@@ -31,6 +31,7 @@ from . import (  # noqa: F401  (each module registers its topic's routes)
     layout,
     memory,
     pipeline,
+    precision,
     profiling,
     rl,
     scaling,
