@@ -189,3 +189,109 @@ def test_stop_ray_children_stops_only_ray_processes():
         for p in (ray_like, other):
             p.kill()
             p.wait(timeout=10)
+
+
+# ---------------------------------------------------------------- the same runs without Ray (backend="local")
+@pytest.fixture(scope="module")
+def local_runs():
+    """Notebook 19's default path: the workers as ``LocalActor`` threads of this process, no Ray."""
+    init = pl.rlhf_init(seed=0, steps=100)
+    kw = dict(task="rlhf", init=init, batch=16, seed=0, timeout_s=120, backend="local")
+    out = {mode: pl.run(mode, 4, **kw) for mode in ("colocated", "sync", "async")}
+    out["serial"] = pl.run("async", 4, overlap=False, **kw)
+    out["crash"] = pl.run("async", 4, die_at_step=2, **kw)
+    out["kw"] = kw
+    return out
+
+
+def test_local_backend_versions_overlap_and_equality(local_runs):
+    col, sync, a = local_runs["colocated"], local_runs["sync"], local_runs["async"]
+    assert col.versions == sync.versions == [0, 1, 2, 3] and a.versions == [0, 0, 1, 2]
+    assert sync.rewards == col.rewards, "the split layout's engine served other weights than the co-located one"
+    assert a.rewards[0] == sync.rewards[0] and a.trainer_version == 4
+    assert _overlaps(a), a.overlap_s()
+    for r in (col, sync):
+        assert r.overlap_s() == [0.0] * 3, r.overlap_s()
+        for (g0, g1), (t0, t1) in zip(r.gen_at, r.train_at):
+            assert r.t0 <= g0 < g1 <= t0 < t1, (r.gen_at, r.train_at)
+
+
+def test_local_backend_serialised_async_fails_the_overlap_check(local_runs):
+    s = local_runs["serial"]
+    assert s.versions == [0, 0, 1, 2]
+    assert s.overlap_s() == [0.0] * 3 and not _overlaps(s), s.overlap_s()
+
+
+def test_local_backend_dead_rollout_is_replaced(local_runs):
+    r = local_runs["crash"]
+    assert r.replaced == 1 and r.trainer_version == 4
+    assert len(r.versions) == 4 and r.versions[2] >= 1
+
+
+def test_local_backend_equality_fails_when_the_sync_is_lost(local_runs, monkeypatch):
+    """The broken idea: a rollout that takes the version number but not the weights samples from the SFT
+    policy every step, so the split run no longer equals the co-located one."""
+
+    def lost(self, state, version):
+        self.version = version
+        return 0.0
+
+    monkeypatch.setattr(pl._LocalWorker, "load_weights", lost)
+    broken = pl.run("sync", 4, **local_runs["kw"])
+    assert broken.versions == [0, 1, 2, 3]
+    assert broken.rewards[0] == local_runs["colocated"].rewards[0]
+    assert broken.rewards != local_runs["colocated"].rewards
+
+
+def test_local_actor_runs_calls_in_order_and_resolves_futures():
+    import threading
+
+    class W:
+        def __init__(self):
+            self.log, self.threads = [], set()
+
+        def add(self, x):
+            self.log.append(x)
+            self.threads.add(threading.get_ident())
+            return x * 2
+
+        def snapshot(self):
+            return list(self.log)
+
+    a, b = pl.LocalActor(W()), pl.LocalActor(W())
+    futs = [a.add.remote(i) for i in range(50)]
+    assert [f.result(timeout=30) for f in futs] == [2 * i for i in range(50)]
+    assert a.snapshot.remote().result(timeout=30) == list(range(50)) and len(a.worker.threads) == 1
+    assert b.add.remote(a.add.remote(7)).result(timeout=30) == 28  # a Future argument is resolved first
+    assert threading.get_ident() not in a.worker.threads
+    with pytest.raises(AttributeError):
+        a.no_such_method  # noqa: B018
+    a.kill(), b.kill()
+
+
+def test_local_worker_crash_raises_and_stays_dead():
+    w = pl.LocalActor(pl._LocalWorker(die_at_step=1))
+    assert w.generate.remote(0).result(timeout=60)["step"] == 0
+    with pytest.raises(pl.WorkerDied):
+        w.generate.remote(1).result(timeout=60)
+    with pytest.raises(pl.WorkerDied):
+        w.pid.remote().result(timeout=60)
+    w.kill()
+
+
+def test_in_process_sync_sends_a_snapshot():
+    import torch
+
+    ch = pl.InProcessSync()
+    t = {"w": torch.arange(6.0)}
+    handle = ch.send(t)
+    t["w"] += 1  # the trainer goes on training
+    got = ch.receive(handle)
+    assert torch.equal(got["w"], torch.arange(6.0)) and ch.stats.nbytes == 24
+    with pytest.raises(ValueError, match="handle"):
+        ch.receive(None)
+
+
+def test_bad_backend_rejected():
+    with pytest.raises(ValueError, match="backend="):
+        pl.run("sync", 2, backend="threads")

@@ -26,6 +26,11 @@ after every step. Here, small but real, on a local Ray cluster:
   tests: still one step stale, but generation waits for training.
 - Closed forms (models, from ``rl.sizing``): ``sync_step_s = gen + sync + train``,
   ``async_step_s = max(gen, train) + sync``.
+- ``backend="local"``: the same workers and the same protocol without Ray: each worker is a plain object
+  served by its own thread of this process (``LocalActor``: one call at a time, in call order, like an
+  actor), weights pass as an in-process snapshot (``InProcessSync``), a crash raises ``WorkerDied``. It
+  starts in milliseconds where a Ray cluster takes seconds to tens of seconds; the threads share the GIL
+  (torch's kernels release it), so measured phase times are longer than on Ray, but the overlap is as real.
 - Reliability: a rollout worker that dies mid-step (``die_at_step``) is detected (``RayActorError``),
   replaced by a new actor which gets the trainer's current weights; the trainer's state is untouched and
   the step is generated again. ``ray_session()`` starts a capped local cluster (``object_store_memory``,
@@ -36,7 +41,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..config import ArgumentError, check_choice, check_int
@@ -44,8 +52,11 @@ from ..runtime.timing import Laps, Timer, median
 from .sizing import async_step_s, sync_step_s  # the closed forms, one home (re-exported here)
 
 __all__ = [
+    "InProcessSync",
+    "LocalActor",
     "RLWorker",
     "RunResult",
+    "WorkerDied",
     "TARGET",
     "async_step_s",
     "leftover_ray_processes",
@@ -54,6 +65,8 @@ __all__ = [
     "run",
     "sync_step_s",
 ]
+
+BACKENDS = ("ray", "local")
 
 TARGET = ord("a")  # the toy reward: the share of response bytes equal to this one
 
@@ -168,7 +181,7 @@ class _Worker:
         import torch
 
         from ..models import Transformer
-        from .weight_sync import RayObjectStoreSync, toy_config
+        from .weight_sync import toy_config
 
         torch.set_num_threads(1)
         torch.manual_seed(seed)
@@ -187,7 +200,15 @@ class _Worker:
         self.version = 0  # how many training steps the weights in self.model have seen
         self.train_version = 0
         self.llm = None
-        self.channel = RayObjectStoreSync()  # trainer: send_weights; rollout: load_weights
+        self.channel = self._new_channel()  # trainer: send_weights; rollout: load_weights
+
+    def _new_channel(self):
+        from .weight_sync import RayObjectStoreSync
+
+        return RayObjectStoreSync()
+
+    def _die(self):
+        os._exit(1)  # a crash mid-step (OOM killer, hardware fault...)
 
     def pid(self) -> int:
         return os.getpid()
@@ -196,7 +217,7 @@ class _Worker:
     def generate(self, step: int, seed: int = 0) -> dict:
         """Sample ``batch`` responses to the prompt "q:" with the KV cache; the reward is measured here."""
         if self.die_at_step is not None and step == self.die_at_step:
-            os._exit(1)  # a crash mid-step (OOM killer, hardware fault...)
+            self._die()
         if self.task == "rlhf":
             return self._generate_rlhf(step, seed)
         from ..inference import ByteTokenizer, generate
@@ -379,6 +400,101 @@ def _actor_class():
     return RLWorker
 
 
+class WorkerDied(RuntimeError):
+    """A ``LocalActor``'s worker crashed (``die_at_step``); every later call to it raises this too."""
+
+
+def _in_process_sync_class():
+    from .weight_sync import WeightSync
+
+    class _InProcessSync(WeightSync):
+        """Weights between workers of one process: ``send`` returns a snapshot (``{name: clone}``, so a
+        trainer that goes on training does not change what was sent), ``receive(snapshot)`` takes it."""
+
+        name = "in-process"
+
+        def send(self, named_tensors):
+            from .weight_sync import SyncStats
+
+            clock = Laps()
+            state = {k: v.detach().clone() for k, v in named_tensors.items()}
+            self.stats = SyncStats(
+                self.name, sum(v.numel() * v.element_size() for v in state.values()), clock.elapsed()
+            )
+            return state
+
+        def receive(self, handle=None):
+            from .weight_sync import SyncStats
+
+            if not isinstance(handle, Mapping):
+                raise ValueError(
+                    f"handle: InProcessSync.receive needs the snapshot that send returned, got {type(handle)}"
+                )
+            clock = Laps()
+            state = dict(handle)
+            self.stats = SyncStats(
+                self.name, sum(v.numel() * v.element_size() for v in state.values()), clock.elapsed()
+            )
+            return state
+
+    return _InProcessSync
+
+
+def InProcessSync():  # noqa: N802 (a class made on first use: weight_sync imports torch)
+    """A ``WeightSync`` between workers of one process (``backend="local"``): ``send`` returns a snapshot."""
+    return _in_process_sync_class()()
+
+
+class _LocalWorker(_Worker):
+    """``_Worker`` for ``LocalActor``: weights as in-process snapshots, and a crash raises instead of
+    ending the process (which would take the driver with it)."""
+
+    def _new_channel(self):
+        return InProcessSync()
+
+    def _die(self):
+        self.dead = True
+        raise WorkerDied(f"the rollout worker crashed at step {self.die_at_step} (die_at_step)")
+
+
+class _LocalMethod:
+    def __init__(self, actor: LocalActor, name: str):
+        self.actor, self.name = actor, name
+
+    def remote(self, *args, **kwargs) -> Future:
+        return self.actor._submit(self.name, args, kwargs)
+
+
+class LocalActor:
+    """An actor without Ray: ``actor.method.remote(...)`` runs ``worker.method`` on the actor's own thread,
+    one call at a time in call order, and returns a ``concurrent.futures.Future``; a ``Future`` passed as an
+    argument is resolved first (as Ray resolves an ``ObjectRef``). ``kill()`` stops the thread after the
+    running call; a worker that died raises ``WorkerDied`` on every later call."""
+
+    def __init__(self, worker: _Worker, timeout_s: float = 60.0):
+        self.worker, self.timeout_s = worker, timeout_s
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="LocalActor")
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> _LocalMethod:
+        if name.startswith("_") or not callable(getattr(self.worker, name, None)):
+            raise AttributeError(name)
+        return _LocalMethod(self, name)
+
+    def _submit(self, name, args, kwargs) -> Future:
+        def call():
+            if getattr(self.worker, "dead", False):
+                raise WorkerDied("the worker died in an earlier call")
+            a = [x.result(timeout=self.timeout_s) if isinstance(x, Future) else x for x in args]
+            return getattr(self.worker, name)(*a, **kwargs)
+
+        with self._lock:
+            return self._pool.submit(call)
+
+    def kill(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
 def rlhf_init(seed: int = 0, steps: int = 150) -> dict:
     """Notebook 18's starting point, trained once in this process: a policy fine-tuned on the
     demonstrations (``rlhf.sft``) and a Bradley-Terry reward model on the preference pairs
@@ -478,6 +594,7 @@ def run(
     init: dict | None = None,
     lr: float | None = None,
     overlap: bool = True,
+    backend: str = "ray",
 ) -> RunResult:
     """Run ``steps`` RLHF steps on Ray actors (call inside ``ray_session()``). ``mode``: ``"colocated"``,
     ``"sync"``, ``"async"``. ``task``: ``"toy"`` (REINFORCE on the share of ``TARGET`` bytes, a random
@@ -488,11 +605,11 @@ def run(
     only) serialises the async mode: batch t+1 is still generated by the weights before step t's update
     (one step stale), but only after training step t returned: the broken idea the overlap check catches.
     ``workers``: existing ``RLWorker`` actors to reuse (reset first; 1 for colocated, 2 otherwise; a
-    replaced rollout is written back into the list); default: new actors, killed at the end."""
-    import ray
-    from ray.exceptions import RayActorError
-
+    replaced rollout is written back into the list); default: new actors, killed at the end.
+    ``backend``: ``"ray"`` (actors of the running Ray session, see ``ray_session``) or ``"local"`` (the same
+    workers as ``LocalActor`` threads of this process, no Ray; ``workers`` then are ``LocalActor`` s)."""
     check_choice("mode", mode, ("colocated", "sync", "async"))
+    check_choice("backend", backend, BACKENDS)
     check_int("steps", steps, 1)
     check_choice("task", task, ("toy", "rlhf"))
     if task == "rlhf" and not (isinstance(init, dict) and {"policy", "reward"} <= set(init)):
@@ -503,19 +620,42 @@ def run(
         from .rlhf import RLConfig
 
         lr = RLConfig().lr if task == "rlhf" else 0.05
-    W = _actor_class()
     kw = dict(
         hidden=hidden, n_layers=n_layers, seed=seed, batch=batch, response_len=response_len, task=task, init=init, lr=lr
     )
     res = RunResult(mode, samples_per_step=batch, t0=time.monotonic())
+    if backend == "ray":
+        import ray
+        from ray.exceptions import RayActorError
 
-    def get(ref):
-        return ray.get(ref, timeout=timeout_s)
+        W = _actor_class()
+        died, handle_types = (RayActorError,), (ray.ObjectRef,)
+
+        def new_worker():
+            return W.remote(**kw)
+
+        def get(ref):
+            return ray.get(ref, timeout=timeout_s)
+
+        kill = ray.kill
+    else:
+        died, handle_types = (WorkerDied,), (Future,)
+
+        def new_worker():
+            return LocalActor(_LocalWorker(**kw), timeout_s)
+
+        def get(ref):
+            return (
+                [r.result(timeout=timeout_s) for r in ref] if isinstance(ref, list) else ref.result(timeout=timeout_s)
+            )
+
+        def kill(actor):
+            actor.kill()
 
     own = workers is None
     need = 1 if mode == "colocated" else 2
     if own:
-        workers = [W.remote(**kw) for _ in range(need)]
+        workers = [new_worker() for _ in range(need)]
     if len(workers) < need:
         raise ValueError(f"workers: {mode} needs {need} actors, got {len(workers)}")
     get(
@@ -535,7 +675,7 @@ def run(
             res.gen_at.append(b["gen_at"]), res.train_at.append(tr["train_at"])
         res.trainer_version = tr["version"]
         if own:
-            ray.kill(w)
+            kill(w)
         return res
 
     trainer, rollout = workers[0], workers[1]
@@ -546,8 +686,8 @@ def run(
     def replace():
         nonlocal rollout, pending
         with contextlib.suppress(Exception):
-            ray.kill(rollout)
-        rollout = W.remote(**kw)  # a fresh actor: no crash injected
+            kill(rollout)
+        rollout = new_worker()  # a fresh actor: no crash injected
         workers[1] = rollout
         pending = None  # a generation queued on the dead actor is lost: redo it
         get(rollout.load_weights.remote(trainer.send_weights.remote(), version))  # current trainer weights
@@ -556,7 +696,7 @@ def run(
     def generate(t):
         try:
             return get(rollout.generate.remote(t, seed))
-        except RayActorError:
+        except died:
             replace()
             return get(rollout.generate.remote(t, seed))
 
@@ -564,7 +704,7 @@ def run(
         ref = trainer.send_weights.remote()  # resolved to the inner ObjectRef; the rollout ray.get's it
         try:
             return get(rollout.load_weights.remote(ref, version))
-        except RayActorError:
+        except died:
             replace()
             return 0.0
 
@@ -575,10 +715,10 @@ def run(
             tr = get(trainer.train.remote(b))
         else:
             b = pending if pending is not None else generate(t)
-            if isinstance(b, ray.ObjectRef):
+            if isinstance(b, handle_types):
                 try:
                     b = get(b)
-                except RayActorError:
+                except died:
                     replace()
                     b = generate(t)
             train_ref = trainer.train.remote(b)
@@ -595,5 +735,5 @@ def run(
     res.trainer_version = version
     if own:
         for a in (trainer, rollout):
-            ray.kill(a)
+            kill(a)
     return res
