@@ -188,7 +188,9 @@ def test_activities_and_argument_errors(tmp_path):
 
 @pytest.mark.slow
 def test_ddp_overlap_fraction_from_the_trace_and_the_no_overlap_ddp_fails_the_check(tmp_path):
-    res = mlsys_nb.launch(trace_ddp_step, world_size=2, kwargs=dict(trace_dir=str(tmp_path)), timeout=180)
+    res = mlsys_nb.launch(
+        trace_ddp_step, world_size=2, kwargs=dict(trace_dir=str(tmp_path)), backend="gloo", timeout=180
+    )
     for r, out in enumerate(res):
         for variant, d in out.items():
             assert len(d["comm"]) == d["buckets"] > 1, (r, variant, d["comm"])

@@ -206,9 +206,10 @@ def peak_in(timeline, start: float, end: float) -> int:
 def trace_ddp_step(
     overlap_variants=(True, False), *, bucket_cap_mb: float = 0.02, batch: int = 4, seed: int = 0, trace_dir=None
 ) -> dict:
-    """Rank function (run it with ``mlsys_nb.launch``): one step (forward + backward, gradient sync)
-    of ``parallel.ddp.DataParallel`` over the kit's tiny transformer (``config.tiny_config``), traced
-    with ``torch.profiler`` for each ``overlap`` value, interleaved after one untraced warm-up step each.
+    """Rank function (run it with ``mlsys_nb.launch(..., backend="gloo")``): one step (forward + backward,
+    gradient sync) of ``parallel.ddp.DataParallel`` over the kit's tiny transformer (``config.tiny_config``)
+    on the CPU, traced with ``torch.profiler`` for each ``overlap`` value, interleaved after one untraced
+    warm-up step each.
 
     Returns, per variant (``"overlap"`` / ``"no_overlap"``): ``comm`` (the spans of the all-reduce
     events, us), ``backward`` (the extent of the autograd engine's ``evaluate_function`` events: the
@@ -249,7 +250,7 @@ def trace_ddp_step(
     for ov, net in nets.items():
         variant = "overlap" if ov else "no_overlap"
         dist.barrier()
-        with profile(activities=activities()) as prof:
+        with profile(activities=activities("cpu")) as prof:  # the model and gloo's all-reduce live on the CPU
             dist.barrier()  # both ranks start the step together, inside the trace
             step(net)
         if trace_dir is not None:
