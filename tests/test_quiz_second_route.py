@@ -649,3 +649,33 @@ def test_precision_route_catches_a_wrong_exponent_bias(monkeypatch):
     monkeypatch.setattr(bank, "make_format", wrong_bias)
     qs = _draws("precision.format_max")
     assert not any(q.check(routes.worked_response(q)).ok for q in qs)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "profiling.linear_backward_flops",
+        "profiling.overlap_fraction",
+        "profiling.step_peak_from_events",
+        "profiling.optimizer_state_appearance",
+    ],
+)
+def test_profiling_families_by_a_second_route(name):
+    from mlsys_nb.quiz import routes
+
+    for q in _draws(name):
+        assert q.check(routes.worked_response(q)).ok, (name, q.params, q.answer)
+
+
+def test_profiling_route_catches_an_overlap_key_that_counts_concurrent_spans_twice(monkeypatch):
+    """A key that sums span lengths instead of merging them first fails the hand merge on some draws."""
+    from mlsys_nb.quiz import routes
+    from mlsys_nb.runtime import profiling
+
+    def no_merge(comm, compute):
+        inside = sum(profiling.intersection_length([iv], compute) for iv in comm)
+        return inside / sum(b - a for a, b in comm)
+
+    monkeypatch.setattr(profiling, "overlap_fraction", no_merge)
+    qs = _draws("profiling.overlap_fraction", seeds=range(40))
+    assert not all(q.check(routes.worked_response(q)).ok for q in qs)
