@@ -129,6 +129,7 @@ def test_a_real_trace_counts_the_linear_layers_matmuls_and_their_flops(tmp_path)
     fwd, bwd = spans(ev, name="forward")[0], spans(ev, name="backward")[0]
     assert mm_flops(ev, fwd) == (len(linears), 2 * tokens * weights)
     assert mm_flops(ev, bwd) == (2 * len(linears), 4 * tokens * weights)
+    assert mm_flops(ev, bwd)[1] != 2 * tokens * weights, "backward = forward's FLOPs (one mm per layer) fails"
     with pytest.raises(ValueError, match="record_shapes"):  # without shapes, no FLOPs
         plain = _step_trace(tmp_path)[2]
         mm_flops(plain, spans(plain, name="forward")[0])
