@@ -180,9 +180,9 @@ class AsyncEngine:
         self.num_waiting, self.num_running = c["waiting"], c["running"]
 
     def retry_after(self) -> int:
-        """``Retry-After`` seconds for a request refused now (``retry_after_seconds`` of the queue)."""
-        with self.lock:
-            waiting, left = self.num_waiting + self.preparing, list(self.left_log)
+        """``Retry-After`` seconds for a request refused now (``retry_after_seconds`` of the queue). Without the
+        engine lock (a step may hold it): the counts are the ones the admission check read, the copy is atomic."""
+        waiting, left = self.num_waiting + self.preparing, list(self.left_log)
         return retry_after_seconds(waiting, left, self.clock(), self.token_window)
 
     def tokens_per_second(self) -> float:
