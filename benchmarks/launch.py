@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/launch.py [--rounds 5] [--warm-calls 5] [--world-size 4]
 
 Compared, in fresh Python processes that have already imported torch (like a kernel):
-  (a) mlsys_nb.launch, cold: the first call (it starts the forkserver, which imports torch)
+  (a) mlsys_nb.launch, cold: the first call (it starts the forkserver, which imports torch and torch._dynamo)
   (b) mlsys_nb.launch, warm: the following calls
   (c) accelerate.notebook_launcher, first call and warm calls (it forks the caller: that is only
       safe here because these processes have run no multi-threaded torch op and no CUDA)

@@ -241,8 +241,8 @@ def context():
 def prestart() -> None:
     """Start the forkserver now, so that the first ``launch`` does not wait for it.
 
-    Returns at once; the forkserver imports torch in the background (about 2 s here). Call it
-    in a notebook's import cell. Without it the first ``launch`` pays that import ("cold").
+    Returns at once; the forkserver imports ``PRELOAD`` (torch, then torch._dynamo: seconds each) in the
+    background. Call it in a notebook's import cell. Without it the first ``launch`` waits for those imports ("cold").
     """
     from multiprocessing import forkserver
 
