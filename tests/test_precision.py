@@ -161,6 +161,38 @@ def test_mx_block_quantize_follows_the_spec(name):
     assert torch.equal(block_quantize(x, name), _mx_reference(x, elem, block))
 
 
+def test_nvfp4_block_quantize_follows_its_two_level_scales():
+    """Per tensor g = amax / (448 · 6); per block of 16 an e4m3 scale (torch's real cast) of amax_block / 6 / g;
+    elements the nearest OCP fp4 value of x / (scale · g), ties to the even code, saturating at 6."""
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(4, 64, generator=g) * torch.exp2(
+        torch.randint(-6, 6, (4, 4, 1), generator=g).float()
+    ).repeat_interleave(16, 1).squeeze(-1)
+    gs = float(x.abs().max()) / (448 * 6)
+    out = []
+    for row in x.double().reshape(-1, 16).tolist():
+        amax = max(abs(v) for v in row)
+        s = float(torch.tensor(amax / 6 / gs, dtype=torch.float32).to(torch.float8_e4m3fn).float()) * gs
+        for v in row:
+            a = min(abs(v) / s, 6.0)
+            best = min(OCP_FP4_VALUES, key=lambda w: (abs(w - a), OCP_FP4_VALUES.index(w) % 2))
+            out.append(math.copysign(best * s, v))
+    assert torch.allclose(block_quantize(x, "nvfp4"), torch.tensor(out).reshape(x.shape).float(), rtol=1e-6, atol=0)
+
+
+def test_ties_away_from_zero_would_fail_the_cast_comparison():
+    """The random inputs include exact ties, so rounding half away from zero (not to even) is caught."""
+    x = _random_inputs("fp16")
+    f = format_info("fp16")
+    a = x.double().abs()
+    _, exp = torch.frexp(a)
+    ulp = torch.ldexp(torch.ones_like(a), (exp - 1).clamp(min=f.emin) - f.mantissa_bits)
+    away = torch.copysign(torch.floor(a / ulp + 0.5) * ulp, x.double()).float()
+    ok = torch.isfinite(x) & (away.abs() <= f.max)
+    assert not torch.equal(away[ok], x.to(torch.float16).float()[ok])
+    assert torch.equal(quantize(x, "fp16").float()[ok], x.to(torch.float16).float()[ok])
+
+
 def test_nvfp4_smaller_blocks_and_finer_scales_beat_mxfp4():
     g = torch.Generator().manual_seed(6)
     x = torch.randn(64, 256, generator=g) * torch.exp(torch.randn(64, 256, generator=g))
