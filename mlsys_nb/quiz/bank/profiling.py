@@ -14,9 +14,9 @@ from ._util import MB, pick
 SEC_TRACE = "notebooks/05b_profiling.ipynb, §1 A trace of one training step"
 SEC_DDP = "notebooks/05b_profiling.ipynb, §2 A DDP step on the timeline"
 SEC_MEM = "notebooks/05b_profiling.ipynb, §3 The memory of a step over time"
-REF_FLOPS = "docs/references.md#pytorch-autograd"
+REF_FLOPS = "docs/references.md#pytorch-profiler, #pytorch-autograd"
 REF_DDP = "docs/references.md#pytorch-ddp (Li et al. 2020, arXiv:2006.15704, §3.2.3 overlap)"
-REF_MEM = "docs/references.md#zero (Rajbhandari et al. 2020, arXiv:1910.02054, §3)"
+REF_MEM = "docs/references.md#pytorch-profiler, #zero (Rajbhandari et al. 2020, arXiv:1910.02054, §3)"
 
 
 def _mm_event(ts: float, m: int, k: int, n: int) -> dict:
