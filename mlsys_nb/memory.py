@@ -418,10 +418,15 @@ def in_flight_microbatches(t: TrainConfig, stage: int) -> float:
     stage holds at its peak: the pipeline schedule's own closed form (``peak_in_flight``)."""
     if t.pp == 1:
         return 1.0
+    return _in_flight_stages(t)[stage]
+
+
+def _in_flight_stages(t: TrainConfig) -> list[float]:
+    """``in_flight_microbatches`` of every stage of a pipeline (``t.pp > 1``): one evaluation of the closed form."""
     if t.pp_schedule == "dualpipe":  # PP + 1 micro-batches in flight (DeepSeek-AI 2024, arXiv:2412.19437, Table 2)
-        return float(min(t.microbatches, t.pp + 1))
+        return [float(min(t.microbatches, t.pp + 1))] * t.pp
     v = t.virtual_stages if t.pp_schedule == "interleaved-1f1b" else None
-    return float(peak_in_flight(t.pp_schedule, t.pp, t.microbatches, v)[stage])
+    return [float(x) for x in peak_in_flight(t.pp_schedule, t.pp, t.microbatches, v)]
 
 
 # ---- the breakdown ---------------------------------------------------------------------------
@@ -628,6 +633,8 @@ def estimate(
             layer_bytes[key] = sum(b for _, b in layer_terms(model, t, layer=i, recompute=recompute))
         return layer_bytes[key]
 
+    flights = _in_flight_stages(t) if t.pp > 1 else None  # every stage's, computed once
+
     for st in [stage] if stage is not None else range(t.pp):
         dense, expert, largest, nlay = stage_params(model, t, st)
         stages = [st]
@@ -658,7 +665,7 @@ def estimate(
             n * one_layer(i) for s_ in stages for i, n in _kinds(model, _stage_range(model, t, s_)).items()
         )
         acts_layers /= len(stages)  # DualPipe: in-flight micro-batches counted over one stage's layers
-        fl = in_flight_microbatches(t, st)
+        fl = flights[st] if flights else 1.0  # = in_flight_microbatches(t, st)
         acts_layers *= fl
         first, last = 0 in stages, t.pp - 1 in stages
         outside = _outside_terms(model, t, first, last)
