@@ -15,12 +15,14 @@ placement on Ray actors, measured beside their models.
    train, or max(gen, train) + sync), samples per second, and the true reward of every batch.
 
 Full runs write data/measured/rlhf_systems.md. ``--quick``: one width, one repeat, 2 steps of 8 responses,
-nothing written.
+nothing written, and by default the placement on in-process workers (``backend="local"``: no Ray cluster to
+start; ``--backend ray`` to smoke-test Ray). ``--backend``: ``ray`` (default of full runs) or ``local``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -55,18 +57,28 @@ def weight_sync(quick: bool) -> tuple[pd.DataFrame, str]:
     return df, note
 
 
-def placement(quick: bool, seed: int = 0) -> tuple[pd.DataFrame, dict]:
+def placement(quick: bool, seed: int = 0, backend: str = "ray") -> tuple[pd.DataFrame, dict]:
     from mlsys_nb.rl import placement as pl
 
     steps = 2 if quick else 20  # quick: 2 steps, the fewest in which async overlaps generation with training
     batch = 8 if quick else 32  # quick: a smoke test of every layout's code path, not a measurement
     runs = {}
-    with pl.ray_session(num_cpus=2, object_store_mb=200):
-        workers = [pl._actor_class().remote() for _ in range(2)]  # they start up while the driver trains init
+    ray = backend == "ray"
+    with pl.ray_session(num_cpus=2, object_store_mb=200) if ray else contextlib.nullcontext():
+        # Ray's actors start up while the driver trains init; local workers are made by run()
+        workers = [pl._actor_class().remote() for _ in range(2)] if ray else None
         init = pl.rlhf_init(seed=seed, steps=20 if quick else 150)
         for mode in ("colocated", "sync", "async"):
             runs[mode] = pl.run(
-                mode, steps, task="rlhf", init=init, batch=batch, seed=seed, workers=workers, timeout_s=300
+                mode,
+                steps,
+                task="rlhf",
+                init=init,
+                batch=batch,
+                seed=seed,
+                workers=workers,
+                timeout_s=300,
+                backend=backend,
             )
             print(f"seed {seed} {mode}: true reward per batch {np.round(runs[mode].rewards, 2).tolist()}", flush=True)
     table = pd.DataFrame(
@@ -89,7 +101,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seeds", type=int, default=3, help="seeds of the placement runs (quick: 1)")
+    ap.add_argument(
+        "--backend", choices=("ray", "local"), help="placement workers (default: local if --quick, else ray)"
+    )
     args = ap.parse_args()
+    backend = args.backend or ("local" if args.quick else "ray")
     start = machine()
     sync_df, note = weight_sync(args.quick)
     pd.options.display.float_format = "{:,.4g}".format
@@ -97,13 +113,13 @@ def main():
     print(per_path.to_string())
     print(note)
     assert sync_df.equal.all(), "a rollout differed from the trainer after a sync"
-    table, runs = placement(args.quick)
+    table, runs = placement(args.quick, backend=backend)
     print(table.to_string())
     if args.quick:
         return
     per_seed = [{"seed": 0, **{m: r.rewards for m, r in runs.items()}}]
     for seed in range(1, args.seeds):
-        per_seed.append({"seed": seed, **{m: r.rewards for m, r in placement(False, seed)[1].items()}})
+        per_seed.append({"seed": seed, **{m: r.rewards for m, r in placement(False, seed, backend)[1].items()}})
     seeds = pd.DataFrame(
         [
             {
@@ -116,6 +132,7 @@ def main():
         ]
     )
     print(seeds.to_string(index=False))
+    where = "Ray" if backend == "ray" else "in-process workers (backend local)"
     bc = sync_df[sync_df.path == "broadcast"][["MB", "wire_sent", "rollout_wire_received"]]
     text = [
         "# RLHF systems: weight sync and placement, measured",
@@ -137,7 +154,7 @@ def main():
         "",
         bc.to_markdown(index=False, floatfmt=".4g"),
         "",
-        "## Placement on Ray: notebook 18's task, PPO, 32 responses per step, 20 steps",
+        f"## Placement on {where}: notebook 18's task, PPO, 32 responses per step, 20 steps",
         "",
         table.to_markdown(floatfmt=".4g"),
         "",
