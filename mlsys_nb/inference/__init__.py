@@ -27,6 +27,8 @@ Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
   ``sampling_params``, ``sequence``): ``LLM(model, ...).generate(prompts, SamplingParams(...))`` ->
   ``RequestOutput``s; ``LLMEngine`` (``add_request``, ``step``, ``abort_request``) with continuous
   batching, chunked prefill, preemption (recompute or swap), prefix caching; ``llm.load_weights``.
+  Every option is a field of one ``EngineConfig`` (``config``), shared by ``LLM``, ``LLMEngine``, the
+  ``Scheduler`` and the server's command line.
 - ``workload`` (Poisson arrivals, length distributions, shared prefixes) and ``metrics`` (TTFT,
   TPOT, ITL, latency percentiles, throughput, CPU overhead per phase, the overlap-scheduling model).
 - ``python -m mlsys_nb.inference.serve --model tiny`` (``serve``): an OpenAI-compatible server.
@@ -49,6 +51,7 @@ __all__ = [
     "Generation",
     "KVCache",
     "LLMEngine",
+    "EngineConfig",
     "PagedKVCache",
     "RadixCache",
     "RequestOutput",
@@ -94,6 +97,7 @@ _LAZY = {
     "RadixCache": ".radix",
     "LLM": ".engine",
     "LLMEngine": ".engine",
+    "EngineConfig": ".config",
     "SamplingParams": ".sampling_params",
     "RequestOutput": ".sequence",
     "CompletionOutput": ".sequence",

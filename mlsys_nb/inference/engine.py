@@ -5,15 +5,15 @@ update. The parts live in their own files: ``scheduler.py`` (queues, token budge
 ``model_runner.py`` (packed batch over paged K/V), ``sampler.py``, ``sequence.py`` (state and
 outputs); the K/V blocks and the block manager are ``paged.py``'s.
 
-``LLM(model, *, tokenizer=None, block_size=16, num_blocks=None, max_num_seqs=64,
-max_num_batched_tokens=512, enable_prefix_caching=True, enable_chunked_prefill=True, seed=0)``;
+``LLM(model, *, tokenizer=None, config=None, **options)`` and ``LLMEngine(model, tokenizer, config,
+**options)``: every option is a field of ``EngineConfig`` (``inference/config.py``: block size, pool
+size, KV dtype, token budget, chunking, prefix caching, continuous or static batching, preemption mode
+and swap space, seed, speculative settings), given as one config or by name (``LLM(m, block_size=8)``).
 ``model`` is a preset name or ``ModelConfig`` (random weights from ``seed``), a package
 ``Transformer``, or a ``transformers`` causal LM (converted to the package's model). With
 ``num_blocks=None`` the cache gets ``kv_cache_memory`` bytes (default 256 MiB), capped at what
-``max_num_seqs`` sequences of the full context can use. Extra options (engine-only, for the
-notebook and the benchmark): ``continuous_batching=False`` (static batching),
-``preemption_mode="swap"`` with ``swap_blocks`` CPU blocks; ``step_times_window`` (the last steps kept in
-``step_times``, bounded memory; ``num_steps`` counts all) and ``max_grammar_states``.
+``max_num_seqs`` sequences of the full context can use. ``step_times`` keeps the last
+``step_times_window`` steps (bounded memory; ``num_steps`` counts all).
 
 Requests: ``prepare(prompt, params)`` validates fully and does the long work (tokenising, compiling a
 grammar) without touching the engine's state; ``add_request`` then queues all ``n`` samples or none. A
@@ -31,14 +31,15 @@ from collections import deque
 
 import torch
 
-from ..config import check_choice, check_int
+from ..config import check_int, torch_dtype
 from ..runtime.timing import Laps
 from .model_runner import ModelRunner, SwapPool
 from .paged import PagedKVCache
 from .sampler import sample
 from .sampling_params import ParamError, SamplingParams
 from .sampler import apply_mask
-from .scheduler import PREEMPTION_MODES, Scheduler
+from .config import EngineConfig
+from .scheduler import Scheduler
 from .sequence import CompletionOutput, RequestOutput, Sequence, SequenceStatus
 from .tokenizer import ByteTokenizer, decode_stream
 
@@ -60,36 +61,12 @@ class Prepared:
 
 
 class LLMEngine:
-    def __init__(
-        self,
-        model,
-        tokenizer=None,
-        *,
-        block_size: int = 16,
-        num_blocks: int | None = None,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 512,
-        enable_prefix_caching: bool = True,
-        enable_chunked_prefill: bool = True,
-        continuous_batching: bool = True,
-        preemption_mode: str = "recompute",
-        swap_blocks: int | None = None,
-        kv_cache_memory: int = 256 * 2**20,
-        seed: int = 0,
-        step_times_window: int = 10_000,
-        max_grammar_states: int = 100_000,
-    ):
-        for name, value, low in (
-            ("step_times_window", step_times_window, 1),
-            ("max_grammar_states", max_grammar_states, 1),
-            ("block_size", block_size, 1),
-            ("max_num_seqs", max_num_seqs, 1),
-            ("max_num_batched_tokens", max_num_batched_tokens, 1),
-        ):
-            check_int(name, value, low)
-        check_choice("preemption_mode", preemption_mode, PREEMPTION_MODES)
+    def __init__(self, model, tokenizer=None, config: EngineConfig | None = None, **options):
+        """``config``: an ``EngineConfig``; ``options``: its fields by name, overriding ``config``'s."""
+        self.config = c = EngineConfig.build(config, **options)
+        block_size, max_num_seqs, max_num_batched_tokens = c.block_size, c.max_num_seqs, c.max_num_batched_tokens
         hf = _is_hf(model)
-        self.model = resolve_model(model, seed).eval()
+        self.model = resolve_model(model, c.seed).eval()
         self.tokenizer = resolve_tokenizer(tokenizer, self.model, hf)
         # the end-of-sequence id: the tokenizer's, else a transformers model's generation config's
         eos = (
@@ -102,13 +79,15 @@ class LLMEngine:
         self.eos_token_ids = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
         cfg = self.model.cfg
         p = next(self.model.parameters())
-        block_bytes = 2 * cfg.n_layers * block_size * cfg.n_kv_heads * cfg.head_dim * p.element_size()
+        kv_dtype = p.dtype if c.kv_cache_dtype == "auto" else torch_dtype(c.kv_cache_dtype)
+        block_bytes = 2 * cfg.n_layers * block_size * cfg.n_kv_heads * cfg.head_dim * kv_dtype.itemsize
         blocks_per_seq = math.ceil(cfg.seq_len / block_size)
+        num_blocks = c.num_blocks
         if num_blocks is None:  # from the memory budget, capped at max_num_seqs full-length sequences
-            num_blocks = max(1, min(kv_cache_memory // block_bytes, max_num_seqs * blocks_per_seq))
-        check_int("num_blocks", num_blocks, 2)
+            num_blocks = max(1, min(c.kv_cache_memory // block_bytes, max_num_seqs * blocks_per_seq))
+        check_int(f"num_blocks (from kv_cache_memory={c.kv_cache_memory} bytes)", num_blocks, 2)
         self.max_model_len = min(cfg.seq_len, num_blocks * block_size)  # one sequence alone always fits
-        if not enable_chunked_prefill:  # a prompt is computed in one step: it must fit the token budget
+        if not c.enable_chunked_prefill:  # a prompt is computed in one step: it must fit the token budget
             check_int(
                 f"max_num_batched_tokens (without chunked prefill: >= the context max_model_len={self.max_model_len})",
                 max_num_batched_tokens,
@@ -118,28 +97,20 @@ class LLMEngine:
             cfg,
             num_blocks=num_blocks,
             block_size=block_size,
-            dtype=p.dtype,
+            dtype=kv_dtype,
             device=p.device,
-            prefix_caching=enable_prefix_caching,
+            prefix_caching=c.enable_prefix_caching,
             max_seq_len=self.max_model_len,
         )
-        pool = SwapPool(self.kv, swap_blocks or num_blocks) if preemption_mode == "swap" else None
-        self.scheduler = Scheduler(
-            self.kv,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            enable_chunked_prefill=enable_chunked_prefill,
-            continuous_batching=continuous_batching,
-            preemption_mode=preemption_mode,
-            swap_pool=pool,
-        )
+        pool = SwapPool(self.kv, c.swap_blocks or num_blocks) if c.preemption_mode == "swap" else None
+        self.scheduler = Scheduler(self.kv, c, swap_pool=pool)
         self.runner = ModelRunner(self.model, self.kv)
-        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.generator = torch.Generator(device="cpu").manual_seed(c.seed)
         self.requests: dict[str, list[Sequence]] = {}
         # per step: seconds per phase, sequences, tokens; the last ``step_times_window`` steps (bounded memory)
-        self.step_times: deque[dict] = deque(maxlen=step_times_window)
+        self.step_times: deque[dict] = deque(maxlen=c.step_times_window)
         self.num_steps = 0  # steps run in all (step_times keeps only the last ones)
-        self.max_grammar_states = max_grammar_states
+        self.max_grammar_states = c.max_grammar_states
         self.stats = {
             "prompt_tokens": 0,
             "cached_tokens": 0,
@@ -523,41 +494,16 @@ class LLM:
     json_schema/regex/choice are honoured (drafted tokens are masked by the grammar too).
     ``spec_stats``: one ``SpecStats`` per sample (α, tokens per forward)."""
 
-    def __init__(
-        self,
-        model,
-        *,
-        tokenizer=None,
-        block_size: int = 16,
-        num_blocks: int | None = None,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 512,
-        enable_prefix_caching: bool = True,
-        enable_chunked_prefill: bool = True,
-        seed: int = 0,
-        speculative_model=None,
-        num_speculative_tokens: int = 4,
-        **engine_options,
-    ):
-        self.engine = LLMEngine(
-            model,
-            tokenizer,
-            block_size=block_size,
-            num_blocks=num_blocks,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_caching=enable_prefix_caching,
-            enable_chunked_prefill=enable_chunked_prefill,
-            seed=seed,
-            **engine_options,
-        )
+    def __init__(self, model, *, tokenizer=None, config: EngineConfig | None = None, **options):
+        """``config``: an ``EngineConfig``; ``options``: its fields by name (``block_size=8``), overriding it."""
+        c = EngineConfig.build(config, **options)
+        self.engine = LLMEngine(model, tokenizer, c)
+        self.config = c
         self._next = itertools.count()
-        self.seed, self.spec_stats = seed, []
-        self.speculative_model, self.num_speculative_tokens = None, num_speculative_tokens
-        if speculative_model is not None:
-            k = num_speculative_tokens
-            check_int("num_speculative_tokens", k, 1)
-            draft = "ngram" if speculative_model == "ngram" else resolve_model(speculative_model, seed + 1).eval()
+        self.seed, self.spec_stats = c.seed, []
+        self.speculative_model, self.num_speculative_tokens = None, c.num_speculative_tokens
+        if c.speculative_model is not None:
+            draft = "ngram" if c.speculative_model == "ngram" else resolve_model(c.speculative_model, c.seed + 1).eval()
             if draft != "ngram" and draft.cfg.vocab_size != self.engine.model.cfg.vocab_size:
                 raise ValueError(
                     f"speculative_model vocab_size={draft.cfg.vocab_size} differs from the target's "

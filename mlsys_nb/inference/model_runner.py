@@ -110,6 +110,8 @@ class StepBatch:
         n_kv, d = kc.shape[2], kc.shape[3]
         kc.view(-1, n_kv, d).index_copy_(0, self.slots, k[0].transpose(0, 1).to(kc.dtype))  # [T, n_kv, d]
         vc.view(-1, n_kv, d).index_copy_(0, self.slots, v[0].transpose(0, 1).to(vc.dtype))
+        if kc.dtype != q.dtype:  # a KV pool in another dtype (kv_cache_dtype): attend in the model's
+            kc, vc = kc.to(q.dtype), vc.to(q.dtype)
         outs, D = [], self.num_decodes
         for lo, hi, tables, lens in self.dec_groups if D else ():
             qd = q[0, :, lo:hi].transpose(0, 1).unsqueeze(2)  # [rows, heads, 1, d]

@@ -28,34 +28,28 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..config import check_choice
+from .config import PREEMPTION_MODES, EngineConfig
 from .model_runner import SwapPool
-
 from .paged import OutOfBlocksError, PagedKVCache
 from .sequence import Sequence, SequenceStatus
 
-PREEMPTION_MODES = ("recompute", "swap")
+__all__ = ["PREEMPTION_MODES", "Scheduler"]
 
 
 class Scheduler:
+    """Reads ``max_num_seqs``, ``max_num_batched_tokens``, ``enable_chunked_prefill``, ``continuous_batching``
+    and ``preemption_mode`` from an ``EngineConfig`` (``options``: fields by name, overriding it)."""
+
     def __init__(
-        self,
-        kv: PagedKVCache,
-        *,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 512,
-        enable_chunked_prefill: bool = True,
-        continuous_batching: bool = True,
-        preemption_mode: str = "recompute",
-        swap_pool: SwapPool | None = None,
+        self, kv: PagedKVCache, config: EngineConfig | None = None, *, swap_pool: SwapPool | None = None, **options
     ):
-        check_choice("preemption_mode", preemption_mode, PREEMPTION_MODES)
-        if preemption_mode == "swap" and swap_pool is None:
+        c = EngineConfig.build(config, **options)
+        if c.preemption_mode == "swap" and swap_pool is None:
             raise ValueError("preemption_mode='swap' needs a swap_pool (a CPU pool of blocks)")
         self.kv, self.manager = kv, kv.manager
-        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        self.chunked, self.continuous = enable_chunked_prefill, continuous_batching
-        self.preemption_mode, self.swap_pool = preemption_mode, swap_pool
+        self.max_num_seqs, self.max_num_batched_tokens = c.max_num_seqs, c.max_num_batched_tokens
+        self.chunked, self.continuous = c.enable_chunked_prefill, c.continuous_batching
+        self.preemption_mode, self.swap_pool = c.preemption_mode, swap_pool
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()

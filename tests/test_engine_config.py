@@ -1,0 +1,114 @@
+"""``EngineConfig``: one set of engine options shared by ``LLM``, ``LLMEngine``, the ``Scheduler`` and the
+server's command line; keywords override a config; bad values and unknown names are refused by name."""
+
+import argparse
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from mlsys_nb.config import load_model_preset
+from mlsys_nb.inference import LLM, EngineConfig, LLMEngine, SamplingParams
+from mlsys_nb.inference.scheduler import Scheduler
+from mlsys_nb.models import Transformer
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m = Transformer(load_model_preset("tiny").replace(vocab_size=300)).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(5)
+    return m
+
+
+def _random_config(rng: random.Random) -> EngineConfig:
+    return EngineConfig(
+        block_size=rng.choice([1, 4, 16]),
+        num_blocks=rng.choice([None, 64, 300]),
+        kv_cache_memory=rng.choice([2**20, 2**24]),
+        kv_cache_dtype=rng.choice(["auto", "fp32", "bf16", "fp16"]),
+        max_num_seqs=rng.randint(1, 100),
+        max_num_batched_tokens=rng.randint(1, 1000),
+        enable_chunked_prefill=rng.random() < 0.5,
+        enable_prefix_caching=rng.random() < 0.5,
+        continuous_batching=rng.random() < 0.5,
+        preemption_mode=rng.choice(["recompute", "swap"]),
+        swap_blocks=rng.choice([None, 7]),
+        seed=rng.randint(0, 10**6),
+        step_times_window=rng.randint(1, 50),
+        max_grammar_states=rng.randint(1, 10**6),
+        num_speculative_tokens=rng.randint(1, 8),
+    )
+
+
+def test_keywords_and_a_config_give_the_same_engine_and_keywords_win(model):
+    c = EngineConfig(block_size=4, max_num_seqs=3, max_num_batched_tokens=32, preemption_mode="swap", num_blocks=40)
+    a = LLM(model, config=c)
+    b = LLM(model, **dataclasses.asdict(c))
+    assert a.config == b.config == c == a.engine.config
+    for eng in (a.engine, b.engine):
+        s = eng.scheduler
+        assert (s.max_num_seqs, s.max_num_batched_tokens, s.preemption_mode) == (3, 32, "swap")
+        assert eng.kv.block_size == 4 and eng.kv.manager.num_blocks == 40
+    assert LLM(model, config=c, block_size=8).engine.kv.block_size == 8  # a keyword overrides the config
+    assert LLMEngine(model, None, c, max_num_seqs=5).scheduler.max_num_seqs == 5
+    sched = Scheduler(a.engine.kv, EngineConfig(max_num_seqs=7, continuous_batching=False))
+    assert sched.max_num_seqs == 7 and sched.continuous is False
+
+
+def test_unknown_names_and_bad_values_are_refused_by_name():
+    with pytest.raises(TypeError, match=r"unknown engine option\(s\) \['blok_size'\]: valid ones are \['block_size'"):
+        EngineConfig.build(blok_size=4)
+    for kwargs, msg in (
+        ({"block_size": 0}, r"block_size must be an int >= 1, got"),
+        ({"num_blocks": 1}, r"num_blocks must be an int >= 2, got"),
+        ({"max_num_batched_tokens": 2.5}, r"max_num_batched_tokens must be an int"),
+        ({"preemption_mode": "drop"}, r"preemption_mode"),
+        ({"kv_cache_dtype": "int3"}, r"kv_cache_dtype"),
+        ({"enable_prefix_caching": "yes"}, r"enable_prefix_caching must be True or False"),
+        ({"num_speculative_tokens": 0}, r"num_speculative_tokens must be an int >= 1, got"),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            EngineConfig(**kwargs)
+    with pytest.raises(TypeError, match="config must be an EngineConfig"):
+        EngineConfig.build({"block_size": 4})
+
+
+def test_the_command_line_has_a_flag_per_field_and_round_trips_random_configs():
+    parser = argparse.ArgumentParser()
+    EngineConfig.add_cli_arguments(parser)
+    assert EngineConfig.from_cli(parser.parse_args([])) == EngineConfig()
+    flags = {a.dest for a in parser._actions} - {"help"}
+    assert flags == set(EngineConfig.fields()) - {"speculative_model"}
+    rng = random.Random(0)
+    for _ in range(30):
+        c = _random_config(rng)
+        argv = []
+        for f in dataclasses.fields(c):
+            v = getattr(c, f.name)
+            if f.name == "speculative_model" or v is None:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(v, bool):
+                argv.append(flag if v else "--no-" + f.name.replace("_", "-"))
+            else:
+                argv += [flag, str(v)]
+        assert EngineConfig.from_cli(parser.parse_args(argv)) == c
+
+
+def test_a_bf16_kv_pool_stores_rounded_keys_and_holds_twice_the_blocks(model):
+    prompts = [torch.randint(0, 300, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (9, 30)]
+    sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    opts = dict(block_size=4, num_blocks=None, kv_cache_memory=2**20, max_num_seqs=1000)
+    full, half = LLM(model, **opts), LLM(model, kv_cache_dtype="bf16", **opts)
+    assert full.engine.kv.k.dtype == torch.float32 and half.engine.kv.k.dtype == torch.bfloat16
+    assert half.engine.kv.manager.num_blocks == 2 * full.engine.kv.manager.num_blocks  # same bytes, half per value
+    a, b = full.generate(prompts, sp, use_tqdm=False), half.generate(prompts, sp, use_tqdm=False)
+    # layer 0's keys depend on the embeddings only: the bf16 pool holds exactly the fp32 keys rounded
+    n_slots = sum(len(p) for p in prompts)
+    k32, k16 = full.engine.kv.k[0].flatten(0, 1)[:n_slots], half.engine.kv.k[0].flatten(0, 1)[:n_slots]
+    assert torch.equal(k16, k32.to(torch.bfloat16)) and not torch.equal(k16.float(), k32)
+    assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]
