@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..config import check_choice, check_int, check_number, check_probability
+from ..config import check_choice, check_int, check_multiple, check_number, check_probability
 from .formats import format_info
 
 FP8 = ("fp8_e4m3", "fp8_e5m2")
@@ -95,8 +95,8 @@ def quantize_tiles(x, tile=(1, 128), fmt: str = "fp8_e4m3"):
 
     x = torch.as_tensor(x, dtype=torch.float32)
     tr, tc = (check_int("tile[0]", tile[0], 1), check_int("tile[1]", tile[1], 1))
-    check_int("rows of x, in tiles", x.shape[0] // tr if x.shape[0] % tr == 0 else 0, 1)
-    check_int("columns of x, in tiles", x.shape[1] // tc if x.shape[1] % tc == 0 else 0, 1)
+    check_multiple("x.shape[0]", x.shape[0], tr, "tile[0]")
+    check_multiple("x.shape[1]", x.shape[1], tc, "tile[1]")
     blocks = x.reshape(x.shape[0] // tr, tr, x.shape[1] // tc, tc)
     scales = amax_scale(blocks.abs().amax(dim=(1, 3)), fmt)
     q = _cast(blocks * scales[:, None, :, None], fmt).reshape(x.shape)
