@@ -50,14 +50,16 @@ _GRAMMAR_LOCK = threading.Lock()
 @dataclasses.dataclass
 class Prepared:
     """A validated request ready to queue (``LLMEngine.prepare``): prompt text (or None), its token ids,
-    the final ``SamplingParams`` (``max_tokens`` resolved), the compiled grammar or None, and one torch
-    generator (or None) per sample."""
+    the final ``SamplingParams`` (``max_tokens`` resolved), the compiled grammar or None, one torch
+    generator (or None) per sample, and ``budget``: the tokens it can really still produce,
+    min(max_tokens, context − prompt), the budget its grammar mask plans for."""
 
     prompt: str | None
     ids: list[int]
     params: SamplingParams
     grammar: object
     generators: list
+    budget: int
 
 
 class LLMEngine:
@@ -164,8 +166,9 @@ class LLMEngine:
         for i in range(params.n):  # every sample's generator before anything is queued (add_request is atomic)
             seed = params.sample_seed(i)
             gens.append(None if seed is None else torch.Generator(device="cpu").manual_seed(seed))
-        grammar = self._grammar(params, ids) if params.structured else None
-        return Prepared(prompt if isinstance(prompt, str) else None, ids, params, grammar, gens)
+        budget = min(params.max_tokens, rest)  # generation stops at whichever comes first
+        grammar = self._grammar(params, ids, budget) if params.structured else None
+        return Prepared(prompt if isinstance(prompt, str) else None, ids, params, grammar, gens, budget)
 
     def add_request(
         self,
@@ -196,14 +199,15 @@ class LLMEngine:
                 generator=pr.generators[i],
                 prompt=pr.prompt,
             )
-            seq.allowed = None if pr.grammar is None else pr.grammar.walker(pr.params.max_tokens)
+            seq.allowed = None if pr.grammar is None else pr.grammar.walker(pr.budget)
             seqs.append(seq)
         for seq in seqs:  # nothing above touched the engine's state
             self.scheduler.add(seq)
         self.requests[request_id] = seqs
 
-    def _grammar(self, params: SamplingParams, ids: list[int]):
-        """Compile a request's json_schema/regex/choice into a budget-aware token mask (structured.py)."""
+    def _grammar(self, params: SamplingParams, ids: list[int], budget: int):
+        """Compile a request's json_schema/regex/choice into a budget-aware token mask (structured.py);
+        ``budget``: the tokens the request can produce, so a match that cannot end within it is refused."""
         from .structured import Grammar, GrammarError
 
         vocab = self.model.cfg.vocab_size
@@ -235,7 +239,7 @@ class LLMEngine:
                 f"max_tokens={params.max_tokens} is out of range: the shortest match takes {g.min_tokens} tokens",
                 param="max_tokens",
             )
-        if len(ids) + g.min_tokens > self.max_model_len:
+        if budget < g.min_tokens:  # the context, not max_tokens, is the binding limit
             raise GrammarError(
                 f"prompt of {len(ids)} tokens + the shortest match ({g.min_tokens}) exceeds "
                 f"max_model_len={self.max_model_len}",
@@ -569,8 +573,17 @@ class LLM:
                     "speculative decoding honours temperature, top_k, top_p, stop, logprobs, seed, n and "
                     "structured outputs; min_p, min_tokens, logit_bias and the penalties need the engine's path",
                 )
-            checked.append((prompt, p, pr.ids, pr.grammar))
-        for prompt, p, ids, grammar in checked:
+            # the draft's k tokens and the bonus one need room in the contiguous caches too
+            budget = min(pr.budget, eng.model.cfg.seq_len - len(pr.ids) - self.num_speculative_tokens - 1)
+            shortest = 1 if pr.grammar is None else max(1, pr.grammar.min_tokens)
+            if budget < shortest:
+                raise ParamError(
+                    "prompt",
+                    f"prompt of {len(pr.ids)} tokens leaves {budget} tokens of context for speculative decoding "
+                    f"(num_speculative_tokens={self.num_speculative_tokens} + 1 are reserved); needs {shortest}",
+                )
+            checked.append((prompt, p, pr.ids, pr.grammar, budget))
+        for prompt, p, ids, grammar, budget in checked:
             eos = None if p.ignore_eos or not eng.eos_token_ids else min(eng.eos_token_ids)
             completions = []
             for i in range(p.n):
@@ -595,13 +608,13 @@ class LLM:
                     ids,
                     draft=self.speculative_model,
                     k=self.num_speculative_tokens,
-                    max_new_tokens=p.max_tokens,
+                    max_new_tokens=budget,  # stops at the context's end, as the engine does
                     temperature=p.temperature,
                     top_k=p.top_k,
                     top_p=p.top_p,
                     seed=((self.seed if p.seed is None else p.seed) + i) % 2**64,
                     eos_id=eos,
-                    allowed=None if grammar is None else grammar.walker(p.max_tokens),
+                    allowed=None if grammar is None else grammar.walker(budget),
                     stop=stop if (p.stop or p.stop_token_ids) else None,
                     keep_logprobs=p.logprobs is not None,
                 )
