@@ -23,7 +23,7 @@ Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
 - ``RadixCache`` (``radix``): SGLang's token-level radix tree with LRU eviction, a notebook exhibit
   (notebook 14 measures it beside the hash-chained blocks on a multi-turn workload). The engine does
   not use it.
-- The serving engine, in vLLM's style (``engine``, ``scheduler``, ``model_runner``, ``sampler``,
+- The serving engine, in vLLM's style (``llm``, ``engine``, ``config``, ``scheduler``, ``model_runner``, ``sampler``,
   ``sampling_params``, ``sequence``): ``LLM(model, ...).generate(prompts, SamplingParams(...))`` ->
   ``RequestOutput``s; ``LLMEngine`` (``add_request``, ``step``, ``abort_request``) with continuous
   batching, chunked prefill, preemption (recompute or swap), prefix caching; ``llm.load_weights``.
@@ -95,7 +95,7 @@ _LAZY = {
     "PagedKVCache": ".paged",
     "paged_attention": ".paged",
     "RadixCache": ".radix",
-    "LLM": ".engine",
+    "LLM": ".llm",
     "LLMEngine": ".engine",
     "EngineConfig": ".config",
     "SamplingParams": ".sampling_params",

@@ -246,7 +246,7 @@ class _Worker:
     def _engine(self):
         if self.llm is None:
             from ..inference import ByteTokenizer
-            from ..inference.engine import LLM
+            from ..inference.llm import LLM
 
             tok = ByteTokenizer(self.model.cfg.vocab_size)
             self.llm = LLM(
