@@ -510,6 +510,8 @@ def test_the_state_count_before_compiling_is_at_most_the_compiled_one():
         assert dfa_states(f"(a|b)*a(a|b){{{n}}}", 10**6) == 2 ** (n + 1)
     assert dfa_states("(a)\\1", 10) is None  # a back-reference: not modelled, only the exact check applies
     assert dfa_states("(x?|bxx1)", 10) is None  # leftmost-first priorities: outlines-core keeps 2 states
+    assert dfa_states("(a?b?){1200}", 10**5) is None  # the count's own work is bounded (quadratic here)
+    assert dfa_states("a{4000}", 10**5) == 4001 and dfa_states("a{6000}", 10**5) is None  # max_nfa
 
 
 def test_too_many_grammar_states_are_refused_before_compiling(monkeypatch):

@@ -149,7 +149,7 @@ def _charset(op, av):
     raise _Unsupported(op)
 
 
-def dfa_states(regex: str, limit: int, max_nfa: int = 20_000) -> int | None:
+def dfa_states(regex: str, limit: int, max_nfa: int = 5_000, max_work: int = 4_000_000) -> int | None:
     """The number of states of ``regex``'s character-level DFA (subset construction over a Thompson NFA built
     from Python's regex parser; the alphabet split into the intervals between range boundaries; ``\\d``,
     ``\\w``, ``\\s`` as ASCII), counting no further than ``limit + 1``: a bounded compilation, so that a
@@ -157,12 +157,15 @@ def dfa_states(regex: str, limit: int, max_nfa: int = 20_000) -> int | None:
     to minutes for an exponential one). outlines-core's automaton over bytes has at least as many states on
     the tests' regexes (it reports a match one byte late, which can double them), so this count refuses only
     grammars the exact check would refuse; those between the two pass it and meet the exact check.
-    None where the syntax is not modelled (look-arounds, back-references, more than ``max_nfa`` NFA
-    states), and for alternations of more than single characters and lazy repeats: outlines-core's automaton
-    follows leftmost-first priorities, which drop lower-priority branches once a higher one matches
-    (``(x?|bxx1)`` compiles to 2 states in 0.2.14, ``(a|ab)`` never allows ``ab``), so it can have fewer
-    states than this count. Then only the exact check applies. (Python's parser turns ``(a|b)`` into the
-    class ``[ab]``, so such alternations are counted.)"""
+
+    None (not counted: only the exact check applies) where the syntax is not modelled (look-arounds,
+    back-references); where the count would cost more than ``max_work`` machine words ORed (about a second
+    here) or the NFA more than ``max_nfa`` states (long chains of optional parts such as ``(a?b?){1200}``);
+    and for alternations of more than single characters and lazy repeats: outlines-core's automaton follows
+    leftmost-first priorities, which drop lower-priority branches once a higher one matches (``(x?|bxx1)``
+    compiles to 2 states in 0.2.14, ``(a|ab)`` never allows ``ab``), so it can have fewer states than this
+    count. Python's parser turns ``(a|b)`` into the class ``[ab]``, so such alternations are counted; JSON
+    schemas and choice lists always bring longer ones."""
     try:
         tree = _sre_parse.parse(regex)
     except Exception:
@@ -219,34 +222,28 @@ def dfa_states(regex: str, limit: int, max_nfa: int = 20_000) -> int | None:
     bounds = sorted({x for es in edges for rs, _ in es for a, b in rs for x in (a, b)} | {0, _MAXCHAR})
     pos = {b: i for i, b in enumerate(bounds)}
     n = len(eps)
-    closure = [0] * n
+    closure = [1 << s for s in range(n)]  # epsilon closures as bit sets: a fixed point, whole sets ORed at once
+    for _ in range(64):  # one pass per nesting level of loops (their back edges); deeper: not counted
+        changed = False
+        for s in range(n - 1, -1, -1):
+            c = closure[s]
+            for t in eps[s]:
+                c |= closure[t]
+            if c != closure[s]:
+                closure[s], changed = c, True
+        if not changed:
+            break
+    else:
+        return None
+    live = sum(1 << s for s in range(n) if edges[s]) | 1 << final  # the DFA's states are sets of these
+    moves: list[dict] = [{} for _ in range(n)]  # per NFA state: {class index: the set of live states reached}
     for s in range(n):
-        seen, stack = 1 << s, [s]
-        while stack:
-            for t in eps[stack.pop()]:
-                if not seen >> t & 1:
-                    seen |= 1 << t
-                    stack.append(t)
-        closure[s] = seen
-    live = [s for s in range(n) if edges[s]] + ([final] if not edges[final] else [])
-    index = {s: i for i, s in enumerate(live)}  # the DFA's states are sets of these (compact bit positions)
-
-    def compact(mask):
-        out = 0
-        for s, i in index.items():
-            if mask >> s & 1:
-                out |= 1 << i
-        return out
-
-    moves = []  # per live state: {class index: the set of live states reached}
-    for s in live:
-        m = {}
+        m = moves[s]
         for rs, t in edges[s]:
-            c = compact(closure[t])
+            c = closure[t] & live
             for a, b in rs:
                 for k in range(pos[a], pos[b]):
                     m[k] = m.get(k, 0) | c
-        moves.append(m)
     chunk_cache: dict = {}  # (chunk, its 8 bits) -> {class: set reached}: a DFA step is a few dict merges
 
     def chunk_moves(j, v):
@@ -258,18 +255,21 @@ def dfa_states(regex: str, limit: int, max_nfa: int = 20_000) -> int | None:
         chunk_cache[j, v] = out
         return out
 
-    s0 = compact(closure[start])
+    s0 = closure[start] & live
     seen, todo = {s0}, [s0]
+    cost, words = 0, n // 64 + 1  # work in machine words ORed: bounded by max_work, else not counted
     while todo:
-        mask, j = todo.pop(), 0
+        mask = todo.pop()
         out: dict = {}
-        while mask:
-            v = mask & 255
-            if v:
-                for k, c in (chunk_cache.get((j, v)) or chunk_moves(j, v)).items():
-                    out[k] = out.get(k, 0) | c
-            mask >>= 8
-            j += 1
+        while mask:  # over the non-zero 8-bit chunks only
+            j = ((mask & -mask).bit_length() - 1) >> 3
+            v = mask >> (8 * j) & 255
+            mask ^= v << (8 * j)
+            for k, c in (chunk_cache.get((j, v)) or chunk_moves(j, v)).items():
+                out[k] = out.get(k, 0) | c
+            cost += words
+        if cost > max_work:
+            return None
         for t in set(out.values()):
             if t not in seen:
                 seen.add(t)
