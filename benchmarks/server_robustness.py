@@ -156,7 +156,9 @@ def main(argv=None) -> str:
         "| server | aborted | finished | engine steps after the close (median, max) |",
         "|---|---|---|---|",
     ]
-    for name, label in (("before", f"before (`serve.py` at {args.before})"), ("after", "after (this commit)")):
+    now = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    after = f"after (the working tree at {now.strip() or 'an unknown commit'})"
+    for name, label in (("before", f"before (`serve.py` at {args.before})"), ("after", after)):
         ts = trials[name]
         steps = [t["steps_after_close"] for t in ts]
         lines.append(
