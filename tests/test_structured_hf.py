@@ -142,7 +142,7 @@ def check(kw, text):
 def test_outputs_always_match(setup, kw):
     kind, tok, llm = setup
     ids = tok.encode("Q: give an answer.\nA:")
-    g = llm.engine._grammar(SamplingParams(max_tokens=200, **kw), ids)
+    g = llm.engine.prepare(ids, SamplingParams(max_tokens=200, **kw)).grammar
     multi = 0
     tb, _ = tk.token_bytes(tok, len(tok))
     for temperature, seeds in ((0.0, [0]), (1.0, range(6))):
