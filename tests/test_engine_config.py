@@ -112,3 +112,18 @@ def test_a_bf16_kv_pool_stores_rounded_keys_and_holds_twice_the_blocks(model):
     k32, k16 = full.engine.kv.k[0].flatten(0, 1)[:n_slots], half.engine.kv.k[0].flatten(0, 1)[:n_slots]
     assert torch.equal(k16, k32.to(torch.bfloat16)) and not torch.equal(k16.float(), k32)
     assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]
+
+
+def test_the_server_command_line_exposes_every_engine_option():
+    from mlsys_nb.inference.serve import build_parser
+
+    parser = build_parser()
+    dests = {a.dest for a in parser._actions}
+    assert set(EngineConfig.fields()) - {"speculative_model", "num_speculative_tokens"} <= dests
+    args = parser.parse_args(
+        ["--block-size", "8", "--no-enable-prefix-caching", "--preemption-mode", "swap", "--kv-cache-dtype", "bf16"]
+    )
+    assert EngineConfig.from_cli(args) == EngineConfig(
+        block_size=8, enable_prefix_caching=False, preemption_mode="swap", kv_cache_dtype="bf16"
+    )
+    assert (args.model, args.host, args.max_n) == ("tiny", "127.0.0.1", parser.get_default("max_n"))

@@ -57,6 +57,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from ..config import check_int, check_number
+from .config import EngineConfig
 from .sampling_params import SamplingParams
 
 # the request fields each endpoint honours (``/v1/completions`` and ``/v1/chat/completions``)
@@ -128,8 +130,8 @@ def retry_after_seconds(waiting: int, left_times, now: float, window: float = 10
     the engine (finished, failed or aborted) in the last ``window`` seconds / ``window`` (requests/s;
     ``left_times`` in seconds on the clock of ``now``), clamped to [``lo``, ``hi``]; ``hi`` when none left
     in the window. A model of the wait, not a promise: the rate changes."""
-    if not window > 0 or not 1 <= lo <= hi:
-        raise ValueError(f"window={window!r} must be > 0 and lo={lo!r}, hi={hi!r} must satisfy 1 <= lo <= hi")
+    check_number("window", window, 0, lo_open=True, unit="seconds")
+    check_int("hi", hi, check_int("lo", lo, 1))
     rate = sum(1 for t in left_times if now - window <= t <= now) / window
     if rate == 0:
         return hi
@@ -817,37 +819,31 @@ def build_app(engine, model_name: str, limits: Limits | None = None, clock=time.
     return app
 
 
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: the server's own flags, then one flag per ``EngineConfig`` field (``--block-size``,
+    ``--no-enable-prefix-caching``, ``--preemption-mode swap``, ``--kv-cache-dtype bf16``, ...)."""
     ap = argparse.ArgumentParser(description="OpenAI-compatible server over the mlsys_nb engine")
     ap.add_argument("--model", default="tiny", help="a preset name from data/models.yaml (random weights)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--num-blocks", type=int, default=None)
-    ap.add_argument("--max-num-seqs", type=int, default=64)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
     ap.add_argument("--max-waiting-requests", type=int, default=Limits.max_waiting_requests)
     ap.add_argument("--max-n", type=int, default=Limits.max_n)
-    ap.add_argument("--max-grammar-states", type=int, default=100_000)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 avoids oversubscription on small CPUs)")
     ap.add_argument("--log-level", default="warning")
-    args = ap.parse_args(argv)
+    engine_flags = ap.add_argument_group("engine (EngineConfig; --seed also seeds the random weights)")
+    EngineConfig.add_cli_arguments(engine_flags, skip=("speculative_model", "num_speculative_tokens"))
+    return ap
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     import torch
     import uvicorn
 
     from .engine import LLMEngine
 
     torch.set_num_threads(args.threads)
-    engine = LLMEngine(
-        args.model,
-        block_size=args.block_size,
-        num_blocks=args.num_blocks,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        seed=args.seed,
-        max_grammar_states=args.max_grammar_states,
-    )
+    engine = LLMEngine(args.model, config=EngineConfig.from_cli(args))
     limits = Limits(max_n=args.max_n, max_waiting_requests=args.max_waiting_requests)
     app = build_app(engine, args.model, limits)
     print(f"serving {args.model} on http://{args.host}:{args.port}/v1", flush=True)
