@@ -47,6 +47,11 @@ The mask (written here, not by the library):
 ``generate_structured(model, prompt_ids, grammar, max_tokens, temperature, seed, draft=None, k=4)``
 decodes with ``speculative.speculative_generate`` (the same loop; ``draft=None`` is plain decoding,
 a draft or ``"ngram"`` gives structured + speculative decoding: drafted tokens are masked too).
+
+Known limitation (outlines-core 0.2.14): from a state where the match could end, the index keeps no edge into
+a state where it could not, so the longer branch of ``x(yz)?`` or of the choices ``["b", "bba"]`` is never
+generated. Outputs still always match; they only miss such continuations
+(``tests/test_structured.py`` pins it with a strict xfail).
 """
 
 from __future__ import annotations
@@ -85,10 +90,13 @@ class GrammarError(ValueError):
 
 
 def choice_regex(choices) -> str:
-    """A regex matching exactly one of the strings in ``choices`` (metacharacters escaped)."""
+    """A regex matching exactly one of the strings in ``choices`` (metacharacters escaped), longest first:
+    outlines-core's automaton gives an alternation leftmost priority, so in ``(a|ab)`` the branch ``a``
+    wins and ``ab`` could never be generated; ``(ab|a)`` keeps both."""
     if isinstance(choices, str) or not choices or not all(isinstance(c, str) and c for c in choices):
         raise GrammarError(f"choice={choices!r}: allowed a non-empty list of non-empty strings")
-    return "(" + "|".join("".join("\\" + ch if ch in _META else ch for ch in c) for c in choices) + ")"
+    ordered = sorted(dict.fromkeys(choices), key=len, reverse=True)  # stable: equal lengths keep their order
+    return "(" + "|".join("".join("\\" + ch if ch in _META else ch for ch in c) for c in ordered) + ")"
 
 
 # ---- a bounded count of states before compiling (max_grammar_states) ------------------------------------
