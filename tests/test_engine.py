@@ -650,3 +650,19 @@ def test_step_times_window_keeps_memory_flat(model):
     leaky = engine(500)
     leaky.step_times = []
     assert growth(leaky, 2_500) > 150_000, "1,000 unbounded step records must show"
+
+
+def test_the_teaching_generate_loop_equals_the_engine(model):
+    """``generation.generate`` (one contiguous cache, one prefill, a decode loop) is a teaching loop: its
+    greedy outputs equal the engine's for a batch of prompts of different lengths, EOS included."""
+    from mlsys_nb.inference import ByteTokenizer, generate
+
+    tok = ByteTokenizer()
+    prompts = ["a", "Hello there", "The KV cache holds", "x" * 40]
+    ours = generate(model, tok, prompts, max_new_tokens=12)
+    sp = SamplingParams(temperature=0, max_tokens=12)
+    theirs = LLM(model, tokenizer=tok).generate(prompts, sp, use_tqdm=False)
+    for g, o in zip(ours, theirs):
+        c = o.outputs[0]
+        assert [t for t in c.token_ids if t != tok.eos_id] == g.token_ids
+        assert (c.text, c.finish_reason) == (g.text, g.finish_reason)

@@ -6,6 +6,9 @@ steps of one token for the sequences still running (finished ones leave the batc
 ``temperature == 0``. Stops a sequence at the tokenizer's EOS id or after ``max_new_tokens``.
 Returns ``Generation`` records with the text, the token ids and timings (time to first token,
 time per output token), the two latencies serving systems report.
+
+A teaching loop: the serving engine (``LLM``) is the real one; greedy outputs of the two are equal
+(``tests/test_engine.py``) and sampling draws from the engine sampler's distribution (``filter_probs``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 from ..config import check_int, check_number
 from ..runtime.timing import Timer
 from .kv_cache import KVCache
+from .sampler import filter_probs
 from .tokenizer import decode_stream
 
 
@@ -31,9 +35,10 @@ class Generation:
 
 
 def _sample(logits: torch.Tensor, temperature: float, gen: torch.Generator) -> torch.Tensor:
+    """Greedy at temperature 0, else one draw per row from the engine sampler's distribution."""
     if temperature == 0:
         return logits.argmax(-1)
-    probs = (logits.float() / temperature).softmax(-1)
+    probs = filter_probs(logits.float(), temperature)  # the engine's sampler: softmax(logits / T)
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
 
 

@@ -92,7 +92,9 @@ def to_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """softmax(logits / T) in fp32, or one-hot argmax when T == 0 (greedy)."""
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    return (logits.float() / temperature).softmax(-1)
+    from .sampler import filter_probs
+
+    return filter_probs(logits.float(), temperature)  # the engine sampler's distribution
 
 
 def accept_prob(p_tok: torch.Tensor, q_tok: torch.Tensor) -> torch.Tensor:
