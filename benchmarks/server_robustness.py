@@ -11,6 +11,8 @@
    for), alternating, with both counts.
 
     .venv/bin/python benchmarks/server_robustness.py [--trials 5] [--out data/measured/server_robustness.md]
+    .venv/bin/python benchmarks/server_robustness.py --quick   # a smoke run: the current server only, one
+                                                               # leaver, one grammar size; writes nothing
 """
 
 from __future__ import annotations
@@ -138,16 +140,23 @@ def main(argv=None) -> str:
     ap.add_argument("--before", default="10e2cdf", help="the commit whose serve.py is the 'before' server")
     ap.add_argument("--limit", type=int, default=100_000, help="max_grammar_states (the server's default)")
     ap.add_argument("--out", default=None, help="append the report to this markdown file")
+    ap.add_argument("--quick", action="store_true", help="smoke run: no before server, 1 trial, n = 8")
     args = ap.parse_args(argv)
     if args.trials < 1:
         raise SystemExit(f"--trials={args.trials}: must be >= 1")
+    if args.quick and args.out:
+        raise SystemExit("--quick is a smoke run: it writes no record (drop --out)")
     head = machine()
     trials: dict[str, list[dict]] = {"before": [], "after": []}
-    with old_package(args.before) as old, server(ROOT) as after_url, server(old) as before_url:
-        for _ in range(args.trials):
-            trials["before"].append(leaver_trial(before_url))
+    if args.quick:
+        with server(ROOT) as after_url:
             trials["after"].append(leaver_trial(after_url))
-    grammar = grammar_rows([10, 12, 14, 15, 16], args.limit)
+    else:
+        with old_package(args.before) as old, server(ROOT) as after_url, server(old) as before_url:
+            for _ in range(args.trials):
+                trials["before"].append(leaver_trial(before_url))
+                trials["after"].append(leaver_trial(after_url))
+    grammar = grammar_rows([8] if args.quick else [10, 12, 14, 15, 16], args.limit)
     lines = [f"## {head}", ""]
     lines += [
         f"Non-streaming leavers ({args.trials} per server, alternating; 110 tokens asked, the socket closed once the "
@@ -160,6 +169,8 @@ def main(argv=None) -> str:
     after = f"after (the working tree at {now.strip() or 'an unknown commit'})"
     for name, label in (("before", f"before (`serve.py` at {args.before})"), ("after", after)):
         ts = trials[name]
+        if not ts:  # --quick: no 'before' server
+            continue
         steps = [t["steps_after_close"] for t in ts]
         lines.append(
             f"| {label} | {sum(t['aborted'] for t in ts)}/{len(ts)} | {sum(t['finished'] for t in ts)}/{len(ts)} | "
