@@ -92,7 +92,7 @@ def old_package(commit: str):
 
 @contextlib.contextmanager
 def server(pythonpath: Path):
-    from serve_helpers import free_port, wait_health
+    from serve_helpers import free_port, stop_process, wait_health
 
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(pythonpath))
@@ -109,12 +109,7 @@ def server(pythonpath: Path):
         yield url
     finally:
         log.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
+        stop_process(proc)
 
 
 def grammar_rows(ns, limit: int) -> list[dict]:

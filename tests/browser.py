@@ -15,6 +15,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from serve_helpers import stop_process
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("MLSYS_NB_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -70,12 +72,7 @@ def voila_server(notebook: str = "00_dashboard.ipynb", log_path: Path | None = N
                 time.sleep(0.3)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc, timeout=10)
         log.close()
 
 

@@ -37,6 +37,16 @@ def wait_health(url: str, proc=None, timeout: float = 120) -> None:
         time.sleep(0.2)
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 15) -> None:
+    """Terminate ``proc``; kill it if it has not exited within ``timeout`` seconds; reap it."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout)
+
+
 @contextlib.contextmanager
 def serve_process(*args: str, model: str = "tiny"):
     """``python -m mlsys_nb.inference.serve --model MODEL --port <free> *args``; yields ``(url, proc)``."""
@@ -49,9 +59,4 @@ def serve_process(*args: str, model: str = "tiny"):
         wait_health(url, proc)
         yield url, proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
+        stop_process(proc)
