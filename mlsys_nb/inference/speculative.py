@@ -43,6 +43,7 @@ import torch
 from ..config import check_choice, check_int, check_number, check_probability
 from ..runtime.timing import Laps
 from .kv_cache import KVCache
+from .sampler import apply_mask, filter_probs
 
 
 __all__ = [
@@ -92,8 +93,6 @@ def to_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """softmax(logits / T) in fp32, or one-hot argmax when T == 0 (greedy)."""
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    from .sampler import filter_probs
-
     return filter_probs(logits.float(), temperature)  # the engine sampler's distribution
 
 
@@ -259,13 +258,9 @@ def speculative_generate(
         if allowed is not None:
             m = allowed(prefix)
             if m is not None:  # the grammar: disallowed logits to -inf BEFORE the softmax
-                from .sampler import apply_mask
-
                 logits = apply_mask(logits, m)
-        if temperature == 0 or (top_k == -1 and top_p == 1.0):
+        if temperature == 0:
             return to_probs(logits, temperature)
-        from .sampler import filter_probs
-
         return filter_probs(logits.float(), temperature, top_k, top_p)
 
     while len(out) < max_new_tokens:
