@@ -5,7 +5,7 @@ VENV       ?= .venv
 # torch is installed first, pinned: a looser range would pull a multi-GB CUDA build.
 # For a GPU machine, e.g.: make lab TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS     ?= lab,test,bench,inference,rl
+EXTRAS     ?= lab,test,bench,inference,rl,kernels,finetune
 HOST       ?= 127.0.0.1
 PORT       ?= 8888
 DASHBOARD_PORT ?= 8866
