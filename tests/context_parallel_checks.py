@@ -62,16 +62,16 @@ def cp_checks():
                 res[f"{name}/causal={causal}/{layout}"] = one_case(fn, causal, layout)
     res["no-overlap/ring"] = one_case(lambda *t, **kw: cpm.ring_attention(*t, overlap=False, **kw), True, "zigzag")
     # the idea broken on purpose: average the blocks' outputs instead of the log-sum-exp merge
-    orig = cpm._merge
+    orig = cpm.merge_partials
 
     def average(out, lse, bo, bl):
         return (out + bo) / 2 if torch.isfinite(lse).all() else bo, torch.logaddexp(lse, bl)
 
-    cpm._merge = average
+    cpm.merge_partials = average
     try:
         res["broken/merge"] = one_case(cpm.ring_attention, True, "zigzag")
     finally:
-        cpm._merge = orig
+        cpm.merge_partials = orig
     res["memory"] = memory_checks()
     return res
 

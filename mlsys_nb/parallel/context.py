@@ -58,6 +58,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..config import check_choice, check_divides, check_int, check_multiple, dtype_bytes
+from ..kernels.attention import merge_partials  # the one online-softmax merge (FlashAttention)
 from ..runtime.timing import Timer
 from .functional import gather_from
 
@@ -129,12 +130,6 @@ def _block_forward(q, k, v, masked, scale):
     return torch.exp(s - lse.unsqueeze(-1)) @ v, lse
 
 
-def _merge(out, lse, bo, bl):
-    """Online-softmax merge of a block's (output, lse) into the running one (FlashAttention)."""
-    new = torch.logaddexp(lse, bl)
-    return torch.exp(lse - new).unsqueeze(-1) * out + torch.exp(bl - new).unsqueeze(-1) * bo, new
-
-
 class _Ring:
     """Post the ring exchange of ``buf``: send to rank+1, receive from rank−1 (no wait)."""
 
@@ -173,7 +168,7 @@ class _RingAttention(torch.autograd.Function):
                 kk, vv = _repeat_kv(kv[0], g), _repeat_kv(kv[1], g)
                 for qs, ks, masked in _blocks(mine, pieces(seq_len, n, src, layout), causal):
                     bo, bl = _block_forward(q[:, :, qs], kk[:, :, ks], vv[:, :, ks], masked, scale)
-                    out[:, :, qs], lse[:, :, qs] = _merge(out[:, :, qs], lse[:, :, qs], bo, bl)
+                    out[:, :, qs], lse[:, :, qs] = merge_partials(out[:, :, qs], lse[:, :, qs], bo, bl)
                     work += (qs.stop - qs.start) * (ks.stop - ks.start)
             if ring is not None:
                 with wait:

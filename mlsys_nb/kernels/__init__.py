@@ -1,0 +1,28 @@
+"""Inside one GPU: attention kernels, their memory traffic, Triton, the memory hierarchy and fusion (notebook 21).
+
+- ``attention``: ``naive_attention`` (the O(s²) reference), ``flash_attention`` (tiled online softmax in
+  plain PyTorch with its own recomputing backward; causal bottom-right aligned, GQA, any lengths),
+  ``flash_decode`` (FlashDecoding's split-K) and ``merge_partials``, the one online-softmax merge (ring
+  attention in ``parallel/context.py`` uses it too). Tested against ``scaled_dot_product_attention``:
+  outputs and the three input gradients on random shapes.
+- ``io``: ``IOCounter`` counts the bytes an algorithm loads and stores; ``naive_forward_io`` and
+  ``flash_forward_io`` (the paper's Algorithm 1 with its block sizes from the SRAM size) run through it;
+  ``peak_forward_bytes`` reads peak memory from the profiler's memory timeline.
+"""
+
+from .attention import causal_mask, flash_attention, flash_decode, merge_partials, naive_attention, tile_partial
+from .io import IOCounter, flash_forward_io, naive_forward_io, paper_block_sizes, peak_forward_bytes
+
+__all__ = [
+    "IOCounter",
+    "causal_mask",
+    "flash_attention",
+    "flash_decode",
+    "flash_forward_io",
+    "merge_partials",
+    "naive_attention",
+    "naive_forward_io",
+    "paper_block_sizes",
+    "peak_forward_bytes",
+    "tile_partial",
+]

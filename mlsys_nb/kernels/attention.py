@@ -1,0 +1,202 @@
+"""Attention three ways, in plain PyTorch: the O(s²) reference, FlashAttention's tiles, FlashDecoding's split-K.
+
+Shapes: ``q`` is ``[batch, heads, s_q, head_dim]``, ``k`` and ``v`` are ``[batch, kv_heads, s_k, head_dim]``
+with ``heads`` a multiple of ``kv_heads`` (grouped-query attention: query head ``h`` reads KV head
+``h // (heads // kv_heads)``, as ``repeat_interleave`` and SDPA's ``enable_gqa``). Softmax scale ``1/sqrt(d)``.
+
+**Causal, bottom-right aligned.** With ``s_q <= s_k`` the queries are the *last* ``s_q`` positions of
+the sequence (the KV-cache convention: a decode step's one query sees every cached key): query row ``i``
+sees key ``j`` iff ``j <= i + (s_k - s_q)``. SDPA's ``is_causal=True`` is top-left aligned instead
+(row ``i`` sees ``j <= i``); the two agree only when ``s_q == s_k``.
+
+**The online softmax** (Dao et al. 2022, arXiv:2205.14135, Sec. 3.1; Milakov & Gimelshein 2018). A
+partial result over some keys is a pair ``(o, lse)``: ``o`` the softmax-weighted sum of their values,
+normalised over those keys only, and ``lse = log Σ exp(scores)`` over them. Two partials over disjoint
+key sets merge exactly (``merge_partials``)::
+
+    lse = log(e^lse_a + e^lse_b),   o = e^(lse_a − lse) · o_a + e^(lse_b − lse) · o_b
+
+The factor ``e^(lse_a − lse)`` is the *rescale*: the old output was normalised by a sum that is now
+too small. This is FlashAttention's running max and running sum in log form (the max is folded into
+``lse``). The same merge joins ring attention's blocks (``parallel/context.py``) and FlashDecoding's
+splits (``flash_decode``).
+
+**Backward without the s×s matrix** (FlashAttention-2, Dao 2023, arXiv:2307.08691, Alg. 2). Saved:
+``q, k, v, o`` and ``lse`` (``s_q`` numbers per head). Per tile the scores are recomputed and
+``P = exp(S − lse)``; with ``D = rowsum(dO ∘ O)``: ``dV += Pᵀ dO``, ``dP = dO Vᵀ``,
+``dS = P ∘ (dP − D)``, ``dQ += dS K / sqrt(d)``, ``dK += dSᵀ Q / sqrt(d)``. ``D`` is the row term of
+the softmax Jacobian (``Σ_j P_ij dP_ij = dO_i · O_i``); without it the gradients are wrong.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..config import check_int
+
+__all__ = [
+    "naive_attention",
+    "flash_attention",
+    "flash_decode",
+    "merge_partials",
+    "tile_partial",
+    "causal_mask",
+]
+
+
+def _check_shapes(q, k, v, causal):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-d tensor [batch, heads, seq, head_dim], got {getattr(t, 'shape', t)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    b, h, sq, d = q.shape
+    if k.shape[0] != b or k.shape[3] != d:
+        raise ValueError(f"k must be [batch={b}, kv_heads, s_k, head_dim={d}], got {tuple(k.shape)}")
+    if h % k.shape[1]:
+        raise ValueError(f"q's heads ({h}) must be a multiple of k's heads ({k.shape[1]}) for grouped-query attention")
+    if causal and sq > k.shape[2]:
+        raise ValueError(
+            f"causal attention needs s_q <= s_k (queries are the last s_q positions), got s_q={sq}, s_k={k.shape[2]}"
+        )
+    return h // k.shape[1]
+
+
+def causal_mask(s_q: int, s_k: int, *, q_start: int = 0, k_start: int = 0, device=None) -> torch.Tensor:
+    """Boolean ``[s_q, s_k]`` mask, True where query ``q_start + i`` may see key ``k_start + j`` under
+    bottom-right causal alignment of a full ``(s_q_total, s_k_total)`` problem whose offset
+    ``s_k_total - s_q_total`` is folded into ``k_start`` by the caller (pass ``k_start - offset``)."""
+    i = torch.arange(q_start, q_start + s_q, device=device).unsqueeze(1)
+    j = torch.arange(k_start, k_start + s_k, device=device).unsqueeze(0)
+    return j <= i
+
+
+def naive_attention(q, k, v, *, causal: bool = False):
+    """Reference attention that builds the whole ``[s_q, s_k]`` score matrix (O(s²) memory):
+    ``softmax(q kᵀ / sqrt(d) + mask) v``, bottom-right causal mask, GQA by repeating K/V heads."""
+    g = _check_shapes(q, k, v, causal)
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    if causal:
+        sq, sk = s.shape[-2:]
+        s = s.masked_fill(~causal_mask(sq, sk, k_start=-(sk - sq), device=s.device), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def merge_partials(out, lse, out_b, lse_b):
+    """Merge two attention partials over disjoint keys (the online softmax): returns ``(out, lse)``
+    with ``lse = log(e^lse + e^lse_b)`` and ``out = e^(lse − new)·out + e^(lse_b − new)·out_b``.
+    ``out``: ``[..., n, d]``, ``lse``: ``[..., n]``. A row that has seen no key yet has ``lse = -inf``
+    (its ``out`` is ignored); two such rows merge to ``(0, -inf)``."""
+    new = torch.logaddexp(lse, lse_b)
+    ref = torch.where(torch.isfinite(new), new, torch.zeros_like(new))  # no key seen: weights 0, not NaN
+    wa, wb = torch.exp(lse - ref).unsqueeze(-1), torch.exp(lse_b - ref).unsqueeze(-1)
+    return wa * out + wb * out_b, new
+
+
+def tile_partial(q, k, v, scale: float, mask=None):
+    """The partial ``(out, lse)`` of queries ``q [..., n, d]`` over one tile of keys ``k, v [..., m, d]``;
+    ``mask [n, m]`` True where a key is visible. Rows that see no key of the tile give ``(0, -inf)``."""
+    s = (q @ k.transpose(-2, -1)) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(s - m)
+    rowsum = p.sum(dim=-1, keepdim=True)
+    out = (p @ v) / torch.where(rowsum > 0, rowsum, torch.ones_like(rowsum))
+    return out, (m + rowsum.log()).squeeze(-1)
+
+
+def _tiles(sq, sk, bq, bk, causal):
+    """(q slice, k slice, mask or None) for every tile that is not entirely hidden (tile skipping)."""
+    off = sk - sq
+    for qa in range(0, sq, bq):
+        qb = min(qa + bq, sq)
+        for ka in range(0, sk, bk):
+            kb = min(ka + bk, sk)
+            if causal and ka > qb - 1 + off:  # every key after the last query's horizon: skip the tile
+                break
+            masked = causal and kb - 1 > qa + off
+            mask = causal_mask(qb - qa, kb - ka, q_start=qa + off, k_start=ka) if masked else None
+            yield slice(qa, qb), slice(ka, kb), mask
+
+
+def _kv_tile(t, ks, g):
+    t = t[:, :, ks]
+    return t if g == 1 else t.repeat_interleave(g, dim=1)  # one tile's worth, never the whole K/V
+
+
+class _FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, bq, bk):
+        g = _check_shapes(q, k, v, causal)
+        sq, sk, scale = q.shape[2], k.shape[2], 1.0 / math.sqrt(q.shape[-1])
+        out = torch.zeros_like(q)
+        lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
+        for qs, ks, mask in _tiles(sq, sk, bq, bk, causal):
+            ob, lb = tile_partial(q[:, :, qs], _kv_tile(k, ks, g), _kv_tile(v, ks, g), scale, mask)
+            out[:, :, qs], lse[:, :, qs] = merge_partials(out[:, :, qs], lse[:, :, qs], ob, lb)
+        ctx.save_for_backward(q, k, v, out, lse)  # O(s·d) and O(s): nothing s_q × s_k
+        ctx.causal, ctx.bq, ctx.bk = causal, bq, bk
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        b, kvh, sk, d = k.shape
+        sq, g, scale = q.shape[2], q.shape[1] // kvh, 1.0 / math.sqrt(d)
+        delta = _row_term(dout, out)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for qs, ks, mask in _tiles(sq, sk, ctx.bq, ctx.bk, ctx.causal):
+            qt, kt, vt, dot = q[:, :, qs], _kv_tile(k, ks, g), _kv_tile(v, ks, g), dout[:, :, qs]
+            s = (qt @ kt.transpose(-2, -1)) * scale
+            p = torch.exp(s - lse[:, :, qs].unsqueeze(-1))  # recomputed from the saved lse
+            if mask is not None:
+                p = p.masked_fill(~mask, 0.0)
+            dp = dot @ vt.transpose(-2, -1)
+            ds = p * (dp - delta[:, :, qs].unsqueeze(-1))
+            dq[:, :, qs] += (ds @ kt) * scale
+            n = ks.stop - ks.start
+            dk[:, :, ks] += ((ds.transpose(-2, -1) @ qt) * scale).view(b, kvh, g, n, d).sum(2)
+            dv[:, :, ks] += (p.transpose(-2, -1) @ dot).view(b, kvh, g, n, d).sum(2)
+        return dq, dk, dv, None, None, None
+
+
+def _row_term(dout, out):
+    """D = rowsum(dO ∘ O): ``[..., s_q]``, the softmax Jacobian's row term."""
+    return (dout * out).sum(-1)
+
+
+def flash_attention(q, k, v, *, causal: bool = False, block_q: int = 64, block_k: int = 64):
+    """FlashAttention in plain PyTorch: the output of ``softmax(q kᵀ/sqrt(d)) v`` computed one
+    ``block_q × block_k`` tile of scores at a time with the online softmax (``merge_partials``), never
+    holding the ``s_q × s_k`` matrix; differentiable through its own backward, which recomputes each
+    tile's scores from the saved log-sum-exp. ``causal``: bottom-right aligned (needs ``s_q <= s_k``),
+    tiles above the diagonal skipped. GQA and any lengths (the last tiles may be short)."""
+    block_q, block_k = check_int("block_q", block_q, 1), check_int("block_k", block_k, 1)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    return _FlashAttention.apply(q, k, v, causal, block_q, block_k)
+
+
+def flash_decode(q, k, v, *, splits: int = 4, causal: bool = False):
+    """FlashDecoding (Dao, Haziza, Massa, Sizov 2023): split the KV length into ``splits`` chunks, compute
+    each chunk's partial ``(out, lse)`` independently (on a GPU: in parallel over the SMs, which a
+    one-query decode step would otherwise leave idle), then reduce the partials with ``merge_partials``.
+    Same shapes and causal rule as ``flash_attention``; forward only (decode needs no gradient)."""
+    splits = check_int("splits", splits, 1)
+    g = _check_shapes(q, k, v, causal)
+    sq, sk, scale = q.shape[2], k.shape[2], 1.0 / math.sqrt(q.shape[-1])
+    chunk = -(-sk // splits)
+    parts = []
+    for ka in range(0, sk, chunk):  # independent: these would run at the same time
+        ks = slice(ka, min(ka + chunk, sk))
+        mask = causal_mask(sq, ks.stop - ka, k_start=ka - (sk - sq), device=q.device) if causal else None
+        parts.append(tile_partial(q, _kv_tile(k, ks, g), _kv_tile(v, ks, g), scale, mask))
+    out, lse = parts[0]
+    for ob, lb in parts[1:]:  # the reduction step
+        out, lse = merge_partials(out, lse, ob, lb)
+    return out

@@ -1,0 +1,116 @@
+"""What FlashAttention saves, counted and measured: HBM bytes of a tiled forward, and peak memory.
+
+- ``IOCounter``: an instrumented slow memory ("HBM"). An algorithm written against it calls
+  ``io.load(t)`` for every block it brings into fast memory ("SRAM") and ``io.store(dst, idx, t)`` for
+  every block it writes back; the counter adds the real ``numel × element_size`` of each, so the
+  totals are a count of what the code moved, not a formula.
+- ``naive_forward_io``: standard attention as the paper's Algorithm 0: ``S = QKᵀ`` written to HBM,
+  read back for ``P = softmax(S)``, written, read back for ``O = PV``: Θ(s·d + s²) bytes.
+- ``flash_forward_io``: FlashAttention's Algorithm 1 (Dao et al. 2022, arXiv:2205.14135): block sizes
+  from the SRAM size ``M`` (in elements) as the paper chooses them, ``B_c = ceil(M / 4d)``,
+  ``B_r = min(B_c, d)``; the outer loop over K/V blocks, the inner over Q blocks, which reload
+  ``Q_i``, ``O_i`` and the row statistics every time: Θ(s²·d²/M) bytes (the paper's Theorem 2).
+- ``peak_forward_bytes(fn, *args)``: the peak live bytes while ``fn(*args)`` runs, read from the
+  profiler's memory timeline (``runtime.profiling.memory_timeline``).
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..config import check_int
+from .attention import merge_partials, tile_partial
+
+__all__ = ["IOCounter", "paper_block_sizes", "naive_forward_io", "flash_forward_io", "peak_forward_bytes"]
+
+
+class IOCounter:
+    """Bytes moved between slow memory (HBM) and fast memory (SRAM): ``read`` and ``written`` (bytes)."""
+
+    def __init__(self):
+        self.read = 0
+        self.written = 0
+
+    def load(self, t: torch.Tensor) -> torch.Tensor:
+        """Bring ``t`` into fast memory: counts its bytes as read and returns a copy."""
+        self.read += t.numel() * t.element_size()
+        return t.clone()
+
+    def store(self, dst: torch.Tensor, idx, t: torch.Tensor) -> None:
+        """Write ``t`` to ``dst[idx]`` in slow memory: counts its bytes as written."""
+        dst[idx] = t
+        self.written += t.numel() * t.element_size()
+
+    @property
+    def total(self) -> int:
+        """Bytes read plus bytes written."""
+        return self.read + self.written
+
+
+def paper_block_sizes(sram_elements: int, head_dim: int) -> tuple[int, int]:
+    """FlashAttention's block sizes for an SRAM of ``sram_elements`` elements (Algorithm 1, line 1):
+    ``(B_r, B_c) = (min(ceil(M / 4d), d), ceil(M / 4d))``: a Q, K, V and O block of ``B × d`` each fit in ``M``."""
+    m = check_int("sram_elements", sram_elements, 4)
+    d = check_int("head_dim", head_dim, 1)
+    bc = math.ceil(m / (4 * d))
+    return min(bc, d), bc
+
+
+def _check_2d(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 2:
+            raise ValueError(f"{name} must be a 2-d tensor [seq, head_dim] (one head), got {tuple(t.shape)}")
+
+
+def naive_forward_io(q, k, v, io: IOCounter) -> torch.Tensor:
+    """Standard attention of one head (``[s, d]`` tensors) with every intermediate in slow memory."""
+    _check_2d(q, k, v)
+    s_mat = torch.empty(q.shape[0], k.shape[0], dtype=q.dtype)
+    io.store(s_mat, slice(None), io.load(q) @ io.load(k).T / math.sqrt(q.shape[1]))
+    p_mat = torch.empty_like(s_mat)
+    io.store(p_mat, slice(None), torch.softmax(io.load(s_mat), dim=-1))
+    out = torch.empty_like(q)
+    io.store(out, slice(None), io.load(p_mat) @ io.load(v))
+    return out
+
+
+def flash_forward_io(q, k, v, io: IOCounter, *, sram_elements: int) -> torch.Tensor:
+    """FlashAttention's forward of one head (``[s, d]`` tensors) in the paper's loop order, every block
+    moved through ``io``; the online softmax is ``attention.merge_partials`` in log-sum-exp form."""
+    _check_2d(q, k, v)
+    br, bc = paper_block_sizes(sram_elements, q.shape[1])
+    s, scale = q.shape[0], 1.0 / math.sqrt(q.shape[1])
+    out = torch.zeros_like(q)
+    lse = torch.full((s,), float("-inf"), dtype=q.dtype)
+    io.store(out, slice(None), out.clone())  # line 2: O and the statistics initialised in HBM
+    io.store(lse, slice(None), lse.clone())
+    for ka in range(0, k.shape[0], bc):
+        ks = slice(ka, ka + bc)
+        kj, vj = io.load(k[ks]), io.load(v[ks])
+        for qa in range(0, s, br):
+            qs = slice(qa, qa + br)
+            qi, oi, li = io.load(q[qs]), io.load(out[qs]), io.load(lse[qs])
+            oi, li = merge_partials(oi, li, *tile_partial(qi, kj, vj, scale))
+            io.store(out, qs, oi)
+            io.store(lse, qs, li)
+    return out
+
+
+def peak_forward_bytes(fn, *args, **kwargs) -> int:
+    """Peak bytes allocated (above what was live before) while ``fn(*args, **kwargs)`` runs under
+    ``torch.no_grad``, from the CPU memory timeline of a ``torch.profiler`` trace (``profile_memory=True``)."""
+    from torch.profiler import profile
+
+    from ..runtime.profiling import activities, load_trace, memory_timeline
+
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        with profile(activities=activities("cpu"), profile_memory=True) as prof:
+            fn(*args, **kwargs)
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        timeline = memory_timeline(load_trace(path))
+    return max([0] + [b for _, b in timeline])
