@@ -1,0 +1,75 @@
+"""Checkpoints, failures and offload: training that survives (notebook 24).
+
+- ``interval``: Young's optimal checkpoint interval ``sqrt(2·C·MTBF)``, the first-order share of time
+  lost, the exact renewal formula and a seeded simulation of a long run with random failures (tested
+  against each other); Llama 3's published interruption counts.
+- ``sharded``: sharded checkpoints of an FSDP2 job with ``torch.distributed.checkpoint`` on real gloo
+  ranks: atomic writes, SHA-256 manifest, the newest k kept; every RNG, the sampler, the LR schedule and
+  the step saved; resharding to fewer ranks or one process; a from-scratch sharded save tested equal to DCP's.
+- ``offload``: a from-scratch ZeRO-Offload optimizer (AdamW on the host, parameters copied back), tested
+  equal to the on-device step, with the bytes it moves counted; when offload hides under compute (a model).
+"""
+
+from .interval import (
+    daly_interval,
+    exact_lost_fraction,
+    expected_lost_fraction,
+    job_mtbf,
+    llama3_interruptions,
+    optimal_interval,
+    simulate_lost_fraction,
+)
+from .offload import OffloadAdamW, OffloadTime, offload_break_even_tokens, offload_bytes_per_step, offload_time
+from .sharded import (
+    STATE_PARTS,
+    CorruptCheckpointError,
+    ShuffledSampler,
+    Spec,
+    Trainer,
+    async_stall_job,
+    checkpoints,
+    dcp_full,
+    directory_bytes,
+    latest,
+    load,
+    load_shards_full,
+    resume_in_process,
+    resume_variants,
+    save,
+    save_shards,
+    train_job,
+    verify,
+)
+
+__all__ = [
+    "optimal_interval",
+    "daly_interval",
+    "expected_lost_fraction",
+    "exact_lost_fraction",
+    "simulate_lost_fraction",
+    "job_mtbf",
+    "llama3_interruptions",
+    "Spec",
+    "Trainer",
+    "ShuffledSampler",
+    "CorruptCheckpointError",
+    "STATE_PARTS",
+    "save",
+    "load",
+    "latest",
+    "checkpoints",
+    "verify",
+    "save_shards",
+    "load_shards_full",
+    "dcp_full",
+    "directory_bytes",
+    "train_job",
+    "resume_variants",
+    "resume_in_process",
+    "async_stall_job",
+    "OffloadAdamW",
+    "OffloadTime",
+    "offload_bytes_per_step",
+    "offload_time",
+    "offload_break_even_tokens",
+]

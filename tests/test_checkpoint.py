@@ -1,0 +1,239 @@
+"""mlsys_nb.checkpoint: the checkpoint interval against a simulation and the exact renewal formula; sharded
+checkpoints of an FSDP2 job on real gloo ranks (resume bitwise on the same world size, resharded to 2 ranks and
+one process, every piece of state needed, atomic and checksummed files, a from-scratch save equal to DCP's);
+a real SIGKILL and a resume; async save; ZeRO-Offload's step equal to AdamW's."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+
+import pytest
+import torch
+
+from mlsys_nb.checkpoint import (
+    STATE_PARTS,
+    CorruptCheckpointError,
+    OffloadAdamW,
+    ShuffledSampler,
+    Spec,
+    daly_interval,
+    dcp_full,
+    exact_lost_fraction,
+    expected_lost_fraction,
+    job_mtbf,
+    latest,
+    llama3_interruptions,
+    load_shards_full,
+    offload_break_even_tokens,
+    offload_bytes_per_step,
+    offload_time,
+    optimal_interval,
+    resume_in_process,
+    resume_variants,
+    simulate_lost_fraction,
+    train_job,
+    verify,
+)
+from mlsys_nb.config import ArgumentError
+from mlsys_nb.hardware import gpu, link
+
+SPEC = Spec()
+STEPS, EVERY, RESUME_AT = 6, 2, 4
+
+
+# ---- how often to checkpoint -------------------------------------------------------------------
+def test_optimal_interval_is_the_minimum_of_the_first_order_loss_on_random_inputs():
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        c, m = 1 + 100 * torch.rand(1, generator=rng).item(), 1e4 + 1e6 * torch.rand(1, generator=rng).item()
+        grid = [optimal_interval(c, m) * f for f in (0.5 + i / 100 for i in range(101))]
+        best = min(grid, key=lambda t: expected_lost_fraction(t, c, m))
+        assert best == pytest.approx(optimal_interval(c, m), rel=0.011)
+        assert daly_interval(c, m) == pytest.approx(optimal_interval(c, m), rel=0.05)  # C << M: the orders agree
+
+
+def test_simulation_agrees_with_the_exact_formula_and_the_first_order_one_when_intervals_are_short():
+    c, m, r = 30.0, 3e4, 60.0
+    for t in (0.5 * optimal_interval(c, m), optimal_interval(c, m), 2 * optimal_interval(c, m)):
+        sim = simulate_lost_fraction(t, c, m, restart_s=r, segments=40000, seed=1)
+        assert sim == pytest.approx(exact_lost_fraction(t, c, m, r), rel=0.03)
+        assert expected_lost_fraction(t, c, m, r) == pytest.approx(exact_lost_fraction(t, c, m, r), rel=0.12)
+
+
+def test_simulated_loss_is_smallest_at_young_interval_and_a_wrong_factor_is_worse():
+    """The key check broken: sqrt(C·M) (the factor 2 dropped) loses measurably more in the simulation."""
+    c, m = 30.0, 3e4
+    at = {f: simulate_lost_fraction(f * optimal_interval(c, m), c, m, segments=60000, seed=2) for f in (0.5, 1, 2)}
+    assert at[1] < at[0.5] and at[1] < at[2]
+    wrong = simulate_lost_fraction(math.sqrt(c * m), c, m, segments=60000, seed=2)
+    assert wrong > at[1] * 1.03
+
+
+def test_llama3_interruptions_give_a_three_hour_job_mtbf():
+    d = llama3_interruptions()
+    assert d["interruptions"] == d["planned"] + d["unexpected"]
+    assert d["job_mtbf_s"] / 3600 == pytest.approx(54 * 24 / 419)  # ~3.1 h between unexpected interruptions
+    assert job_mtbf(d["gpu_mtbf_s"], d["gpus"]) == pytest.approx(d["job_mtbf_s"])
+
+
+def test_bad_interval_arguments_name_the_parameter():
+    with pytest.raises(ArgumentError, match="save_s must be a finite number of seconds > 0"):
+        optimal_interval(0, 10)
+    with pytest.raises(ArgumentError, match="restart_s"):
+        expected_lost_fraction(1, 1, 10, restart_s=-1)
+    with pytest.raises(ArgumentError, match="n_samples must be a multiple of global_batch"):
+        Spec(n_samples=10, global_batch=4)
+
+
+def test_sampler_resumes_at_its_position():
+    a = ShuffledSampler(12, 4, seed=3)
+    first = [a.next_batch() for _ in range(4)]
+    b = ShuffledSampler(12, 4, seed=3)
+    b.load_state_dict(ShuffledSampler(12, 4, seed=3).state_dict() | {"epoch": 1, "position": 0})
+    assert torch.equal(b.next_batch(), first[3])  # 12 / 4 = 3 batches per epoch: the 4th opens epoch 1
+
+
+# ---- sharded checkpoints on real ranks ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One uninterrupted run on 4 ranks, one killed by SIGKILL, the resumes (4 ranks with each state part
+    dropped in turn, 2 ranks, one process). Five launches, about 20 s on the shared 2-core machine."""
+    import mlsys_nb
+    from mlsys_nb.runtime import RankError
+
+    d = tmp_path_factory.mktemp("ckpt")
+    kw = dict(save_every=EVERY, keep=2, scratch_at=RESUME_AT)
+    ref = mlsys_nb.launch(train_job, 4, args=(SPEC, d / "ref", STEPS), kwargs=kw, output="quiet", timeout=120)[0]
+    with pytest.raises(RankError) as died:
+        mlsys_nb.launch(
+            train_job, 4, args=(SPEC, d / "die", STEPS), kwargs=dict(kw, die_at=5), output="quiet", timeout=120
+        )
+    path = latest(d / "die")
+    variants = [()] + [(p,) for p in STATE_PARTS]
+    resumed = mlsys_nb.launch(resume_variants, 4, args=(SPEC, path, STEPS, variants), output="quiet", timeout=120)[0]
+    start = d / "ref" / f"step_{RESUME_AT:06d}"
+    on2 = mlsys_nb.launch(train_job, 2, args=(SPEC, d / "ref", STEPS), kwargs=dict(resume=start), output="quiet")[0]
+    on1 = resume_in_process(SPEC, start, STEPS)
+    return dict(
+        dir=d, ref=ref, died=died.value, path=path, resumed=dict(zip(variants, resumed)), on2=on2, on1=on1, start=start
+    )
+
+
+def _equal(a, b):
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _close(a, b, rtol=1e-5):
+    """Every tensor within rtol of its own largest entry (entries near zero have no relative error)."""
+    return all((a[k] - b[k]).abs().max() <= rtol * a[k].abs().max() for k in a)
+
+
+def test_a_sigkilled_rank_is_named_and_the_others_are_stopped(runs):
+    err = runs["died"]
+    assert set(err.failures) == {1}
+    assert "SIGKILL" in str(err) and set(err.consequences) == {0, 2, 3}
+    assert runs["path"].name == f"step_{RESUME_AT:06d}"  # the save at step 4 finished; step 6 never came
+
+
+def test_resume_after_the_crash_is_bitwise_equal_to_the_uninterrupted_run(runs):
+    assert _equal(runs["ref"]["params"], runs["resumed"][()])
+
+
+@pytest.mark.parametrize("part", STATE_PARTS)
+def test_dropping_any_part_of_the_state_breaks_equality(runs, part):
+    assert not _close(runs["ref"]["params"], runs["resumed"][(part,)], rtol=1e-4), part
+
+
+def test_resharded_resume_on_2_ranks_and_one_process_agrees_to_rtol_1e_5(runs):
+    ref = runs["ref"]["params"]
+    assert runs["on2"]["world"] == 2 and runs["on2"]["resumed_from"] == RESUME_AT
+    assert _close(ref, runs["on2"]["params"]) and _close(ref, runs["on1"]["params"])
+
+
+def test_keep_last_k_and_a_crashed_save_is_ignored(runs):
+    root = runs["dir"] / "ref"
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000004", "step_000006"]
+    (root / "step_000008.tmp").mkdir()  # a save that crashed before its rename
+    assert latest(root).name == "step_000006"
+
+
+def test_a_corrupt_checkpoint_is_detected_on_load(runs, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(runs["start"], bad)
+    verify(bad)
+    victim = next(f for f in sorted(bad.iterdir()) if f.suffix == ".distcp")
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match=victim.name):
+        resume_in_process(SPEC, bad, STEPS)
+    os.remove(bad / "MANIFEST.json")
+    with pytest.raises(CorruptCheckpointError, match="did not finish"):
+        verify(bad)
+
+
+def test_from_scratch_sharded_save_equals_dcp(runs):
+    ours = load_shards_full(runs["dir"] / "ref" / f"scratch_{RESUME_AT:06d}")
+    theirs = dcp_full(runs["start"])
+    assert sorted(ours) == sorted(theirs) and len(ours) == 18  # 6 parameters, 2 AdamW moments each
+    assert _equal(ours, theirs)
+
+
+# ---- offload -----------------------------------------------------------------------------------
+def _mlp(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+
+
+def _train(model, opt, seed, steps=4):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x, y = torch.randn(8, 16, generator=g), torch.randn(8, 8, generator=g)
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_offload_step_equals_adamw_on_device_and_counts_its_bytes():
+    a, b = _mlp(0), _mlp(0)
+    kw = dict(lr=1e-2, weight_decay=0.1)
+    _train(a, torch.optim.AdamW(a.parameters(), **kw), 1)
+    off = OffloadAdamW(b.parameters(), **kw)
+    _train(b, off, 1)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    n = sum(p.numel() for p in b.parameters())
+    assert off.bytes_to_host == off.bytes_to_device == 4 * 4 * n  # 4 steps, fp32 both ways
+    assert offload_bytes_per_step(n, "fp32", "fp32")["total"] == 8 * n
+    assert off.state_bytes() == 12 * n  # fp32 master + two moments, on the host
+
+
+def test_offload_without_the_copy_back_does_not_train_the_device_model(monkeypatch):
+    """The key check broken: the parameters never come back from the host."""
+    monkeypatch.setattr(OffloadAdamW, "_parameters_to_device", lambda self: None)
+    a, b = _mlp(0), _mlp(0)
+    _train(a, torch.optim.AdamW(a.parameters(), lr=1e-2), 1)
+    _train(b, OffloadAdamW(b.parameters(), lr=1e-2), 1)
+    assert not all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def test_offload_bf16_moves_two_bytes_each_way():
+    m = _mlp(0).to(torch.bfloat16)
+    off = OffloadAdamW(m.parameters(), lr=1e-2)
+    m(torch.randn(4, 16, dtype=torch.bfloat16)).sum().backward()
+    off.step()
+    n = sum(p.numel() for p in m.parameters())
+    assert off.bytes_to_host == off.bytes_to_device == 2 * n == offload_bytes_per_step(n)["to_host"]
+    assert all(p.dtype == torch.bfloat16 for p in m.parameters())
+
+
+def test_offload_break_even_is_where_transfer_equals_compute():
+    for g, ln in (("H100-SXM", "pcie5-x16"), ("A100-80GB-SXM", "pcie4-x16")):
+        tokens = offload_break_even_tokens(g, ln, mfu=0.4)
+        # by hand from the tables: 4 bytes per parameter over the link vs 6 FLOPs per parameter per token
+        by_hand = 4 * gpu(g).peak_flops["bf16"] * 0.4 / (6 * link(ln).per_direction_bytes_per_s)
+        assert tokens == pytest.approx(by_hand)
+        t = offload_time(10**9, tokens, g, ln, mfu=0.4)
+        assert t.transfer_s == pytest.approx(t.compute_s)
+        assert offload_time(10**9, 2 * tokens, g, ln).hidden and not offload_time(10**9, tokens / 2, g, ln).hidden
