@@ -1,5 +1,8 @@
-"""Notebook 01 under papermill with non-default world sizes and the exercise solutions
-(the defaults, exercises not attempted, run under nbval)."""
+"""Notebook 01 under papermill with a non-default world size and the exercise solutions
+(the defaults, exercises not attempted, run under nbval).
+
+One odd world size, 3: the even and odd groups differ in size and the halves of exercise 2 are
+uneven (1 and 2 ranks), which the default 4 never shows."""
 
 import pytest
 
@@ -8,7 +11,6 @@ from nbrun import assert_exercises_passed, printed_text, run_notebook
 
 @pytest.mark.notebook
 @pytest.mark.slow
-@pytest.mark.parametrize("world_size", [3, 8])
-def test_first_distributed_program_other_world_sizes(world_size):
-    nb = run_notebook("01_first_distributed_program.ipynb", world_size=world_size, quick=True, solutions=True)
+def test_first_distributed_program_odd_world_size():
+    nb = run_notebook("01_first_distributed_program.ipynb", world_size=3, quick=True, solutions=True)
     assert_exercises_passed(printed_text(nb), 2)

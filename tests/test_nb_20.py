@@ -1,4 +1,5 @@
-"""Notebook 20 under papermill: two seeds with the worked solutions filled in and checked."""
+"""Notebook 20 under papermill: another seed and size with the worked solutions filled in and checked
+(the defaults, seed 0 and n=3 with no answers, run under nbval)."""
 
 import pytest
 from nbrun import printed_text, run_notebook
@@ -7,8 +8,8 @@ TOPICS = 12
 
 
 @pytest.mark.notebook
-@pytest.mark.parametrize("seed", [1, 7])
-def test_notebook_20_solutions_pass_for_two_seeds(seed):
+def test_notebook_20_solutions_pass_for_another_seed():
+    seed = 7
     nb = run_notebook("20_interview_worksheets.ipynb", seed=seed, n=2, solutions=True)
     text = printed_text(nb)
     assert f"seed={seed}, n=2" in text
