@@ -8,7 +8,22 @@
 - ``io``: ``IOCounter`` counts the bytes an algorithm loads and stores; ``naive_forward_io`` and
   ``flash_forward_io`` (the paper's Algorithm 1 with its block sizes from the SRAM size) run through it;
   ``peak_forward_bytes`` reads peak memory from the profiler's memory timeline.
+- ``triton_kernels`` (imported on its own; needs ``pip install -e .[kernels]``): vector add, fused softmax,
+  tiled matmul and FlashAttention's forward in Triton, interpreted on CPU tensors.
+- ``hierarchy``: this CPU's caches and streaming-read bandwidth, real ops on the roofline; ``fusion``: an
+  elementwise chain eager vs ``torch.compile`` beside a bytes model.
+
+Importing this package sets ``TRITON_INTERPRET=1`` when no CUDA device is present and the variable is
+unset: Triton reads it when it decorates its own library functions, so it must be set before anything
+(``torch.compile``, the profiler) imports Triton.
 """
+
+import os as _os
+
+import torch as _torch
+
+if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
+    _os.environ["TRITON_INTERPRET"] = "1"
 
 from .attention import causal_mask, flash_attention, flash_decode, merge_partials, naive_attention, tile_partial
 from .io import IOCounter, flash_forward_io, naive_forward_io, paper_block_sizes, peak_forward_bytes

@@ -43,10 +43,12 @@ __all__ = [
     "merge_partials",
     "tile_partial",
     "causal_mask",
+    "check_shapes",
 ]
 
 
-def _check_shapes(q, k, v, causal):
+def check_shapes(q, k, v, causal) -> int:
+    """Check attention inputs (4-d, matching batch and head_dim, GQA heads, causal ``s_q <= s_k``); the group size."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-d tensor [batch, heads, seq, head_dim], got {getattr(t, 'shape', t)}")
@@ -76,7 +78,7 @@ def causal_mask(s_q: int, s_k: int, *, q_start: int = 0, k_start: int = 0, devic
 def naive_attention(q, k, v, *, causal: bool = False):
     """Reference attention that builds the whole ``[s_q, s_k]`` score matrix (O(s²) memory):
     ``softmax(q kᵀ / sqrt(d) + mask) v``, bottom-right causal mask, GQA by repeating K/V heads."""
-    g = _check_shapes(q, k, v, causal)
+    g = check_shapes(q, k, v, causal)
     k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
     s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
     if causal:
@@ -132,7 +134,7 @@ def _kv_tile(t, ks, g):
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, bq, bk):
-        g = _check_shapes(q, k, v, causal)
+        g = check_shapes(q, k, v, causal)
         sq, sk, scale = q.shape[2], k.shape[2], 1.0 / math.sqrt(q.shape[-1])
         out = torch.zeros_like(q)
         lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
@@ -188,7 +190,7 @@ def flash_decode(q, k, v, *, splits: int = 4, causal: bool = False):
     one-query decode step would otherwise leave idle), then reduce the partials with ``merge_partials``.
     Same shapes and causal rule as ``flash_attention``; forward only (decode needs no gradient)."""
     splits = check_int("splits", splits, 1)
-    g = _check_shapes(q, k, v, causal)
+    g = check_shapes(q, k, v, causal)
     sq, sk, scale = q.shape[2], k.shape[2], 1.0 / math.sqrt(q.shape[-1])
     chunk = -(-sk // splits)
     parts = []
