@@ -9,6 +9,9 @@
   round to nearest (``rtn``) on a layer's output error (tested); ``apply`` runs them over a model's linear layers.
 - ``lora``: ``LoRALinear`` (equal to ``peft``'s LoRA in outputs and gradients, tested), ``NF4Linear`` (QLoRA's
   frozen base), ``add_lora``, ``trainable_parameters``, ``state_bytes``.
+- ``outliers``: outlier channels and W8A8 int8 matmuls: naive vector-wise, LLM.int8()'s decomposition, SmoothQuant.
+- ``speed``: int8 weights through ``torch._weight_int8pack_mm`` timed against fp32 and bf16 (interleaved); the
+  roofline's decode step with quantized weights and the speed-up bound.
 """
 
 from .apply import linear_inputs, plant_outliers, quantize_linears, target_linears
@@ -23,6 +26,8 @@ from .formats import (
     unpack_int4,
 )
 from .gptq import gptq, hessian, rtn
+from .outliers import channel_outliers, int8_matmul, llm_int8_matmul, smoothquant_matmul
+from .speed import decode_speedup_bound, int8_linear, int8_weights, time_decode_matmuls, weight_only_decode_cost
 from .lora import LoRALinear, NF4Linear, add_lora, state_bytes, trainable_parameters
 
 __all__ = [
@@ -33,6 +38,15 @@ __all__ = [
     "QuantizedTensor",
     "add_lora",
     "awq",
+    "channel_outliers",
+    "decode_speedup_bound",
+    "int8_linear",
+    "int8_matmul",
+    "int8_weights",
+    "llm_int8_matmul",
+    "smoothquant_matmul",
+    "time_decode_matmuls",
+    "weight_only_decode_cost",
     "gptq",
     "hessian",
     "linear_inputs",
