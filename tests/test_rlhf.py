@@ -1,6 +1,7 @@
 """RLHF on a tiny model (mlsys_nb.rl.rlhf): the losses against hand formulas, the KL estimators against exact
-KL, rollouts against teacher forcing, bad input, and one slow run of the whole flow (SFT, reward model, PPO
-with and without the KL penalty)."""
+KL, rollouts against teacher forcing, bad input. The whole flow (SFT, reward model with held-out accuracy > 90 %,
+PPO raising the true reward by > 1.5 with KL < 8 nats, and the same PPO without the KL penalty hacking the
+reward model) is checked by notebook 18 itself, at seed 0 under nbval and at seed 1 in tests/test_nb_18.py."""
 
 import math
 
@@ -112,30 +113,6 @@ def test_bad_input_raises_clear_errors():
         R.ppo(None, None, kl_coef=-1.0)  # rejected before any model is touched
     with pytest.raises(ValueError, match="multiple of group_size"):
         R.grpo(None, None, batch=30, group_size=8)
-
-
-@pytest.fixture(scope="module")
-def trained():
-    torch.set_num_threads(1)
-    pol = R.new_policy(seed=0)
-    R.sft(pol, R.make_demos(2000, 0), steps=150, batch=32, seed=0)
-    pairs = R.make_preferences(2400, 1)
-    rm, _ = R.train_reward_model(pairs[:2000], init=pol, steps=150, batch=32, seed=0)
-    rm.normalize(pol, seed=0)
-    return pol, rm, pairs
-
-
-@pytest.mark.slow
-def test_sft_reward_model_and_ppo_raise_true_reward_with_bounded_kl_and_kl0_hacks(trained):
-    pol, rm, pairs = trained
-    assert R.preference_accuracy(rm, pairs[2000:]) > 0.9
-    _, h = R.ppo(pol, rm, seed=0, kl_coef=0.3, progress=False)
-    start, end = h.iloc[0], h.iloc[-1]
-    assert end.true_reward > start.true_reward + 1.5, h
-    assert end.kl < 8, h
-    # the same check fails when the idea is broken: without the KL term the reward model is exploited
-    _, h0 = R.ppo(pol, rm, seed=0, kl_coef=0.0, progress=False)
-    assert h0.rm_score.iloc[-1] > end.rm_score and h0.true_reward.iloc[-1] < end.true_reward - 2, h0
 
 
 def test_hidden_states_are_the_forward_without_the_head_and_scores_sum_over_response_tokens():
