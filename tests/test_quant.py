@@ -169,3 +169,28 @@ def test_nf4_linear_equals_bitsandbytes_linear4bit_forward():
     mine = NF4Linear(lin, group_size=64, double_quant=False)
     assert torch.allclose(mine(x), ref(x), atol=1e-5)
     assert sum(b.numel() * b.element_size() for b in mine.buffers()) < 0.15 * 4 * lin.weight.numel() + 4 * 64
+
+
+def test_bits_per_weight_formula_equals_the_stored_bytes():
+    from mlsys_nb.quant.sizing import bits_per_weight
+
+    w = torch.randn(256, 1024, generator=torch.Generator().manual_seed(6))
+    for scheme, g, dq in [("int8", -1, False), ("int4", 32, False), ("int4", 128, False), ("nf4", 64, False)]:
+        assert quantize(w, scheme, group_size=g).bits_per_weight == bits_per_weight(scheme, 1024 if g == -1 else g, dq)
+    measured = quantize(w, "nf4", group_size=64, double_quant=True).bits_per_weight
+    assert measured - bits_per_weight("nf4", 64, True) == 32 / w.numel()  # the one fp32 mean, per tensor
+
+
+def test_lora_params_formula_equals_the_module_and_qlora_paper_figures():
+    from mlsys_nb.config import tiny_config
+    from mlsys_nb.models import Transformer
+    from mlsys_nb.quant import add_lora, trainable_parameters
+    from mlsys_nb.quant.sizing import finetune_bytes, lora_params
+
+    cfg = tiny_config(hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=96)
+    assert trainable_parameters(add_lora(Transformer(cfg), r=4, alpha=8)) == lora_params(cfg, 4)
+    # QLoRA (arXiv:2305.14314) §1: LLaMA-65B from more than 780 GB (16-bit full fine-tuning) to under 48 GB
+    full, qlora = finetune_bytes("llama-65b", "full"), finetune_bytes("llama-65b", "qlora", r=64)
+    assert full["total"] > 780e9 and qlora["total"] < 48e9
+    # the NF4 base is what makes it fit: LoRA on the same base kept in bf16 does not
+    assert finetune_bytes("llama-65b", "lora", r=64)["total"] > 48e9

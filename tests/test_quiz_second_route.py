@@ -669,3 +669,54 @@ def test_profiling_route_catches_an_overlap_key_that_counts_concurrent_spans_twi
     monkeypatch.setattr(profiling, "overlap_fraction", no_merge)
     qs = _draws("profiling.overlap_fraction", seeds=range(40))
     assert not all(q.check(routes.worked_response(q)).ok for q in qs)
+
+
+# ---- kernels: FLOPs and bytes by hand, Algorithm 1's loop walked in Python, exp-sums, counting up ----
+@pytest.mark.parametrize(
+    "name",
+    [
+        "kernels.op_intensity",
+        "kernels.op_bound",
+        "kernels.op_roofline_time",
+        "kernels.fusion_speedup",
+        "kernels.flash_block_sizes",
+        "kernels.flash_hbm_bytes",
+        "kernels.score_matrix_memory",
+        "kernels.online_softmax_merge",
+        "kernels.decode_splits",
+    ],
+)
+def test_kernels_families_by_their_worked_routes(name):
+    """Each family's worked response (quiz/routes/kernels.py: never mlsys_nb.kernels) passes its check."""
+    from mlsys_nb.quiz import routes
+
+    for q in _draws(name):
+        assert q.check(routes.worked_response(q)).ok, (name, q.params, q.answer)
+
+
+def test_kernels_route_catches_a_merge_without_the_rescale(monkeypatch):
+    """A key whose merge adds the partials' outputs without rescaling fails the exp-sum route."""
+    import torch
+
+    import mlsys_nb.kernels as kernels
+    from mlsys_nb.quiz import routes
+
+    def no_rescale(out, lse, out_b, lse_b):
+        return out + out_b, torch.logaddexp(lse, lse_b)
+
+    monkeypatch.setattr(kernels, "merge_partials", no_rescale)
+    qs = _draws("kernels.online_softmax_merge")
+    assert not any(q.check(routes.worked_response(q)).ok for q in qs)
+
+
+def test_kernels_route_catches_io_bytes_without_the_query_reloads(monkeypatch):
+    """A key that counts Q, O, lse once (the FlashAttention-2 loop order's Q traffic) fails Algorithm 1's walk."""
+    import mlsys_nb.kernels as kernels
+    from mlsys_nb.quiz import routes
+
+    def once(s, d, m, *, elem_bytes=4):
+        return float(elem_bytes * (s * (d + 1) + 2 * s * d + s * (3 * d + 2)))
+
+    monkeypatch.setattr(kernels, "flash_io_bytes", once)
+    qs = _draws("kernels.flash_hbm_bytes")
+    assert not any(q.check(routes.worked_response(q)).ok for q in qs)

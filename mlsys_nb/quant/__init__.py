@@ -10,6 +10,9 @@
 - ``lora``: ``LoRALinear`` (equal to ``peft``'s LoRA in outputs and gradients, tested), ``NF4Linear`` (QLoRA's
   frozen base), ``add_lora``, ``trainable_parameters``, ``state_bytes``.
 - ``outliers``: outlier channels and W8A8 int8 matmuls: naive vector-wise, LLM.int8()'s decomposition, SmoothQuant.
+- ``sizing``: closed forms: ``bits_per_weight`` (tested against ``.nbytes``), ``quantized_weight_bytes``,
+  ``lora_params`` (tested against the module), ``finetune_bytes`` (full / LoRA / QLoRA model states, tested
+  against the QLoRA paper's LLaMA-65B figures).
 - ``speed``: int8 weights through ``torch._weight_int8pack_mm`` timed against fp32 and bf16 (interleaved); the
   roofline's decode step with quantized weights and the speed-up bound.
 """
@@ -27,6 +30,7 @@ from .formats import (
 )
 from .gptq import gptq, hessian, rtn
 from .outliers import channel_outliers, int8_matmul, llm_int8_matmul, smoothquant_matmul
+from .sizing import bits_per_weight, finetune_bytes, lora_params, quantized_weight_bytes
 from .speed import decode_speedup_bound, int8_linear, int8_weights, time_decode_matmuls, weight_only_decode_cost
 from .lora import LoRALinear, NF4Linear, add_lora, state_bytes, trainable_parameters
 
@@ -38,6 +42,10 @@ __all__ = [
     "QuantizedTensor",
     "add_lora",
     "awq",
+    "bits_per_weight",
+    "finetune_bytes",
+    "lora_params",
+    "quantized_weight_bytes",
     "channel_outliers",
     "decode_speedup_bound",
     "int8_linear",

@@ -34,6 +34,7 @@ TOPICS = {  # topic -> (title, notebook that teaches it)
     ),
     "rl": ("RL and RLHF", "notebooks/17_rl_fundamentals.ipynb, 18_rlhf.ipynb"),
     "layout": ("Choosing a parallel layout", "notebooks/10_training_memory.ipynb"),
+    "kernels": ("Inside one GPU: roofline, fusion, FlashAttention", "notebooks/21_inside_one_gpu.ipynb"),
     "precision": ("Number formats and mixed precision", "notebooks/22_number_formats_and_mixed_precision.ipynb"),
 }
 

@@ -9,6 +9,7 @@ from . import (  # noqa: F401
     data_parallel,
     expert_context,
     inference,
+    kernels,
     layout,
     memory,
     pipeline,

@@ -28,6 +28,7 @@ from . import (  # noqa: F401  (each module registers its topic's routes)
     data_parallel,
     expert_context,
     inference,
+    kernels,
     layout,
     memory,
     pipeline,
