@@ -144,8 +144,7 @@ def test_io_counts_equal_the_closed_forms_and_scale_as_the_paper_says():
         torch.testing.assert_close(kernels.flash_forward_io(q, k, v, io, sram_elements=m), ref)
         br, bc = kernels.paper_block_sizes(m, d)
         assert (br, bc) == (min(math.ceil(m / (4 * d)), d), math.ceil(m / (4 * d)))
-        t_c = math.ceil(s / bc)
-        assert io.total == 4 * (s * (d + 1) + 2 * s * d + t_c * s * (3 * d + 2))
+        assert io.total == kernels.flash_io_bytes(s, d, m)
         counts[m] = io.total
     assert 3.0 < counts[512] / counts[2048] < 4.0  # Θ(s²d²/M): 4× the SRAM, ~4× fewer bytes
 

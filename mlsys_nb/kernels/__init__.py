@@ -25,19 +25,38 @@ import torch as _torch
 if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
     _os.environ["TRITON_INTERPRET"] = "1"
 
-from .attention import causal_mask, flash_attention, flash_decode, merge_partials, naive_attention, tile_partial
-from .io import IOCounter, flash_forward_io, naive_forward_io, paper_block_sizes, peak_forward_bytes
+from .attention import (
+    causal_mask,
+    decode_splits,
+    flash_attention,
+    flash_decode,
+    merge_partials,
+    naive_attention,
+    tile_partial,
+)
+from .io import (
+    IOCounter,
+    flash_forward_io,
+    flash_io_bytes,
+    naive_forward_io,
+    paper_block_sizes,
+    peak_forward_bytes,
+    score_matrix_bytes,
+)
 
 __all__ = [
     "IOCounter",
     "causal_mask",
+    "decode_splits",
     "flash_attention",
     "flash_decode",
     "flash_forward_io",
+    "flash_io_bytes",
     "merge_partials",
     "naive_attention",
     "naive_forward_io",
     "paper_block_sizes",
     "peak_forward_bytes",
+    "score_matrix_bytes",
     "tile_partial",
 ]

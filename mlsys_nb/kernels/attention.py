@@ -40,6 +40,7 @@ __all__ = [
     "naive_attention",
     "flash_attention",
     "flash_decode",
+    "decode_splits",
     "merge_partials",
     "tile_partial",
     "causal_mask",
@@ -202,3 +203,10 @@ def flash_decode(q, k, v, *, splits: int = 4, causal: bool = False):
     for ob, lb in parts[1:]:  # the reduction step
         out, lse = merge_partials(out, lse, ob, lb)
     return out
+
+
+def decode_splits(batch: int, heads: int, n_sms: int) -> int:
+    """FlashDecoding's split count: the fewest KV splits that give every one of ``n_sms`` streaming
+    multiprocessors at least one (batch, head, split) work item, ``ceil(n_sms / (batch · heads))``."""
+    batch, heads, n_sms = check_int("batch", batch, 1), check_int("heads", heads, 1), check_int("n_sms", n_sms, 1)
+    return -(-n_sms // (batch * heads))

@@ -17,7 +17,7 @@ import torch
 from ..config import check_int
 from ..runtime.timing import Timer, median
 
-__all__ = ["chain", "chain_bytes", "compare_fusion"]
+__all__ = ["chain", "chain_bytes", "unary_chain_bytes", "compare_fusion"]
 
 # (elements read, elements written) per element of x, for each eager kernel of ``chain``
 EAGER_KERNELS = {"x + b": (1, 1), "gelu": (1, 1), "* 0.5": (1, 1), "+ x": (2, 1)}
@@ -34,6 +34,13 @@ def chain_bytes(numel: int, *, fused: bool, elem_bytes: int = 4) -> int:
     numel = check_int("numel", numel, 1)
     per = sum(r + w for r, w in EAGER_KERNELS.values()) if fused is False else 2
     return numel * per * elem_bytes
+
+
+def unary_chain_bytes(numel: int, n_ops: int, *, fused: bool, elem_bytes: float = 4) -> float:
+    """Bytes moved by ``n_ops`` unary elementwise ops in a row over ``numel`` elements (model): eager, each
+    op reads its input and writes its output (``2·n_ops`` per element); fused, one read and one write (2)."""
+    numel, n_ops = check_int("numel", numel, 1), check_int("n_ops", n_ops, 1)
+    return float(numel * (2 * n_ops if not fused else 2) * elem_bytes)
 
 
 def compare_fusion(rows: int = 2048, cols: int = 2048, *, reps: int = 7, compiled=None) -> dict:

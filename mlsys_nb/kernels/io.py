@@ -25,7 +25,15 @@ import torch
 from ..config import check_int
 from .attention import merge_partials, tile_partial
 
-__all__ = ["IOCounter", "paper_block_sizes", "naive_forward_io", "flash_forward_io", "peak_forward_bytes"]
+__all__ = [
+    "IOCounter",
+    "paper_block_sizes",
+    "naive_forward_io",
+    "flash_forward_io",
+    "flash_io_bytes",
+    "score_matrix_bytes",
+    "peak_forward_bytes",
+]
 
 
 class IOCounter:
@@ -98,6 +106,25 @@ def flash_forward_io(q, k, v, io: IOCounter, *, sram_elements: int) -> torch.Ten
             io.store(out, qs, oi)
             io.store(lse, qs, li)
     return out
+
+
+def flash_io_bytes(seq: int, head_dim: int, sram_elements: int, *, elem_bytes: float = 4) -> float:
+    """Bytes ``flash_forward_io`` moves for one head of ``seq`` tokens (a formula pinned by the count in
+    tests): ``O`` and ``lse`` initialised (``s·(d+1)``), K and V read once (``2·s·d``), and for each of the
+    ``T_c = ceil(s / B_c)`` key blocks every query block's ``Q_i``, ``O_i``, ``lse_i`` read and ``O_i``,
+    ``lse_i`` written (``s·(3d+2)``). For ``B_c << s`` this is ``≈ 12·s²·d²/M`` elements: Θ(s²d²/M)."""
+    s, d = check_int("seq", seq, 1), check_int("head_dim", head_dim, 1)
+    _, bc = paper_block_sizes(sram_elements, d)
+    t_c = math.ceil(s / bc)
+    return float(elem_bytes * (s * (d + 1) + 2 * s * d + t_c * s * (3 * d + 2)))
+
+
+def score_matrix_bytes(batch: int, heads: int, s_q: int, s_k: int, *, elem_bytes: float = 4) -> float:
+    """Bytes of the ``[batch, heads, s_q, s_k]`` score (or probability) matrix that standard attention
+    materialises and FlashAttention never does (it keeps ``batch·heads·s_q`` log-sum-exp values instead)."""
+    for name, v in (("batch", batch), ("heads", heads), ("s_q", s_q), ("s_k", s_k)):
+        check_int(name, v, 1)
+    return float(batch * heads * s_q * s_k * elem_bytes)
 
 
 def peak_forward_bytes(fn, *args, **kwargs) -> int:
