@@ -671,6 +671,39 @@ def test_profiling_route_catches_an_overlap_key_that_counts_concurrent_spans_twi
     assert not all(q.check(routes.worked_response(q)).ok for q in qs)
 
 
+# ---- checkpoint: a ternary search, sums term by term, bytes per state, the hardware table read directly ----
+@pytest.mark.parametrize(
+    "name",
+    [
+        "checkpoint.write_time",
+        "checkpoint.optimal_interval",
+        "checkpoint.lost_fraction",
+        "checkpoint.job_mtbf",
+        "checkpoint.restart_cost",
+        "checkpoint.offload_traffic",
+        "checkpoint.offload_break_even",
+    ],
+)
+def test_checkpoint_families_by_their_worked_routes(name):
+    """Each family's worked response (quiz/routes/checkpoint.py: never mlsys_nb.checkpoint) passes its check."""
+    from mlsys_nb.quiz import routes
+
+    for q in _draws(name):
+        assert q.check(routes.worked_response(q)).ok, (name, q.params, q.answer)
+
+
+def test_checkpoint_route_catches_an_interval_without_the_factor_2(monkeypatch):
+    """A key with Young's interval as sqrt(C·M) fails the ternary search of the waste."""
+    import math
+
+    from mlsys_nb.quiz import routes
+    from mlsys_nb.quiz.bank import checkpoint as bank
+
+    monkeypatch.setattr(bank, "optimal_interval", lambda c, m: math.sqrt(c * m))
+    qs = _draws("checkpoint.optimal_interval")
+    assert not any(q.check(routes.worked_response(q)).ok for q in qs)
+
+
 # ---- kernels: FLOPs and bytes by hand, Algorithm 1's loop walked in Python, exp-sums, counting up ----
 @pytest.mark.parametrize(
     "name",

@@ -4,6 +4,7 @@ name of the module that declares it (``tests/test_quiz.py`` checks it for every 
 
 from . import (  # noqa: F401
     cards,
+    checkpoint,
     comm,
     compute,
     data_parallel,

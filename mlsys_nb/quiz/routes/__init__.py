@@ -23,6 +23,7 @@ each agrees with its key).
 
 from . import (  # noqa: F401  (each module registers its topic's routes)
     cards,
+    checkpoint,
     comm,
     compute,
     data_parallel,
