@@ -16,6 +16,7 @@ from .interval import (
     expected_lost_fraction,
     job_mtbf,
     llama3_interruptions,
+    lost_gpu_hours_per_day,
     optimal_interval,
     simulate_lost_fraction,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "exact_lost_fraction",
     "simulate_lost_fraction",
     "job_mtbf",
+    "lost_gpu_hours_per_day",
     "llama3_interruptions",
     "Spec",
     "Trainer",

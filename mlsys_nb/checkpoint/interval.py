@@ -31,6 +31,7 @@ __all__ = [
     "exact_lost_fraction",
     "simulate_lost_fraction",
     "job_mtbf",
+    "lost_gpu_hours_per_day",
     "llama3_interruptions",
 ]
 
@@ -95,6 +96,16 @@ def simulate_lost_fraction(
 def job_mtbf(gpu_mtbf_s: float, n_gpus: int) -> float:
     """Mean seconds between failures of a job on ``n_gpus`` independent GPUs: ``gpu_mtbf_s / n_gpus``."""
     return _positive("gpu_mtbf_s", gpu_mtbf_s) / check_int("n_gpus", n_gpus, 1)
+
+
+def lost_gpu_hours_per_day(n_gpus: int, mtbf_s: float, interval_s: float, restart_s: float) -> float:
+    """GPU-hours a job on ``n_gpus`` loses per day to failures (first order): ``86400/M`` failures a day,
+    each costing half an interval of recomputation plus the restart, on every GPU:
+    ``86400/M · (T/2 + R) · n_gpus / 3600``. Saving time is not included."""
+    n = check_int("n_gpus", n_gpus, 1)
+    m, t = _positive("mtbf_s", mtbf_s), _positive("interval_s", interval_s)
+    r = check_number("restart_s", restart_s, 0.0, unit="seconds")
+    return 86400.0 / m * (t / 2.0 + r) * n / 3600.0
 
 
 def llama3_interruptions() -> dict:

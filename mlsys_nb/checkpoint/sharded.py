@@ -34,6 +34,7 @@ import os
 import random
 import shutil
 import signal
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -341,7 +342,9 @@ def load(trainer: Trainer, path, *, drop=()) -> dict:
     manifest = verify(path)
     msd, osd = get_state_dict(trainer.model, trainer.optimizer)
     state = {"model": msd, "optim": osd}
-    dcp.load(state, checkpoint_id=str(path), no_dist=not trainer.distributed)
+    with warnings.catch_warnings():  # DCP warns that one process without a group loads alone: intended here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(path), no_dist=not trainer.distributed)
     if "optimizer" in drop:
         set_model_state_dict(trainer.model, state["model"])
         trainer.optimizer.state.clear()  # fresh AdamW moments, as if the optimizer were not saved
