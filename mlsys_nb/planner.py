@@ -122,7 +122,9 @@ class Layout:
 class Plan:
     """A layout's modelled cost: ``memory`` (``mlsys_nb.memory.Breakdown`` of the heaviest stage,
     ``memory_bytes`` incl. overhead), ``time`` (seconds per step by component, summing to
-    ``step_s``), ``mfu`` (model FLOPs / (GPUs x peak x step)), ``bottleneck`` (a sentence)."""
+    ``step_s``), ``mfu`` (model FLOPs / (GPUs x peak x step)), ``hfu`` (hardware FLOPs, i.e. with
+    the recomputed forward, / (GPUs x peak x step), from the heaviest stage's FLOP ratio),
+    ``bottleneck`` (a sentence)."""
 
     layout: Layout
     microbatches: int
@@ -134,6 +136,7 @@ class Plan:
     time: dict = field(default_factory=dict)
     links: dict = field(default_factory=dict)
     memory: object = None
+    hfu: float = float("nan")
 
     @property
     def fits(self) -> bool:
@@ -170,6 +173,8 @@ class _Ctx:
     net_ab: tuple = ()
     peak: float = 0.0  # FLOP/s per GPU at dtype
     cap: float = 0.0  # GPU memory, bytes
+    hbm: float = 0.0  # HBM bandwidth, bytes/s
+    calibration: object = None  # a Calibration, or None: the uncalibrated upper bound
 
     @property
     def sequences(self) -> int:
@@ -193,6 +198,7 @@ def _context(
     overhead_bytes=4e9,
     ep_copies=None,
     ep_bytes=2.0,
+    calibration="fitted",
 ) -> _Ctx:
     if isinstance(model, str):
         model = memory.preset(model)
@@ -218,6 +224,13 @@ def _context(
         check_number("ep_copies", ep_copies, 0, lo_open=True, unit="token copies sent per MoE layer")
     check_number("ep_bytes", ep_bytes, 0, 4, lo_open=True, unit="bytes per element on the wire")
     nvl, net = hardware.link(nv), hardware.link(network)
+    if isinstance(calibration, str):
+        check_choice("calibration", calibration, ("fitted",))
+        calibration = fitted_calibration()
+    if calibration is not None:
+        if not isinstance(calibration, Calibration):
+            raise TypeError(f"calibration must be a Calibration, 'fitted' or None, got {type(calibration).__name__}")
+        calibration.efficiency(gpu)  # raises naming the GPU when its generation was not fitted
     return _Ctx(
         model,
         gpus,
@@ -238,6 +251,8 @@ def _context(
         (net.latency_s, net.per_direction_bytes_per_s),
         g.peak(dtype),
         g.memory_bytes,
+        g.hbm_bandwidth_bytes_per_s,
+        calibration,
     )
 
 
@@ -262,6 +277,13 @@ def _layer_flops(model: ModelConfig, seq_len: int) -> tuple[tuple[float, ...], f
     else:
         per = (attn + dense,) * L
     return per, b["lm_head"], b["attn_scores"] / L
+
+
+@lru_cache(maxsize=64)
+def _attn_core(model: ModelConfig, seq_len: int) -> float:
+    """Forward FLOPs per token of one layer's attention core (scores + weighted values, causal)."""
+    b = _flops.breakdown(model, seq_len, causal=True).forward
+    return (b["attn_scores"] + b["attn_values"]) / model.n_layers
 
 
 @lru_cache(maxsize=4096)
@@ -413,9 +435,10 @@ def _train_config(ctx: _Ctx, lay: Layout, m: int) -> TrainConfig:
     )
 
 
-def _time(ctx: _Ctx, lay: Layout) -> tuple[dict, int, dict] | None:
-    """Modelled seconds per step by component, micro-batches per pipeline, links; None if the
-    schedule does not accept (pp, m, v)."""
+def _pieces(ctx: _Ctx, lay: Layout) -> dict | None:
+    """The calibration-free pieces of a layout's step (seconds at the datasheet peak and bandwidths,
+    per micro-batch unless named otherwise); None if the schedule does not accept (pp, m, v).
+    ``_assemble`` turns them into the time components under a ``Calibration``."""
     model = ctx.model
     m = ctx.sequences // (lay.dp * lay.micro_batch)
     dual = lay.schedule == "dualpipe"
@@ -424,11 +447,11 @@ def _time(ctx: _Ctx, lay: Layout) -> tuple[dict, int, dict] | None:
     ratio = _bubble_ratio(lay.schedule, lay.pp, m, lay.v, r)
     if ratio is None:
         return None
-    peak = ctx.peak * ctx.compute_efficiency
+    core_tok = _attn_core(model, ctx.seq_len) * n_lay  # scores + values: the FlashAttention kernel's FLOPs
     tokens = lay.micro_batch * ctx.seq_len  # one micro-batch, before CP
-    f = fwd_tok * tokens / (lay.tp * lay.cp) / peak  # forward of one micro-batch through the stage
-    compute = 3.0 * f
-    recompute = r * f
+    fwd = fwd_tok * tokens / (lay.tp * lay.cp)  # forward FLOPs of one micro-batch on this rank
+    f_at = core_tok * tokens / (lay.tp * lay.cp)  # of which in the attention kernel
+    rc_at = {"none": 0.0, "selective": scores_tok * tokens / (lay.tp * lay.cp), "full": f_at}[lay.recompute]
     # links: rank order tp, cp, ep, dp/ep, pp
     tp_l = _link(ctx, 1, lay.tp)
     cp_l = _link(ctx, lay.tp, lay.cp)
@@ -452,7 +475,6 @@ def _time(ctx: _Ctx, lay: Layout) -> tuple[dict, int, dict] | None:
     copies = ctx.ep_copies if ctx.ep_copies is not None else (model.top_k or 1)
     a2a = tokens / lay.cp / lay.tp * copies * h * ctx.ep_bytes  # one rank's send buffer
     ep_raw = n_moe * 4 * _coll("all_to_all", a2a, lay.ep, *ep_l[1:]) if lay.ep > 1 else 0.0
-    ep_t = max(0.0, ep_raw - (compute + recompute)) if dual else ep_raw
     p2p = (pp_l[1] + act / (lay.tp if lay.tp > 1 else 1) / pp_l[2]) if lay.pp > 1 else 0.0
     pp_t = 2 * (lay.v if lay.schedule == "interleaved-1f1b" else 1) * p2p
     d_par, e_par = _stage_states(model, lay.tp, lay.pp, lay.ep, dual)
@@ -468,25 +490,77 @@ def _time(ctx: _Ctx, lay: Layout) -> tuple[dict, int, dict] | None:
             * m
             * (_coll("all_gather", d_par * 2, zg, *dp_l[1:]) + _coll("all_gather", e_par * 2, zg // lay.ep, *dp_l[1:]))
         )
-    per_mb = compute + recompute + tp_t + cp_t + ep_t + pp_t
-    busy = m * per_mb
-    bubble = busy * ratio
-    bwd_total = m * 2.0 * f
-    dp_comm = dp_grad + z3
-    hidden = min(ctx.dp_overlap * dp_comm, bwd_total)
-    dp_exposed = dp_comm - hidden
-    t = {
+    # non-matmul work (norms, residual adds, activations, dropout, softmax bookkeeping): memory-bound,
+    # seconds per micro-batch for 1 byte per token per hidden unit per layer at HBM bandwidth
+    elem = n_lay * tokens / (lay.tp * lay.cp) * h / ctx.hbm * (4.0 / 3.0 if lay.recompute == "full" else 1.0)
+    links = {"tp": tp_l[0], "cp": cp_l[0], "ep": ep_l[0], "dp": dp_l[0], "pp": pp_l[0]}
+    return dict(
+        m=m,
+        ratio=ratio,
+        r=r,
+        fwd=fwd,
+        at=f_at,
+        rc_at=rc_at,
+        peak=ctx.peak,
+        tp=tp_t,
+        cp=cp_t,
+        ep=ep_raw,
+        dual=dual,
+        pp=pp_t,
+        dp=dp_grad + z3,
+        elem=elem,
+        links=links,
+    )
+
+
+def _assemble(p: dict, eta, attn_eff, overlap, elem_bytes, dp_overlap) -> dict:
+    """Seconds per step by component from ``_pieces``: matmuls at ``eta`` x peak (backward = 2 x
+    forward, the DP traffic hides behind backward's matmul time), attention at
+    ``eta x attn_eff`` x peak, a fraction ``overlap`` of TP/CP/EP traffic hidden (DualPipe hides EP
+    behind the other micro-batch's compute instead), ``elem_bytes`` per token per hidden unit per layer
+    at HBM bandwidth, ``dp_overlap`` of the DP traffic hidden behind backward. Works on floats and on
+    numpy arrays of runs (``calibrate``)."""
+    import numpy as np
+
+    m = p["m"]
+    f = p["fwd"] / (p["peak"] * eta)  # forward seconds of one micro-batch at matmul efficiency
+    extra = (1.0 / attn_eff - 1.0) / (p["peak"] * eta)  # attention's extra seconds per FLOP
+    compute = 3.0 * f + 3.0 * p["at"] * extra
+    recompute = p["r"] * f + p["rc_at"] * extra
+    tp_t = (1.0 - overlap) * p["tp"]
+    cp_t = (1.0 - overlap) * p["cp"]
+    ep_t = np.where(p["dual"], np.maximum(0.0, p["ep"] - (compute + recompute)), (1.0 - overlap) * p["ep"])
+    elem = elem_bytes * p["elem"]
+    per_mb = compute + recompute + tp_t + cp_t + ep_t + p["pp"] + elem
+    hidden = np.minimum(dp_overlap * p["dp"], m * 2.0 * f)
+    return {
         "compute": m * compute,
         "recompute": m * recompute,
+        "non-matmul": m * elem,
         "TP comm": m * tp_t,
         "CP comm": m * cp_t,
         "EP comm": m * ep_t,
-        "PP comm": m * pp_t,
-        "bubble": bubble,
-        "DP comm": dp_exposed,
+        "PP comm": m * p["pp"],
+        "bubble": m * per_mb * p["ratio"],
+        "DP comm": p["dp"] - hidden,
     }
-    links = {"tp": tp_l[0], "cp": cp_l[0], "ep": ep_l[0], "dp": dp_l[0], "pp": pp_l[0]}
-    return t, m, links
+
+
+def _time(ctx: _Ctx, lay: Layout) -> tuple[dict, int, dict] | None:
+    """Modelled seconds per step by component, micro-batches per pipeline, links; None if the
+    schedule does not accept (pp, m, v)."""
+    p = _pieces(ctx, lay)
+    if p is None:
+        return None
+    cal = ctx.calibration
+    if cal is None:
+        eta, ae, ov, eb = ctx.compute_efficiency, 1.0, 0.0, 0.0
+    else:
+        eta, ae, ov, eb = ctx.compute_efficiency * cal.efficiency(ctx.gpu), cal.attn_eff, cal.overlap, cal.elem_bytes
+    t = {k: float(v) for k, v in _assemble(p, eta, ae, ov, eb, ctx.dp_overlap).items()}
+    if cal is None:  # the uncalibrated model has no non-matmul term: its components as before calibration
+        del t["non-matmul"]
+    return t, p["m"], p["links"]
 
 
 def _bottleneck(t: dict, step: float, mem: float, cap: float) -> str:
@@ -513,6 +587,8 @@ def _plan(ctx: _Ctx, lay: Layout, tm=None, with_memory: bool = True) -> Plan | N
     t, m, links = tm
     step = sum(t.values())
     mfu = _model_flops(ctx) / (ctx.gpus * ctx.peak * step)
+    fwd_tok, lay_tok, scores_tok, _, _ = _stage_compute(ctx.model, ctx.seq_len, lay.pp, lay.schedule == "dualpipe")
+    r = {"none": 0.0, "selective": scores_tok / fwd_tok, "full": lay_tok / fwd_tok}[lay.recompute]
     br = memory.estimate(ctx.model, _train_config(ctx, lay, m)) if with_memory else None
     mem = br.total if br is not None else float("nan")
     return Plan(
@@ -526,6 +602,7 @@ def _plan(ctx: _Ctx, lay: Layout, tm=None, with_memory: bool = True) -> Plan | N
         time=t,
         links=links,
         memory=br,
+        hfu=mfu * (3.0 + r) / 3.0,
     )
 
 
@@ -795,6 +872,7 @@ def clear_caches() -> None:
         _act_layer,
         _in_flight_last,
         _min_layers,
+        _attn_core,
     ):
         f.cache_clear()
 
@@ -808,3 +886,252 @@ def rank_of(df, **layout) -> int | None:
         mask = mk if mask is None else (mask & mk)
     idx = df.index[mask] if mask is not None else df.index
     return int(idx[0]) if len(idx) else None
+
+
+# ---- calibration on published runs -----------------------------------------------------------
+_GENERATIONS = {"A100": "ampere", "H100": "hopper", "H800": "hopper", "H200": "hopper"}
+PARAMS = ("eff_ampere", "eff_hopper", "attn_eff", "overlap", "elem_bytes")
+# fitted by calibrate(); attn_eff is held at 1.0 (attention at the matmuls' efficiency): only one
+# published run (Llama 3's 128K stage) is attention-heavy, so a fit cannot both use it and be checked on it
+FITTED = ("eff_ampere", "eff_hopper", "overlap", "elem_bytes")
+FIXED = {"attn_eff": 1.0}
+# (low, high) of each fitted parameter, with its physical meaning (see Calibration)
+BOUNDS = {
+    "eff_ampere": (0.3, 1.0),
+    "eff_hopper": (0.3, 1.0),
+    "attn_eff": (0.2, 1.0),
+    "overlap": (0.0, 1.0),
+    "elem_bytes": (0.0, 400.0),
+}
+
+
+def generation(gpu: str) -> str:
+    """GPU generation whose matmul efficiency is fitted ('ampere' for A100, 'hopper' for H100/H800/H200)."""
+    for prefix, gen in _GENERATIONS.items():
+        if gpu.startswith(prefix):
+            return gen
+    raise ValueError(
+        f"gpu={gpu!r}: no published run of its generation to fit a matmul efficiency on "
+        f"(fitted: {sorted(set(_GENERATIONS.values()))}); pass calibration=None (datasheet peak) "
+        "or a Calibration naming its efficiency"
+    )
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Efficiency parameters of the step-time model, each with a physical meaning and a range (``BOUNDS``):
+
+    - ``eff_ampere``, ``eff_hopper``: achievable fraction of the datasheet dense peak for the
+      transformer's matmuls on A100 / H100-class GPUs (a large BF16 GEMM reaches about 0.7-0.8);
+    - ``attn_eff``: the attention kernel's (FlashAttention: scores + values) throughput relative to
+      those matmuls (FlashAttention-2 reports about 50-70 % of peak forward+backward on A100, less
+      than a GEMM: Dao 2023, arXiv:2307.08691);
+    - ``overlap``: fraction of TP/CP/EP traffic hidden behind compute (0: none);
+    - ``elem_bytes``: bytes moved at HBM bandwidth per token per hidden unit per layer by the
+      non-matmul kernels (norms, residuals, activations, dropout), forward + backward.
+
+    ``dp_overlap`` (DP traffic hidden behind backward) stays an assumption of ``search``
+    (default 0.8), not fitted. ``calibrate()`` fits these on ``data/published_runs.yaml``."""
+
+    eff_ampere: float
+    eff_hopper: float
+    attn_eff: float
+    overlap: float
+    elem_bytes: float
+
+    def __post_init__(self):
+        for k in PARAMS:
+            lo, hi = BOUNDS[k]
+            check_number(k, getattr(self, k), lo, hi)
+
+    def efficiency(self, gpu: str) -> float:
+        return getattr(self, f"eff_{generation(gpu)}")
+
+    def as_tuple(self) -> tuple:
+        return tuple(getattr(self, k) for k in PARAMS)
+
+
+def _runs_file():
+    from pathlib import Path
+
+    return Path(__file__).resolve().parent.parent / "data" / "published_runs.yaml"
+
+
+@lru_cache(maxsize=1)
+def _runs_raw() -> dict:
+    import yaml
+
+    return yaml.safe_load(_runs_file().read_text())
+
+
+@lru_cache(maxsize=1)
+def fitted_calibration() -> Calibration:
+    """The calibration stored in ``data/published_runs.yaml`` (key ``calibration``), written from
+    ``calibrate()`` on every run with role 'fit' (tests/test_planner.py checks it is that fit)."""
+    return Calibration(**{k: float(v) for k, v in _runs_raw()["calibration"].items() if k in PARAMS})
+
+
+def published_runs(role: str | None = None) -> list[dict]:
+    """The runs of ``data/published_runs.yaml`` (``role``: 'fit', 'check' or None for all), each with
+    ``config`` (a ModelConfig), ``setup`` (keywords of ``evaluate``/``search``), ``layout`` (a Layout),
+    ``reported_step_s`` (seconds per step implied by the reported throughput and the FLOPs the paper
+    counts; None where no throughput is reported) and ``reported_mfu`` (this kit's model FLOPs over
+    GPUs x BF16 peak x that step)."""
+    out = []
+    for raw in _runs_raw()["runs"]:
+        if role is not None and raw["role"] != role:
+            continue
+        r = dict(raw)
+        if "shape" in r:
+            cfg = ModelConfig(**r["shape"], name=r["name"])
+        else:
+            cfg = memory.preset(r["model"])
+        tokens = r["global_batch"] * r["seq_len"]
+        setup = dict(gpus=r["gpus"], gpu=r["gpu"], global_batch_tokens=tokens, seq_len=r["seq_len"])
+        setup.update(network=r["network"], **r.get("options", {}))
+        lay = Layout(**r["layout"])
+        rep, g = r["reported"], hardware.gpu(r["gpu"])
+        model_flops = _flops.flops_per_token(cfg, r["seq_len"], causal=True) * tokens
+        step = None
+        if "step_s" in rep:
+            step = float(rep["step_s"])
+        elif r["counts"] == "megatron-eq3":
+            B, s_, L, h, V = r["global_batch"], r["seq_len"], cfg.n_layers, cfg.hidden, cfg.vocab_size
+            F = 96 * B * s_ * L * h**2 * (1 + s_ / (6 * h) + V / (16 * L * h))  # Narayanan et al. 2021, eq. 3
+            step = F / (r["gpus"] * rep["tflops_per_gpu"] * 1e12)
+        elif r["counts"] == "package-model":
+            step = model_flops / (r["gpus"] * rep["tflops_per_gpu"] * 1e12)
+        r.update(config=cfg, setup=setup, layout=lay, reported_step_s=step)
+        r["reported_mfu"] = model_flops / (r["gpus"] * g.peak("bf16") * step) if step else None
+        out.append(r)
+    return out
+
+
+def _run_pieces(runs) -> dict:
+    """``_pieces`` of each run's published layout as numpy arrays (calibration-free, computed once)."""
+    import numpy as np
+
+    rows = []
+    for r in runs:
+        ctx = _context(r["config"], **r["setup"], calibration=None)
+        p = _pieces(ctx, r["layout"])
+        if p is None:
+            raise ValueError(f"run {r['name']}: schedule {r['layout'].schedule} does not accept its layout")
+        if not r.get("sequence_parallel", True):  # norms/dropout not split over TP ranks
+            p = {**p, "elem": p["elem"] * r["layout"].tp}
+        rows.append(p)
+    keys = [k for k in rows[0] if k != "links"]
+    out = {k: np.array([p[k] for p in rows], dtype=float) for k in keys}
+    out["dual"] = out["dual"].astype(bool)
+    out["gen"] = np.array([generation(r["gpu"]) == "hopper" for r in runs])
+    return out
+
+
+def _predict(pieces: dict, theta, dp_overlap: float = DEFAULTS["dp_overlap"]):
+    """Modelled step seconds of each run for parameters ``theta`` (order ``PARAMS``)."""
+    import numpy as np
+
+    ea, eh, ae, ov, eb = theta
+    eta = np.where(pieces["gen"], eh, ea)
+    return sum(_assemble(pieces, eta, ae, ov, eb, dp_overlap).values())
+
+
+@dataclass
+class Fit:
+    """Result of ``calibrate``: the ``calibration``, the runs it used, the modelled and reported MFU
+    of each (in-sample), leave-one-out predictions (each run predicted by a fit without it) and
+    bootstrap percentile intervals of every parameter (resampling runs)."""
+
+    calibration: Calibration
+    table: object  # pandas DataFrame, one row per run
+    intervals: dict  # parameter -> (2.5 %, 97.5 %)
+    bootstrap: object  # numpy array (n_boot, len(PARAMS))
+
+
+def _full(free, fixed) -> list:
+    """All ``PARAMS`` from the fitted ones (order ``FITTED``) and the fixed ones."""
+    it = iter(free)
+    return [fixed[k] if k in fixed else next(it) for k in PARAMS]
+
+
+def _fit(pieces, logrep, idx, x0=None, fixed=FIXED):
+    """Fitted parameters (order: ``PARAMS`` less ``fixed``) on the runs ``idx``."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    free = [k for k in PARAMS if k not in fixed]
+    lo = np.array([BOUNDS[k][0] for k in free])
+    hi = np.array([BOUNDS[k][1] for k in free])
+    sub = {k: v[idx] for k, v in pieces.items()}
+    y = logrep[idx]
+    start = {"eff_ampere": 0.7, "eff_hopper": 0.7, "attn_eff": 0.7, "overlap": 0.5, "elem_bytes": 50.0}
+    x0 = np.array([start[k] for k in free]) if x0 is None else np.asarray(x0)
+    x0 = np.clip(x0, lo + 1e-6 * (hi - lo), hi - 1e-6 * (hi - lo))
+
+    def res(th):
+        return y - np.log(_predict(sub, _full(th, fixed)))
+
+    return least_squares(res, x0, bounds=(lo, hi), x_scale=hi - lo).x
+
+
+def calibrate(runs=None, *, loo: bool = True, n_boot: int = 0, seed: int = 0, fixed=None) -> Fit:
+    """Fit ``FITTED`` (the others held at ``fixed``, default ``FIXED``) by bounded least squares on
+    log(reported step / modelled step) over ``runs``
+    (default: every run with role 'fit' in ``data/published_runs.yaml``), i.e. on log MFU with the
+    same FLOPs on both sides. ``loo``: predict each run from a fit on the others; ``n_boot``: refits on
+    runs resampled with replacement (percentile intervals, ``seed``)."""
+    import numpy as np
+    import pandas as pd
+
+    runs = published_runs("fit") if runs is None else runs
+    fixed = FIXED if fixed is None else fixed
+    for k in fixed:
+        check_choice("each key of fixed", k, PARAMS)
+    free = [k for k in PARAMS if k not in fixed]
+    if len(runs) <= len(free):
+        raise ValueError(f"runs: need more than {len(free)} runs to fit {len(free)} parameters, got {len(runs)}")
+    pieces = _run_pieces(runs)
+    step_rep = np.array([r["reported_step_s"] for r in runs])
+    logrep = np.log(step_rep)
+    n = len(runs)
+    theta = _fit(pieces, logrep, np.arange(n), fixed=fixed)
+    fit_step = _predict(pieces, _full(theta, fixed))
+    rep_mfu = np.array([r["reported_mfu"] for r in runs])
+    table = pd.DataFrame(
+        {
+            "run": [r["name"] for r in runs],
+            "gpu": [r["gpu"] for r in runs],
+            "gpus": [r["gpus"] for r in runs],
+            "reported_mfu": rep_mfu,
+            "fit_mfu": rep_mfu * step_rep / fit_step,
+        }
+    )
+    if loo:
+        pred = np.empty(n)
+        for i in range(n):
+            keep = np.array([j for j in range(n) if j != i])
+            th = _fit(pieces, logrep, keep, x0=theta, fixed=fixed)
+            pred[i] = _predict({k: v[[i]] for k, v in pieces.items()}, _full(th, fixed))[0]
+        table["heldout_mfu"] = rep_mfu * step_rep / pred
+        table["heldout_error"] = table["heldout_mfu"] / table["reported_mfu"] - 1.0
+    boots = np.empty((0, len(free)))
+    intervals = {}
+    if n_boot:
+        rng = np.random.default_rng(seed)
+        boots = np.array([_fit(pieces, logrep, rng.integers(0, n, n), x0=theta, fixed=fixed) for _ in range(n_boot)])
+        intervals = {k: tuple(np.percentile(boots[:, j], [2.5, 97.5])) for j, k in enumerate(free)}
+    return Fit(Calibration(*map(float, _full(theta, fixed))), table, intervals, boots)
+
+
+def compare(a: Plan, b: Plan):
+    """Where the time goes in two plans: seconds per component of ``a`` and ``b``, ``b - a``, and in
+    ``.attrs['decides']`` the component whose difference is largest in the direction of the total
+    (the term by which the faster plan wins; ``.attrs['total']`` is b.step_s - a.step_s)."""
+    import pandas as pd
+
+    df = pd.DataFrame({"a": pd.Series(a.time), "b": pd.Series(b.time)}).fillna(0.0)
+    df["b - a"] = df["b"] - df["a"]
+    total = b.step_s - a.step_s
+    sign = 1.0 if total >= 0 else -1.0
+    df.attrs.update(decides=(sign * df["b - a"]).idxmax(), total=total)
+    return df.rename_axis("component")

@@ -1,5 +1,7 @@
-"""The 5D planner (mlsys_nb.planner): rules, the cost model against hand formulas, uneven pipeline
-stages, the error for infeasible inputs, and two published layouts (Llama 3 405B, DeepSeek-V3)."""
+"""The 5D planner (mlsys_nb.planner): rules, the cost model against hand formulas (uncalibrated:
+``calibration=None``), uneven pipeline stages, the error for infeasible inputs, two published layouts
+(Llama 3 405B, DeepSeek-V3), and the calibration on data/published_runs.yaml (fit, leave-one-out
+predictions, published layouts in the search's top 10, compare)."""
 
 import math
 
@@ -9,6 +11,7 @@ from mlsys_nb import flops, hardware, memory, planner
 from mlsys_nb.config import TrainConfig
 
 SMALL = dict(gpus=64, gpu="H100-SXM", global_batch_tokens=256 * 4096, seq_len=4096)
+UNCAL = dict(SMALL, calibration=None)  # the model at datasheet peaks: what the hand formulas below write out
 # Llama Team 2024 (arXiv:2407.21783), Table 4: 16,384 H100, TP8 CP1 PP16 DP128, seq 8192, 16 sequences
 # per DP rank (16M tokens per step), 400 TFLOP/s per GPU = 41% BF16 MFU (38-43% over the table's rows).
 LLAMA = dict(gpus=16384, gpu="H100-SXM", global_batch_tokens=128 * 16 * 8192, seq_len=8192)
@@ -90,7 +93,7 @@ def _hand_step_dp_only(model, gpus, tokens, seq_len, zero_overlap=0.8):
 
 def test_step_time_matches_hand_formula_for_data_parallelism(small):
     want, compute = _hand_step_dp_only("llama-3-8b", 64, SMALL["global_batch_tokens"], 4096)
-    plan = planner.evaluate("llama-3-8b", **SMALL, dp=64, zero=1, recompute="none", micro_batch=1)
+    plan = planner.evaluate("llama-3-8b", **UNCAL, dp=64, zero=1, recompute="none", micro_batch=1)
     assert plan.step_s == pytest.approx(want, rel=1e-9)
     assert plan.time["compute"] == pytest.approx(compute, rel=1e-9)
     assert plan.mfu == pytest.approx(compute / want, rel=1e-9)  # MFU = useful compute / step at peak
@@ -110,7 +113,7 @@ def test_checks_fail_when_the_idea_is_broken(monkeypatch, small):
     """The hand-formula and bubble checks catch a planner that forgets the bubble or the overlap."""
     want, _ = _hand_step_dp_only("llama-3-8b", 64, SMALL["global_batch_tokens"], 4096)
     monkeypatch.setattr(planner, "_coll", lambda *a: 0.0)  # communication forgotten
-    plan = planner.evaluate("llama-3-8b", **SMALL, dp=64, zero=1)
+    plan = planner.evaluate("llama-3-8b", **UNCAL, dp=64, zero=1)
     assert plan.step_s != pytest.approx(want, rel=1e-6)
     monkeypatch.undo()
     planner._bubble_ratio.cache_clear()
@@ -274,23 +277,28 @@ def test_pruning_keeps_memory_estimates_few(small):
 # ---- published layouts ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def llama():
-    full = planner.search("llama-3.1-405b", **LLAMA, top=20)
+    full = planner.search("llama-3.1-405b", **LLAMA, top=300)
     pub = planner.search("llama-3.1-405b", **LLAMA, **{k: v for k, v in LLAMA_PUB.items() if k != "dp"}, top=None)
-    meta_space = planner.search("llama-3.1-405b", **LLAMA, cp=1, top=None)  # CP only for long context (Meta)
-    return full, pub[pub.dp == LLAMA_PUB["dp"]].reset_index(drop=True), meta_space
+    return full, pub[pub.dp == LLAMA_PUB["dp"]].reset_index(drop=True)
 
 
-def test_llama3_405b_layout_fits_and_ranks_near_the_top(llama):
-    full, pub, meta_space = llama
+def test_llama3_405b_layout_fits_and_its_mfu_is_near_the_reported(llama):
+    full, pub = llama
     assert len(pub) > 0, "TP8 CP1 PP16 DP128 must fit"
     best_pub = pub.iloc[0]
-    layouts = meta_space.drop_duplicates(["dp", "tp", "pp", "cp"]).reset_index(drop=True)
-    assert planner.rank_of(layouts, **LLAMA_PUB) < 5  # 4th of the cp=1 layouts
-    assert best_pub.step_s <= 1.10 * meta_space.step_s.iloc[0]
-    # over the whole space the model prefers TP4 x CP4 (no recomputation needed): stated gap
-    assert best_pub.step_s <= 1.6 * full.step_s.iloc[0]
-    # modelled MFU (compute at peak) is an upper bound of the reported 41%, within 1.5x
-    assert LLAMA_MFU <= best_pub.mfu <= 1.5 * LLAMA_MFU
+    assert abs(best_pub.mfu / LLAMA_MFU - 1) < 0.20  # calibrated model (in-sample for this run)
+    lay = planner.Layout(
+        **{k: best_pub[k] for k in ("dp", "tp", "pp", "cp", "ep", "zero", "recompute")},
+        micro_batch=int(best_pub.micro_batch),
+        schedule=best_pub.schedule,
+        v=int(best_pub.v),
+    )
+    peak = planner.evaluate("llama-3.1-405b", lay, **LLAMA, calibration=None)
+    assert peak.mfu > LLAMA_MFU and peak.mfu > best_pub.mfu  # datasheet peaks: an upper bound
+    # not met (stated): unconstrained, the calibrated model still prefers CP at 8K (TP 4 x CP 4, no
+    # recomputation); the published degrees are not among its 300 best rows
+    layouts = full.drop_duplicates(["dp", "tp", "pp", "cp", "ep"]).reset_index(drop=True)
+    assert layouts.cp.iloc[0] > 1 and planner.rank_of(layouts, **LLAMA_PUB) is None
 
 
 @pytest.fixture(scope="module")
@@ -300,19 +308,26 @@ def dsv3():
     return full, pub[pub.dp == DSV3_PUB["dp"]].reset_index(drop=True)
 
 
-def test_deepseek_v3_layout_fits_and_ranks_near_the_top(dsv3):
+def test_deepseek_v3_layout_fits_and_compare_names_why_it_loses(dsv3):
     full, pub = dsv3
     assert len(pub) > 0
     best = pub.iloc[0]
     z1 = pub[pub.zero == 1]  # the published ZeRO-1 variant is as fast as the best variant of these degrees
     assert best.schedule == "dualpipe" and len(z1) and z1.iloc[0].step_s == best.step_s
-    assert z1.iloc[0].schedule == "dualpipe"
-    assert planner.rank_of(full, **DSV3_PUB) is not None  # among the 40 best of the whole space
-    assert best.step_s <= 1.10 * full.step_s.iloc[0]
     cfg = memory.preset("deepseek-v3")
     implied = flops.implied_mfu(cfg, DSV3_TOKENS, DSV3_GPU_HOURS, gpu="H800-SXM", seq_len=4096)
     assert 0.3 < implied < 0.45
-    assert implied <= best.mfu <= 2.0 * implied
+    assert abs(best.mfu / implied - 1) < 0.40  # held out of the fit entirely (no reported MFU)
+    cols = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", "micro_batch", "schedule", "v")
+    plan = {
+        n: planner.evaluate(cfg, planner.Layout(**{k: row[k] for k in cols}), **DSV3)
+        for n, row in (("best", full.iloc[0]), ("pub", best))
+    }
+    cmp = planner.compare(plan["best"], plan["pub"])
+    # the planner's best wins mostly by not recomputing: the kit's memory model needs full recomputation
+    # for the published degrees (DeepSeek-V3 recomputes only norms and MLA up-projections, §3.2.3)
+    assert cmp.attrs["decides"] == "recompute" and cmp.attrs["total"] > 0
+    assert cmp["b - a"].sum() == pytest.approx(cmp.attrs["total"], rel=1e-9)
 
 
 def test_mla_flops_match_the_active_parameter_count():
@@ -333,3 +348,168 @@ def test_uneven_stage_check_fails_when_layers_are_dropped(monkeypatch):
     monkeypatch.setattr(memory, "stage_layers", lambda L, pp, split=None: (L // pp,) * pp)
     b = memory.estimate(cfg, TrainConfig(pp=16, dp=1, seq_len=8192), stage=1)
     assert not (b.layers == 8 and b.n_params_rank == pytest.approx(sum(per_layer[7:15])))
+
+
+# ---- calibration on published runs (data/published_runs.yaml) --------------------------------
+RUNS = planner.published_runs()
+FIT_RUNS = planner.published_runs("fit")
+
+
+def _megatron_eq3(B, s, L, h, V):
+    return 96 * B * s * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h))  # Narayanan et al. 2021, eq. 3
+
+
+def _korthikanti_eq7(B, s, L, h, V):
+    return 72 * B * L * s * h**2 * (1 + s / (6 * h) + V / (12 * h * L))  # Korthikanti et al. 2022, eq. 7
+
+
+def test_published_runs_are_complete_and_transcribed_consistently():
+    assert len(FIT_RUNS) >= 6 and {planner.generation(r["gpu"]) for r in FIT_RUNS} == {"ampere", "hopper"}
+    for r in RUNS:
+        lay, cfg = r["layout"], r["config"]
+        assert lay.dp * lay.tp * lay.pp * lay.cp == r["gpus"] and "arXiv:" in r["source"]
+        assert r["global_batch"] % (lay.dp * lay.micro_batch) == 0
+        rep = r["reported"]
+        B, s_, L, h, V = r["global_batch"], r["seq_len"], cfg.n_layers, cfg.hidden, cfg.vocab_size
+        if r["counts"] == "megatron-eq3":  # the printed % of peak is the printed TFLOP/s over 312
+            assert rep["tflops_per_gpu"] / 312 == pytest.approx(rep["peak_fraction"], abs=0.006)
+        if r["counts"] == "korthikanti-eq7":  # the printed MFU is eq. 7 over the printed iteration time
+            mfu = _korthikanti_eq7(B, s_, L, h, V) / (r["gpus"] * 312e12 * rep["step_s"])
+            assert mfu == pytest.approx(rep["mfu"], abs=0.006), r["name"]
+        if r["role"] == "fit":
+            assert 0.2 < r["reported_mfu"] < 0.6  # this kit's model FLOPs over the reported step
+
+
+def test_reported_step_uses_the_papers_flop_count():
+    """A run counted with eq. 3 (recomputation included) implies a longer step than the same TFLOP/s
+    counted as model FLOPs: about 4/3 x (the recomputed forward)."""
+    r = next(r for r in FIT_RUNS if r["name"] == "megatron-1t")
+    cfg = r["config"]
+    F = _megatron_eq3(r["global_batch"], 2048, cfg.n_layers, cfg.hidden, cfg.vocab_size)
+    assert r["reported_step_s"] == pytest.approx(F / (3072 * 163e12), rel=1e-12)
+    model = flops.flops_per_token(cfg, 2048) * r["global_batch"] * 2048
+    assert F / model == pytest.approx(4 / 3, rel=0.03)
+
+
+@pytest.fixture(scope="module")
+def fit():
+    return planner.calibrate(n_boot=20)
+
+
+def test_stored_calibration_is_the_fit(fit):
+    stored, fresh = planner.fitted_calibration(), fit.calibration
+    for k in planner.PARAMS:
+        assert getattr(stored, k) == pytest.approx(getattr(fresh, k), rel=1e-4, abs=1e-4), k
+    for k in planner.FITTED:  # each stored value lies in its bootstrap interval
+        lo, hi = fit.intervals[k]
+        assert lo - 1e-4 <= getattr(stored, k) <= hi + 1e-4, k
+
+
+def test_fast_prediction_is_evaluate(fit):
+    """calibrate's vectorised prediction equals evaluate's step for every run (one formula, _assemble)."""
+    pieces = planner._run_pieces(FIT_RUNS)
+    pred = planner._predict(pieces, fit.calibration.as_tuple())
+    for r, p in zip(FIT_RUNS, pred):
+        if r.get("sequence_parallel", True):
+            plan = planner.evaluate(r["config"], r["layout"], **r["setup"], calibration=fit.calibration)
+            assert plan.step_s == pytest.approx(p, rel=1e-12), r["name"]
+
+
+def test_heldout_runs_are_predicted_within_20_percent(fit):
+    """Leave-one-out: each run predicted by a fit on the others. Met for 14 of 15 runs; Korthikanti's
+    22B on one 8-GPU node (TP 8 over a 6,144-wide layer) is predicted about 28% fast (stated, asserted)."""
+    err = fit.table.set_index("run")["heldout_error"]
+    bad = err[err.abs() > 0.20]
+    assert set(bad.index) <= {"korthikanti-22b"}, bad
+    assert err.abs().max() < 0.30
+    uncal = []
+    for r in FIT_RUNS:  # the uncalibrated model (datasheet peaks) on the same layouts: far off
+        plan = planner.evaluate(r["config"], r["layout"], **r["setup"], calibration=None)
+        uncal.append(plan.mfu / r["reported_mfu"] - 1)
+    assert min(uncal) > 0.15 and sorted(uncal)[len(uncal) // 2] > 0.45 and err.abs().median() < 0.06
+
+
+def test_heldout_check_fails_when_a_term_is_broken(monkeypatch):
+    """The held-out check catches a model with one matmul efficiency for A100 and H100 (Korthikanti's
+    22B then misses by about 50%). It does not catch every broken term: a forgotten bubble or TP
+    charged on the network are absorbed by the other parameters in the fit (the ranking test below
+    catches the latter)."""
+    real = planner._predict
+
+    def one_generation(pieces, theta, dp_overlap=0.8):
+        theta = list(theta)
+        theta[1] = theta[0]  # eff_hopper := eff_ampere
+        return real(pieces, theta, dp_overlap)
+
+    monkeypatch.setattr(planner, "_predict", one_generation)
+    err = planner.calibrate().table.set_index("run")["heldout_error"]
+    assert not (set(err[err.abs() > 0.20].index) <= {"korthikanti-22b"} and err.abs().max() < 0.30)
+
+
+def test_hfu_over_mfu_is_the_recomputed_share():
+    """HFU/MFU = 1 + recomputed forward / (3 x forward): 4/3 less the LM head for full recomputation
+    (eq. 3 over eq. 7 is exactly 4/3 with the head); no recomputation: HFU = MFU."""
+    r = next(r for r in FIT_RUNS if r["name"] == "megatron-1t")
+    plan = planner.evaluate(r["config"], r["layout"], **r["setup"])
+    assert plan.hfu / plan.mfu == pytest.approx(4 / 3, rel=0.025) and plan.hfu / plan.mfu < 4 / 3
+    k = next(r for r in FIT_RUNS if r["name"] == "korthikanti-530b")
+    sel = planner.evaluate(k["config"], k["layout"], **k["setup"])
+    assert 1.0 < sel.hfu / sel.mfu < k["reported"]["hfu"] / k["reported"]["mfu"] + 0.01
+
+
+@pytest.fixture(scope="module")
+def ranked():
+    """Two published runs, each searched with no constraint beyond GPUs, GPU type, batch and sequence."""
+    out = {}
+    for r in FIT_RUNS:
+        if r["name"] in ("llama3-405b-128k", "korthikanti-175b"):
+            out[r["name"]] = (r, planner.search(r["config"], **r["setup"], top=200))
+    return out
+
+
+def _distinct_rank(df, lay):
+    d = df.drop_duplicates(["dp", "tp", "pp", "cp", "ep"]).reset_index(drop=True)
+    return planner.rank_of(d, dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep)
+
+
+def test_published_layouts_in_the_top_10(ranked):
+    """Llama 3 405B's long-context stage (TP8 CP16 PP16 DP8) and Korthikanti's 175B (TP8 PP8) among the
+    10 best distinct (dp, tp, pp, cp, ep) layouts. Not met for Llama 3's 8K stages (test above)."""
+    for name, (r, df) in ranked.items():
+        rank = _distinct_rank(df, r["layout"])
+        assert rank is not None and rank < 10, name
+
+
+def test_tp_on_the_network_pushes_the_published_layout_out(monkeypatch, ranked):
+    r, _ = ranked["korthikanti-175b"]
+    real = planner._link
+
+    def tp_on_network(ctx, stride, size):
+        return (ctx.network, *ctx.net_ab) if stride == 1 and size > 1 else real(ctx, stride, size)
+
+    monkeypatch.setattr(planner, "_link", tp_on_network)
+    rank = _distinct_rank(planner.search(r["config"], **r["setup"], top=200), r["layout"])
+    assert rank is None or rank >= 10
+
+
+def test_compare_splits_the_difference_by_component():
+    a = planner.evaluate("llama-3-8b", **SMALL, dp=16, pp=4, zero=1, schedule="1f1b")
+    b = planner.evaluate("llama-3-8b", **SMALL, dp=64, zero=1)
+    cmp = planner.compare(a, b)
+    assert cmp["b - a"].sum() == pytest.approx(b.step_s - a.step_s, rel=1e-9)
+    assert cmp.loc["bubble", "a"] > 0 and cmp.loc["bubble", "b"] == 0
+    want = max(cmp.index, key=lambda k: (b.time[k] - a.time[k]) * (1 if b.step_s > a.step_s else -1))
+    assert cmp.attrs["decides"] == want
+
+
+def test_calibration_inputs_are_checked():
+    with pytest.raises(ValueError, match="eff_ampere"):
+        planner.Calibration(eff_ampere=1.5, eff_hopper=0.8, attn_eff=1.0, overlap=0.0, elem_bytes=10.0)
+    with pytest.raises(ValueError, match="V100"):
+        planner.evaluate(
+            "llama-3-8b", gpus=8, gpu="V100-SXM2-32GB", global_batch_tokens=64 * 4096, seq_len=4096, dp=8, dtype="fp16"
+        )
+    with pytest.raises(ValueError, match="calibration"):
+        planner.search("llama-3-8b", **SMALL, calibration="best")
+    with pytest.raises(ValueError, match="runs"):
+        planner.calibrate(FIT_RUNS[:3], loo=False)

@@ -28,7 +28,7 @@ DEFAULTS = {
 }
 SEQ_LENS = (1024, 2048, 4096, 8192, 16384, 32768, 131072)
 TOP = 10
-TIME_PARTS = ("compute", "recompute", "TP comm", "CP comm", "EP comm", "PP comm", "bubble", "DP comm")
+TIME_PARTS = ("compute", "recompute", "non-matmul", "TP comm", "CP comm", "EP comm", "PP comm", "bubble", "DP comm")
 MEM_PARTS = (
     ("parameters", "params"),
     ("gradients", "grads"),
@@ -102,7 +102,7 @@ class PlannerWidget(ControlPanel):
             f"<b>#{r['shown']}</b>: dp {lay.dp} &times; tp {lay.tp} &times; pp {lay.pp} &times; "
             f"cp {lay.cp} (ep {lay.ep}), ZeRO-{lay.zero}, {lay.recompute} recompute, micro-batch {lay.micro_batch}, "
             f"{lay.schedule}{f' v={lay.v}' if lay.v > 1 else ''}: modelled step <b>{plan.step_s:.2f} s</b>, "
-            f"MFU {plan.mfu:.0%} (compute at peak: an upper bound), {plan.memory_bytes / 1e9:.1f} GB of "
+            f"MFU {plan.mfu:.0%} (model calibrated on published runs), {plan.memory_bytes / 1e9:.1f} GB of "
             f"{plan.gpu_memory_bytes / 1e9:.0f} GB. Bottleneck: {plan.bottleneck}."
         )
 

@@ -94,7 +94,10 @@ def _evaluate(model, lay, gpus, gpu, tokens):
     from ... import planner
 
     try:
-        return planner.evaluate(model, gpus=gpus, gpu=gpu, global_batch_tokens=tokens, seq_len=4096, **lay)
+        # the uncalibrated model (datasheet peaks), as when the questions were pinned (tests/quiz_golden.py)
+        return planner.evaluate(
+            model, gpus=gpus, gpu=gpu, global_batch_tokens=tokens, seq_len=4096, calibration=None, **lay
+        )
     except ValueError:
         return None
 

@@ -50,6 +50,7 @@ def _(p):
                 gpu=p["gpu"],
                 global_batch_tokens=p["global_batch_tokens"],
                 seq_len=4096,
+                calibration=None,  # as the bank's key (mlsys_nb.quiz.bank.layout._evaluate)
                 tp=[lay["tp"]],
                 pp=[lay.get("pp", 1)],
                 cp=[1],
