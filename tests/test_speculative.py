@@ -208,6 +208,29 @@ def tiny_pair():
     return target, near
 
 
+def test_speculative_llm_stops_at_every_end_of_sequence_id_as_the_engine_does(tiny_pair):
+    """One implementation of the stop rules (``SamplingParams.finish``): with two end-of-sequence ids, the
+    speculative path stops at the larger one too, as the engine does (it once stopped at ``min(eos)`` only)."""
+    from mlsys_nb.inference import LLM, SamplingParams
+
+    target, near = tiny_pair
+    prompts = ["the cat sat on the mat; the cat "]
+    plain = LLM(target)
+    free = plain.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
+    toks = free[0].outputs[0].token_ids
+    second_eos = max(toks[4:10])  # a token the greedy output reaches within 10 steps
+    first = toks.index(second_eos)
+    params = SamplingParams(temperature=0, max_tokens=24)
+    spec = LLM(target, speculative_model=near, num_speculative_tokens=3)
+    for llm in (plain, spec):
+        llm.engine.eos_token_ids = {min(llm.engine.eos_token_ids), second_eos}
+    assert second_eos > min(plain.engine.eos_token_ids)
+    a = plain.generate(prompts, params, use_tqdm=False)[0].outputs[0]
+    b = spec.generate(prompts, params, use_tqdm=False)[0].outputs[0]
+    assert a.token_ids == toks[: first + 1] and a.finish_reason == "stop"
+    assert (b.text, b.token_ids, b.finish_reason, b.stop_reason) == (a.text, a.token_ids, "stop", None)
+
+
 def test_speculative_llm_stops_logprobs_and_n_match_the_engine(tiny_pair):
     """Greedy with stop strings, stop token ids and logprobs: the speculative path returns what the
     continuous-batching engine returns alone (text, token ids, finish and stop reasons, raw logprobs)."""

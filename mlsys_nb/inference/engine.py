@@ -401,15 +401,16 @@ class LLMEngine:
         if self.tokenizer is not None and not is_eos:  # incremental detokenization
             seq.detok = seq.detok or decode_stream(self.tokenizer)
             seq.text += seq.detok.step(tok)
-        if is_eos:
-            seq.finish_reason = "stop"
-        elif tok in p.stop_token_ids:
-            seq.finish_reason, seq.stop_reason = "stop", tok
-        elif p.stop and len(seq.output_token_ids) > p.min_tokens and any(s in seq.text for s in p.stop):
-            cut, stop = min((seq.text.find(s), s) for s in p.stop if s in seq.text)
-            seq.text, seq.finish_reason, seq.stop_reason = seq.text[:cut], "stop", stop
-        elif len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-            seq.finish_reason = "length"
+        end = p.finish(
+            tok,
+            len(seq.output_token_ids),
+            seq.text,
+            eos_token_ids=self.eos_token_ids,
+            at_context_end=seq.num_tokens >= self.max_model_len,
+        )
+        if end is not None:
+            seq.finish_reason, seq.stop_reason, cut = end
+            seq.text = seq.text if cut is None else seq.text[:cut]
         if seq.finish_reason is not None and seq.detok is not None and seq.stop_reason not in p.stop:
             seq.text += seq.detok.flush()  # an incomplete character at the end, as U+FFFD
         if seq.finish_reason is not None:

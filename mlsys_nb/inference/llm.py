@@ -115,24 +115,20 @@ class LLM:
                 )
             checked.append((prompt, p, pr.ids, pr.grammar, budget))
         for prompt, p, ids, grammar, budget in checked:
-            eos = None if p.ignore_eos or not eng.eos_token_ids else min(eng.eos_token_ids)
             completions = []
             for i in range(p.n):
                 hit = {"text": ""}
                 detok = decode_stream(eng.tokenizer) if (p.stop and eng.tokenizer is not None) else None
 
-                def stop(toks, p=p, hit=hit, detok=detok):  # the engine's rules, on its incremental text
+                def stop(toks, p=p, hit=hit, detok=detok):  # the engine's rules (SamplingParams.finish)
                     tok = toks[-1]
-                    if tok in p.stop_token_ids:
-                        hit["reason"] = tok
-                        return True
-                    if detok is not None and tok not in eng.eos_token_ids:
+                    if detok is not None and (p.ignore_eos or tok not in eng.eos_token_ids):
                         hit["text"] += detok.step(tok)
-                        found = [(hit["text"].find(x), x) for x in p.stop if x in hit["text"]]
-                        if found:
-                            hit["cut"], hit["reason"] = min(found)
-                            return True
-                    return False
+                    end = p.finish(tok, len(toks), hit["text"], eos_token_ids=eng.eos_token_ids)
+                    if end is None or end[0] != "stop":  # "length" is the budget's, below
+                        return False
+                    hit["reason"], hit["cut"] = end[1], end[2]
+                    return True
 
                 toks, stats = speculative_generate(
                     eng.model,
@@ -144,16 +140,16 @@ class LLM:
                     top_k=p.top_k,
                     top_p=p.top_p,
                     seed=((self.seed if p.seed is None else p.seed) + i) % 2**64,
-                    eos_id=eos,
                     allowed=None if grammar is None else grammar.walker(budget),
-                    stop=stop if (p.stop or p.stop_token_ids) else None,
+                    stop=stop,
                     keep_logprobs=p.logprobs is not None,
                 )
                 self.spec_stats.append(stats)
-                ended = bool(toks) and (toks[-1] == eos or "reason" in hit)
-                text_ids = toks[:-1] if eos is not None and toks and toks[-1] == eos else toks
+                ended = "reason" in hit
+                at_eos = ended and hit["reason"] is None  # an end-of-sequence id: not part of the text
+                text_ids = toks[:-1] if at_eos else toks
                 text = eng.decode(text_ids) if eng.tokenizer is not None else ""
-                if "cut" in hit:  # cut where the engine cuts: in its incremental text
+                if hit.get("cut") is not None:  # cut where the engine cuts: in its incremental text
                     text = hit["text"][: hit["cut"]]
                 lps = None
                 if p.logprobs is not None:

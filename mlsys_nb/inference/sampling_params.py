@@ -166,6 +166,31 @@ class SamplingParams:
             or self.repetition_penalty != 1.0
         )
 
+    def finish(
+        self, tok: int, n_generated: int, text: str, *, eos_token_ids, at_context_end: bool = False
+    ) -> tuple[str, int | str | None, int | None] | None:
+        """The stop rules, the one implementation the engine and the speculative path share.
+
+        Called after token ``tok`` became the ``n_generated``-th output token and ``text`` is the
+        output's incremental text so far. Returns None (go on) or ``(finish_reason, stop_reason, cut)``:
+        ``("stop", None, None)`` at an end-of-sequence id (unless ``ignore_eos``), ``("stop", tok, None)``
+        at a ``stop_token_ids`` id, ``("stop", s, i)`` when stop string ``s`` appears in the text (after
+        ``min_tokens``; the text is cut at ``i``, its first occurrence, the earliest of several), and
+        ``("length", None, None)`` at ``max_tokens`` or at the end of the context (``at_context_end``).
+        """
+        if tok in eos_token_ids and not self.ignore_eos:
+            return "stop", None, None
+        if tok in self.stop_token_ids:
+            return "stop", tok, None
+        if self.stop and n_generated > self.min_tokens:
+            found = [(text.find(s), s) for s in self.stop if s in text]
+            if found:
+                cut, s = min(found)
+                return "stop", s, cut
+        if (self.max_tokens is not None and n_generated >= self.max_tokens) or at_context_end:
+            return "length", None, None
+        return None
+
     def sample_seed(self, i: int) -> int | None:
         """The seed of sample ``i``'s generator: ``(seed + i) mod 2**64`` (a valid torch seed for every i)."""
         return None if self.seed is None else (self.seed + i) % 2**64
