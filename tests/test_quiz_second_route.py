@@ -753,3 +753,28 @@ def test_kernels_route_catches_io_bytes_without_the_query_reloads(monkeypatch):
     monkeypatch.setattr(kernels, "flash_io_bytes", once)
     qs = _draws("kernels.flash_hbm_bytes")
     assert not any(q.check(routes.worked_response(q)).ok for q in qs)
+
+
+# ---- quant: bits from the stored layout, the meta-built model's counts, shapes by hand -------------
+@pytest.mark.parametrize("name", [f for f in quiz.core.families("quant")])
+def test_quant_families_by_their_worked_routes(name):
+    """Each family's worked response (quiz/routes/quant.py: the layout's bits and the model's shapes by hand,
+    never ``mlsys_nb.quant``'s calculators) passes the family's check."""
+    from mlsys_nb.quiz import routes
+
+    for q in _draws(name):
+        assert q.check(routes.worked_response(q)).ok, (name, q.params, q.answer)
+
+
+def test_quant_route_catches_a_key_that_forgets_the_scales(monkeypatch):
+    """A key counting only the code bits (no scales or zero points) fails the routes' layout count wherever the
+    constants add more than the check's 2 % tolerance (NF4 g128 with double quantization adds 1.6 %)."""
+    import mlsys_nb.quant as quant
+    from mlsys_nb.quiz import routes
+
+    def code(scheme):
+        return 8.0 if scheme == "int8" else 4.0
+
+    monkeypatch.setattr(quant, "bits_per_weight", lambda scheme, g=None, dq=False: code(scheme))
+    qs = [q for q in _draws("quant.bits_per_weight") + _draws("quant.decode_speedup_bound") if q.params["g"] <= 64]
+    assert len(qs) >= 8 and not any(q.check(routes.worked_response(q)).ok for q in qs)

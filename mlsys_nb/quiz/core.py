@@ -36,6 +36,7 @@ TOPICS = {  # topic -> (title, notebook that teaches it)
     "layout": ("Choosing a parallel layout", "notebooks/10_training_memory.ipynb"),
     "kernels": ("Inside one GPU: roofline, fusion, FlashAttention", "notebooks/21_inside_one_gpu.ipynb"),
     "precision": ("Number formats and mixed precision", "notebooks/22_number_formats_and_mixed_precision.ipynb"),
+    "quant": ("Quantization, LoRA and QLoRA", "notebooks/23_quantization_and_lora.ipynb"),
     "checkpoint": ("Checkpoints, failures and offload", "notebooks/24_checkpoints_and_failures.ipynb"),
 }
 

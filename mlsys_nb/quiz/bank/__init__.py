@@ -16,6 +16,7 @@ from . import (  # noqa: F401
     pipeline,
     precision,
     profiling,
+    quant,
     rl,
     scaling,
     serving,

@@ -35,6 +35,7 @@ from . import (  # noqa: F401  (each module registers its topic's routes)
     pipeline,
     precision,
     profiling,
+    quant,
     rl,
     scaling,
     serving,

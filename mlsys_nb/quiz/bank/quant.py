@@ -1,0 +1,209 @@
+"""Families of the topic ``quant``: stored bits per weight of group-wise formats, the share of scales, bytes of a
+quantized model, an int8 KV cache, LoRA's trainable parameters and training state, QLoRA's memory, the decode
+speed-up bound of weight-only quantization.
+
+Answer keys: ``mlsys_nb.quant`` (``bits_per_weight``, ``quantized_weight_bytes``, ``lora_params``,
+``finetune_bytes``, ``decode_speedup_bound``) and ``inference.kv_cache_bytes``, the functions notebook 23 runs.
+"""
+
+from __future__ import annotations
+
+from ..core import family
+from ._util import LazyModule, gb, pick
+
+quant = LazyModule("mlsys_nb.quant")  # torch only when a family needs it
+inference = LazyModule("mlsys_nb.inference")
+
+NB = "notebooks/23_quantization_and_lora.ipynb"
+SEC_FORMATS = f"{NB}, §1 Weight-only quantization from scratch"
+SEC_SPEED = f"{NB}, §4 Speed and memory"
+SEC_LORA = f"{NB}, §5 LoRA"
+SEC_QLORA = f"{NB}, §6 QLoRA"
+REF_QLORA = "docs/references.md#qlora (Dettmers et al. 2023, arXiv:2305.14314, §1 and §3)"
+REF_GPTQ = "docs/references.md#gptq (Frantar et al. 2022, arXiv:2210.17323)"
+REF_AWQ = "docs/references.md#awq (Lin et al. 2023, arXiv:2306.00978)"
+REF_LORA = "docs/references.md#lora (Hu et al. 2021, arXiv:2106.09685, §4.1)"
+REF_KIVI = "docs/references.md#kivi (Liu et al. 2024, arXiv:2402.02750)"
+MODELS = ["llama-2-7b", "llama-2-13b", "llama-3-8b", "llama-2-70b", "llama-65b"]
+FORMATS = [("int4", 32, False), ("int4", 64, False), ("int4", 128, False), ("int8", 128, False),
+           ("nf4", 64, False), ("nf4", 64, True), ("nf4", 128, True)]  # fmt: skip
+LAYOUT = {
+    "int8": "absmax int8 codes with one fp32 scale per group",
+    "int4": "4-bit codes packed two per byte with an fp16 scale and an fp16 zero point per group",
+    "nf4": "4-bit NF4 codes packed two per byte with one fp32 absmax per block",
+}
+
+
+def describe(scheme, g, dq):
+    d = LAYOUT[scheme] + f", groups of {g}"
+    if dq:
+        d += " (double quantization: the absmax values stored as int8 with one fp32 scale per 256 of them)"
+    return d
+
+
+@family("quant.bits_per_weight", "quant", section=SEC_FORMATS, reference=REF_QLORA)
+def _bits(rng):
+    scheme, g, dq = pick(rng, FORMATS)
+    bits = quant.bits_per_weight(scheme, g, dq)
+    return dict(
+        text=f"A weight matrix is stored as {describe(scheme, g, dq)}. How many bits does it store per weight, "
+        "scales and zero points included?",
+        params={"scheme": scheme, "g": g, "dq": dq},
+        answer=bits,
+        unit="ratio",
+        hints=["Code bits plus the bits of one group's constants divided by the group size."],
+        solution=[f"{describe(scheme, g, dq)}: {bits:.4g} bits per weight (quant.bits_per_weight)."],
+        diagnostics=[(4 / bits if scheme != "int8" else 8 / bits, "the scales and zero points are stored too")],
+    )
+
+
+@family("quant.scale_share", "quant", section=SEC_FORMATS, reference=REF_GPTQ)
+def _share(rng):
+    scheme, g, dq = pick(rng, FORMATS)
+    bits = quant.bits_per_weight(scheme, g, dq)
+    code = 8 if scheme == "int8" else 4
+    share = (bits - code) / bits
+    return dict(
+        text=f"A weight matrix is stored as {describe(scheme, g, dq)}. What fraction of its stored bytes are the "
+        "per-group constants (scales, zero points), not the codes?",
+        params={"scheme": scheme, "g": g, "dq": dq},
+        answer=share,
+        unit="fraction",
+        hints=["Bits of constants per weight over all bits per weight."],
+        solution=[
+            f"{bits:.4g} bits per weight of which {code} are the code: {bits - code:.4g} / {bits:.4g} = {share:.4f}."
+        ],
+        diagnostics=[(bits / code, "divide by all the stored bits, not by the code bits")],
+    )
+
+
+@family("quant.model_weight_bytes", "quant", difficulty=2, section=SEC_SPEED, reference=REF_AWQ)
+def _model_bytes(rng):
+    model = pick(rng, MODELS)
+    scheme, g, dq = pick(rng, FORMATS)
+    nbytes = quant.quantized_weight_bytes(model, scheme, g, dq)
+    return dict(
+        text=f"{model}: the linear layers of every block are stored as {describe(scheme, g, dq)}; the embedding, "
+        "the LM head and the norms stay in bf16. How many bytes do the weights take?",
+        params={"model": model, "scheme": scheme, "g": g, "dq": dq},
+        answer=nbytes,
+        unit="bytes",
+        hints=[
+            "Block linear weights per layer: q, k, v, o, and the three SwiGLU matrices.",
+            "Everything else: total parameters minus those, at 2 bytes.",
+        ],
+        solution=[f"{gb(nbytes)} (quant.quantized_weight_bytes)."],
+    )
+
+
+@family("quant.kv_cache_int8_bytes", "quant", section=SEC_SPEED, reference=REF_KIVI)
+def _kv_int8(rng):
+    model = pick(rng, MODELS)
+    batch = pick(rng, [1, 8, 32, 64])
+    ctx = pick(rng, [1024, 2048, 4096])
+    nbytes = inference.kv_cache_bytes(model, batch * ctx, "int8")
+    return dict(
+        text=f"{model} serves {batch} sequences of {ctx} tokens with the KV cache in int8 (ignore the scales). "
+        "How many bytes does the cache take?",
+        params={"model": model, "batch": batch, "ctx": ctx},
+        answer=nbytes,
+        unit="bytes",
+        hints=["K and V per token and layer: n_kv_heads · head_dim values each, one byte per value in int8."],
+        solution=[f"{gb(nbytes)} (inference.kv_cache_bytes with dtype int8)."],
+        diagnostics=[(2.0, "that is the bf16 cache; int8 is one byte per value"), (0.5, "count both K and V")],
+    )
+
+
+@family("quant.lora_trainable_params", "quant", section=SEC_LORA, reference=REF_LORA)
+def _lora_params(rng):
+    model = pick(rng, MODELS)
+    r = pick(rng, [4, 8, 16, 64])
+    targets = pick(rng, [("q_proj", "v_proj"), ("q_proj", "k_proj", "v_proj", "o_proj"), quant.sizing.LINEAR_NAMES])
+    n = quant.lora_params(model, r, targets)
+    return dict(
+        text=f"LoRA with rank r = {r} on the {', '.join(targets)} layers of every block of {model}. How many "
+        "trainable parameters does it add?",
+        params={"model": model, "r": r, "targets": list(targets)},
+        answer=n,
+        unit="params",
+        hints=["A and B of a d_in → d_out layer hold r·d_in + r·d_out parameters.", "Mind GQA's narrower k and v."],
+        solution=[f"{n:,} parameters (quant.lora_params)."],
+    )
+
+
+@family("quant.lora_state_bytes", "quant", section=SEC_LORA, reference=REF_LORA)
+def _lora_state(rng):
+    model = pick(rng, MODELS)
+    r = pick(rng, [8, 16, 64])
+    f = quant.finetune_bytes(model, "lora", r=r)
+    state = f["adapters"] + f["grads"] + f["optimizer"]
+    return dict(
+        text=f"LoRA with r = {r} on every linear layer of the blocks of {model}: adapters and their gradients in "
+        "bf16, AdamW's two moments in fp32. How many bytes do the adapters, gradients and optimizer state take "
+        "(the frozen base excluded)?",
+        params={"model": model, "r": r},
+        answer=state,
+        unit="bytes",
+        hints=["2 + 2 + 4 + 4 = 12 bytes per trainable parameter."],
+        solution=[
+            f"{quant.lora_params(model, r):,} trainable parameters × 12 bytes = {gb(state)} (quant.finetune_bytes)."
+        ],
+    )
+
+
+@family("quant.qlora_bytes", "quant", difficulty=2, section=SEC_QLORA, reference=REF_QLORA)
+def _qlora(rng):
+    model = pick(rng, MODELS)
+    r = pick(rng, [16, 64])
+    f = quant.finetune_bytes(model, "qlora", r=r)
+    return dict(
+        text=f"QLoRA on {model}: the blocks' linear layers in NF4 (blocks of 64, double quantization: 4 + 8/64 + "
+        f"32/(64·256) bits), the rest in bf16, LoRA r = {r} on every linear layer of the blocks with bf16 adapters "
+        "and gradients and fp32 AdamW moments. How many bytes of model state (activations excluded)?",
+        params={"model": model, "r": r},
+        answer=f["total"],
+        unit="bytes",
+        hints=[
+            "Frozen base at ~0.516 bytes per quantized weight plus 2 per other weight.",
+            "12 bytes per adapter parameter.",
+        ],
+        solution=[
+            f"base {gb(f['weights'])}, adapters + gradients + AdamW {gb(f['adapters'] + f['grads'] + f['optimizer'])}: "
+            f"{gb(f['total'])} (quant.finetune_bytes)."
+        ],
+    )
+
+
+@family("quant.full_over_qlora", "quant", difficulty=2, section=SEC_QLORA, reference=REF_QLORA)
+def _full_over_qlora(rng):
+    model = pick(rng, MODELS)
+    full = quant.finetune_bytes(model, "full")["total"]
+    ql = quant.finetune_bytes(model, "qlora", r=64)["total"]
+    return dict(
+        text=f"{model}: full fine-tuning in 16 bits (bf16 weights and gradients, fp32 AdamW moments: 12 bytes per "
+        "parameter) against QLoRA (NF4 base with double quantization, r = 64 adapters on every block linear layer, "
+        "12 bytes per adapter parameter). How many times more model-state memory does full fine-tuning need?",
+        params={"model": model},
+        answer=full / ql,
+        unit="ratio",
+        hints=["The QLoRA paper's LLaMA-65B: more than 780 GB against under 48 GB."],
+        solution=[f"{gb(full)} / {gb(ql)} = {full / ql:.3g} (quant.finetune_bytes)."],
+    )
+
+
+@family("quant.decode_speedup_bound", "quant", section=SEC_SPEED, reference=REF_AWQ)
+def _speedup(rng):
+    scheme, g, dq = pick(rng, FORMATS)
+    dtype = pick(rng, ["bf16", "fp32"])
+    bits = quant.bits_per_weight(scheme, g, dq)
+    bound = quant.decode_speedup_bound(bits, dtype)
+    return dict(
+        text=f"A memory-bound decode step reads only weights (tiny batch, short context). They move from {dtype} to "
+        f"{describe(scheme, g, dq)}. At most how many times faster can the step get?",
+        params={"scheme": scheme, "g": g, "dq": dq, "dtype": dtype},
+        answer=bound,
+        unit="ratio",
+        hints=["Time = bytes / bandwidth: the ratio of bits per weight, constants included."],
+        solution=[f"{8 * (2 if dtype == 'bf16' else 4)} / {bits:.4g} = {bound:.3g} (quant.decode_speedup_bound)."],
+        diagnostics=[(bits / (4 if scheme != "int8" else 8), "count the scales' bits too")],
+    )
