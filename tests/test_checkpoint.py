@@ -242,3 +242,26 @@ def test_offload_break_even_is_where_transfer_equals_compute():
         t = offload_time(10**9, tokens, g, ln, mfu=0.4)
         assert t.transfer_s == pytest.approx(t.compute_s)
         assert offload_time(10**9, 2 * tokens, g, ln).hidden and not offload_time(10**9, tokens / 2, g, ln).hidden
+
+
+def test_from_scratch_index_with_a_wrong_offset_no_longer_equals_dcp(runs, tmp_path):
+    """The key check broken: rank 1's rows placed at rank 0's offset (what a save that forgot the offsets writes)."""
+    import json
+
+    bad = tmp_path / "scratch"
+    shutil.copytree(runs["dir"] / "ref" / f"scratch_{RESUME_AT:06d}", bad)
+    index = json.loads((bad / "index.json").read_text())
+    for entry in index.values():
+        if len(entry["pieces"]) > 1 and entry["pieces"][1]["rows"]:
+            entry["pieces"][1]["first_row"] = 0
+    (bad / "index.json").write_text(json.dumps(index))
+    assert not _equal(load_shards_full(bad), dcp_full(runs["start"]))
+
+
+def test_rank0_full_state_dict_gathers_model_and_moments_on_rank_0(runs):
+    sizes = runs["ref"]["gathered"]["per_rank"]
+    n = sum(p.numel() for p in runs["ref"]["params"].values())
+    steps_bytes = 4 * len(runs["ref"]["params"])  # AdamW's step counter: one fp32 scalar per parameter tensor
+    assert sizes[0]["full"] == 3 * 4 * n + steps_bytes  # fp32 weights and two fp32 moments
+    assert [r["full"] for r in sizes[1:]] == [0] * (WORLD - 1)
+    assert sum(r["local"] for r in sizes) == 3 * 4 * n + WORLD * steps_bytes  # the shards add up; scalars replicate

@@ -64,6 +64,7 @@ __all__ = [
     "train_job",
     "resume_variants",
     "directory_bytes",
+    "full_state_bytes",
     "resume_in_process",
     "async_stall_job",
 ]
@@ -458,6 +459,33 @@ def dcp_full(path) -> dict[str, torch.Tensor]:
     return out
 
 
+def full_state_bytes(trainer: Trainer) -> dict:
+    """The rank-0 alternative to a sharded save, measured: ``get_state_dict`` with ``full_state_dict=True``
+    and ``cpu_offload=True`` gathers every tensor onto rank 0 (the others get nothing). Returns tensor bytes
+    per rank for the gathered model + optimizer (``full``) and for this rank's own shards (``local``)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    def nbytes(tree) -> int:
+        if isinstance(tree, torch.Tensor):
+            t = tree.to_local() if hasattr(tree, "to_local") else tree
+            return t.numel() * t.element_size()
+        if isinstance(tree, dict):
+            return sum(nbytes(v) for v in tree.values())
+        if isinstance(tree, (list, tuple)):
+            return sum(nbytes(v) for v in tree)
+        return 0
+
+    local = nbytes(get_state_dict(trainer.model, trainer.optimizer))
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    full = nbytes(get_state_dict(trainer.model, trainer.optimizer, options=opts))
+    per_rank = [None] * trainer.world
+    if trainer.distributed:
+        dist.all_gather_object(per_rank, {"local": local, "full": full})
+    else:
+        per_rank = [{"local": local, "full": full}]
+    return {"per_rank": per_rank}
+
+
 # ---- jobs for mlsys_nb.launch ----------------------------------------------------------------
 def train_job(
     spec: Spec,
@@ -485,19 +513,27 @@ def train_job(
             raise FileNotFoundError(f"no complete checkpoint under {root}")
         load(trainer, path)
         resumed_from = trainer.step_count
-    losses, saved = [], []
+    losses, saved, gathered = [], [], None
     while trainer.step_count < steps:
         losses.append(trainer.step())
         if save_every and trainer.step_count % save_every == 0:
             saved.append(str(save(trainer, root, keep=keep)))
             if scratch_at == trainer.step_count:
                 save_shards(trainer, Path(root) / f"scratch_{trainer.step_count:06d}")
+                gathered = full_state_bytes(trainer)
         if die_at == trainer.step_count and trainer.rank == die_rank:
             os.kill(os.getpid(), signal.SIGKILL)
     params = trainer.full_parameters()
     if trainer.rank:
         return None
-    return {"params": params, "losses": losses, "saved": saved, "resumed_from": resumed_from, "world": trainer.world}
+    return {
+        "params": params,
+        "losses": losses,
+        "saved": saved,
+        "resumed_from": resumed_from,
+        "world": trainer.world,
+        "gathered": gathered,
+    }
 
 
 def resume_variants(spec: Spec, path, steps: int, variants: list) -> list | None:
