@@ -205,11 +205,13 @@ def quantize(
             raise ArgumentError(f"group_size must divide the {w.numel()} weights for nf4, got {group_size}")
         blocks = w.reshape(-1, group_size)
         absmax = blocks.abs().amax(dim=1)
-        normed = blocks / absmax.clamp(min=1e-30)[:, None]
+        normed = blocks * (1 / absmax.clamp(min=1e-38))[:, None]  # times the reciprocal, as bitsandbytes does
         table = nf4_codebook() if codebook is None else codebook.float()
         if table.shape != (16,):
             raise ArgumentError(f"codebook must hold 16 values, got shape {tuple(table.shape)}")
-        idx = (normed[..., None] - table).abs().argmin(dim=-1)
+        # the nearest level: count the float32 midpoints between neighbouring levels below the value (a value on
+        # a midpoint goes to the lower level), as bitsandbytes does
+        idx = torch.bucketize(normed, (table[1:] + table[:-1]) / 2)
         qt = QuantizedTensor("nf4", shape, group_size, pack_int4(idx.to(torch.uint8)), absmax, codebook=codebook)
         if double_quant:
             offset = absmax.mean()
