@@ -174,3 +174,45 @@ def test_response_format_json_schema(client):
         model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=40, response_format=fmt
     )  # the server still serves
     jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+
+
+def test_metrics_histograms_parse_and_count_every_finished_request(server):
+    """/metrics' latency histograms, read by prometheus_client's own parser (an independent reader of the
+    text format): cumulative buckets, +Inf equal to the count, each count grows by one per finished request,
+    and the server's TTFT <= its end-to-end latency <= the client's wall time (summed over the requests)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def histos():
+        text = httpx.get(server + "/metrics", timeout=10).text
+        out = {}
+        for fam in text_string_to_metric_families(text):
+            if fam.type == "histogram":
+                b = {s.labels["le"]: s.value for s in fam.samples if s.name.endswith("_bucket")}
+                c = next(s.value for s in fam.samples if s.name.endswith("_count"))
+                t = next(s.value for s in fam.samples if s.name.endswith("_sum"))
+                out[fam.name.removeprefix("mlsys_nb_")] = (b, c, t)
+        return out
+
+    before = histos()
+    assert set(before) == {
+        "request_queue_time_seconds",
+        "time_to_first_token_seconds",
+        "time_per_output_token_seconds",
+        "e2e_request_latency_seconds",
+    }
+    walls = []
+    for i in range(3):
+        t0 = time.perf_counter()
+        r = httpx.post(
+            server + "/v1/completions", json={"prompt": f"h{i}", "max_tokens": 4, "ignore_eos": True}, timeout=60
+        )
+        walls.append(time.perf_counter() - t0)
+        assert r.status_code == 200
+    after = histos()
+    for name, (b, c, _) in after.items():
+        counts = [v for _, v in sorted(((float(k), v) for k, v in b.items()))]
+        assert counts == sorted(counts) and counts[-1] == c, name  # cumulative, +Inf holds them all
+        assert c - before[name][1] == 3, name  # each finished request observed once
+    ttft_sum = after["time_to_first_token_seconds"][2] - before["time_to_first_token_seconds"][2]
+    e2e_sum = after["e2e_request_latency_seconds"][2] - before["e2e_request_latency_seconds"][2]
+    assert 0 < ttft_sum <= e2e_sum <= sum(walls)

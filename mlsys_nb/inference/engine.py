@@ -34,6 +34,7 @@ import torch
 
 from ..config import check_int, torch_dtype
 from ..runtime.timing import Laps
+from .metrics import LATENCY_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, Histogram
 from .model_runner import ModelRunner, SwapPool
 from .paged import PagedKVCache
 from .sampler import sample
@@ -120,8 +121,14 @@ class LLMEngine:
             "generation_tokens": 0,
             "requests_finished": 0,
             "requests_failed": 0,
-            "requests_scheduled": 0,  # requests whose first sample was scheduled (queue_time_seconds' count)
-            "queue_time_seconds": 0.0,  # sum over those of first scheduled - arrival
+        }
+        # vLLM's latency histograms (seconds), /metrics exports them: the queue time (arrival -> first
+        # scheduled) of each request when it is first scheduled, the others when it finishes
+        self.histograms = {
+            "request_queue_time_seconds": Histogram(LATENCY_BUCKETS),
+            "time_to_first_token_seconds": Histogram(TTFT_BUCKETS),
+            "time_per_output_token_seconds": Histogram(TPOT_BUCKETS),
+            "e2e_request_latency_seconds": Histogram(LATENCY_BUCKETS),
         }
         self._ids = itertools.count()
 
@@ -312,8 +319,7 @@ class LLMEngine:
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = now
                 if seq.index == 0:
-                    self.stats["queue_time_seconds"] += now - seq.metrics.arrival_time
-                    self.stats["requests_scheduled"] += 1
+                    self.histograms["request_queue_time_seconds"].observe(now - seq.metrics.arrival_time)
         t("schedule")
         if not scheduled:
             if self.scheduler.waiting and not self.scheduler.running and not self.scheduler.swapped:
@@ -417,12 +423,24 @@ class LLMEngine:
             m.finished_time = now
             self.scheduler.finish(seq)
 
+    def _observe(self, m) -> None:
+        """A finished request's latencies (its first sample's) into the histograms."""
+        h = self.histograms
+        for name, value in (
+            ("time_to_first_token_seconds", m.ttft),
+            ("time_per_output_token_seconds", m.tpot),
+            ("e2e_request_latency_seconds", m.e2e),
+        ):
+            if value is not None:
+                h[name].observe(value)
+
     def _output(self, request_id: str) -> RequestOutput:
         seqs = self.requests[request_id]
         done = all(s.finished for s in seqs)
         if done:
             del self.requests[request_id]
             self.stats["requests_finished"] += 1
+            self._observe(seqs[0].metrics)
         s0 = seqs[0]
         return RequestOutput(
             request_id,

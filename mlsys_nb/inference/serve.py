@@ -7,8 +7,9 @@ FastAPI + uvicorn, bound to 127.0.0.1 by default. Endpoints:
   ``data: [DONE]``). Every field is honoured or refused with a 400 naming it (``HONOURED``, ``REFUSED``;
   an unknown field is refused too, as OpenAI does). Types are strict (``"stream": "false"`` is a 400).
 - ``GET /v1/models`` (the served id is the ``--model`` value), ``GET /health`` (200 once the engine
-  is ready), ``GET /metrics`` (Prometheus text: running and waiting requests, queue time, sequences,
-  KV blocks used, tokens, tokens/s, preemptions, aborts, failures, rejections).
+  is ready), ``GET /metrics`` (Prometheus text: running and waiting requests, sequences, KV blocks
+  used, tokens, tokens/s, preemptions, aborts, failures, rejections, and vLLM's histograms of queue
+  time, TTFT, time per output token and end-to-end latency, with its bucket bounds).
 
 Isolation: a request is validated completely before anything is queued (``LLMEngine.prepare``: ranges,
 finite numbers, a seed valid for every sample, ``n``, logprobs within the vocabulary) and queued
@@ -363,13 +364,13 @@ def build_app(engine, model_name: str, limits: Limits | None = None, clock=time.
             ("requests_aborted_total", "counter", aengine.aborted),
             ("requests_failed_total", "counter", st["requests_failed"]),
             ("requests_rejected_total", "counter", aengine.rejected),
-            ("request_queue_time_seconds_sum", "counter", round(st["queue_time_seconds"], 6)),
-            ("request_queue_time_seconds_count", "counter", st["requests_scheduled"]),
             ("preemptions_total", "counter", sum(st["preemptions"].values())),
             ("engine_steps_total", "counter", engine.num_steps),
             ("generation_tokens_per_second", "gauge", round(aengine.tokens_per_second(), 3)),
         ]
         text = "".join(f"# TYPE mlsys_nb_{n} {t}\nmlsys_nb_{n} {v}\n" for n, t, v in rows)
+        with aengine.lock:
+            text += "".join(h.prometheus(f"mlsys_nb_{n}") for n, h in engine.histograms.items())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     async def parse(request: Request) -> dict:
