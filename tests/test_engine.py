@@ -666,3 +666,25 @@ def test_the_teaching_generate_loop_equals_the_engine(model):
         c = o.outputs[0]
         assert [t for t in c.token_ids if t != tok.eos_id] == g.token_ids
         assert (c.text, c.finish_reason) == (g.text, g.finish_reason)
+
+
+def test_histogram_counts_equal_numpy_on_random_latencies():
+    """``Histogram``'s cumulative buckets equal numpy's count of values <= each bound (random values, ties at
+    the bounds included: Prometheus' ``le``); a histogram binning with ``<`` instead misses the ties."""
+    import bisect
+
+    import numpy as np
+
+    from mlsys_nb.inference.metrics import TTFT_BUCKETS, Histogram
+
+    rng = np.random.default_rng(0)
+    xs = np.concatenate([rng.lognormal(-3, 2, 500), np.array(TTFT_BUCKETS[:5])])  # some exactly on a bound
+    h = Histogram(TTFT_BUCKETS)
+    for x in xs:
+        h.observe(float(x))
+    want = [int((xs <= b).sum()) for b in TTFT_BUCKETS]
+    assert h.counts == want and h.count == len(xs) and abs(h.sum - xs.sum()) < 1e-9
+    strict = [bisect.bisect_right(sorted(xs), b) - int((xs == b).sum()) for b in TTFT_BUCKETS]
+    assert strict != want  # the "<" binning differs on the ties: the check above can fail
+    with pytest.raises(ValueError, match="bounds"):
+        Histogram((1.0, 0.5))
