@@ -13,11 +13,3 @@ def test_notebook_24_runs_on_2_ranks_with_solutions():
     assert_exercises_passed(text, 2)
     assert "saved on 2 ranks, resumed on 3 and on 1 process" in text
     assert "process exited with signal SIGKILL" in text
-
-
-@pytest.mark.notebook
-def test_notebook_24_rejects_an_odd_steps():
-    import papermill as pm
-
-    with pytest.raises(pm.PapermillExecutionError, match=r"steps must be a multiple of the checkpoint interval=2"):
-        run_notebook("24_checkpoints_and_failures.ipynb", steps=7)
