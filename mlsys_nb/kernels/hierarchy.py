@@ -4,7 +4,7 @@
   (what ``lscpu`` reports), e.g. ``{"L1d": 32768, "L2": 524288, "L3": 33554432}``.
 - ``stream_bandwidth(sizes)``: bytes/s of a streaming read whose working set is each size: one torch
   op per size, ``x.expand(R, n).sum(1)``, which reads the same ``n`` floats ``R`` times (a Python loop
-  over a small buffer would time the interpreter instead). Rounds interleave the sizes; medians.
+  over a small buffer would time the interpreter instead). Rounds interleave the sizes; lower quartiles.
 - ``OPS`` and ``op_cost(name, size, gpu)``: FLOPs and bytes of an elementwise add, a softmax, a layer
   norm and a square matmul (fp32, a model: each input read once, each output written once), placed on
   the roofline of ``inference.roofline.StepCost`` (the one owner of ``max(F/peak, B/bandwidth)``).
@@ -19,7 +19,7 @@ import torch
 
 from ..config import check_choice, check_int
 from ..inference.roofline import StepCost
-from ..runtime.timing import Timer, median
+from ..runtime.timing import Timer, lower_quartile, median
 
 __all__ = ["OPS", "cache_sizes", "stream_bandwidth", "op_flops_bytes", "op_cost", "measure_op"]
 
@@ -48,8 +48,9 @@ def cache_sizes(root="/sys/devices/system/cpu/cpu0/cache") -> dict[str, int]:
 def stream_bandwidth(sizes_bytes, *, read_bytes: int = 2**27, reps: int = 5) -> dict[int, float]:
     """Read bandwidth (bytes/s) per working-set size (bytes): ``x.expand(R, n).sum(1)`` over ``n`` fp32
     values repeated ``R = read_bytes // size`` times (at least 1; the ``R`` sums written are ``1/n`` of the
-    bytes read). Median of ``reps`` interleaved rounds. Run it with ``torch.set_num_threads(1)`` to
-    measure one core's view of the hierarchy (more threads on a busy machine measure the scheduler)."""
+    bytes read). Lower quartile of ``reps`` interleaved rounds (a busy machine only ever adds time). Run it
+    with ``torch.set_num_threads(1)`` to measure one core's view of the hierarchy (more threads on a busy
+    machine measure the scheduler)."""
     sizes = [check_int("size", s, 64) for s in sizes_bytes]
     read_bytes, reps = check_int("read_bytes", read_bytes, 1024), check_int("reps", reps, 1)
     bufs = {s: torch.ones(s // 4) for s in sizes}
@@ -61,7 +62,7 @@ def stream_bandwidth(sizes_bytes, *, read_bytes: int = 2**27, reps: int = 5) -> 
         for s in sizes if r % 2 == 0 else sizes[::-1]:
             with timers[s]:
                 bufs[s].expand(rows[s], -1).sum(1)
-    return {s: rows[s] * (s // 4) * 4 / median(timers[s].samples) for s in sizes}
+    return {s: rows[s] * (s // 4) * 4 / lower_quartile(timers[s].samples) for s in sizes}
 
 
 OPS = ("add", "softmax", "layernorm", "matmul")
