@@ -37,6 +37,27 @@ Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
   ``expected_speedup``, ``best_k``.
 - Structured outputs (``structured``): ``Grammar.compile(json_schema=|regex=|choice=)``, a budget-aware
   token mask over outlines-core's automaton, ``apply_mask``, ``generate_structured``.
+
+Where each file's counterpart lives in vLLM v1 (paths in the vllm-project/vllm repository), for reading
+one beside the other:
+
+- ``llm.LLM``: ``vllm/entrypoints/llm.py`` (the offline front).
+- ``engine.LLMEngine``: ``vllm/v1/engine/llm_engine.py`` and ``vllm/v1/engine/core.py`` (``EngineCore``, the
+  schedule -> execute -> update loop, in a process of its own there, in-process here).
+- ``scheduler.Scheduler``: ``vllm/v1/core/sched/scheduler.py`` (one token budget, chunked prefill,
+  preemption; v1 only recomputes, this one can also swap).
+- ``paged.BlockManager``: ``vllm/v1/core/kv_cache_manager.py``, ``vllm/v1/core/block_pool.py`` (the free
+  queue, hash-chained prefix blocks) and ``vllm/v1/core/kv_cache_utils.py`` (block hashes).
+- ``model_runner``: ``vllm/v1/worker/gpu_model_runner.py`` (a step's inputs, CUDA graphs).
+- ``sampler``: ``vllm/v1/sample/sampler.py`` and ``vllm/v1/sample/logits_processor/``;
+  ``sampling_params``: ``vllm/sampling_params.py``.
+- ``sequence``: ``vllm/v1/request.py`` (``Request``) and ``vllm/outputs.py`` (``RequestOutput``);
+  ``tokenizer.decode_stream``: ``vllm/v1/engine/detokenizer.py``.
+- ``serve``: ``vllm/entrypoints/openai/api_server.py`` over ``vllm/v1/engine/async_llm.py``; ``metrics``
+  and ``/metrics``: ``vllm/v1/metrics/loggers.py`` (Prometheus histograms with the same bucket bounds).
+- ``speculative``: ``vllm/v1/spec_decode/`` (n-gram and draft proposers) and
+  ``vllm/v1/sample/rejection_sampler.py``; ``structured``: ``vllm/v1/structured_output/`` (grammar
+  backends, the token bitmask).
 """
 
 from .kv_cache import DTYPE_BYTES, KVCache, kv_bytes_per_token, kv_cache_bytes, max_concurrent_sequences, weight_bytes
