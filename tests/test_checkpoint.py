@@ -265,3 +265,20 @@ def test_rank0_full_state_dict_gathers_model_and_moments_on_rank_0(runs):
     assert sizes[0]["full"] == 3 * 4 * n + steps_bytes  # fp32 weights and two fp32 moments
     assert [r["full"] for r in sizes[1:]] == [0] * (WORLD - 1)
     assert sum(r["local"] for r in sizes) == 3 * 4 * n + WORLD * steps_bytes  # the shards add up; scalars replicate
+
+
+@pytest.mark.slow
+def test_torchrun_restarts_the_group_after_a_sigkill_and_the_resume_is_bitwise(runs, tmp_path):
+    """torchrun --max-restarts 1: rank 1 dies after step 5 of attempt 0, the agent restarts both workers, they
+    resume from step 4 (each attempt joins through its own PrefixStore) and end on the uninterrupted weights."""
+    import subprocess
+    import sys
+
+    assert WORLD == 2 and STEPS == 6 and SPEC == Spec()  # the reference run below is the fixture's
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd += ["--max-restarts", "1", "-m", "mlsys_nb.checkpoint.elastic", str(tmp_path), "--steps", "6", "--die-at", "5"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    final = torch.load(tmp_path / "final.pt", weights_only=False)
+    assert final["attempt"] == 1 and final["resumed_from"] == RESUME_AT
+    assert _equal(runs["ref"]["params"], final["params"])

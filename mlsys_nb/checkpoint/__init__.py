@@ -6,6 +6,8 @@
 - ``sharded``: sharded checkpoints of an FSDP2 job with ``torch.distributed.checkpoint`` on real gloo
   ranks: atomic writes, SHA-256 manifest, the newest k kept; every RNG, the sampler, the LR schedule and
   the step saved; resharding to fewer ranks or one process; a from-scratch sharded save tested equal to DCP's.
+- ``elastic``: the job under ``torchrun --max-restarts`` (``python -m mlsys_nb.checkpoint.elastic``): a rank
+  SIGKILLed, the agent restarts the group, each attempt joins through its own ``PrefixStore``, the resume is bitwise.
 - ``offload``: a from-scratch ZeRO-Offload optimizer (AdamW on the host, parameters copied back), tested
   equal to the on-device step, with the bytes it moves counted; when offload hides under compute (a model).
 """
