@@ -20,6 +20,11 @@ class GPU:
     nvlink: str | None = None
     source: str = ""
     memory_source: str = ""  # "reported: ..." (device total) or "datasheet: ..." (decimal GB)
+    # inside the chip (notebook 21), where the architecture whitepaper gives them; None elsewhere
+    sms: int | None = None  # streaming multiprocessors
+    shared_memory_per_sm_bytes: float | None = None  # the most shared memory (SRAM) one SM can give its blocks
+    l2_bytes: float | None = None
+    chip_source: str = ""
 
     def peak(self, dtype="bf16") -> float:
         """Dense peak throughput in FLOP/s for ``dtype`` (a name of ``mlsys_nb.config.DTYPE_BYTES``

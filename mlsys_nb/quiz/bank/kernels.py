@@ -209,11 +209,12 @@ def _merge(rng):
 def _splits(rng):
     b = pick(rng, [1, 2, 4])
     h = pick(rng, [8, 16, 32])
-    sms = pick(rng, [108, 132])
+    gpu = pick(rng, ["H100-SXM", "A100-80GB-SXM"])
+    sms = hardware.gpu(gpu).sms
     n = kernels.decode_splits(b, h, sms)
     return dict(
-        text=f"A decode step (one query per sequence) runs batch {b} with {h} attention heads on a GPU with "
-        f"{sms} SMs, one thread block per (sequence, head, KV split). What is the fewest number of KV splits "
+        text=f"A decode step (one query per sequence) runs batch {b} with {h} attention heads on an {gpu} "
+        f"({sms} SMs), one thread block per (sequence, head, KV split). What is the fewest number of KV splits "
         "(FlashDecoding) that gives every SM at least one block?",
         params={"b": b, "h": h, "sms": sms},
         answer=float(n),
