@@ -76,9 +76,10 @@ def nf4_from_quantiles() -> torch.Tensor:
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:
     """Pack 4-bit codes (uint8 in [0, 15], any shape; flattened, padded with 0 to even length) two per byte,
     the first of each pair in the high nibble (bitsandbytes' order). Returns uint8 of ceil(n/2) bytes."""
+    if codes.numel():
+        check_int("codes (their largest value)", int(codes.max()), 0, 15)
+        check_int("codes (their smallest value)", int(codes.min()), 0, 15)
     flat = codes.reshape(-1).to(torch.uint8)
-    if flat.numel() and int(flat.max()) > 15:
-        raise ArgumentError(f"codes must be in [0, 15], got a maximum of {int(flat.max())}")
     if flat.numel() % 2:
         flat = torch.cat([flat, flat.new_zeros(1)])
     return (flat[0::2] << 4) | flat[1::2]
