@@ -11,15 +11,23 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def sft_rm():
+    """Notebook 18's RLHF task: the SFT policy and reward model (state dicts), trained once for the module
+    (the Ray runs and the local runs start from the same ``rlhf_init(seed=0, steps=100)``; ``run`` copies
+    them into its workers' models and never writes to them)."""
+    return pl.rlhf_init(seed=0, steps=100)
+
+
+@pytest.fixture(scope="module")
+def cluster(request):
     import ray
 
     out = {}
     with pl.ray_session(num_cpus=2, object_store_mb=200) as session:
         out["session"] = session
         workers = [pl._actor_class().remote() for _ in range(2)]
-        # notebook 18's RLHF task: the SFT policy and reward model, trained here while the actors start up
-        init = pl.rlhf_init(seed=0, steps=100)
+        # the SFT policy and reward model, trained here (the first time) while the actors start up
+        init = request.getfixturevalue("sft_rm")
         for mode in ("colocated", "sync", "async"):
             out[mode] = pl.run(mode, 4, workers=workers)
         out["crash"] = pl.run("async", 4, die_at_step=2, workers=workers)
@@ -193,10 +201,9 @@ def test_stop_ray_children_stops_only_ray_processes():
 
 # ---------------------------------------------------------------- the same runs without Ray (backend="local")
 @pytest.fixture(scope="module")
-def local_runs():
+def local_runs(sft_rm):
     """Notebook 19's default path: the workers as ``LocalActor`` threads of this process, no Ray."""
-    init = pl.rlhf_init(seed=0, steps=100)
-    kw = dict(task="rlhf", init=init, batch=16, seed=0, timeout_s=120, backend="local")
+    kw = dict(task="rlhf", init=sft_rm, batch=16, seed=0, timeout_s=120, backend="local")
     out = {mode: pl.run(mode, 4, **kw) for mode in ("colocated", "sync", "async")}
     out["serial"] = pl.run("async", 4, overlap=False, **kw)
     out["crash"] = pl.run("async", 4, die_at_step=2, **kw)
