@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from ..config import check_int, check_number, dtype_bytes
 from ..hardware import gpu as gpu_spec
 from ..hardware import link as link_spec
@@ -32,6 +30,8 @@ class OffloadAdamW:
     ``bytes_to_host`` / ``bytes_to_device``: bytes copied so far in each direction."""
 
     def __init__(self, params, *, host="cpu", **adamw_kwargs):
+        import torch  # here, so that the offload formulas below load without torch
+
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("params must contain at least one tensor that requires grad")
@@ -48,6 +48,8 @@ class OffloadAdamW:
             self.bytes_to_host += p.grad.numel() * p.grad.element_size()
 
     def _parameters_to_device(self) -> None:
+        import torch
+
         with torch.no_grad():
             for p, m in zip(self.params, self.master):
                 p.copy_(m)  # host -> device (cast down to the parameter's dtype)
