@@ -167,23 +167,25 @@ def tk():
     return pytest.importorskip("mlsys_nb.kernels.triton_kernels")
 
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # interpreted on CPU tensors, compiled on a GPU
+
+
 def test_triton_kernels_equal_torch(tk):
     g = torch.Generator().manual_seed(4)
     x, y = torch.randn(1000, generator=g), torch.randn(1000, generator=g)
-    torch.testing.assert_close(tk.vector_add(x, y), x + y)
+    torch.testing.assert_close(tk.vector_add(x.to(DEV), y.to(DEV)).cpu(), x + y)
     s = torch.randn(7, 37, generator=g) * 30
-    torch.testing.assert_close(tk.softmax(s), torch.softmax(s, -1))
+    torch.testing.assert_close(tk.softmax(s.to(DEV)).cpu(), torch.softmax(s, -1))
     a, b = torch.randn(40, 50, generator=g), torch.randn(50, 33, generator=g)
-    torch.testing.assert_close(tk.matmul(a, b), a @ b, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(tk.matmul(a.to(DEV), b.to(DEV)).cpu(), a @ b, atol=1e-4, rtol=1e-4)
     for b_, h, kvh, sq, sk, d, causal in [(1, 4, 2, 19, 37, 8, True), (1, 2, 2, 1, 29, 16, True)]:
         q, k, v = (t.detach() for t in _inputs(b_, h, kvh, sq, sk, d))
-        torch.testing.assert_close(
-            tk.triton_attention(q, k, v, causal=causal), _sdpa(q, k, v, causal), atol=2e-5, rtol=1e-4
-        )
+        out = tk.triton_attention(q.to(DEV), k.to(DEV), v.to(DEV), causal=causal).cpu()
+        torch.testing.assert_close(out, _sdpa(q, k, v, causal), atol=2e-5, rtol=1e-4)
 
 
 def test_a_triton_softmax_without_the_max_overflows(tk):
-    s = torch.randn(4, 20, generator=torch.Generator().manual_seed(5)) * 10 + 100  # exp(100) > fp32 max
+    s = (torch.randn(4, 20, generator=torch.Generator().manual_seed(5)) * 10 + 100).to(DEV)  # exp(100) > fp32 max
     assert torch.isfinite(tk.softmax(s)).all()
     with pytest.warns(RuntimeWarning) if tk.INTERPRETED else _nothing():
         assert not torch.isfinite(tk.softmax(s, subtract_max=False)).all()

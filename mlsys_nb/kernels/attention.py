@@ -113,7 +113,7 @@ def tile_partial(q, k, v, scale: float, mask=None):
     return out, (m + rowsum.log()).squeeze(-1)
 
 
-def _tiles(sq, sk, bq, bk, causal):
+def _tiles(sq, sk, bq, bk, causal, device=None):
     """(q slice, k slice, mask or None) for every tile that is not entirely hidden (tile skipping)."""
     off = sk - sq
     for qa in range(0, sq, bq):
@@ -123,7 +123,7 @@ def _tiles(sq, sk, bq, bk, causal):
             if causal and ka > qb - 1 + off:  # every key after the last query's horizon: skip the tile
                 break
             masked = causal and kb - 1 > qa + off
-            mask = causal_mask(qb - qa, kb - ka, q_start=qa + off, k_start=ka) if masked else None
+            mask = causal_mask(qb - qa, kb - ka, q_start=qa + off, k_start=ka, device=device) if masked else None
             yield slice(qa, qb), slice(ka, kb), mask
 
 
@@ -139,7 +139,7 @@ class _FlashAttention(torch.autograd.Function):
         sq, sk, scale = q.shape[2], k.shape[2], 1.0 / math.sqrt(q.shape[-1])
         out = torch.zeros_like(q)
         lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
-        for qs, ks, mask in _tiles(sq, sk, bq, bk, causal):
+        for qs, ks, mask in _tiles(sq, sk, bq, bk, causal, q.device):
             ob, lb = tile_partial(q[:, :, qs], _kv_tile(k, ks, g), _kv_tile(v, ks, g), scale, mask)
             out[:, :, qs], lse[:, :, qs] = merge_partials(out[:, :, qs], lse[:, :, qs], ob, lb)
         ctx.save_for_backward(q, k, v, out, lse)  # O(s·d) and O(s): nothing s_q × s_k
@@ -153,7 +153,7 @@ class _FlashAttention(torch.autograd.Function):
         sq, g, scale = q.shape[2], q.shape[1] // kvh, 1.0 / math.sqrt(d)
         delta = _row_term(dout, out)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for qs, ks, mask in _tiles(sq, sk, ctx.bq, ctx.bk, ctx.causal):
+        for qs, ks, mask in _tiles(sq, sk, ctx.bq, ctx.bk, ctx.causal, q.device):
             qt, kt, vt, dot = q[:, :, qs], _kv_tile(k, ks, g), _kv_tile(v, ks, g), dout[:, :, qs]
             s = (qt @ kt.transpose(-2, -1)) * scale
             p = torch.exp(s - lse[:, :, qs].unsqueeze(-1))  # recomputed from the saved lse

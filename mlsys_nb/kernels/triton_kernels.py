@@ -97,7 +97,7 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.conste
         rk = k0 + tl.arange(0, BK)
         a = tl.load(a_ptr + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
         b = tl.load(b_ptr + rk[:, None] * N + rn[None, :], mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
-        acc += tl.dot(a, b)  # a BM×BK tile times a BK×BN tile, on tensor cores on a GPU
+        acc += tl.dot(a, b, input_precision="ieee")  # a BM×BK tile times a BK×BN tile (fp32, no tf32)
     tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
@@ -134,7 +134,7 @@ def _attn_fwd_kernel(
         kv_mask = (rn[:, None] < sk) & (rd[None, :] < D)
         k = tl.load(k_ptr + kv_bh * sk * D + rn[:, None] * D + rd[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_ptr + kv_bh * sk * D + rn[:, None] * D + rd[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         visible = rn[None, :] < sk
         if CAUSAL:
             visible = visible & (rn[None, :] <= rm[:, None] + (sk - sq))
@@ -144,7 +144,7 @@ def _attn_fwd_kernel(
         p = tl.exp(s - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)  # the rescale of what was accumulated so far
         l_i = alpha * l_i + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, v)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         m_i = m_new
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(o_ptr + bh * sq * D + rm[:, None] * D + rd[None, :], out, mask=(rm[:, None] < sq) & (rd[None, :] < D))
