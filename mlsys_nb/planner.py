@@ -111,6 +111,9 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+_PLAIN = frozenset((int, str))
+
+
 @dataclass(frozen=True)
 class Layout:
     """One parallel configuration: degrees (``dp`` counts data-parallel replicas; ``ep`` is carved out
@@ -129,6 +132,8 @@ class Layout:
     v: int = 1
 
     def __post_init__(self):  # accept numpy scalars (a DataFrame row) as plain Python values
+        if all(type(v) in _PLAIN for v in self.__dict__.values()):  # the common case (search builds ~10^5)
+            return
         for name in self.__dataclass_fields__:
             v = getattr(self, name)
             if hasattr(v, "item") and not isinstance(v, (int, str)):
@@ -196,6 +201,7 @@ class _Ctx:
     cap: float = 0.0  # GPU memory, bytes
     hbm: float = 0.0  # HBM bandwidth, bytes/s
     calibration: object = None  # a Calibration, or None: the uncalibrated upper bound
+    memo: dict = field(default_factory=dict, compare=False, repr=False)  # _memo's results for this context
 
     @property
     def sequences(self) -> int:
@@ -327,6 +333,17 @@ def _stage_compute(model: ModelConfig, seq_len: int, pp: int, dualpipe: bool) ->
     return best
 
 
+def _memo(ctx: _Ctx, fn, *args):
+    """``fn(ctx.model, *args)`` remembered in the context: a search asks the same closed forms ~10^5
+    times, and hashing the ModelConfig for an lru_cache costs more than most of them."""
+    key = (fn, *args)
+    try:
+        return ctx.memo[key]
+    except KeyError:
+        out = ctx.memo[key] = fn(ctx.model, *args)
+        return out
+
+
 def _link(ctx: _Ctx, stride: int, size: int) -> tuple[str, float, float]:
     """(name, alpha s, beta B/s) of the link a group of ``size`` ranks at ``stride`` uses."""
     if stride * size <= ctx.gpus_per_node:
@@ -378,8 +395,16 @@ def _stage_states(model: ModelConfig, tp: int, pp: int, ep: int, dualpipe: bool)
 def _states_bound(ctx: _Ctx, lay: Layout) -> float:
     """Closed-form lower bound of the memory per GPU: model states of the heaviest stage + overhead."""
     return (
-        _states_bytes(
-            ctx.model, ctx.precision, lay.tp, lay.pp, lay.ep, lay.schedule == "dualpipe", lay.dp * lay.cp, lay.zero
+        _memo(
+            ctx,
+            _states_bytes,
+            ctx.precision,
+            lay.tp,
+            lay.pp,
+            lay.ep,
+            lay.schedule == "dualpipe",
+            lay.dp * lay.cp,
+            lay.zero,
         )
         + ctx.overhead_bytes
     )
@@ -428,8 +453,84 @@ def _bound(ctx: _Ctx, lay: Layout, m: int) -> float:
     states = _states_bound(ctx, lay)
     fl = _in_flight_last(lay.schedule, lay.pp, m, lay.v)
     n_min = _min_layers(ctx.model.n_layers, lay.pp)
-    acts = _act_layer(ctx.model, ctx.seq_len, ctx.precision, lay.tp, lay.cp, lay.micro_batch, lay.recompute)
+    acts = _memo(ctx, _act_layer, ctx.seq_len, ctx.precision, lay.tp, lay.cp, lay.micro_batch, lay.recompute)
     return max(states, acts * n_min * fl + ctx.overhead_bytes)
+
+
+@lru_cache(maxsize=1 << 14)
+def _act_kinds(model: ModelConfig, seq_len: int, precision: str, tp: int, cp: int, mb: int, recompute: str) -> tuple:
+    """Saved activations of one dense-MLP layer and of one MoE layer for one micro-batch (bytes,
+    ``memory.layer_terms``; the two kinds ``memory.estimate`` distinguishes)."""
+    t = TrainConfig(micro_batch=mb, seq_len=seq_len, precision=precision, recompute=recompute, tp=tp, sp=tp > 1, cp=cp)
+    last = model.n_layers - 1  # an MoE layer when the model has experts
+    dense = sum(
+        b for _, b in memory.layer_terms(model, t, layer=0 if model.n_dense_layers or not model.is_moe else last)
+    )
+    return dense, sum(b for _, b in memory.layer_terms(model, t, layer=last))
+
+
+@lru_cache(maxsize=4096)
+def _rank_layers(model: ModelConfig, pp: int, dualpipe: bool) -> tuple:
+    """Per pipeline rank: (its stages, dense-MLP layers, MoE layers) summed over the stages it holds
+    (DualPipe: stage st and pp-1-st)."""
+    sizes = memory.stage_layers(model.n_layers, pp)
+    starts = [sum(sizes[:i]) for i in range(pp)]
+    out = []
+    for st in range(pp):
+        stages = [st, pp - 1 - st] if (dualpipe and pp > 1) else [st]
+        layers = [i for s in stages for i in range(starts[s], starts[s] + sizes[s])]
+        moe = sum(1 for i in layers if model.is_moe and i >= model.n_dense_layers)
+        out.append((len(stages), len(layers) - moe, moe))
+    return tuple(out)
+
+
+@lru_cache(maxsize=1 << 14)
+def _rank_states(model, precision, tp, pp, ep, dual, zg, zero) -> tuple:
+    """Model-state bytes of every pipeline rank (the ``_states_bytes`` formula, stage by stage)."""
+    t = TrainConfig(tp=tp, pp=pp, ep=ep, dp=ep, pp_schedule="dualpipe" if dual else "1f1b")
+    b = memory.bytes_per_param(precision, "adam", False, None)
+    eg = zg // ep
+    out = []
+    for st in range(pp):
+        d, e, _, _ = memory.stage_params(model, t, st)
+        if dual and pp > 1:
+            d2, e2, _, _ = memory.stage_params(model, t, pp - 1 - st)
+            d, e = d + d2, e + e2
+        tot = 0.0
+        for key, zmin in (("param", 3), ("grad", 2), ("optimizer", 1), ("master", 1)):
+            tot += b[key] * (d / zg if (zero >= zmin and zg > 1) else d)
+            tot += b[key] * (e / eg if (zero >= zmin and eg > 1) else e)
+        out.append(tot)
+    return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def _in_flight_all(schedule: str, pp: int, m: int, v: int) -> tuple:
+    if pp == 1:
+        return (1.0,)
+    t = TrainConfig(
+        pp=pp,
+        n_microbatches=m,
+        pp_schedule=_MEM_SCHEDULE.get(schedule, schedule),
+        virtual_stages=v if schedule == "interleaved-1f1b" else 1,
+    )
+    return tuple(memory.in_flight_microbatches(t, st) for st in range(pp))
+
+
+def _stage_bound(ctx: _Ctx, lay: Layout, m: int) -> float:
+    """A tighter lower bound of ``memory.estimate``'s total (bytes), rank by rank: model states +
+    saved activations of the rank's layers (dense and MoE layers counted apart) x its in-flight
+    micro-batches + ``overhead_bytes``; only the layers outside the blocks (embedding, head, loss) and
+    the transient buffers are left out. Costs O(pp): ``search`` asks it only for the layouts whose
+    step time is good enough to be shown, before the exact estimate."""
+    dual = lay.schedule == "dualpipe"
+    states = _memo(ctx, _rank_states, ctx.precision, lay.tp, lay.pp, lay.ep, dual, lay.dp * lay.cp, lay.zero)
+    a_dense, a_moe = _memo(ctx, _act_kinds, ctx.seq_len, ctx.precision, lay.tp, lay.cp, lay.micro_batch, lay.recompute)
+    fl = _in_flight_all(lay.schedule, lay.pp, m, lay.v)
+    best = 0.0
+    for s, (n_st, nd, nm), f in zip(states, _memo(ctx, _rank_layers, lay.pp, dual), fl):
+        best = max(best, s + f * (nd * a_dense + nm * a_moe) / n_st)
+    return best + ctx.overhead_bytes
 
 
 def _train_config(ctx: _Ctx, lay: Layout, m: int) -> TrainConfig:
@@ -463,12 +564,12 @@ def _pieces(ctx: _Ctx, lay: Layout) -> dict | None:
     model = ctx.model
     m = ctx.sequences // (lay.dp * lay.micro_batch)
     dual = lay.schedule == "dualpipe"
-    fwd_tok, lay_tok, scores_tok, n_lay, n_moe = _stage_compute(model, ctx.seq_len, lay.pp, dual)
+    fwd_tok, lay_tok, scores_tok, n_lay, n_moe = _memo(ctx, _stage_compute, ctx.seq_len, lay.pp, dual)
     r = {"none": 0.0, "selective": scores_tok / fwd_tok, "full": lay_tok / fwd_tok}[lay.recompute]
     ratio = _bubble_ratio(lay.schedule, lay.pp, m, lay.v, r)
     if ratio is None:
         return None
-    core_tok = _attn_core(model, ctx.seq_len) * n_lay  # scores + values: the FlashAttention kernel's FLOPs
+    core_tok = _memo(ctx, _attn_core, ctx.seq_len) * n_lay  # scores + values: the FlashAttention kernel's FLOPs
     tokens = lay.micro_batch * ctx.seq_len  # one micro-batch, before CP
     fwd = fwd_tok * tokens / (lay.tp * lay.cp)  # forward FLOPs of one micro-batch on this rank
     f_at = core_tok * tokens / (lay.tp * lay.cp)  # of which in the attention kernel
@@ -498,7 +599,7 @@ def _pieces(ctx: _Ctx, lay: Layout) -> dict | None:
     ep_raw = n_moe * 4 * _coll("all_to_all", a2a, lay.ep, *ep_l[1:]) if lay.ep > 1 else 0.0
     p2p = (pp_l[1] + act / (lay.tp if lay.tp > 1 else 1) / pp_l[2]) if lay.pp > 1 else 0.0
     pp_t = 2 * (lay.v if lay.schedule == "interleaved-1f1b" else 1) * p2p
-    d_par, e_par = _stage_states(model, lay.tp, lay.pp, lay.ep, dual)
+    d_par, e_par = _memo(ctx, _stage_states, lay.tp, lay.pp, lay.ep, dual)
     gbytes = _ACT_BYTES  # bf16 gradients on the wire
     zg = lay.dp * lay.cp
     dp_grad = _coll("all_reduce", d_par * gbytes, zg, *dp_l[1:]) + _coll(
@@ -534,6 +635,31 @@ def _pieces(ctx: _Ctx, lay: Layout) -> dict | None:
     )
 
 
+def _where(cond, a, b):
+    """numpy.where on arrays (calibrate's runs), a plain branch on one layout (search: ~10^5 calls)."""
+    if isinstance(cond, bool):
+        return a if cond else b
+    import numpy as np
+
+    return np.where(cond, a, b)
+
+
+def _maximum(a, b):
+    if isinstance(a, float) and isinstance(b, float):
+        return a if a >= b else b
+    import numpy as np
+
+    return np.maximum(a, b)
+
+
+def _minimum(a, b):
+    if isinstance(a, float) and isinstance(b, float):
+        return a if a <= b else b
+    import numpy as np
+
+    return np.minimum(a, b)
+
+
 def _assemble(p: dict, eta, attn_eff, overlap, elem_bytes, dp_overlap) -> dict:
     """Seconds per step by component from ``_pieces``: matmuls at ``eta`` x peak (backward = 2 x
     forward, the DP traffic hides behind backward's matmul time), attention at
@@ -541,8 +667,6 @@ def _assemble(p: dict, eta, attn_eff, overlap, elem_bytes, dp_overlap) -> dict:
     behind the other micro-batch's compute instead), ``elem_bytes`` per token per hidden unit per layer
     at HBM bandwidth, ``dp_overlap`` of the DP traffic hidden behind backward. Works on floats and on
     numpy arrays of runs (``calibrate``)."""
-    import numpy as np
-
     m = p["m"]
     f = p["fwd"] / (p["peak"] * eta)  # forward seconds of one micro-batch at matmul efficiency
     extra = (1.0 / attn_eff - 1.0) / (p["peak"] * eta)  # attention's extra seconds per FLOP
@@ -550,10 +674,10 @@ def _assemble(p: dict, eta, attn_eff, overlap, elem_bytes, dp_overlap) -> dict:
     recompute = p["r"] * f + p["rc_at"] * extra
     tp_t = (1.0 - overlap) * p["tp"]
     cp_t = (1.0 - overlap) * p["cp"]
-    ep_t = np.where(p["dual"], np.maximum(0.0, p["ep"] - (compute + recompute)), (1.0 - overlap) * p["ep"])
+    ep_t = _where(p["dual"], _maximum(0.0, p["ep"] - (compute + recompute)), (1.0 - overlap) * p["ep"])
     elem = elem_bytes * p["elem"]
     per_mb = compute + recompute + tp_t + cp_t + ep_t + p["pp"] + elem
-    hidden = np.minimum(dp_overlap * p["dp"], m * 2.0 * f)
+    hidden = _minimum(dp_overlap * p["dp"], m * 2.0 * f)
     return {
         "compute": m * compute,
         "recompute": m * recompute,
@@ -578,7 +702,7 @@ def _time(ctx: _Ctx, lay: Layout) -> tuple[dict, int, dict] | None:
         eta, ae, ov, eb = ctx.compute_efficiency, 1.0, 0.0, 0.0
     else:
         eta, ae, ov, eb = ctx.compute_efficiency * cal.efficiency(ctx.gpu), cal.attn_eff, cal.overlap, cal.elem_bytes
-    t = {k: float(v) for k, v in _assemble(p, eta, ae, ov, eb, ctx.dp_overlap).items()}
+    t = _assemble(p, eta, ae, ov, eb, ctx.dp_overlap)  # floats in, floats out
     if cal is None:  # the uncalibrated model has no non-matmul term: its components as before calibration
         del t["non-matmul"]
     return t, p["m"], p["links"]
@@ -812,6 +936,10 @@ def search(
     # 2) memory estimates in order of step time until `top` layouts fit
     plans, evaluated, best_short = [], 0, None  # best_short: (shortfall bytes, layout, bytes)
     for _step, lay, tm in timed:
+        sb = _stage_bound(ctx, lay, tm[1])
+        if sb * (1.0 - 1e-9) > cap:  # cannot fit (a lower bound; margin for rounding): no exact estimate
+            pruned.append((sb, lay))
+            continue
         plan = _plan(ctx, lay, tm)
         evaluated += 1
         if not plan.fits:
@@ -894,6 +1022,10 @@ def clear_caches() -> None:
         _in_flight_last,
         _min_layers,
         _attn_core,
+        _act_kinds,
+        _rank_layers,
+        _rank_states,
+        _in_flight_all,
     ):
         f.cache_clear()
 
@@ -926,6 +1058,7 @@ BOUNDS = {
 }
 
 
+@lru_cache(maxsize=64)
 def generation(gpu: str) -> str:
     """GPU generation whose matmul efficiency is fitted ('ampere' for A100, 'hopper' for H100/H800/H200)."""
     for prefix, gen in _GENERATIONS.items():

@@ -274,6 +274,100 @@ def test_pruning_keeps_memory_estimates_few(small):
     assert a["memory_estimates"] < 0.05 * a["candidates"] and a["candidates"] > 5000
 
 
+# ---- pruning: bounds below the estimate, the same rows as without them ----------------------
+PRUNE_CASES = [  # (model, setup, a restriction that keeps the unpruned search to a few seconds)
+    (
+        "llama-3-8b",
+        dict(gpus=64, gpu="H100-SXM", global_batch_tokens=256 * 4096, seq_len=4096),
+        dict(micro_batch=(1, 2, 4)),
+    ),
+    (
+        "mixtral-8x7b",
+        dict(gpus=128, gpu="H100-SXM", global_batch_tokens=512 * 4096, seq_len=4096),
+        dict(micro_batch=(1, 2), zero=(1, 3)),
+    ),
+    (
+        "llama-3-70b",
+        dict(gpus=256, gpu="A100-80GB-SXM", global_batch_tokens=1024 * 4096, seq_len=4096),
+        dict(micro_batch=(1, 2), zero=(1, 3)),
+    ),
+    (
+        "deepseek-v3",
+        dict(gpus=512, gpu="H800-SXM", global_batch_tokens=2048 * 4096, seq_len=4096, precision="fp8-dsv3"),
+        dict(pp=(8, 16), micro_batch=1, zero=(1, 3)),
+    ),
+]
+
+
+def _random_layouts(model, setup, n, seed):
+    import random
+
+    ctx = planner._context(model, **setup)
+    cands, _ = planner._candidates(
+        ctx, None, None, None, None, (0, 1, 2, 3), ("none", "selective", "full"), None, planner.SCHEDULES[1:], None
+    )
+    return ctx, random.Random(seed).sample(cands, n)
+
+
+def _estimates(ctx, lays):
+    """(layout, micro-batches, memory.estimate total) of the layouts whose schedule accepts them."""
+    out = []
+    for lay in lays:
+        m = ctx.sequences // (lay.dp * lay.micro_batch)
+        try:
+            out.append((lay, m, memory.estimate(ctx.model, planner._train_config(ctx, lay, m)).total))
+        except ValueError:  # a schedule that does not take (pp, m, v): search never asks
+            pass
+    return out
+
+
+@pytest.mark.parametrize("model,setup,_kw", PRUNE_CASES, ids=[c[0] for c in PRUNE_CASES])
+def test_memory_bounds_are_below_the_estimate(model, setup, _kw):
+    """Both closed-form bounds (model states or last-stage activations; per rank, states + block
+    activations) never exceed mlsys_nb.memory.estimate, on random layouts of four models."""
+    ctx, lays = _random_layouts(model, setup, 120, seed=len(model))
+    rows = _estimates(ctx, lays)
+    assert len(rows) > 60
+    for lay, m, est in rows:
+        assert planner._bound(ctx, lay, m) <= est * (1 + 1e-12), lay
+        assert planner._stage_bound(ctx, lay, m) <= est * (1 + 1e-12), lay
+
+
+def _unpruned(monkeypatch):
+    monkeypatch.setattr(planner, "_bound", lambda *a: 0.0)
+    monkeypatch.setattr(planner, "_stage_bound", lambda *a: 0.0)
+
+
+def test_pruned_search_returns_the_unpruned_rows(monkeypatch):
+    """The pruned search (two lower bounds before memory.estimate) returns exactly the rows of a
+    search that runs the estimate on every layout in step-time order; random ``top`` per case."""
+    import random
+
+    rng = random.Random(1)
+    runs = []
+    for model, setup, kw in PRUNE_CASES:
+        top = rng.choice([5, 20, 40])
+        runs.append((model, setup, kw, top, planner.search(model, **setup, **kw, top=top)))
+    _unpruned(monkeypatch)
+    for model, setup, kw, top, pruned in runs:
+        full = planner.search(model, **setup, **kw, top=top)
+        assert full.equals(pruned), model
+        assert full.attrs["memory_estimates"] > pruned.attrs["memory_estimates"], model
+
+
+def test_pruning_check_fails_with_a_bound_above_the_estimate(monkeypatch):
+    """A 'bound' 20 % above the per-rank sum (no longer a lower bound) drops layouts that fit: both
+    checks above catch it."""
+    model, setup, kw = PRUNE_CASES[2]
+    real = planner._stage_bound
+    monkeypatch.setattr(planner, "_stage_bound", lambda ctx, lay, m: 1.2 * real(ctx, lay, m))
+    ctx, lays = _random_layouts(model, setup, 120, seed=len(model))
+    assert any(planner._stage_bound(ctx, lay, m) > est * (1 + 1e-12) for lay, m, est in _estimates(ctx, lays))
+    broken = planner.search(model, **setup, **kw, top=20)
+    _unpruned(monkeypatch)
+    assert not planner.search(model, **setup, **kw, top=20).equals(broken)
+
+
 # ---- published layouts ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def llama():
