@@ -25,7 +25,8 @@ from ..config import check_choice, check_int
 __all__ = ["EngineConfig", "KV_CACHE_DTYPES", "PREEMPTION_MODES"]
 
 PREEMPTION_MODES = ("recompute", "swap")
-KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16")  # "auto": the model's parameter dtype
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "fp8")  # "auto": the model's parameter dtype;
+# "int8"/"fp8" (e4m3): codes plus an fp32 scale per token and KV head (``paged.quantize_kv``)
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class EngineConfig:
     block_size: int = 16  # tokens per KV block
     num_blocks: int | None = None  # KV blocks in the pool; None: from kv_cache_memory
     kv_cache_memory: int = 256 * 2**20  # bytes of K/V when num_blocks is None
-    kv_cache_dtype: str = "auto"  # dtype of the K/V pool: one of KV_CACHE_DTYPES
+    kv_cache_dtype: str = "auto"  # dtype of the K/V pool: one of KV_CACHE_DTYPES (int8/fp8: quantized)
     max_num_seqs: int = 64  # sequences in one step
     max_num_batched_tokens: int = 512  # new tokens in one step (the token budget)
     enable_chunked_prefill: bool = True  # split long prompts across steps

@@ -32,11 +32,11 @@ from collections import deque
 
 import torch
 
-from ..config import check_int, torch_dtype
+from ..config import check_int
 from ..runtime.timing import Laps
 from .metrics import LATENCY_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, Histogram
 from .model_runner import ModelRunner, SwapPool
-from .paged import PagedKVCache
+from .paged import PagedKVCache, kv_block_bytes
 from .sampler import sample
 from .sampling_params import ParamError, SamplingParams
 from .sampler import apply_mask
@@ -83,8 +83,9 @@ class LLMEngine:
         self.eos_token_ids = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
         cfg = self.model.cfg
         p = next(self.model.parameters())
-        kv_dtype = p.dtype if c.kv_cache_dtype == "auto" else torch_dtype(c.kv_cache_dtype)
-        block_bytes = 2 * cfg.n_layers * block_size * cfg.n_kv_heads * cfg.head_dim * kv_dtype.itemsize
+        # a dtype, or "int8"/"fp8": a quantized pool whose blocks also hold their scales (counted in block_bytes)
+        kv_dtype = p.dtype if c.kv_cache_dtype == "auto" else c.kv_cache_dtype
+        block_bytes = kv_block_bytes(cfg, block_size, kv_dtype)
         blocks_per_seq = math.ceil(cfg.seq_len / block_size)
         num_blocks = c.num_blocks
         if num_blocks is None:  # from the memory budget, capped at max_num_seqs full-length sequences

@@ -106,12 +106,10 @@ class StepBatch:
         """The model's cache protocol: nothing to do (the scheduler advances ``num_computed_tokens``)."""
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        kc, vc = self.kv.k[layer_idx], self.kv.v[layer_idx]  # [num_blocks, block_size, n_kv, d]
-        n_kv, d = kc.shape[2], kc.shape[3]
-        kc.view(-1, n_kv, d).index_copy_(0, self.slots, k[0].transpose(0, 1).to(kc.dtype))  # [T, n_kv, d]
-        vc.view(-1, n_kv, d).index_copy_(0, self.slots, v[0].transpose(0, 1).to(vc.dtype))
-        if kc.dtype != q.dtype:  # a KV pool in another dtype (kv_cache_dtype): attend in the model's
-            kc, vc = kc.to(q.dtype), vc.to(q.dtype)
+        self.kv.write(layer_idx, self.slots, k[0].transpose(0, 1), v[0].transpose(0, 1))  # [T, n_kv, d]
+        # [num_blocks, block_size, n_kv, d] in the model's dtype (a pool in another dtype, or int8/fp8
+        # codes with their scales, is converted / dequantized: kv_cache_dtype)
+        kc, vc = self.kv.read(layer_idx, q.dtype)
         outs, D = [], self.num_decodes
         for lo, hi, tables, lens in self.dec_groups if D else ():
             qd = q[0, :, lo:hi].transpose(0, 1).unsqueeze(2)  # [rows, heads, 1, d]
@@ -123,12 +121,15 @@ class StepBatch:
 
 
 class SwapPool:
-    """CPU blocks for preemption by swap: ``swap_out`` copies a sequence's blocks here, ``swap_in`` back."""
+    """CPU blocks for preemption by swap: ``swap_out`` copies a sequence's blocks here, ``swap_in`` back.
+
+    It mirrors every per-block tensor of the pool (``PagedKVCache.tensors()``: K, V and, for an int8/fp8
+    pool, their scales), so a swapped-in block dequantizes to what was swapped out. ``k``, ``v``: the
+    CPU K/V (codes for a quantized pool)."""
 
     def __init__(self, kv: PagedKVCache, num_blocks: int):
-        shape = (kv.k.shape[0], num_blocks) + tuple(kv.k.shape[2:])
-        self.k = torch.zeros(shape, dtype=kv.k.dtype, device="cpu")
-        self.v = torch.zeros(shape, dtype=kv.v.dtype, device="cpu")
+        self.parts = [torch.zeros((t.shape[0], num_blocks) + tuple(t.shape[2:]), dtype=t.dtype) for t in kv.tensors()]
+        self.k, self.v = self.parts[0], self.parts[1]
         self.free = list(range(num_blocks))
         self.held: dict[int, list[int]] = {}  # seq_id -> CPU block ids, in logical order
 
@@ -137,9 +138,9 @@ class SwapPool:
 
     def swap_out(self, seq_id: int, kv: PagedKVCache, gpu_blocks: list[int]) -> None:
         cpu = [self.free.pop() for _ in gpu_blocks]
-        idx = torch.tensor(gpu_blocks)
-        self.k[:, cpu] = kv.k[:, idx].cpu()
-        self.v[:, cpu] = kv.v[:, idx].cpu()
+        idx = torch.tensor(gpu_blocks, device=kv.k.device)
+        for mine, theirs in zip(self.parts, kv.tensors()):
+            mine[:, cpu] = theirs[:, idx].cpu()
         self.held[seq_id] = cpu
 
     def swap_in(self, seq_id: int, kv: PagedKVCache, gpu_blocks: list[int], first: int = 0) -> None:
@@ -147,8 +148,8 @@ class SwapPool:
         cpu = self.held.pop(seq_id)
         if gpu_blocks[first:]:
             src, dst = torch.tensor(cpu[first:]), torch.tensor(gpu_blocks[first:], device=kv.k.device)
-            kv.k[:, dst] = self.k[:, src].to(kv.k.device)
-            kv.v[:, dst] = self.v[:, src].to(kv.v.device)
+            for mine, theirs in zip(self.parts, kv.tensors()):
+                theirs[:, dst] = mine[:, src].to(theirs.device)
         self.free += cpu
 
     def drop(self, seq_id: int) -> None:

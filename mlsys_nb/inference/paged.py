@@ -26,6 +26,14 @@ Three pieces, each readable on its own:
   ``begin``, ``attend``, ``commit``): in every layer the package's ``Transformer`` calls
   ``cache.attend(layer, q, k, v)``, which writes the new K/V into their slots and returns
   ``paged_attention`` over the whole context.
+- KV-cache quantization (``dtype="int8"`` or ``"fp8"``, e4m3): the pool stores codes plus one fp32
+  scale per token and KV head (``quantize_kv``), K and V alike; ``read`` dequantizes a layer's pool
+  before ``paged_attention``. KIVI (Liu et al., 2024, arXiv:2402.02750) quantizes K per *channel*
+  (its outlier channels) and V per token; per-channel K scales over a paged block would change each
+  time a token is appended to a partly filled block (the block's channel max grows), so every
+  append would re-round the block's earlier tokens (their error compounds) and rewrite the whole
+  block; KIVI avoids that with a full-precision window of recent tokens, which this pool does not
+  have, so K is per token here too.
 
 Errors name the value and the limit, and a failing call changes nothing (the tests run
 ``check_invariants()`` after every failing call).
@@ -44,14 +52,62 @@ from ..config import check_int, torch_dtype
 
 __all__ = [
     "BlockManager",
+    "KV_QUANT_DTYPES",
     "OutOfBlocksError",
     "PagedKVCache",
     "block_hash",
+    "dequantize_kv",
     "fragmentation",
+    "kv_block_bytes",
     "paged_attention",
+    "quantize_kv",
 ]
 
 NO_HASH = -1
+KV_QUANT_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}  # quantized pools: codes + per-token scales
+KV_SCALE_DTYPE = torch.float32  # one scale per (token, KV head) of K and of V
+
+
+def quantize_kv(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token (per KV head) quantization of K or V ``x`` [..., head_dim] to ``kind`` ("int8" or "fp8").
+
+    Returns ``(codes, scales)``: codes shaped like ``x`` (int8, or float8_e4m3fn), scales ``x.shape[:-1]``
+    (fp32) with ``x ~ codes * scales``. int8 is absmax over the head_dim values (``mlsys_nb.quant.quantize``
+    with ``group_size=-1``: scale = amax / 127, error <= scale / 2); fp8 maps the row's amax to e4m3's
+    max 448 (``precision.fp8.amax_scale``; relative error <= 2^-4 above the smallest normal)."""
+    if kind == "int8":
+        from ..quant.formats import quantize
+
+        qt = quantize(x, "int8", group_size=-1)
+        return qt.codes.view(x.shape), qt.scales.view(x.shape[:-1])
+    if kind == "fp8":
+        from ..precision.fp8 import amax_scale
+
+        s = amax_scale(x.float().abs().amax(dim=-1), "fp8_e4m3")  # fmax / amax (1 for an all-zero row)
+        return (x.float() * s[..., None]).to(KV_QUANT_DTYPES["fp8"]), 1 / s
+    raise ValueError(f"kind={kind!r} is not a quantized KV dtype: use one of {tuple(KV_QUANT_DTYPES)}")
+
+
+def dequantize_kv(codes: torch.Tensor, scales: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """``codes * scales`` (scales broadcast over head_dim) in ``dtype``: the K/V ``quantize_kv`` stored."""
+    return (codes.float() * scales[..., None]).to(dtype)
+
+
+def kv_block_bytes(cfg, block_size: int, dtype) -> int:
+    """Bytes of one KV block over all layers, K and V: ``2 · n_layers · block_size · n_kv_heads ·
+    (head_dim · bytes per value + bytes per scale)``; the scale term is 4 (fp32) for "int8"/"fp8", else 0.
+
+    ``dtype``: a ``torch.dtype`` or a name ("fp32", "bf16", "fp16", "int8", "fp8")."""
+    if isinstance(dtype, str) and dtype in KV_QUANT_DTYPES:
+        per_token_head = cfg.head_dim * KV_QUANT_DTYPES[dtype].itemsize + KV_SCALE_DTYPE.itemsize
+    else:
+        per_token_head = cfg.head_dim * (dtype if isinstance(dtype, torch.dtype) else torch_dtype(dtype)).itemsize
+    return 2 * cfg.n_layers * block_size * cfg.n_kv_heads * per_token_head
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """A same-storage view that CPU indexing kernels accept (fp8 has no index_copy_ on CPU: view as uint8)."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
 
 class OutOfBlocksError(RuntimeError):
@@ -395,7 +451,11 @@ class PagedKVCache:
     before that forward computes the shared prefix itself.
 
     ``k``, ``v``: [n_layers, num_blocks, block_size, n_kv_heads, head_dim]; ``dtype``: "fp32", "bf16",
-    "fp16" or a ``torch.dtype`` (default: the model's parameters' dtype, fp32 for a ``ModelConfig``)."""
+    "fp16" or a ``torch.dtype`` (default: the model's parameters' dtype, fp32 for a ``ModelConfig``), or
+    "int8" / "fp8" (e4m3): then ``k``/``v`` hold codes and ``k_scale``/``v_scale``
+    [n_layers, num_blocks, block_size, n_kv_heads] their fp32 per-token scales (module docstring).
+    Every write goes through ``write``, every read through ``read``, and every copy of blocks
+    (copy-on-write, swap) through ``tensors()``, so the scales travel with their codes."""
 
     def __init__(
         self,
@@ -419,15 +479,52 @@ class PagedKVCache:
             num_blocks, block_size, prefix_caching=prefix_caching, max_seq_len=max_seq_len or cfg.seq_len
         )
         shape = (cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=torch.float32 if dtype is None else torch_dtype(dtype), device=device)
+        self.quant = dtype if isinstance(dtype, str) and dtype in KV_QUANT_DTYPES else None
+        store = KV_QUANT_DTYPES[self.quant] if self.quant else torch.float32 if dtype is None else torch_dtype(dtype)
+        self.k = torch.zeros(shape, dtype=store, device=device)
         self.v = torch.zeros_like(self.k)
+        self.k_scale = torch.zeros(shape[:-1], dtype=KV_SCALE_DTYPE, device=device) if self.quant else None
+        self.v_scale = torch.zeros_like(self.k_scale) if self.quant else None
         self.computed: dict[object, int] = {}  # tokens of each sequence whose K/V are in the cache
         self._planned = None
         self._step = None
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        """Bytes of the pool: K and V codes plus, for a quantized pool, their scales."""
+        return sum(t.nbytes for t in self.tensors())
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every per-block tensor of the pool ([n_layers, num_blocks, ...]): K, V and (quantized) their
+        scales, as views CPU indexing accepts. Copying blocks means copying the same rows of each."""
+        extra = [self.k_scale, self.v_scale] if self.quant else []
+        return [_raw(self.k), _raw(self.v)] + extra
+
+    def copy_blocks(self, src, dst) -> None:
+        """Copy block(s) ``src`` to ``dst`` in every layer (codes and scales)."""
+        for t in self.tensors():
+            t[:, dst] = t[:, src]
+
+    def write(self, layer_idx: int, slots: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
+        """Store ``k_new``, ``v_new`` [T, n_kv_heads, head_dim] at flat slot indices ``slots`` [T] of one layer
+        (quantized per token for an "int8"/"fp8" pool)."""
+        n_kv, d = self.k.shape[-2], self.k.shape[-1]
+        for pool, scale, x in ((self.k, self.k_scale, k_new), (self.v, self.v_scale, v_new)):
+            if self.quant:
+                codes, s = quantize_kv(x, self.quant)
+                _raw(pool[layer_idx]).view(-1, n_kv, d).index_copy_(0, slots, _raw(codes))
+                scale[layer_idx].view(-1, n_kv).index_copy_(0, slots, s)
+            else:
+                pool[layer_idx].view(-1, n_kv, d).index_copy_(0, slots, x.to(pool.dtype))
+
+    def read(self, layer_idx: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's K and V pools [num_blocks, block_size, n_kv_heads, head_dim] in ``dtype`` (dequantized)."""
+        if self.quant:
+            return (
+                dequantize_kv(self.k[layer_idx], self.k_scale[layer_idx], dtype),
+                dequantize_kv(self.v[layer_idx], self.v_scale[layer_idx], dtype),
+            )
+        return self.k[layer_idx].to(dtype), self.v[layer_idx].to(dtype)
 
     @property
     def lengths(self) -> dict:
@@ -450,9 +547,7 @@ class PagedKVCache:
         for sid, tok in tokens.items():
             copy = self.manager.append_token(sid, int(tok))
             if copy is not None:
-                src, dst = copy
-                self.k[:, dst] = self.k[:, src]
-                self.v[:, dst] = self.v[:, src]
+                self.copy_blocks(*copy)
 
     def fork(self, parent_id, child_id) -> None:
         """``child_id`` continues ``parent_id`` (same tokens, same blocks, nothing copied yet)."""
@@ -539,10 +634,9 @@ class PagedKVCache:
         if st["valid"] is not None:
             k_new, v_new = k_new[st["valid"]], v_new[st["valid"]]
         # write the new tokens into their slots (the flat view of this layer's pool), then attend
-        self.k[layer_idx].view(-1, n_kv, d).index_copy_(0, st["slots"], k_new.reshape(-1, n_kv, d).to(self.k.dtype))
-        self.v[layer_idx].view(-1, n_kv, d).index_copy_(0, st["slots"], v_new.reshape(-1, n_kv, d).to(self.v.dtype))
-        out = paged_attention(q, self.k[layer_idx].to(q.dtype), self.v[layer_idx].to(q.dtype), st["tables"], st["lens"])
-        return out
+        self.write(layer_idx, st["slots"], k_new.reshape(-1, n_kv, d), v_new.reshape(-1, n_kv, d))
+        kc, vc = self.read(layer_idx, q.dtype)
+        return paged_attention(q, kc, vc, st["tables"], st["lens"])
 
     def commit(self) -> None:
         if self._step is None:
@@ -556,5 +650,5 @@ class PagedKVCache:
         return (
             f"PagedKVCache(num_blocks={self.manager.num_blocks}, block_size={self.block_size}, "
             f"free={self.manager.num_free_blocks()}, sequences={len(self.computed)}, "
-            f"{self.nbytes / 2**20:.2f} MiB)"
+            f"{self.nbytes / 2**20:.2f} MiB{', ' + self.quant if self.quant else ''})"
         )
