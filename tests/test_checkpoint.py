@@ -282,3 +282,24 @@ def test_torchrun_restarts_the_group_after_a_sigkill_and_the_resume_is_bitwise(r
     final = torch.load(tmp_path / "final.pt", weights_only=False)
     assert final["attempt"] == 1 and final["resumed_from"] == RESUME_AT
     assert _equal(runs["ref"]["params"], final["params"])
+
+
+@pytest.mark.parametrize("stage", [True, False])
+def test_threaded_async_save_holds_the_moment_of_the_save_only_with_its_staging_copy(tmp_path, stage):
+    """The write is held back until a step changed the parameters in place: with the staging copy the file
+    holds the values of the moment of the save; without it (the key idea broken) the step leaks in."""
+    import threading
+
+    from mlsys_nb.checkpoint import ThreadedSaver
+
+    model = _mlp(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    at_save = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    saver, gate = ThreadedSaver(stage=stage), threading.Event()
+    saver.save(model.state_dict(), tmp_path / "ckpt.pt", gate=gate)
+    _train(model, opt, 1, steps=1)  # overlaps the (held) write
+    gate.set()
+    saver.wait()
+    saved = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert _equal(at_save, saved) is stage
+    assert not (tmp_path / "ckpt.pt.part").exists()

@@ -8,6 +8,7 @@
   the step saved; resharding to fewer ranks or one process; a from-scratch sharded save tested equal to DCP's.
 - ``elastic``: the job under ``torchrun --max-restarts`` (``python -m mlsys_nb.checkpoint.elastic``): a rank
   SIGKILLed, the agent restarts the group, each attempt joins through its own ``PrefixStore``, the resume is bitwise.
+- ``asyncsave``: ``ThreadedSaver``, an asynchronous save from scratch (copy to host memory, write on a thread).
 - ``offload``: a from-scratch ZeRO-Offload optimizer (AdamW on the host, parameters copied back), tested
   equal to the on-device step, with the bytes it moves counted; when offload hides under compute (a model).
 """
@@ -44,6 +45,7 @@ _SHARDED = (
     "resume_in_process",
     "async_stall_job",
 )
+_ASYNC = ("ThreadedSaver",)
 
 
 def __getattr__(name):  # torch.distributed's checkpoint and FSDP load on first use (the quiz needs only formulas)
@@ -51,6 +53,10 @@ def __getattr__(name):  # torch.distributed's checkpoint and FSDP load on first 
         from . import sharded
 
         return getattr(sharded, name)
+    if name in _ASYNC:
+        from . import asyncsave
+
+        return getattr(asyncsave, name)
     raise AttributeError(f"module 'mlsys_nb.checkpoint' has no attribute {name!r}")
 
 
@@ -81,6 +87,7 @@ __all__ = [
     "resume_variants",
     "resume_in_process",
     "async_stall_job",
+    "ThreadedSaver",
     "OffloadAdamW",
     "OffloadTime",
     "offload_bytes_per_step",
