@@ -675,7 +675,7 @@ def test_histogram_counts_equal_numpy_on_random_latencies():
 
     import numpy as np
 
-    from mlsys_nb.inference.metrics import TTFT_BUCKETS, Histogram
+    from mlsys_nb.inference.sequence import TTFT_BUCKETS, Histogram
 
     rng = np.random.default_rng(0)
     xs = np.concatenate([rng.lognormal(-3, 2, 500), np.array(TTFT_BUCKETS[:5])])  # some exactly on a bound

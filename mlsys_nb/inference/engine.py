@@ -34,7 +34,6 @@ import torch
 
 from ..config import check_int
 from ..runtime.timing import Laps
-from .metrics import LATENCY_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, Histogram
 from .model_runner import ModelRunner, SwapPool
 from .paged import PagedKVCache, kv_block_bytes
 from .sampler import sample
@@ -42,7 +41,7 @@ from .sampling_params import ParamError, SamplingParams
 from .sampler import apply_mask
 from .config import EngineConfig
 from .scheduler import Scheduler
-from .sequence import RequestOutput, Sequence, SequenceStatus
+from .sequence import LATENCY_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, Histogram, RequestOutput, Sequence, SequenceStatus
 from .tokenizer import ByteTokenizer, decode_stream
 
 PHASES = ("schedule", "prepare", "model", "sample", "postprocess")

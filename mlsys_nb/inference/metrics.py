@@ -14,7 +14,7 @@ time per sequence at the largest and the smallest batch (fastest step of each): 
 the CPU work is mostly a cost per step (vectorised preparation), near 1 when it is a cost per
 sequence.
 
-Latency histograms (``Histogram``): the engine observes, for every finished request, its queue time
+Latency histograms (``sequence.Histogram``): the engine observes, for every finished request, its queue time
 (arrival -> first scheduled), TTFT, mean inter-token latency (TPOT) and end-to-end latency into
 cumulative-bucket histograms with vLLM's bucket bounds; the server's ``/metrics`` exports them in
 Prometheus' text format (``_bucket{le=...}``, ``_sum``, ``_count``), so ``histogram_quantile`` works on them.
@@ -35,74 +35,6 @@ from ..config import check_choice, check_number
 
 
 PERCENTILES = (50, 90, 99)
-
-# vLLM's bucket bounds (seconds) for its request-latency histograms (vLLM v1, vllm/v1/metrics/loggers.py)
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
-TTFT_BUCKETS += (20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-TPOT_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
-LATENCY_BUCKETS += (240.0, 480.0, 960.0, 1920.0, 7680.0)
-
-
-class Histogram:
-    """A Prometheus histogram: counts of observations at or below each bound (seconds), their sum and count.
-
-    ``observe(x)`` adds one value; ``counts[i]`` is the number of values <= ``bounds[i]`` (cumulative, as
-    Prometheus' ``le`` buckets), and ``count`` includes the values above the last bound (the ``+Inf``
-    bucket). Memory is one counter per bound, whatever the number of requests."""
-
-    def __init__(self, bounds=LATENCY_BUCKETS):
-        self.bounds = tuple(float(b) for b in bounds)
-        if not self.bounds or any(b >= c for b, c in zip(self.bounds, self.bounds[1:])):
-            raise ValueError(f"bounds={bounds!r}: must be a non-empty, strictly increasing sequence of seconds")
-        self._per_bucket = [0] * (len(self.bounds) + 1)  # the last one is (last bound, +Inf)
-        self.sum, self.count = 0.0, 0
-
-    def observe(self, x: float) -> None:
-        import bisect
-
-        self._per_bucket[bisect.bisect_left(self.bounds, x)] += 1
-        self.sum += x
-        self.count += 1
-
-    @property
-    def counts(self) -> list[int]:
-        out, run = [], 0
-        for n in self._per_bucket[:-1]:
-            run += n
-            out.append(run)
-        return out
-
-    def prometheus(self, name: str) -> str:
-        """The histogram in Prometheus' text exposition format, under metric ``name``."""
-        lines = [f"# TYPE {name} histogram"]
-        lines += [f'{name}_bucket{{le="{b:g}"}} {n}' for b, n in zip(self.bounds, self.counts)]
-        lines += [
-            f'{name}_bucket{{le="+Inf"}} {self.count}',
-            f"{name}_sum {self.sum:.6f}",
-            f"{name}_count {self.count}",
-        ]
-        return "\n".join(lines) + "\n"
 
 
 def percentile(xs, p: float) -> float:
