@@ -155,7 +155,8 @@ def main(argv=None):
     if args.quick:
         tcfg = ModelConfig(n_layers=2, hidden=64, n_heads=4, vocab_size=257, seq_len=512)
         dcfg = ModelConfig(n_layers=1, hidden=32, n_heads=2, vocab_size=257, seq_len=512)
-        secs, new_tokens, prompts, ks = 3.0, 24, 1, (2, 4)
+        # a smoke test of every code path (one draft k, the n-gram proposer, the grammar), not a measurement
+        secs, new_tokens, prompts, ks = 0.2, 12, 1, (2,)
     else:
         tcfg = ModelConfig(n_layers=8, hidden=512, n_heads=8, vocab_size=257, seq_len=512)
         dcfg = ModelConfig(n_layers=2, hidden=128, n_heads=4, vocab_size=257, seq_len=512)
@@ -164,13 +165,13 @@ def main(argv=None):
     t_steps, t_loss = train(target, train_data, secs, desc="train target")
     d_steps, d_loss = train(draft, train_data, secs / 4, desc="train draft")
     # distillation: the draft fine-tuned on the target's own greedy continuations of training text
-    n_seq, p_len, g_len = (16, 32, 32) if args.quick else (96, 64, 128)
+    n_seq, p_len, g_len = (16, 16, 8) if args.quick else (96, 64, 128)
     with Timer() as t:
         seqs = greedy_continuations(target, train_data, n_seq, p_len, g_len)
     gen_s = t.seconds
     x_steps, x_loss = distil(draft, seqs, p_len, secs / 4)
     n_t, n_d = target.num_parameters(), draft.num_parameters()
-    ft, fd = forward_time(target, 128, 5 if args.quick else 30), forward_time(draft, 128, 5 if args.quick else 30)
+    ft, fd = forward_time(target, 128, 2 if args.quick else 30), forward_time(draft, 128, 2 if args.quick else 30)
     c = fd / ft
     print(
         f"target {n_t / 1e6:.1f}M params ({t_steps} steps, loss {t_loss:.2f}), draft {n_d / 1e6:.2f}M "
