@@ -19,6 +19,12 @@ from mlsys_nb.models import ladder  # noqa: E402
 from mlsys_nb.runtime.machine import summary as machine  # noqa: E402
 
 
+# --quick: a smoke test of every code path, not a measurement: 5 runs of 1-7 steps (the fewest points
+# the 5-parameter fit accepts), a small held-out set, and L-BFGS from the best grid start only
+QUICK = dict(budgets=[5e7, 1e8], sizes=ladder.QUICK["sizes"], min_steps=1, max_steps=10, eval_seqs=64)
+QUICK_FIT = dict(starts=1)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny ladder for CI; writes nothing")
@@ -26,11 +32,12 @@ def main(argv=None):
     ap.add_argument("--out", default=str(ROOT / "data" / "measured" / "scaling_ladder"))
     args = ap.parse_args(argv)
     if args.quick:
-        table = ladder.run_ladder(**ladder.QUICK)
+        table = ladder.run_ladder(**QUICK)
     else:
         table = ladder.run_ladder()
     H = table.attrs["entropy_rate"]
-    fitted = ladder.fit_ladder(table, bootstrap=0 if args.quick else args.bootstrap, progress=True)
+    fit_kw = QUICK_FIT if args.quick else {}
+    fitted = ladder.fit_ladder(table, bootstrap=0 if args.quick else args.bootstrap, progress=True, **fit_kw)
     cols = ["C (FLOPs)", "n_layers", "hidden", "N (params)", "D (tokens)", "steps", "loss", "seconds"]
     print(table[cols].to_string(index=False))
     fit_frame = fitted.to_frame({"E": H})
