@@ -185,3 +185,25 @@ def test_int8_pool_matches_fp32_greedy_on_most_prompts(model):
     assert q.engine.kv.k.dtype == torch.int8 and q.engine.kv.k_scale.abs().sum() > 0
     assert sum(a == b for a, b in zip(ref, got)) >= 25
     assert len({t for a in ref for t in a}) > 100  # the fp32 outputs are varied, so agreement is not trivial
+
+
+def test_engine_swap_preemption_with_an_int8_pool_changes_nothing(monkeypatch):
+    """Preemption by swap (7 swaps measured here) gives the int8 engine's outputs without preemption; a swap
+    that leaves the scales behind (codes only) does not."""
+    torch.manual_seed(0)
+    m = Transformer(CFG).eval()
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 300, (12,), generator=g).tolist() for _ in range(8)]
+    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    opts = dict(block_size=4, kv_cache_dtype="int8", enable_prefix_caching=False)
+    ref = [o.outputs[0].token_ids for o in LLM(m, num_blocks=200, **opts).generate(prompts, sp, use_tqdm=False)]
+
+    def swapped():
+        llm = LLM(m, num_blocks=24, preemption_mode="swap", **opts)
+        out = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
+        assert llm.engine.status()["preemptions"]["swap"] > 0
+        return out
+
+    assert swapped() == ref
+    monkeypatch.setattr(PagedKVCache, "tensors", lambda self: [paged._raw(self.k), paged._raw(self.v)])
+    assert swapped() != ref
