@@ -9,8 +9,11 @@ Everything here is a model (no GPU is touched), built only from the package's ca
 
 - **memory**: ``mlsys_nb.memory.estimate`` on the heaviest pipeline stage (stages get ⌊L/pp⌋ or
   ⌈L/pp⌉ layers, ``memory.stage_layers``), plus ``overhead_bytes`` per GPU (CUDA context, NCCL
-  buffers, allocator fragmentation; an assumption, default 4 GB). A cheap closed-form lower bound
-  (model states only) prunes layouts before the full estimate is called.
+  buffers, allocator fragmentation; an assumption, default 4 GB). Two closed-form lower bounds prune
+  layouts before the full estimate is called: model states or last-stage activations for every
+  candidate, then, in step-time order, model states + block activations x in-flight micro-batches of
+  every pipeline rank (``_stage_bound``; tests check both stay below the estimate and that the pruned
+  search returns the unpruned rows).
 - **compute**: matmul FLOPs of the heaviest stage from ``mlsys_nb.flops`` (causal attention; full
   recomputation re-runs the stage's forward, selective the attention scores), divided by
   ``peak(dtype) x compute_efficiency x`` the fitted matmul efficiency of the GPU's generation
@@ -41,8 +44,13 @@ Not modelled: network congestion and stragglers, optimizer step time, load imbal
 experts, attention efficiency at short per-rank chunks (``attn_eff`` is held at 1). Checked in
 ``tests/test_planner.py``: held-out MFU of the published runs; Llama 3 405B's long-context layout and
 Korthikanti et al.'s 175B layout among the 10 best distinct layouts of an unconstrained search; not
-Llama 3's 8K layout (the model still prefers CP at 8K). ``compare(a, b)`` says which term decides
-between two plans. The step times and MFUs are a model; DeepSeek-V3's MFU to compare with is
+Llama 3's 8K layout (the model still prefers CP at 8K: its best, TP 4 x CP 4, wins by recomputation,
+which the kit's memory model needs for TP 8 x PP 16 at 8K, and by the bubble; charging CP 30x its
+modelled traffic still leaves the published layout 14th). ``compare(a, b)`` says which term decides
+between two plans and where that term's formula comes from (``TERM_SOURCES``); ``sensitivity(fit)``
+ranks the published layouts with each fitted parameter at the ends of its bootstrap interval;
+``goodput_mfu`` scales an MFU by the fraction of time spent training (``effective_training_time``).
+The step times and MFUs are a model; DeepSeek-V3's MFU to compare with is
 ``flops.implied_mfu`` (the kit's FLOPs over the reported GPU-hours), also a model.
 """
 
@@ -67,6 +75,10 @@ __all__ = [
     "rank_of",
     "clear_caches",
     "compare",
+    "sensitivity",
+    "goodput_mfu",
+    "effective_training_time",
+    "TERM_SOURCES",
     "calibrate",
     "Calibration",
     "fitted_calibration",
@@ -1277,15 +1289,101 @@ def calibrate(runs=None, *, loo: bool = True, n_boot: int = 0, seed: int = 0, fi
     return Fit(Calibration(*map(float, _full(theta, fixed))), table, intervals, boots)
 
 
+# where each time component's formula comes from (compare() names it with the deciding term)
+TERM_SOURCES = {
+    "compute": "matmul FLOPs of the heaviest stage (mlsys_nb.flops; Narayanan et al. 2021, arXiv:2104.04473, "
+    "eq. 3 less recomputation) at the fitted matmul efficiency",
+    "recompute": "Korthikanti et al. 2022, arXiv:2205.05198 (full recomputation re-runs the forward, "
+    "selective the attention core)",
+    "non-matmul": "Ivanov et al. 2021, arXiv:2007.00072 (normalisation and element-wise kernels are memory-bound); "
+    "bytes fitted",
+    "TP comm": "Korthikanti et al. 2022, arXiv:2205.05198 (sequence parallelism: all-gather + reduce-scatter per "
+    "layer), alpha-beta ring costs (Thakur et al. 2005)",
+    "CP comm": "Llama Team 2024, arXiv:2407.21783, §3.3.2 (all-gather of K and V per layer)",
+    "EP comm": "DeepSeek-AI 2024, arXiv:2412.19437, §3.2 (dispatch and combine all-to-all, DualPipe overlap)",
+    "PP comm": "Narayanan et al. 2021, arXiv:2104.04473 (one activation per stage boundary and micro-batch)",
+    "bubble": "Narayanan et al. 2021, arXiv:2104.04473 (1F1B, interleaved); Qi et al. 2023, arXiv:2401.10241 "
+    "(ZB-H1); DeepSeek-AI 2024, arXiv:2412.19437 (DualPipe)",
+    "DP comm": "Patarasuk & Yuan 2009 (ring all-reduce); Rajbhandari et al. 2020, arXiv:1910.02054 (ZeRO)",
+}
+
+
+def effective_training_time(run: str = "llama3-405b") -> tuple[float, str]:
+    """(fraction of wall-clock time spent training, source) of a published run (``goodput`` in
+    ``data/published_runs.yaml``; Llama 3: 'higher than 90 %', a lower bound)."""
+    table = _runs_raw()["goodput"]
+    check_choice("run", run, list(table))
+    return float(table[run]["effective_training_time"]), table[run]["source"]
+
+
+def goodput_mfu(mfu: float, effective_time: float) -> float:
+    """MFU over the wall-clock time of a run, failures and restarts included: ``mfu`` (while training)
+    x ``effective_time`` (the fraction of the time spent training; Llama 3 reports > 0.90 over a 54-day
+    snapshot, arXiv:2407.21783 §3.3.4)."""
+    check_probability("mfu", mfu)
+    check_probability("effective_time", effective_time)
+    return mfu * effective_time
+
+
 def compare(a: Plan, b: Plan):
     """Where the time goes in two plans: seconds per component of ``a`` and ``b``, ``b - a``, and in
     ``.attrs['decides']`` the component whose difference is largest in the direction of the total
-    (the term by which the faster plan wins; ``.attrs['total']`` is b.step_s - a.step_s)."""
+    (the term by which the faster plan wins; ``.attrs['total']`` is b.step_s - a.step_s;
+    ``.attrs['source']`` where that term's formula comes from, ``TERM_SOURCES``)."""
     import pandas as pd
 
     df = pd.DataFrame({"a": pd.Series(a.time), "b": pd.Series(b.time)}).fillna(0.0)
     df["b - a"] = df["b"] - df["a"]
     total = b.step_s - a.step_s
     sign = 1.0 if total >= 0 else -1.0
-    df.attrs.update(decides=(sign * df["b - a"]).idxmax(), total=total)
+    decides = (sign * df["b - a"]).idxmax()
+    df.attrs.update(decides=decides, total=total, source=TERM_SOURCES.get(decides))
     return df.rename_axis("component")
+
+
+def _distinct_rank(ctx: _Ctx, lays: list, pieces: list, cal: Calibration, want: Layout) -> int | None:
+    """Rank (1 = best) of ``want``'s degrees among the distinct (dp, tp, pp, cp, ep) of ``lays`` timed
+    under ``cal`` (their ``_pieces``), or None."""
+    eta = ctx.compute_efficiency * cal.efficiency(ctx.gpu)
+    step = [sum(_assemble(p, eta, cal.attn_eff, cal.overlap, cal.elem_bytes, ctx.dp_overlap).values()) for p in pieces]
+    seen, target = set(), (want.dp, want.tp, want.pp, want.cp, want.ep)
+    for i in sorted(range(len(lays)), key=step.__getitem__):
+        key = (lays[i].dp, lays[i].tp, lays[i].pp, lays[i].cp, lays[i].ep)
+        if key not in seen:
+            seen.add(key)
+            if key == target:
+                return len(seen)
+    return None
+
+
+def sensitivity(fit: Fit, runs=None, *, top: int = 100):
+    """Which fitted parameter moves the ranking most: for each run (default: every 'fit' run) the rank
+    (1 = best) of its published degrees among the distinct (dp, tp, pp, cp, ep) layouts, at the fit
+    and with each parameter of ``FITTED`` set to either end of its bootstrap interval (the others at
+    the fit). Memory does not depend on the calibration, so the layouts that fit stay the same: the
+    ``top`` best rows of the search at the fit are re-timed (a layout outside them is not seen: rank
+    None). Returns a DataFrame (run, parameter, value, rank, fitted_rank, change)."""
+    import pandas as pd
+
+    if not fit.intervals:
+        raise ValueError("fit: needs bootstrap intervals (calibrate(n_boot=...) with n_boot > 0)")
+    check_int("top", top)
+    runs = published_runs("fit") if runs is None else runs
+    cal = fit.calibration
+    rows = []
+    for r in runs:
+        df = search(r["config"], **r["setup"], calibration=cal, top=top)
+        ctx = _context(r["config"], **r["setup"], calibration=cal)
+        lays = [Layout(*(row[k] for k in Layout.__dataclass_fields__)) for _, row in df.iterrows()]
+        pieces = [_pieces(ctx, lay) for lay in lays]
+
+        base = _distinct_rank(ctx, lays, pieces, cal, r["layout"])
+        for k in FITTED:
+            if k.startswith("eff_") and k != f"eff_{generation(ctx.gpu)}":
+                continue  # another generation's efficiency: no effect on this run
+            for v in fit.intervals[k]:
+                moved = Calibration(**{**{q: getattr(cal, q) for q in PARAMS}, k: float(v)})
+                got = _distinct_rank(ctx, lays, pieces, moved, r["layout"])
+                change = None if (got is None or base is None) else got - base
+                rows.append(dict(run=r["name"], parameter=k, value=float(v), rank=got, fitted_rank=base, change=change))
+    return pd.DataFrame(rows)

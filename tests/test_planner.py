@@ -607,3 +607,103 @@ def test_calibration_inputs_are_checked():
         planner.search("llama-3-8b", **SMALL, calibration="best")
     with pytest.raises(ValueError, match="runs"):
         planner.calibrate(FIT_RUNS[:3], loo=False)
+
+
+# ---- the issue's target (3): the best layout close to the published one, or beaten by a cited term ----
+TARGET3 = ("llama3-405b-8k-16384", "llama3-405b-128k", "korthikanti-175b", "korthikanti-530b")
+COLS = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", "micro_batch", "schedule", "v")
+
+
+def _best_and_published(r):
+    """Plans of the unconstrained best layout and of the fastest fitting variant of the published degrees."""
+    lay = r["layout"]
+    best = planner.search(r["config"], **r["setup"], top=1).iloc[0]
+    pub = planner.search(r["config"], **r["setup"], tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep, top=None)
+    pub = pub[pub.dp == lay.dp].iloc[0]
+    return tuple(
+        planner.evaluate(r["config"], planner.Layout(**{k: row[k] for k in COLS}), **r["setup"]) for row in (best, pub)
+    )
+
+
+def _target3(r):
+    """(best step / published step, deciding term, its source); met when the ratio is >= 0.9 or the
+    term that decides has a published source."""
+    best, pub = _best_and_published(r)
+    cmp = planner.compare(best, pub)
+    ratio = best.step_s / pub.step_s
+    return ratio, cmp.attrs["decides"], cmp.attrs["source"], ratio >= 0.9 or "arXiv:" in (cmp.attrs["source"] or "")
+
+
+def test_best_layout_close_to_published_or_wins_by_a_cited_term():
+    """Korthikanti's 175B and 530B: the planner's best is within 10 % of the published step. Llama 3's
+    8K stage: the best (TP4 CP4, no recomputation) is 35 % faster, by recomputation: the kit's memory
+    model needs full recomputation for TP8 PP16 at 8K (103.6 GB without it); Llama 3's 128K stage:
+    by the bubble (more data parallelism, fewer stages). Both terms are cited (TERM_SOURCES)."""
+    runs = {r["name"]: r for r in FIT_RUNS if r["name"] in TARGET3}
+    got = {name: _target3(r) for name, r in runs.items()}
+    for name, (ratio, decides, source, met) in got.items():
+        assert met, (name, ratio, decides, source)
+    assert got["korthikanti-175b"][0] >= 0.9 and got["korthikanti-530b"][0] >= 0.9
+    assert got["llama3-405b-8k-16384"][1] == "recompute" and got["llama3-405b-128k"][1] == "bubble"
+
+
+def test_target3_fails_when_an_uncited_term_decides(monkeypatch):
+    """A made-up per-stage cost with no source (0.2 s per pipeline stage) makes deep pipelines lose by
+    it: the check above then fails for Llama 3's 8K stage."""
+    real = planner._assemble
+
+    def with_fudge(p, *a):
+        t = real(p, *a)
+        t["stage overhead"] = 0.2 * p.get("stages", 1)
+        return t
+
+    real_pieces = planner._pieces
+
+    def with_stages(ctx, lay):
+        p = real_pieces(ctx, lay)
+        return None if p is None else {**p, "stages": lay.pp}
+
+    monkeypatch.setattr(planner, "_pieces", with_stages)
+    monkeypatch.setattr(planner, "_assemble", with_fudge)
+    r = next(r for r in FIT_RUNS if r["name"] == "llama3-405b-8k-16384")
+    ratio, decides, source, met = _target3(r)
+    assert decides == "stage overhead" and source is None and not met
+
+
+def _sensitivity_vs_search(fit, intervals):
+    """(rank from sensitivity(), rank from a full search with the moved calibration) per moved parameter."""
+    r = next(r for r in FIT_RUNS if r["name"] == "llama3-405b-128k")
+    sens = planner.sensitivity(planner.Fit(fit.calibration, fit.table, intervals, None), [r], top=100)
+    assert set(sens.parameter) == {"eff_hopper", "overlap", "elem_bytes"}  # eff_ampere: not an H100 run
+    out = []
+    for row in sens.itertuples():
+        moved = planner.Calibration(
+            **{**{k: getattr(fit.calibration, k) for k in planner.PARAMS}, row.parameter: row.value}
+        )
+        want = _distinct_rank(planner.search(r["config"], **r["setup"], calibration=moved, top=100), r["layout"])
+        got = None if row.rank is None or row.rank != row.rank else int(row.rank)  # None/NaN: not seen
+        out.append((got, None if want is None else want + 1))
+    return out
+
+
+def test_sensitivity_ranks_equal_a_search_with_the_moved_parameter(fit):
+    """sensitivity() re-times the fit's 100 best rows under each parameter moved to an end of its
+    bootstrap interval; a full search with that calibration gives the same ranks."""
+    pairs = _sensitivity_vs_search(fit, fit.intervals)
+    assert all(got == want for got, want in pairs), pairs
+
+
+def test_sensitivity_check_fails_for_moves_beyond_the_retimed_rows(fit):
+    """Re-timing only the fit's best rows is exact for small moves, not for large ones: at the ends of
+    each parameter's physical range (eff_hopper 0.3) layouts outside those rows move in, and the check
+    above sees it."""
+    pairs = _sensitivity_vs_search(fit, {k: planner.BOUNDS[k] for k in planner.FITTED})
+    assert any(got != want for got, want in pairs), pairs
+
+
+def test_goodput_is_mfu_times_effective_time():
+    frac, source = planner.effective_training_time()
+    assert frac == 0.90 and "arXiv:2407.21783" in source
+    assert planner.goodput_mfu(0.41, frac) == pytest.approx(0.369)
+    with pytest.raises(ValueError, match="effective_time"):
+        planner.goodput_mfu(0.41, 1.5)
