@@ -87,7 +87,12 @@ def _lost(rng):
         unit="fraction",
         hints=["Saving: C/T. Each failure loses half an interval on average, plus the restart: (T/2 + R)/M."],
         solution=[f"C/T + (T/2 + R)/M = {f:.4g} (checkpoint.expected_lost_fraction)."],
-        diagnostics=[(2.0, "a failure loses half an interval on average, not a whole one")],
+        diagnostics=[
+            (
+                (c / (t_min * 60) + (t_min * 60 + r_min * 60) / (m_h * HOUR)) / f,
+                "a failure loses half an interval on average, not a whole one",
+            )
+        ],
     )
 
 
@@ -126,9 +131,7 @@ def _restart(rng):
             f"(24/{m_h:g}) · ({t_min / 2:g} + {r_min:g}) min · {n} GPUs = {lost:.4g} GPU-hours "
             "(checkpoint.lost_gpu_hours_per_day)."
         ],
-        diagnostics=[
-            (2 * (t_min / 2 + r_min) / (t_min + 2 * r_min) if r_min else 0.5, "half an interval, not a whole")
-        ],
+        diagnostics=[((t_min + r_min) / (t_min / 2 + r_min), "half an interval is lost on average, not a whole one")],
     )
 
 
@@ -144,7 +147,7 @@ def _offload(rng):
         unit="bytes",
         hints=["2 bytes per parameter each way."],
         solution=[f"2Ψ + 2Ψ = 4 × {n:g} = {b:.4g} bytes (checkpoint.offload_bytes_per_step)."],
-        diagnostics=[(2.0, "count both directions"), (1 / 3, "the optimizer states stay on the host")],
+        diagnostics=[(0.5, "count both directions"), (4.0, "the optimizer states stay on the host: they never cross")],
     )
 
 
