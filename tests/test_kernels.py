@@ -197,3 +197,14 @@ class _nothing:
 
     def __exit__(self, *a):
         return False
+
+
+def test_without_triton_the_import_error_names_the_extra(monkeypatch):
+    import importlib
+    import sys
+
+    monkeypatch.setitem(sys.modules, "triton", None)  # what an install without the extra looks like
+    monkeypatch.setitem(sys.modules, "triton.language", None)
+    monkeypatch.delitem(sys.modules, "mlsys_nb.kernels.triton_kernels", raising=False)
+    with pytest.raises(ImportError, match=r"pip install -e \.\[kernels\]"):
+        importlib.import_module("mlsys_nb.kernels.triton_kernels")
