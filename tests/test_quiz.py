@@ -369,3 +369,16 @@ def test_bad_arguments_name_the_parameter():
 
     with pytest.raises(ArgumentError, match="topic"):
         core.family("nope.x", "nope")
+
+
+def test_readme_states_the_number_of_question_families():
+    """The README's tree says how many families the bank holds; adding one without updating it fails here."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    stated = re.search(r"(\d+) question\s+families", text)
+    assert stated, "README.md no longer states the number of question families"
+    assert int(stated.group(1)) == len(quiz.families()), (
+        f"README says {stated.group(1)}, the bank has {len(quiz.families())}"
+    )
