@@ -36,11 +36,11 @@ MODELS = [("all_reduce", m) for m in pingpong.ALL_REDUCE_MODELS] + [
 ]
 
 
-def one_run(repeats: int) -> dict:
+def one_run(repeats: int, fit_sizes=FIT_SIZES, predict_sizes=PREDICT_SIZES) -> dict:
     pp = mlsys_nb.launch(
         pingpong.measure,
         world_size=2,
-        args=(FIT_SIZES, PREDICT_SIZES),
+        args=(fit_sizes, predict_sizes),
         kwargs=dict(repeats=repeats),
         backend="gloo",
         timeout=600,
@@ -65,10 +65,14 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=25, help="timed rounds per run (notebook 04: 25)")
     ap.add_argument("--out", type=Path, default=None, help="write a markdown record here")
     ap.add_argument("--append", default=None, metavar="TITLE", help="append the runs to --out as a section TITLE")
-    ap.add_argument("--quick", action="store_true", help="one run, 3 rounds, no neighbour, no record (a smoke test)")
+    ap.add_argument(
+        "--quick", action="store_true", help="one run, 3 rounds, 2 fit sizes, 1 held out, no neighbour, no record"
+    )
     a = ap.parse_args(argv)
+    sizes = (FIT_SIZES, PREDICT_SIZES)
     if a.quick:
         a.runs, a.neighbour_runs, a.repeats, a.out = 1, 0, 3, None
+        sizes = (FIT_SIZES[::14], PREDICT_SIZES[:1])  # the fewest: alpha, beta need 2 sizes, gamma, delta 1
     if a.runs < 0 or a.neighbour_runs < 0 or a.runs + a.neighbour_runs < 1 or a.repeats < 3:
         raise SystemExit("need --runs >= 0, --neighbour-runs >= 0, one run at least, --repeats >= 3")
     head = machine()
@@ -79,7 +83,7 @@ def main(argv=None):
         try:
             load0 = os.getloadavg()[0]
             with Timer() as t:
-                err = one_run(a.repeats)
+                err = one_run(a.repeats, *sizes)
             wall = t.seconds
         finally:
             if proc is not None:
