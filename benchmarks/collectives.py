@@ -26,8 +26,8 @@ SIZES = (1 * MiB, 16 * MiB, 64 * MiB)
 TARGET = 0.5
 
 
-def run(ranks: int, repeats: int, backend: str, sizes=SIZES):
-    mem = comm.memcpy_bandwidth(nbytes=64 * MiB, repeats=9)
+def run(ranks: int, repeats: int, backend: str, sizes=SIZES, memcpy_bytes=64 * MiB, memcpy_repeats=9):
+    mem = comm.memcpy_bandwidth(nbytes=memcpy_bytes, repeats=memcpy_repeats)
     df = comm.sweep(
         ops=("all_reduce",),
         sizes=sizes,
@@ -38,7 +38,7 @@ def run(ranks: int, repeats: int, backend: str, sizes=SIZES):
         repeats=repeats,
         timeout=600,
     )
-    mem_after = comm.memcpy_bandwidth(nbytes=64 * MiB, repeats=9)
+    mem_after = comm.memcpy_bandwidth(nbytes=memcpy_bytes, repeats=memcpy_repeats)
     memcpy = (mem.median_bytes_per_s + mem_after.median_bytes_per_s) / 2
     rows = []
     for size in sizes:
@@ -74,14 +74,17 @@ def main(argv=None):
     info = machine()
     if a.quick:
         a.ranks, a.repeats, a.out = 2, 1, None
-    table, memcpy, (m0, m1) = run(a.ranks, a.repeats, a.backend, sizes=(1 * MiB,) if a.quick else SIZES)
+    if a.quick:  # a smoke test of every code path: the smallest size, one memcpy of it before and after
+        table, memcpy, (m0, m1) = run(a.ranks, a.repeats, a.backend, (1 * MiB,), memcpy_bytes=MiB, memcpy_repeats=1)
+    else:
+        table, memcpy, (m0, m1) = run(a.ranks, a.repeats, a.backend)
     text = table.to_markdown(index=False, floatfmt=".3g")
     ratio_col = [c for c in table.columns if c.startswith("ring / ") and c != "ring / memcpy"][0]
     ok = bool((table[table["size (MiB)"] >= 16][ratio_col] >= TARGET).all())
     verdict = f"target ring >= {TARGET}x busbw at >= 16 MiB: {'MET' if ok else 'NOT MET'}"
     print(text)
     print(
-        f"memcpy bandwidth (copy into a preallocated 64 MiB tensor, median; before/after the run): "
+        f"memcpy bandwidth (copy into a preallocated {m0.nbytes // MiB} MiB tensor, median; before/after the run): "
         f"{m0.median_bytes_per_s / 1e9:.2f} / {m1.median_bytes_per_s / 1e9:.2f} GB/s"
     )
     print(verdict)
