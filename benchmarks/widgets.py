@@ -86,12 +86,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--record", action="store_true", help="write data/measured/widgets.md")
-    ap.add_argument("--quick", action="store_true", help="3 repeats in-process only (no browser), no record")
+    ap.add_argument("--quick", action="store_true", help="1 repeat in-process only (no browser), no record")
     args = ap.parse_args()
     if args.repeats < 3:
         ap.error("--repeats must be >= 3")
     if args.quick:
-        args.repeats, args.record = 3, False
+        args.repeats, args.record = 1, False
     a, b = in_process(args.repeats), ({} if args.quick else in_browser(args.repeats))
     lines = [
         "| tab | in-process median (ms) | in-process p90 (ms) | browser median (ms) | browser p90 (ms) "
