@@ -41,10 +41,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--quick", action="store_true", help="3 repeats, no record")
+    ap.add_argument("--quick", action="store_true", help="1 repeat, no record")
     args = ap.parse_args()
     if args.quick:
-        args.repeats, args.out = 3, None
+        args.repeats, args.out = 1, None
     w = MemoryWidget()
     calc_t, full_t = Timer(cpu=True), Timer(cpu=True)
     for i in range(args.repeats + 2):
