@@ -32,14 +32,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--quick", action="store_true", help="p=8, m=32, 1 repeat, no record")
+    ap.add_argument("--quick", action="store_true", help="p=4, m=8, 1 repeat, one widget move, no record")
     args = ap.parse_args()
     if args.quick:
         args.repeats, args.out = 1, None
 
     from mlsys_nb.pipeline import schedule, simulate
 
-    P, M = (8, 32) if args.quick else (64, 512)
+    P, M = (4, 8) if args.quick else (64, 512)
     cases = [
         ("gpipe", None),
         ("1f1b", None),
@@ -66,9 +66,10 @@ def main():
 
     from mlsys_nb.widgets.pipeline import PipelineWidget
 
-    w = PipelineWidget(schedule="interleaved-1f1b", p=16, m=64, v=2)
+    wp, wm = (4, 8) if args.quick else (16, 64)
+    w = PipelineWidget(schedule="interleaved-1f1b", p=wp, m=wm, v=2)
     moves = Timer(cpu=True)
-    for i in range(3 if args.quick else max(args.repeats, 7)):
+    for i in range(1 if args.quick else max(args.repeats, 7)):
         with moves:
             w.controls["F"].value = 1.0 + 0.1 * (i + 1)
     widget_wall = median(moves.samples)
@@ -95,7 +96,7 @@ def main():
         )
     lines += [
         "",
-        "## Widget slider move at p = 16, m = 64 (interleaved-1f1b, v = 2; target <= 150 ms median)",
+        f"## Widget slider move at p = {wp}, m = {wm} (interleaved-1f1b, v = 2; target <= 150 ms median)",
         "",
         "A move re-simulates the shown schedule, re-simulates all eight schedules for the comparison",
         "table, redraws the Gantt chart and renders it to PNG.",
