@@ -219,10 +219,10 @@ def main():
     from mlsys_nb.models import Transformer
 
     torch.manual_seed(0)
-    batch, context = (4, 64) if args.quick else (8, 512)
-    repeats = args.repeats or (3 if args.quick else 20)
+    batch, context = (2, 32) if args.quick else (8, 512)
+    repeats = args.repeats or (1 if args.quick else 20)
     block_sizes = (16,) if args.quick else (8, 16, 32)
-    n_req, system_len, question_len = (3, 96, 8) if args.quick else (8, 480, 16)
+    n_req, system_len, question_len = (2, 48, 8) if args.quick else (8, 480, 16)
     cfg = load_model_preset("small").replace(seq_len=1024)
     model = Transformer(cfg).eval()
 
