@@ -50,7 +50,7 @@ def _median_ms(fn, repeats, warmup=10):
     )
 
 
-def measure_cluster(world_size, repeats):
+def measure_cluster(world_size, repeats, warmup=10):
     from IPython.core.interactiveshell import InteractiveShell
 
     import mlsys_nb
@@ -68,7 +68,11 @@ def measure_cluster(world_size, repeats):
     with contextlib.redirect_stdout(sink):
         for name, cell in (("%%ranks trivial cell", TRIVIAL), ("%%ranks 1-element all_reduce cell", ALL_REDUCE)):
             rows.append(
-                ("mlsys_nb.Cluster", name, *_median_ms(lambda cell=cell: ip.run_cell_magic("ranks", "", cell), repeats))
+                (
+                    "mlsys_nb.Cluster",
+                    name,
+                    *_median_ms(lambda cell=cell: ip.run_cell_magic("ranks", "", cell), repeats, warmup),
+                )
             )
         inside = cluster.execute(IN_RANK.format(n=repeats), show=False)
     rows.append(("baseline: inside a rank", IN_RANK_ROW, median(float(v) for v in inside) * 1e3, None, None))
@@ -102,12 +106,12 @@ def main():
     ap.add_argument("--repeats", type=int, default=200)
     ap.add_argument("--no-ipyparallel", action="store_true")
     ap.add_argument("--out", default=None, help="also write the table as markdown to this file")
-    ap.add_argument("--quick", action="store_true", help="seconds: 2 ranks, 10 repeats, no ipyparallel, no record")
+    ap.add_argument("--quick", action="store_true", help="seconds: 2 ranks, 1 repeat, no ipyparallel, no record")
     args = ap.parse_args()
     if args.quick:
-        args.world_size, args.repeats, args.no_ipyparallel, args.out = 2, 10, True, None
+        args.world_size, args.repeats, args.no_ipyparallel, args.out = 2, 1, True, None
     info = machine()
-    rows = measure_cluster(args.world_size, args.repeats)
+    rows = measure_cluster(args.world_size, args.repeats, warmup=1 if args.quick else 10)
     if not args.no_ipyparallel:
         rows += measure_ipyparallel(args.world_size, min(args.repeats, 100))
     by = {(who, what): med for who, what, med, *_ in rows}
