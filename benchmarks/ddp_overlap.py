@@ -30,10 +30,10 @@ def main() -> None:
     ap.add_argument("--bucket-mb", type=float, default=4.0)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--out", default=None, help="append the table (markdown) to this file")
-    ap.add_argument("--quick", action="store_true", help="seconds: a 2-layer 64-wide MLP, 2 repeats, no record")
+    ap.add_argument("--quick", action="store_true", help="seconds: a 2-layer 16-wide MLP, 1 repeat, no record")
     a = ap.parse_args()
     if a.quick:
-        a.hidden, a.layers, a.rows, a.repeats, a.out = 64, 2, 8, 2, None
+        a.hidden, a.layers, a.rows, a.repeats, a.out = 16, 2, 2, 1, None
     res = mlsys_nb.launch(
         time_ddp_steps,
         world_size=a.world_size,
