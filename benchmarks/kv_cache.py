@@ -37,7 +37,7 @@ def per_token(fn, steps, repeats, setup=lambda: None):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="two short lengths, one repeat (a few seconds)")
+    ap.add_argument("--quick", action="store_true", help="one short length, one repeat, 2 steps (a smoke test)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--out", default=None)
@@ -54,8 +54,8 @@ def main(argv=None):
     cfg = load_model_preset("small").replace(seq_len=1024)  # the preset's shape, a longer RoPE table
     model = Transformer(cfg).eval()
     hf = to_hf(model)
-    lengths = [32, 128] if args.quick else [32, 64, 128, 256, 512, 1024]
-    steps = 4 if args.quick else args.steps
+    lengths = [16] if args.quick else [32, 64, 128, 256, 512, 1024]
+    steps = 2 if args.quick else args.steps
     repeats = 1 if args.quick else args.repeats
     rows = []
     with torch.no_grad():
@@ -93,11 +93,11 @@ def main(argv=None):
 
     small = Transformer(load_model_preset("small")).eval()
     cpu = machine_roofline(
-        n=512 if args.quick else 1024, copy_mib=32 if args.quick else 256, reps=1 if args.quick else 5
+        n=128 if args.quick else 1024, copy_mib=4 if args.quick else 256, reps=1 if args.quick else 5
     )
-    batches = [1, 4] if args.quick else [1, 2, 4, 8, 16, 32]
+    batches = [1, 2] if args.quick else [1, 2, 4, 8, 16, 32]
     thr = measure_throughput(
-        small, batches, prompt_len=64, decode_steps=4 if args.quick else 32, reps=1 if args.quick else 5, progress=False
+        small, batches, prompt_len=64, decode_steps=2 if args.quick else 32, reps=1 if args.quick else 5, progress=False
     )
     thr_lines = [
         "| batch | prefill tok/s (measured) | prefill tok/s (model) | decode tok/s (measured) "
