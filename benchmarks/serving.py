@@ -19,7 +19,7 @@ Systems, run one after the other in the same process on the same weights:
 
 Prints output tokens/s (useful tokens only), ratios to transformers, and TTFT/TPOT/latency percentiles
 from the engine's per-request metrics; then the CPU overhead of a decode step by phase at several batch
-sizes with the overlap-scheduling closed form applied to it. ``--quick``: 8 short requests on ``tiny`` (a few seconds).
+sizes with the overlap-scheduling closed form applied to it. ``--quick``: 4 short requests on ``tiny`` (a few seconds).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def cpu_overhead_table(model, batch_sizes, steps) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="8 short requests on the tiny preset")
+    ap.add_argument("--quick", action="store_true", help="4 short requests on the tiny preset")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--batch", type=int, default=16, help="sequences in flight at most (all systems)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
@@ -112,7 +112,7 @@ def main() -> None:
     from mlsys_nb.models import Transformer, to_hf
 
     if a.quick:
-        preset, cfg, n, lo, hi = "tiny", load_model_preset("tiny"), 8, 8, 32
+        preset, cfg, n, lo, hi = "tiny", load_model_preset("tiny"), 4, 4, 8
     else:
         preset, cfg, n, lo, hi = "small", load_model_preset("small").replace(seq_len=512), a.requests, 16, 256
     torch.manual_seed(a.seed)
@@ -184,7 +184,7 @@ def main() -> None:
         ),
         f"Greedy outputs identical to transformers (left-padded batches) for {same}/{n} requests.",
     ]
-    lines += cpu_overhead_table(model, [1, 4] if a.quick else [1, 4, 16, 64], 4 if a.quick else 30)
+    lines += cpu_overhead_table(model, [1, 2] if a.quick else [1, 4, 16, 64], 2 if a.quick else 30)
     text = "\n".join(lines)
     print(text)
     if a.out and not a.quick:
