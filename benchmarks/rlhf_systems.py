@@ -14,8 +14,8 @@ placement on Ray actors, measured beside their models.
    phase seconds measured inside the actors, the measured step beside the closed form (gen + sync +
    train, or max(gen, train) + sync), samples per second, and the true reward of every batch.
 
-Full runs write data/measured/rlhf_systems.md. ``--quick``: one width, one repeat, 2 steps of 8 responses,
-nothing written, and by default the placement on in-process workers (``backend="local"``: no Ray cluster to
+Full runs write data/measured/rlhf_systems.md. ``--quick``: one width (16), 2 ranks, one repeat, SFT and reward model
+1 step each, 2 placement steps of 8 responses, nothing written, and by default the placement on in-process workers (``backend="local"``: no Ray cluster to
 start; ``--backend ray`` to smoke-test Ray). ``--backend``: ``ray`` (default of full runs) or ``local``.
 """
 
@@ -40,8 +40,8 @@ def weight_sync(quick: bool) -> tuple[pd.DataFrame, str]:
     from mlsys_nb.comm.cost import fit_alpha_beta
     from mlsys_nb.rl import weight_sync as ws
 
-    hiddens = (64,) if quick else (64, 128, 256, 512)
-    rows = ws.measure(hiddens, n_rollouts=2, repeats=1 if quick else 5, timeout=300)
+    hiddens = (16,) if quick else (64, 128, 256, 512)  # quick: the smallest width, 1 trainer + 1 rollout rank
+    rows = ws.measure(hiddens, n_rollouts=1 if quick else 2, repeats=1 if quick else 5, timeout=300)
     df = pd.DataFrame(rows)
     df["MB"] = df.model_bytes / 1e6
     df["ms"] = df.seconds * 1e3
@@ -67,7 +67,7 @@ def placement(quick: bool, seed: int = 0, backend: str = "ray") -> tuple[pd.Data
     with pl.ray_session(num_cpus=2, object_store_mb=200) if ray else contextlib.nullcontext():
         # Ray's actors start up while the driver trains init; local workers are made by run()
         workers = [pl._actor_class().remote() for _ in range(2)] if ray else None
-        init = pl.rlhf_init(seed=seed, steps=20 if quick else 150)
+        init = pl.rlhf_init(seed=seed, steps=1 if quick else 150)
         for mode in ("colocated", "sync", "async"):
             runs[mode] = pl.run(
                 mode,
