@@ -707,3 +707,17 @@ def test_goodput_is_mfu_times_effective_time():
     assert planner.goodput_mfu(0.41, frac) == pytest.approx(0.369)
     with pytest.raises(ValueError, match="effective_time"):
         planner.goodput_mfu(0.41, 1.5)
+
+
+def test_cp_cost_is_not_what_keeps_llama_8k_out(monkeypatch):
+    """Charging CP 30 x its modelled all-gather traffic does not bring Llama 3's 8K layout (TP8 CP1 PP16
+    DP128) into the top 10 distinct layouts: CP is not the term that decides (recomputation is, above)."""
+    real = planner._pieces
+
+    def cp_times_30(ctx, lay):
+        p = real(ctx, lay)
+        return None if p is None else {**p, "cp": 30 * p["cp"]}
+
+    monkeypatch.setattr(planner, "_pieces", cp_times_30)
+    rank = _distinct_rank(planner.search("llama-3.1-405b", **LLAMA, top=400), planner.Layout(**LLAMA_PUB))
+    assert rank is None or rank >= 10
