@@ -78,7 +78,9 @@ def main():
     lines = [
         "# Pipeline simulator and widget speed",
         "",
-        f"Machine: {machine()} (the machine was shared with other jobs: wall times are inflated, CPU times less so).",
+        # the summary names torch's version, and importing torch is most of a quick run (nothing else needs it)
+        f"Machine: {'(not summarised in --quick)' if args.quick else machine()} "
+        "(the machine was shared with other jobs: wall times are inflated, CPU times less so).",
         "",
         f"Medians of {args.repeats} runs; regenerate with "
         "`.venv/bin/python benchmarks/pipeline.py --out data/measured/pipeline.md`.",
