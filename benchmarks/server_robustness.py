@@ -135,7 +135,7 @@ def main(argv=None) -> str:
     ap.add_argument("--before", default="10e2cdf", help="the commit whose serve.py is the 'before' server")
     ap.add_argument("--limit", type=int, default=100_000, help="max_grammar_states (the server's default)")
     ap.add_argument("--out", default=None, help="append the report to this markdown file")
-    ap.add_argument("--quick", action="store_true", help="smoke run: no before server, 1 trial, n = 8")
+    ap.add_argument("--quick", action="store_true", help="smoke run: no before server, 1 trial, n = 2")
     args = ap.parse_args(argv)
     if args.trials < 1:
         raise SystemExit(f"--trials={args.trials}: must be >= 1")
@@ -151,7 +151,7 @@ def main(argv=None) -> str:
             for _ in range(args.trials):
                 trials["before"].append(leaver_trial(before_url))
                 trials["after"].append(leaver_trial(after_url))
-    grammar = grammar_rows([8] if args.quick else [10, 12, 14, 15, 16], args.limit)
+    grammar = grammar_rows([2] if args.quick else [10, 12, 14, 15, 16], args.limit)
     lines = [f"## {head}", ""]
     lines += [
         f"Non-streaming leavers ({args.trials} per server, alternating; 110 tokens asked, the socket closed once the "
