@@ -73,7 +73,7 @@ TABS = (
         "Inference",
         "mlsys_nb.widgets.inference",
         "InferenceWidget",
-        probe={"batch": 64},
+        probe={"batch": 32},
         invalid={"batch": 0},
     ),
     TabSpec(

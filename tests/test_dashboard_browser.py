@@ -54,7 +54,7 @@ ACTIONS = {
     ),
     "inference": dict(
         title="Inference",
-        probe=lambda pg: type_text(pg, ".mlsys-inference-decode-batch", "64"),
+        probe=lambda pg: type_text(pg, ".mlsys-inference-decode-batch", "32"),
         invalid=lambda pg: type_text(pg, ".mlsys-inference-decode-batch", "0"),  # batch must be >= 1
     ),
     "planner": dict(

@@ -36,3 +36,66 @@ def test_invalid_input_is_shown_in_place():
     assert "context" in w.error and "8192" in w.error
     w.set_state({"context": 1024})
     assert w.error is None and not w.table().empty
+
+
+def _assert_does_not_fit_without_throughput(w, weights_gb: float, usable_gb: float, tp_needed: int):
+    """The check of a layout that cannot run: the verdict with its numbers, no tokens/s anywhere."""
+    assert w.error is None
+    verdict = f"does not fit: weights {weights_gb:.3g} GB &gt; {usable_gb:.3g} GB usable; needs TP ≥ {tp_needed}"
+    assert verdict.replace("&gt;", ">") in w.stats.value.replace("&gt;", ">"), w.stats.value
+    assert "tokens/s" not in w.stats.value
+    assert not any("decode" in q or "prefill" in q for q in w.table().index), list(w.table().index)
+    roofline = w.figure.axes[0]
+    points = [ln for ln in roofline.lines if ln.get_marker() in ("s", "o")]
+    assert points and all(len(ln.get_xdata()) == 0 for ln in points), "an operating point for a layout that cannot run"
+
+
+def _llama3_70b_params() -> int:
+    """Llama-3-70B's parameter count from its published shape (Meta 2024: 80 layers, d 8192, FFN 28672,
+    64 heads of 128, 8 KV heads, vocabulary 128256, untied embedding and head), by hand."""
+    d, ff, layers, kv, hd, vocab = 8192, 28672, 80, 8, 128, 128256
+    per_layer = d * d + 2 * d * kv * hd + d * d + 3 * d * ff + 2 * d  # q, k+v, o, SwiGLU, two RMSNorms
+    return layers * per_layer + 2 * vocab * d + d
+
+
+def test_70b_on_one_80gb_gpu_does_not_fit_and_shows_no_throughput():
+    from mlsys_nb import hardware
+
+    w = InferenceWidget(model="llama-3-70b", gpu="H100-SXM")  # 80 GB class (data/hardware.yaml: 85.5e9 bytes)
+    params = _llama3_70b_params()
+    assert 70.5e9 < params < 70.6e9  # Meta's model card: 70.6 B
+    usable = 0.9 * hardware.gpu("H100-SXM").memory_bytes
+    weights = 2 * params  # bf16
+    assert weights > usable
+    # TP 2 halves the weights (70.6 GB < 77.3 GB) and leaves room for one 8192-token KV cache, sharded
+    # over 2 of the 8 KV heads' groups: 80 layers x 8 heads x 128 x (K, V) x 2 bytes x 8192 / 2
+    kv_per_seq_tp2 = 80 * 8 * 128 * 2 * 2 * 8192 / 2
+    assert weights / 2 + kv_per_seq_tp2 < usable
+    _assert_does_not_fit_without_throughput(w, weights / 1e9, usable / 1e9, 2)
+    w.set_state({"tp": 2, "batch": 1})
+    assert "does not fit" not in w.stats.value and "tokens/s" in w.stats.value
+    assert w.table()["value"]["sequences that fit (per GPU, after weights)"] >= 1
+
+
+def test_the_does_not_fit_check_fails_on_the_old_behaviour():
+    """The widget that showed '0 sequences fit' with 690 tokens/s fails the check above."""
+    import pytest
+
+    class ThroughputAnyway(InferenceWidget):
+        def compute(self, state):
+            return super().compute(state) | {"weights_fit": True, "batch_fits": True, "max_seqs": 1}
+
+    with pytest.raises(AssertionError):
+        _assert_does_not_fit_without_throughput(
+            ThroughputAnyway(model="llama-3-70b"), 2 * _llama3_70b_params() / 1e9, 0.9 * 85.52e9 / 1e9, 2
+        )
+
+
+def test_a_batch_that_does_not_fit_has_no_decode_numbers():
+    w = InferenceWidget()  # llama-3-8b, 8192 tokens, H100-SXM
+    fit = max_concurrent_sequences("llama-3-8b", "H100-SXM", 8192)
+    w.set_state({"batch": fit})
+    assert "tokens/s" in w.stats.value and "decode throughput" in w.table().index
+    w.set_state({"batch": fit + 1})
+    assert f"batch {fit + 1} does not fit: only {fit} sequences fit" in w.stats.value
+    assert "tokens/s" not in w.stats.value and "decode throughput" not in w.table().index
