@@ -16,12 +16,13 @@ PY         := $(VENV)/bin/python
 # JupyterLab refuses to start as root (containers, CI machines) unless told it is meant.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test test-fast lint format dashboard serve bench worksheets clean-venv help
+.PHONY: setup lab test test-fast test-gpu lint format dashboard serve bench worksheets clean-venv help
 
 help:
 	@echo "make lab        set up .venv (first time) and open JupyterLab on notebooks/ at $(HOST)"
 	@echo "make test       set up .venv (first time) and run every test (unit, notebooks, papermill)"
 	@echo "make test-fast  unit tests only (no notebooks, no browser)"
+	@echo "make test-gpu   the GPU pack (tests/gpu) with the python3 found, no venv: smoke first, then the rest"
 	@echo "make lint       ruff check over the code and the notebooks (also run by make test)"
 	@echo "make format     ruff format, then ruff check --fix (rewrites files)"
 	@echo "make dashboard  serve notebooks/00_dashboard.ipynb as a web page (Voila) at $(HOST)"
@@ -51,6 +52,13 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest tests -m "not notebook and not browser" $(PYTEST_ARGS)
+
+# The GPU pack: no set-up (a GPU machine may have no network), the interpreter on PATH and its torch;
+# the smoke subset first, then the rest; figures land in data/measured/gpu-<device>.md/.json as measured.
+GPU_PYTHON ?= python3
+test-gpu:
+	PYTHONPATH=. $(GPU_PYTHON) -m pytest -o addopts="" -p no:cacheprovider -v -rs -m "gpu and smoke" tests/gpu $(PYTEST_ARGS)
+	PYTHONPATH=. $(GPU_PYTHON) -m pytest -o addopts="" -p no:cacheprovider -v -rs -m "gpu and not smoke" tests/gpu $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
