@@ -36,11 +36,11 @@ from ..config import check_int
 from ..runtime.timing import Laps
 from .model_runner import ModelRunner, SwapPool
 from .paged import PagedKVCache, kv_block_bytes
-from .sampler import sample
+from .sampler import apply_mask, filter_probs, logprob_entry, sample
 from .sampling_params import ParamError, SamplingParams
-from .sampler import apply_mask
 from .config import EngineConfig
 from .scheduler import Scheduler
+from .speculative import BatchSpeculator, SpecStats, VerifyView, to_probs
 from .sequence import LATENCY_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, Histogram, RequestOutput, Sequence, SequenceStatus
 from .tokenizer import ByteTokenizer, decode_stream
 
@@ -109,6 +109,19 @@ class LLMEngine:
         pool = SwapPool(self.kv, c.swap_blocks or num_blocks) if c.preemption_mode == "swap" else None
         self.scheduler = Scheduler(self.kv, c, swap_pool=pool)
         self.runner = ModelRunner(self.model, self.kv)
+        self.speculator = None  # speculative decoding inside the batch (speculative.BatchSpeculator)
+        if c.speculative_model is not None:
+            draft = c.speculative_model
+            if draft != "ngram":
+                draft = resolve_model(draft, c.seed + 1).eval()
+                if draft.cfg.vocab_size != cfg.vocab_size:
+                    raise ValueError(
+                        f"speculative_model vocab_size={draft.cfg.vocab_size} differs from the target's "
+                        f"{cfg.vocab_size}"
+                    )
+            self.speculator = BatchSpeculator(
+                draft, c.num_speculative_tokens, self.kv, max_model_len=self.max_model_len, max_num_seqs=max_num_seqs
+            )
         self.generator = torch.Generator(device="cpu").manual_seed(c.seed)
         self.requests: dict[str, list[Sequence]] = {}
         # per step: seconds per phase, sequences, tokens; the last ``step_times_window`` steps (bounded memory)
@@ -208,6 +221,7 @@ class LLMEngine:
                 prompt=pr.prompt,
             )
             seq.allowed = None if pr.grammar is None else pr.grammar.walker(pr.budget)
+            seq.spec = SpecStats() if self.speculator is not None else None  # measured, per sample
             seqs.append(seq)
         for seq in seqs:  # nothing above touched the engine's state
             self.scheduler.add(seq)
@@ -328,11 +342,30 @@ class LLMEngine:
                     f"({self.kv.manager.num_free_blocks()} free blocks): the engine would hang"
                 )
             return []
+        drafts = self._propose(scheduled) if self.speculator is not None else {}  # 1b. draft k tokens
+        feed = []  # a decode with k drafts is fed as a (k+1)-token verify chunk
+        for seq, n in scheduled:
+            d = drafts.get(seq.seq_id)
+            m = 1 + len(d.tokens) if d is not None else n
+            feed.append(
+                (seq if d is None else VerifyView(seq.seq_id, seq.token_ids + d.tokens, seq.num_computed_tokens, m), m)
+            )
         try:
-            logits, batch = self.runner.run(scheduled, timer=t)  # 2. prepare + forward
+            logits, batch = self.runner.run(feed, timer=t)  # 2. prepare + forward (verify chunks included)
         except Exception as e:
+            self.speculator.undo(drafts) if drafts else None
             return self._isolate_forward(scheduled, e)
         failed: dict[str, BaseException] = {}
+        verify, rows, off = [], [], 0  # split the logits: verify chunks (k+1 rows) and one row per other
+        for seq, m in zip(batch.sample_seqs, batch.num_logits):
+            if isinstance(seq, VerifyView):
+                verify.append((drafts[seq.seq_id], logits[off : off + m]))
+            else:
+                rows.append(off)
+            off += m
+        if verify:
+            logits = logits[rows]
+            batch.sample_seqs = [s for s in batch.sample_seqs if not isinstance(s, VerifyView)]
         if any(getattr(s, "allowed", None) is not None for s in batch.sample_seqs):  # grammar masks
             logits = logits.clone()
             for i, seq in enumerate(batch.sample_seqs):
@@ -354,16 +387,23 @@ class LLMEngine:
         for i, e in errors.items():
             failed.setdefault(batch.sample_seqs[i].request_id, e)
         t("sample")
-        self.scheduler.update(scheduled)  # 4. update: K/V are cached,
+        self.scheduler.update([(s, n) for s, n in scheduled if s.seq_id not in drafts])  # 4. update: K/V are cached,
         now = time.perf_counter()
         for seq, tok, lp in zip(batch.sample_seqs, tokens, logprobs):  #    new tokens, stop checks
+            if getattr(seq, "spec", None) is not None:
+                seq.spec.target_forwards += 1
+                seq.spec.emitted += 1
             if seq.request_id in failed or seq.finished:
                 continue
             try:
                 self._append_token(seq, tok, lp, now)
             except Exception as e:
                 failed.setdefault(seq.request_id, e)
-        rids = dict.fromkeys(s.request_id for s in batch.sample_seqs)
+        for d, rows_k in verify:  # 4b. speculation: accept per sequence, roll back the rejected slots
+            self._accept(d, rows_k, now, failed)
+        rids = dict.fromkeys([s.request_id for s in batch.sample_seqs] + [d.seq.request_id for d, _ in verify])
+        if self.speculator is not None:  # the draft pool's blocks of finished sequences go back now
+            self.speculator.release({s.seq_id for s in self.scheduler.running})
         outputs = [self.fail_request(r, failed[r]) if r in failed else self._output(r) for r in rids]
         outputs = [o for o in outputs if o is not None]
         t("postprocess")
@@ -374,6 +414,96 @@ class LLMEngine:
             )
         )
         return outputs
+
+    # ---- speculative decoding in the batch (speculative.BatchSpeculator) ------------------------
+    def _propose(self, scheduled) -> dict:
+        """Draft tokens for the scheduled decodes that can take them: k_i = min(k, tokens the request may
+        still produce − 1, context left − 1, token budget left); none for requests with logit processors."""
+        sp = self.speculator
+        sp.release({s.seq_id for s in self.scheduler.running})
+        budget = self.config.max_num_batched_tokens - sum(n for _, n in scheduled)
+        wants = []
+        for seq, n in scheduled:
+            p = seq.params
+            if n != 1 or seq.num_uncomputed != 1 or not seq.output_token_ids or p.processes_logits:
+                continue
+            ki = min(
+                sp.k, p.max_tokens - len(seq.output_token_ids) - 1, self.max_model_len - seq.num_tokens - 1, budget
+            )
+            if ki > 0:
+                wants.append((seq, ki))
+                budget -= ki
+        if not wants:
+            return {}
+        drafts = sp.propose(wants, self._spec_dist, self._uniform, self._spec_allows)
+        for d in drafts.values():
+            if d.seq.spec is not None:
+                d.seq.spec.drafted += len(d.tokens)
+                d.seq.spec.draft_forwards += 0 if sp.ngram else len(d.tokens)
+        return drafts
+
+    def _spec_dist(self, seq: Sequence, logits, extra: list[int]):
+        """The distribution the engine's sampler draws ``seq``'s next token from after ``extra`` more
+        tokens: the grammar mask, then temperature/top_k/top_p/min_p (one-hot argmax when greedy)."""
+        if seq.allowed is not None:
+            mask = seq.allowed(seq.output_token_ids + extra)
+            if mask is not None:
+                logits = apply_mask(logits, mask)
+        p = seq.params
+        if p.greedy:
+            return to_probs(logits, 0)
+        return filter_probs(logits.float(), p.temperature, p.top_k, p.top_p, p.min_p)
+
+    def _spec_allows(self, seq: Sequence, extra: list[int], tok: int) -> bool:
+        if seq.allowed is None:
+            return True
+        mask = seq.allowed(seq.output_token_ids + extra)
+        return mask is None or bool(mask[tok])
+
+    def _uniform(self, seq: Sequence):
+        return torch.rand((), generator=seq.generator or self.generator)
+
+    def _accept(self, d, logits, now: float, failed: dict) -> None:
+        """The rejection rule for one verified sequence, the rollback, then its new tokens through the
+        engine's path (stop rules, logprobs, detokenization)."""
+        seq = d.seq
+        if seq.request_id in failed or seq.finished:
+            self.speculator.rollback(d, 0)
+            return
+        try:
+            new, n = self.speculator.accept(d, logits, self._spec_dist, self._uniform)
+        except Exception as e:
+            self.speculator.undo({seq.seq_id: d})
+            failed.setdefault(seq.request_id, e)
+            return
+        self.manager_mark(seq)
+        s = seq.spec
+        if s is not None:
+            s.target_forwards += 1
+            s.tested += n + (n < len(d.tokens))
+            s.accepted += n
+            s.accepted_per_step.append(n)
+        want_lp = seq.params.logprobs is not None
+        for j, tok in enumerate(new):
+            if seq.finished:
+                break
+            lp = None
+            if want_lp:
+                row = logits[j]
+                if seq.allowed is not None and (mask := seq.allowed(seq.output_token_ids)) is not None:
+                    row = apply_mask(row, mask)
+                lp = logprob_entry(torch.log_softmax(row.float(), -1), tok, seq.params.logprobs, self.tokenizer)
+            try:
+                self._append_token(seq, tok, lp, now)
+            except Exception as e:
+                failed.setdefault(seq.request_id, e)
+                return
+            if s is not None:
+                s.emitted += 1
+
+    def manager_mark(self, seq: Sequence) -> None:
+        """Register the blocks now holding computed K/V (after the rollback: never a rejected token)."""
+        self.kv.manager.mark_computed(seq.seq_id, seq.num_computed_tokens)
 
     def _isolate_forward(self, scheduled, error: BaseException) -> list[RequestOutput]:
         """The forward pass raised: run each request's part alone; fail those that raise (all scheduled

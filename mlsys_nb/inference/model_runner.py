@@ -18,7 +18,9 @@ Storage and bookkeeping are ``paged.PagedKVCache``'s (its ``k``/``v`` pools, its
 (a 256-token prefill chunk would pad 15 decodes to 256 tokens each), so the engine packs instead.
 
 Logits are taken only at each sequence's last new token, and only for sequences whose prompt is
-complete after this step (a middle prefill chunk samples nothing).
+complete after this step (a middle prefill chunk samples nothing). A speculative *verify chunk* (the
+last token and k drafted ones, ``speculative.VerifyView``: ``num_logits = k + 1``) is packed as a
+(k+1)-token prefill chunk and returns logits at all its k+1 rows (``StepBatch.num_logits``).
 
 ``SwapPool``: a CPU pool of blocks for preemption by swapping (a preempted sequence's K/V are copied
 out and copied back on resume, instead of being recomputed).
@@ -57,7 +59,7 @@ class StepBatch:
         )
         self.seqs = [scheduled[i][0] for i in order]
         tokens, positions, slots, self.prefills, dec_tables, dec_lens = [], [], [], [], [], []
-        self.sample_rows, self.sample_seqs = [], []
+        self.sample_rows, self.sample_seqs, self.num_logits = [], [], []
         for seq, n in (scheduled[i] for i in order):
             start = seq.num_computed_tokens
             table = kv.manager.seqs[seq.seq_id].table
@@ -72,8 +74,10 @@ class StepBatch:
             else:
                 self.prefills.append((off, n, torch.tensor(table), torch.tensor([start + n])))
             if start + n == seq.num_tokens:  # this row ends the known tokens: sample the next one
-                self.sample_rows.append(len(tokens) - 1)
+                m = getattr(seq, "num_logits", 1)  # a speculative verify chunk wants its last k+1 rows
+                self.sample_rows += range(len(tokens) - m, len(tokens))
                 self.sample_seqs.append(seq)
+                self.num_logits.append(m)
         self.num_decodes = len(dec_tables)
         dev = kv.k.device
         self.tokens = torch.tensor([tokens], device=dev)

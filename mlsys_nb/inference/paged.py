@@ -309,6 +309,26 @@ class BlockManager:
         s.tokens.append(int(token_id))  # its block is registered by ``mark_computed`` once its K/V exist
         return copy
 
+    def truncate(self, seq_id, num_tokens: int) -> None:
+        """Keep the first ``num_tokens`` tokens of ``seq_id``: drop the slots after them (speculative
+        decoding's rollback of rejected drafts); blocks the cut empties lose this sequence's reference
+        (back to the free list when nobody else holds them). A block registered in the prefix cache
+        cannot be cut into (rejected tokens are never registered: ``mark_computed`` comes after)."""
+        s = self._seq(seq_id)
+        n = check_int(f"num_tokens of seq_id={seq_id!r}", num_tokens, 1, len(s.tokens))
+        bs, keep = self.block_size, self.blocks_needed(n)
+        for i in range(n // bs, min(s.hashed, len(s.table))):
+            if self.hash_of[s.table[i]] != NO_HASH:
+                raise ValueError(
+                    f"num_tokens={n} cuts into block {i} of seq_id={seq_id!r}, already in the prefix cache"
+                )
+        del s.tokens[n:]
+        while len(s.table) > keep:
+            b = s.table.pop()
+            self.ref_count[b] -= 1
+            if self.ref_count[b] == 0:
+                self.free_block(b)
+
     def fork(self, parent_id, child_id) -> None:
         """``child_id`` shares every block of ``parent_id`` (parallel sampling, beam search)."""
         p = self._seq(parent_id)
