@@ -90,3 +90,66 @@ def test_playbook_byte_labels_past_a_petabyte():
     assert memory.format_playbook_bytes(3.5 * 1024**6) == "3.50 EB"
     assert memory.format_playbook_bytes(1024**9 * 5) == "5120.00 YB"
     assert memory.format_playbook_bytes(512) == "512.00 Bytes"
+
+
+def _check_sweep_bars(w, want: dict):
+    """The bars: one per swept value, each labelled with its total (``want``: value -> Breakdown by
+    hand), the legend in stack order with the Numbers table's names, the GPU line with its capacity,
+    "OOM" over the first value that does not fit and nowhere else."""
+    ax = w.figure.axes[0]
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    assert ticks == [str(v) for v in want], ticks
+    texts = [t.get_text() for t in ax.texts]
+    totals = [f"{b.total / memory.GiB:,.1f}" for b in want.values()]
+    assert [t for t in texts if t != "OOM"] == totals, (texts, totals)
+    oom = [i for i, b in enumerate(want.values()) if not b.fits]
+    assert texts.count("OOM") == (1 if oom else 0)
+    if oom:  # the mark sits over the first bar that does not fit
+        mark = [t for t in ax.texts if t.get_text() == "OOM"][0]
+        assert mark.get_position()[0] == oom[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    table = [n for n in w.table().index if n != "total" and w.table().loc[n, "bytes per rank"] > 0]
+    assert legend[:-1] == table[::-1], (legend, table)  # top of the stack first, as the bars read
+    gpu = list(want.values())[0].gpu_memory / memory.GiB
+    assert legend[-1] == f"{w.state()['gpu']} memory ({gpu:,.1f} GiB)"
+
+
+def test_bars_over_a_sweep_carry_totals_and_mark_the_oom_point():
+    w = MemoryWidget()  # llama-3.1-8b, sequence 4096, DP 8, ZeRO-1 on H100-SXM
+    model = memory.preset("llama-3.1-8b")
+    want = {
+        s: memory.estimate(model, TrainConfig(dp=8, zero=1, n_microbatches=8, seq_len=s))
+        for s in (512, 1024, 2048, 4096, 8192, 16384)
+    }
+    assert any(not b.fits for b in want.values()) and any(b.fits for b in want.values())
+    _check_sweep_bars(w, want)
+    w.set_state({"sweep": "zero", "seq_len": 2048})
+    want = {z: memory.estimate(model, TrainConfig(dp=8, zero=z, n_microbatches=8, seq_len=2048)) for z in (0, 1, 2, 3)}
+    _check_sweep_bars(w, want)
+    bold = [t.get_text() for t in w.figure.axes[0].get_xticklabels() if t.get_fontweight() == "bold"]
+    assert bold == ["1"]  # the current ZeRO stage
+
+
+def test_the_bar_check_fails_without_the_oom_mark_or_the_totals():
+    w = MemoryWidget()
+    model = memory.preset("llama-3.1-8b")
+    want = {
+        s: memory.estimate(model, TrainConfig(dp=8, zero=1, n_microbatches=8, seq_len=s))
+        for s in (512, 1024, 2048, 4096, 8192, 16384)
+    }
+    for t in [t for t in w.figure.axes[0].texts if t.get_text() == "OOM"]:
+        t.remove()
+    with pytest.raises(AssertionError):
+        _check_sweep_bars(w, want)
+    w = MemoryWidget()
+    w.figure.axes[0].texts[0].set_text("")
+    with pytest.raises(AssertionError):
+        _check_sweep_bars(w, want)
+
+
+def test_a_swept_value_that_is_invalid_has_no_bar():
+    w = MemoryWidget(sweep="tp")  # llama-3.1-8b has 32 heads: TP 64 is invalid
+    assert w.error is None
+    ticks = [t.get_text() for t in w.figure.axes[0].get_xticklabels()]
+    assert ticks == ["1", "2", "4", "8", "16", "32", "64"]
+    assert "invalid" in [t.get_text() for t in w.figure.axes[0].texts]

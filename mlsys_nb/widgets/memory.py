@@ -4,6 +4,11 @@ and a fits/OOM verdict. A toggle shows the Ultra-Scale Playbook widget's numbers
 inputs (its bugs included; it prints GiB as "GB"). Invalid combinations (tp not dividing the
 heads, more stages than layers, ...) are shown as a message in place of the chart.
 
+The figure sweeps one setting the learner picks (``sweep``: sequence length, micro-batch, TP, ZeRO
+stage or recomputation) and draws one stacked bar per value side by side, each labelled with its
+total, the components named as in the Numbers table, the GPU's capacity as a line and the first
+value that runs out of memory marked "OOM". A swept value that is an invalid combination has no bar.
+
 ``MemoryWidget().widget`` is the ipywidgets container; ``state()``/``set_state()``, ``figure``,
 ``table()`` and ``error`` follow the dashboard protocol.
 """
@@ -41,8 +46,17 @@ DEFAULTS = {
     "gpu": "H100-SXM",
     "unit": "GiB",
     "playbook": False,
+    "sweep": "seq_len",
 }
-COMPONENTS = [  # (Breakdown field, label, colour, short legend label)
+SWEEPS = {  # the sweep control's choices: setting -> its label
+    "seq_len": "sequence length",
+    "micro_batch": "micro-batch",
+    "tp": "TP",
+    "zero": "ZeRO stage",
+    "recompute": "recomputation",
+}
+SWEEP_BARS = 6  # bars of a sweep over a long list of values (a window around the current value)
+COMPONENTS = [  # (Breakdown field, label (the Numbers table's and the legend's), colour, short label)
     ("params", "parameters", PALETTE[0], "params"),
     ("grads", "gradients", PALETTE[1], "grads"),
     ("optimizer", "optimizer states", PALETTE[2], "optimizer"),
@@ -121,13 +135,16 @@ class MemoryWidget(ControlPanel):
             "gpu": dd(list(hardware.gpus()), s["gpu"], "GPU"),
             "unit": w.ToggleButtons(options=list(UNITS), value=s["unit"], description="unit"),
             "playbook": w.Checkbox(value=s["playbook"], description="Playbook-compatible numbers"),
+            "sweep": w.Dropdown(
+                options=[(v, k) for k, v in SWEEPS.items()], value=s["sweep"], description="bars over", layout=lay
+            ),
         }
         from matplotlib.figure import Figure
 
         with style():  # a fixed layout: constrained layout would re-measure every text on each redraw
-            figure = Figure(figsize=(5.0, 3.6), layout="none")
+            figure = Figure(figsize=(8.4, 4.0), layout="none")
             self._ax = figure.add_subplot()
-        figure.subplots_adjust(left=0.14, right=0.98, top=0.96, bottom=0.13)
+        figure.subplots_adjust(left=0.09, right=0.64, top=0.9, bottom=0.13)
         self._build(controls, figure, columns=(8, 15), label_width="130px")
 
     @property
@@ -140,8 +157,25 @@ class MemoryWidget(ControlPanel):
         """The breakdown for a state (no drawing): ``{"breakdown", "train", "state"}``."""
         train = train_config(state)
         model = memory.preset(state["model"])
-        b = memory.estimate(model, train, compat="playbook" if state["playbook"] else None)
-        return {"breakdown": b, "train": train, "state": state}
+        compat = "playbook" if state["playbook"] else None
+        b = memory.estimate(model, train, compat=compat)
+        sweep = state["sweep"]
+        if sweep not in SWEEPS:
+            raise ValueError(f"sweep={sweep!r}: choose one of {sorted(SWEEPS)}")
+        bars = []  # (value, Breakdown or None for an invalid combination)
+        for v in sweep_values(sweep, state[sweep], self.controls[sweep].options):
+            try:
+                bars.append(
+                    (
+                        v,
+                        b
+                        if v == state[sweep]
+                        else memory.estimate(model, train_config(state | {sweep: v}), compat=compat),
+                    )
+                )
+            except (ValueError, KeyError, TypeError):
+                bars.append((v, None))
+        return {"breakdown": b, "train": train, "state": state, "bars": bars}
 
     def rows(self, r: dict) -> pd.DataFrame:
         b, unit = r["breakdown"], r["state"]["unit"]
@@ -169,35 +203,78 @@ class MemoryWidget(ControlPanel):
         )
 
     def draw(self, r: dict) -> None:
-        """Update the bars, the GPU line, labels and legend in place (no re-layout of new artists)."""
-        b, s = r["breakdown"], r["state"]
+        """One stacked bar per swept value, its total on top; the GPU line with its capacity; the
+        first value that does not fit marked OOM; the current value's tick in bold."""
+        b, s, bars = r["breakdown"], r["state"], r["bars"]
         unit, scale = s["unit"], UNITS[s["unit"]]
         ax = self._ax
-        if not getattr(self, "_bars", None):
-            ax.clear()
-            with style():
-                self._bars = [ax.bar([0], [0.0], width=0.5, color=col)[0] for _, _, col, _ in COMPONENTS]
-                self._cap = ax.axhline(1.0, color="black", ls="--", lw=1.2)
-                ax.set_xlim(-0.5, 2.2)
-                ax.set_xticks([0])
-        bottom = 0.0
-        handles, labels = [], []
-        for bar, (f, _, _, short) in zip(self._bars, COMPONENTS):
-            v = getattr(b, f) / scale
-            bar.set_y(bottom)
-            bar.set_height(v)
-            if v > 0:
-                handles.append(bar)
-                labels.append(short)
-            bottom += v
+        ax.clear()
         cap = b.gpu_memory / scale
-        self._cap.set_ydata([cap, cap])
-        handles.append(self._cap)
-        labels.append("GPU memory")
-        # short texts and a fixed layout keep a redraw cheap (text layout dominates); the values
-        # are in the table and the stats line
-        ax.set_xticklabels(["Playbook widget" if s["playbook"] else f"{'fits' if b.fits else 'OOM'}"])
-        ax.set_ylim(0, max(bottom, cap) * 1.08)
+        xs = list(range(len(bars)))
+        top = cap
         with style():
-            label(ax, "one rank (verdict)", f"memory ({unit})")
-            ax.legend(handles, labels, loc="center right", fontsize=8)
+            bottoms = [0.0] * len(bars)
+            handles = {}
+            for f, lab, col, _ in COMPONENTS:
+                heights = [getattr(bd, f) / scale if bd is not None else 0.0 for _, bd in bars]
+                if not any(h > 0 for h in heights):
+                    continue
+                handles[lab] = ax.bar(xs, heights, bottom=bottoms, width=0.62, color=col, label=lab)
+                bottoms = [lo + h for lo, h in zip(bottoms, heights)]
+            top = max([cap, *bottoms])
+            oom_marked = False
+            for x, (_v, bd), total in zip(xs, bars, bottoms):
+                if bd is None:
+                    ax.text(x, top * 0.02, "invalid", ha="center", va="bottom", fontsize=8, color="grey", rotation=90)
+                    continue
+                ax.text(x, total + top * 0.01, f"{total:,.1f}", ha="center", va="bottom", fontsize=8)
+                if not bd.fits and not oom_marked:  # the first value that runs out of memory
+                    ax.plot([x], [cap], marker="X", color="#D55E00", ms=10, mec="black", zorder=5)
+                    ax.text(
+                        x,
+                        total + top * 0.07,
+                        "OOM",
+                        ha="center",
+                        va="bottom",
+                        color="#D55E00",
+                        fontsize=9,
+                        fontweight="bold",
+                    )
+                    oom_marked = True
+            gpu_line = ax.axhline(cap, color="black", ls="--", lw=1.2)
+            ax.set_xticks(xs)
+            ax.set_xticklabels([str(v) for v, _ in bars])
+            for tick, (v, _) in zip(ax.get_xticklabels(), bars):
+                if v == s[s["sweep"]]:
+                    tick.set_fontweight("bold")
+            ax.set_xlim(-0.6, len(bars) - 0.4)
+            ax.set_ylim(0, top * 1.2)
+            ax.grid(axis="x", visible=False)
+            where = "Playbook widget's numbers" if s["playbook"] else "per rank"
+            label(
+                ax,
+                f"{SWEEPS[s['sweep']]} (setting; bold: yours)",
+                f"memory ({unit})",
+                f"Memory {where} over {SWEEPS[s['sweep']]}",
+            )
+            # the legend in stack order (top component first, as the bars read), outside the axes
+            names = list(handles)[::-1]
+            ax.legend(
+                [handles[n] for n in names] + [gpu_line],
+                names + [f"{s['gpu']} memory ({cap:,.1f} {unit})"],
+                loc="upper left",
+                bbox_to_anchor=(1.01, 1.0),
+                fontsize=8,
+                frameon=False,
+            )
+
+
+def sweep_values(name: str, current, options) -> list:
+    """The values a sweep over ``name`` draws: every option of a short list (ZeRO stage, recompute,
+    TP), else ``SWEEP_BARS`` consecutive options around ``current``. ``options``: the control's."""
+    opts = [o[1] if isinstance(o, tuple) else o for o in options]
+    if len(opts) <= SWEEP_BARS + 1:
+        return opts
+    i = opts.index(current)
+    lo = min(max(i - SWEEP_BARS // 2, 0), len(opts) - SWEEP_BARS)
+    return opts[lo : lo + SWEEP_BARS]
