@@ -1,0 +1,191 @@
+"""Speculative decoding inside continuous batching (``speculative.BatchSpeculator`` in ``LLMEngine``):
+greedy outputs equal the target alone for a mixed batch, every block returns to both pools, the prefix
+cache never registers a rejected draft, and sampled tokens follow the target's filtered distribution
+(chi-square); the broken ideas (no rejection rule, no rollback) fail the same checks."""
+
+import copy
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from mlsys_nb.config import load_model_preset
+from mlsys_nb.inference import LLM, SamplingParams
+from mlsys_nb.inference import speculative as spec
+from mlsys_nb.inference.paged import NO_HASH, BlockManager
+from mlsys_nb.inference.sampler import filter_probs
+from mlsys_nb.models.transformer import Transformer
+
+PROMPTS = [
+    "the cat sat on the mat; the cat ",
+    "abcabcabc",
+    "x",
+    "hello world hello world hello world, hello",
+    "0123456789" * 4,
+    "to be or not to be",
+    "aaaa",
+    "spec decoding in a batch: ",
+]
+
+
+@pytest.fixture(scope="module")
+def models():
+    torch.manual_seed(0)
+    target = Transformer(load_model_preset("tiny")).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(20)
+    near = copy.deepcopy(target)  # a draft that agrees often
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for prm in near.parameters():
+            prm.mul_(1 + 0.1 * torch.randn(prm.shape, generator=g))
+    torch.manual_seed(5)
+    other = Transformer(load_model_preset("tiny")).eval()  # an unrelated draft: q far from p
+    with torch.no_grad():
+        other.lm_head.weight.mul_(20)
+    return target, near, other
+
+
+def _all_back(llm):
+    eng = llm.engine
+    eng.kv.manager.check_invariants()
+    assert eng.num_blocks_used() == 0
+    sp = eng.speculator
+    if not sp.ngram:
+        sp.kv.manager.check_invariants()
+        assert sp.kv.manager.num_free_blocks() == sp.kv.manager.num_blocks and not sp.views
+
+
+def test_greedy_mixed_batch_equals_the_target_alone_and_every_block_returns(models):
+    torch.set_num_threads(1)
+    target, near, _ = models
+    plain = LLM(target, max_num_seqs=4)  # 8 requests, 4 at a time: requests join mid-run
+    free = plain.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
+    cases = []
+    for i, o in enumerate(free):
+        c = o.outputs[0]
+        kw = dict(temperature=0, max_tokens=8 + 2 * i, ignore_eos=i % 2 == 0)
+        if i % 4 == 1:
+            kw["stop"] = [c.text[4:6]]  # a stop string the output contains
+        if i % 4 == 2:
+            kw["stop_token_ids"] = [c.token_ids[5]]
+        if i % 4 == 3:
+            kw["logprobs"] = 2
+        cases.append(SamplingParams(**kw))
+    ref = plain.generate(PROMPTS, cases, use_tqdm=False)
+    assert {o.outputs[0].finish_reason for o in ref} == {"stop", "length"}
+    for draft in (near, "ngram"):
+        llm = LLM(target, speculative_model=draft, num_speculative_tokens=3, max_num_seqs=4)
+        got = llm.generate(PROMPTS, cases, use_tqdm=False)
+        for r, o in zip(ref, got):
+            a, b = r.outputs[0], o.outputs[0]
+            assert (b.text, b.token_ids, b.finish_reason, b.stop_reason) == (
+                a.text,
+                a.token_ids,
+                a.finish_reason,
+                a.stop_reason,
+            )
+            if a.logprobs is not None:
+                for la, lb in zip(a.logprobs, b.logprobs, strict=True):
+                    assert la.keys() == lb.keys()
+                    assert all(abs(la[t].logprob - lb[t].logprob) < 1e-4 and la[t].rank == lb[t].rank for t in la)
+        stats = llm.spec_stats
+        assert len(stats) == len(PROMPTS) and sum(s.accepted for s in stats) > 0
+        assert sum(s.target_forwards for s in stats) < sum(len(o.outputs[0].token_ids) for o in got)
+        _all_back(llm)
+    # n > 1 and top-k in the batch: seeded samples reproduce, differ from each other; top_k=1 is greedy
+    llm = LLM(target, speculative_model=near, num_speculative_tokens=3)
+    two = SamplingParams(temperature=1.0, max_tokens=16, n=2, seed=7, ignore_eos=True)
+    o1, o2 = (llm.generate(PROMPTS[:3], two, use_tqdm=False) for _ in range(2))
+    assert [[c.token_ids for c in o.outputs] for o in o1] == [[c.token_ids for c in o.outputs] for o in o2]
+    assert all(o.outputs[0].token_ids != o.outputs[1].token_ids for o in o1)
+    top1 = SamplingParams(temperature=1.0, top_k=1, max_tokens=24, ignore_eos=True)
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, top1, use_tqdm=False)] == [
+        o.outputs[0].token_ids for o in plain.generate(PROMPTS, greedy, use_tqdm=False)
+    ]
+    _all_back(llm)
+
+
+def _registered_tokens_are_real(llm, prompts, params):
+    """Step the engine; after every step each running sequence's block-manager tokens are a prefix of
+    its real tokens, and every block in the prefix cache holds real tokens (never a rejected draft)."""
+    eng = llm.engine
+    for i, p in enumerate(prompts):
+        eng.add_request(f"r{i}", p, params)
+    ok = True
+    while eng.has_unfinished_requests():
+        eng.step()
+        m = eng.kv.manager
+        for seq in eng.scheduler.running:
+            toks = m.seqs[seq.seq_id].tokens
+            ok &= toks == seq.token_ids[: len(toks)]
+            for i, b in enumerate(m.seqs[seq.seq_id].table):
+                if m.hash_of[b] != NO_HASH:
+                    ok &= list(m.tokens_of[b]) == seq.token_ids[i * m.block_size : (i + 1) * m.block_size]
+    return ok
+
+
+def test_rollback_keeps_rejected_drafts_out_of_the_prefix_cache(models, monkeypatch):
+    torch.set_num_threads(1)
+    target, _, other = models  # an unrelated draft: most drafts are rejected
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    llm = LLM(target, speculative_model=other, num_speculative_tokens=4, block_size=4)
+    assert _registered_tokens_are_real(llm, PROMPTS, params)
+    _all_back(llm)
+    # broken: a rollback that keeps the rejected drafts' slots (no truncate) registers them
+    monkeypatch.setattr(BlockManager, "truncate", lambda self, seq_id, n: None)
+    llm = LLM(target, speculative_model=other, num_speculative_tokens=4, block_size=4)
+    assert not _registered_tokens_are_real(llm, PROMPTS, params)
+
+
+def _second_tokens(target, draft, params, n):
+    """The token produced by the first speculative step (the 2nd token: the 1st comes from the prefill)."""
+    llm = LLM(target, speculative_model=draft, num_speculative_tokens=2)
+    outs = llm.generate([[1, 2, 3]] * n, [dataclasses.replace(params, seed=s) for s in range(n)], use_tqdm=False)
+    assert all(len(s.accepted_per_step) >= 1 for s in llm.spec_stats)  # the 2nd token was speculated
+    return np.bincount([o.outputs[0].token_ids[1] for o in outs], minlength=target.cfg.vocab_size)
+
+
+def _marginal(target, params):
+    """P(2nd token) = sum over t1 of P(t1) P(t2 | t1), both the target's filtered distributions."""
+    with torch.no_grad():
+        p1 = filter_probs(
+            target(torch.tensor([[1, 2, 3]]))[0, -1].float(), params.temperature, params.top_k, params.top_p
+        )
+        t1 = torch.nonzero(p1).flatten()
+        x = torch.cat([torch.tensor([[1, 2, 3]]).expand(len(t1), 3), t1[:, None]], 1)
+        rows = target(x)[:, -1].float()
+    p2 = torch.stack([filter_probs(r, params.temperature, params.top_k, params.top_p) for r in rows])
+    return (p1[t1, None] * p2).sum(0).double().numpy()
+
+
+def _passes(counts, p, n):
+    """Nothing outside the support, and chi-square p > 1e-3 (bins with expected count < 5 merged)."""
+    support = p > 0
+    if counts[~support].sum():
+        return False
+    exp, obs = n * p[support] / p[support].sum(), counts[support]
+    small = exp < 5
+    if small.any():
+        exp = np.append(exp[~small], exp[small].sum())
+        obs = np.append(obs[~small], obs[small].sum())
+    return chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-3
+
+
+def test_sampled_tokens_follow_the_filtered_target_and_no_rejection_rule_fails(models, monkeypatch):
+    torch.set_num_threads(1)
+    target, _, other = models
+    n = 300
+    for params in (
+        SamplingParams(temperature=8.0, top_k=4, max_tokens=4, ignore_eos=True),
+        SamplingParams(temperature=8.0, top_p=0.6, max_tokens=4, ignore_eos=True),
+    ):
+        p = _marginal(target, params)
+        assert _passes(_second_tokens(target, other, params, n), p, n)
+    # broken: every draft accepted (no min(1, p/q) coin): the 2nd token follows the draft
+    monkeypatch.setattr(spec, "accept_prob", lambda pt, qt: torch.ones_like(pt))
+    params = SamplingParams(temperature=8.0, top_k=4, max_tokens=4, ignore_eos=True)
+    assert not _passes(_second_tokens(target, other, params, n), _marginal(target, params), n)
