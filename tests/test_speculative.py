@@ -2,7 +2,6 @@
 the broken rules caught by the same test, tokens per forward against the closed form."""
 
 import copy
-import dataclasses
 
 import numpy as np
 import pytest
