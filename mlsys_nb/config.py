@@ -371,6 +371,9 @@ PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "d
 ZERO_LAYOUTS = ("flat", "units", "fsdp2")
 KERNELS = ("fused", "eager")
 DEVICES = ("cuda", "cpu")
+FINETUNES = ("full", "lora", "qlora")
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # QLoRA: all linear
+OFFLOADS = ("none", "optimizer", "optimizer+params")
 
 
 @dataclass(frozen=True)
@@ -407,6 +410,15 @@ class TrainConfig:
     - ``device``: ``cuda`` (dropout masks 1 B/element) or ``cpu`` (masks in the activation dtype).
     - ``gpu``: name in ``data/hardware.yaml`` for the fits/OOM verdict; ``overhead_bytes``: CUDA
       context, allocator fragmentation etc. (default 0, typically 1-2 GB for the context).
+    - ``finetune``: ``full`` (every parameter trains); ``lora`` (Hu et al. 2021, arXiv:2106.09685: the base
+      frozen in the parameter dtype, rank-``lora_rank`` adapters on the blocks' linear layers named in
+      ``lora_targets`` train, with gradients, optimizer states and master copies for them only); ``qlora``
+      (Dettmers et al. 2023, arXiv:2305.14314: as ``lora``, with every linear weight of the blocks stored in
+      NF4 with double quantization, blocks of ``qlora_group_size`` weights).
+    - ``offload``: ``none``; ``optimizer`` (ZeRO-Offload, Ren et al. 2021, arXiv:2101.06840: the fp32 master,
+      the optimizer states and the gradients live on the host, which runs the update; the accelerator keeps
+      the parameters); ``optimizer+params`` (ZeRO-Infinity's CPU variant, Rajbhandari et al. 2021,
+      arXiv:2104.07857: the parameters too, fetched layer by layer for forward and backward).
     """
 
     micro_batch: int = 1
@@ -434,6 +446,11 @@ class TrainConfig:
     vocab_parallel: bool = True
     gpu: str = "H100-SXM"
     overhead_bytes: float = 0.0
+    finetune: str = "full"
+    lora_rank: int = 64
+    lora_targets: tuple = LORA_TARGETS
+    qlora_group_size: int = 64
+    offload: str = "none"
 
     def __post_init__(self):
         for name in ("micro_batch", "seq_len", "dp", "tp", "pp", "virtual_stages", "cp", "ep"):
@@ -453,8 +470,17 @@ class TrainConfig:
             ("kernels", KERNELS),
             ("device", DEVICES),
             ("zero_layout", ZERO_LAYOUTS),
+            ("finetune", FINETUNES),
+            ("offload", OFFLOADS),
         ):
             check_choice(name, getattr(self, name), allowed)
+        check_int("lora_rank", self.lora_rank)
+        check_int("qlora_group_size", self.qlora_group_size)
+        targets = (self.lora_targets,) if isinstance(self.lora_targets, str) else tuple(self.lora_targets)
+        object.__setattr__(self, "lora_targets", targets)
+        unknown = [x for x in targets if x not in LORA_TARGETS]
+        if not targets or unknown:
+            raise ArgumentError(f"lora_targets must be a non-empty subset of {LORA_TARGETS}, got {targets}")
         if self.sp and self.tp == 1:
             raise ValueError("sp=True needs tp > 1 (sequence parallelism lives inside the TP group)")
         if self.virtual_stages > 1 and self.pp_schedule != "interleaved-1f1b":

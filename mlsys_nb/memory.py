@@ -29,7 +29,16 @@ import math
 from functools import lru_cache
 from dataclasses import asdict, dataclass, field
 
-from .config import ModelConfig, TrainConfig, check_choice, check_int, load_model_preset, model_presets
+from .config import (
+    LORA_TARGETS,
+    ArgumentError,
+    ModelConfig,
+    TrainConfig,
+    check_choice,
+    check_int,
+    load_model_preset,
+    model_presets,
+)
 
 from .pipeline.closed_forms import peak_in_flight
 
@@ -52,6 +61,10 @@ __all__ = [
     "GiB",
     "format_playbook_bytes",
     "stage_layers",
+    "block_linear_shapes",
+    "lora_layer_params",
+    "block_linear_weights",
+    "finetune_elements",
 ]
 
 GB = 1e9
@@ -286,10 +299,80 @@ def model_state_bytes(
     )
 
 
+# ---- fine-tuning: LoRA / QLoRA -----------------------------------------------------------------
+_ROW_PARALLEL = ("o_proj", "down_proj")  # Megatron: input dimension split over TP; the others split the output
+
+
+def block_linear_shapes(model: ModelConfig) -> dict[str, tuple[int, int]]:
+    """``{name: (in_features, out_features)}`` of one block's linear layers (dense models without MLA)."""
+    cfg = model
+    if cfg.is_moe or cfg.kv_lora_rank:
+        raise ArgumentError(f"model must be a dense model without MLA for LoRA's closed forms, got {cfg.name!r}")
+    h, q, kv, f = cfg.hidden, cfg.q_dim, cfg.kv_dim, cfg.ffn_hidden
+    shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "up_proj": (h, f)}
+    shapes["down_proj"] = (f, h)
+    if cfg.activation == "swiglu":
+        shapes["gate_proj"] = (h, f)
+    return shapes
+
+
+def _rank_shapes(model: ModelConfig, tp: int) -> dict[str, tuple[float, float]]:
+    """``block_linear_shapes`` as one TP rank holds them: column-parallel layers keep ``out/tp`` outputs (K and V:
+    their KV heads, replicated past ``n_kv_heads`` as ``_attn_params`` counts them), row-parallel ones ``in/tp``."""
+    kv_heads_rank = model.n_kv_heads / tp if tp <= model.n_kv_heads else 1
+    out = {}
+    for name, (i, o) in block_linear_shapes(model).items():
+        if name in _ROW_PARALLEL:
+            out[name] = (i / tp, o)
+        elif name in ("k_proj", "v_proj"):
+            out[name] = (i, model.head_dim * kv_heads_rank)
+        else:
+            out[name] = (i, o / tp)
+    return out
+
+
+def block_linear_weights(model: ModelConfig, tp: int = 1) -> float:
+    """Weights (elements, biases excluded) of one block's linear layers that one TP rank holds."""
+    return sum(i * o for i, o in _rank_shapes(model, tp).values())
+
+
+def lora_layer_params(model: ModelConfig, r: int, targets=LORA_TARGETS, tp: int = 1) -> float:
+    """LoRA parameters (elements) one TP rank holds for one block: ``r·(in + out)`` per targeted linear layer
+    (Hu et al. 2021, arXiv:2106.09685) with ``in``/``out`` as the rank holds them: on a column-parallel layer A
+    (``in → r``) is replicated and B split with the output, on a row-parallel one A is split with the input and
+    B (``r → out``) replicated."""
+    check_int("r", r, 1)
+    shapes = _rank_shapes(model, tp)
+    unknown = [x for x in targets if x not in shapes]
+    if unknown:
+        raise ArgumentError(f"targets must be among {sorted(shapes)}, got {unknown}")
+    return sum(r * (shapes[x][0] + shapes[x][1]) for x in targets)
+
+
+def finetune_elements(model: ModelConfig, train: TrainConfig, n_rank: float, layers: int) -> dict[str, float]:
+    """Elements one rank holds under ``train.finetune``, before ZeRO: ``frozen`` (in the parameter dtype),
+    ``quantized`` (QLoRA: the blocks' linear weights, stored in NF4) and ``trainable``. ``n_rank``: the model's
+    parameters on this rank (TP/PP/EP applied), ``layers``: its transformer layers."""
+    t = train
+    if t.finetune == "full":
+        return dict(frozen=0.0, quantized=0.0, trainable=n_rank)
+    trainable = layers * lora_layer_params(model, t.lora_rank, t.lora_targets, t.tp)
+    quantized = layers * block_linear_weights(model, t.tp) if t.finetune == "qlora" else 0.0
+    return dict(frozen=n_rank - quantized, quantized=quantized, trainable=trainable)
+
+
+def _nf4_bytes_per_weight(t: TrainConfig) -> float:
+    """Bytes per NF4 weight with double quantization (QLoRA's base), from the format's owner."""
+    from .quant.formats import bits_per_weight
+
+    return bits_per_weight("nf4", t.qlora_group_size, True) / 8
+
+
 # ---- activations -------------------------------------------------------------------------------
 # A term: (name, bytes per token, how TP shards it). Kinds: "rep" = h-wide tensor replicated in the
 # TP group (sharded /tp only under SP); "tp" = head- or FFN-split (/tp); "s2" = per token x s
-# attention-score tensors (split over heads: /tp); "const" = per layer, not per token.
+# attention-score tensors (split over heads: /tp); "const" = per layer, not per token; "full" = per token,
+# replicated on every TP rank even under SP (LoRA's r-wide A outputs).
 def _norm_terms(m: ModelConfig, B: int, eager: bool, where: str) -> list:
     h = m.hidden
     if m.norm == "layernorm":  # native_layer_norm: input + mean + rstd (activation dtype on CPU)
@@ -381,12 +464,15 @@ def layer_terms(
         terms += ffn(m.ffn_hidden, "mlp")
     if drop:
         terms += [("mlp output dropout mask", M * h, "rep")]
+    if t.finetune != "full":  # each adapter's r-wide A output, saved for B's weight gradient; A's input is the
+        # tensor the frozen layer would have saved anyway (first order: everything else unchanged)
+        terms += [("LoRA A outputs (B inputs)", B * t.lora_rank * len(t.lora_targets), "full")]
     out = []
     for name, per_tok, kind in terms:
         if kind == "const":
             out.append((name, per_tok))
             continue
-        div = t.tp if (kind in ("tp", "s2") or t.sp) else 1
+        div = 1 if kind == "full" else (t.tp if (kind in ("tp", "s2") or t.sp) else 1)
         out.append((name, per_tok * tokens / div))
     return out
 
@@ -437,7 +523,11 @@ class Breakdown:
     ``activations`` = ``activations_layers`` (all layers on this rank x in-flight micro-batches) +
     ``activations_outside`` (embedding, final norm, head, loss); ``temporary``: transient buffers at
     the peak (ZeRO-3 gathered layers, recompute working set or logits gradient); ``overhead``:
-    ``train.overhead_bytes``; ``total`` their sum. ``fits`` compares ``total`` with the GPU."""
+    ``train.overhead_bytes``; ``total`` their sum. ``fits`` compares ``total`` with the GPU. With ``train.offload``
+    the model-state fields are what stays on the accelerator, ``host`` the bytes held in host memory
+    (``detail["host"]`` by state) and ``offload_bytes_per_step`` the host-link traffic of one step
+    (``detail["offload"]``, ``checkpoint.offload.offload_bytes_per_step``); with ``train.finetune`` "lora" or
+    "qlora", ``params`` = frozen base + adapters (``detail["finetune"]``), the other states the adapters'."""
 
     params: float
     grads: float
@@ -459,6 +549,8 @@ class Breakdown:
     gpu: str
     gpu_memory: float
     mode: str = "default"
+    host: float = 0.0  # bytes held in host memory with train.offload (0 without)
+    offload_bytes_per_step: float = 0.0  # bytes over the host link per optimizer step with train.offload
     terms: list = field(default_factory=list, repr=False)  # one layer's (name, bytes)
     detail: dict = field(default_factory=dict, repr=False)
 
@@ -599,6 +691,39 @@ def stage_params(m: ModelConfig, t: TrainConfig, stage: int) -> tuple[float, flo
     return dense, expert, largest, per
 
 
+_DTYPE_OF_BYTES = {4: "fp32", 2: "bf16", 1: "fp8"}
+
+
+def _offload(t: TrainConfig, bpp: dict, states: dict, n_opt: float) -> tuple[dict, dict]:
+    """Move the offloaded states of ``states`` (bytes, edited in place) to the host: returns (host bytes by
+    state, the step's traffic from ``checkpoint.offload.offload_bytes_per_step``). Model, as ``OffloadAdamW``
+    runs it: the host holds an fp32 copy of the parameters it updates (the master), fp32 gradients and the
+    optimizer states; the accelerator none of them (gradients stream out during backward; its bucket is not
+    counted); ``optimizer+params`` moves the parameters too. ``n_opt``: elements the optimizer updates here."""
+    if t.offload == "none":
+        return {}, {}
+    from .checkpoint.offload import offload_bytes_per_step
+
+    grad_b, param_b = bpp["grad"], bpp["param"]
+    if grad_b not in _DTYPE_OF_BYTES or param_b not in _DTYPE_OF_BYTES:
+        raise ArgumentError(
+            f"offload={t.offload!r} needs parameters and gradients of 1, 2 or 4 bytes, got {param_b} and {grad_b} "
+            f"(precision={t.precision!r}, fp32_grad_accum={t.fp32_grad_accum})"
+        )
+    on_host = t.offload == "optimizer+params"
+    if on_host and t.finetune != "full":
+        raise ArgumentError(f"offload='optimizer+params' is modelled for finetune='full' only, got {t.finetune!r}")
+    host = {"master (fp32)": 4.0 * n_opt, "gradients (fp32)": 4.0 * n_opt, "optimizer": states["optimizer"]}
+    if on_host:
+        host["parameters"] = states["param"]
+        states["param"] = 0.0
+    states["grad"] = states["optimizer"] = states["master"] = 0.0
+    traffic = offload_bytes_per_step(
+        int(round(n_opt)), _DTYPE_OF_BYTES[grad_b], _DTYPE_OF_BYTES[param_b], params_on_host=on_host
+    )
+    return host, traffic
+
+
 def estimate(
     model: ModelConfig, train: TrainConfig | None = None, *, stage: int | None = None, compat: str | None = None
 ) -> Breakdown:
@@ -645,6 +770,26 @@ def estimate(
             stages.append(mirror)
         states = {}
         exact = t.zero_layout != "flat" and t.zero >= 1 and zgroup > 1 and t.tp == t.pp == t.ep == t.cp == 1
+        exact = exact and t.finetune == "full"  # the units' padding is the full model's
+        ft_detail = {}
+        if t.finetune != "full":  # LoRA / QLoRA: the frozen base and the adapters, ZeRO over dp x cp
+            fe = finetune_elements(model, t, dense + expert, nlay)
+
+            def z(n: float, zmin: int) -> float:
+                return _sharded(n, zgroup, t.zero >= zmin)
+
+            frozen = bpp["param"] * z(fe["frozen"], 3)
+            if fe["quantized"]:
+                frozen += z(fe["quantized"], 3) * _nf4_bytes_per_weight(t)
+            adapters = bpp["param"] * z(fe["trainable"], 3)
+            states = dict(
+                param=frozen + adapters,
+                grad=bpp["grad"] * z(fe["trainable"], 2),
+                optimizer=bpp["optimizer"] * z(fe["trainable"], 1),
+                master=bpp["master"] * z(fe["trainable"], 1),
+            )
+            n_opt = z(fe["trainable"], 1)
+            ft_detail = dict(fe, frozen_bytes=frozen, adapter_bytes=adapters)
         if exact:  # the implementation's own padding (see TrainConfig.zero_layout)
             el = sharded_elements(model, zgroup, t.zero_layout)
             full = el["full"] if t.zero_layout == "units" else el["total"]
@@ -655,11 +800,15 @@ def estimate(
                 master=el["shard"],
             )
             states = {key: bpp[key] * held[key] for key in held}
+            n_opt = held["optimizer"]
         for key, zmin in (("param", 3), ("grad", 2), ("optimizer", 1), ("master", 1)):
-            if exact:
+            if exact or ft_detail:
                 break
             n = _sharded(dense, zgroup, t.zero >= zmin) + _sharded(expert, egroup, t.zero >= zmin)
             states[key] = bpp[key] * n
+            if key == "optimizer":
+                n_opt = n
+        host, traffic = _offload(t, bpp, states, n_opt)
         stage_layer = _stage_range(model, t, st).start
         acts_layers = sum(
             n * one_layer(i) for s_ in stages for i, n in _kinds(model, _stage_range(model, t, s_)).items()
@@ -678,6 +827,8 @@ def estimate(
         if t.zero >= 3 and zgroup > 1:  # current + prefetched gathered layer
             if exact and t.zero_layout == "units":  # a unit is gathered into its padded flat buffer
                 largest = math.ceil(largest / zgroup) * zgroup
+            temp["ZeRO-3 gathered layers (2 x largest)"] = 2 * largest * bpp["param"]
+        elif t.offload == "optimizer+params":  # the layer being computed and the one being fetched
             temp["ZeRO-3 gathered layers (2 x largest)"] = 2 * largest * bpp["param"]
         if t.recompute != "none":
             work = one_layer(stage_layer, "none")
@@ -714,7 +865,9 @@ def estimate(
                 gpu=t.gpu,
                 gpu_memory=gpu.memory_bytes,
                 terms=per_layer_terms,
-                detail={"temporary": temp, "outside": outside},
+                detail={"temporary": temp, "outside": outside, "host": host, "offload": traffic, "finetune": ft_detail},
+                host=sum(host.values()),
+                offload_bytes_per_step=traffic.get("total", 0.0),
             )
         )
     return max(results, key=lambda r: r.total)

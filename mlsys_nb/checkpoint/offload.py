@@ -46,6 +46,7 @@ class OffloadAdamW:
         for p, m in zip(self.params, self.master):
             m.grad.copy_(p.grad)  # device -> host (cast up to fp32 if the gradient is bf16/fp16)
             self.bytes_to_host += p.grad.numel() * p.grad.element_size()
+            p.grad = None  # the device no longer holds it (ZeRO-Offload streams gradients out during backward)
 
     def _parameters_to_device(self) -> None:
         import torch
@@ -64,6 +65,10 @@ class OffloadAdamW:
         for p in self.params:
             p.grad = None
 
+    def host_bytes(self) -> int:
+        """Bytes this optimizer holds on the host: ``state_bytes()`` plus the fp32 gradient copies."""
+        return self.state_bytes() + sum(m.grad.numel() * m.grad.element_size() for m in self.master)
+
     def state_bytes(self) -> int:
         """Bytes of optimizer state held on the host (master copy and AdamW's two moments)."""
         total = sum(m.numel() * m.element_size() for m in self.master)
@@ -72,11 +77,15 @@ class OffloadAdamW:
         return total
 
 
-def offload_bytes_per_step(n_params: int, grad_dtype="bf16", param_dtype="bf16") -> dict:
+def offload_bytes_per_step(n_params: int, grad_dtype="bf16", param_dtype="bf16", *, params_on_host=False) -> dict:
     """Bytes one step moves: gradients to the host (``n · bytes(grad)``) and parameters back
-    (``n · bytes(param)``); bf16 both ways is ZeRO-Offload's ``2Ψ + 2Ψ = 4Ψ``."""
+    (``n · bytes(param)``); bf16 both ways is ZeRO-Offload's ``2Ψ + 2Ψ = 4Ψ``. ``params_on_host``
+    (ZeRO-Infinity's CPU offload of the parameters): they stay on the host and are fetched twice per step,
+    for forward and for backward (``2n · bytes(param)``), while the updated ones need not come back."""
     n = check_int("n_params", n_params, 1)
     down, up = n * dtype_bytes(grad_dtype, "grad_dtype"), n * dtype_bytes(param_dtype, "param_dtype")
+    if params_on_host:
+        up = 2 * up
     return {"to_host": down, "to_device": up, "total": down + up}
 
 

@@ -33,6 +33,23 @@ DOUBLE_QUANT_BLOCK = 256  # absmax values per second-level scale (QLoRA)
 NF4_OFFSET = 0.9677083  # QLoRA's quantile offset: (1 - 1/(2·15) + 1 - 1/(2·16)) / 2
 
 
+def bits_per_weight(scheme: str, group_size: int | None = None, double_quant: bool = False) -> float:
+    """Stored bits per weight of ``quantize(w, scheme, group_size=...)`` for a large tensor (codes + scales +
+    zero points; the per-tensor constants vanish)."""
+    check_choice("scheme", scheme, SCHEMES)
+    g = DEFAULT_GROUP[scheme] if group_size is None else group_size
+    if g is None:
+        return 8.0
+    check_int("group_size", g, 1)
+    if scheme == "int8":
+        return 8 + 32 / g
+    if scheme == "int4":
+        return 4 + (16 + 16) / g
+    if double_quant:
+        return 4 + 8 / g + 32 / (DOUBLE_QUANT_BLOCK * g)
+    return 4 + 32 / g
+
+
 # QLoRA's published NF4 values (Dettmers et al. 2023, arXiv:2305.14314, appendix E; the float32 table of its
 # reference implementation, bitsandbytes), ascending.
 NF4_PUBLISHED = (

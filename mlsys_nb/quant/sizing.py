@@ -11,53 +11,35 @@
 - ``finetune_bytes(model, method, r=64)``: model states of a fine-tune, activations excluded: weights in
   ``dtype`` (bf16) or NF4, gradients in ``dtype`` and AdamW's two fp32 moments for the trainable parameters (the
   accounting of the QLoRA paper's figures: LLaMA-65B needs > 780 GB for 16-bit full fine-tuning, < 48 GB with
-  QLoRA; tested).
+  QLoRA; tested). The formula's owner is ``memory.estimate`` (``TrainConfig(finetune=...)``, which also shards
+  it over ZeRO/TP/PP and adds activations); ``finetune_bytes`` reads its model-state terms for one GPU.
+- ``bits_per_weight`` lives in ``formats`` (the stored layout's owner) and ``linear_shapes`` / ``lora_params``
+  call ``memory.block_linear_shapes`` / ``memory.lora_layer_params``; they are re-exported here.
 """
 
 from __future__ import annotations
 
-from ..config import ArgumentError, as_model_config, check_choice, check_int, dtype_bytes
-from ..memory import param_count
-from .formats import DEFAULT_GROUP, DOUBLE_QUANT_BLOCK, SCHEMES
+from ..config import LORA_TARGETS, TrainConfig, as_model_config, check_choice, check_int, dtype_bytes
+from ..memory import block_linear_shapes, block_linear_weights, estimate, lora_layer_params, param_count
+from .formats import bits_per_weight
 
-LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+__all__ = ["bits_per_weight", "linear_shapes", "block_linear_params", "quantized_weight_bytes", "lora_params"]
+__all__ += ["finetune_bytes", "LINEAR_NAMES", "METHODS"]
+
+LINEAR_NAMES = LORA_TARGETS
 METHODS = ("full", "lora", "qlora")
 
 
-def bits_per_weight(scheme: str, group_size: int | None = None, double_quant: bool = False) -> float:
-    """Stored bits per weight of ``quantize(w, scheme, group_size=...)`` for a large tensor (codes + scales +
-    zero points; the per-tensor constants vanish)."""
-    check_choice("scheme", scheme, SCHEMES)
-    g = DEFAULT_GROUP[scheme] if group_size is None else group_size
-    if g is None:
-        return 8.0
-    check_int("group_size", g, 1)
-    if scheme == "int8":
-        return 8 + 32 / g
-    if scheme == "int4":
-        return 4 + (16 + 16) / g
-    if double_quant:
-        return 4 + 8 / g + 32 / (DOUBLE_QUANT_BLOCK * g)
-    return 4 + 32 / g
-
-
 def linear_shapes(model) -> dict:
-    """``{name: (in_features, out_features)}`` of one block's linear layers (dense models)."""
-    cfg = as_model_config(model)
-    if cfg.is_moe or cfg.kv_lora_rank:
-        raise ArgumentError(f"model must be a dense model without MLA for these closed forms, got {cfg.name!r}")
-    h, q, kv, f = cfg.hidden, cfg.q_dim, cfg.kv_dim, cfg.ffn_hidden
-    shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "up_proj": (h, f)}
-    shapes["down_proj"] = (f, h)
-    if cfg.activation == "swiglu":
-        shapes["gate_proj"] = (h, f)
-    return shapes
+    """``{name: (in_features, out_features)}`` of one block's linear layers (dense models):
+    ``memory.block_linear_shapes``."""
+    return block_linear_shapes(as_model_config(model))
 
 
 def block_linear_params(model) -> int:
     """Weights of the linear layers of all blocks (no embedding, no LM head, no norms, no biases)."""
     cfg = as_model_config(model)
-    return cfg.n_layers * sum(i * o for i, o in linear_shapes(cfg).values())
+    return int(cfg.n_layers * block_linear_weights(cfg))
 
 
 def quantized_weight_bytes(
@@ -72,36 +54,41 @@ def quantized_weight_bytes(
 
 
 def lora_params(model, r: int, targets=LINEAR_NAMES) -> int:
-    """Trainable LoRA parameters: r·(in + out) for each targeted linear layer of every block."""
+    """Trainable LoRA parameters: r·(in + out) for each targeted linear layer of every block
+    (``memory.lora_layer_params`` times the layers)."""
     cfg = as_model_config(model)
-    check_int("r", r, 1)
-    shapes = linear_shapes(cfg)
-    unknown = [t for t in targets if t not in shapes]
-    if unknown:
-        raise ArgumentError(f"targets must be among {sorted(shapes)}, got {unknown}")
-    return cfg.n_layers * sum(r * (shapes[t][0] + shapes[t][1]) for t in targets)
+    return int(cfg.n_layers * lora_layer_params(cfg, r, tuple(targets)))
+
+
+_PRECISION_OF_DTYPE = {"bf16": "bf16-nomaster", "fp16": "bf16-nomaster", "fp32": "fp32"}
 
 
 def finetune_bytes(
     model, method: str, *, r: int = 64, targets=LINEAR_NAMES, dtype="bf16", group_size: int = 64
 ) -> dict:
-    """Model-state bytes of fine-tuning ``model`` by ``method`` ("full", "lora", "qlora"), activations excluded:
-    ``weights`` (frozen base or all weights; QLoRA: the blocks' linear layers in NF4 with double quantization),
-    ``adapters`` (LoRA's A and B in ``dtype``), ``grads`` (``dtype``, trainable parameters only), ``optimizer``
-    (AdamW: two fp32 moments per trainable parameter) and ``total``."""
+    """Model-state bytes of fine-tuning ``model`` by ``method`` ("full", "lora", "qlora") on one GPU, activations
+    excluded: ``weights`` (frozen base or all weights; QLoRA: the blocks' linear layers in NF4 with double
+    quantization), ``adapters`` (LoRA's A and B in ``dtype``), ``grads`` (``dtype``, trainable parameters only),
+    ``optimizer`` (AdamW: two fp32 moments per trainable parameter) and ``total``. A thin caller of
+    ``memory.estimate`` with ``TrainConfig(finetune=method, precision=...)`` (``dtype`` bf16/fp16:
+    "bf16-nomaster", no fp32 master copy, as the QLoRA paper counts; fp32: "fp32")."""
     check_choice("method", method, METHODS)
+    check_choice("dtype", dtype, _PRECISION_OF_DTYPE)
+    check_int("r", r, 1)
     cfg = as_model_config(model)
-    p = param_count(cfg).total
-    b = dtype_bytes(dtype)
+    train = TrainConfig(
+        precision=_PRECISION_OF_DTYPE[dtype],
+        optimizer="adamw",
+        finetune=method,
+        lora_rank=r,
+        lora_targets=tuple(targets),
+        qlora_group_size=group_size,
+    )
+    est = estimate(cfg, train)
     if method == "full":
-        weights, trainable, adapters = p * b, p, 0.0
+        weights, adapters = est.params, 0.0
     else:
-        trainable = lora_params(cfg, r, targets)
-        adapters = trainable * b
-        if method == "lora":
-            weights = p * b
-        else:
-            weights = quantized_weight_bytes(cfg, "nf4", group_size, True, other_dtype=dtype)
-    out = dict(weights=weights, adapters=adapters, grads=trainable * b, optimizer=8.0 * trainable)
+        weights, adapters = est.detail["finetune"]["frozen_bytes"], est.detail["finetune"]["adapter_bytes"]
+    out = dict(weights=weights, adapters=adapters, grads=est.grads, optimizer=est.optimizer)
     out["total"] = sum(out.values())
     return out
