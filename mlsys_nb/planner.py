@@ -569,6 +569,73 @@ def _train_config(ctx: _Ctx, lay: Layout, m: int) -> TrainConfig:
     )
 
 
+def _ctx_memo(ctx: _Ctx, fn, *args):
+    """``fn(ctx, *args)`` remembered in the context (the communication terms: a few hundred distinct
+    argument tuples among ~10^5 layouts)."""
+    key = (fn, *args)
+    try:
+        return ctx.memo[key]
+    except KeyError:
+        out = ctx.memo[key] = fn(ctx, *args)
+        return out
+
+
+def _tp_cp_comm(ctx: _Ctx, tp: int, cp: int, mb: int, n_lay: int, full: bool) -> tuple:
+    """(TP seconds, CP seconds per micro-batch, TP link, CP link). Rank order tp, cp, ep, dp/ep, pp.
+    TP with sequence parallelism: all-gather + reduce-scatter of the activations twice per layer and
+    forward pass (fwd, bwd, + re-fwd with full recomputation); CP: all-gather of K and V per forward
+    pass, reduce-scatter of their gradients in backward."""
+    model = ctx.model
+    tp_l = _link(ctx, 1, tp)
+    cp_l = _link(ctx, tp, cp)
+    tokens = mb * ctx.seq_len  # one micro-batch, before CP
+    act = tokens / cp * model.hidden * _ACT_BYTES  # one micro-batch's hidden states on this CP rank
+    n_rc = 3 if full else 2  # forward passes with TP/CP traffic (fwd, bwd, re-fwd)
+    tp_t = n_lay * n_rc * 2 * (_coll("all_gather", act, tp, *tp_l[1:]) + _coll("reduce_scatter", act, tp, *tp_l[1:]))
+    kv_heads = model.n_heads if model.kv_lora_rank else model.n_kv_heads
+    kv = 2 * tokens * kv_heads * model.head_dim * _ACT_BYTES / min(tp, kv_heads)
+    cp_t = n_lay * (n_rc - 1) * _coll("all_gather", kv, cp, *cp_l[1:]) + n_lay * _coll(
+        "reduce_scatter", kv, cp, *cp_l[1:]
+    )
+    return tp_t, cp_t, tp_l[0], cp_l[0]
+
+
+def _ep_comm(ctx: _Ctx, tp: int, cp: int, ep: int, mb: int, n_moe: float) -> tuple:
+    """(EP seconds per micro-batch: dispatch + combine all-to-all per MoE layer, forward and backward; link)."""
+    model = ctx.model
+    ep_l = _link(ctx, tp * cp, ep)
+    copies = ctx.ep_copies if ctx.ep_copies is not None else (model.top_k or 1)
+    a2a = mb * ctx.seq_len / cp / tp * copies * model.hidden * ctx.ep_bytes  # one rank's send buffer
+    return (n_moe * 4 * _coll("all_to_all", a2a, ep, *ep_l[1:]) if ep > 1 else 0.0), ep_l[0]
+
+
+def _pp_comm(ctx: _Ctx, tp: int, cp: int, dp: int, pp: int, mb: int) -> tuple:
+    """(seconds of one activation send between stages per micro-batch, link)."""
+    pp_l = _link(ctx, tp * cp * dp, pp)
+    act = mb * ctx.seq_len / cp * ctx.model.hidden * _ACT_BYTES
+    return ((pp_l[1] + act / (tp if tp > 1 else 1) / pp_l[2]) if pp > 1 else 0.0), pp_l[0]
+
+
+def _dp_comm(ctx: _Ctx, tp: int, cp: int, ep: int, dp: int, pp: int, dual: bool, zero3: bool, m: int) -> tuple:
+    """(DP seconds per step: gradient all-reduce over dp x cp, experts over dp x cp / ep; ZeRO-3 also
+    gathers parameters in forward and backward of every micro-batch; link)."""
+    dp_l = _link(ctx, tp, cp * dp)  # gradients reduced over dp x cp
+    d_par, e_par = _memo(ctx, _stage_states, tp, pp, ep, dual)
+    gbytes = _ACT_BYTES  # bf16 gradients on the wire
+    zg = dp * cp
+    dp_grad = _coll("all_reduce", d_par * gbytes, zg, *dp_l[1:]) + _coll(
+        "all_reduce", e_par * gbytes, zg // ep, *dp_l[1:]
+    )
+    z3 = 0.0
+    if zero3:  # gather parameters in forward and backward of every micro-batch
+        z3 = (
+            2
+            * m
+            * (_coll("all_gather", d_par * 2, zg, *dp_l[1:]) + _coll("all_gather", e_par * 2, zg // ep, *dp_l[1:]))
+        )
+    return dp_grad + z3, dp_l[0]
+
+
 def _pieces(ctx: _Ctx, lay: Layout) -> dict | None:
     """The calibration-free pieces of a layout's step (seconds at the datasheet peak and bandwidths,
     per micro-batch unless named otherwise); None if the schedule does not accept (pp, m, v).
@@ -586,48 +653,18 @@ def _pieces(ctx: _Ctx, lay: Layout) -> dict | None:
     fwd = fwd_tok * tokens / (lay.tp * lay.cp)  # forward FLOPs of one micro-batch on this rank
     f_at = core_tok * tokens / (lay.tp * lay.cp)  # of which in the attention kernel
     rc_at = {"none": 0.0, "selective": scores_tok * tokens / (lay.tp * lay.cp), "full": f_at}[lay.recompute]
-    # links: rank order tp, cp, ep, dp/ep, pp
-    tp_l = _link(ctx, 1, lay.tp)
-    cp_l = _link(ctx, lay.tp, lay.cp)
-    ep_l = _link(ctx, lay.tp * lay.cp, lay.ep)
-    dp_l = _link(ctx, lay.tp, lay.cp * lay.dp)  # gradients reduced over dp x cp
-    pp_l = _link(ctx, lay.tp * lay.cp * lay.dp, lay.pp)
-    h = model.hidden
-    act = tokens / lay.cp * h * _ACT_BYTES  # one micro-batch's hidden states on this CP rank
-    n_rc = 3 if lay.recompute == "full" else 2  # forward passes with TP/CP traffic (fwd, bwd, re-fwd)
-    tp_t = (
-        n_lay
-        * n_rc
-        * 2
-        * (_coll("all_gather", act, lay.tp, *tp_l[1:]) + _coll("reduce_scatter", act, lay.tp, *tp_l[1:]))
+    tp_t, cp_t, tp_l, cp_l = _ctx_memo(
+        ctx, _tp_cp_comm, lay.tp, lay.cp, lay.micro_batch, n_lay, lay.recompute == "full"
     )
-    kv_heads = model.n_heads if model.kv_lora_rank else model.n_kv_heads
-    kv = 2 * tokens * kv_heads * model.head_dim * _ACT_BYTES / min(lay.tp, kv_heads)
-    cp_t = n_lay * (n_rc - 1) * _coll("all_gather", kv, lay.cp, *cp_l[1:]) + n_lay * _coll(
-        "reduce_scatter", kv, lay.cp, *cp_l[1:]
-    )
-    copies = ctx.ep_copies if ctx.ep_copies is not None else (model.top_k or 1)
-    a2a = tokens / lay.cp / lay.tp * copies * h * ctx.ep_bytes  # one rank's send buffer
-    ep_raw = n_moe * 4 * _coll("all_to_all", a2a, lay.ep, *ep_l[1:]) if lay.ep > 1 else 0.0
-    p2p = (pp_l[1] + act / (lay.tp if lay.tp > 1 else 1) / pp_l[2]) if lay.pp > 1 else 0.0
+    ep_raw, ep_l = _ctx_memo(ctx, _ep_comm, lay.tp, lay.cp, lay.ep, lay.micro_batch, n_moe)
+    p2p, pp_l = _ctx_memo(ctx, _pp_comm, lay.tp, lay.cp, lay.dp, lay.pp, lay.micro_batch)
     pp_t = 2 * (lay.v if lay.schedule == "interleaved-1f1b" else 1) * p2p
-    d_par, e_par = _memo(ctx, _stage_states, lay.tp, lay.pp, lay.ep, dual)
-    gbytes = _ACT_BYTES  # bf16 gradients on the wire
-    zg = lay.dp * lay.cp
-    dp_grad = _coll("all_reduce", d_par * gbytes, zg, *dp_l[1:]) + _coll(
-        "all_reduce", e_par * gbytes, zg // lay.ep, *dp_l[1:]
-    )
-    z3 = 0.0
-    if lay.zero >= 3:  # gather parameters in forward and backward of every micro-batch
-        z3 = (
-            2
-            * m
-            * (_coll("all_gather", d_par * 2, zg, *dp_l[1:]) + _coll("all_gather", e_par * 2, zg // lay.ep, *dp_l[1:]))
-        )
+    dp_t, dp_l = _ctx_memo(ctx, _dp_comm, lay.tp, lay.cp, lay.ep, lay.dp, lay.pp, dual, lay.zero >= 3, m)
+    h = model.hidden
     # non-matmul work (norms, residual adds, activations, dropout, softmax bookkeeping): memory-bound,
     # seconds per micro-batch for 1 byte per token per hidden unit per layer at HBM bandwidth
     elem = n_lay * tokens / (lay.tp * lay.cp) * h / ctx.hbm * (4.0 / 3.0 if lay.recompute == "full" else 1.0)
-    links = {"tp": tp_l[0], "cp": cp_l[0], "ep": ep_l[0], "dp": dp_l[0], "pp": pp_l[0]}
+    links = {"tp": tp_l, "cp": cp_l, "ep": ep_l, "dp": dp_l, "pp": pp_l}
     return dict(
         m=m,
         ratio=ratio,
@@ -641,7 +678,7 @@ def _pieces(ctx: _Ctx, lay: Layout) -> dict | None:
         ep=ep_raw,
         dual=dual,
         pp=pp_t,
-        dp=dp_grad + z3,
+        dp=dp_t,
         elem=elem,
         links=links,
     )
