@@ -13,7 +13,9 @@ Voilà (``make dashboard``). It computes nothing itself: each tab is a widget ob
 
 and the dashboard adds what is common: a numbers view (``refresh(key)``, ``numbers_html(key)``),
 figure/CSV export (``export``, ``show_exports``), and a shareable configuration (``state``/``set_state``,
-JSON text or a ``?config=...`` query string that Voilà passes to the kernel). ``self_check`` drives
+JSON text or a ``?config=...`` query string that Voilà passes to the kernel). The share link holds only
+the settings that differ from the defaults (``changed_state``), stays current after every redraw and
+is copied to the clipboard with one click (a browser-side button). ``self_check`` drives
 every tab with its probe and its invalid combination.
 """
 
@@ -160,9 +162,10 @@ class Dashboard:
         )
         self.config_text.add_class("mlsys-config")
         self.link_text = W.HTML()
+        self.link_text.add_class("mlsys-share-link")
         self.share_message = W.HTML()
         self.share_message.add_class("mlsys-share-message")
-        copy_btn = W.Button(description="Copy configuration", icon="link", layout=W.Layout(width="200px"))
+        copy_btn = W.Button(description="Show configuration", icon="code", layout=W.Layout(width="200px"))
         load_btn = W.Button(description="Load", icon="upload")
         copy_btn.add_class("mlsys-copy")
         load_btn.add_class("mlsys-load")
@@ -171,16 +174,19 @@ class Dashboard:
         share = W.VBox(
             [
                 W.HTML("<b>Share these settings</b>"),
+                self.link_text,
                 W.HBox([copy_btn, load_btn]),
                 self.config_text,
-                self.link_text,
                 self.share_message,
             ]
         )
         self.widget = W.VBox([self.tab, share], layout=W.Layout(max_width="1200px"))
         self.widget.add_class("mlsys-dashboard")
+        self.defaults = {k: t.state() for k, t in self.tabs.items()}  # what a link leaves out
+        self.tab.observe(lambda _: self.show_link(), names="selected_index")
         if config:
             self.set_state(json.loads(config) if isinstance(config, str) else config)
+        self.show_link()
 
     # ---- per-tab panel ------------------------------------------------------------------------
     def _panel(self, spec: TabSpec, obj):
@@ -211,6 +217,8 @@ class Dashboard:
             f'<span class="mlsys-error">{obj.error}</span>' if obj.error else _html_table(obj.table())
         )
         self._exports[key].value = ""  # stale links would export the old figure
+        if hasattr(self, "defaults"):  # the share link follows every change (not during construction)
+            self.show_link()
 
     def numbers_html(self, key: str) -> str:
         """The HTML the tab's numbers view shows: its table, or its error in a ``mlsys-error`` span."""
@@ -265,9 +273,42 @@ class Dashboard:
             self._tab(state["tab"])
             self.tab.selected_index = list(self.tabs).index(state["tab"])
 
+    def changed_state(self) -> dict:
+        """The settings that differ from a fresh dashboard's, per tab, and the selected tab unless it
+        is the first: what a link needs, since the page it opens starts from the defaults."""
+        out = {}
+        state = self.state()
+        if state["tab"] != next(iter(self.tabs)):
+            out["tab"] = state["tab"]
+        for key, tab_state in state.items():
+            if key == "tab":
+                continue
+            changed = {k: v for k, v in tab_state.items() if self.defaults[key].get(k) != v}
+            if changed:
+                out[key] = changed
+        return out
+
     def to_query(self) -> str:
-        """The configuration as a URL query string, ``config=<url-encoded JSON>``."""
-        return urllib.parse.urlencode({"config": json.dumps(self.state(), separators=(",", ":"))})
+        """The configuration as a short URL query string, ``config=<url-encoded JSON>`` of the
+        settings that differ from the defaults (``changed_state``); empty when nothing changed."""
+        changed = self.changed_state()
+        return urllib.parse.urlencode({"config": json.dumps(changed, separators=(",", ":"))}) if changed else ""
+
+    def show_link(self) -> None:
+        """Show the share link (relative to this page) and a button that copies it, as a full
+        address, to the clipboard in one click (browser-side: the kernel has no clipboard)."""
+        import html
+
+        q = self.to_query()
+        href = html.escape("?" + q if q else "?", quote=True)
+        shown = html.escape(urllib.parse.unquote("?" + q) if q else "(all settings at their defaults)")
+        self.link_text.value = (
+            f'<a class="mlsys-query" href="{href}" target="_blank">{shown}</a> '
+            f'<button class="mlsys-copy-link" data-query="{href}" '
+            'onclick="const u = new URL(this.dataset.query, location.href).href; '
+            "navigator.clipboard.writeText(u).then(() => { this.textContent = 'Copied ✓'; }, "
+            "() => { this.textContent = 'Copy failed: select the link'; });\">Copy link</button>"
+        )
 
     def load_query(self, query: str | None = None) -> bool:
         """Apply ``config=...`` from a query string (default: Voilà's ``QUERY_STRING``).
@@ -280,10 +321,9 @@ class Dashboard:
         return True
 
     def show_config(self) -> None:
-        """Write the configuration as JSON into the text box and as a link (the Copy button)."""
+        """Write the whole configuration as JSON into the text box (the Show button)."""
         self.config_text.value = json.dumps(self.state(), indent=1)
-        q = self.to_query()
-        self.link_text.value = f'Link (append to this page\'s address): <code class="mlsys-query">?{q}</code>'
+        self.show_link()
         self.share_message.value = ""
 
     def load_text(self) -> None:

@@ -74,3 +74,38 @@ def test_an_old_link_with_afab_opens_as_gpipe():
     query = "?" + urllib.parse.urlencode({"config": json.dumps({"memory": {"pp": 4, "pp_schedule": "afab"}})})
     assert old.load_query(query)
     assert old.tabs["memory"].state()["pp_schedule"] == "gpipe" and not old.tabs["memory"].error
+
+
+def _check_short_link(query: str, changed: dict):
+    """A share link names exactly the changed settings (nothing at its default) and stays short."""
+    import urllib.parse
+
+    got = json.loads(urllib.parse.parse_qs(query)["config"][0])
+    assert got == changed, got
+    assert len(query) < 40 * (1 + sum(len(v) if isinstance(v, dict) else 1 for v in changed.values())), len(query)
+
+
+def test_share_link_holds_only_changed_settings_and_round_trips():
+    d = Dashboard()
+    assert d.to_query() == "" and "defaults" in d.link_text.value
+    d.tabs["memory"].set_state({"tp": 4})  # through the tab, as the slider would: the link follows
+    d.tabs["inference"].set_state({"model": "llama-3-70b"})
+    d.set_state({"tab": "inference"})
+    changed = {"tab": "inference", "memory": {"tp": 4}, "inference": {"model": "llama-3-70b"}}
+    _check_short_link(d.to_query(), changed)
+    assert "mlsys-copy-link" in d.link_text.value and d.to_query() in d.link_text.value
+    fresh = Dashboard()
+    assert fresh.load_query("?" + d.to_query())
+    assert fresh.state() == d.state()
+    assert "does not fit" in fresh.tabs["inference"].stats.value
+
+
+def test_the_short_link_check_fails_on_the_full_configuration():
+    """The old link carried every setting of every tab (about 1.3 KB)."""
+    import urllib.parse
+
+    d = Dashboard()
+    d.tabs["memory"].set_state({"tp": 4})
+    full = urllib.parse.urlencode({"config": json.dumps(d.state(), separators=(",", ":"))})
+    with pytest.raises(AssertionError):
+        _check_short_link(full, {"memory": {"tp": 4}})
