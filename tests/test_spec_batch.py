@@ -111,21 +111,25 @@ def test_greedy_mixed_batch_equals_the_target_alone_and_every_block_returns(mode
 
 def _registered_tokens_are_real(llm, prompts, params):
     """Step the engine; after every step each running sequence's block-manager tokens are a prefix of
-    its real tokens, and every block in the prefix cache holds real tokens (never a rejected draft)."""
+    its real tokens, and every block in the prefix cache holds real tokens (never a rejected draft);
+    False at the first step that breaks this."""
     eng = llm.engine
     for i, p in enumerate(prompts):
         eng.add_request(f"r{i}", p, params)
-    ok = True
     while eng.has_unfinished_requests():
         eng.step()
         m = eng.kv.manager
         for seq in eng.scheduler.running:
             toks = m.seqs[seq.seq_id].tokens
-            ok &= toks == seq.token_ids[: len(toks)]
+            if toks != seq.token_ids[: len(toks)]:
+                return False
             for i, b in enumerate(m.seqs[seq.seq_id].table):
-                if m.hash_of[b] != NO_HASH:
-                    ok &= list(m.tokens_of[b]) == seq.token_ids[i * m.block_size : (i + 1) * m.block_size]
-    return ok
+                if (
+                    m.hash_of[b] != NO_HASH
+                    and list(m.tokens_of[b]) != seq.token_ids[i * m.block_size :][: m.block_size]
+                ):
+                    return False
+    return True
 
 
 def test_rollback_keeps_rejected_drafts_out_of_the_prefix_cache(models, monkeypatch):

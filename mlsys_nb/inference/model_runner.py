@@ -42,6 +42,7 @@ from .sequence import Sequence
 
 
 DECODE_GROUP = 4  # decode rows per attention call (sorted by length, so little padding is gathered)
+SHORT_CHUNK = 16  # chunks of at most this many tokens and equal length share attention calls (verify chunks)
 
 
 class StepBatch:
@@ -52,10 +53,11 @@ class StepBatch:
     def __init__(self, kv: PagedKVCache, scheduled: list[tuple[Sequence, int]]):
         self.kv = kv
         bs = kv.block_size
-        # decodes (one new token) first, then prefill chunks: the decodes share one attention call
+        # decodes (one new token) first, then prefill chunks by length: the decodes share attention calls,
+        # and so do short chunks of equal length (speculative verify chunks), by context length in each
         order = sorted(
-            range(len(scheduled)),  # decodes by context length: groups of similar lengths
-            key=lambda i: (scheduled[i][1] != 1, scheduled[i][0].num_computed_tokens),
+            range(len(scheduled)),
+            key=lambda i: (scheduled[i][1] != 1, scheduled[i][1], scheduled[i][0].num_computed_tokens),
         )
         self.seqs = [scheduled[i][0] for i in order]
         tokens, positions, slots, self.prefills, dec_tables, dec_lens = [], [], [], [], [], []
@@ -72,7 +74,7 @@ class StepBatch:
                 dec_tables.append(table)
                 dec_lens.append(start + 1)
             else:
-                self.prefills.append((off, n, torch.tensor(table), torch.tensor([start + n])))
+                self.prefills.append((off, n, table, start + n))
             if start + n == seq.num_tokens:  # this row ends the known tokens: sample the next one
                 m = getattr(seq, "num_logits", 1)  # a speculative verify chunk wants its last k+1 rows
                 self.sample_rows += range(len(tokens) - m, len(tokens))
@@ -80,6 +82,21 @@ class StepBatch:
                 self.num_logits.append(m)
         self.num_decodes = len(dec_tables)
         dev = kv.k.device
+        # chunks of one equal length <= SHORT_CHUNK share an attention call, DECODE_GROUP at a time:
+        # (offset, length, rows, block tables [rows, width], context lengths [rows])
+        groups = []
+        for off, n, table, ctx in self.prefills:
+            g = groups[-1] if groups else None
+            if g is not None and n == g[1] <= SHORT_CHUNK and len(g[2]) < DECODE_GROUP:
+                g[2].append(table)
+                g[3].append(ctx)
+            else:
+                groups.append((off, n, [table], [ctx]))
+        self.prefills = []
+        for off, n, tables, ctxs in groups:
+            w = max(map(len, tables))
+            t = torch.tensor([tb + [0] * (w - len(tb)) for tb in tables], device=dev)
+            self.prefills.append((off, n, len(tables), t, torch.tensor(ctxs, device=dev)))
         self.tokens = torch.tensor([tokens], device=dev)
         self.positions = torch.tensor([positions], device=dev)
         self.slots = torch.tensor(slots, device=dev)
@@ -119,8 +136,11 @@ class StepBatch:
             qd = q[0, :, lo:hi].transpose(0, 1).unsqueeze(2)  # [rows, heads, 1, d]
             out = paged_attention(qd, kc, vc, tables, lens)
             outs.append(out.squeeze(2).transpose(0, 1))  # [heads, rows, d]
-        for off, n, table, ctx in self.prefills:
-            outs.append(paged_attention(q[:, :, off : off + n], kc, vc, table[None].to(q.device), ctx.to(q.device))[0])
+        H, d = q.shape[1], q.shape[3]
+        for off, n, g, tables, ctx in self.prefills:  # g chunks of n tokens each, packed one after another
+            qc = q[0, :, off : off + g * n].reshape(H, g, n, d).transpose(0, 1)  # [g, heads, n, d]
+            out = paged_attention(qc, kc, vc, tables, ctx)
+            outs.append(out.transpose(0, 1).reshape(H, g * n, d))
         return torch.cat(outs, dim=1)[None].to(q.dtype)
 
 
