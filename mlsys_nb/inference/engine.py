@@ -2,7 +2,10 @@
 front in ``llm.py``.
 
 ``step()`` is the whole engine in one screen: schedule -> run the model on the batch -> sample ->
-update. The parts live in their own files: ``scheduler.py`` (queues, token budget, preemption),
+update. With ``speculative_model`` (a draft ``Transformer``, a preset name or ``"ngram"``) a step also
+drafts up to ``num_speculative_tokens`` tokens for every running decode, feeds each as a (k+1)-token
+verify chunk in the same forward, accepts per sequence with the rejection rule and rolls the rejected
+slots back (``speculative.BatchSpeculator``). The parts live in their own files: ``scheduler.py`` (queues, token budget, preemption),
 ``model_runner.py`` (packed batch over paged K/V), ``sampler.py``, ``sequence.py`` (state and
 outputs); the K/V blocks and the block manager are ``paged.py``'s.
 
