@@ -14,8 +14,8 @@ Voilà (``make dashboard``). It computes nothing itself: each tab is a widget ob
 and the dashboard adds what is common: a numbers view (``refresh(key)``, ``numbers_html(key)``),
 figure/CSV export (``export``, ``show_exports``), and a shareable configuration (``state``/``set_state``,
 JSON text or a ``?config=...`` query string that Voilà passes to the kernel). The share link holds only
-the settings that differ from the defaults (``changed_state``), stays current after every redraw and
-is copied to the clipboard with one click (a browser-side button). ``self_check`` drives
+the settings that differ from the defaults (``changed_state``) and stays current after every redraw.
+``self_check`` drives
 every tab with its probe and its invalid combination.
 """
 
@@ -283,7 +283,7 @@ class Dashboard:
         for key, tab_state in state.items():
             if key == "tab":
                 continue
-            changed = {k: v for k, v in tab_state.items() if self.defaults[key].get(k) != v}
+            changed = {k: v for k, v in tab_state.items() if not _same(self.defaults[key].get(k), v)}
             if changed:
                 out[key] = changed
         return out
@@ -295,19 +295,16 @@ class Dashboard:
         return urllib.parse.urlencode({"config": json.dumps(changed, separators=(",", ":"))}) if changed else ""
 
     def show_link(self) -> None:
-        """Show the share link (relative to this page) and a button that copies it, as a full
-        address, to the clipboard in one click (browser-side: the kernel has no clipboard)."""
+        """Show the share link, relative to this page (its address is the browser's: the kernel
+        does not know it). Inline script in an HTML widget does not run, so no copy button."""
         import html
 
         q = self.to_query()
         href = html.escape("?" + q if q else "?", quote=True)
         shown = html.escape(urllib.parse.unquote("?" + q) if q else "(all settings at their defaults)")
         self.link_text.value = (
-            f'<a class="mlsys-query" href="{href}" target="_blank">{shown}</a> '
-            f'<button class="mlsys-copy-link" data-query="{href}" '
-            'onclick="const u = new URL(this.dataset.query, location.href).href; '
-            "navigator.clipboard.writeText(u).then(() => { this.textContent = 'Copied ✓'; }, "
-            "() => { this.textContent = 'Copy failed: select the link'; });\">Copy link</button>"
+            f'Link to these settings: <a class="mlsys-query" href="{href}" target="_blank">{shown}</a>'
+            " <i>(right-click, Copy link)</i>"
         )
 
     def load_query(self, query: str | None = None) -> bool:
@@ -335,6 +332,19 @@ class Dashboard:
             self.share_message.value = f'<span class="mlsys-error">Could not load: {e}</span>'
         else:
             self.share_message.value = "<span>Loaded.</span>"
+
+
+def _same(a, b) -> bool:
+    """Equal settings; floats within a relative 1e-9 (a browser's slider sends back 1.0000000000000002
+    for 1.0 and 1.0000000000000001e23 for 1e23)."""
+    import math
+
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return math.isclose(float(a), float(b), rel_tol=1e-9)
+        except (TypeError, ValueError):
+            return False
+    return a == b
 
 
 def check_widget(obj, key: str = "?"):
