@@ -15,6 +15,7 @@ from mlsys_nb.inference.paged import (
     block_hash,
     fragmentation,
     paged_attention,
+    paged_attention_tiled,
 )
 
 
@@ -61,15 +62,29 @@ def paged_case(seed, block_size, h, n_kv, q_len, batch=4, d=16):
     return q, k_full, v_full, k_pool, v_pool, tables, lens
 
 
+@pytest.mark.parametrize("attend", [paged_attention, paged_attention_tiled], ids=["gather", "tiled"])
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("heads", [(4, 4), (8, 2), (4, 1)], ids=["MHA", "GQA", "MQA"])
-def test_paged_attention_equals_contiguous_sdpa(seed, heads):
+def test_paged_attention_equals_contiguous_sdpa(seed, heads, attend):
     rng = random.Random(seed)
     block_size, q_len = rng.choice([1, 3, 8, 16]), rng.choice([1, 1, 5])
     q, k_full, v_full, k_pool, v_pool, tables, lens = paged_case(seed, block_size, *heads, q_len)
-    out = paged_attention(q, k_pool, v_pool, tables, lens)
+    out = attend(q, k_pool, v_pool, tables, lens)
     ref = contiguous_reference(q, k_full, v_full, lens)
-    assert (out - ref).abs().max() < 1e-6
+    # the tiled path sums in another order (block by block, rescaled): fp32 round-off of a few 1e-6
+    assert (out - ref).abs().max() < (1e-6 if attend is paged_attention else 1e-5)
+
+
+def test_tiled_paged_attention_check_fails_without_the_online_rescale(monkeypatch):
+    """Block-by-block partials added without the online softmax's rescaling (each block normalised alone)
+    no longer equal the contiguous reference: the tiled path's equality rests on the merge."""
+    import mlsys_nb.kernels.attention as ka
+
+    q, k_full, v_full, k_pool, v_pool, tables, lens = paged_case(1, 4, 8, 2, 3)
+    ref = contiguous_reference(q, k_full, v_full, lens)
+    assert (paged_attention_tiled(q, k_pool, v_pool, tables, lens) - ref).abs().max() < 1e-5
+    monkeypatch.setattr(ka, "merge_partials", lambda o, lse, ob, lb: (o + ob, torch.logaddexp(lse, lb)))
+    assert (paged_attention_tiled(q, k_pool, v_pool, tables, lens) - ref).abs().max() > 1e-2
 
 
 def test_paged_attention_check_fails_with_a_wrong_block_table():

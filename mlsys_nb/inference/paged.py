@@ -449,6 +449,48 @@ def paged_attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1), scale=scale, enable_gqa=True)
 
 
+def paged_attention_tiled(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    *,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """``paged_attention`` block by block with the online softmax: PagedAttention's kernel idea.
+
+    Same arguments and result as ``paged_attention``, but no sequence's K/V is ever gathered into one
+    contiguous tensor: column j of the block tables (block j of every sequence) is one tile, its partial
+    ``(out, lse)`` computed by ``kernels.tile_partial`` and merged into the running one by
+    ``kernels.merge_partials`` (the one online-softmax merge, shared with FlashAttention and ring
+    attention). Blocks past every sequence's end are skipped. Memory per step: one block per sequence
+    instead of its whole context. Returns [batch, n_heads, q_len, head_dim] in ``q``'s dtype."""
+    from ..kernels.attention import merge_partials, tile_partial
+
+    b, h, q_len, d = q.shape
+    n_kv, bs = k_cache.shape[2], k_cache.shape[1]
+    if h % n_kv:
+        raise ValueError(f"n_heads={h} must be a multiple of n_kv_heads={n_kv}")
+    scale = d**-0.5 if scale is None else scale
+    lens = context_lens.to(device=q.device, dtype=torch.long).view(b, 1, 1)
+    q_pos = lens - q_len + torch.arange(q_len, device=q.device).view(1, q_len, 1)  # [b, q_len, 1]
+    out = torch.zeros(b, h, q_len, d, dtype=torch.float32, device=q.device)
+    lse = torch.full((b, h, q_len), float("-inf"), dtype=torch.float32, device=q.device)
+    qf = q.float()
+    n_blocks = min(block_tables.shape[1], -(-int(context_lens.max()) // bs))
+    for j in range(n_blocks):
+        ids = block_tables[:, j].clamp(min=0).long()
+        k = k_cache.index_select(0, ids).transpose(1, 2).float()  # [b, n_kv, bs, d]: block j of every sequence
+        v = v_cache.index_select(0, ids).transpose(1, 2).float()
+        if n_kv != h:  # query head i reads KV head i // (h // n_kv)
+            k, v = k.repeat_interleave(h // n_kv, dim=1), v.repeat_interleave(h // n_kv, dim=1)
+        k_pos = j * bs + torch.arange(bs, device=q.device).view(1, 1, bs)
+        mask = (k_pos <= q_pos).unsqueeze(1)  # [b, 1, q_len, bs]: causal and within the sequence
+        out, lse = merge_partials(out, lse, *tile_partial(qf, k, v, scale, mask))
+    return out.to(q.dtype)
+
+
 class PagedKVCache:
     """K/V of a ``Transformer`` in blocks; implements the cache protocol of ``mlsys_nb.inference.kv_cache``
     (``plan``, ``begin``, ``attend``, ``commit``), so ``model(tokens, cache=cache)`` works unchanged.
