@@ -157,7 +157,7 @@ class Dashboard:
             self.tab.set_title(i, spec.title)
         self.tab.add_class("mlsys-tabs")
         self.config_text = W.Textarea(
-            placeholder="A configuration: press 'Copy configuration', or paste one and press 'Load'",
+            placeholder="A configuration: press 'Show configuration', or paste one and press 'Load'",
             layout=W.Layout(width="100%", height="70px"),
         )
         self.config_text.add_class("mlsys-config")
