@@ -322,7 +322,7 @@ def main(argv=None):
         "--out data/measured/speculative.md`.",
     ]
     if args.engine_only:
-        if args.out:
+        if args.out and not args.quick:  # a quick run is a smoke test, never a record
             write_section(Path(args.out), heading, sweep_body)
         return 0
 
