@@ -304,9 +304,12 @@ def main(argv=None):
         f"Measured speed-up from {gains[0]:.2f}× at batch {sweep_rows[0][0]} to {gains[-1]:.2f}× at batch "
         f"{sweep_rows[-1][0]}: "
         + (
-            f"on this machine speculation stops paying at batch {cross}, "
-            if cross is not None
-            else "speculation still pays at the largest batch measured, "
+            "speculation still pays at the largest batch measured, "
+            if cross is None
+            else f"speculation loses at every batch measured (α {min(r[4] for r in sweep_rows):.2f} to "
+            f"{max(r[4] for r in sweep_rows):.2f}), "
+            if cross == sweep_rows[0][0]
+            else f"on this machine speculation stops paying at batch {cross}, "
         )
         + (
             "α = 1.00 here: the target, trained for few steps on this loaded machine, repeats itself and the "
@@ -319,7 +322,8 @@ def main(argv=None):
         "a much larger batch; any crossover measured here is this 2-core CPU's.",
         "",
         "Regenerate this section alone with `.venv/bin/python benchmarks/speculative.py --engine-only "
-        "--out data/measured/speculative.md`.",
+        + ("" if temp == 0 else f"--sweep-temperature {temp:g} ")
+        + "--out data/measured/speculative.md`.",
     ]
     if args.engine_only:
         if args.out and not args.quick:  # a quick run is a smoke test, never a record
