@@ -30,6 +30,7 @@ def _random_config(rng: random.Random) -> EngineConfig:
         num_blocks=rng.choice([None, 64, 300]),
         kv_cache_memory=rng.choice([2**20, 2**24]),
         kv_cache_dtype=rng.choice(["auto", "fp32", "bf16", "fp16"]),
+        attention_backend=rng.choice(["gather", "tiled"]),
         max_num_seqs=rng.randint(1, 100),
         max_num_batched_tokens=rng.randint(1, 1000),
         enable_chunked_prefill=rng.random() < 0.5,
@@ -68,6 +69,7 @@ def test_unknown_names_and_bad_values_are_refused_by_name():
         ({"max_num_batched_tokens": 2.5}, r"max_num_batched_tokens must be an int"),
         ({"preemption_mode": "drop"}, r"preemption_mode"),
         ({"kv_cache_dtype": "int3"}, r"kv_cache_dtype"),
+        ({"attention_backend": "flash"}, r"attention_backend"),
         ({"enable_prefix_caching": "yes"}, r"enable_prefix_caching must be True or False"),
         ({"num_speculative_tokens": 0}, r"num_speculative_tokens must be an int >= 1, got"),
     ):
@@ -127,3 +129,19 @@ def test_the_server_command_line_exposes_every_engine_option():
         block_size=8, enable_prefix_caching=False, preemption_mode="swap", kv_cache_dtype="bf16"
     )
     assert (args.model, args.host, args.max_n) == ("tiny", "127.0.0.1", parser.get_default("max_n"))
+
+
+def test_the_tiled_attention_backend_generates_what_the_gather_backend_does(model):
+    """``attention_backend="tiled"`` (paged attention block by block with the online softmax) gives the greedy
+    tokens and nearly the logprobs of the default gather-then-SDPA path: prefill chunks, decodes, prefix hits."""
+    prompts = [torch.randint(0, 300, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (5, 17, 33)]
+    prompts.append(prompts[2][:20] + [7, 8, 9])  # a shared prefix: blocks reused from the cache
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
+    opts = dict(block_size=4, max_num_batched_tokens=16, max_num_seqs=3)
+    a = LLM(model, **opts).generate(prompts, sp, use_tqdm=False)
+    tiled = LLM(model, attention_backend="tiled", **opts)
+    assert tiled.engine.kv.attention_backend == "tiled"
+    b = tiled.generate(prompts, sp, use_tqdm=False)
+    for x, y in zip(a, b):
+        assert x.outputs[0].token_ids == y.outputs[0].token_ids
+        assert abs(x.outputs[0].cumulative_logprob - y.outputs[0].cumulative_logprob) < 1e-3

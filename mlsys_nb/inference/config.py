@@ -22,9 +22,12 @@ from dataclasses import dataclass
 
 from ..config import check_choice, check_int
 
-__all__ = ["EngineConfig", "KV_CACHE_DTYPES", "PREEMPTION_MODES"]
+__all__ = ["ATTENTION_BACKENDS", "EngineConfig", "KV_CACHE_DTYPES", "PREEMPTION_MODES"]
 
 PREEMPTION_MODES = ("recompute", "swap")
+# "gather": each sequence's blocks gathered, then SDPA (paged.paged_attention); "tiled": block by block with
+# the online softmax, nothing gathered (paged.paged_attention_tiled, PagedAttention's kernel idea)
+ATTENTION_BACKENDS = ("gather", "tiled")
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "fp8")  # "auto": the model's parameter dtype;
 # "int8"/"fp8" (e4m3): codes plus an fp32 scale per token and KV head (``paged.quantize_kv``)
 
@@ -37,6 +40,7 @@ class EngineConfig:
     num_blocks: int | None = None  # KV blocks in the pool; None: from kv_cache_memory
     kv_cache_memory: int = 256 * 2**20  # bytes of K/V when num_blocks is None
     kv_cache_dtype: str = "auto"  # dtype of the K/V pool: one of KV_CACHE_DTYPES (int8/fp8: quantized)
+    attention_backend: str = "gather"  # paged attention: one of ATTENTION_BACKENDS
     max_num_seqs: int = 64  # sequences in one step
     max_num_batched_tokens: int = 512  # new tokens in one step (the token budget)
     enable_chunked_prefill: bool = True  # split long prompts across steps
@@ -62,6 +66,7 @@ class EngineConfig:
         check_int("num_speculative_tokens", self.num_speculative_tokens, 1)
         check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         for name in ("enable_chunked_prefill", "enable_prefix_caching", "continuous_batching"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -95,6 +100,8 @@ class EngineConfig:
                 parser.add_argument(flag, choices=PREEMPTION_MODES, default=f.default)
             elif f.name == "kv_cache_dtype":
                 parser.add_argument(flag, choices=KV_CACHE_DTYPES, default=f.default)
+            elif f.name == "attention_backend":
+                parser.add_argument(flag, choices=ATTENTION_BACKENDS, default=f.default)
             else:
                 parser.add_argument(flag, type=int, default=f.default, help=f"(default {f.default})")
 

@@ -5,9 +5,9 @@ front in ``llm.py``.
 update. With ``speculative_model`` (a draft ``Transformer``, a preset name or ``"ngram"``) a step also
 drafts up to ``num_speculative_tokens`` tokens for every running decode, feeds each as a (k+1)-token
 verify chunk in the same forward, accepts per sequence with the rejection rule and rolls the rejected
-slots back (``speculative.BatchSpeculator``). The parts live in their own files: ``scheduler.py`` (queues, token budget, preemption),
-``model_runner.py`` (packed batch over paged K/V), ``sampler.py``, ``sequence.py`` (state and
-outputs); the K/V blocks and the block manager are ``paged.py``'s.
+slots back (``speculative.BatchSpeculator``). The parts live in their own files: ``scheduler.py``
+(queues, token budget, preemption), ``model_runner.py`` (packed batch over paged K/V), ``sampler.py``,
+``sequence.py`` (state and outputs); the K/V blocks and the block manager are ``paged.py``'s.
 
 ``LLM(model, *, tokenizer=None, config=None, **options)`` and ``LLMEngine(model, tokenizer, config,
 **options)``: every option is a field of ``EngineConfig`` (``inference/config.py``: block size, pool
@@ -109,6 +109,7 @@ class LLMEngine:
             prefix_caching=c.enable_prefix_caching,
             max_seq_len=self.max_model_len,
         )
+        self.kv.attention_backend = c.attention_backend
         pool = SwapPool(self.kv, c.swap_blocks or num_blocks) if c.preemption_mode == "swap" else None
         self.scheduler = Scheduler(self.kv, c, swap_pool=pool)
         self.runner = ModelRunner(self.model, self.kv)

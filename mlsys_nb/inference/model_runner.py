@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from .paged import PagedKVCache, paged_attention
+from .paged import PagedKVCache, paged_attention, paged_attention_tiled
 from .sequence import Sequence
 
 
@@ -131,15 +131,16 @@ class StepBatch:
         # [num_blocks, block_size, n_kv, d] in the model's dtype (a pool in another dtype, or int8/fp8
         # codes with their scales, is converted / dequantized: kv_cache_dtype)
         kc, vc = self.kv.read(layer_idx, q.dtype)
+        attend = paged_attention_tiled if self.kv.attention_backend == "tiled" else paged_attention
         outs, D = [], self.num_decodes
         for lo, hi, tables, lens in self.dec_groups if D else ():
             qd = q[0, :, lo:hi].transpose(0, 1).unsqueeze(2)  # [rows, heads, 1, d]
-            out = paged_attention(qd, kc, vc, tables, lens)
+            out = attend(qd, kc, vc, tables, lens)
             outs.append(out.squeeze(2).transpose(0, 1))  # [heads, rows, d]
         H, d = q.shape[1], q.shape[3]
         for off, n, g, tables, ctx in self.prefills:  # g chunks of n tokens each, packed one after another
             qc = q[0, :, off : off + g * n].reshape(H, g, n, d).transpose(0, 1)  # [g, heads, n, d]
-            out = paged_attention(qc, kc, vc, tables, ctx)
+            out = attend(qc, kc, vc, tables, ctx)
             outs.append(out.transpose(0, 1).reshape(H, g * n, d))
         return torch.cat(outs, dim=1)[None].to(q.dtype)
 

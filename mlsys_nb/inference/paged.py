@@ -537,6 +537,7 @@ class PagedKVCache:
         if max_seq_len is not None:
             check_int(f"max_seq_len (cfg.seq_len={cfg.seq_len})", max_seq_len, 1, cfg.seq_len)
         self.cfg, self.block_size = cfg, block_size
+        self.attention_backend = "gather"  # or "tiled" (paged_attention_tiled); the engine sets EngineConfig's
         self.manager = BlockManager(
             num_blocks, block_size, prefix_caching=prefix_caching, max_seq_len=max_seq_len or cfg.seq_len
         )
