@@ -6,6 +6,7 @@ cache never registers a rejected draft, and sampled tokens follow the target's f
 import copy
 import dataclasses
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -194,3 +195,114 @@ def test_sampled_tokens_follow_the_filtered_target_and_no_rejection_rule_fails(m
     monkeypatch.setattr(spec, "accept_prob", lambda pt, qt: torch.ones_like(pt))
     params = SamplingParams(temperature=8.0, top_k=4, max_tokens=4, ignore_eos=True)
     assert not _passes(_second_tokens(target, other, params, n), _marginal(target, params), n)
+
+
+# ---- /metrics: vLLM's spec_decode_* counters against a recount from the draft log ------------------------
+SPEC_K = 3
+
+
+def _log_drafts(engine):
+    """Wrap the engine's proposer: every draft as (prompt ids, output position of its first token, tokens)."""
+    log, propose = [], engine.speculator.propose
+
+    def logged(*a, **kw):
+        drafts = propose(*a, **kw)
+        log.extend(
+            (tuple(d.seq.prompt_token_ids), len(d.seq.output_token_ids), list(d.tokens)) for d in drafts.values()
+        )
+        return drafts
+
+    engine.speculator.propose = logged
+    return log
+
+
+def _recount(log, target, max_tokens):
+    """The counters recomputed without the engine's acceptance code: the target alone's greedy outputs
+    (a plain engine) decide each drafted token; at temperature 0 a draft's first n tokens are accepted
+    when they equal the target's tokens at those output positions. (drafts, draft tokens, accepted, per pos)."""
+    prompts = sorted({p for p, _, _ in log})
+    greedy = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    ref = {
+        p: o.outputs[0].token_ids
+        for p, o in zip(prompts, LLM(target).generate([list(p) for p in prompts], greedy, use_tqdm=False))
+    }
+    per_pos = [0] * SPEC_K
+    accepted = 0
+    for p, start, toks in log:
+        n = 0
+        while n < len(toks) and toks[n] == ref[p][start + n]:
+            n += 1
+        accepted += n
+        for i in range(n):
+            per_pos[i] += 1
+    return len(log), sum(len(t) for _, _, t in log), accepted, per_pos
+
+
+def _metrics_counters(url):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.startswith("mlsys_nb_spec_decode_"):
+                key = s.name.removeprefix("mlsys_nb_spec_decode_").removesuffix("_total")
+                out[(key, s.labels.get("position"))] = s.value
+    return out
+
+
+def test_metrics_spec_decode_counters_equal_a_recount_from_the_draft_log(models, monkeypatch):
+    """The server's /metrics (read by prometheus_client's parser) carries vLLM's spec_decode counters;
+    after concurrent greedy requests they equal the recount from the draft log against the target alone,
+    per draft position too, and 0 < acceptance rate < 1 (the near draft is often, not always, right).
+    A counter that counts every drafted token as accepted fails the same comparison."""
+    import concurrent.futures as cf
+    import threading
+
+    import uvicorn
+    from serve_helpers import free_port, wait_health
+
+    from mlsys_nb.inference.engine import LLMEngine
+    from mlsys_nb.inference.serve import build_app
+
+    torch.set_num_threads(1)
+    target, near, _ = models
+    max_tokens = 16
+    engine = LLMEngine(target, speculative_model=near, num_speculative_tokens=SPEC_K, max_num_seqs=4)
+    log = _log_drafts(engine)
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(build_app(engine, "tiny"), host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=srv.run, daemon=True)
+    th.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_health(url, timeout=60)
+        body = {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+
+        def post(p):
+            r = httpx.post(url + "/v1/completions", json={"prompt": p, **body}, timeout=120)
+            assert r.status_code == 200, r.text
+            return r.json()["usage"]["completion_tokens"]
+
+        with cf.ThreadPoolExecutor(6) as pool:  # 6 requests on 4 slots: drafts inside a changing batch
+            assert list(pool.map(post, PROMPTS[:6], timeout=300)) == [max_tokens] * 6
+        m = _metrics_counters(url)
+    finally:
+        srv.should_exit = True
+        th.join(timeout=30)
+    drafts, draft_tokens, accepted, per_pos = _recount(log, target, max_tokens)
+    assert (m[("num_drafts", None)], m[("num_draft_tokens", None)], m[("num_accepted_tokens", None)]) == (
+        drafts,
+        draft_tokens,
+        accepted,
+    )
+    assert [m[("num_accepted_tokens_per_pos", str(i))] for i in range(SPEC_K)] == per_pos
+    assert 0 < accepted / draft_tokens < 1 and per_pos == sorted(per_pos, reverse=True)
+    # broken: every drafted token counted as accepted
+    orig = spec.SpecDecodingCounters.observe
+    monkeypatch.setattr(spec.SpecDecodingCounters, "observe", lambda self, nd, na: orig(self, nd, nd))
+    llm = LLM(target, speculative_model=near, num_speculative_tokens=SPEC_K, max_num_seqs=4)
+    log = _log_drafts(llm.engine)
+    llm.generate(PROMPTS[:6], SamplingParams(**body), use_tqdm=False)
+    c, (drafts, draft_tokens, accepted, _) = llm.engine.spec_counters, _recount(log, target, max_tokens)
+    assert (c.num_drafts, c.num_draft_tokens) == (drafts, draft_tokens) and c.num_accepted_tokens != accepted

@@ -43,7 +43,7 @@ from .sampler import apply_mask, filter_probs, logprob_entry, sample
 from .sampling_params import ParamError, SamplingParams
 from .config import EngineConfig
 from .scheduler import Scheduler
-from .speculative import BatchSpeculator, SpecStats, VerifyView, to_probs
+from .speculative import BatchSpeculator, SpecDecodingCounters, SpecStats, VerifyView, to_probs
 from .sequence import LATENCY_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, Histogram, RequestOutput, Sequence, SequenceStatus
 from .tokenizer import ByteTokenizer, decode_stream
 
@@ -126,6 +126,9 @@ class LLMEngine:
             self.speculator = BatchSpeculator(
                 draft, c.num_speculative_tokens, self.kv, max_model_len=self.max_model_len, max_num_seqs=max_num_seqs
             )
+        # vLLM's speculative-decoding counters (verified drafts, drafted and accepted tokens, accepted per
+        # position), counted by the acceptance rule; /metrics exports them
+        self.spec_counters = SpecDecodingCounters(c.num_speculative_tokens) if self.speculator is not None else None
         self.generator = torch.Generator(device="cpu").manual_seed(c.seed)
         self.requests: dict[str, list[Sequence]] = {}
         # per step: seconds per phase, sequences, tokens; the last ``step_times_window`` steps (bounded memory)
@@ -480,6 +483,7 @@ class LLMEngine:
             self.speculator.undo({seq.seq_id: d})
             failed.setdefault(seq.request_id, e)
             return
+        self.spec_counters.observe(len(d.tokens), n)
         self.manager_mark(seq)
         s = seq.spec
         if s is not None:

@@ -9,7 +9,9 @@ FastAPI + uvicorn, bound to 127.0.0.1 by default. Endpoints:
 - ``GET /v1/models`` (the served id is the ``--model`` value), ``GET /health`` (200 once the engine
   is ready), ``GET /metrics`` (Prometheus text: running and waiting requests, sequences, KV blocks
   used, tokens, tokens/s, preemptions, aborts, failures, rejections, and vLLM's histograms of queue
-  time, TTFT, time per output token and end-to-end latency, with its bucket bounds).
+  time, TTFT, time per output token and end-to-end latency, with its bucket bounds; with speculative
+  decoding, vLLM's ``spec_decode_num_drafts``, ``_num_draft_tokens``, ``_num_accepted_tokens`` and
+  ``_num_accepted_tokens_per_pos`` counters, ``speculative.SpecDecodingCounters``).
 
 Isolation: a request is validated completely before anything is queued (``LLMEngine.prepare``: ranges,
 finite numbers, a seed valid for every sample, ``n``, logprobs within the vocabulary) and queued
@@ -371,6 +373,8 @@ def build_app(engine, model_name: str, limits: Limits | None = None, clock=time.
         text = "".join(f"# TYPE mlsys_nb_{n} {t}\nmlsys_nb_{n} {v}\n" for n, t, v in rows)
         with aengine.lock:
             text += "".join(h.prometheus(f"mlsys_nb_{n}") for n, h in engine.histograms.items())
+            if getattr(engine, "spec_counters", None) is not None:  # vLLM's spec_decode_* counters
+                text += engine.spec_counters.prometheus("mlsys_nb_")
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     async def parse(request: Request) -> dict:

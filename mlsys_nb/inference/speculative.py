@@ -49,6 +49,7 @@ from .sampler import apply_mask, filter_probs
 __all__ = [
     "BatchSpeculator",
     "Draft",
+    "SpecDecodingCounters",
     "SpecStats",
     "VerifyView",
     "accept_prob",
@@ -180,6 +181,55 @@ class SpecStats:
     @property
     def tokens_per_forward(self) -> float:
         return self.emitted / self.target_forwards if self.target_forwards else 0.0
+
+
+class SpecDecodingCounters:
+    """The engine's speculative-decoding counters, as vLLM v1 exposes them on ``/metrics`` (measured).
+
+    Counted once per verified draft (a draft of one sequence that reached the target's batched verify
+    forward and the acceptance rule): ``num_drafts`` (verified drafts), ``num_draft_tokens`` (their
+    drafted tokens), ``num_accepted_tokens`` (accepted drafted tokens; corrections and bonus tokens are
+    not counted) and ``accepted_per_pos[i]`` (drafts whose token at position i was accepted, i.e. at
+    least i + 1 accepted). Acceptance rate = accepted / draft tokens (vLLM's definition: every drafted
+    token counts, also those after the first rejection, which ``SpecStats.alpha`` leaves out); mean
+    acceptance length = 1 + accepted / drafts tokens per verify."""
+
+    NAMES = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+    def __init__(self, k: int):
+        check_int("k", k, 1)
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        self.accepted_per_pos = [0] * k
+
+    def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
+        """One verified draft of ``num_draft_tokens`` tokens of which the first ``num_accepted`` were accepted."""
+        if not 0 <= num_accepted <= num_draft_tokens <= len(self.accepted_per_pos):
+            raise ValueError(
+                f"num_accepted={num_accepted}, num_draft_tokens={num_draft_tokens}: need "
+                f"0 <= num_accepted <= num_draft_tokens <= k={len(self.accepted_per_pos)}"
+            )
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        for i in range(num_accepted):
+            self.accepted_per_pos[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted tokens (dimensionless; 0 before any draft)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    def prometheus(self, prefix: str) -> str:
+        """Prometheus text: ``{prefix}spec_decode_num_drafts_total`` and the others (vLLM's names after
+        its ``vllm:`` prefix), ``..._num_accepted_tokens_per_pos_total{position="i"}`` per draft position."""
+        out = []
+        for n in self.NAMES:
+            name = f"{prefix}spec_decode_{n}_total"
+            out.append(f"# TYPE {name} counter\n{name} {getattr(self, n)}\n")
+        name = f"{prefix}spec_decode_num_accepted_tokens_per_pos_total"
+        out.append(f"# TYPE {name} counter\n")
+        out += [f'{name}{{position="{i}"}} {v}\n' for i, v in enumerate(self.accepted_per_pos)]
+        return "".join(out)
 
 
 class _Model:
