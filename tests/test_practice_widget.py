@@ -1,9 +1,11 @@
 """The Practice tab headless: answer / check / hint / reveal / new, the score, mock-interview report."""
 
+import re
+
 import pytest
 
 from mlsys_nb.widgets.base import Widget
-from mlsys_nb.widgets.practice import PracticeWidget
+from mlsys_nb.widgets.practice import PracticeWidget, clock_text
 
 
 @pytest.fixture
@@ -45,12 +47,38 @@ def test_same_seed_same_question_and_settings_are_validated():
         a.set_state({"nope": 1})
 
 
-def test_mock_interview_reports_by_topic():
+def test_rule_shown_and_no_empty_axes_before_an_answer(w):
+    assert "first" in w.rule.value and "Check" in w.rule.value  # the scoring rule is on the tab
+    assert w.image.layout.display == "none" and "after your first answer" in w.placeholder.value
+    w.answer("no such answer")
+    assert w.image.layout.display is None and w.placeholder.layout.display == "none"
+    assert w.clock.value == "" and not w._ticker.playing  # no clock outside a mock interview
+
+
+def test_clock_text():
+    assert [clock_text(t) for t in (0, 59.9, 65.2, 600)] == ["0:00", "0:59", "1:05", "10:00"]
+
+
+def test_mock_interview_clock_and_summary_by_topic():
     w = PracticeWidget(mode="mock", mock_n=3, seed=1)
-    for _ in range(3):
+    assert w._ticker.playing and "question 1 of 3" in w.clock.value
+    w._mock_start -= 65  # the page's ticker calls _tick once a second; here 65 s have passed
+    w._current["start"] -= 7
+    w._tick()
+    assert "1:05" in w.clock.value and "0:07 on this question" in w.clock.value
+    oks = []
+    for i in range(3):
         q = w.question
-        w.answer(q.answer)
+        wrong = q.choices[1 - q.choices.index(q.answer)] if q.is_choice else q.answer * 3
+        oks.append(i != 1)
+        w.answer(q.answer if i != 1 else wrong)
         w.new()
-    assert "Mock interview over" in w.stats.value
+    assert "Mock interview over" in w.stats.value and "2/3" in w.stats.value
     assert w.table()["attempted"].iloc[:-1].sum() == 3
-    assert "3/3" in w.stats.value
+    assert not w._ticker.playing and "over" in w.clock.value  # the clock stops at the end
+    summary = dict(re.findall(r"<tr><td>([^<]+)</td><td[^>]*>(\d+/\d+)</td>", w.summary.value))
+    want = {}  # the per-topic score counted from the questions asked, independently of the widget
+    for r, ok in zip(w.results, oks):
+        a, c = want.get(r["topic"], (0, 0))
+        want[r["topic"]] = (a + 1, c + ok)
+    assert summary == {t: f"{c}/{a}" for t, (a, c) in want.items()}

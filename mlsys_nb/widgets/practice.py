@@ -1,6 +1,10 @@
 """Interview practice: a question from ``mlsys_nb.quiz``, an answer box, Check / Hint / Reveal / New,
-a running score by topic, and a timed mock-interview mode (``mock_n`` questions, then a report by
-topic). The widget computes nothing itself: questions, keys and feedback come from ``mlsys_nb.quiz``.
+a running score by topic, and a timed mock-interview mode (``mock_n`` questions with a running clock,
+then a table by topic). The widget computes nothing itself: questions, keys and feedback come from
+``mlsys_nb.quiz``.
+
+Scoring rule (shown on the tab): only the first Check of each question counts; a Reveal before it
+counts as wrong; later Checks give feedback but leave the score alone.
 
 ``PracticeWidget().widget`` is the ipywidgets container; ``state()``/``set_state()``, ``figure``
 (correct / attempted per topic), ``table()`` and ``error`` follow the dashboard protocol
@@ -21,6 +25,17 @@ from ..plots import PALETTE, label, style
 from .base import Panel
 
 DEFAULTS = {"topic": "any", "difficulty": "any", "seed": 0, "mode": "practice", "mock_n": 5}
+RULE = (
+    "<small><b>Scoring:</b> only your <b>first</b> Check of each question counts (a Reveal before it counts "
+    "as wrong); later Checks show feedback but do not change the score.</small>"
+)
+NO_ANSWER_YET = "<i>The score by topic appears here after your first answer.</i>"
+
+
+def clock_text(seconds: float) -> str:
+    """``seconds`` (elapsed, s) as m:ss, e.g. 65.2 -> '1:05'."""
+    s = int(seconds)
+    return f"{s // 60}:{s % 60:02d}"
 
 
 class PracticeWidget(Panel):
@@ -67,11 +82,24 @@ class PracticeWidget(Panel):
         self.feedback.add_class("mlsys-practice-feedback")
         self.message = w.HTML()
         self.stats = w.HTML()
+        self.rule = w.HTML(RULE)
+        self.rule.add_class("mlsys-practice-rule")
+        self.placeholder = w.HTML(NO_ANSWER_YET)
+        self.placeholder.add_class("mlsys-practice-placeholder")
+        self.summary = w.HTML()  # the mock interview's table by topic, once it is over
+        self.summary.add_class("mlsys-practice-summary")
+        self.clock = w.HTML()  # the mock interview's running clock
+        self.clock.add_class("mlsys-practice-clock")
+        # the browser ticks the clock: a Play widget counts in the page (its timer runs in the
+        # widget model, so it runs hidden) and each tick asks the kernel to redraw the clock
+        self._ticker = w.Play(value=0, min=0, max=10**7, interval=1000, layout=w.Layout(display="none"))
+        self._ticker.observe(lambda _: self._tick(), names="value")
+        self._mock_start = None  # time.monotonic() when the mock interview began; None outside one
+        self._mock_end = None
         self.image = self._make_image()
         with style():
-            self.figure = Figure(figsize=(6.5, 2.6), layout="none")
+            self.figure = Figure(figsize=(6.5, 2.6), layout="constrained")
             self._ax = self.figure.subplots()
-        self.figure.subplots_adjust(left=0.25, right=0.97, top=0.88, bottom=0.2)
         self.results: list[dict] = []  # one per question attempted: topic, family, ok, hints, revealed, seconds
         self.question = None
         self._round = 0  # questions drawn since the settings last changed
@@ -81,12 +109,17 @@ class PracticeWidget(Panel):
         self.widget = w.VBox(
             [
                 w.HBox([w.VBox(c[:3]), w.VBox(c[3:])]),
+                self.rule,
                 self.message,
+                self.clock,
                 self.question_html,
                 w.HBox([self.answer_box, *self.buttons.values()]),
                 self.feedback,
                 self.stats,
+                self.summary,
+                self.placeholder,
                 self.image,
+                self._ticker,
             ]
         )
         self._wire()
@@ -120,8 +153,15 @@ class PracticeWidget(Panel):
         self.message.value = ""
         if s["mode"] == "mock interview":
             self.results = []
+            self._mock_start, self._mock_end = time.monotonic(), None
+        else:
+            self._mock_start = self._mock_end = None
+        self._ticker.playing = self._mock_start is not None
         self._round = 0
         self._draw_question()
+        if self._mock_start is not None:  # the clock starts when the first question is shown
+            self._mock_start = self._current["start"]
+            self._tick()
 
     def _draw_question(self) -> None:
         s = self.state()
@@ -154,6 +194,25 @@ class PracticeWidget(Panel):
         self.feedback.value = ""
         self._refresh()
 
+    @property
+    def mock_over(self) -> bool:
+        """True once a mock interview has asked and scored its ``mock_n`` questions."""
+        return self._mock_end is not None
+
+    def _tick(self) -> None:
+        """Redraw the mock interview's clock (time on this question and in total)."""
+        if self._mock_start is None or self.question is None:
+            self.clock.value = ""
+            return
+        now = self._mock_end if self._mock_end is not None else time.monotonic()
+        on_q = 0.0 if self.mock_over else now - self._current["start"]
+        s = self.state()
+        where = "over" if self.mock_over else f"question {self._round + 1} of {s['mock_n']}"
+        self.clock.value = (
+            f"<b>⏱ {clock_text(now - self._mock_start)}</b> in total · {clock_text(on_q)} on this question "
+            f"<small>(mock interview, {where})</small>"
+        )
+
     def _refresh(self) -> None:
         rows = []
         for t in sorted({r["topic"] for r in self.results}):
@@ -176,14 +235,35 @@ class PracticeWidget(Panel):
         done, correct = len(self.results), sum(r["ok"] for r in self.results)
         s = self.state()
         report = ""
+        self.summary.value = ""
         if s["mode"] == "mock interview" and done >= s["mock_n"]:
-            report = "<br><b>Mock interview over.</b> By topic: " + "; ".join(
-                f"{t} {int(r['correct'])}/{int(r['attempted'])} in {r['seconds']:.0f} s"
-                for t, r in df.iloc[:-1].iterrows()
-            )
-        self.stats.value = f"Score: <b>{correct}/{done}</b> answered correctly.{report}"
+            if self._mock_end is None:
+                self._mock_end = time.monotonic()
+                self._ticker.playing = False
+            report = "<br><b>Mock interview over.</b> By topic:"
+            self.summary.value = self.summary_html(df.iloc[:-1])
+        self.stats.value = f"Score: <b>{correct}/{done}</b> answered correctly (first attempts).{report}"
         self._draw(df.iloc[:-1])
         self._show()
+        answered = len(self.results) > 0
+        self.placeholder.layout.display = "none" if answered else None
+        self.placeholder.value = "" if answered else NO_ANSWER_YET
+        self.image.layout.display = "none" if not answered or self.error is not None else None
+        self._tick()
+
+    @staticmethod
+    def summary_html(df) -> str:
+        """The per-topic table shown when a mock interview ends: first-attempt score, hints, time (s)."""
+        rows = "".join(
+            f"<tr><td>{html.escape(str(t))}</td><td style='text-align:right'>{int(r['correct'])}/{int(r['attempted'])}"
+            f"</td><td style='text-align:right'>{int(r['hints'])}</td>"
+            f"<td style='text-align:right'>{clock_text(r['seconds'])}</td></tr>"
+            for t, r in df.iterrows()
+        )
+        return (
+            "<table class='mlsys-practice-summary-table'><tr><th>topic</th><th>correct (first attempt)</th>"
+            f"<th>hints</th><th>time (m:ss)</th></tr>{rows}</table>"
+        )
 
     def _draw(self, df) -> None:
         ax = self._ax
@@ -197,11 +277,8 @@ class PracticeWidget(Panel):
                 ax.legend(fontsize=8, loc="lower right")
             label(ax, "questions (count)", "topic (name)")
             q = self.question
-            ax.set_title(
-                ("Score by topic" if len(df) else "Score by topic (answer a question)")
-                + f" · now: {q.family} (seed {q.seed})",
-                fontsize=9,
-            )
+            ax.set_title(f"Score by topic (first attempts) · now: {q.family}", fontsize=9, loc="left")
+            ax.xaxis.get_major_locator().set_params(integer=True)
 
     # ---- actions -----------------------------------------------------------------------------
     def _record(self) -> None:
