@@ -1,14 +1,63 @@
 """The pipeline widget headless: controls change the table and the figure; invalid combinations
 show a message instead of raising; state round-trips."""
 
+import io
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from mlsys_nb.pipeline import schedule, simulate
+from mlsys_nb.pipeline import SCHEDULES, ScheduleError, check_args, schedule, simulate
 from mlsys_nb.pipeline.compare import compare
-from mlsys_nb.widgets.pipeline import PipelineWidget
+from mlsys_nb.widgets.base import dim_png
+from mlsys_nb.widgets.pipeline import LIMITS, PipelineWidget, nearest_valid
+
+
+def _mean_grey(png: bytes) -> float:
+    from PIL import Image
+
+    return float(np.asarray(Image.open(io.BytesIO(png)).convert("L"), float).mean())
+
+
+def test_dim_png_fades_towards_white():
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 2), (0, 100, 255)).save(buf, format="png")
+    px = Image.open(io.BytesIO(dim_png(buf.getvalue(), keep=0.25))).convert("RGB").getpixel((1, 1))
+    assert px == pytest.approx((191, 216, 255), abs=1)  # 0.25 x colour + 0.75 x 255
+    with pytest.raises(ValueError, match="keep"):
+        dim_png(buf.getvalue(), keep=1.5)
+
+
+def test_nearest_valid_values_match_a_full_scan():
+    """On random combinations: the nearest valid m, v, p below and above (others fixed), against
+    listing every valid value of each and taking the closest on each side."""
+    rng = np.random.default_rng(0)
+    names = list(SCHEDULES)
+    for _ in range(60):
+        sched = names[rng.integers(len(names))]
+        p, m, v = int(rng.integers(1, 9)), int(rng.integers(1, 20)), int(rng.integers(1, 4))
+        got = nearest_valid(sched, p, m, v)
+        now = {"p": p, "m": m, "v": v}
+        for name in ("m", "v", "p"):
+            ok = []
+            for x in range(LIMITS[name][0], LIMITS[name][1] + 1):
+                try:
+                    check_args(sched, **(now | {name: x}))
+                    ok.append(x)
+                except ScheduleError:
+                    pass
+            want = [
+                x
+                for x in (
+                    max([x for x in ok if x < now[name]], default=None),
+                    min([x for x in ok if x > now[name]], default=None),
+                )
+                if x is not None
+            ]
+            assert got.get(name, []) == want, (sched, p, m, v, name)
 
 
 def test_widget_updates_and_reports_errors():
@@ -30,10 +79,15 @@ def test_widget_updates_and_reports_errors():
     assert w.error is not None and "v must be 2" in w.error and "v must be 2" in w.message.value
     w.set_state({"schedule": "dualpipe", "v": 2, "p": 3})
     assert "even" in w.error
-    w.set_state({"schedule": "interleaved-1f1b", "p": 4, "m": 6})
-    assert "multiple of p" in w.error
-    w.set_state({"m": 8, "v": 2})
+    w.set_state({"schedule": "interleaved-1f1b", "p": 4, "m": 8, "v": 2})
     assert w.error is None
+    valid_png = w.image.value
+    w.set_state({"m": 6})  # the message offers the nearest valid values; the last chart stays, dimmed
+    assert "multiple of p" in w.error and "try m = 4 or 8, or p = 3 or 6" in w.message.value
+    assert w.image.layout.display is None and "mlsys-stale" in w.image._dom_classes
+    assert w.image.value != valid_png and _mean_grey(w.image.value) > _mean_grey(valid_png) + 20
+    w.set_state({"m": 8})
+    assert w.error is None and "mlsys-stale" not in w.image._dom_classes
     st = w.state()
     assert json.loads(json.dumps(st)) == st
     w2 = PipelineWidget(**st)

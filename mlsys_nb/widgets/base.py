@@ -60,6 +60,22 @@ def pow10_label(x: float, _pos=None) -> str:
     return "10" + str(int(round(np.log10(x)))).translate(_SUPERSCRIPT) if x > 0 else ""
 
 
+def dim_png(png: bytes, keep: float = 0.35) -> bytes:
+    """``png`` faded towards white: each pixel becomes ``keep`` x itself + (1 - ``keep``) x white
+    (``keep`` in [0, 1]); how a figure that no longer matches the controls is shown."""
+    import io
+
+    from PIL import Image
+
+    if not 0 <= keep <= 1:
+        raise ValueError(f"keep must be in [0, 1], got {keep}")
+    img = Image.open(io.BytesIO(png)).convert("RGB")
+    out = Image.blend(Image.new("RGB", img.size, "white"), img, keep)
+    buf = io.BytesIO()
+    out.save(buf, format="png", compress_level=1)
+    return buf.getvalue()
+
+
 def error_text(error: BaseException) -> str:
     """The message of a caught bad-input exception (a ``KeyError`` without the quotes its ``str`` adds)."""
     if isinstance(error, KeyError) and len(error.args) == 1:
@@ -79,6 +95,8 @@ class Panel:
     message: object  # ipywidgets HTML: the error message, shown in place of the figure
     stats: object  # ipywidgets HTML: headline numbers
     error: str | None = None
+    keep_stale_figure: bool = False  # on an error, show the last valid figure dimmed instead of hiding it
+    _last_png: bytes = b""  # the last valid figure's PNG
     _table: pd.DataFrame = pd.DataFrame()
     _hold: bool = False  # set_state is changing several controls: redraw once at the end
     _listeners: tuple = ()  # on_update callbacks
@@ -149,21 +167,29 @@ class Panel:
         return w.Image(format="png")
 
     def _show(self) -> None:
-        """Render the figure to PNG into ``self.image``; hide it while ``self.error`` is set (a
-        stale figure would contradict the message). An ``Image`` widget, not an ``Output`` one:
+        """Render the figure to PNG into ``self.image``; while ``self.error`` is set, hide it (a
+        stale figure would contradict the message) or, with ``keep_stale_figure``, show the last
+        valid one dimmed (class ``mlsys-stale``). An ``Image`` widget, not an ``Output`` one:
         the PNG travels as widget state, so headless runners (nbclient, papermill, Voilà) never
         have to replay captured output messages."""
         import io
 
-        self.image.layout.display = "none" if self.error is not None else None
         if self.error is not None:
+            if self.keep_stale_figure and self._last_png:
+                self.image.value = dim_png(self._last_png)
+                self.image.add_class("mlsys-stale")
+                self.image.layout.display = None
+            else:
+                self.image.layout.display = "none"
             return
+        self.image.layout.display = None
+        self.image.remove_class("mlsys-stale")
         buf = io.BytesIO()
         self.figure.savefig(buf, format="png", dpi=self.png_dpi, **self.png_kwargs)
         width = str(round(self.figure.get_figwidth() * self.png_dpi))
         if self.image.width != width:  # show the PNG at its own size, not stretched to the page
             self.image.width = width
-        self.image.value = buf.getvalue()
+        self.image.value = self._last_png = buf.getvalue()
 
 
 class ControlPanel(Panel):

@@ -3,8 +3,8 @@
 ``PipelineWidget().widget`` is the ipywidgets container. Everything shown comes from
 ``mlsys_nb.pipeline.simulate`` and ``mlsys_nb.pipeline.compare`` (a simulation; notebook 08
 checks it against closed forms and real ranks). Invalid combinations (e.g. dualpipe with odd p,
-interleaving with m not a multiple of p, v ≠ 1 for a one-chunk schedule) are shown as a message in
-place of the chart.
+interleaving with m not a multiple of p, v ≠ 1 for a one-chunk schedule) are shown as a message
+with the nearest valid values (``nearest_valid``) beside the last valid chart, dimmed.
 """
 
 from __future__ import annotations
@@ -16,13 +16,44 @@ import pandas as pd
 from matplotlib import rc_context
 from matplotlib.collections import PolyCollection
 
-from ..pipeline import SCHEDULES, check_args
+from ..pipeline import SCHEDULES, ScheduleError, check_args
 from ..pipeline.compare import cached_schedule, cached_simulation, compare
 from ..pipeline.plots import plot_timeline
 from ..plots import label, style
 from .base import ControlPanel
 
 DEFAULTS = {"schedule": "1f1b", "p": 4, "m": 8, "v": 1, "F": 1.0, "B": 1.0, "W": 1.0, "comm": 0.0, "color_by": "kind"}
+
+
+LIMITS = {"m": (1, 128), "v": (1, 8), "p": (1, 32)}  # the sliders' ranges
+
+
+def nearest_valid(schedule: str, p: int, m: int, v: int, limits: dict = LIMITS) -> dict[str, list[int]]:
+    """For each of m, v, p (in that order) the nearest values within ``limits`` (name -> (lo, hi))
+    below and above the given one that make a valid combination with the other two unchanged
+    (``pipeline.check_args``); a name with no valid value is left out. E.g. interleaved-1f1b,
+    p = 4, m = 6, v = 2 -> {"m": [4, 8], "p": [3, 6]}."""
+    now = {"p": p, "m": m, "v": v}
+    out = {}
+    for name in ("m", "v", "p"):
+        lo, hi = limits[name]
+        found = []
+        for side in (range(now[name] - 1, lo - 1, -1), range(now[name] + 1, hi + 1)):
+            for x in side:
+                try:
+                    check_args(schedule, **(now | {name: x}))
+                except ScheduleError:
+                    continue
+                found.append(x)
+                break
+        if found:
+            out[name] = sorted(found)
+    return out
+
+
+def suggestion(near: dict[str, list[int]]) -> str:
+    """``nearest_valid``'s answer in words: 'try m = 4 or 8, or p = 3 or 6'."""
+    return "try " + ", or ".join(f"{k} = {' or '.join(map(str, xs))}" for k, xs in near.items()) if near else ""
 
 
 @lru_cache(maxsize=32)
@@ -36,6 +67,7 @@ class PipelineWidget(ControlPanel):
 
     png_dpi = 80  # a wide Gantt chart: 800 px across is enough
     error_label = "Invalid combination"
+    keep_stale_figure = True  # an invalid combination dims the last valid chart beside its message
 
     def __init__(self, **state):
         import ipywidgets as w
@@ -89,6 +121,11 @@ class PipelineWidget(ControlPanel):
     def compute(self, state: dict) -> dict:
         """The schedule and its simulation (cached); raises ``ScheduleError`` on an invalid combination."""
         s = state
+        try:
+            check_args(s["schedule"], s["p"], s["m"], s["v"])
+        except ScheduleError as e:
+            hint = suggestion(nearest_valid(s["schedule"], s["p"], s["m"], s["v"]))
+            raise ScheduleError(f"{e}: {hint}" if hint else str(e)) from None
         sched = cached_schedule(s["schedule"], s["p"], s["m"], s["v"])
         res = cached_simulation(s["schedule"], s["p"], s["m"], s["v"], s["F"], s["B"], s["W"], s["comm"])
         args = (s["p"], s["m"], s["v"], s["F"], s["B"], s["W"], s["comm"])
