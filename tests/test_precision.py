@@ -5,22 +5,29 @@ scales on activations with outliers)."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
 import torch
 
-from mlsys_nb.config import ArgumentError
+from mlsys_nb.config import PRECISIONS, ArgumentError, TrainConfig, tiny_config
+from mlsys_nb.memory import estimate
+from mlsys_nb.models import Transformer
 from mlsys_nb.precision import (
     BLOCK_FORMATS,
     FORMATS,
     DelayedScaling,
+    Fp8Blocks,
     LossScaler,
+    RecipeAdam,
     activations_with_outliers,
     block_quantize,
     cast,
     format_info,
+    fp8_scale_bytes,
     make_format,
+    measure_recipe,
     quantize,
     quantize_tensor,
     quantize_tiles,
@@ -35,6 +42,15 @@ from mlsys_nb.precision import (
 TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TORCH_FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 OCP_FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]  # OCP MX v1.0, the FP4 E2M1 table
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread: small kernels on a shared 2-core machine run far faster without oversubscription."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def _matches_finfo(f, dtype) -> bool:
@@ -303,3 +319,91 @@ def test_stochastic_rounding_picks_a_neighbour_and_is_unbiased():
     p = 1 / 8  # P(round up); the mean's standard error is 0.125 · sqrt(p(1-p)/n)
     assert abs(mean - (1 + 2.0**-10)) < 5 * 0.125 * math.sqrt(p * (1 - p) / one.numel())
     assert float(quantize(one, "fp8_e4m3").mean()) == 1.0  # round to nearest loses it every time
+
+
+# ---- the memory calculator's recipes, measured -------------------------------------------------------
+RECIPE_CFG = tiny_config()
+
+
+@pytest.fixture(scope="module")
+def recipe_runs():
+    """Each recipe trained 3 steps of 2 micro-batches on the tiny transformer, bytes measured at the last step."""
+    return {p: measure_recipe(RECIPE_CFG, p, steps=3, micro_batches=2, seed=3) for p in PRECISIONS}
+
+
+def _model_bytes(precision):
+    """The calculator's params + grads + optimizer + master bytes (memory.estimate) for RECIPE_CFG."""
+    b = estimate(RECIPE_CFG, TrainConfig(precision=precision, seq_len=RECIPE_CFG.seq_len))
+    return dict(params=b.params, grads=b.grads, optimizer=b.optimizer, master=b.master)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_each_recipes_measured_bytes_equal_the_memory_calculators(recipe_runs, precision):
+    run = recipe_runs[precision]
+    held, model = run["held"], _model_bytes(precision)
+    shapes = [tuple(p.shape) for p in Transformer(RECIPE_CFG).parameters()]
+    scales = fp8_scale_bytes(shapes) if precision == "fp8-dsv3" else 0  # the 1 B/param leaves the scales out
+    assert held["scales"] == scales
+    assert held["params"] == model["params"] + scales
+    assert (held["grads"], held["optimizer"], held["master"]) == (model["grads"], model["optimizer"], model["master"])
+    assert run["n_params"] == estimate(RECIPE_CFG, TrainConfig(precision=precision)).n_params_total
+    assert run["losses"][-1] < run["losses"][0] - 0.05, f"{precision} did not train: {run['losses']}"
+
+
+def test_a_recipe_that_forgets_the_master_copy_fails_the_bytes_check():
+    broken = measure_recipe(RECIPE_CFG, "bf16-mixed", steps=1, micro_batches=1, master=False)
+    assert broken["held"]["master"] == 0 and broken["held"]["total"] != sum(_model_bytes("bf16-mixed").values())
+
+
+def test_fp32_recipe_steps_equal_torch_adamw():
+    torch.manual_seed(0)
+    base = Transformer(RECIPE_CFG)
+    ref = copy.deepcopy(base)
+    opt = torch.optim.AdamW(ref.parameters(), lr=3e-3, weight_decay=0.1)
+    mine = RecipeAdam(copy.deepcopy(base), "fp32", lr=3e-3, weight_decay=0.1)
+    g = torch.Generator().manual_seed(4)
+    for _ in range(3):
+        x = torch.randint(0, RECIPE_CFG.vocab_size, (4, RECIPE_CFG.seq_len + 1), generator=g)
+        opt.zero_grad()
+        ref(x[:, :-1], x[:, 1:]).backward()
+        opt.step()
+        mine.loss(x[:, :-1], x[:, 1:])
+        mine.step()
+    for n, p in ref.named_parameters():
+        assert torch.allclose(p.detach(), mine.weights[n], rtol=0, atol=1e-6), n
+
+
+def test_bf16_without_master_loses_updates_below_half_an_ulp():
+    torch.manual_seed(0)
+    base = Transformer(RECIPE_CFG)
+    x = (torch.arange(4)[:, None] + torch.arange(RECIPE_CFG.seq_len + 1)) % RECIPE_CFG.vocab_size
+    moved = {}
+    for p in ("bf16-nomaster", "bf16-mixed"):
+        opt = RecipeAdam(copy.deepcopy(base), p, lr=1e-6)
+        before = {n: w.detach().float().clone() for n, w in opt.weights.items()}
+        for _ in range(2):
+            opt.loss(x[:, :-1], x[:, 1:])
+            opt.step()
+        after = opt.master if p == "bf16-mixed" else opt.weights
+        moved[p] = sum(int((after[n].float() != before[n]).sum()) for n in before) / opt.n_params()
+    assert moved["bf16-nomaster"] < 0.1 and moved["bf16-mixed"] > 0.99, moved
+
+
+def test_fp8_blocks_round_trip_within_e4m3_precision_and_count_their_scales():
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(200, 300, generator=g) * torch.exp(torch.randn(200, 1, generator=g))
+    b = Fp8Blocks(w)
+    assert b.codes.dtype == torch.float8_e4m3fn and b.scales.shape == (2, 3)
+    back = b.dequantize(torch.float32)
+    rel = ((back - w).abs() / w.abs())[w.abs() > w.abs().max() * 2.0**-6]  # e4m3 normals within each block
+    assert float(rel.max()) <= format_info("fp8_e4m3").eps / 2 + 1e-6
+    assert fp8_scale_bytes([(200, 300), (64,)]) == 4 * 6 + 4 == b.scales.untyped_storage().nbytes() + 4
+
+
+def test_recipe_arguments_are_checked():
+    with pytest.raises(ArgumentError, match="precision"):
+        RecipeAdam(Transformer(RECIPE_CFG), "fp16")
+    with pytest.raises(ArgumentError, match="lr"):
+        RecipeAdam(Transformer(RECIPE_CFG), "fp32", lr=-1.0)
+    with pytest.raises(ArgumentError, match="step"):
+        RecipeAdam(Transformer(RECIPE_CFG), "fp32").step()

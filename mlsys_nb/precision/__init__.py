@@ -11,6 +11,10 @@
   ``torch.amp.GradScaler("cpu")``'s (``scaler_trajectory`` runs both with infs injected; tested).
 - ``fp8``: FP8 matmuls on ``torch._scaled_mm`` (real fp8 operands on CPU, emulated numerics): per-tensor
   current and delayed (amax history) scaling, DeepSeek-V3's 1×128 / 128×128 tile scaling.
+- ``recipes``: ``RecipeAdam`` / ``build_recipe(model, precision)``, an AdamW holding exactly what each
+  ``TrainConfig.precision`` recipe stores (weights, gradients, fp32 master or not, moments, in the recipe's dtypes;
+  fp8 codes + 128×128 block scales for fp8-dsv3); ``measure_recipe`` trains the kit's transformer with it and
+  measures the bytes held, tested against ``mlsys_nb.memory.estimate`` (``model_state_bytes_per_param``).
 """
 
 from .formats import (
@@ -36,20 +40,36 @@ from .fp8 import (
     tensor_matmul,
     tile_matmul,
 )
+from .recipes import (
+    RECIPES,
+    Fp8Blocks,
+    RecipeAdam,
+    build_recipe,
+    fp8_scale_bytes,
+    measure_recipe,
+    model_state_bytes_per_param,
+)
 from .scaler import LossScaler, scaler_trajectory
 
 __all__ = [
     "BLOCK_FORMATS",
     "FORMATS",
+    "RECIPES",
     "DelayedScaling",
     "FormatInfo",
+    "Fp8Blocks",
     "LossScaler",
+    "RecipeAdam",
     "activations_with_outliers",
     "amax_scale",
     "block_quantize",
+    "build_recipe",
     "cast",
     "format_info",
+    "fp8_scale_bytes",
     "make_format",
+    "measure_recipe",
+    "model_state_bytes_per_param",
     "quantize",
     "quantize_tensor",
     "quantize_tiles",
