@@ -1,5 +1,7 @@
 """The planner widget (dashboard "Planner" tab), driven headless by setting control values."""
 
+import re
+
 import pytest
 
 from mlsys_nb import planner
@@ -20,6 +22,19 @@ def test_widget_shows_the_planner_and_redraws():
     w.controls["show"].value = 3  # a single control change redraws the breakdown
     assert sum(p.get_width() for p in w.figure.axes[0].patches) == pytest.approx(want.step_s[3])
     assert "#3" in w.stats.value and "Bottleneck" in w.stats.value
+    # the headline MFU is the calibrated model's, and the uncalibrated upper bound is beside it
+    kw = dict(gpus=16, gpu="H100-SXM", global_batch_tokens=64 * 4096, seq_len=4096)
+    lay = w.result["plan"].layout
+    cal, upper = planner.evaluate("llama-3-8b", lay, **kw), planner.evaluate("llama-3-8b", lay, **kw, calibration=None)
+    assert f"MFU <b>{cal.mfu:.0%}</b> (calibrated model" in w.stats.value
+    assert f"uncalibrated upper bound {upper.mfu:.0%}" in w.stats.value and upper.mfu > cal.mfu
+    # the layouts table: one row per layout, every row as many cells as headings, fixed decimals
+    html = w.details_html.value
+    heads = re.findall(r"<th>([^<]*)</th>", html.split("</tr>")[0])
+    rows = [re.findall(r"<td[^>]*>([^<]*)</td>", r) for r in html.split("</tr>")[1:-1]]
+    assert len(rows) == len(want) and all(len(r) == len(heads) - 1 for r in rows)
+    assert [r[heads.index("step (s)") - 1] for r in rows] == [f"{x:.3f}" for x in want.step_s]
+    assert "text-align:right" in html
     w2 = PlannerWidget(**w.state())
     assert w2.state() == w.state() and w2.table().equals(w.table())
 

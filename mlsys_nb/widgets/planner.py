@@ -29,6 +29,27 @@ DEFAULTS = {
 SEQ_LENS = (1024, 2048, 4096, 8192, 16384, 32768, 131072)
 TOP = 10
 TIME_PARTS = ("compute", "recompute", "non-matmul", "TP comm", "CP comm", "EP comm", "PP comm", "bubble", "DP comm")
+# the layouts table: column -> (heading, format); numbers right-aligned in fixed decimals
+TABLE_COLUMNS = {
+    "dp": ("DP", "{:d}"),
+    "tp": ("TP", "{:d}"),
+    "pp": ("PP", "{:d}"),
+    "cp": ("CP", "{:d}"),
+    "ep": ("EP", "{:d}"),
+    "zero": ("ZeRO", "{:d}"),
+    "recompute": ("recompute", "{}"),
+    "micro_batch": ("micro-batch", "{:d}"),
+    "schedule": ("schedule", "{}"),
+    "v": ("v", "{:d}"),
+    "step_s": ("step (s)", "{:.3f}"),
+    "mfu": ("MFU (%, model)", "{:.1f}"),
+    "memory_GB": ("memory (GB)", "{:.1f}"),
+    "bottleneck": ("bottleneck", "{}"),
+}
+TABLE_STYLE = (
+    "<style>.mlsys-planner-layouts td,.mlsys-planner-layouts th{padding:1px 6px;text-align:right;"
+    "font-variant-numeric:tabular-nums;white-space:nowrap}.mlsys-planner-layouts td.text{text-align:left}</style>"
+)
 MEM_PARTS = (
     ("parameters", "params"),
     ("gradients", "grads"),
@@ -90,7 +111,8 @@ class PlannerWidget(ControlPanel):
         row = df.iloc[min(s["show"], len(df) - 1)]
         fields = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", "micro_batch", "schedule", "v")
         plan = planner.evaluate(s["model"], planner.Layout(**{f: row[f] for f in fields}), **kw)
-        return {"layouts": df, "plan": plan, "shown": min(s["show"], len(df) - 1)}
+        upper = planner.evaluate(s["model"], plan.layout, **kw, calibration=None)  # datasheet peaks
+        return {"layouts": df, "plan": plan, "upper": upper, "shown": min(s["show"], len(df) - 1)}
 
     def rows(self, r: dict) -> pd.DataFrame:
         return r["layouts"]
@@ -102,17 +124,31 @@ class PlannerWidget(ControlPanel):
             f"<b>#{r['shown']}</b>: dp {lay.dp} &times; tp {lay.tp} &times; pp {lay.pp} &times; "
             f"cp {lay.cp} (ep {lay.ep}), ZeRO-{lay.zero}, {lay.recompute} recompute, micro-batch {lay.micro_batch}, "
             f"{lay.schedule}{f' v={lay.v}' if lay.v > 1 else ''}: modelled step <b>{plan.step_s:.2f} s</b>, "
-            f"MFU {plan.mfu:.0%} (model calibrated on published runs), {plan.memory_bytes / 1e9:.1f} GB of "
+            f"MFU <b>{plan.mfu:.0%}</b> (calibrated model: efficiencies fitted on published runs; "
+            f"uncalibrated upper bound {r['upper'].mfu:.0%}; not measured), {plan.memory_bytes / 1e9:.1f} GB of "
             f"{plan.gpu_memory_bytes / 1e9:.0f} GB. Bottleneck: {plan.bottleneck}."
         )
 
     def details(self, r: dict) -> str:
-        """The best layouts as a table (memory in GB, MFU in %)."""
-        df = r["layouts"]
-        view = df.assign(
-            memory_GB=(df.memory_bytes / 1e9).round(1), step_s=df.step_s.round(3), mfu=(100 * df.mfu).round(1)
-        ).drop(columns="memory_bytes")
-        return "<small>" + view.to_html(border=0) + "</small>"
+        """The best layouts as an aligned table (``TABLE_COLUMNS``: memory in GB, MFU in % of the
+        calibrated model; numbers right-aligned in fixed decimals, text left-aligned)."""
+        import html
+
+        df = r["layouts"].assign(memory_GB=r["layouts"].memory_bytes / 1e9, mfu=100 * r["layouts"].mfu)
+        head = "".join(f"<th>{html.escape(h)}</th>" for h, _ in TABLE_COLUMNS.values())
+        body = []
+        for i, row in df.iterrows():
+            cells = []
+            for col, (_, fmt) in TABLE_COLUMNS.items():
+                v = row[col]
+                text = isinstance(v, str)
+                shown = html.escape(fmt.format(v if text else getattr(v, "item", lambda v=v: v)()))
+                cells.append(f"<td{' class=text' if text else ''}>{shown}</td>")
+            body.append(f"<tr><th>{i}</th>{''.join(cells)}</tr>")
+        return (
+            f"{TABLE_STYLE}<small><table class='mlsys-planner-layouts'><tr><th>#</th>{head}</tr>"
+            f"{''.join(body)}</table></small>"
+        )
 
     def draw(self, r: dict) -> None:
         plan = r["plan"]
