@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import torch
 
+from ..runtime.profiling import trace_range
 from .paged import PagedKVCache, paged_attention, paged_attention_tiled
 from .sequence import Sequence
 
@@ -61,6 +62,7 @@ class StepBatch:
         )
         self.seqs = [scheduled[i][0] for i in order]
         tokens, positions, slots, self.prefills, dec_tables, dec_lens = [], [], [], [], [], []
+        tentative = []  # tokens a speculative rollback may remove (a quantized pool keeps their K exact)
         self.sample_rows, self.sample_seqs, self.num_logits = [], [], []
         for seq, n in (scheduled[i] for i in order):
             start = seq.num_computed_tokens
@@ -70,6 +72,7 @@ class StepBatch:
             tokens += seq.token_ids[start : start + n]
             positions += pos
             slots += [table[p // bs] * bs + p % bs for p in pos]
+            tentative += [getattr(seq, "num_logits", 1) > 1] * n
             if n == 1:
                 dec_tables.append(table)
                 dec_lens.append(start + 1)
@@ -100,6 +103,7 @@ class StepBatch:
         self.tokens = torch.tensor([tokens], device=dev)
         self.positions = torch.tensor([positions], device=dev)
         self.slots = torch.tensor(slots, device=dev)
+        self.tentative = tentative if any(tentative) else None
         if dec_tables:
             width = max(map(len, dec_tables))
             self.dec_tables = torch.tensor([t + [0] * (width - len(t)) for t in dec_tables], device=dev)
@@ -127,7 +131,8 @@ class StepBatch:
         """The model's cache protocol: nothing to do (the scheduler advances ``num_computed_tokens``)."""
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        self.kv.write(layer_idx, self.slots, k[0].transpose(0, 1), v[0].transpose(0, 1))  # [T, n_kv, d]
+        # [T, n_kv, d]; verify chunks' tokens are tentative (a rollback may remove them)
+        self.kv.write(layer_idx, self.slots, k[0].transpose(0, 1), v[0].transpose(0, 1), self.tentative)
         # [num_blocks, block_size, n_kv, d] in the model's dtype (a pool in another dtype, or int8/fp8
         # codes with their scales, is converted / dequantized: kv_cache_dtype)
         kc, vc = self.kv.read(layer_idx, q.dtype)
@@ -149,14 +154,17 @@ class SwapPool:
     """CPU blocks for preemption by swap: ``swap_out`` copies a sequence's blocks here, ``swap_in`` back.
 
     It mirrors every per-block tensor of the pool (``PagedKVCache.tensors()``: K, V and, for an int8/fp8
-    pool, their scales), so a swapped-in block dequantizes to what was swapped out. ``k``, ``v``: the
-    CPU K/V (codes for a quantized pool)."""
+    pool, their scales) and, for a quantized pool, carries the full-precision K residual of a block not
+    yet quantized (``get_residual``/``set_residual``; at most the sequence's partly filled last block), so
+    a swapped-in block reads as what was swapped out. ``k``, ``v``: the CPU K/V (codes for a quantized
+    pool)."""
 
     def __init__(self, kv: PagedKVCache, num_blocks: int):
         self.parts = [torch.zeros((t.shape[0], num_blocks) + tuple(t.shape[2:]), dtype=t.dtype) for t in kv.tensors()]
         self.k, self.v = self.parts[0], self.parts[1]
         self.free = list(range(num_blocks))
         self.held: dict[int, list[int]] = {}  # seq_id -> CPU block ids, in logical order
+        self.residuals: dict[int, dict[int, torch.Tensor]] = {}  # seq_id -> {logical block: its K residual}
 
     def can_hold(self, n_blocks: int) -> bool:
         return n_blocks <= len(self.free)
@@ -167,6 +175,9 @@ class SwapPool:
         for mine, theirs in zip(self.parts, kv.tensors()):
             mine[:, cpu] = theirs[:, idx].cpu()
         self.held[seq_id] = cpu
+        if kv.quant:
+            res = {i: kv.get_residual(b) for i, b in enumerate(gpu_blocks) if b in kv.res_of}
+            self.residuals[seq_id] = {i: r.cpu() for i, r in res.items()}
 
     def swap_in(self, seq_id: int, kv: PagedKVCache, gpu_blocks: list[int], first: int = 0) -> None:
         """Copy blocks ``first..`` of ``seq_id`` back into ``gpu_blocks`` (earlier ones came from the prefix cache)."""
@@ -175,10 +186,14 @@ class SwapPool:
             src, dst = torch.tensor(cpu[first:]), torch.tensor(gpu_blocks[first:], device=kv.k.device)
             for mine, theirs in zip(self.parts, kv.tensors()):
                 theirs[:, dst] = mine[:, src].to(theirs.device)
+        for i, r in self.residuals.pop(seq_id, {}).items():
+            if i >= first:
+                kv.set_residual(gpu_blocks[i], r)
         self.free += cpu
 
     def drop(self, seq_id: int) -> None:
         self.free += self.held.pop(seq_id, [])
+        self.residuals.pop(seq_id, None)
 
 
 class ModelRunner:
@@ -193,10 +208,11 @@ class ModelRunner:
         batch = StepBatch(self.kv, scheduled)  # "prepare": block tables, slots, positions
         if timer:
             timer("prepare")
-        if self.graphs is not None and not batch.prefills and self.graphs.fits(batch):
-            logits = self.graphs.run(batch)
-        else:
-            logits = self.model(batch.tokens, positions=batch.positions, cache=batch)[0, batch.sample_rows]
+        with trace_range("engine.model"):  # the forward as a profiler range (notebook 15)
+            if self.graphs is not None and not batch.prefills and self.graphs.fits(batch):
+                logits = self.graphs.run(batch)
+            else:
+                logits = self.model(batch.tokens, positions=batch.positions, cache=batch)[0, batch.sample_rows]
         if timer:
             timer("model")
         return logits.float(), batch
@@ -205,6 +221,11 @@ class ModelRunner:
         """Capture one decode graph per batch bucket (CUDA only)."""
         if not torch.cuda.is_available() or self.kv.k.device.type != "cuda":
             raise RuntimeError("CUDA graphs need torch.cuda.is_available() and the model and cache on a CUDA device")
+        if self.kv.quant:
+            raise RuntimeError(
+                f"CUDA graphs need an unquantized KV pool (kv_cache_dtype={self.kv.quant!r}: its K residual is "
+                "planned on the host every step)"
+            )
         self.graphs = CUDAGraphRunner(self, buckets, max_blocks_per_seq)
 
 

@@ -26,14 +26,19 @@ Three pieces, each readable on its own:
   ``begin``, ``attend``, ``commit``): in every layer the package's ``Transformer`` calls
   ``cache.attend(layer, q, k, v)``, which writes the new K/V into their slots and returns
   ``paged_attention`` over the whole context.
-- KV-cache quantization (``dtype="int8"`` or ``"fp8"``, e4m3): the pool stores codes plus one fp32
-  scale per token and KV head (``quantize_kv``), K and V alike; ``read`` dequantizes a layer's pool
-  before ``paged_attention``. KIVI (Liu et al., 2024, arXiv:2402.02750) quantizes K per *channel*
-  (its outlier channels) and V per token; per-channel K scales over a paged block would change each
-  time a token is appended to a partly filled block (the block's channel max grows), so every
-  append would re-round the block's earlier tokens (their error compounds) and rewrite the whole
-  block; KIVI avoids that with a full-precision window of recent tokens, which this pool does not
-  have, so K is per token here too.
+- KV-cache quantization (``dtype="int8"`` or ``"fp8"``, e4m3) with KIVI's scheme (Liu et al., 2024,
+  arXiv:2402.02750): K per *channel* (K has outlier channels; one fp32 scale per block, KV head and
+  channel: the group is the block) and V per token (one fp32 scale per token and KV head). A per-channel
+  scale needs the whole group, and appending a token to a partly filled block would change the block's
+  channel max, so every append would re-round its earlier tokens (the error compounds). KIVI keeps the
+  recent tokens in full precision instead; here the K of a block stays in an fp32 *residual* (a side pool
+  of ``residual_blocks`` blocks, K only) until the block is full and its tokens are computed
+  (``BlockManager.mark_computed``, after any speculative rollback), then the block is quantized per
+  channel once, from exact values. A block written whole in one forward (a prefill chunk) is quantized
+  directly; a speculative verify chunk always goes through the residual, since a rollback
+  (``BlockManager.truncate``) may un-fill the block. Copy-on-write copies the residual with the block,
+  swap carries it, freeing a block returns its residual, prefix-cache hits are full (quantized) blocks.
+  ``read`` dequantizes a layer's pool and puts the residual blocks' exact K over their codes.
 
 Errors name the value and the limit, and a failing call changes nothing (the tests run
 ``check_invariants()`` after every failing call).
@@ -59,22 +64,31 @@ __all__ = [
     "dequantize_kv",
     "fragmentation",
     "kv_block_bytes",
+    "kv_residual_blocks",
+    "kv_residual_bytes",
     "paged_attention",
     "quantize_kv",
 ]
 
 NO_HASH = -1
-KV_QUANT_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}  # quantized pools: codes + per-token scales
-KV_SCALE_DTYPE = torch.float32  # one scale per (token, KV head) of K and of V
+KV_QUANT_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}  # quantized pools: codes + scales
+KV_SCALE_DTYPE = torch.float32  # K: one scale per (block, KV head, channel); V: one per (token, KV head)
+KV_RESIDUAL_DTYPE = torch.float32  # the full-precision K of blocks not yet quantized (the residual)
 
 
-def quantize_kv(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token (per KV head) quantization of K or V ``x`` [..., head_dim] to ``kind`` ("int8" or "fp8").
+def quantize_kv(x: torch.Tensor, kind: str, dim: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Absmax quantization of K or V ``x`` to ``kind`` ("int8" or "fp8"), one scale per slice along ``dim``.
 
-    Returns ``(codes, scales)``: codes shaped like ``x`` (int8, or float8_e4m3fn), scales ``x.shape[:-1]``
-    (fp32) with ``x ~ codes * scales``. int8 is absmax over the head_dim values (``mlsys_nb.quant.quantize``
-    with ``group_size=-1``: scale = amax / 127, error <= scale / 2); fp8 maps the row's amax to e4m3's
-    max 448 (``precision.fp8.amax_scale``; relative error <= 2^-4 above the smallest normal)."""
+    ``dim=-1`` (head_dim): one scale per token and KV head (V's scheme); ``dim`` = the token axis of a
+    block ``[..., block_size, n_kv_heads, head_dim]``: one scale per channel (K's scheme, KIVI).
+    Returns ``(codes, scales)``: codes shaped like ``x`` (int8, or float8_e4m3fn), scales ``x``'s shape
+    without ``dim`` (fp32), with ``x ~ codes * scales.unsqueeze(dim)``. int8 puts the slice's amax on 127
+    (``mlsys_nb.quant.quantize`` with ``group_size=-1``: error <= amax / 254); fp8 puts it on e4m3's max
+    448 (``precision.fp8.amax_scale``; relative error <= 2^-4 above the smallest normal)."""
+    dim = dim % x.ndim
+    if dim != x.ndim - 1:
+        codes, scales = quantize_kv(x.movedim(dim, -1), kind)
+        return codes.movedim(-1, dim), scales
     if kind == "int8":
         from ..quant.formats import quantize
 
@@ -88,21 +102,39 @@ def quantize_kv(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]
     raise ValueError(f"kind={kind!r} is not a quantized KV dtype: use one of {tuple(KV_QUANT_DTYPES)}")
 
 
-def dequantize_kv(codes: torch.Tensor, scales: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-    """``codes * scales`` (scales broadcast over head_dim) in ``dtype``: the K/V ``quantize_kv`` stored."""
-    return (codes.float() * scales[..., None]).to(dtype)
+def dequantize_kv(codes: torch.Tensor, scales: torch.Tensor, dtype=torch.float32, dim: int = -1) -> torch.Tensor:
+    """``codes * scales`` (scales broadcast along ``dim``, as ``quantize_kv`` made them) in ``dtype``."""
+    return (codes.float() * scales.unsqueeze(dim % codes.ndim)).to(dtype)
 
 
 def kv_block_bytes(cfg, block_size: int, dtype) -> int:
-    """Bytes of one KV block over all layers, K and V: ``2 · n_layers · block_size · n_kv_heads ·
-    (head_dim · bytes per value + bytes per scale)``; the scale term is 4 (fp32) for "int8"/"fp8", else 0.
+    """Bytes of one KV block over all layers, K and V.
 
-    ``dtype``: a ``torch.dtype`` or a name ("fp32", "bf16", "fp16", "int8", "fp8")."""
+    Unquantized: ``2 · n_layers · block_size · n_kv_heads · head_dim · bytes per value``. "int8"/"fp8":
+    ``n_layers · n_kv_heads · (block_size · head_dim + 4 · head_dim)`` for K (codes, one fp32 scale per
+    channel) plus ``n_layers · n_kv_heads · block_size · (head_dim + 4)`` for V (codes, one fp32 scale per
+    token); the residual's bytes are ``kv_residual_bytes``. ``dtype``: a ``torch.dtype`` or a name
+    ("fp32", "bf16", "fp16", "int8", "fp8")."""
+    L, H, d = cfg.n_layers, cfg.n_kv_heads, cfg.head_dim
     if isinstance(dtype, str) and dtype in KV_QUANT_DTYPES:
-        per_token_head = cfg.head_dim * KV_QUANT_DTYPES[dtype].itemsize + KV_SCALE_DTYPE.itemsize
-    else:
-        per_token_head = cfg.head_dim * (dtype if isinstance(dtype, torch.dtype) else torch_dtype(dtype)).itemsize
-    return 2 * cfg.n_layers * block_size * cfg.n_kv_heads * per_token_head
+        nb, sb = KV_QUANT_DTYPES[dtype].itemsize, KV_SCALE_DTYPE.itemsize
+        return L * H * (block_size * d * nb + d * sb) + L * H * block_size * (d * nb + sb)
+    nb = (dtype if isinstance(dtype, torch.dtype) else torch_dtype(dtype)).itemsize
+    return 2 * L * block_size * H * d * nb
+
+
+def kv_residual_bytes(cfg, block_size: int, residual_blocks: int) -> int:
+    """Bytes of the full-precision K residual: ``residual_blocks · n_layers · block_size · n_kv_heads ·
+    head_dim · 4`` (fp32)."""
+    return residual_blocks * cfg.n_layers * block_size * cfg.n_kv_heads * cfg.head_dim * KV_RESIDUAL_DTYPE.itemsize
+
+
+def kv_residual_blocks(max_num_seqs: int, block_size: int, num_speculative_tokens: int = 0) -> int:
+    """Residual blocks an engine needs: per running sequence its partly filled last block, plus the one a
+    prefill chunk or decode may start (2), or with speculation the blocks a verify chunk of k+1 tokens
+    touches beyond its first (``ceil((k + 1) / block_size)``) if that is more."""
+    extra = max(1, math.ceil((num_speculative_tokens + 1) / block_size)) if num_speculative_tokens else 1
+    return max_num_seqs * (1 + extra)
 
 
 def _raw(t: torch.Tensor) -> torch.Tensor:
@@ -153,6 +185,10 @@ class BlockManager:
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))  # LRU order
         self.seqs: dict[object, _Seq] = {}
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0}
+        # listeners a pool with per-block state sets (PagedKVCache's quantized K residual): called with
+        # (block table, tokens computed) after ``mark_computed``, and with the block id when a block is freed
+        self.on_computed = None
+        self.on_free = None
 
     # ---- queries -------------------------------------------------------------------------------
     def num_free_blocks(self) -> int:
@@ -268,6 +304,8 @@ class BlockManager:
             elif self.hash_of[b] != key:  # a shared block (fork, hit) is registered by the first owner
                 raise AssertionError(f"block {b} of seq_id={seq_id!r} is registered under another key")
             s.hashed += 1
+        if self.on_computed is not None:
+            self.on_computed(s.table, n)
 
     def forget_prefixes(self) -> None:
         """Empty the prefix cache (e.g. new weights make every cached K/V stale); blocks stay allocated.
@@ -359,6 +397,8 @@ class BlockManager:
         if block_id in self.free:
             raise ValueError(f"block {block_id} is already free (double free)")
         self.free[block_id] = None
+        if self.on_free is not None:
+            self.on_free(block_id)
 
     # ---- checks --------------------------------------------------------------------------------
     def check_invariants(self) -> None:
@@ -514,10 +554,14 @@ class PagedKVCache:
 
     ``k``, ``v``: [n_layers, num_blocks, block_size, n_kv_heads, head_dim]; ``dtype``: "fp32", "bf16",
     "fp16" or a ``torch.dtype`` (default: the model's parameters' dtype, fp32 for a ``ModelConfig``), or
-    "int8" / "fp8" (e4m3): then ``k``/``v`` hold codes and ``k_scale``/``v_scale``
-    [n_layers, num_blocks, block_size, n_kv_heads] their fp32 per-token scales (module docstring).
-    Every write goes through ``write``, every read through ``read``, and every copy of blocks
-    (copy-on-write, swap) through ``tensors()``, so the scales travel with their codes."""
+    "int8" / "fp8" (e4m3): then ``k``/``v`` hold codes, ``k_scale`` [n_layers, num_blocks, n_kv_heads,
+    head_dim] K's per-channel scales, ``v_scale`` [n_layers, num_blocks, block_size, n_kv_heads] V's
+    per-token scales, and ``k_res`` [n_layers, residual_blocks, block_size, n_kv_heads, head_dim] the fp32
+    K of the blocks not yet quantized (``res_of``: block id -> residual slot; module docstring).
+    ``residual_blocks`` (default ``num_blocks``, always enough; the engine sizes it with
+    ``kv_residual_blocks``). Every write goes through ``write``, every read through ``read``, and every
+    copy of blocks (copy-on-write, swap) through ``tensors()`` plus ``get_residual``/``set_residual``,
+    so the scales and residuals travel with their codes."""
 
     def __init__(
         self,
@@ -529,6 +573,7 @@ class PagedKVCache:
         device=None,
         prefix_caching: bool = True,
         max_seq_len: int | None = None,
+        residual_blocks: int | None = None,
     ):
         cfg = getattr(model, "cfg", model)  # a Transformer or its ModelConfig
         if dtype is None and isinstance(model, torch.nn.Module):
@@ -546,16 +591,29 @@ class PagedKVCache:
         store = KV_QUANT_DTYPES[self.quant] if self.quant else torch.float32 if dtype is None else torch_dtype(dtype)
         self.k = torch.zeros(shape, dtype=store, device=device)
         self.v = torch.zeros_like(self.k)
-        self.k_scale = torch.zeros(shape[:-1], dtype=KV_SCALE_DTYPE, device=device) if self.quant else None
-        self.v_scale = torch.zeros_like(self.k_scale) if self.quant else None
+        n_res = 0
+        if self.quant:
+            n_res = check_int("residual_blocks", num_blocks if residual_blocks is None else residual_blocks, 1)
+            n_res = min(n_res, num_blocks)  # never more blocks not yet quantized than blocks
+        self.k_scale = (
+            torch.zeros(shape[:2] + shape[3:], dtype=KV_SCALE_DTYPE, device=device) if self.quant else None
+        )  # K: per (block, head, channel)
+        self.v_scale = torch.zeros(shape[:-1], dtype=KV_SCALE_DTYPE, device=device) if self.quant else None
+        self.k_res = torch.zeros(shape[:1] + (n_res,) + shape[2:], dtype=KV_RESIDUAL_DTYPE, device=device)
+        self.res_of: dict[int, int] = {}  # block id -> residual slot (its K in full precision, not yet quantized)
+        self.res_free = list(range(n_res - 1, -1, -1))
+        self._res_index = None  # (block ids, residual slots) as tensors, for ``read``; None when stale
+        self._write_plan = None
+        if self.quant:
+            self.manager.on_computed, self.manager.on_free = self._seal, self._release_residual
         self.computed: dict[object, int] = {}  # tokens of each sequence whose K/V are in the cache
         self._planned = None
         self._step = None
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the pool: K and V codes plus, for a quantized pool, their scales."""
-        return sum(t.nbytes for t in self.tensors())
+        """Bytes of the pool: K and V codes plus, for a quantized pool, their scales and the K residual."""
+        return sum(t.nbytes for t in self.tensors()) + self.k_res.nbytes
 
     def tensors(self) -> list[torch.Tensor]:
         """Every per-block tensor of the pool ([n_layers, num_blocks, ...]): K, V and (quantized) their
@@ -564,29 +622,124 @@ class PagedKVCache:
         return [_raw(self.k), _raw(self.v)] + extra
 
     def copy_blocks(self, src, dst) -> None:
-        """Copy block(s) ``src`` to ``dst`` in every layer (codes and scales)."""
+        """Copy block ``src`` to ``dst`` in every layer (codes, scales and, if it has one, its K residual)."""
         for t in self.tensors():
             t[:, dst] = t[:, src]
+        if self.quant and src in self.res_of:
+            self.set_residual(dst, self.get_residual(src))
 
-    def write(self, layer_idx: int, slots: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
-        """Store ``k_new``, ``v_new`` [T, n_kv_heads, head_dim] at flat slot indices ``slots`` [T] of one layer
-        (quantized per token for an "int8"/"fp8" pool)."""
+    # ---- the K residual (quantized pools): full-precision K of blocks not yet quantized -------------
+    def get_residual(self, block: int) -> torch.Tensor | None:
+        """A copy of ``block``'s full-precision K [n_layers, block_size, n_kv_heads, head_dim], or None."""
+        r = self.res_of.get(block)
+        return None if r is None else self.k_res[:, r].clone()
+
+    def set_residual(self, block: int, k: torch.Tensor | None = None) -> None:
+        """Give ``block`` a residual holding ``k`` (default: its dequantized codes, so a reopened block keeps
+        its tokens)."""
+        if block not in self.res_of:
+            if not self.res_free:
+                raise RuntimeError(
+                    f"the K residual is full: residual_blocks={self.k_res.shape[1]} blocks are all in use "
+                    "(size it for the running sequences: paged.kv_residual_blocks)"
+                )
+            self.res_of[block] = self.res_free.pop()
+            self._res_index = None
+        if k is None:
+            k = dequantize_kv(self.k[:, block], self.k_scale[:, block], KV_RESIDUAL_DTYPE, dim=1)
+        self.k_res[:, self.res_of[block]] = k.to(self.k_res.device, KV_RESIDUAL_DTYPE)
+
+    def _release_residual(self, block: int) -> None:
+        r = self.res_of.pop(block, None)
+        if r is not None:
+            self.res_free.append(r)
+            self._res_index = None
+
+    def _seal(self, table: list[int], num_computed: int) -> None:
+        """Quantize per channel (once, from exact values) every block of ``table`` that is full of computed
+        tokens and still in the residual; their residual slots go back (``BlockManager.on_computed``)."""
+        full = [b for b in table[: num_computed // self.block_size] if b in self.res_of]
+        if not full:
+            return
+        res = torch.tensor([self.res_of[b] for b in full], device=self.k.device)
+        blocks = torch.tensor(full, device=self.k.device)
+        codes, scales = quantize_kv(self.k_res[:, res], self.quant, dim=2)  # [L, n, bs, H, d]: over the tokens
+        _raw(self.k)[:, blocks] = _raw(codes)
+        self.k_scale[:, blocks] = scales
+        for b in full:
+            self._release_residual(b)
+
+    def _plan_write(self, slots: torch.Tensor, tentative) -> tuple:
+        """Where K of one write goes (the same for every layer): blocks the write fills whole, none of it
+        tentative, are quantized directly ((block ids, token indices [n, block_size])); every other token
+        goes to its block's residual ((token indices, flat residual slots)), which is opened if needed."""
+        bs = self.block_size
+        tent = [False] * len(slots) if tentative is None else [bool(t) for t in tentative]
+        by_block: dict[int, dict[int, int]] = {}
+        for i, sl in enumerate(slots.tolist()):
+            b, o = divmod(sl, bs)
+            by_block.setdefault(b, {})[o] = i  # a repeated slot (padding) keeps its last token
+        direct_b, direct_i, res_i, res_s = [], [], [], []
+        for b, offs in by_block.items():
+            if b not in self.res_of and len(offs) == bs and not any(tent[i] for i in offs.values()):
+                direct_b.append(b)
+                direct_i.append([offs[o] for o in range(bs)])
+                continue
+            if b not in self.res_of:
+                self.set_residual(b)
+            res_i += offs.values()
+            res_s += [self.res_of[b] * bs + o for o in offs]
+        dev = self.k.device
+        return (
+            slots,
+            torch.tensor(direct_b, dtype=torch.long, device=dev),
+            torch.tensor(direct_i, dtype=torch.long, device=dev).view(-1, bs),
+            torch.tensor(res_i, dtype=torch.long, device=dev),
+            torch.tensor(res_s, dtype=torch.long, device=dev),
+        )
+
+    def write(
+        self, layer_idx: int, slots: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, tentative=None
+    ) -> None:
+        """Store ``k_new``, ``v_new`` [T, n_kv_heads, head_dim] at flat slot indices ``slots`` [T] of one layer.
+
+        An "int8"/"fp8" pool quantizes V per token, and K per channel for the blocks this write fills whole,
+        else keeps K in the residual until its block is full and computed (module docstring). ``tentative``
+        [T] (bool): tokens a rollback may remove (a speculative verify chunk); their blocks stay in the
+        residual. The plan is made once per step: layer 0, or new ``slots``."""
         n_kv, d = self.k.shape[-2], self.k.shape[-1]
-        for pool, scale, x in ((self.k, self.k_scale, k_new), (self.v, self.v_scale, v_new)):
-            if self.quant:
-                codes, s = quantize_kv(x, self.quant)
-                _raw(pool[layer_idx]).view(-1, n_kv, d).index_copy_(0, slots, _raw(codes))
-                scale[layer_idx].view(-1, n_kv).index_copy_(0, slots, s)
-            else:
+        if not self.quant:
+            for pool, x in ((self.k, k_new), (self.v, v_new)):
                 pool[layer_idx].view(-1, n_kv, d).index_copy_(0, slots, x.to(pool.dtype))
+            return
+        codes, s = quantize_kv(v_new, self.quant)
+        _raw(self.v[layer_idx]).view(-1, n_kv, d).index_copy_(0, slots, _raw(codes))
+        self.v_scale[layer_idx].view(-1, n_kv).index_copy_(0, slots, s)
+        if layer_idx == 0 or self._write_plan is None or self._write_plan[0] is not slots:
+            self._write_plan = self._plan_write(slots, tentative)
+        _, direct_b, direct_i, res_i, res_s = self._write_plan
+        if len(direct_b):
+            codes, s = quantize_kv(k_new[direct_i], self.quant, dim=1)  # [n, bs, H, d]: per channel
+            _raw(self.k[layer_idx])[direct_b] = _raw(codes)
+            self.k_scale[layer_idx][direct_b] = s
+        if len(res_i):
+            self.k_res[layer_idx].view(-1, n_kv, d).index_copy_(0, res_s, k_new[res_i].to(KV_RESIDUAL_DTYPE))
 
     def read(self, layer_idx: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """One layer's K and V pools [num_blocks, block_size, n_kv_heads, head_dim] in ``dtype`` (dequantized)."""
+        """One layer's K and V pools [num_blocks, block_size, n_kv_heads, head_dim] in ``dtype`` (dequantized;
+        the residual blocks' K exact)."""
         if self.quant:
-            return (
-                dequantize_kv(self.k[layer_idx], self.k_scale[layer_idx], dtype),
-                dequantize_kv(self.v[layer_idx], self.v_scale[layer_idx], dtype),
-            )
+            k = dequantize_kv(self.k[layer_idx], self.k_scale[layer_idx], dtype, dim=1)
+            if self.res_of:
+                if self._res_index is None:
+                    dev = self.k.device
+                    self._res_index = (
+                        torch.tensor(list(self.res_of), device=dev),
+                        torch.tensor(list(self.res_of.values()), device=dev),
+                    )
+                blocks, res = self._res_index
+                k[blocks] = self.k_res[layer_idx, res].to(dtype)
+            return k, dequantize_kv(self.v[layer_idx], self.v_scale[layer_idx], dtype)
         return self.k[layer_idx].to(dtype), self.v[layer_idx].to(dtype)
 
     @property
