@@ -29,7 +29,8 @@ PREEMPTION_MODES = ("recompute", "swap")
 # the online softmax, nothing gathered (paged.paged_attention_tiled, PagedAttention's kernel idea)
 ATTENTION_BACKENDS = ("gather", "tiled")
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "fp8")  # "auto": the model's parameter dtype;
-# "int8"/"fp8" (e4m3): codes plus an fp32 scale per token and KV head (``paged.quantize_kv``)
+# "int8"/"fp8" (e4m3): codes plus fp32 scales, K per channel per block (its K exact in an fp32 residual until the
+# block is full) and V per token (``paged.quantize_kv``, KIVI's scheme)
 
 
 @dataclass(frozen=True)
