@@ -15,6 +15,11 @@ that JSON back as plain Python (a list of event dicts) and compute from it:
   counted from the start of profiling; ``live_at`` and ``peak_in`` read it.
 - ``activities()``: CPU, plus CUDA where a GPU is present; ``trace_ddp_step``: a rank function that
   traces one data-parallel step with and without overlap (notebook 05b).
+- ``trace_range(name)`` and ``ranged(name)``: a ``record_function`` range (a ``with`` block, a
+  decorator) that costs well under a microsecond while no profiler records (the serving engine's
+  ``engine.step`` and ``engine.model``); ``light_profile()``: a profiler that starts in a fraction of
+  a second in a fresh process; ``inner_time(events, outer, inner)``: per ``outer`` range, the time
+  covered by ``inner`` ranges inside it (a decode step's model forward, notebook 15).
 
 Timestamps are the profiler's microseconds (its own clock, one per process); durations out of the
 helpers are microseconds unless a name says otherwise. Timing is ``runtime.timing``'s job: the profiler
@@ -23,6 +28,8 @@ adds microseconds per op, so it shows where time goes, not how long a step takes
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import gzip
 import json
 from pathlib import Path
@@ -43,6 +50,12 @@ __all__ = [
     "live_at",
     "peak_in",
     "trace_ddp_step",
+    "trace_range",
+    "ranged",
+    "light_profile",
+    "inner_time",
+    "host_time_mismatch",
+    "most_agree",
 ]
 
 # names of communication events: gloo's all-reduce runs on its worker threads; NCCL's are GPU kernels
@@ -58,6 +71,54 @@ def activities(device: str = "auto") -> list:
     device = check_choice("device", device, ("auto", "cpu", "cuda"))
     gpu = torch.cuda.is_available() if device == "auto" else device == "cuda"
     return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+
+
+_IDLE = contextlib.nullcontext()  # shared: entering a nullcontext changes nothing
+
+
+def trace_range(name: str):
+    """A ``torch.profiler.record_function(name)`` range while a profiler records, else a no-op context.
+
+    ``record_function`` itself costs ~20 us per range on a busy CPU even with no profiler running (a
+    dispatcher call to open and one to close it); this check costs ~0.4 us, so a hot loop (an engine
+    step) can keep its ranges in production code. Use as ``with trace_range("engine.model"): ...``."""
+    import torch
+
+    if torch.autograd._profiler_enabled():
+        return torch.autograd.profiler.record_function(name)
+    return _IDLE
+
+
+def ranged(name: str):
+    """Decorator: every call of the function runs inside ``trace_range(name)`` (a fresh range per call,
+    so threads and recursion are safe, unlike decorating with one ``record_function`` instance)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name={name!r}: a range needs a non-empty name (str)")
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            with trace_range(name):
+                return fn(*args, **kwargs)
+
+        return inner
+
+    return wrap
+
+
+def light_profile(device: str = "auto"):
+    """A profiler over ``activities(device)`` with shapes, stacks and memory off (the cheapest trace):
+    ``with light_profile() as prof: ...`` then ``prof.export_chrome_trace(path)``.
+
+    It is ``torch.autograd.profiler.profile(use_kineto=True)``, the profiler that
+    ``torch.profiler.profile`` wraps: the same Kineto trace, but its first start in a process takes a
+    fraction of a second, where ``torch.profiler.profile``'s first start imports the compiler
+    (``torch._inductor``, ``torch._dynamo``: seconds of CPU on a small machine) to read one setting."""
+    import torch
+
+    device = check_choice("device", device, ("auto", "cpu", "cuda"))
+    gpu = torch.cuda.is_available() if device == "auto" else device == "cuda"
+    return torch.autograd.profiler.profile(use_kineto=True, use_device="cuda" if gpu else None)
 
 
 def load_trace(path) -> list[dict]:
@@ -91,6 +152,50 @@ def spans(events, *, name: str | None = None, prefix: str | None = None, cat: st
             continue
         out.append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
     return sorted(out)
+
+
+def inner_time(events, outer: str, inner: str) -> list[tuple[float, float]]:
+    """For each range named ``outer`` (complete events, in time order): ``(its duration, the time
+    covered by ranges named inner that lie inside it)``, both in microseconds. Nested or repeated
+    ``inner`` ranges count each instant once; ``inner`` ranges outside every ``outer`` one are ignored.
+    ``outer`` minus ``inner`` is the rest of each step (a decode step's host work: schedule, prepare,
+    sample, update, around the model's forward)."""
+    outers = spans(events, name=outer)
+    if not outers:
+        raise ValueError(f"outer={outer!r}: no complete event of that name in the trace")
+    ins = spans(events, name=inner)
+    return [(b - a, intersection_length([(a, b)], [iv for iv in ins if a <= iv[0] and iv[1] <= b])) for a, b in outers]
+
+
+def host_time_mismatch(trace, timers, *, rel: float = 0.05, abs_us: float = 500.0) -> list[float]:
+    """Per step, how far two readings of its host time (the step minus its model forward) disagree, in
+    units of the tolerance ``rel * host + abs_us``: <= 1 means they agree.
+
+    ``trace`` and ``timers``: one ``(step_us, model_us)`` per step, in the same order, from the
+    profiler's ranges (``inner_time``) and from the code's own clock (the engine's phase timers). The
+    absolute part covers what differs by construction: a range opens before the phase clock starts and
+    closes after it stops, and the profiler's first range in a thread costs it a little set-up."""
+    check_number("rel", rel, 0)
+    check_number("abs_us", abs_us, 0, lo_open=True, unit="us")
+    trace, timers = list(trace), list(timers)
+    if len(trace) != len(timers) or not trace:
+        raise ValueError(f"trace and timers: one (step_us, model_us) per step each, got {len(trace)} and {len(timers)}")
+    out = []
+    for (st, mt), (s, m) in zip(trace, timers):
+        host = s - m
+        out.append(abs((st - mt) - host) / (rel * host + abs_us))
+    return out
+
+
+def most_agree(mismatch) -> bool:
+    """True when more than half of the steps agree (``mismatch <= 1``, see ``host_time_mismatch``). One
+    step may disagree: on a busy machine the process can be descheduled right at a range's edge (between
+    the range opening and the phase clock starting, say), a pause that only one of the two clocks sees;
+    every wrong reading (another step's ranges, the whole step taken as model time) fails on most steps."""
+    mismatch = list(mismatch)
+    if not mismatch:
+        raise ValueError("mismatch: no steps to compare")
+    return sum(m <= 1 for m in mismatch) > len(mismatch) / 2
 
 
 def _inside(e: dict, within) -> bool:
