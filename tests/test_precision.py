@@ -22,7 +22,9 @@ from mlsys_nb.precision import (
     LossScaler,
     RecipeAdam,
     activations_with_outliers,
+    block_bits_per_element,
     block_quantize,
+    block_scale,
     cast,
     format_info,
     fp8_scale_bytes,
@@ -407,3 +409,21 @@ def test_recipe_arguments_are_checked():
         RecipeAdam(Transformer(RECIPE_CFG), "fp32", lr=-1.0)
     with pytest.raises(ArgumentError, match="step"):
         RecipeAdam(Transformer(RECIPE_CFG), "fp32").step()
+
+
+def test_block_format_bits_and_mx_scale_follow_the_published_layouts():
+    # NVIDIA's NVFP4: 4-bit elements + an 8-bit e4m3 scale per 16 = 4.5 bits; OCP MX: + an 8-bit scale per 32
+    assert block_bits_per_element("fp4_e2m1", 16, "fp8_e4m3") == 4.5
+    assert block_bits_per_element("fp4_e2m1", 32, "e8m0") == 4.25
+    assert block_bits_per_element("fp8_e4m3", 32, "e8m0") == 8.25
+    g = torch.Generator().manual_seed(11)
+    for amax in torch.exp2(torch.empty(200).uniform_(-20, 20, generator=g)).tolist():
+        s = block_scale(amax, "fp4_e2m1")
+        assert math.log2(s).is_integer() and 4 <= amax / s < 8  # amax lands in e2m1's top binade [4, 8)
+        block = torch.full((1, 32), amax / 3)
+        block[0, 0] = amax
+        assert float(block_quantize(block, "mxfp4")[0, 0]) == float(quantize(amax / s, "fp4_e2m1")) * s
+    with pytest.raises(ArgumentError, match="amax"):
+        block_scale(0.0)
+    with pytest.raises(ArgumentError, match="scale"):
+        block_bits_per_element("fp4_e2m1", 32, "e5m2")

@@ -626,6 +626,8 @@ def test_the_old_worksheet_scheme_fails_the_same_check():
         "precision.state_bytes_saved",
         "precision.fp8_scale_from_amax",
         "precision.cast_error",
+        "precision.block_format_bytes",
+        "precision.mxfp4_stored_value",
         "profiling.linear_backward_flops",
         "profiling.overlap_fraction",
         "profiling.step_peak_from_events",
@@ -655,6 +657,19 @@ def test_precision_route_catches_a_wrong_exponent_bias(monkeypatch):
     monkeypatch.setattr(bank, "make_format", wrong_bias)
     qs = _draws("precision.format_max")
     assert not any(q.check(routes.worked_response(q)).ok for q in qs)
+
+
+def test_precision_route_catches_an_mx_scale_that_forgets_the_element_emax(monkeypatch):
+    """A key whose MXFP4 block scale is 2^floor(log2 amax) (no - emax: every element crushed below 1) fails the
+    hand-scaled fp4 grid on many draws (those near 0 round to 0 either way)."""
+    import math
+
+    from mlsys_nb.quiz import routes
+    from mlsys_nb.quiz.bank import precision as bank
+
+    monkeypatch.setattr(bank, "block_scale", lambda amax, element="fp4_e2m1": 2.0 ** math.floor(math.log2(amax)))
+    qs = _draws("precision.mxfp4_stored_value")
+    assert sum(not q.check(routes.worked_response(q)).ok for q in qs) >= len(qs) // 3
 
 
 def test_profiling_route_catches_an_overlap_key_that_counts_concurrent_spans_twice(monkeypatch):

@@ -230,6 +230,27 @@ BLOCK_FORMATS = {
 }
 
 
+SCALE_BITS = {"e8m0": 8, "fp8_e4m3": 8, "bf16": 16, "fp32": 32}  # bits of one stored block scale
+
+
+def block_bits_per_element(element: str, block: int, scale: str) -> float:
+    """Storage bits per element of a block-scaled format: the element format's bits plus one ``scale`` (its bits in
+    ``SCALE_BITS``) shared by ``block`` elements, ``bits(element) + bits(scale) / block`` (MXFP4: 4 + 8/32 = 4.25;
+    NVFP4: 4 + 8/16 = 4.5; NVFP4's one fp32 scale per tensor is left out)."""
+    check_int("block", block, 1)
+    check_choice("scale", scale, SCALE_BITS)
+    return format_info(element).bits + SCALE_BITS[scale] / block
+
+
+def block_scale(amax: float, element: str = "fp4_e2m1") -> float:
+    """The shared e8m0 scale of an MX block whose largest magnitude is ``amax`` (> 0):
+    ``2^(floor(log2 amax) - emax)``, ``emax`` the element format's largest normal exponent (OCP MX v1.0)."""
+    a = float(amax)
+    if not a > 0:
+        raise ArgumentError(f"amax must be > 0, got {amax}")
+    return math.ldexp(1.0, math.floor(math.log2(a)) - format_info(element).emax)
+
+
 def block_quantize(x, name: str):
     """``x`` (a float tensor whose last dimension is a multiple of the block size) stored in block format
     ``name`` and read back (float32), simulated: the rounding the format does, with no packing.
@@ -250,7 +271,7 @@ def block_quantize(x, name: str):
     xb = x.double().reshape(*x.shape[:-1], -1, block)
     amax = xb.abs().amax(-1, keepdim=True)
     if scale_fmt == "e8m0":
-        _, exp = torch.frexp(amax)
+        _, exp = torch.frexp(amax)  # floor(log2 amax) = exp - 1: block_scale, for a whole tensor of blocks
         scale = torch.ldexp(torch.ones_like(amax), torch.clamp(exp - 1 - fe.emax, -127, 127).to(torch.int32))
         scale = torch.where(amax > 0, scale, torch.ones_like(scale))
     else:

@@ -11,7 +11,16 @@ from __future__ import annotations
 import math
 
 from ... import memory
-from ...precision import LossScaler, amax_scale, format_info, make_format, quantize
+from ...precision import (
+    BLOCK_FORMATS,
+    LossScaler,
+    amax_scale,
+    block_bits_per_element,
+    block_scale,
+    format_info,
+    make_format,
+    quantize,
+)
 from ..core import family
 from ._util import pick
 
@@ -23,6 +32,7 @@ REF_FP8 = "docs/references.md#fp8 (Micikevicius et al. 2022, arXiv:2209.05433, �
 REF_MP = "docs/references.md#mixed-precision (Micikevicius et al. 2018, arXiv:1710.03740, §3.2)"
 REF_BF16 = "docs/references.md#bf16 (Kalamkar et al. 2019, arXiv:1905.12322)"
 REF_DSV3 = "docs/references.md#deepseek-v3 (arXiv:2412.19437, §3.3)"
+REF_MX = "docs/references.md#ocp-mx (OCP Microscaling Formats (MX) Specification v1.0, 2023)"
 RULES = {"ieee": "the all-ones exponent is inf/NaN (IEEE)", "fn": "no inf; only all-ones exponent and mantissa is NaN"}
 
 
@@ -174,5 +184,76 @@ def _cast_error(rng):
             f"{name} has {format_info(name).mantissa_bits} mantissa bits; spacing near {x:g}: "
             f"{2.0 ** (math.floor(math.log2(x)) - format_info(name).mantissa_bits):g}.",
             f"cast({x:g}) = {float(quantize(x, name)):g}; error {err:.6g} (precision.quantize).",
+        ],
+    )
+
+
+_NAMED_BLOCKS = {v: k.upper() for k, v in BLOCK_FORMATS.items()}
+
+
+@family("precision.block_format_bytes", "precision", section=SEC_FORMATS, reference=REF_MX)
+def _block_bytes(rng):
+    elem, block, scale = pick(
+        rng,
+        [
+            *BLOCK_FORMATS.values(),
+            ("fp4_e2m1", 64, "e8m0"),
+            ("fp8_e5m2", 32, "e8m0"),
+            ("fp4_e2m1", 16, "bf16"),
+            ("fp8_e4m3", 128, "fp32"),
+        ],
+    )
+    rows, cols = pick(rng, [(4096, 4096), (1024, 4096), (8192, 1024), (512, 2048)])
+    f = format_info(elem)
+    bits = block_bits_per_element(elem, block, scale)
+    answer = rows * cols * bits / 8
+    named = _NAMED_BLOCKS.get((elem, block, scale))
+    return dict(
+        text=f"A {rows}×{cols} weight matrix is stored in a block-scaled format"
+        + (f" ({named})" if named else "")
+        + f": {elem} elements ({f.exponent_bits} exponent, {f.mantissa_bits} mantissa bits and a sign), every "
+        f"{block} consecutive elements of a row sharing one {scale} scale. How many bytes does it take, scales "
+        "included (no per-tensor scale)?",
+        params={"elem": elem, "block": block, "scale": scale, "rows": rows, "cols": cols},
+        answer=answer,
+        unit="bytes",
+        hints=[
+            "Bits per element: the element's 1 + e + m, plus the scale's bits shared by the block.",
+            "e8m0 and e4m3 scales are 8 bits, bf16 16, fp32 32.",
+        ],
+        solution=[
+            f"{elem}: {f.bits} bits; one {scale} scale per {block} elements adds {bits - f.bits:g} bits per element.",
+            f"{bits:g} bits × {rows * cols} elements / 8 = {answer:g} bytes (precision.block_bits_per_element).",
+        ],
+        diagnostics=[(f.bits / bits, "the block scales take bytes too")],
+    )
+
+
+@family("precision.mxfp4_stored_value", "precision", difficulty=2, section=SEC_FORMATS, reference=REF_MX)
+def _mxfp4_value(rng):
+    while True:  # a draw whose rounding is not a tie (the hand route then needs no tie rule)
+        amax = round(rng.uniform(0.1, 40.0), 3)
+        x = round(rng.uniform(-1.0, 1.0) * amax, 3)
+        s = block_scale(amax, "fp4_e2m1")
+        grid = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+        d = sorted(abs(abs(x) / s - g) for g in grid)
+        if d[1] - d[0] > 1e-9:
+            break
+    stored = float(quantize(x / s, "fp4_e2m1")) * s
+    return dict(
+        text=f"In MXFP4 (OCP MX: 32 fp4 e2m1 elements share a power-of-two e8m0 scale 2^(floor(log2 amax) - 2)), a "
+        f"block's largest magnitude is {amax:g}. One of its elements is {x:g}. What value does the block store for it "
+        "(round to nearest; beyond ±6 the element saturates)?",
+        params={"amax": amax, "x": x},
+        answer=stored,
+        unit="ratio",
+        tolerance=1e-6,
+        hints=[
+            "fp4 e2m1 holds 0, 0.5, 1, 1.5, 2, 3, 4, 6 (and their negatives); its largest normal exponent is 2.",
+            "Scale: the power of two with amax / scale in [4, 8); then round x / scale to the grid, times the scale.",
+        ],
+        solution=[
+            f"floor(log2 {amax:g}) = {math.floor(math.log2(amax))}: scale 2^{math.floor(math.log2(amax)) - 2} = {s:g}.",
+            f"x / scale = {x / s:.4g} rounds to {stored / s:g}; stored {stored:g} (precision.block_scale, quantize).",
         ],
     )

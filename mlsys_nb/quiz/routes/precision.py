@@ -92,3 +92,27 @@ def _(p):
 
     x = torch.tensor(p["x"], dtype=torch.float64)
     return abs(float(x.float().to(getattr(torch, _DTYPES[p["name"]])).double()) - p["x"])
+
+
+# block formats by hand: element bits 1 + e + m, the scale's bits (OCP MX v1.0; NVIDIA's NVFP4 takes an e4m3 scale)
+_ELEMENT_BITS = {"fp4_e2m1": 1 + 2 + 1, "fp8_e4m3": 1 + 4 + 3, "fp8_e5m2": 1 + 5 + 2}
+_SCALE_BITS = {"e8m0": 8, "fp8_e4m3": 8, "bf16": 16, "fp32": 32}
+
+
+@route("precision.block_format_bytes")
+def _(p):
+    n = p["rows"] * p["cols"]
+    blocks = p["rows"] * (p["cols"] // p["block"])
+    return (n * _ELEMENT_BITS[p["elem"]] + blocks * _SCALE_BITS[p["scale"]]) / 8
+
+
+@route("precision.mxfp4_stored_value")
+def _(p):
+    s = 1.0
+    while p["amax"] / s >= 8:  # the power of two that puts amax in [4, 8): fp4's top binade
+        s *= 2
+    while p["amax"] / s < 4:
+        s /= 2
+    grid = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]  # every non-negative e2m1 value (OCP MX v1.0 table)
+    v = min(grid, key=lambda g: abs(abs(p["x"]) / s - g))
+    return (v if p["x"] >= 0 else -v) * s
