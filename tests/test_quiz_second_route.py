@@ -793,3 +793,16 @@ def test_quant_route_catches_a_key_that_forgets_the_scales(monkeypatch):
     monkeypatch.setattr(quant, "bits_per_weight", lambda scheme, g=None, dq=False: code(scheme))
     qs = [q for q in _draws("quant.bits_per_weight") + _draws("quant.decode_speedup_bound") if q.params["g"] <= 64]
     assert len(qs) >= 8 and not any(q.check(routes.worked_response(q)).ok for q in qs)
+
+
+def test_quant_route_catches_a_multi_lora_key_that_forgets_the_kv_cache(monkeypatch):
+    """A key that leaves the KV cache out of the free memory fails the route (the meta-built model's parameters,
+    the cache and the adapters' shapes by hand) wherever the cache takes more than 5 % of the memory left."""
+    import mlsys_nb.inference as inference
+    from mlsys_nb.quiz import routes
+
+    qs = _draws("quant.multi_lora_adapters")
+    monkeypatch.setattr(inference, "kv_cache_bytes", lambda model, tokens, dtype="bf16": 0)
+    broken = [quiz.make("quant.multi_lora_adapters", q.seed) for q in qs]
+    big = [b for q, b in zip(qs, broken) if b.answer > 1.05 * q.answer]
+    assert len(big) >= 4 and not any(b.check(routes.worked_response(b)).ok for b in big)

@@ -1,9 +1,11 @@
 """Families of the topic ``quant``: stored bits per weight of group-wise formats, the share of scales, bytes of a
 quantized model, an int8 KV cache, LoRA's trainable parameters and training state, QLoRA's memory, the decode
-speed-up bound of weight-only quantization.
+speed-up bound of weight-only quantization, how many LoRA adapters a multi-LoRA server (S-LoRA) holds beside the
+base model and the KV cache.
 
 Answer keys: ``mlsys_nb.quant`` (``bits_per_weight``, ``quantized_weight_bytes``, ``lora_params``,
-``finetune_bytes``, ``decode_speedup_bound``) and ``inference.kv_cache_bytes``, the functions notebook 23 runs.
+``finetune_bytes``, ``decode_speedup_bound``) and ``inference.kv_cache_bytes`` / ``weight_bytes``, the functions
+notebook 23 runs.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ REF_GPTQ = "docs/references.md#gptq (Frantar et al. 2022, arXiv:2210.17323)"
 REF_AWQ = "docs/references.md#awq (Lin et al. 2023, arXiv:2306.00978)"
 REF_LORA = "docs/references.md#lora (Hu et al. 2021, arXiv:2106.09685, §4.1)"
 REF_KIVI = "docs/references.md#kivi (Liu et al. 2024, arXiv:2402.02750)"
+REF_SLORA = "docs/references.md#s-lora (Sheng et al. 2023, arXiv:2311.03285, §4)"
 MODELS = ["llama-2-7b", "llama-2-13b", "llama-3-8b", "llama-2-70b", "llama-65b"]
 FORMATS = [("int4", 32, False), ("int4", 64, False), ("int4", 128, False), ("int8", 128, False),
            ("nf4", 64, False), ("nf4", 64, True), ("nf4", 128, True)]  # fmt: skip
@@ -206,4 +209,39 @@ def _speedup(rng):
         hints=["Time = bytes / bandwidth: the ratio of bits per weight, constants included."],
         solution=[f"{8 * (2 if dtype == 'bf16' else 4)} / {bits:.4g} = {bound:.3g} (quant.decode_speedup_bound)."],
         diagnostics=[(bits / (4 if scheme != "int8" else 8), "count the scales' bits too")],
+    )
+
+
+@family("quant.multi_lora_adapters", "quant", difficulty=2, section=SEC_LORA, reference=REF_SLORA)
+def _multi_lora(rng):
+    model = pick(rng, ["llama-2-7b", "llama-3-8b", "llama-2-13b"])
+    mem = pick(rng, [80, 141])  # GB: an H100, an H200
+    batch, ctx = pick(rng, [4, 8, 16]), pick(rng, [1024, 2048])
+    r = pick(rng, [8, 16, 64])
+    targets = pick(rng, [("q_proj", "v_proj"), quant.sizing.LINEAR_NAMES])
+    weights = inference.weight_bytes(model, "bf16")
+    kv = inference.kv_cache_bytes(model, batch * ctx, "bf16")
+    adapter = 2 * quant.lora_params(model, r, targets)
+    n = int((mem * 1e9 - weights - kv) // adapter)
+    return dict(
+        text=f"A multi-LoRA server (S-LoRA, Punica) keeps {model}'s base weights in bf16 on one {mem} GB GPU "
+        f"(10^9 bytes), reserves a bf16 KV cache for {batch} sequences of {ctx} tokens, and holds unmerged LoRA "
+        f"adapters of rank r = {r} on the {', '.join(targets)} layers of every block, in bf16, in the rest. How many "
+        "adapters fit (ignore activations and fragmentation)?",
+        params={"model": model, "mem": mem, "batch": batch, "ctx": ctx, "r": r, "targets": list(targets)},
+        answer=n,
+        unit="count",
+        hints=[
+            "Free memory: GPU bytes minus 2 bytes per base parameter minus the KV cache (2·L·n_kv·d·2 bytes a token).",
+            "One adapter: r·(d_in + d_out) parameters per targeted layer and block, 2 bytes each.",
+        ],
+        solution=[
+            f"{mem} GB − weights {gb(weights)} − KV cache {gb(kv)} = {gb(mem * 1e9 - weights - kv)} free; one "
+            f"adapter {adapter / 1e6:.4g} MB (quant.lora_params × 2): {n} adapters. Merging an adapter into the "
+            "base would need one copy of the weights per adapter; unmerged, they all share one base.",
+        ],
+        diagnostics=[
+            ((mem * 1e9 - weights) / adapter / max(n, 1), "subtract the KV cache too"),
+            (0.5, "bf16 adapters take 2 bytes per parameter, not 4"),
+        ],
     )

@@ -93,3 +93,10 @@ def _(p):
 @route("quant.decode_speedup_bound")
 def _(p):
     return (16 if p["dtype"] == "bf16" else 32) / _bits(p)
+
+
+@route("quant.multi_lora_adapters")
+def _(p):
+    cfg = cfg_of(p["model"])
+    free = p["mem"] * 1e9 - 2 * model_counts(p["model"])["total"] - kv_per_token(cfg, 2.0) * p["batch"] * p["ctx"]
+    return free // (2 * _lora(p["model"], p["r"], p["targets"]))
