@@ -268,7 +268,7 @@ class _StaticDecode(StepBatch):
     """A decode batch of ``b`` rows in static buffers (for graph capture): attend = StepBatch's decode path."""
 
     def __init__(self, kv, b, width, dev):
-        self.kv, self.num_decodes, self.prefills = kv, b, []
+        self.kv, self.num_decodes, self.prefills, self.tentative = kv, b, [], None
         self.tokens = torch.zeros(1, b, dtype=torch.long, device=dev)
         self.positions = torch.zeros(1, b, dtype=torch.long, device=dev)
         self.slots = torch.zeros(b, dtype=torch.long, device=dev)
