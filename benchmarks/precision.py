@@ -205,7 +205,7 @@ def main() -> None:
     args = ap.parse_args()
     n, (m, k, nn), recipe_steps = 200_000, (512, 1024, 256), 5
     if args.quick:
-        args.steps, args.out, n, (m, k, nn), recipe_steps = 4, None, 5_000, (128, 256, 128), 2
+        args.steps, args.out, n, (m, k, nn), recipe_steps = 2, None, 5_000, (128, 256, 128), 2
     torch.set_num_threads(1)
     parts = [format_rows(n), fp8_rows(m, k, nn), autocast_rows(args.steps), underflow_rows(), recipe_rows(recipe_steps)]
     text = "\n\n".join("\n".join(p) for p in parts) + "\n"
