@@ -402,6 +402,13 @@ def test_fp8_blocks_round_trip_within_e4m3_precision_and_count_their_scales():
     assert fp8_scale_bytes([(200, 300), (64,)]) == 4 * 6 + 4 == b.scales.untyped_storage().nbytes() + 4
 
 
+def test_the_recipe_takes_over_the_weights_so_the_module_holds_nothing_uncounted():
+    model = Transformer(RECIPE_CFG)
+    opt = RecipeAdam(model, "bf16-mixed")
+    assert all(p.is_meta for p in model.parameters())  # no fp32 copy left behind outside held_bytes
+    assert opt.held_bytes()["params"] == 2 * opt.n_params() == 2 * model.num_parameters()
+
+
 def test_recipe_arguments_are_checked():
     with pytest.raises(ArgumentError, match="precision"):
         RecipeAdam(Transformer(RECIPE_CFG), "fp16")
