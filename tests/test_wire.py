@@ -110,3 +110,50 @@ def test_unavailable_counter_says_so(monkeypatch):
     assert not wire.available()
     with pytest.raises(wire.WireCounterUnavailable, match="darwin"):
         wire.socket_bytes()
+
+
+def test_counter_waits_for_bytes_still_in_the_send_queue():
+    """A send returns once the kernel holds the bytes; the peer acknowledges them later. With a
+    receiver that is not reading yet, part of what was written sits in the send queue: a counter
+    read at once (``settle_timeout=0``, the flake notebook 19 once showed on a busy machine) misses
+    it, the settling counter waits for the receiver and counts every byte."""
+    import socket
+    import threading
+    import time
+
+    def written_while_receiver_sleeps(settle_timeout):
+        srv = socket.create_server(("127.0.0.1", 0))
+        tx = socket.create_connection(srv.getsockname())
+        rx, _ = srv.accept()
+        tx.setblocking(False)
+        drained = threading.Event()
+
+        def drain():
+            time.sleep(0.2)
+            rx.settimeout(5)
+            while not drained.is_set():
+                try:
+                    if not rx.recv(1 << 20):
+                        break
+                except TimeoutError:
+                    break
+
+        t = threading.Thread(target=drain, daemon=True)
+        t.start()
+        sent = 0
+        with wire.WireCounter(exclude_port=None, settle_timeout=settle_timeout) as w:
+            try:
+                while sent < 64 << 20:
+                    sent += tx.send(b"x" * (1 << 16))
+            except BlockingIOError:
+                pass  # both kernel buffers are full
+        drained.set()
+        for s in (tx, rx, srv):
+            s.close()
+        t.join(5)
+        return sent, w.raw_bytes_sent
+
+    sent, counted = written_while_receiver_sleeps(5.0)
+    assert counted == sent
+    sent, counted = written_while_receiver_sleeps(0)
+    assert counted < sent

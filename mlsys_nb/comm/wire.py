@@ -30,6 +30,7 @@ import os
 import socket
 import struct
 import sys
+import time
 from dataclasses import dataclass
 
 # struct tcp_info (include/uapi/linux/tcp.h): tcpi_bytes_acked at byte 120, tcpi_bytes_received at 128
@@ -87,6 +88,53 @@ def socket_bytes() -> dict[str, SocketBytes]:
     return out
 
 
+def unsent_bytes(exclude_port: int | None = None) -> int:
+    """Bytes still in this process's TCP send queues: written by the program, not yet acknowledged
+    by the peer (Linux ``SIOCOUTQ``, which equals ``TIOCOUTQ``). A send returns once the kernel has
+    the bytes, so right after a collective some may still be in flight: ``tcpi_bytes_acked`` has
+    not counted them yet."""
+    if not available():
+        raise WireCounterUnavailable(f"no TCP send-queue counters on {sys.platform}")
+    import fcntl  # POSIX only: imported here so that the module imports everywhere
+    import termios
+
+    total = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if not link.startswith("socket:["):
+            continue
+        try:
+            s = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+        try:
+            if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            try:
+                ports = (s.getsockname()[1], s.getpeername()[1])
+            except OSError:
+                continue  # listening socket: no send queue
+            if exclude_port is not None and exclude_port in ports:
+                continue
+            buf = fcntl.ioctl(s.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+            total += struct.unpack("i", buf)[0]
+        finally:
+            s.close()
+    return total
+
+
+def settle(exclude_port: int | None = None, timeout: float = 5.0, poll: float = 0.002) -> int:
+    """Wait (at most ``timeout`` seconds) until every byte this process wrote to its TCP sockets has
+    been acknowledged; returns the bytes still unacknowledged (0 when settled)."""
+    deadline = time.monotonic() + timeout
+    while (left := unsent_bytes(exclude_port)) and time.monotonic() < deadline:
+        time.sleep(poll)
+    return left
+
+
 def _store_port() -> int | None:
     port = os.environ.get("MASTER_PORT")
     return int(port) if port else None
@@ -103,11 +151,20 @@ class WireCounter:
     ``exclude_port`` (default: ``$MASTER_PORT``, the rendezvous store) leaves that connection out.
     ``baseline`` (bytes, e.g. from ``calibrate()``) is subtracted from ``bytes_sent``/``bytes_received``;
     ``raw_bytes_sent`` keeps the unsubtracted count. Sockets opened inside the block count from zero.
+    On exit it waits (``settle_timeout`` seconds at most, typically a delayed ACK's 40 ms) until the
+    bytes the block wrote are acknowledged: on a busy machine a broadcast's root leaves the block with
+    part of its last bucket still in the send queue, which the acknowledged-bytes counter would miss.
     """
 
-    def __init__(self, exclude_port: int | None = -1, baseline: tuple[float, float] = (0.0, 0.0)):
+    def __init__(
+        self,
+        exclude_port: int | None = -1,
+        baseline: tuple[float, float] = (0.0, 0.0),
+        settle_timeout: float = 5.0,
+    ):
         self.exclude_port = _store_port() if exclude_port == -1 else exclude_port
         self.baseline = baseline
+        self.settle_timeout = settle_timeout
         self.raw_bytes_sent = 0
         self.raw_bytes_received = 0
 
@@ -117,6 +174,10 @@ class WireCounter:
 
     def __exit__(self, *exc):
         after = socket_bytes()
+        if self.settle_timeout > 0:
+            settle(self.exclude_port, self.settle_timeout)
+            # a socket closed during the wait (its peer finished first) keeps its reading from before it
+            after |= socket_bytes()
         before = {k: v for k, v in self._before.items() if k in after}
         s0, r0 = _totals(before, self.exclude_port)
         s1, r1 = _totals(after, self.exclude_port)
