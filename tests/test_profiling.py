@@ -16,16 +16,22 @@ from mlsys_nb.models.measure import cpu_setting
 from mlsys_nb.runtime import Laps
 from mlsys_nb.runtime.profiling import (
     activities,
+    host_time_mismatch,
+    inner_time,
     intersection_length,
     length,
+    light_profile,
     live_at,
     load_trace,
     memory_timeline,
     mm_flops,
+    most_agree,
     overlap_fraction,
     peak_in,
+    ranged,
     spans,
     trace_ddp_step,
+    trace_range,
     union,
 )
 
@@ -174,6 +180,69 @@ def test_the_memory_timeline_of_a_step_matches_the_memory_model(tmp_path):
     assert abs(results[False]["peak"] - est.total) <= tol, (results[False]["peak"], est.total)
     # broken idea: a model that forgets that set_to_none frees the gradients misses the peak by 4 B/param
     assert abs(r["peak"] - est.total) > tol
+
+
+def test_inner_time_and_the_host_time_check_on_hand_made_events():
+    ev = [
+        {"ph": "X", "name": "engine.step", "ts": 0, "dur": 100},
+        {"ph": "X", "name": "engine.model", "ts": 10, "dur": 40},
+        {"ph": "X", "name": "engine.model", "ts": 20, "dur": 20},  # nested in the one above: counted once
+        {"ph": "X", "name": "engine.model", "ts": 150, "dur": 10},  # between the steps: in neither
+        {"ph": "X", "name": "engine.step", "ts": 200, "dur": 60},
+        {"ph": "X", "name": "engine.model", "ts": 210, "dur": 20},
+    ]
+    trace = inner_time(ev, "engine.step", "engine.model")
+    assert trace == [(100.0, 40.0), (60.0, 20.0)]  # host: 60 and 40 us
+    # by hand, tolerance 10 % + 1 us: host 59 (timers) vs 60 (trace): 1 / 6.9; 40 vs 30: 10 / 4
+    got = host_time_mismatch(trace, [(99.0, 40.0), (60.0, 30.0)], rel=0.1, abs_us=1.0)
+    assert got == pytest.approx([1 / 6.9, 10 / 4])
+    assert most_agree([0.5, 2.0, 0.9]) and not most_agree([0.5, 2.0, 3.0]) and not most_agree([0.2, 1.5])
+    with pytest.raises(ValueError, match="outer="):
+        inner_time(ev, "no.such.range", "engine.model")
+    with pytest.raises(ValueError, match="one \\(step_us, model_us\\) per step"):
+        host_time_mismatch(trace, trace[:1])
+    with pytest.raises(ValueError, match="abs_us"):
+        host_time_mismatch(trace, trace, abs_us=0)
+
+
+def test_ranges_are_recorded_only_while_a_profiler_records(tmp_path):
+    @ranged("kit.double")
+    def double(x):
+        return 2 * x
+
+    assert double.__name__ == "double" and double(3) == 6
+    idle = trace_range("kit.idle")
+    assert not isinstance(idle, torch.autograd.profiler.record_function)  # no dispatcher call while idle
+    with light_profile("cpu") as prof:
+        for _ in range(3):
+            double(torch.ones(2))
+        with trace_range("kit.block"):
+            torch.ones(2) + 1
+    prof.export_chrome_trace(str(tmp_path / "r.json"))
+    ev = load_trace(tmp_path / "r.json")
+    assert len(spans(ev, name="kit.double")) == 3 and len(spans(ev, name="kit.block")) == 1
+    (a, b), (c, d) = spans(ev, name="kit.block")[0], spans(ev, prefix="aten::add")[0]
+    assert a <= c and d <= b, "the op runs inside its range"
+    with pytest.raises(ValueError, match="name="):
+        ranged("")
+
+
+def test_memory_timeline_reads_a_finished_profiler_as_its_exported_trace(tmp_path):
+    for make in (
+        lambda: profile(activities=activities("cpu"), profile_memory=True),
+        lambda: torch.autograd.profiler.profile(use_kineto=True, profile_memory=True),
+    ):
+        with make() as prof:
+            a = torch.randn(1000)
+            b = torch.randn(2000)
+            del a
+            c = b * 2  # noqa: F841
+        prof.export_chrome_trace(str(tmp_path / "m.json"))
+        exported = [n for _, n in memory_timeline(load_trace(tmp_path / "m.json"))]
+        in_memory = [n for _, n in memory_timeline(prof)]
+        assert in_memory == exported and max(in_memory) >= 4000 + 8000  # a and b live together
+    with pytest.raises(TypeError, match="finished torch profiler"):
+        memory_timeline(object())
 
 
 def test_activities_and_argument_errors(tmp_path):

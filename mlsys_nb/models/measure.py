@@ -12,6 +12,12 @@
 - ``measured_state_bytes(model, optimizer)``: the same bytes for a model and optimizer a rank holds
   right now (DDP, ZeRO, FSDP2), used by ``mlsys_nb.parallel.harness``.
 
+These read tensors, not the allocator: they count the distinct storages that autograd saves or that the
+model and optimizer hold, and attribute them to a layer or a state (what the memory model's terms name). The
+profiler's allocation events (``runtime.profiling.memory_timeline``, the kit's one reader of them) measure
+something else: every allocation and free over time, temporaries inside an op included, owner unknown; notebook
+05b reads a step's peak from them.
+
 CPU caveats (measured here, see ``tests/test_memory.py``): dropout masks are saved in the activation dtype (not as
 1-byte masks); SDPA with dropout > 0 falls back to a math path that upcasts bf16 to fp32, so measure
 dropout runs with ``flash_attention=False``; compare with ``estimate`` under

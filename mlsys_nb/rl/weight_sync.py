@@ -146,9 +146,9 @@ class MemoryPeak:
     Measured, not counted by the code under test: ``torch.profiler.profile(profile_memory=True)`` records
     every allocation and free of torch's CPU allocator made on this thread, each with its size and time
     (``tracemalloc`` does not see that allocator); the running sum of those, in time order, is the bytes
-    held above the start (the allocation events of the profiler's event tree, as torch's own memory
-    timeline reads them). Temporaries of a collective (gloo's staging buffers) are included. The first use
-    in a process starts the profiler (1-2 s of CPU); after that the overhead is microseconds per op."""
+    held above the start (``runtime.profiling.memory_timeline`` of the finished profiler, read in memory).
+    Temporaries of a collective (gloo's staging buffers) are included. The first use in a process starts
+    the profiler (1-2 s of CPU); after that the overhead is microseconds per op."""
 
     def __enter__(self) -> MemoryPeak:
         from torch.profiler import ProfilerActivity, profile
@@ -158,20 +158,13 @@ class MemoryPeak:
         return self
 
     def __exit__(self, *exc) -> None:
-        from torch._C._profiler import _EventType
+        from ..runtime.profiling import memory_timeline
 
         self._prof.__exit__(*exc)
-        stack, sizes = list(self._prof.profiler.kineto_results.experimental_event_tree()), []
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children)
-            if node.typed[0] == _EventType.Allocation:  # a free is an allocation of negative size
-                sizes.append((node.start_time_ns, node.typed[1].alloc_size))
-        live = peak = 0
-        for _, n in sorted(sizes):
-            live += n
-            peak = max(peak, live)
-        self.peak_bytes, self.net_bytes, self.n_events = peak, live, len(sizes)
+        timeline = memory_timeline(self._prof)  # CPU allocations and frees in time order, running sum
+        self.peak_bytes = max([0] + [b for _, b in timeline])
+        self.net_bytes = timeline[-1][1] if timeline else 0
+        self.n_events = len(timeline)
 
 
 def bucket_plan(shapes: list[tuple[str, torch.Size, torch.dtype]], bucket_bytes: int) -> list[list[int]]:

@@ -11,8 +11,9 @@ that JSON back as plain Python (a list of event dicts) and compute from it:
   from the shapes that ``record_shapes=True`` stores.
 - ``union``, ``length``, ``intersection_length`` and ``overlap_fraction(comm, compute)``: the part
   of the communication time that lies inside the compute (pure functions over intervals).
-- ``memory_timeline(events)``: live bytes after each allocation or free (``[memory]`` events),
-  counted from the start of profiling; ``live_at`` and ``peak_in`` read it.
+- ``memory_timeline(events)``: live bytes after each allocation or free (``[memory]`` events of a
+  trace, or a finished profiler read in memory), counted from the start of profiling; ``live_at`` and
+  ``peak_in`` read it.
 - ``activities()``: CPU, plus CUDA where a GPU is present; ``trace_ddp_step``: a rank function that
   traces one data-parallel step with and without overlap (notebook 05b).
 - ``trace_range(name)`` and ``ranged(name)``: a ``record_function`` range (a ``with`` block, a
@@ -273,21 +274,50 @@ def overlap_fraction(comm, compute) -> float:
 
 
 def memory_timeline(events, *, device_type: int = 0) -> list[tuple[float, int]]:
-    """Live bytes over time from the ``[memory]`` events of a trace recorded with ``profile_memory=True``:
+    """Live bytes over time from the allocation events of a run profiled with ``profile_memory=True``:
     ``[(ts_us, live_bytes), ...]`` sorted by time, where live bytes are the allocations minus the frees
-    (each event's ``Bytes``, negative for a free) since profiling started: memory allocated before
-    the profiler started (the parameters, say) is not in it. ``device_type``: 0 for CPU, 1 for CUDA."""
+    (each event's size, negative for a free) since profiling started: memory allocated before the
+    profiler started (the parameters, say) is not in it. ``device_type``: 0 for CPU, 1 for CUDA.
+
+    ``events``: the ``[memory]`` events of an exported trace (``load_trace``), or the finished profiler
+    itself (``torch.profiler.profile`` / ``torch.autograd.profiler.profile``), read in memory without
+    exporting (the same events: its allocation nodes; timestamps then on the profiler's own clock, in
+    us, not the exported trace's offset). This is the kit's one reader of the profiler's memory events
+    (``rl.weight_sync.MemoryPeak`` and ``kernels.io.peak_forward_bytes`` call it)."""
     device_type = check_int("device_type", device_type, 0)
-    rows = sorted(
-        (float(e["ts"]), int(e["args"]["Bytes"]))
-        for e in events
-        if e.get("name") == "[memory]" and int(e.get("args", {}).get("Device Type", 0)) == device_type
-    )
+    if isinstance(events, (list, tuple)):
+        rows = sorted(
+            (float(e["ts"]), int(e["args"]["Bytes"]))
+            for e in events
+            if e.get("name") == "[memory]" and int(e.get("args", {}).get("Device Type", 0)) == device_type
+        )
+    else:  # exact nanoseconds first (ties broken by size, as the trace's rows), then microseconds
+        rows = [(ns / 1e3, n) for ns, n in sorted(_allocations(events, device_type))]
     out, live = [], 0
     for ts, nbytes in rows:
         live += nbytes
         out.append((ts, live))
     return out
+
+
+def _allocations(prof, device_type: int):
+    """(ts_ns, bytes) of the allocation events of a finished profiler (a free is a negative size)."""
+    from torch._C._profiler import _EventType
+
+    inner = getattr(prof, "profiler", None) or prof  # torch.profiler.profile wraps the autograd profiler
+    results = getattr(inner, "kineto_results", None)
+    if results is None:
+        raise TypeError(
+            "events must be a list of trace events (load_trace) or a finished torch profiler, "
+            f"got {type(prof).__name__}"
+        )
+    kind = {0: "cpu", 1: "cuda"}.get(device_type)
+    stack = list(results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        if node.typed[0] == _EventType.Allocation and node.typed[1].device.type == kind:
+            yield node.start_time_ns, int(node.typed[1].alloc_size)
 
 
 def live_at(timeline, t: float) -> int:
