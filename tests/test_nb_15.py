@@ -1,7 +1,7 @@
 """Notebook 15 under papermill with other parameters (the defaults run under nbval): another seed and
 request count, and the worked solutions of the exercises. Also: each check of sections 5 and 6 fails
-when its idea is broken (a runner whose preparation costs a fixed time per sequence; a wrong overlap
-formula)."""
+when its idea is broken (a runner whose preparation costs a fixed time per sequence; a wrong reading of
+the profiler trace's host time; a wrong overlap formula)."""
 
 import time
 
@@ -21,6 +21,7 @@ def test_notebook_15_other_seed_with_solutions():
         "preempted requests",
         "prefix-cache hits equal the analytical count",
         "model time per token falls",
+        "the host time per step from the trace's ranges agrees with the engine's timers",
         "the overlap speed-up (c + g) / max(c, g) agrees with the simulated overlapped loop",
         "more load -> more throughput",
         "the OpenAI client gets the offline engine's text",
@@ -33,8 +34,9 @@ PER_SEQUENCE_S = 1e-3  # the broken runner's preparation cost per sequence (busy
 
 
 def _overhead_rows(per_sequence_s):
-    """Notebook 15 section 5's measurement (batches 1, 4, 16), optionally with a runner whose
-    preparation costs ``per_sequence_s`` seconds per scheduled sequence; both kinds interleaved."""
+    """Notebook 15 section 5's measurement at its end points (batches 1 and 16: the ratio reads only
+    those), optionally with a runner whose preparation costs ``per_sequence_s`` seconds per scheduled
+    sequence; both kinds interleaved."""
     import torch
 
     from mlsys_nb.inference import LLM
@@ -58,7 +60,7 @@ def _overhead_rows(per_sequence_s):
             eng.runner = PerSequencePrepare(eng.model, eng.kv)
         return eng
 
-    return measure_decode_overhead(make, (1, 4, 16), steps=20, use_tqdm=False)
+    return measure_decode_overhead(make, (1, 16), steps=20, use_tqdm=False)
 
 
 def test_cpu_per_sequence_check_fails_for_a_per_sequence_preparation():
@@ -68,6 +70,59 @@ def test_cpu_per_sequence_check_fails_for_a_per_sequence_preparation():
     print(f"CPU time per sequence, batch 16 / batch 1: engine {good:.2f}, per-sequence preparation {bad:.2f}")
     assert good < 0.5  # the notebook's check passes for the engine ...
     assert bad >= 0.5  # ... and fails for a preparation that costs a fixed time per sequence
+
+
+def test_host_time_check_fails_for_a_wrong_reading_of_the_trace():
+    """Notebook 15 section 5's traced decode steps (smaller: 16, 4 and 1 sampling sequences): the host
+    time read from the trace (step range minus model range) agrees with the engine's timers; taking the
+    whole step as model time, forgetting to subtract the model, or pairing each step's ranges with
+    another step's timers fails the same check."""
+    import tempfile
+
+    import torch
+
+    from mlsys_nb.inference import LLM, SamplingParams
+    from mlsys_nb.inference.engine import PHASES, LLMEngine
+    from mlsys_nb.runtime.profiling import (
+        host_time_mismatch,
+        inner_time,
+        light_profile,
+        load_trace,
+        most_agree,
+        trace_range,
+    )
+
+    torch.set_num_threads(1)
+    window = (16, 4, 1)
+    eng = LLMEngine(LLM("tiny", seed=0).engine.model, max_num_seqs=64)
+    n = 0
+    for k, (b, later) in enumerate(zip(window, window[1:] + (0,))):
+        for _ in range(b - later):
+            sp = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, max_tokens=3 + k, ignore_eos=True, seed=n)
+            eng.add_request(f"s{n}", [(7 * n + j) % 200 + 1 for j in range(4)], sp)
+            n += 1
+    eng.step(), eng.step()
+    with light_profile("cpu") as prof:
+        with trace_range("profiler warm-up"):
+            pass
+        for _ in window:
+            eng.step()
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(f"{tmp}/decode.json")
+        events = load_trace(f"{tmp}/decode.json")
+    steps = list(eng.step_times)[-len(window) :]
+    assert [s["num_seqs"] for s in steps] == list(window)
+    timers = [(sum(s[p] for p in PHASES) * 1e6, s["model"] * 1e6) for s in steps]
+    trace = inner_time(events, "engine.step", "engine.model")
+    print("trace (step, model) us:", trace, "\ntimers:", timers)
+    assert most_agree(host_time_mismatch(trace, timers))  # the notebook's check passes ...
+    wrong = {
+        "whole step as model time": [(st, st) for st, _ in trace],
+        "model not subtracted": [(st, 0.0) for st, _ in trace],
+        "another step's ranges": trace[1:] + trace[:1],
+    }
+    for name, rows in wrong.items():  # ... and fails for each wrong reading
+        assert not most_agree(host_time_mismatch(rows, timers)), name
 
 
 def test_simulate_overlap_by_hand():
