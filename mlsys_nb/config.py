@@ -391,6 +391,9 @@ class TrainConfig:
       ``optimizer_bytes_per_param`` overrides the optimizer-state bytes (the ZeRO paper's K minus
       the master copy).
     - ``recompute``: none / selective (attention core) / full (store block inputs only).
+      ``recompute_layers`` (with ``full``): recompute only this many layers of each pipeline stage and keep
+      every activation of the others (Megatron-LM's ``--recompute-method block --recompute-num-layers``);
+      None: every layer.
     - parallel degrees ``dp``, ``tp`` (``sp`` = sequence parallelism in the TP group), ``pp`` with
       ``pp_schedule`` and ``virtual_stages`` (``pp_layers``: layers per stage, default ⌊L/pp⌋ or
       ⌈L/pp⌉, see ``mlsys_nb.memory.stage_layers``; ``dualpipe``: each rank holds stages i and
@@ -428,6 +431,7 @@ class TrainConfig:
     optimizer: str = "adam"
     optimizer_bytes_per_param: float | None = None
     recompute: str = "none"
+    recompute_layers: int | None = None
     dp: int = 1
     tp: int = 1
     sp: bool = False
@@ -458,6 +462,12 @@ class TrainConfig:
         check_int("zero", self.zero, 0, 3)
         if self.n_microbatches is not None:
             check_int("n_microbatches", self.n_microbatches)
+        if self.recompute_layers is not None:
+            check_int("recompute_layers", self.recompute_layers)
+            if self.recompute != "full":
+                raise ArgumentError(
+                    f"recompute_layers={self.recompute_layers} needs recompute='full', got {self.recompute!r}"
+                )
         if self.pp_layers is not None:
             object.__setattr__(self, "pp_layers", tuple(int(x) for x in self.pp_layers))
             if len(self.pp_layers) != self.pp:

@@ -14,7 +14,9 @@ package's ``Transformer`` exactly as PyTorch runs it (validated on CPU against
 training stack (Korthikanti et al. 2022's accounting, arXiv:2205.05198, eq. 1-2, Table 2). TP shards the head-split and
 FFN-width terms; SP additionally shards the h-wide terms (norm inputs, dropout masks); the s^2
 attention terms are split over heads (/tp, with or without SP); CP divides everything by cp;
-PP multiplies by the schedule's in-flight micro-batches.
+PP multiplies by the schedule's in-flight micro-batches. ``fused`` counts a fused SwiGLU's saved input
+(gate and up, SiLU recomputed in backward) and FlashAttention's output once (it is the output
+projection's input); ``train.recompute_layers`` recomputes only the first k layers of each stage.
 
 ``playbook_estimate(**inputs)`` ports the Ultra-Scale Playbook widget exactly (its bugs included,
 docs/references.md#playbook-memory-widget); ``estimate(..., compat="playbook")`` shows it for a model/training pair. The
@@ -424,8 +426,12 @@ def layer_terms(
         ("v", B * v_w, "tp"),
     ]
     core = []
-    if t.flash_attention:
-        core += [("attention output (flash)", B * a * d, "tp"), ("softmax log-sum-exp (fp32)", 4 * a, "tp")]
+    if t.flash_attention:  # FlashAttention's backward needs its output O and the row log-sum-exp (Dao et al.
+        # 2022, arXiv:2205.14135, Alg. 4); fused stacks lay O out [s, b, heads x d], so the output projection's
+        # saved input is O itself (counted below); eager: SDPA's [b, heads, s, d] output is copied by the reshape
+        if eager:
+            core += [("attention output (flash)", B * a * d, "tp")]
+        core += [("softmax log-sum-exp (fp32)", 4 * a, "tp")]
     else:
         core += [("softmax output", B * a * t.seq_len, "s2")]
         if drop:
@@ -445,8 +451,11 @@ def layer_terms(
     moe = _moe_layer(m, layer)
 
     def ffn(width: float, name: str, scale: float = 1.0):
-        if m.activation == "swiglu":  # gate out (SiLU input), SiLU out, up out, product (down input)
+        if m.activation == "swiglu" and eager:  # gate out (SiLU input), SiLU out, up out, product (down input)
             return [(f"{name} SwiGLU gate/silu/up/product", scale * 4 * B * width, "tp")]
+        if m.activation == "swiglu":  # fused SwiGLU saves only its input (gate and up) and recomputes SiLU in
+            # backward (Megatron-LM, megatron/core/fusions/fused_bias_swiglu.py); + product (down input)
+            return [(f"{name} SwiGLU gate/up/product (fused)", scale * 3 * B * width, "tp")]
         if m.activation == "gelu":  # GELU input, GELU output (down input)
             return [(f"{name} GELU input/output", scale * 2 * B * width, "tp")]
         return [(f"{name} ReLU output", scale * B * width, "tp")]
@@ -691,6 +700,18 @@ def stage_params(m: ModelConfig, t: TrainConfig, stage: int) -> tuple[float, flo
     return dense, expert, largest, per
 
 
+def _stage_acts(m: ModelConfig, t: TrainConfig, layers: range, one_layer) -> float:
+    """Saved activations of one micro-batch through the stage ``layers`` (bytes); ``one_layer(i, recompute)``
+    gives layer ``i``'s. With ``t.recompute_layers = k`` the stage's first k layers are recomputed (only their
+    inputs kept) and the others keep everything, as Megatron-LM's ``--recompute-method block`` does."""
+    k = len(layers) if t.recompute_layers is None else min(t.recompute_layers, len(layers))
+    cut = layers.start + k
+    kept = "none" if t.recompute_layers is not None else None
+    return sum(n * one_layer(i) for i, n in _kinds(m, range(layers.start, cut)).items()) + sum(
+        n * one_layer(i, kept) for i, n in _kinds(m, range(cut, layers.stop)).items()
+    )
+
+
 _DTYPE_OF_BYTES = {4: "fp32", 2: "bf16", 1: "fp8"}
 
 
@@ -810,9 +831,7 @@ def estimate(
                 n_opt = n
         host, traffic = _offload(t, bpp, states, n_opt)
         stage_layer = _stage_range(model, t, st).start
-        acts_layers = sum(
-            n * one_layer(i) for s_ in stages for i, n in _kinds(model, _stage_range(model, t, s_)).items()
-        )
+        acts_layers = sum(_stage_acts(model, t, _stage_range(model, t, s_), one_layer) for s_ in stages)
         acts_layers /= len(stages)  # DualPipe: in-flight micro-batches counted over one stage's layers
         fl = flights[st] if flights else 1.0  # = in_flight_microbatches(t, st)
         acts_layers *= fl

@@ -152,7 +152,78 @@ def test_flash_attention_drops_the_s2_term():
     no_flash = estimate(cfg, t.replace(flash_attention=False)).activations_per_layer
     flash = estimate(cfg, t).activations_per_layer
     s2 = cfg.n_heads * 8192 * 8192 * 2  # softmax output, bf16, b = 1
-    assert no_flash - flash == pytest.approx(s2 - (2 * cfg.q_dim + 4 * cfg.n_heads) * 8192, rel=1e-12)
+    # flash keeps its fp32 log-sum-exp; its output is the output projection's input, saved either way (fused)
+    assert no_flash - flash == pytest.approx(s2 - 4 * cfg.n_heads * 8192, rel=1e-12)
+    # eager (as measured on CPU): SDPA's output is copied by the reshape, one more q-wide tensor; without flash
+    # it also keeps the boolean causal mask (s x s)
+    eager = TrainConfig(seq_len=8192, kernels="eager", flash_attention=False)
+    gap = (
+        estimate(cfg, eager).activations_per_layer
+        - estimate(cfg, eager.replace(flash_attention=True)).activations_per_layer
+    )
+    assert gap == pytest.approx(s2 + 8192**2 - (2 * cfg.q_dim + 4 * cfg.n_heads) * 8192, rel=1e-12)
+
+
+def _fused_layer_by_hand(cfg, t, swiglu_tensors=3, o_twice=False):
+    """One fused layer's saved bytes (flash attention, bf16, TP with SP) written out per token: attention norm
+    input and q/k/v input (2h each), q, k, v, FlashAttention's output O (= the output projection's input; twice
+    if ``o_twice``) and its fp32 log-sum-exp, MLP norm input and MLP input, ``swiglu_tensors`` x the FFN width
+    (fused SwiGLU: gate and up outputs + the product; 4 unfused), two fp32 rstd; / tp; x tokens."""
+    h, q, kv, a, f = cfg.hidden, cfg.q_dim, cfg.kv_dim, cfg.n_heads, cfg.ffn_hidden
+    per_tok = 2 * h * 4 + 2 * q + 2 * 2 * kv + 2 * q * (2 if o_twice else 1) + 4 * a + 2 * swiglu_tensors * f + 8
+    return per_tok * t.micro_batch * t.seq_len / t.tp
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fused_layer_counts_swiglu_input_and_flash_output_once(seed):
+    """kernels='fused': a fused SwiGLU saves its input (gate and up outputs) and recomputes SiLU in backward
+    (Megatron-LM's fused_bias_swiglu), the down projection saves the product: 3 x the FFN width, not the 4 an
+    eager SwiGLU keeps; FlashAttention's saved output O is the output projection's saved input (one tensor).
+    Random shapes against the formula written out by hand; the old count (4 x width, O twice) misses."""
+    import random
+
+    rng = random.Random(seed)
+    tp = rng.choice([2, 4, 8])
+    cfg = ModelConfig(
+        n_layers=4,
+        hidden=128 * rng.randint(2, 8),
+        n_heads=8,
+        n_kv_heads=rng.choice([2, 8]),
+        ffn_hidden=8 * rng.randint(40, 90),
+        vocab_size=1000,
+        seq_len=8192,
+    )
+    t = TrainConfig(micro_batch=rng.randint(1, 3), seq_len=64 * rng.randint(2, 40), tp=tp, sp=True)
+    got = sum(b for _, b in memory.layer_terms(cfg, t))
+    assert got == pytest.approx(_fused_layer_by_hand(cfg, t), rel=1e-12)
+    assert got != pytest.approx(_fused_layer_by_hand(cfg, t, swiglu_tensors=4, o_twice=True), rel=1e-3)
+
+
+def test_llama3_405b_at_8k_fits_without_recomputation_as_published():
+    """Llama 3 405B was pre-trained at 8K on TP8 PP16 without activation checkpointing (Llama Team 2024,
+    arXiv:2407.21783, §3.3.2; ZeRO-2-like FSDP: optimizer states and gradients sharded). Per rank of stage 1
+    (8 layers; interleaved 1F1B, 4 chunks): 533 MB per layer and micro-batch x 8 layers x 16 micro-batches in
+    flight (16 per DP rank on 16,384 GPUs) = 68.3 GB + 6.7 GB of states (bf16 parameters 6.4 GB, the rest
+    sharded over DP) + 4 GB overhead = 79.0 GB of the H100's 85.5 GB. On 8,192 GPUs (32 micro-batches, 19.25
+    in flight) the kit needs one recomputed layer per stage (93.2 -> 84.1 GB), where Meta needed none."""
+    cfg = memory.preset("llama-3.1-405b")
+    base = dict(seq_len=8192, tp=8, sp=True, pp=16, pp_schedule="interleaved-1f1b", virtual_stages=4, zero=2)
+    t16 = TrainConfig(dp=128, n_microbatches=16, overhead_bytes=4e9, **base)
+    b = estimate(cfg, t16)
+    assert b.stage == 1 and b.layers == 8 and b.in_flight == 16.0
+    assert b.activations_per_layer == pytest.approx(_fused_layer_by_hand(cfg, t16), rel=1e-12)
+    assert round(b.activations_per_layer / 1e6) == 533 and b.fits and round(b.total / 1e9, 1) == 79.0
+    t8 = TrainConfig(dp=64, n_microbatches=32, overhead_bytes=4e9, **base)
+    assert round(estimate(cfg, t8).total / 1e9, 1) == 93.2 and not estimate(cfg, t8).fits
+    one = estimate(cfg, t8.replace(recompute="full", recompute_layers=1))
+    assert one.in_flight == 19.25 and one.fits and round(one.total / 1e9, 1) == 84.1
+
+
+def test_recompute_layers_needs_full_recomputation():
+    with pytest.raises(ValueError, match="recompute_layers"):
+        TrainConfig(recompute="selective", recompute_layers=2)
+    with pytest.raises(ValueError, match="recompute_layers"):
+        TrainConfig(recompute="full", recompute_layers=0)
 
 
 # ---- activations against measurement (CPU, saved_tensors_hooks) ------------------------------
@@ -446,23 +517,28 @@ def test_estimate_equals_a_layer_by_layer_sum_on_a_stage_with_dense_and_moe_laye
     rng = random.Random(3)
     for _ in range(6):
         pp = rng.choice([2, 4, 8])
+        rc = rng.choice(["none", "selective", "full", "full"])
         t = TrainConfig(
             seq_len=rng.choice([1024, 4096]),
             micro_batch=rng.choice([1, 2]),
             pp=pp,
             n_microbatches=16,
             pp_schedule=pp_schedule,
-            recompute=rng.choice(["none", "selective", "full"]),
+            recompute=rc,
+            recompute_layers=rng.choice([None, 1, 3]) if rc == "full" else None,
             tp=rng.choice([1, 8]),
             device="cuda",
         )
+        k = t.recompute_layers
+
+        def saved(i, j, t=t, k=k):  # the j-th layer of its stage: recomputed (input only) or kept whole
+            rc_i = None if (k is None or j < k) else "none"
+            return sum(bb for _, bb in memory.layer_terms(cfg, t, layer=i, recompute=rc_i))
+
         for st in range(pp):
             b = estimate(cfg, t, stage=st)
             stages = [st, pp - 1 - st] if pp_schedule == "dualpipe" else [st]
-            per_layer = [
-                sum(sum(bb for _, bb in memory.layer_terms(cfg, t, layer=i)) for i in memory._stage_range(cfg, t, s))
-                for s in stages
-            ]
+            per_layer = [sum(saved(i, j) for j, i in enumerate(memory._stage_range(cfg, t, s))) for s in stages]
             want = sum(per_layer) / len(stages) * memory.in_flight_microbatches(t, st)
             assert b.activations_layers == pytest.approx(want, rel=1e-12), (t, st)
             if t.recompute != "none":
