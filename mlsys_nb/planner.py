@@ -40,22 +40,28 @@ Everything here is a model (no GPU is touched), built only from the package's ca
 - **pipeline bubble**: ``mlsys_nb.pipeline.closed_form`` (1F1B ``(p-1)/m``, interleaved
   ``(p-1)/(v m)``, ZB-H1, DualPipe) with backward = 2 x forward (+ recompute).
 
+- **partial recomputation**: with ``recompute="full"`` a layout may recompute only ``recompute_layers``
+  layers of each stage (Megatron-LM's ``--recompute-method block --recompute-num-layers``); the search
+  gives each such layout the fewest layers that fit (``_fewest_recomputed``), its recomputation, TP
+  traffic and non-matmul time scaled by the recomputed share of the stage.
+
 Not modelled: network congestion and stragglers, optimizer step time, load imbalance between
 experts, attention efficiency at short per-rank chunks (``attn_eff`` is held at 1). Checked in
 ``tests/test_planner.py``: held-out MFU of the published runs; Llama 3 405B's long-context layout and
 Korthikanti et al.'s 175B layout among the 10 best distinct layouts of an unconstrained search; not
-Llama 3's 8K layout (the model still prefers CP at 8K: its best, TP 4 x CP 4, wins by recomputation,
-which the kit's memory model needs for TP 8 x PP 16 at 8K, and by the bubble; charging CP 30x its
-modelled traffic still leaves the published layout 14th). ``compare(a, b)`` says which term decides
-between two plans and where that term's formula comes from (``TERM_SOURCES``); ``sensitivity(fit)``
-ranks the published layouts with each fitted parameter at the ends of its bootstrap interval;
-``goodput_mfu`` scales an MFU by the fraction of time spent training (``effective_training_time``).
-The step times and MFUs are a model; DeepSeek-V3's MFU to compare with is
+Llama 3's 8K layout (39th distinct: it now fits without recomputation, as Meta trained it, but the
+model prefers CP at 8K: its best, TP 4 x CP 8, wins by the bubble of twice the micro-batches per
+pipeline; charging CP 30x its modelled traffic brings the published layout into the top 10).
+``compare(a, b)`` says which term decides between two plans and where that term's formula comes from
+(``TERM_SOURCES``); ``sensitivity(fit)`` ranks the published layouts with each fitted parameter at the
+ends of its bootstrap interval; ``goodput_mfu`` scales an MFU by the fraction of time spent training
+(``effective_training_time``). The step times and MFUs are a model; DeepSeek-V3's MFU to compare with is
 ``flops.implied_mfu`` (the kit's FLOPs over the reported GPU-hours), also a model.
 """
 
 from __future__ import annotations
 
+import heapq
 import inspect
 import itertools
 from dataclasses import dataclass, field
@@ -96,6 +102,7 @@ COLUMNS = [
     "ep",
     "zero",
     "recompute",
+    "recompute_layers",
     "micro_batch",
     "schedule",
     "v",
@@ -130,7 +137,9 @@ _PLAIN = frozenset((int, str))
 class Layout:
     """One parallel configuration: degrees (``dp`` counts data-parallel replicas; ``ep`` is carved out
     of dp x cp), ZeRO stage, recomputation, sequences per micro-batch, pipeline schedule and chunks
-    per rank ``v`` (``schedule="none"`` when pp = 1)."""
+    per rank ``v`` (``schedule="none"`` when pp = 1). ``recompute_layers`` (with ``recompute="full"``):
+    layers of each pipeline stage that are recomputed, the others keep every activation (Megatron-LM's
+    ``--recompute-method block``); 0: all of them."""
 
     dp: int
     tp: int = 1
@@ -142,6 +151,7 @@ class Layout:
     micro_batch: int = 1
     schedule: str = "1f1b"
     v: int = 1
+    recompute_layers: int = 0
 
     def __post_init__(self):  # accept numpy scalars (a DataFrame row) as plain Python values
         if all(type(v) in _PLAIN for v in self.__dict__.values()):  # the common case (search builds ~10^5)
@@ -458,6 +468,23 @@ def _min_layers(n_layers: int, pp: int) -> int:
     return min(memory.stage_layers(n_layers, pp))
 
 
+@lru_cache(maxsize=1024)
+def _max_layers(n_layers: int, pp: int) -> int:
+    return max(memory.stage_layers(n_layers, pp))
+
+
+def _fewest_recomputed(ctx: _Ctx, lay: Layout, m: int, start: int) -> Layout | None:
+    """``lay`` recomputing the fewest layers per stage, from ``start`` on, whose ``_stage_bound`` fits in
+    the GPU; None once that is every layer of the heaviest stage (the ``recompute_layers=0`` candidate)."""
+    import dataclasses
+
+    for k in range(start, _max_layers(ctx.model.n_layers, lay.pp)):
+        cand = dataclasses.replace(lay, recompute_layers=k)
+        if _stage_bound(ctx, cand, m) * (1.0 - 1e-9) <= ctx.cap:
+            return cand
+    return None
+
+
 def _bound(ctx: _Ctx, lay: Layout, m: int) -> float:
     """Closed-form lower bound of the heaviest stage's memory (bytes): the larger of the model
     states of the heaviest stage and the saved activations of the last stage (fewest layers,
@@ -537,11 +564,18 @@ def _stage_bound(ctx: _Ctx, lay: Layout, m: int) -> float:
     step time is good enough to be shown, before the exact estimate."""
     dual = lay.schedule == "dualpipe"
     states = _memo(ctx, _rank_states, ctx.precision, lay.tp, lay.pp, lay.ep, dual, lay.dp * lay.cp, lay.zero)
-    a_dense, a_moe = _memo(ctx, _act_kinds, ctx.seq_len, ctx.precision, lay.tp, lay.cp, lay.micro_batch, lay.recompute)
+    k = lay.recompute_layers if lay.recompute == "full" else 0
+    a_dense, a_moe = _memo(
+        ctx, _act_kinds, ctx.seq_len, ctx.precision, lay.tp, lay.cp, lay.micro_batch, "none" if k else lay.recompute
+    )
+    saved = 0.0  # a recomputed layer keeps only its input: at most this much less than a kept one
+    if k:
+        f_dense, f_moe = _memo(ctx, _act_kinds, ctx.seq_len, ctx.precision, lay.tp, lay.cp, lay.micro_batch, "full")
+        saved = max(a_dense - f_dense, a_moe - f_moe)
     fl = _in_flight_all(lay.schedule, lay.pp, m, lay.v)
     best = 0.0
     for s, (n_st, nd, nm), f in zip(states, _memo(ctx, _rank_layers, lay.pp, dual), fl):
-        best = max(best, s + f * (nd * a_dense + nm * a_moe) / n_st)
+        best = max(best, s + f * (nd * a_dense + nm * a_moe - min(k * n_st, nd + nm) * saved) / n_st)
     return best + ctx.overhead_bytes
 
 
@@ -551,6 +585,7 @@ def _train_config(ctx: _Ctx, lay: Layout, m: int) -> TrainConfig:
         seq_len=ctx.seq_len,
         precision=ctx.precision,
         recompute=lay.recompute,
+        recompute_layers=lay.recompute_layers or None,
         dp=lay.dp,
         tp=lay.tp,
         sp=lay.tp > 1,
@@ -580,17 +615,17 @@ def _ctx_memo(ctx: _Ctx, fn, *args):
         return out
 
 
-def _tp_cp_comm(ctx: _Ctx, tp: int, cp: int, mb: int, n_lay: int, full: bool) -> tuple:
+def _tp_cp_comm(ctx: _Ctx, tp: int, cp: int, mb: int, n_lay: int, frac: float) -> tuple:
     """(TP seconds, CP seconds per micro-batch, TP link, CP link). Rank order tp, cp, ep, dp/ep, pp.
     TP with sequence parallelism: all-gather + reduce-scatter of the activations twice per layer and
-    forward pass (fwd, bwd, + re-fwd with full recomputation); CP: all-gather of K and V per forward
-    pass, reduce-scatter of their gradients in backward."""
+    forward pass (fwd, bwd, + re-fwd of the share ``frac`` of layers fully recomputed); CP: all-gather
+    of K and V per forward pass, reduce-scatter of their gradients in backward."""
     model = ctx.model
     tp_l = _link(ctx, 1, tp)
     cp_l = _link(ctx, tp, cp)
     tokens = mb * ctx.seq_len  # one micro-batch, before CP
     act = tokens / cp * model.hidden * _ACT_BYTES  # one micro-batch's hidden states on this CP rank
-    n_rc = 3 if full else 2  # forward passes with TP/CP traffic (fwd, bwd, re-fwd)
+    n_rc = 2.0 + frac  # forward passes with TP/CP traffic (fwd, bwd, re-fwd)
     tp_t = n_lay * n_rc * 2 * (_coll("all_gather", act, tp, *tp_l[1:]) + _coll("reduce_scatter", act, tp, *tp_l[1:]))
     kv_heads = model.n_heads if model.kv_lora_rank else model.n_kv_heads
     kv = 2 * tokens * kv_heads * model.head_dim * _ACT_BYTES / min(tp, kv_heads)
@@ -636,6 +671,17 @@ def _dp_comm(ctx: _Ctx, tp: int, cp: int, ep: int, dp: int, pp: int, dual: bool,
     return dp_grad + z3, dp_l[0]
 
 
+def _recomputed_share(lay: Layout, n_lay: float) -> float:
+    """Share of the heaviest rank's layers (``n_lay`` per stage) fully recomputed: 0 without full
+    recomputation, 1 with ``recompute_layers`` 0 (all), else ``recompute_layers / n_lay`` (each stage
+    recomputes that many of its layers)."""
+    if lay.recompute != "full":
+        return 0.0
+    if not lay.recompute_layers or not n_lay:
+        return 1.0
+    return min(1.0, lay.recompute_layers / n_lay)
+
+
 def _pieces(ctx: _Ctx, lay: Layout) -> dict | None:
     """The calibration-free pieces of a layout's step (seconds at the datasheet peak and bandwidths,
     per micro-batch unless named otherwise); None if the schedule does not accept (pp, m, v).
@@ -644,7 +690,8 @@ def _pieces(ctx: _Ctx, lay: Layout) -> dict | None:
     m = ctx.sequences // (lay.dp * lay.micro_batch)
     dual = lay.schedule == "dualpipe"
     fwd_tok, lay_tok, scores_tok, n_lay, n_moe = _memo(ctx, _stage_compute, ctx.seq_len, lay.pp, dual)
-    r = {"none": 0.0, "selective": scores_tok / fwd_tok, "full": lay_tok / fwd_tok}[lay.recompute]
+    frac = _recomputed_share(lay, n_lay)  # of the heaviest rank's layers, re-run in backward
+    r = {"none": 0.0, "selective": scores_tok / fwd_tok, "full": frac * lay_tok / fwd_tok}[lay.recompute]
     ratio = _bubble_ratio(lay.schedule, lay.pp, m, lay.v, r)
     if ratio is None:
         return None
@@ -652,10 +699,8 @@ def _pieces(ctx: _Ctx, lay: Layout) -> dict | None:
     tokens = lay.micro_batch * ctx.seq_len  # one micro-batch, before CP
     fwd = fwd_tok * tokens / (lay.tp * lay.cp)  # forward FLOPs of one micro-batch on this rank
     f_at = core_tok * tokens / (lay.tp * lay.cp)  # of which in the attention kernel
-    rc_at = {"none": 0.0, "selective": scores_tok * tokens / (lay.tp * lay.cp), "full": f_at}[lay.recompute]
-    tp_t, cp_t, tp_l, cp_l = _ctx_memo(
-        ctx, _tp_cp_comm, lay.tp, lay.cp, lay.micro_batch, n_lay, lay.recompute == "full"
-    )
+    rc_at = {"none": 0.0, "selective": scores_tok * tokens / (lay.tp * lay.cp), "full": frac * f_at}[lay.recompute]
+    tp_t, cp_t, tp_l, cp_l = _ctx_memo(ctx, _tp_cp_comm, lay.tp, lay.cp, lay.micro_batch, n_lay, frac)
     ep_raw, ep_l = _ctx_memo(ctx, _ep_comm, lay.tp, lay.cp, lay.ep, lay.micro_batch, n_moe)
     p2p, pp_l = _ctx_memo(ctx, _pp_comm, lay.tp, lay.cp, lay.dp, lay.pp, lay.micro_batch)
     pp_t = 2 * (lay.v if lay.schedule == "interleaved-1f1b" else 1) * p2p
@@ -663,7 +708,7 @@ def _pieces(ctx: _Ctx, lay: Layout) -> dict | None:
     h = model.hidden
     # non-matmul work (norms, residual adds, activations, dropout, softmax bookkeeping): memory-bound,
     # seconds per micro-batch for 1 byte per token per hidden unit per layer at HBM bandwidth
-    elem = n_lay * tokens / (lay.tp * lay.cp) * h / ctx.hbm * (4.0 / 3.0 if lay.recompute == "full" else 1.0)
+    elem = n_lay * tokens / (lay.tp * lay.cp) * h / ctx.hbm * (1.0 + frac / 3.0)
     links = {"tp": tp_l, "cp": cp_l, "ep": ep_l, "dp": dp_l, "pp": pp_l}
     return dict(
         m=m,
@@ -781,8 +826,9 @@ def _plan(ctx: _Ctx, lay: Layout, tm=None, with_memory: bool = True) -> Plan | N
     t, m, links = tm
     step = sum(t.values())
     mfu = _model_flops(ctx) / (ctx.gpus * ctx.peak * step)
-    fwd_tok, lay_tok, scores_tok, _, _ = _stage_compute(ctx.model, ctx.seq_len, lay.pp, lay.schedule == "dualpipe")
-    r = {"none": 0.0, "selective": scores_tok / fwd_tok, "full": lay_tok / fwd_tok}[lay.recompute]
+    fwd_tok, lay_tok, scores_tok, n_lay, _ = _stage_compute(ctx.model, ctx.seq_len, lay.pp, lay.schedule == "dualpipe")
+    frac = _recomputed_share(lay, n_lay)
+    r = {"none": 0.0, "selective": scores_tok / fwd_tok, "full": frac * lay_tok / fwd_tok}[lay.recompute]
     br = memory.estimate(ctx.model, _train_config(ctx, lay, m)) if with_memory else None
     mem = br.total if br is not None else float("nan")
     return Plan(
@@ -892,8 +938,11 @@ def _candidates(ctx: _Ctx, tp, pp, cp, ep, zero, recompute, micro_batch, schedul
                     continue
                 if s == "interleaved-1f1b" and p_ * vv > m.n_layers:
                     continue
+                partial = "full" in recompute and _max_layers(m.n_layers, p_) > 1
                 for z, r in itertools.product(zero, recompute):
                     out.append(Layout(d_, t_, p_, c_, e_, z, r, mb, s, vv))
+                    if r == "full" and partial:  # recompute some layers only: search picks how many
+                        out.append(Layout(d_, t_, p_, c_, e_, z, r, mb, s, vv, 1))
     return out, rejected
 
 
@@ -972,6 +1021,7 @@ def search(
             lay.ep,
             lay.zero == 3,
             lay.recompute,
+            lay.recompute_layers,
             lay.micro_batch,
             lay.schedule,
             lay.v,
@@ -981,18 +1031,32 @@ def search(
         tm = cache[key]
         if tm is not None:
             timed.append((sum(tm[0].values()), lay, tm))
-    timed.sort(key=lambda x: x[0])
-    # 2) memory estimates in order of step time until `top` layouts fit
+    # 2) memory estimates in order of step time until `top` layouts fit. A layout recomputing some layers
+    # (recompute_layers > 0) enters timed with one layer, a lower bound of its time; when it does not fit it
+    # comes back with the fewest layers that may fit, re-timed (slower: it waits its turn in the heap)
+    heap = [(step, i, lay, tm) for i, (step, lay, tm) in enumerate(timed)]
+    heapq.heapify(heap)
+    seq = len(heap)
     plans, evaluated, best_short = [], 0, None  # best_short: (shortfall bytes, layout, bytes)
-    for _step, lay, tm in timed:
+    while heap:
+        _step, _, lay, tm = heapq.heappop(heap)
         sb = _stage_bound(ctx, lay, tm[1])
-        if sb * (1.0 - 1e-9) > cap:  # cannot fit (a lower bound; margin for rounding): no exact estimate
-            pruned.append((sb, lay))
-            continue
-        plan = _plan(ctx, lay, tm)
-        evaluated += 1
-        if not plan.fits:
-            if best_short is None or plan.memory_bytes - cap < best_short[0]:
+        fits = sb * (1.0 - 1e-9) <= cap  # else cannot fit (a lower bound; margin for rounding): no estimate
+        plan = None
+        if fits:
+            plan = _plan(ctx, lay, tm)
+            evaluated += 1
+        if plan is None or not plan.fits:
+            if lay.recompute_layers:  # one more recomputed layer, or as many as the bound asks
+                nxt = _fewest_recomputed(ctx, lay, tm[1], lay.recompute_layers + (0 if plan is None else 1))
+                if nxt is not None:
+                    t2 = _time(ctx, nxt)
+                    heapq.heappush(heap, (sum(t2[0].values()), seq, nxt, t2))
+                    seq += 1
+                continue
+            if plan is None:
+                pruned.append((sb, lay))
+            elif best_short is None or plan.memory_bytes - cap < best_short[0]:
                 best_short = (plan.memory_bytes - cap, lay, plan.memory_bytes)
             continue
         plans.append(plan)
@@ -1031,6 +1095,7 @@ def search(
                 ep=lay.ep,
                 zero=lay.zero,
                 recompute=lay.recompute,
+                recompute_layers=lay.recompute_layers,
                 micro_batch=lay.micro_batch,
                 schedule=lay.schedule,
                 v=lay.v,
@@ -1070,6 +1135,7 @@ def clear_caches() -> None:
         _act_layer,
         _in_flight_last,
         _min_layers,
+        _max_layers,
         _attn_core,
         _act_kinds,
         _rank_layers,
