@@ -109,7 +109,7 @@ class PlannerWidget(ControlPanel):
             self._cache[key] = planner.search(s["model"], **kw, top=TOP)
         df = self._cache[key]
         row = df.iloc[min(s["show"], len(df) - 1)]
-        fields = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", "micro_batch", "schedule", "v")
+        fields = planner.Layout.__dataclass_fields__  # every column that defines the layout (recompute_layers too)
         plan = planner.evaluate(s["model"], planner.Layout(**{f: row[f] for f in fields}), **kw)
         upper = planner.evaluate(s["model"], plan.layout, **kw, calibration=None)  # datasheet peaks
         return {"layouts": df, "plan": plan, "upper": upper, "shown": min(s["show"], len(df) - 1)}
