@@ -4,9 +4,18 @@ Every figure-making function in the package returns the ``Figure`` (and draws no
 notebooks, widgets and tests can all use it. Helpers here are generic; topic-specific plots live
 next to the topic (e.g. a pipeline timeline in ``mlsys_nb.pipeline``) and use ``style()`` and
 ``new_figure()``.
+
+The house style: constrained layout (no suptitle drawn over panel titles), human axis labels with
+the unit in parentheses (``label``), integer ticks on axes that count things (``count_axis``), the
+colour-blind-safe Okabe-Ito palette (``PALETTE``), legends placed where they cover no data
+(``legend.loc: best``, or outside the axes), annotations inside the axes. ``figure_problems(fig)``
+checks a drawn figure for the visible breaches: overlapping or clipped titles, annotations outside
+their axes, fractional tick labels on a count axis.
 """
 
 from __future__ import annotations
+
+import re
 
 import matplotlib
 
@@ -26,6 +35,7 @@ STYLE = {
     "xtick.labelsize": 9,
     "ytick.labelsize": 9,
     "figure.constrained_layout.use": True,
+    "legend.loc": "best",
 }
 
 # Colour-blind-safe palette (Okabe–Ito), in a fixed order so a rank or a schedule keeps its colour.
@@ -53,8 +63,92 @@ def label(ax, x: str, y: str, title: str | None = None) -> None:
         raise ValueError(f"axis labels need a unit in parentheses, got x={x!r}, y={y!r}")
     ax.set_xlabel(x)
     ax.set_ylabel(y)
+    for axis in (ax.xaxis, ax.yaxis):  # a count ('questions (count)', 'rank (index)'): integer ticks
+        if is_count_axis(axis):
+            count_axis(axis)
     if title:
         ax.set_title(title)
+
+
+# the units (in an axis label's parentheses) of axes that count things: their ticks must be integers
+COUNT_UNITS = ("count", "index", "rank", "ranks", "GPUs", "questions", "steps", "micro-batches", "sequences")
+
+
+def count_axis(axis):
+    """Mark ``axis`` (``ax.xaxis`` or ``ax.yaxis``) as counting things: integer ticks only (a
+    linear axis with matplotlib's automatic ticks gets integer ones; ticks set by hand are kept;
+    ``figure_problems`` checks the labels). Returns the axis."""
+    from matplotlib.ticker import AutoLocator, MaxNLocator
+
+    if axis.get_scale() == "linear" and type(axis.get_major_locator()) is AutoLocator:  # keep chosen ticks
+        axis.set_major_locator(MaxNLocator(integer=True))
+    axis.mlsys_count = True
+    return axis
+
+
+def is_count_axis(axis) -> bool:
+    """True for an axis marked by ``count_axis`` or whose label's unit is one of ``COUNT_UNITS``."""
+    if getattr(axis, "mlsys_count", False):
+        return True
+    unit = re.search(r"\(([^()]*)\)\s*$", axis.get_label_text())
+    return bool(unit) and unit.group(1).strip() in COUNT_UNITS
+
+
+_FRACTION = re.compile(r"\d[.,]\d*[1-9]")  # '2.5', '0.25'; not '2', '2.0', '1,000'
+
+
+def _renderer(fig):
+    if not hasattr(fig.canvas, "get_renderer"):  # a bare Figure(): give it an Agg canvas
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(fig)
+    fig.canvas.draw()  # runs the layout engine, places every text
+    return fig.canvas.get_renderer()
+
+
+def figure_problems(fig, tol_px: float = 1.0) -> list[str]:
+    """What breaks the house style in ``fig``, drawn as it will be shown (an empty list when none):
+
+    - two titles (the suptitle, the axes' titles) whose boxes overlap, or a title cut by the figure's edge;
+    - an annotation (``ax.texts``) outside its axes;
+    - a tick label with a fraction (e.g. '2.5') on a count axis (``is_count_axis``).
+
+    Boxes are matplotlib's text window extents in pixels; ``tol_px`` is the overlap tolerated."""
+    r = _renderer(fig)
+    fb = fig.bbox
+    titles = [fig._suptitle] if getattr(fig, "_suptitle", None) is not None else []
+    for ax in fig.axes:
+        titles += [ax.title, ax._left_title, ax._right_title]
+    titles = [t for t in titles if t.get_visible() and t.get_text().strip()]
+    boxes = [t.get_window_extent(r) for t in titles]
+    out = []
+    for i, (a, ba) in enumerate(zip(titles, boxes)):
+        if ba.x0 < fb.x0 - tol_px or ba.x1 > fb.x1 + tol_px or ba.y0 < fb.y0 - tol_px or ba.y1 > fb.y1 + tol_px:
+            out.append(f"title {a.get_text()!r} is cut by the figure's edge")
+        for b, bb in zip(titles[i + 1 :], boxes[i + 1 :]):
+            w = min(ba.x1, bb.x1) - max(ba.x0, bb.x0)
+            h = min(ba.y1, bb.y1) - max(ba.y0, bb.y0)
+            if w > tol_px and h > tol_px:
+                out.append(f"titles {a.get_text()!r} and {b.get_text()!r} overlap")
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        ab = ax.get_window_extent(r)
+        for t in ax.texts:
+            if not t.get_visible() or not t.get_text().strip():
+                continue
+            tb = t.get_window_extent(r)
+            if tb.x0 < ab.x0 - tol_px or tb.x1 > ab.x1 + tol_px or tb.y0 < ab.y0 - tol_px or tb.y1 > ab.y1 + tol_px:
+                out.append(f"annotation {t.get_text()!r} lies outside its axes")
+        for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
+            if not is_count_axis(axis):
+                continue
+            lo, hi = sorted(axis.get_view_interval())
+            for tick, text in zip(axis.get_majorticklocs(), axis.get_majorticklabels()):
+                s = text.get_text()
+                if lo <= tick <= hi and text.get_visible() and _FRACTION.search(s):
+                    out.append(f"count axis {name} ({axis.get_label_text()!r}) has a fractional tick label {s!r}")
+    return out
 
 
 def human_bytes(n: float, binary: bool = True) -> str:
