@@ -17,9 +17,9 @@ that JSON back as plain Python (a list of event dicts) and compute from it:
 - ``activities()``: CPU, plus CUDA where a GPU is present; ``trace_ddp_step``: a rank function that
   traces one data-parallel step with and without overlap (notebook 05b).
 - ``trace_range(name)`` and ``ranged(name)``: a ``record_function`` range (a ``with`` block, a
-  decorator) that costs about a microsecond while no profiler records (the serving engine's
-  ``engine.step`` and ``engine.model``); ``light_profile()``: a profiler that starts in a fraction of
-  a second in a fresh process; ``inner_time(events, outer, inner)``: per ``outer`` range, the time
+  decorator) that costs a microsecond or two while no profiler records (the serving engine's
+  ``engine.step`` and ``engine.model``); ``light_profile()``: a profiler whose first start does not
+  import the compiler; ``inner_time(events, outer, inner)``: per ``outer`` range, the time
   covered by ``inner`` ranges inside it (a decode step's model forward, notebook 15).
 
 Timestamps are the profiler's microseconds (its own clock, one per process); durations out of the
@@ -113,9 +113,9 @@ def light_profile(device: str = "auto"):
     ``with light_profile() as prof: ...`` then ``prof.export_chrome_trace(path)``.
 
     It is ``torch.autograd.profiler.profile(use_kineto=True)``, the profiler that
-    ``torch.profiler.profile`` wraps: the same Kineto trace, but its first start in a process takes a
-    fraction of a second, where ``torch.profiler.profile``'s first start imports the compiler
-    (``torch._inductor``, ``torch._dynamo``: seconds of CPU on a small machine) to read one setting."""
+    ``torch.profiler.profile`` wraps: the same Kineto trace, without the front end's first-start cost:
+    ``torch.profiler.profile`` looks up ``torch._inductor`` to read one setting, which imports the
+    compiler (``torch._inductor``, ``torch._dynamo``) in a process that has not loaded it yet."""
     import torch
 
     device = check_choice("device", device, ("auto", "cpu", "cuda"))
