@@ -374,6 +374,7 @@ def train(
             bar.set_postfix(mean_return=f"{mean_return:.0f}")
             if eval_return >= threshold:
                 reached = steps
+                bar.total = bar.n  # solved before the budget: a full bar (tqdm's notebook bar turns red at n < total)
                 break
         bar.close()
     finally:
