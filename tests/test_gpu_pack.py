@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 
-from gpu_record import GpuRecord, device_slug  # noqa: E402
+from mlsys_nb.runtime import gpu_record  # noqa: E402
+from mlsys_nb.runtime.gpu_record import GpuRecord, device_slug  # noqa: E402
 
 ABSENT = ["IPython", "nbval", "papermill", "jsonschema", "outlines_core", "fastapi", "gymnasium", "ray"]
 # Installs an import blocker for ABSENT, proves it blocks, then runs the pack as the GPU machine would.
@@ -78,3 +78,69 @@ def test_record_writes_figure_by_figure_and_never_mixes_devices(tmp_path):
         device_slug("  ")
     with pytest.raises(TypeError, match="value"):
         h100.add("t", "n", [1], "x")
+
+
+def test_notebook_gpu_cells_read_back_what_the_pack_recorded(tmp_path):
+    """The notebooks' GPU cells (``gpu_record.gpu_cell``) show every recorded figure of the tests they
+    name, parametrized runs included, with the device; with no record they say so and how to make one."""
+    empty = gpu_record.gpu_cell("test_cuda_graph_speedup", tmp_path, cuda=False)
+    assert empty.startswith("No GPU figure recorded yet for test_cuda_graph_speedup") and "make test-gpu" in empty
+    GpuRecord(tmp_path, {"device": "NVIDIA H100 80GB HBM3"}).add("test_cuda_graph_speedup[8]", "speed-up", 2.5, "x")
+    GpuRecord(tmp_path, {"device": "NVIDIA H200"}).add("test_cuda_graph_speedup[32]", "speed-up", 1.7, "x")
+    GpuRecord(tmp_path, {"device": "NVIDIA H200"}).add("test_cuda_graph_speedup_other", "speed-up", 9.0, "x")
+    rows = gpu_record.lookup("test_cuda_graph_speedup", directory=tmp_path)
+    assert sorted((r["device"], r["value"]) for r in rows) == [("NVIDIA H100 80GB HBM3", 2.5), ("NVIDIA H200", 1.7)]
+    table = gpu_record.gpu_cell([("test_cuda_graph_speedup", "speed")], tmp_path)
+    assert "| NVIDIA H200 | test_cuda_graph_speedup[32] | speed-up | 1.7 | x |" in table and "_other" not in table
+    assert gpu_record.lookup("test_cuda_graph_speedup", "latency", tmp_path) == []
+    with pytest.raises(ValueError, match="test"):
+        gpu_record.lookup("cuda_graph", directory=tmp_path)
+    assert gpu_record.RECORD_DIR == ROOT / "data" / "measured"
+
+
+def _gpu_cells():
+    import nbformat
+
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in nbformat.read(path, 4).cells:
+            if cell.cell_type == "code" and "gpu_record.gpu_cell" in cell.source:
+                yield path.name, cell.source
+
+
+def test_notebook_gpu_cells_check_what_a_gpu_recorded(tmp_path, monkeypatch):
+    """Each notebook GPU cell runs with no record (CI), passes with plausible recorded figures and fails
+    with an impossible one (a matmul above the table peak, a step 30 % off the memory model)."""
+    import IPython.display
+
+    monkeypatch.setattr(IPython.display, "display", lambda *a, **k: None)
+    cells = list(_gpu_cells())
+    assert {name[:2] for name, _ in cells} >= {"10", "13", "21"}
+    monkeypatch.setenv("GPU_PACK_RECORD_DIR", str(tmp_path))
+
+    def run(src):
+        exec(compile(src, "<gpu cell>", "exec"), {"display": lambda *a, **k: None})
+
+    for _, src in cells:
+        run(src)  # nothing recorded
+    rec = GpuRecord(tmp_path, {"device": "NVIDIA H100 80GB HBM3"})
+    rec.add("test_memory_model_vs_max_memory_allocated[a]", "peak / model", 1.04, "ratio")
+    rec.add("test_bf16_matmul_8192", "matmul MFU vs table bf16 peak", 0.80, "ratio")
+    rec.add("test_device_to_device_copy_bandwidth", "copy / table HBM bandwidth", 0.9, "ratio")
+    rec.add("test_triton_elementwise_softmax_matmul_compiled", "Triton matmul rel. error vs fp64", 3e-4, "")
+    for _, src in cells:
+        run(src)
+    for test, name, bad in (
+        ("test_memory_model_vs_max_memory_allocated[b]", "peak / model", 1.3),
+        ("test_bf16_matmul_8192", "matmul MFU vs table bf16 peak", 1.4),
+    ):
+        GpuRecord(tmp_path, {"device": "NVIDIA H100 80GB HBM3"}).add(test, name, bad, "ratio")
+        failed = set()
+        for nb, src in cells:
+            try:
+                run(src)
+            except AssertionError:
+                failed.add(nb[:2])
+        assert failed, (test, bad)
+        rec = GpuRecord(tmp_path, {"device": "NVIDIA H100 80GB HBM3"})
+        rec.figures = [f for f in rec.figures if f["test"] != test or f["value"] != bad]
+        rec.write()

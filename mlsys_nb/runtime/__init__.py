@@ -16,6 +16,8 @@
 - ``profiling``: a ``torch.profiler`` trace read back (``load_trace``, ``spans``, ``mm_flops``), the
   overlap fraction of communication with compute (pure interval arithmetic) and the memory timeline
   of a step (``memory_timeline``, ``live_at``, ``peak_in``); ``trace_ddp_step`` (notebook 05b).
+- ``gpu_record``: the GPU pack's record (``GpuRecord`` writes ``data/measured/gpu-<device>.json``
+  figure by figure; ``lookup`` / ``gpu_cell`` read it back in the notebooks' GPU cells).
 
 Thread count: every entry point takes ``threads=`` (intra-op threads per rank, default 1).
 """

@@ -1,4 +1,5 @@
-"""The GPU pack's record: ``data/measured/gpu-<device>.md`` and ``.json``, written figure by figure.
+"""The GPU pack's record: ``data/measured/gpu-<device>.md`` and ``.json``, written figure by figure,
+and read back by the notebooks' GPU cells (``recorded``, ``lookup``, ``gpu_cell``).
 
 Every figure a pack test measures is appended (and both files rewritten) the moment it is measured, so a
 run cut short by a timeout still leaves what it measured. One file pair per device kind (the slug of
@@ -6,17 +7,20 @@ run cut short by a timeout still leaves what it measured. One file pair per devi
 refuses to write into a record whose stored device name differs from the one it was opened for.
 
 Imports only the standard library (the CPU dry run in ``tests/test_gpu_pack.py`` tests the writer with a
-made-up device name), and ``cuda_seconds`` imports torch lazily.
+made-up device name), and ``cuda_seconds`` imports torch lazily. The pack's tests live in ``tests/gpu/``.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import re
 from pathlib import Path
 
-__all__ = ["GpuRecord", "device_slug", "cuda_seconds"]
+__all__ = ["GpuRecord", "device_slug", "cuda_seconds", "RECORD_DIR", "recorded", "lookup", "gpu_cell"]
+
+RECORD_DIR = Path(__file__).resolve().parents[2] / "data" / "measured"
 
 SCRIPT = "tests/gpu/ (make test-gpu: python3 -m pytest -o addopts='' -m gpu tests/gpu)"
 
@@ -109,3 +113,55 @@ def cuda_seconds(fn, reps: int = 10, warmup: int = 2) -> list[float]:
         b.synchronize()
         out.append(a.elapsed_time(b) / 1e3)
     return out
+
+
+def recorded(directory=None) -> dict[str, dict]:
+    """Every GPU record in ``directory`` (default ``$GPU_PACK_RECORD_DIR``, else ``data/measured``, where
+    ``make test-gpu`` writes): ``{device name: {"meta", "figures"}}``."""
+    out = {}
+    for path in sorted(Path(directory or os.environ.get("GPU_PACK_RECORD_DIR") or RECORD_DIR).glob("gpu-*.json")):
+        data = json.loads(path.read_text())
+        out[data["meta"]["device"]] = data
+    return out
+
+
+def lookup(test: str, name: str | None = None, directory=None) -> list[dict]:
+    """Recorded figures of the pack test ``test`` (its name, or its name with a parameter, e.g.
+    ``test_cuda_graph_speedup`` matches ``test_cuda_graph_speedup[8]``), optionally only those whose
+    figure name contains ``name``; each row carries its ``device``. Empty where nothing was recorded."""
+    if not isinstance(test, str) or not test.startswith("test_"):
+        raise ValueError(f"test must be a GPU-pack test name starting with 'test_', got {test!r}")
+    rows = []
+    for device, data in recorded(directory).items():
+        for f in data["figures"]:
+            if (f["test"] == test or f["test"].startswith(test + "[")) and (name is None or name in f["name"]):
+                rows.append({"device": device, **f})
+    return rows
+
+
+def gpu_cell(tests, directory=None, *, cuda: bool | None = None) -> str:
+    """What a notebook's GPU cell prints: the pack's recorded figures for ``tests`` (names, or
+    ``(test, figure-name substring)`` pairs) as a Markdown table with device and date, or, where none
+    has been recorded, a line saying so and how to record them. ``cuda``: whether this kernel sees a
+    GPU (default: asks torch), only to word the advice."""
+    if isinstance(tests, str):
+        tests = [tests]
+    rows = []
+    for t in tests:
+        test, name = (t, None) if isinstance(t, str) else t
+        rows += lookup(test, name, directory)
+    if not rows:
+        if cuda is None:
+            import torch
+
+            cuda = torch.cuda.is_available()
+        where = "this machine has a GPU: run" if cuda else "on a GPU machine, run"
+        return (
+            f"No GPU figure recorded yet for {', '.join(t if isinstance(t, str) else t[0] for t in tests)} "
+            f"(data/measured/gpu-<device>.json is absent): {where} `make test-gpu` to measure them."
+        )
+    lines = ["| device | test | figure | measured | unit | note | date |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        v = f"{r['value']:.4g}" if isinstance(r["value"], float) else str(r["value"])
+        lines.append(f"| {r['device']} | {r['test']} | {r['name']} | {v} | {r['unit']} | {r['note']} | {r['date']} |")
+    return "\n".join(lines)

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_record import GpuRecord  # noqa: E402
+from mlsys_nb.runtime.gpu_record import GpuRecord  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD_DIR = Path(os.environ.get("GPU_PACK_RECORD_DIR", ROOT / "data" / "measured"))

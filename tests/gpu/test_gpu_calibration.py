@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from gpu_record import cuda_seconds
+from mlsys_nb.runtime.gpu_record import cuda_seconds
 
 pytestmark = pytest.mark.gpu
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpu_record import cuda_seconds
+from mlsys_nb.runtime.gpu_record import cuda_seconds
 
 pytestmark = pytest.mark.gpu
 

@@ -5,7 +5,7 @@ multiplied in fp32: the tensor-core result must equal the emulation up to fp32 a
 import pytest
 import torch
 
-from gpu_record import cuda_seconds
+from mlsys_nb.runtime.gpu_record import cuda_seconds
 from test_gpu_calibration import table_gpu
 
 pytestmark = pytest.mark.gpu

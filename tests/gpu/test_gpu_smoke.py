@@ -4,7 +4,7 @@ tensor cores is right, and one serving-engine run on CUDA equals greedy decoding
 import pytest
 import torch
 
-from gpu_record import cuda_seconds
+from mlsys_nb.runtime.gpu_record import cuda_seconds
 
 pytestmark = [pytest.mark.gpu, pytest.mark.smoke]
 
