@@ -151,6 +151,46 @@ def figure_problems(fig, tol_px: float = 1.0) -> list[str]:
     return out
 
 
+PERCENT_COLUMNS = ("mfu", "hfu", "share", "bubble_fraction", "heldout_error", "error")
+
+
+def table(df, *, percent=PERCENT_COLUMNS, digits: int = 3):
+    """``df`` as a formatted table for a notebook (a pandas ``Styler``; ``display`` it): columns
+    whose name ends in ``bytes`` in GB with one decimal, columns named in ``percent`` (fractions,
+    e.g. MFU 0.41) as percentages with one decimal, other floats to ``digits`` significant digits,
+    integers with thousands separators; numbers right-aligned. A Series (one record) is shown as
+    one column, each value formatted by its index name. The data is not changed."""
+    import numbers
+
+    import pandas as pd
+
+    if not isinstance(digits, int) or not 1 <= digits <= 12:
+        raise ValueError(f"digits must be an integer in [1, 12], got {digits!r}")
+
+    def fmt_for(col):
+        name = str(col).lower()
+        if name.endswith("bytes"):
+            return lambda v: f"{v / 1e9:,.1f} GB" if isinstance(v, numbers.Real) and v == v else str(v)
+        if name in percent:
+            return lambda v: f"{100 * v:.1f} %" if isinstance(v, numbers.Real) and v == v else str(v)
+        return lambda v: (
+            f"{v:,d}"
+            if isinstance(v, numbers.Integral) and not isinstance(v, bool)
+            else f"{v:.{digits}g}"
+            if isinstance(v, numbers.Real) and not isinstance(v, bool)
+            else str(v)
+        )
+
+    if isinstance(df, pd.Series):  # one record (e.g. a row of a search): each value by its own name
+        df = pd.DataFrame(
+            {df.name if df.name is not None else "value": [fmt_for(k)(v) for k, v in df.items()]}, index=df.index
+        )
+    styler = df.style.format({c: fmt_for(c) for c in df.columns})
+    return styler.set_table_styles(
+        [{"selector": "td", "props": "text-align: right; font-variant-numeric: tabular-nums"}]
+    )
+
+
 def human_bytes(n: float, binary: bool = True) -> str:
     """``1536 -> '1.50 KiB'`` (binary) or ``'1.54 kB'`` (decimal). GB = 1e9 B, GiB = 2**30 B."""
     units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"] if binary else ["B", "kB", "MB", "GB", "TB", "PB"]

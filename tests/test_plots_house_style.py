@@ -2,6 +2,8 @@
 clipped titles, annotations inside their axes, no fractional tick labels on count axes. The
 dashboard's widget figures are checked in tests/test_dashboard.py (on its module's dashboard)."""
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -87,3 +89,16 @@ def test_the_check_fails_on_each_broken_rule():
     ax.texts[0].remove()
     plots.label(ax, "step (count)", "loss (nats)")  # marks the count axis: integer ticks
     assert plots.figure_problems(fig) == []
+
+
+def test_table_formats_bytes_percentages_and_counts():
+    df = pd.DataFrame(
+        {"dp": [8, 16000], "memory_bytes": [8.09e10, 1.5e9], "mfu": [0.5342, 0.41], "step_s": [1.4963, 12.345]}
+    )
+    cells = re.findall(r">([^<>]+)</td>", plots.table(df).to_html())
+    assert cells == ["8", "80.9 GB", "53.4 %", "1.5", "16,000", "1.5 GB", "41.0 %", "12.3"]
+    assert df.mfu.tolist() == [0.5342, 0.41]  # the data is not changed
+    row = pd.Series({"tp": 4, "memory_bytes": 2.5e10, "mfu": 0.3}, name=0)
+    assert re.findall(r">([^<>]+)</td>", plots.table(row).to_html()) == ["4", "25.0 GB", "30.0 %"]
+    with pytest.raises(ValueError, match="digits"):
+        plots.table(df, digits=0)
