@@ -9,7 +9,7 @@ def test_notebook_23_runs_with_seed_1_and_solutions():
     nb = run_notebook("23_quantization_and_lora.ipynb", seed=1, steps=60, ft_steps=20, solutions=True)
     text = printed_text(nb)
     assert "seed=1, steps=60, ft_steps=20, solutions=True" in text
-    assert text.count("check passed") == 10, text
+    assert text.count("check passed") == 11, text
     assert_exercises_passed(text, 2)
     assert "QLoRA's fine-tune tracks LoRA's" in text
 
