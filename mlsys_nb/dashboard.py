@@ -48,11 +48,18 @@ class TabSpec:
     cls: str
     probe: dict = field(default_factory=dict)
     invalid: dict = field(default_factory=dict)
+    blurb: str = ""  # what the tab shows, one line for the page's intro (``intro_html``)
 
 
 TABS = (
     TabSpec(
-        "memory", "Training memory", "mlsys_nb.widgets.memory", "MemoryWidget", probe={"tp": 8}, invalid={"tp": 64}
+        "memory",
+        "Training memory",
+        "mlsys_nb.widgets.memory",
+        "MemoryWidget",
+        probe={"tp": 8},
+        invalid={"tp": 64},
+        blurb="memory per GPU by component for a model and a parallel layout, swept over one setting",
     ),
     TabSpec(
         "scaling",
@@ -61,6 +68,7 @@ TABS = (
         "ScalingWidget",
         probe={"compute": 1e24},
         invalid={"mfu": 1.5},
+        blurb="the compute-optimal model and data size for a budget, its GPU time and cost",
     ),
     TabSpec(
         "pipeline",
@@ -69,6 +77,7 @@ TABS = (
         "PipelineWidget",
         probe={"m": 16},
         invalid={"schedule": "interleaved-1f1b", "p": 4, "v": 2, "m": 3},
+        blurb="a simulated pipeline schedule per rank: its bubble and peak activations",
     ),
     TabSpec(
         "inference",
@@ -77,6 +86,7 @@ TABS = (
         "InferenceWidget",
         probe={"batch": 32},
         invalid={"batch": 0},
+        blurb="whether a model fits for serving, its KV cache, concurrency, prefill and decode time",
     ),
     TabSpec(
         "planner",
@@ -85,6 +95,7 @@ TABS = (
         "PlannerWidget",
         probe={"gpus": 512},
         invalid={"sequences": 0},
+        blurb="the best parallel layouts for a cluster, with the chosen one's step time and memory",
     ),
     TabSpec(
         "rlhf",
@@ -93,9 +104,16 @@ TABS = (
         "RLHFSizingWidget",
         probe={"n_gpus": 64},
         invalid={"n_gpus": 0},
+        blurb="per-GPU memory and the modelled PPO step of a co-located and a split RLHF layout, side by side",
     ),
     TabSpec(
-        "practice", "Practice", "mlsys_nb.widgets.practice", "PracticeWidget", probe={"seed": 1}, invalid={"seed": -1}
+        "practice",
+        "Practice",
+        "mlsys_nb.widgets.practice",
+        "PracticeWidget",
+        probe={"seed": 1},
+        invalid={"seed": -1},
+        blurb="seeded interview questions answered by the same calculators, and a timed mock interview",
     ),
 )
 
@@ -132,6 +150,32 @@ def _html_table(df) -> str:
     return df.to_html(classes="mlsys-numbers", border=0, float_format=fmt)
 
 
+def intro_html(tabs) -> str:
+    """The page's intro: one line per tab, its title in bold and its ``blurb``."""
+    import html
+
+    items = "".join(f"<li><b>{html.escape(t.title)}</b>: {html.escape(t.blurb)}</li>" for t in tabs)
+    return (
+        "<p>Move a control in any tab and its figure and numbers follow. Every number comes from the "
+        "package's calculators (models, labelled as such), which its tests pin against measurements and "
+        f"published values.</p><ul>{items}</ul>"
+    )
+
+
+# The share link's copy button. Script inside an HTML widget does not run, but an inline event
+# handler does: the button resolves its relative link against the page's address, puts the full
+# address in the read-only box, selects it and writes it to the clipboard (where the browser
+# refuses the clipboard, the address stays selected for Ctrl+C and the button says so). Inside an
+# inline handler a bare ``URL`` is ``document.URL`` (a string): the constructor is ``window.URL``.
+COPY_HANDLER = (
+    "const u = new window.URL(this.dataset.href, document.baseURI).href;"
+    " const box = this.parentElement.querySelector('.mlsys-share-url'); box.value = u; box.select();"
+    " const done = (t) => { this.textContent = t; this.dataset.copied = u; };"
+    " (navigator.clipboard ? navigator.clipboard.writeText(u) : Promise.reject())"
+    ".then(() => done('Copied \u2713'), () => done('Selected: press Ctrl+C'));"
+)
+
+
 def _data_link(data: bytes, mime: str, filename: str, label: str) -> str:
     b64 = base64.b64encode(data).decode()
     return (
@@ -156,6 +200,8 @@ class Dashboard:
         for i, spec in enumerate(tabs):
             self.tab.set_title(i, spec.title)
         self.tab.add_class("mlsys-tabs")
+        self.intro = W.HTML(intro_html(tabs))
+        self.intro.add_class("mlsys-intro")
         self.config_text = W.Textarea(
             placeholder="A configuration: press 'Show configuration', or paste one and press 'Load'",
             layout=W.Layout(width="100%", height="70px"),
@@ -180,7 +226,7 @@ class Dashboard:
                 self.share_message,
             ]
         )
-        self.widget = W.VBox([self.tab, share], layout=W.Layout(max_width="1200px"))
+        self.widget = W.VBox([self.intro, self.tab, share], layout=W.Layout(max_width="1200px"))
         self.widget.add_class("mlsys-dashboard")
         self.defaults = {k: t.state() for k, t in self.tabs.items()}  # what a link leaves out
         self.tab.observe(lambda _: self.show_link(), names="selected_index")
@@ -296,15 +342,17 @@ class Dashboard:
 
     def show_link(self) -> None:
         """Show the share link, relative to this page (its address is the browser's: the kernel
-        does not know it). Inline script in an HTML widget does not run, so no copy button."""
+        does not know it), and a one-click copy button (``COPY_HANDLER``) with a read-only box."""
         import html
 
         q = self.to_query()
         href = html.escape("?" + q if q else "?", quote=True)
         shown = html.escape(urllib.parse.unquote("?" + q) if q else "(all settings at their defaults)")
         self.link_text.value = (
-            f'Link to these settings: <a class="mlsys-query" href="{href}" target="_blank">{shown}</a>'
-            " <i>(right-click, Copy link)</i>"
+            f'Link to these settings: <a class="mlsys-query" href="{href}" target="_blank">{shown}</a><br>'
+            f'<button class="mlsys-copy-link" type="button" data-href="{href}" '
+            f'onclick="{html.escape(COPY_HANDLER, quote=True)}">Copy link</button> '
+            '<input class="mlsys-share-url" readonly size="60" placeholder="the full address appears here">'
         )
 
     def load_query(self, query: str | None = None) -> bool:

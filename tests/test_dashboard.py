@@ -1,10 +1,12 @@
 """The dashboard in-process: every tab responds, refuses invalid input in place, exports, and its
 configuration round-trips through JSON and a URL query string."""
 
+import html
 import json
 
 import pytest
 
+from mlsys_nb import plots
 from mlsys_nb.dashboard import TABS, Dashboard, self_check
 
 
@@ -17,6 +19,19 @@ def test_every_tab_responds_and_explains_invalid_input(dash):
     report = self_check(dash)
     assert report["ok"], report["problems"]
     assert report["tabs"] == [t.key for t in TABS]
+
+
+def test_every_tab_figure_keeps_the_house_style(dash):
+    """No overlapping or clipped titles, annotations inside their axes, integer ticks on counts
+    (``plots.figure_problems``; tests/test_plots_house_style.py shows it fails on each broken rule)."""
+    for key, obj in dash.tabs.items():
+        assert plots.figure_problems(obj.figure) == [], key
+
+
+def test_intro_names_every_tab(dash):
+    intro = dash.intro.value
+    for t in TABS:
+        assert f"<b>{t.title}</b>: {html.escape(t.blurb)}" in intro and len(t.blurb) > 20, t.key
 
 
 def test_probe_changes_the_numbers_view(dash):

@@ -29,6 +29,10 @@ from browser import (
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ARTIFACTS = ROOT / "test-artifacts"
+# the visible control labels of a tab whose text is cut off (wider than the box that shows it)
+TRUNCATED_LABELS = """k => [...document.querySelectorAll(
+    '.mlsys-panel-' + k + ' .widget-label, .mlsys-panel-' + k + ' .widget-label-basic')]
+  .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1).map(e => e.textContent)"""
 
 # For each tab: its title, a valid change (must change figure and numbers) and an invalid one.
 ACTIONS = {
@@ -97,8 +101,14 @@ def page(server):
 def test_tab_responds_and_explains(page, key):
     act = ACTIONS[key]
     open_tab(page, act["title"])
-    page.wait_for_selector(f".mlsys-panel-{key} img", timeout=60_000)
+    # the Practice tab shows a message, not empty axes, until the first answer: its image is hidden
+    page.wait_for_selector(f".mlsys-panel-{key} img", state="attached" if key == "practice" else "visible")
+    if key == "practice":
+        assert "first" in page.locator(".mlsys-practice-rule").inner_text()  # the scoring rule is shown
+        assert "after your first answer" in page.locator(".mlsys-practice-placeholder").inner_text()
     page.screenshot(path=str(ARTIFACTS / f"dashboard-{key}-1-start.png"))
+    truncated = page.evaluate(TRUNCATED_LABELS, key)
+    assert not truncated, f"{key}: control labels cut off: {truncated}"
     src0, numbers0 = img_src(page, key), numbers_text(page, key)
 
     act["probe"](page)
@@ -117,6 +127,9 @@ def test_tab_responds_and_explains(page, key):
     assert message, f"{key}: an empty error message"
     panel_text = page.locator(f".mlsys-panel-{key}").inner_text()
     assert message[:40] in panel_text, f"{key}: the message is not visible in the tab: {message!r}"
+    if key == "pipeline":  # the last valid chart stays, dimmed, and the message offers valid values
+        assert "try m = 4" in message, message
+        page.wait_for_selector(".mlsys-panel-pipeline img.mlsys-stale", state="visible", timeout=30_000)
     page.screenshot(path=str(ARTIFACTS / f"dashboard-{key}-3-invalid.png"))
 
 
@@ -143,6 +156,13 @@ def test_shared_link_restores_settings(server, page):
         "() => document.querySelector('.mlsys-query').textContent.includes('\"tp\":4')", timeout=60_000
     )
     link = page.evaluate("document.querySelector('.mlsys-query').href")  # the anchor's full address
+    # one click copies the full address: to the clipboard, and selected in the read-only box
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=server.rstrip("/"))
+    page.locator(".mlsys-copy-link").click()
+    page.wait_for_function("() => document.querySelector('.mlsys-copy-link').dataset.copied", timeout=10_000)
+    assert page.locator(".mlsys-copy-link").text_content() == "Copied ✓"
+    assert page.evaluate("navigator.clipboard.readText()") == link
+    assert page.locator(".mlsys-share-url").input_value() == link
     # every tab was changed by the tests before (1-2 settings each); the full configuration was ~1.3 KB
     assert link.startswith(server) and len(link) < 700, link
     config = json.loads(urllib.parse.parse_qs(urllib.parse.urlsplit(link).query)["config"][0])
@@ -221,3 +241,20 @@ def test_practice_answer_check_hint_new(page):
     )
     assert "0/1" in page.locator(".mlsys-panel-practice").inner_text()  # the first verdict (wrong) counts
     page.screenshot(path=str(ARTIFACTS / "dashboard-practice-answered.png"))
+
+
+def test_mock_interview_clock_runs(page):
+    """The timed mock interview shows a clock that ticks in the page (no control touched)."""
+    open_tab(page, "Practice")
+    select(page, ".mlsys-practice-mode", "mock interview")
+    clock = page.locator(".mlsys-practice-clock")
+    page.wait_for_function(
+        "() => document.querySelector('.mlsys-practice-clock').textContent.includes('question 1 of')", timeout=30_000
+    )
+    first = clock.text_content()
+    page.wait_for_function(
+        "t => document.querySelector('.mlsys-practice-clock').textContent !== t", arg=first, timeout=15_000
+    )
+    assert "⏱" in clock.text_content() and "in total" in clock.text_content()
+    page.screenshot(path=str(ARTIFACTS / "dashboard-practice-mock-clock.png"))
+    select(page, ".mlsys-practice-mode", "practice")

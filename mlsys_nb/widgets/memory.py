@@ -116,14 +116,18 @@ class MemoryWidget(ControlPanel):
             "micro_batch": sel(POW2(0, 8), s["micro_batch"], "micro-batch (seqs)"),
             "seq_len": sel(POW2(7, 17), s["seq_len"], "sequence (tokens)"),
             "precision": dd(list(PRECISIONS), s["precision"], "precision"),
-            "fp32_grad_accum": w.Checkbox(value=s["fp32_grad_accum"], description="fp32 grad accumulation"),
+            "fp32_grad_accum": w.Checkbox(
+                value=s["fp32_grad_accum"], description="fp32 grad accumulation", indent=False, layout=lay
+            ),
             "optimizer": dd(list(OPTIMIZERS), s["optimizer"], "optimizer"),
             "recompute": dd(list(RECOMPUTE), s["recompute"], "recompute"),
-            "flash_attention": w.Checkbox(value=s["flash_attention"], description="FlashAttention"),
+            "flash_attention": w.Checkbox(
+                value=s["flash_attention"], description="FlashAttention", indent=False, layout=lay
+            ),
             "dp": sel(POW2(0, 12), s["dp"], "DP"),
             "zero": dd([0, 1, 2, 3], s["zero"], "ZeRO stage"),
             "tp": sel(POW2(0, 6), s["tp"], "TP"),
-            "sp": w.Checkbox(value=s["sp"], description="sequence parallel"),
+            "sp": w.Checkbox(value=s["sp"], description="sequence parallel", indent=False, layout=lay),
             "pp": sel(POW2(0, 6), s["pp"], "PP"),
             "pp_schedule": dd(list(PP_SCHEDULES), s["pp_schedule"], "PP schedule"),
             "virtual_stages": w.IntSlider(
@@ -134,7 +138,9 @@ class MemoryWidget(ControlPanel):
             "ep": sel(POW2(0, 8), s["ep"], "EP"),
             "gpu": dd(list(hardware.gpus()), s["gpu"], "GPU"),
             "unit": w.ToggleButtons(options=list(UNITS), value=s["unit"], description="unit"),
-            "playbook": w.Checkbox(value=s["playbook"], description="Playbook-compatible numbers"),
+            "playbook": w.Checkbox(
+                value=s["playbook"], description="Playbook-compatible numbers", indent=False, layout=lay
+            ),
             "sweep": w.Dropdown(
                 options=[(v, k) for k, v in SWEEPS.items()], value=s["sweep"], description="bars over", layout=lay
             ),

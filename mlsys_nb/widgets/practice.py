@@ -46,7 +46,7 @@ class PracticeWidget(Panel):
         from matplotlib.figure import Figure
 
         s = DEFAULTS | state
-        lay = w.Layout(width="260px")
+        lay = w.Layout(width="300px")
         self.controls = {
             "topic": w.Dropdown(options=["any", *quiz.topics()], value=s["topic"], description="topic", layout=lay),
             "difficulty": w.Dropdown(
@@ -62,7 +62,7 @@ class PracticeWidget(Panel):
             "mock_n": w.IntText(value=s["mock_n"], description="mock: questions", layout=lay),
         }
         for c in self.controls.values():
-            c.style = {"description_width": "100px"}
+            c.style = {"description_width": "130px"}  # the longest label, "mock: questions", in full
         self.question_html = w.HTML()
         self.answer_box = w.Text(
             placeholder="e.g. 3.2 GB, 12 ms, 45%, or an option", description="answer", layout=w.Layout(width="420px")
