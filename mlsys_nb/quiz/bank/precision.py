@@ -231,15 +231,15 @@ def _block_bytes(rng):
 
 @family("precision.mxfp4_stored_value", "precision", difficulty=2, section=SEC_FORMATS, reference=REF_MX)
 def _mxfp4_value(rng):
-    while True:  # a draw whose rounding is not a tie (the hand route then needs no tie rule)
+    while True:  # a draw that is not a tie (the hand route then needs no tie rule) and is not stored as 0
         amax = round(rng.uniform(0.1, 40.0), 3)
         x = round(rng.uniform(-1.0, 1.0) * amax, 3)
         s = block_scale(amax, "fp4_e2m1")
         grid = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
         d = sorted(abs(abs(x) / s - g) for g in grid)
-        if d[1] - d[0] > 1e-9:
+        stored = float(quantize(x / s, "fp4_e2m1")) * s
+        if d[1] - d[0] > 1e-9 and stored != 0:
             break
-    stored = float(quantize(x / s, "fp4_e2m1")) * s
     return dict(
         text=f"In MXFP4 (OCP MX: 32 fp4 e2m1 elements share a power-of-two e8m0 scale 2^(floor(log2 amax) - 2)), a "
         f"block's largest magnitude is {amax:g}. One of its elements is {x:g}. What value does the block store for it "
