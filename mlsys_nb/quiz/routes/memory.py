@@ -13,8 +13,9 @@ def acts_per_token(cfg, *, recompute="none", flash=True, seq_len=2048, tp=1, sp=
     """Bytes saved for backward per token per layer (bf16 activations, fused kernels, CUDA masks of
     1 B), written out from the block's forward (Korthikanti et al. 2022, arXiv:2205.05198, §4):
     norm inputs (+ fp32 rstd for RMSNorm, fp32 mean and rstd for LayerNorm), the q/k/v input, q, k,
-    v, the flash output and log-sum-exp (or the s² probabilities), the output projection's input, the
-    MLP input and its SwiGLU (4 tensors) or GELU (2) intermediates, dropout masks. TP shards head and
+    v, the flash log-sum-exp (or the s² probabilities), the output projection's input (with flash: the
+    flash output itself), the MLP input and its fused SwiGLU's gate and up outputs + their product (3
+    FFN-wide tensors; SiLU recomputed in backward) or GELU's 2 intermediates, dropout masks. TP shards head and
     FFN dimensions; without SP the h-wide tensors stay replicated."""
     h, f, a, hd, kv = cfg.hidden, cfg.ffn_hidden, cfg.n_heads, cfg.head_dim, cfg.n_kv_heads
     if recompute == "full":
@@ -22,11 +23,11 @@ def acts_per_token(cfg, *, recompute="none", flash=True, seq_len=2048, tp=1, sp=
     stats = 4 if cfg.norm == "rmsnorm" else 8
     drop = cfg.dropout > 0
     replicated = 2 * (2 * h + stats) + 2 * h + 2 * h + (2 * h if drop else 0)  # norms, qkv/mlp inputs, masks
-    ffn = 4 * 2 * f if cfg.activation == "swiglu" else 2 * 2 * f
+    ffn = 3 * 2 * f if cfg.activation == "swiglu" else 2 * 2 * f
     sharded = 2 * a * hd + 2 * 2 * kv * hd + 2 * a * hd + ffn
     if recompute == "none":
         if flash:
-            sharded += 2 * a * hd + 4 * a
+            sharded += 4 * a
         else:
             sharded += (2 + 1 + 2 if drop else 2) * a * seq_len  # probabilities (+ dropout mask and output)
     return replicated / (tp if sp else 1) + sharded / tp
