@@ -16,7 +16,9 @@ and swap space, seed, speculative settings), given as one config or by name (``L
 ``model`` is a preset name or ``ModelConfig`` (random weights from ``seed``), a package
 ``Transformer``, or a ``transformers`` causal LM (converted to the package's model). With
 ``num_blocks=None`` the cache gets ``kv_cache_memory`` bytes (default 256 MiB), capped at what
-``max_num_seqs`` sequences of the full context can use. ``step_times`` keeps the last
+``max_num_seqs`` sequences of the full context can use; an int8/fp8 pool (``kv_cache_dtype``, KIVI's
+per-channel K and per-token V) first takes its fp32 K residual out of that budget (2 blocks per running
+sequence, more with speculation: ``paged.kv_residual_blocks``). ``step_times`` keeps the last
 ``step_times_window`` steps (bounded memory; ``num_steps`` counts all).
 
 Requests: ``prepare(prompt, params)`` validates fully and does the long work (tokenising, compiling a
