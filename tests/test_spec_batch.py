@@ -207,16 +207,18 @@ def _log_drafts(engine):
     return log
 
 
-def _recount(log, target, max_tokens):
-    """The counters recomputed without the engine's acceptance code: the target alone's greedy outputs
-    (a plain engine) decide each drafted token; at temperature 0 a draft's first n tokens are accepted
-    when they equal the target's tokens at those output positions. (drafts, draft tokens, accepted, per pos)."""
-    prompts = sorted({p for p, _, _ in log})
+def _greedy_reference(target, prompts, max_tokens):
+    """The target alone's greedy output token ids (a plain engine, no speculation) per prompt (token ids)."""
+    prompts = sorted(prompts)
     greedy = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    ref = {
-        p: o.outputs[0].token_ids
-        for p, o in zip(prompts, LLM(target).generate([list(p) for p in prompts], greedy, use_tqdm=False))
-    }
+    outs = LLM(target).generate([list(p) for p in prompts], greedy, use_tqdm=False)
+    return {p: o.outputs[0].token_ids for p, o in zip(prompts, outs)}
+
+
+def _recount(log, ref):
+    """The counters recomputed without the engine's acceptance code: at temperature 0 a draft's first n
+    tokens are accepted when they equal the target alone's greedy tokens (``ref``) at those output
+    positions. (drafts, draft tokens, accepted tokens, accepted per draft position)."""
     per_pos = [0] * SPEC_K
     accepted = 0
     for p, start, toks in log:
@@ -281,7 +283,8 @@ def test_metrics_spec_decode_counters_equal_a_recount_from_the_draft_log(models,
     finally:
         srv.should_exit = True
         th.join(timeout=30)
-    drafts, draft_tokens, accepted, per_pos = _recount(log, target, max_tokens)
+    ref = _greedy_reference(target, {p for p, _, _ in log}, max_tokens)
+    drafts, draft_tokens, accepted, per_pos = _recount(log, ref)
     assert (m[("num_drafts", None)], m[("num_draft_tokens", None)], m[("num_accepted_tokens", None)]) == (
         drafts,
         draft_tokens,
@@ -295,5 +298,6 @@ def test_metrics_spec_decode_counters_equal_a_recount_from_the_draft_log(models,
     llm = LLM(target, speculative_model=near, num_speculative_tokens=SPEC_K, max_num_seqs=4)
     log = _log_drafts(llm.engine)
     llm.generate(PROMPTS[:6], SamplingParams(**body), use_tqdm=False)
-    c, (drafts, draft_tokens, accepted, _) = llm.engine.spec_counters, _recount(log, target, max_tokens)
+    assert {p for p, _, _ in log} <= set(ref)  # the same prompts as through the server
+    c, (drafts, draft_tokens, accepted, _) = llm.engine.spec_counters, _recount(log, ref)
     assert (c.num_drafts, c.num_draft_tokens) == (drafts, draft_tokens) and c.num_accepted_tokens != accepted
