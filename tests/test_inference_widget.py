@@ -99,3 +99,28 @@ def test_a_batch_that_does_not_fit_has_no_decode_numbers():
     w.set_state({"batch": fit + 1})
     assert f"batch {fit + 1} does not fit: only {fit} sequences fit" in w.stats.value
     assert "tokens/s" not in w.stats.value and "decode throughput" not in w.table().index
+
+
+def test_min_tp_that_fits_against_the_memory_inequality():
+    """On random models, GPUs, contexts and batches: the smallest TP in TP_CHOICES at which
+    weights / tp + batch x KV bytes / (KV shards) <= 0.9 x GPU memory, written out directly."""
+    import random
+
+    from mlsys_nb import hardware
+    from mlsys_nb.config import load_model_preset
+    from mlsys_nb.inference import weight_bytes
+    from mlsys_nb.inference.kv_cache import TP_CHOICES, min_tp_that_fits
+
+    rng = random.Random(0)
+    models = ["llama-3-8b", "llama-3-70b", "llama-2-7b"]
+    for _ in range(12):
+        name, gpu = rng.choice(models), hardware.gpu(rng.choice(["H100-SXM", "A100-40GB-SXM", "L4"]))
+        cfg = load_model_preset(name)
+        ctx, batch = rng.choice([1024, 8192, 32768]), rng.choice([1, 8, 64, 512])
+        want = None
+        for tp in TP_CHOICES:
+            kv = batch * kv_cache_bytes(name, ctx) / min(tp, cfg.n_kv_heads)
+            if weight_bytes(name) / tp + kv <= 0.9 * gpu.memory_bytes:
+                want = tp
+                break
+        assert min_tp_that_fits(name, gpu, ctx, batch=batch) == want, (name, gpu.name, ctx, batch)

@@ -113,6 +113,38 @@ def max_concurrent_sequences(
     return int(budget // per_seq)
 
 
+TP_CHOICES = (1, 2, 4, 8, 16, 32, 64)  # the tensor-parallel degrees ``min_tp_that_fits`` tries
+
+
+def min_tp_that_fits(
+    model,
+    gpu,
+    seq_len: int,
+    *,
+    batch: int = 1,
+    dtype="bf16",
+    weight_dtype="bf16",
+    gpu_memory_utilization: float = 0.9,
+    tp_choices=TP_CHOICES,
+) -> int | None:
+    """The smallest TP degree in ``tp_choices`` at which ``batch`` sequences of ``seq_len`` tokens
+    fit beside the weights on each GPU (``max_concurrent_sequences``), or ``None`` if none does."""
+    check_int("batch", batch, 1)
+    for tp in tp_choices:
+        n = max_concurrent_sequences(
+            model,
+            gpu,
+            seq_len,
+            dtype=dtype,
+            weight_dtype=weight_dtype,
+            tp=tp,
+            gpu_memory_utilization=gpu_memory_utilization,
+        )
+        if n >= batch:
+            return tp
+    return None
+
+
 # ---- the contiguous cache ------------------------------------------------------------------------
 class KVCache:
     """Contiguous KV cache: ``n_seqs`` sequences × ``max_len`` slots preallocated per layer.

@@ -1,8 +1,7 @@
 """Inference explorer: a model, a GPU, a context length, a decode batch and the cache dtype in; the
 KV-cache bytes, how many sequences fit next to the weights, and prefill vs decode on the roofline
 out (``mlsys_nb.inference``: ``kv_cache_bytes``, ``max_concurrent_sequences``, ``prefill_cost``,
-``decode_cost``). The widget computes nothing itself; ``min_tp_that_fits`` is a small pure helper over
-``max_concurrent_sequences``.
+``decode_cost``, ``min_tp_that_fits``). The widget computes nothing itself.
 
 A layout that cannot run is said so, with no throughput: weights larger than the usable memory per
 GPU give "does not fit: weights X GB > Y GB usable; needs TP >= k", and a decode batch whose KV cache
@@ -23,6 +22,7 @@ from .. import hardware
 from ..config import check_int, load_model_preset, model_presets
 
 from ..inference import kv_cache_bytes, max_concurrent_sequences, weight_bytes
+from ..inference.kv_cache import TP_CHOICES, min_tp_that_fits
 from ..inference.roofline import decode_cost, prefill_cost
 from ..plots import PALETTE, label, style
 from .base import ControlPanel, pow10_label
@@ -38,26 +38,7 @@ DEFAULTS = {
 }
 KV_DTYPES = ("bf16", "fp16", "fp8", "fp32")
 GPU_MEMORY_UTILIZATION = 0.9  # the share of GPU memory for weights + KV cache (vLLM's default)
-TP_CHOICES = (1, 2, 4, 8, 16, 32, 64)  # the degrees ``min_tp_that_fits`` tries
 BATCHES = tuple(int(x) for x in np.unique(np.logspace(0, 10, 21, base=2).astype(int)))  # decode sweep, 1..1024
-
-
-def min_tp_that_fits(cfg, gpu, context: int, *, batch: int = 1, dtype="bf16", weight_dtype="bf16"):
-    """The smallest TP degree in ``TP_CHOICES`` at which ``batch`` sequences of ``context`` tokens fit
-    beside the weights (``max_concurrent_sequences``), or ``None`` if none does."""
-    for tp in TP_CHOICES:
-        n = max_concurrent_sequences(
-            cfg,
-            gpu,
-            context,
-            dtype=dtype,
-            weight_dtype=weight_dtype,
-            tp=tp,
-            gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
-        )
-        if n >= batch:
-            return tp
-    return None
 
 
 class InferenceWidget(ControlPanel):
@@ -122,8 +103,10 @@ class InferenceWidget(ControlPanel):
             "weights_fit": weights / tp < usable,
             "max_seqs": max_seqs,
             "batch_fits": max_seqs >= b,
-            "min_tp": min_tp_that_fits(cfg, gpu, ctx, batch=1, **kv),
-            "min_tp_batch": min_tp_that_fits(cfg, gpu, ctx, batch=b, **kv),
+            "min_tp": min_tp_that_fits(cfg, gpu, ctx, batch=1, gpu_memory_utilization=GPU_MEMORY_UTILIZATION, **kv),
+            "min_tp_batch": min_tp_that_fits(
+                cfg, gpu, ctx, batch=b, gpu_memory_utilization=GPU_MEMORY_UTILIZATION, **kv
+            ),
             "contexts": contexts,
             "seqs_vs_context": [
                 max_concurrent_sequences(cfg, gpu, c, tp=tp, gpu_memory_utilization=GPU_MEMORY_UTILIZATION, **kv)
