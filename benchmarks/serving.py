@@ -1,32 +1,84 @@
-"""Serving throughput: the engine vs transformers ``generate`` with static batching, and engine ablations.
+"""Serving throughput: the engine vs the transformers peers a user would pick, and engine ablations.
 
-    .venv/bin/python benchmarks/serving.py [--quick] [--requests 64] [--batch 16] [--out data/measured/serving.md]
+    .venv/bin/python benchmarks/serving.py [--quick] [--sizes small,135m] [--repeats 3] [--no-servers]
+                                           [--out data/measured/serving.md]
 
-One seeded workload (full: 64 requests, prompt and output lengths uniform in 16-256, all arriving at
-t=0) on the ``small`` preset with random weights (its RoPE table extended to 512 positions so that a
-256-token prompt can generate 256 tokens; the weights are the same shapes), at most ``--batch``
-sequences at a time everywhere, greedy decoding, every request producing exactly its output length.
-Systems, run one after the other in the same process on the same weights:
+Offline (every request at t=0, greedy, every request producing exactly its output length, at most ``--batch``
+sequences in flight unless a row says otherwise), on random weights, all systems in one process on the same
+weights, run round-robin ``--repeats`` times (the median run is shown):
 
-- ``engine``: ``LLM`` with continuous batching, chunked prefill, prefix caching (the defaults);
-- ``engine, static batching``: the same engine admitting a new batch only when the last one is done;
-- ``engine, no prefix caching``: (this workload shares no prefixes, so it should change little);
-- ``engine, 4x in flight``: the engine with four times as many sequences in flight (paging makes room);
-- ``transformers generate (static)``: ``to_hf(model)`` (a ``LlamaForCausalLM`` with the same weights),
-  batches of ``--batch`` requests in arrival order, left-padded, ``generate(do_sample=False)`` for the
-  longest output of the batch (shorter requests keep their first tokens: the waste of static batching),
-  in batches of ``--batch`` and of 4x that.
+- ``small`` preset (its RoPE table extended to 512 positions): 64 requests, prompt and output lengths uniform in
+  16-256; ``135m``: SmolLM2-135M's shape (``LlamaConfig``: hidden 576, 30 layers, 9 heads, 3 KV heads,
+  intermediate 1536, vocab 49152, tied embeddings; built without the network, converted with ``from_hf``),
+  compute-bound on one thread, so a small workload: 32 requests, prompts 8-16, outputs 8-16, one repeat.
+- ``engine`` (``LLM``: continuous batching, chunked prefill, prefix caching), its ablations on ``small``
+  (static batching, no prefix caching) and with 4x as many sequences in flight;
+- ``transformers generate (static)``: ``to_hf(model)``, batches in arrival order, left-padded,
+  ``generate(do_sample=False)`` for the longest output of the batch (the waste of static batching), batches
+  of ``--batch`` and of 4x that;
+- ``transformers continuous batching``: ``init_continuous_batching`` with a persistent, warmed manager and
+  an explicit paged cache (``benchmarks/_peers.py``), at ``--batch`` and 4x that sequences per batch.
 
-Prints output tokens/s (useful tokens only), ratios to transformers, and TTFT/TPOT/latency percentiles
-from the engine's per-request metrics; then the CPU overhead of a decode step by phase at several batch
-sizes with the overlap-scheduling closed form applied to it. ``--quick``: 4 short requests on ``tiny`` (a few seconds).
+Each row gives wall seconds, output tokens/s, the process CPU seconds of the run (every thread, so the
+transformers manager's thread counts) and output tokens per CPU second.
+
+Servers (not in ``--quick``; ``--no-servers`` skips them): the same weights saved as a checkpoint directory
+with a word-level tokenizer, served by the kit's server (``build_app`` over ``LLMEngine``, uvicorn on 127.0.0.1,
+``benchmarks/_peers.py kit``), ``transformers serve`` and ``transformers serve --continuous-batching`` (explicit
+cache size), all three running at once (``HF_HUB_OFFLINE=1``, each with a start timeout and killed with its
+process group at the end, also on error); the ``openai`` client streams ``/v1/completions``. A burst of 32
+requests at 32 concurrent (``small``: prompts 16-64, outputs 16-32; ``135m``: prompts 8-16, outputs 8-16),
+then on ``small`` a request-rate sweep (16 requests per rate, Poisson arrivals), each point round-robin over
+the three servers. Reported as vLLM's ``benchmark_serving`` does: output token throughput, TTFT, TPOT
+(excluding the first token) and ITL mean/p50/p99, and the server process's CPU seconds.
+
+Then, on ``small``: a torch.profiler profile of 20 steps of transformers' continuous batching taken inside its
+generation thread (the ops that take its time per step), and the engine's CPU overhead of a decode step by phase
+with the overlap-scheduling closed form. ``--output-len``, ``--no-ablations``, ``--server-requests`` and
+``--rates`` shrink the run on a loaded machine (the record states the command).
+``--quick``: 4 short requests on ``tiny`` (offline systems, profile, overhead table), no servers, no record.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
+import os
+import sys
+import tempfile
+import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+GOALS = {"small": 3.0, "135m": 1.5}  # issue 30: engine vs static generate at 64 in flight (batches of 64)
+SERVER_GOAL = 5.0  # issue 30: the kit's server vs `transformers serve` at 32 concurrent requests
+
+
+def smollm2_135m_shape(seq_len: int = 512, seed: int = 0):
+    """A transformers ``LlamaForCausalLM`` with SmolLM2-135M's configuration and random weights (seeded), and the
+    kit's ``Transformer`` with the same weights (``from_hf``). ``seq_len``: the positions built (its 8192 cut)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from mlsys_nb.models import from_hf
+
+    hc = LlamaConfig(
+        hidden_size=576,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        intermediate_size=1536,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=seq_len,
+    )
+    torch.manual_seed(seed)
+    hf = LlamaForCausalLM(hc).eval()
+    return hf, from_hf(hf)
 
 
 def run_engine(model, reqs, batch, **kw):
@@ -35,18 +87,16 @@ def run_engine(model, reqs, batch, **kw):
     from mlsys_nb.inference.workload import run_workload
 
     eng = LLMEngine(model, max_num_seqs=batch, max_num_batched_tokens=512, **kw)
-    outs, secs = run_workload(eng, reqs, realtime=False, use_tqdm=True)
+    outs, secs = run_workload(eng, reqs, realtime=False, use_tqdm=False)
     assert [len(o.outputs[0].token_ids) for o in outs] == [r.max_tokens for r in reqs]
     return summarize(outs, secs), [o.outputs[0].token_ids for o in outs]
 
 
 def run_hf(hf, reqs, batch):
-    from tqdm.auto import tqdm
-
     from mlsys_nb.runtime.timing import Laps
 
     clock, tokens, outs = Laps(), 0, []
-    for i in tqdm(range(0, len(reqs), batch), desc="transformers generate"):
+    for i in range(0, len(reqs), batch):
         group = reqs[i : i + batch]
         width = max(len(r.prompt_token_ids) for r in group)
         ids = torch.tensor([[0] * (width - len(r.prompt_token_ids)) + r.prompt_token_ids for r in group])
@@ -60,6 +110,14 @@ def run_hf(hf, reqs, batch):
         tokens += sum(r.max_tokens for r in group)
     secs = clock.elapsed()
     return {"duration_s": secs, "output_tokens_per_s": tokens / secs}, outs
+
+
+def with_cpu(fn):
+    """``fn()`` -> (row, outputs), with the process CPU seconds of the call added to the row."""
+    c0 = time.process_time()
+    row, outs = fn()
+    row["cpu_s"] = time.process_time() - c0
+    return row, outs
 
 
 def cpu_overhead_table(model, batch_sizes, steps) -> list[str]:
@@ -91,14 +149,229 @@ def cpu_overhead_table(model, batch_sizes, steps) -> list[str]:
     return out
 
 
+def offline_section(
+    preset, model, hf, reqs, batch, repeats, ablations, threads, seed, stack, cb_batches=None
+) -> tuple[list[str], dict, dict]:
+    """Every offline system round-robin ``repeats`` times on ``reqs``; -> (markdown lines, rows by name).
+    ``cb_batches``: the sequences per batch of the transformers continuous-batching rows (default ``batch`` and 4x);
+    their managers are returned ({sequences per batch: manager}), to be stopped by the caller's ExitStack ``stack``."""
+    from _peers import HFContinuousBatching
+
+    big = 4 * batch
+    max_len = max(len(r.prompt_token_ids) + r.max_tokens for r in reqs)
+    systems = [("engine", batch, {})]
+    if ablations:
+        systems += [
+            ("engine, static batching", batch, {"continuous_batching": False}),
+            ("engine, no prefix caching", batch, {"enable_prefix_caching": False}),
+        ]
+    systems.append((f"engine, {big} in flight", big, {}))
+    hf_name = f"transformers generate (static), batches of {batch}"
+    runs = [(name, lambda b=b, kw=kw: run_engine(model, reqs, b, **kw)) for name, b, kw in systems]
+    runs += [
+        (hf_name, lambda: run_hf(hf, reqs, batch)),
+        (f"transformers generate (static), batches of {big}", lambda: run_hf(hf, reqs, big)),
+    ]
+    results: dict = {name: [] for name, _ in runs}
+    managers = {}
+    for b in cb_batches or (batch, big):  # persistent, warmed managers, stopped by the caller (also on error)
+        managers[b] = cb = HFContinuousBatching(hf, b, max_len)
+        stack.callback(cb.close)
+        runs.append((f"transformers continuous batching, {b} per batch", lambda cb=cb: cb.run(reqs)))
+        results[runs[-1][0]] = []
+    for _ in range(repeats):  # round-robin, so slow phases of a shared machine hit every system alike
+        for name, fn in runs:
+            results[name].append(with_cpu(fn))
+    rows, outputs = {}, {}
+    for name, res in results.items():  # the run with the median duration
+        rows[name], outputs[name] = sorted(res, key=lambda x: x[0]["duration_s"])[len(res) // 2]
+    base = rows[hf_name]["output_tokens_per_s"]
+    useful = sum(r.max_tokens for r in reqs)
+    lo_p, hi_p = min(len(r.prompt_token_ids) for r in reqs), max(len(r.prompt_token_ids) for r in reqs)
+    lo_o, hi_o = min(r.max_tokens for r in reqs), max(r.max_tokens for r in reqs)
+    lines = [
+        f"Offline, `{preset}` ({sum(p.numel() for p in model.parameters()):,} parameters, context "
+        f"{model.cfg.seq_len}): {len(reqs)} requests, prompt lengths {lo_p}-{hi_p}, output lengths {lo_o}-{hi_o} "
+        f"(seed {seed}), all at t=0, greedy, {useful} output tokens, torch threads {threads}; each system run "
+        f"{repeats}x round-robin, the median run shown. CPU s: the process's CPU seconds during the run.",
+        "",
+        "| system | seconds | output tokens/s | CPU s | tokens per CPU s | vs static generate "
+        f"({batch}) | TTFT p50/p90/p99 (ms) | TPOT p50/p90/p99 (ms) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def pct(r, k):
+        return "/".join(f"{r[f'{k}_p{p}']:.0f}" for p in (50, 90, 99)) if f"{k}_p50" in r else "n/a"
+
+    for name, r in rows.items():
+        lines.append(
+            f"| {name} | {r['duration_s']:.2f} | {r['output_tokens_per_s']:.1f} | {r['cpu_s']:.2f} | "
+            f"{useful / r['cpu_s']:.1f} | {r['output_tokens_per_s'] / base:.2f}x | {pct(r, 'ttft_ms')} | "
+            f"{pct(r, 'tpot_ms')} |"
+        )
+    same = {
+        name: sum(x == y for x, y in zip(outputs["engine"], out)) for name, out in outputs.items() if name != "engine"
+    }
+    lines += [
+        "",
+        "Greedy outputs identical to the engine's: " + "; ".join(f"{k} {v}/{len(reqs)}" for k, v in same.items()) + ".",
+    ]
+    return lines, rows, managers
+
+
+def ratio_lines(preset, rows, batch) -> list[str]:
+    big = 4 * batch
+    e, e_big = rows["engine"], rows[f"engine, {big} in flight"]
+    s, s_big = (
+        rows[f"transformers generate (static), batches of {batch}"],
+        rows[f"transformers generate (static), batches of {big}"],
+    )
+    cb_big = rows[f"transformers continuous batching, {big} per batch"]
+    tps = "output_tokens_per_s"
+    goal = GOALS.get(preset)
+    w = e_big[tps] / s_big[tps]
+    c = e_big["cpu_s"] and s_big["cpu_s"] / e_big["cpu_s"]
+    out = [
+        "",
+        f"Ratios on `{preset}` (output tokens/s): engine vs static generate at {batch} in flight "
+        f"{e[tps] / s[tps]:.2f}x; at {big} in flight (batches of {big}) {w:.2f}x on wall time, {c:.2f}x on CPU time"
+        + (f" (goal >= {goal}x: {'met' if w >= goal else 'not met'})" if goal else "")
+        + f"; transformers continuous batching ({big}) vs its static generate ({big}) {cb_big[tps] / s_big[tps]:.2f}x; "
+        f"engine ({big}) vs transformers continuous batching ({big}) {e_big[tps] / cb_big[tps]:.2f}x.",
+    ]
+    if "engine, static batching" in rows:
+        st, nc = rows["engine, static batching"][tps], rows["engine, no prefix caching"][tps]
+        out.append(f"Engine vs its own static batching: {e[tps] / st:.2f}x; prefix caching on/off: {e[tps] / nc:.2f}x.")
+    return out
+
+
+def _mpp(r, k) -> str:
+    return "/".join(f"{r[f'{k}_{s}']:.0f}" for s in ("mean", "p50", "p99"))
+
+
+SERVER_COLS = "| server | rate (req/s) | requests | seconds | output tokens/s | server CPU s | TTFT mean/p50/p99 (ms) | TPOT mean/p50/p99 (ms) | ITL mean/p50/p99 (ms) |"
+
+
+def server_section(preset, hf, reqs_burst, sweeps, threads, max_seqs) -> tuple[list[str], dict]:
+    """The three OpenAI-compatible servers on the same checkpoint, all running at once; the burst and each sweep
+    point round-robin over them. -> (markdown lines, {server: burst row})."""
+    from _peers import ServerProcess, bench_server, free_port, save_model_dir
+
+    exe = os.path.join(os.path.dirname(sys.executable), "transformers")
+    max_len = max(len(r.prompt_token_ids) + r.max_tokens for rs in [reqs_burst, *sweeps.values()] for r in rs)
+    blocks = str(max_seqs * -(-max_len // 32) + 1)
+    rows: dict = {}
+    with tempfile.TemporaryDirectory(prefix="serving-peers-") as tmp, contextlib.ExitStack() as stack:
+        d = save_model_dir(hf, os.path.join(tmp, "model"))
+        env = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads), "TRANSFORMERS_VERBOSITY": "error"}
+        specs = {
+            "kit server": (
+                [
+                    sys.executable,
+                    os.path.join(os.path.dirname(__file__), "_peers.py"),
+                    "kit",
+                    "--model-dir",
+                    d,
+                    "--max-num-seqs",
+                    str(max_seqs),
+                    "--threads",
+                    str(threads),
+                    "--port",
+                ],
+                {"ignore_eos": True},
+            ),
+            "transformers serve": ([exe, "serve", d, "--host", "127.0.0.1", "--device", "cpu", "--port"], {}),
+            "transformers serve --continuous-batching": (
+                [
+                    exe,
+                    "serve",
+                    d,
+                    "--host",
+                    "127.0.0.1",
+                    "--device",
+                    "cpu",
+                    "--continuous-batching",
+                    "--cb-block-size",
+                    "32",
+                    "--cb-num-blocks",
+                    blocks,
+                    "--cb-max-batch-tokens",
+                    "512",
+                    "--port",
+                ],
+                {},
+            ),
+        }
+        servers = {}
+        for name, (cmd, extra) in specs.items():
+            port = free_port()
+            log = os.path.join(tmp, name.replace(" ", "_") + ".log")
+            servers[name] = (
+                stack.enter_context(ServerProcess(cmd + [str(port)], f"http://127.0.0.1:{port}", log, env=env)),
+                extra,
+            )
+        for s, extra in servers.values():  # warm each once (lazy model load, first-request paths)
+            bench_server(s, d, reqs_burst[:2], 2, extra)
+        points = [("burst", math.inf, reqs_burst), *((f"rate {k}", k, v) for k, v in sweeps.items())]
+        texts = {}
+        lines = ["", SERVER_COLS, "|---|---|---|---|---|---|---|---|---|"]
+        table = []
+        for label, rate, reqs in points:
+            for name, (s, extra) in servers.items():
+                row, txt = bench_server(s, d, reqs, 32, extra)
+                if label == "burst":
+                    rows[name], texts[name] = row, txt
+                if row["exact_lengths"] != len(reqs):
+                    raise RuntimeError(f"{name}: {row['exact_lengths']}/{len(reqs)} requests produced max_tokens")
+                table.append((name, rate, row))
+    for name, rate, r in sorted(table, key=lambda t: (list(specs).index(t[0]), -1 if math.isinf(t[1]) else t[1])):
+        lines.append(
+            f"| {name} | {'inf (burst)' if math.isinf(rate) else rate} | {r['requests']} | {r['duration_s']:.2f} | "
+            f"{r['output_tokens_per_s']:.1f} | {r['server_cpu_s']:.2f} | {_mpp(r, 'ttft')} | {_mpp(r, 'tpot')} | {_mpp(r, 'itl')} |"
+        )
+    kit = texts["kit server"]
+    same = "; ".join(
+        f"{k} {sum(a == b for a, b in zip(kit, v))}/{len(kit)}" for k, v in texts.items() if k != "kit server"
+    )
+    lo_p, hi_p = min(len(r.prompt_token_ids) for r in reqs_burst), max(len(r.prompt_token_ids) for r in reqs_burst)
+    lo_o, hi_o = min(r.max_tokens for r in reqs_burst), max(r.max_tokens for r in reqs_burst)
+    sweep_txt = (
+        f"; then {', '.join(str(k) for k in sweeps)} requests/s (Poisson, {len(next(iter(sweeps.values())))} requests each)"
+        if sweeps
+        else ""
+    )
+    head = [
+        f"Servers, `{preset}`: burst of {len(reqs_burst)} requests at t=0, 32 concurrent, prompts {lo_p}-{hi_p}, "
+        f"outputs {lo_o}-{hi_o} tokens{sweep_txt}; greedy, streamed `/v1/completions` through the `openai` client, "
+        f"every completion exactly max_tokens; one run per point, each point round-robin over the servers (all three "
+        f"up at once; each warmed with 2 requests first); torch threads {threads} in every server. Server CPU s: "
+        "user + system seconds of the server process during the point.",
+    ]
+    k, t = rows["kit server"]["output_tokens_per_s"], rows["transformers serve"]["output_tokens_per_s"]
+    tail = [
+        "",
+        f"Burst completions identical to the kit server's: {same}. Kit server vs `transformers serve` at 32 "
+        f"concurrent: {k / t:.2f}x output tokens/s (goal >= {SERVER_GOAL}x: {'met' if k / t >= SERVER_GOAL else 'not met'}); "
+        f"vs `transformers serve --continuous-batching`: {k / rows['transformers serve --continuous-batching']['output_tokens_per_s']:.2f}x.",
+    ]
+    return head + lines + tail, rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="4 short requests on the tiny preset")
-    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--quick", action="store_true", help="4 short requests on the tiny preset, no servers")
+    ap.add_argument("--sizes", default="small,135m", help="comma-separated: small, 135m")
+    ap.add_argument("--requests", type=int, default=64, help="offline requests on small")
     ap.add_argument("--batch", type=int, default=16, help="sequences in flight at most (all systems)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=3, help="round-robin repeats; the median run is reported")
+    ap.add_argument("--repeats", type=int, default=3, help="round-robin repeats on small; the median run is reported")
+    ap.add_argument("--rates", default="1,4", help="request rates (req/s) of the server sweep on small")
+    ap.add_argument("--server-requests", type=int, default=32, help="requests in the servers' burst (32 concurrent)")
+    ap.add_argument("--output-len", default="16,256", help="LO,HI: output lengths of the offline workload on small")
+    ap.add_argument("--no-ablations", action="store_true", help="skip the engine's static/no-prefix-cache rows")
+    ap.add_argument("--no-servers", action="store_true", help="offline systems only")
+    ap.add_argument("--no-profile", action="store_true", help="skip the profile and the CPU-overhead table")
     ap.add_argument(
         "--out",
         default="data/measured/serving.md",
@@ -106,90 +379,85 @@ def main() -> None:
     )
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    from _peers import profile_hf_cb
+
     from mlsys_nb.config import load_model_preset
     from mlsys_nb.inference.workload import make_workload
-    from mlsys_nb.runtime.machine import summary as machine
     from mlsys_nb.models import Transformer, to_hf
+    from mlsys_nb.runtime.machine import summary as machine
 
-    if a.quick:
-        preset, cfg, n, lo, hi = "tiny", load_model_preset("tiny"), 4, 4, 8
-    else:
-        preset, cfg, n, lo, hi = "small", load_model_preset("small").replace(seq_len=512), a.requests, 16, 256
-    torch.manual_seed(a.seed)
-    model = Transformer(cfg).eval()
-    reqs = make_workload(n, prompt_len=(lo, hi), output_len=(lo, hi), vocab_size=min(cfg.vocab_size, 256), seed=a.seed)
-    rows, outputs = {}, {}
-    big = 4 * a.batch
-    systems = [
-        ("engine", a.batch, {}),
-        ("engine, static batching", a.batch, {"continuous_batching": False}),
-        ("engine, no prefix caching", a.batch, {"enable_prefix_caching": False}),
-        (f"engine, {big} in flight", big, {}),
-    ]
-    hf = to_hf(model)
-    hf_name = "transformers generate (static)"
-    runs = [(name, lambda b=batch, kw=kw: run_engine(model, reqs, b, **kw)) for name, batch, kw in systems]
-    runs += [
-        (hf_name, lambda: run_hf(hf, reqs, a.batch)),
-        (f"transformers generate (static), batches of {big}", lambda: run_hf(hf, reqs, big)),
-    ]
-    results = {name: [] for name, _ in runs}
-    repeats = 1 if a.quick else a.repeats
-    for _ in range(repeats):  # round-robin, so slow phases of a shared machine hit every system alike
-        for name, fn in runs:
-            results[name].append(fn())
-    for name, res in results.items():  # the run with the median duration
-        row, out = sorted(res, key=lambda x: x[0]["duration_s"])[len(res) // 2]
-        rows[name], outputs[name] = row, out
-    outputs["hf"] = outputs[hf_name]
-    same = sum(x == y for x, y in zip(outputs["engine"], outputs["hf"]))
-    base = rows[hf_name]["output_tokens_per_s"]
-    useful = sum(r.max_tokens for r in reqs)
-    head = (
-        f"{n} requests on `{preset}` ({sum(p.numel() for p in model.parameters()):,} parameters, context "
-        f"{cfg.seq_len}), prompt and output lengths uniform in {lo}-{hi} (seed {a.seed}), all at t=0, at most "
-        f"{a.batch} sequences in flight, greedy, {useful} output tokens, torch threads {a.threads}; each system "
-        f"run {repeats}x round-robin, the median run shown."
+    sizes = ["tiny"] if a.quick else [s.strip() for s in a.sizes.split(",")]
+    bad = [s for s in sizes if s not in ("small", "135m", "tiny") or (s == "tiny" and not a.quick)]
+    if bad:
+        raise SystemExit(f"--sizes: {bad} not among small, 135m")
+    lines, t_start = [], time.perf_counter()
+    with contextlib.ExitStack() as stack:  # the transformers managers, stopped at the end (also on error)
+        for size in sizes:
+            torch.manual_seed(a.seed)
+            if size == "135m":
+                hf, model = smollm2_135m_shape(seed=a.seed)
+                n, (p_lo, p_hi), (o_lo, o_hi), repeats = 32, (8, 16), (8, 16), 1
+            else:
+                cfg = load_model_preset("tiny") if a.quick else load_model_preset("small").replace(seq_len=512)
+                model = Transformer(cfg).eval()
+                hf = to_hf(model)
+                if a.quick:
+                    n, (p_lo, p_hi), (o_lo, o_hi), repeats = 4, (4, 8), (4, 8), 1
+                else:
+                    o_lo, o_hi = (int(x) for x in a.output_len.split(","))
+                    n, (p_lo, p_hi), repeats = a.requests, (16, 256), a.repeats
+            reqs = make_workload(n, prompt_len=(p_lo, p_hi), output_len=(o_lo, o_hi), vocab_size=256, seed=a.seed)
+            t0 = time.perf_counter()
+            ablate = size != "135m" and not a.no_ablations
+            cb_batches = (4 * a.batch,) if a.quick else None  # quick: one manager (each costs a gc.collect on stop)
+            sec, rows, managers = offline_section(
+                size, model, hf, reqs, a.batch, repeats, ablate, a.threads, a.seed, stack, cb_batches
+            )
+            lines += ["", f"### `{size}`", "", *sec, *ratio_lines(size, rows, a.batch)]
+            lines.append(f"(offline section: {time.perf_counter() - t0:.0f} s)")
+            if not a.quick and not a.no_servers:
+                t0 = time.perf_counter()
+                if size == "135m":
+                    burst = make_workload(
+                        a.server_requests, prompt_len=(8, 16), output_len=(8, 16), vocab_size=256, seed=a.seed + 1
+                    )
+                    sweeps = {}
+                else:
+                    burst = make_workload(
+                        a.server_requests, prompt_len=(16, 64), output_len=(16, 32), vocab_size=256, seed=a.seed + 1
+                    )
+                    sweeps = {
+                        float(r): make_workload(
+                            16, rate=float(r), prompt_len=(16, 64), output_len=(16, 32), vocab_size=256, seed=a.seed + 2
+                        )
+                        for r in a.rates.split(",")
+                    }
+                sec, _ = server_section(size, hf, burst, sweeps, a.threads, 32)
+                lines += ["", *sec, f"(server section: {time.perf_counter() - t0:.0f} s)"]
+            if not a.no_profile and size != "135m":
+                t0 = time.perf_counter()
+                prof_reqs = reqs[: 4 * a.batch]
+                lines += [
+                    "",
+                    *profile_hf_cb(
+                        hf,
+                        prof_reqs,
+                        4 * a.batch,
+                        max(len(r.prompt_token_ids) + r.max_tokens for r in prof_reqs),
+                        steps=3 if a.quick else 20,
+                        cb=managers[4 * a.batch],
+                    ),
+                ]
+                lines += cpu_overhead_table(model, [1, 2] if a.quick else [1, 4, 16, 64], 2 if a.quick else 30)
+                lines.append(f"(profile section: {time.perf_counter() - t0:.0f} s)")
+    lines.append(
+        f"\nTotal: {time.perf_counter() - t_start:.0f} s. Command: `python benchmarks/serving.py {' '.join(sys.argv[1:])}`."
     )
-    lines = [
-        head,
-        "",
-        (
-            "| system | seconds | output tokens/s | vs transformers | TTFT p50/p90/p99 (ms) "
-            "| TPOT p50/p90/p99 (ms) | latency p50/p99 (ms) |"
-        ),
-        "|---|---|---|---|---|---|---|",
-    ]
-
-    def pct(r, k):
-        return "/".join(f"{r[f'{k}_p{p}']:.0f}" for p in (50, 90, 99)) if f"{k}_p50" in r else "n/a"
-
-    for name, r in rows.items():
-        lat = f"{r['e2e_ms_p50']:.0f}/{r['e2e_ms_p99']:.0f}" if "e2e_ms_p50" in r else "n/a"
-        lines.append(
-            f"| {name} | {r['duration_s']:.2f} | {r['output_tokens_per_s']:.1f} | "
-            f"{r['output_tokens_per_s'] / base:.2f}x | {pct(r, 'ttft_ms')} | {pct(r, 'tpot_ms')} | {lat} |"
-        )
-    e = rows["engine"]["output_tokens_per_s"]
-    static = rows["engine, static batching"]["output_tokens_per_s"]
-    nocache = rows["engine, no prefix caching"]["output_tokens_per_s"]
-    best_engine = max(r["output_tokens_per_s"] for k, r in rows.items() if k.startswith("engine"))
-    best_hf = max(r["output_tokens_per_s"] for k, r in rows.items() if k.startswith("transformers"))
-    lines += [
-        "",
-        (
-            f"engine vs transformers static batching (both {a.batch} in flight): {e / base:.2f}x "
-            f"(target >= 2x); best engine row vs best transformers row: {best_engine / best_hf:.2f}x; vs the "
-            f"engine's own static batching: {e / static:.2f}x; prefix caching on/off: {e / nocache:.2f}x."
-        ),
-        f"Greedy outputs identical to transformers (left-padded batches) for {same}/{n} requests.",
-    ]
-    lines += cpu_overhead_table(model, [1, 2] if a.quick else [1, 4, 16, 64], 2 if a.quick else 30)
     text = "\n".join(lines)
     print(text)
     if a.out and not a.quick:
         with open(a.out, "a") as f:
-            f.write(f"\n## {machine()}\n\n{text}\n")
+            f.write(f"\n## {machine()}\n{text}\n")
 
 
 if __name__ == "__main__":
