@@ -104,11 +104,14 @@ class HFContinuousBatching:
         self.manager.stop(block=True, timeout=30)
 
 
-def profile_hf_cb(hf, reqs, batch: int, max_len: int, steps: int = 20, top: int = 12, cb=None) -> list[str]:
+def profile_hf_cb(
+    hf, reqs, batch: int, max_len: int, steps: int = 20, top: int = 12, cb=None, start: int = 2
+) -> tuple[list[str], dict]:
     """torch.profiler (CPU) over ``steps`` consecutive steps of transformers' continuous batching, taken inside its
-    generation thread from its second step on, while it serves ``reqs``: the ops with the most self CPU time per
-    step, and the step's wall time (markdown lines). ``cb``: a running ``HFContinuousBatching`` to reuse (it is
-    left running), else one is made for ``batch`` and ``max_len`` and stopped."""
+    generation thread from step ``start`` on, while it serves ``reqs``: the ops with the most self CPU time per
+    step and the step's wall time. -> (markdown lines, {"wall_ms", "cpu_ms", "attention_ms"} per step), attention
+    being the ops named ``*scaled_dot_product*``. ``cb``: a running ``HFContinuousBatching`` to reuse (it is left
+    running), else one is made for ``batch`` and ``max_len`` and stopped."""
     from torch.profiler import ProfilerActivity, profile
 
     own = cb is None
@@ -118,7 +121,7 @@ def profile_hf_cb(hf, reqs, batch: int, max_len: int, steps: int = 20, top: int 
 
     def step():  # runs in the manager's thread: the profiler must start and stop there to see its ops
         state["n"] += 1
-        if state["n"] == 2:
+        if state["n"] == start:
             state["prof"] = profile(activities=[ProfilerActivity.CPU]).__enter__()
             state["t"][0] = time.perf_counter()
         inner()
@@ -137,12 +140,12 @@ def profile_hf_cb(hf, reqs, batch: int, max_len: int, steps: int = 20, top: int 
             cb.close()
     k = state["steps"]
     if state["prof"] is None or k < steps:
-        return [f"(profile: the run had {state['n']} steps, fewer than the {steps + 1} needed)"]
+        return [f"(profile: the run had {state['n']} steps, fewer than the {start + steps - 1} needed)"], {}
     ev = state["prof"].key_averages()
     total = sum(e.self_cpu_time_total for e in ev if e.key != "ProfilerStep*")
     wall = (state["t"][1] - state["t"][0]) / k
     lines = [
-        f"torch.profiler (CPU) inside transformers' continuous-batching thread, steps 2-{k + 1} of a run of "
+        f"torch.profiler (CPU) inside transformers' continuous-batching thread, steps {start}-{start + k - 1} of a run of "
         f"{len(reqs)} requests at {batch} per batch: {1e3 * wall:.1f} ms wall per step with the profiler on, "
         f"{1e-3 * total / k:.1f} ms of profiled self CPU time per step; the ops with the most self CPU time:",
         "",
@@ -154,7 +157,8 @@ def profile_hf_cb(hf, reqs, batch: int, max_len: int, steps: int = 20, top: int 
             f"| `{e.key}` | {e.count / k:.1f} | {1e-3 * e.self_cpu_time_total / k:.3f} | "
             f"{e.self_cpu_time_total / total:.0%} |"
         )
-    return lines
+    attn = sum(e.self_cpu_time_total for e in ev if "scaled_dot_product" in e.key)
+    return lines, {"wall_ms": 1e3 * wall, "cpu_ms": 1e-3 * total / k, "attention_ms": 1e-3 * attn / k}
 
 
 def _get(url: str, timeout: float) -> int:
