@@ -191,8 +191,8 @@ class SpecDecodingCounters:
     drafted tokens), ``num_accepted_tokens`` (accepted drafted tokens; corrections and bonus tokens are
     not counted) and ``accepted_per_pos[i]`` (drafts whose token at position i was accepted, i.e. at
     least i + 1 accepted). Acceptance rate = accepted / draft tokens (vLLM's definition: every drafted
-    token counts, also those after the first rejection, which ``SpecStats.alpha`` leaves out); mean
-    acceptance length = 1 + accepted / drafts tokens per verify."""
+    token counts, also those after the first rejection, which ``SpecStats.alpha`` leaves out); vLLM's mean
+    acceptance length = 1 + accepted / drafts, the tokens a verified draft yields."""
 
     NAMES = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
