@@ -42,8 +42,9 @@ Everything here is a model (no GPU is touched), built only from the package's ca
 
 - **partial recomputation**: with ``recompute="full"`` a layout may recompute only ``recompute_layers``
   layers of each stage (Megatron-LM's ``--recompute-method block --recompute-num-layers``); the search
-  gives each such layout the fewest layers that fit (``_fewest_recomputed``), its recomputation, TP
-  traffic and non-matmul time scaled by the recomputed share of the stage.
+  gives each such layout the fewest layers that fit (``_fewest_recomputed``, ``_layers_short``), its
+  recomputation, TP traffic and non-matmul time scaled by the recomputed share of the stage, and
+  lists it only where the same layout without recomputation does not fit.
 
 Not modelled: network congestion and stragglers, optimizer step time, load imbalance between
 experts, attention efficiency at short per-rank chunks (``attn_eff`` is held at 1). Checked in
@@ -61,6 +62,7 @@ ends of its bootstrap interval; ``goodput_mfu`` scales an MFU by the fraction of
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import inspect
 import itertools
@@ -473,11 +475,23 @@ def _max_layers(n_layers: int, pp: int) -> int:
     return max(memory.stage_layers(n_layers, pp))
 
 
+def _layers_short(ctx: _Ctx, lay: Layout, plan: Plan) -> int:
+    """Recomputed layers per stage that ``plan`` (which does not fit) needs at least in addition: each one
+    frees at most its stage's in-flight micro-batches x (a kept layer - its input) bytes on the heaviest
+    stage, so fewer cannot bring that stage under the GPU's memory."""
+    import math
+
+    args = (ctx.seq_len, ctx.precision, lay.tp, lay.cp, lay.micro_batch)
+    (n_d, n_m), (f_d, f_m) = (_memo(ctx, _act_kinds, *args, rc) for rc in ("none", "full"))
+    freed = plan.memory.in_flight * max(n_d - f_d, n_m - f_m)
+    if freed <= 0:
+        return 1
+    return max(1, math.ceil((plan.memory_bytes - ctx.cap) / freed - 1e-9))
+
+
 def _fewest_recomputed(ctx: _Ctx, lay: Layout, m: int, start: int) -> Layout | None:
     """``lay`` recomputing the fewest layers per stage, from ``start`` on, whose ``_stage_bound`` fits in
     the GPU; None once that is every layer of the heaviest stage (the ``recompute_layers=0`` candidate)."""
-    import dataclasses
-
     for k in range(start, _max_layers(ctx.model.n_layers, lay.pp)):
         cand = dataclasses.replace(lay, recompute_layers=k)
         if _stage_bound(ctx, cand, m) * (1.0 - 1e-9) <= ctx.cap:
@@ -1038,8 +1052,11 @@ def search(
     heapq.heapify(heap)
     seq = len(heap)
     plans, evaluated, best_short = [], 0, None  # best_short: (shortfall bytes, layout, bytes)
+    kept_all = set()  # layouts that fit recomputing nothing: recomputing some layers is slower and not needed
     while heap:
         _step, _, lay, tm = heapq.heappop(heap)
+        if lay.recompute_layers and dataclasses.replace(lay, recompute="none", recompute_layers=0) in kept_all:
+            continue  # (the variant without recomputation is faster, so it came out of the heap first)
         sb = _stage_bound(ctx, lay, tm[1])
         fits = sb * (1.0 - 1e-9) <= cap  # else cannot fit (a lower bound; margin for rounding): no estimate
         plan = None
@@ -1047,8 +1064,9 @@ def search(
             plan = _plan(ctx, lay, tm)
             evaluated += 1
         if plan is None or not plan.fits:
-            if lay.recompute_layers:  # one more recomputed layer, or as many as the bound asks
-                nxt = _fewest_recomputed(ctx, lay, tm[1], lay.recompute_layers + (0 if plan is None else 1))
+            if lay.recompute_layers:  # as many more recomputed layers as the estimate or the bound asks
+                more = 0 if plan is None else _layers_short(ctx, lay, plan)
+                nxt = _fewest_recomputed(ctx, lay, tm[1], lay.recompute_layers + more)
                 if nxt is not None:
                     t2 = _time(ctx, nxt)
                     heapq.heappush(heap, (sum(t2[0].values()), seq, nxt, t2))
@@ -1060,6 +1078,8 @@ def search(
                 best_short = (plan.memory_bytes - cap, lay, plan.memory_bytes)
             continue
         plans.append(plan)
+        if lay.recompute == "none":
+            kept_all.add(lay)
         if top is not None and len(plans) >= top:
             break
     if not plans:
