@@ -42,6 +42,7 @@ __all__ = [
     "measured_state_bytes",
     "cpu_setting",
     "precision_dtype",
+    "unique_bytes",
 ]
 
 
@@ -132,7 +133,7 @@ def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t  # a DTensor (FSDP2): this rank's shard
 
 
-def _unique_bytes(tensors) -> int:
+def unique_bytes(tensors) -> int:
     """Bytes of the distinct storages behind ``tensors`` (views of one buffer count once; freed
     storages count 0; DTensors count their local shard)."""
     seen = {}
@@ -156,9 +157,9 @@ def measured_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimize
     grads = [p.grad for p in params if p.grad is not None]
     states = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
     return dict(
-        params=_unique_bytes(params),
-        grads=_unique_bytes(grads),
-        optimizer=_unique_bytes([v for v in states if v.dim() > 0]),
+        params=unique_bytes(params),
+        grads=unique_bytes(grads),
+        optimizer=unique_bytes([v for v in states if v.dim() > 0]),
         step_counters=sum(_local(v).numel() * v.element_size() for v in states if v.dim() == 0),
     )
 
@@ -209,8 +210,8 @@ def measure_model_states(
         *(mp.grad for mp in master if mixed and mp.grad is not None),
         *(v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)),
     ]
-    at_step_bytes = _unique_bytes(at_step)
-    master_grads = _unique_bytes(mp.grad for mp in master if mp.grad is not None) if mixed else 0
+    at_step_bytes = unique_bytes(at_step)
+    master_grads = unique_bytes(mp.grad for mp in master if mp.grad is not None) if mixed else 0
     if mixed:
         with torch.no_grad():
             for p, mp in zip(params, master):
@@ -219,11 +220,11 @@ def measure_model_states(
     states = [v for st in opt.state.values() for k, v in st.items() if torch.is_tensor(v) and k != "step"]
     steps = [v for st in opt.state.values() for k, v in st.items() if torch.is_tensor(v) and k == "step"]
     return {
-        "params": _unique_bytes(params),
-        "grads": _unique_bytes(p.grad for p in params if p.grad is not None),
-        "optimizer": _unique_bytes(states),
-        "master": _unique_bytes(master) if mixed else 0,
-        "step_counters": _unique_bytes(steps),
+        "params": unique_bytes(params),
+        "grads": unique_bytes(p.grad for p in params if p.grad is not None),
+        "optimizer": unique_bytes(states),
+        "master": unique_bytes(master) if mixed else 0,
+        "step_counters": unique_bytes(steps),
         "n_params": sum(p.numel() for p in params),
         "master_grads_at_step": master_grads,  # transient fp32 gradient copies (mixed precision)
         "held_at_step": at_step_bytes,  # every state tensor alive at opt.step(), step counters included

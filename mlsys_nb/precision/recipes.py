@@ -229,15 +229,15 @@ class RecipeAdam:
         """Bytes the recipe holds now, measured as the distinct storages of its tensors (``untyped_storage``),
         by kind: ``params`` (weights; fp8 codes plus their block scales), ``scales`` (of which the scales),
         ``grads`` (gradients and the fp32 accumulator), ``master``, ``optimizer`` (Adam's m and v), ``total``."""
-        from ..models.measure import _unique_bytes
+        from ..models.measure import unique_bytes
 
         weights = [t for w in self.weights.values() for t in (w.tensors() if isinstance(w, Fp8Blocks) else [w])]
         out = dict(
-            params=_unique_bytes(weights),
-            scales=_unique_bytes(w.scales for w in self.weights.values() if isinstance(w, Fp8Blocks)),
-            grads=_unique_bytes([*self.grads.values(), *self.accum.values()]),
-            master=_unique_bytes(self.master.values()),
-            optimizer=_unique_bytes([*self.m.values(), *self.v.values()]),
+            params=unique_bytes(weights),
+            scales=unique_bytes(w.scales for w in self.weights.values() if isinstance(w, Fp8Blocks)),
+            grads=unique_bytes([*self.grads.values(), *self.accum.values()]),
+            master=unique_bytes(self.master.values()),
+            optimizer=unique_bytes([*self.m.values(), *self.v.values()]),
         )
         out["total"] = out["params"] + out["grads"] + out["master"] + out["optimizer"]
         return out
