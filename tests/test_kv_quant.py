@@ -19,6 +19,16 @@ CFG = load_model_preset("tiny").replace(vocab_size=300)
 BS = 4  # block size of the pool tests
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: one thread (two threads beside a busy neighbour wait on each other: the engine runs here took
+    2-50x longer); the previous count is restored after the module."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def kv_like(n=200, seed=0, outliers=True):
     """K-shaped values [n, n_kv_heads, head_dim]: per-token magnitudes spanning 2 orders, and (``outliers``) two
     channels per head 30x larger, K's outlier channels (KIVI §3); a few exact-zero rows."""
@@ -287,10 +297,10 @@ def _all_back(llm):
 def test_int8_pool_matches_fp32_greedy_on_most_prompts_and_everything_returns(model):
     """32 seeded prompts, 16 greedy tokens: measured here (benchmarks/kv_cache_quant.py, weight scale 3) 26/32
     identical outputs with the int8 pool (per-token K before the residual: 25/32; the bf16 pool: 27/32); a
-    random-weight model amplifies any rounding. Speculation (n-gram drafts, 193 drafted, 2 accepted: rollbacks
-    all along) on the int8 pool returns every block and residual slot; its outputs may differ from plain
-    decoding's by the quantization error, as the blocks a verify chunk fills are read exact within it (measured:
-    32/32 identical)."""
+    random-weight model amplifies any rounding. Speculation (n-gram drafts) on the first 16 prompts with the int8
+    pool returns every block and residual slot; its outputs may differ from plain decoding's by the quantization
+    error, as the blocks a verify chunk fills are read exact within it (measured: 106 drafted, none accepted, so
+    every verify rolls back; 16/16 identical; on all 32 prompts 193 drafted, 2 accepted, 32/32 identical)."""
     g = torch.Generator().manual_seed(1)
     prompts = [
         torch.randint(0, 300, (int(torch.randint(4, 40, (1,), generator=g)),), generator=g).tolist() for _ in range(32)
@@ -307,9 +317,9 @@ def test_int8_pool_matches_fp32_greedy_on_most_prompts_and_everything_returns(mo
     assert len({t for a in ref for t in a}) > 100  # the fp32 outputs are varied, so agreement is not trivial
     _all_back(q)
     s = LLM(model, kv_cache_dtype="int8", speculative_model="ngram", num_speculative_tokens=4, **opts)
-    spec = [o.outputs[0].token_ids for o in s.generate(prompts, sp, use_tqdm=False)]
-    assert sum(a == b for a, b in zip(got, spec)) >= 29
-    assert sum(st.drafted for st in s.spec_stats) > 100  # verify chunks (tentative writes) and rollbacks happened
+    spec = [o.outputs[0].token_ids for o in s.generate(prompts[:16], sp, use_tqdm=False)]
+    assert sum(a == b for a, b in zip(got, spec)) >= 14
+    assert sum(st.drafted for st in s.spec_stats) > 50  # verify chunks (tentative writes) and rollbacks happened
     _all_back(s)
 
 
