@@ -95,6 +95,7 @@ def is_count_axis(axis) -> bool:
 
 
 _FRACTION = re.compile(r"\d[.,]\d*[1-9]")  # '2.5', '0.25'; not '2', '2.0', '1,000'
+_SNAKE = re.compile(r"[A-Za-z]+_[A-Za-z]")  # 'true_reward', 'step_s'; mathtext ('$x_i$') is skipped
 
 
 def _renderer(fig):
@@ -111,7 +112,8 @@ def figure_problems(fig, tol_px: float = 1.0) -> list[str]:
 
     - two titles (the suptitle, the axes' titles) whose boxes overlap, or a title cut by the figure's edge;
     - an annotation (``ax.texts``) outside its axes;
-    - a tick label with a fraction (e.g. '2.5') on a count axis (``is_count_axis``).
+    - a tick label with a fraction (e.g. '2.5') on a count axis (``is_count_axis``);
+    - an axis label that reads like a variable name ('true_reward' for 'true reward').
 
     Boxes are matplotlib's text window extents in pixels; ``tol_px`` is the overlap tolerated."""
     r = _renderer(fig)
@@ -140,6 +142,9 @@ def figure_problems(fig, tol_px: float = 1.0) -> list[str]:
             tb = t.get_window_extent(r)
             if tb.x0 < ab.x0 - tol_px or tb.x1 > ab.x1 + tol_px or tb.y0 < ab.y0 - tol_px or tb.y1 > ab.y1 + tol_px:
                 out.append(f"annotation {t.get_text()!r} lies outside its axes")
+        for text in (ax.get_xlabel(), ax.get_ylabel()):  # titles may name an API ('all_reduce')
+            if "$" not in text and _SNAKE.search(text):
+                out.append(f"label {text!r} reads like a variable name: write it in words")
         for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
             if not is_count_axis(axis):
                 continue

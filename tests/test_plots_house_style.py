@@ -87,7 +87,9 @@ def test_the_check_fails_on_each_broken_rule():
     problems = plots.figure_problems(fig)
     assert any("fractional tick label" in p for p in problems) and any("★ best" in p for p in problems)
     ax.texts[0].remove()
-    plots.label(ax, "step (count)", "loss (nats)")  # marks the count axis: integer ticks
+    ax.set_ylabel("true_reward (nats)")
+    assert any("variable name" in p for p in plots.figure_problems(fig))
+    plots.label(ax, "step (count)", "true reward (nats)")  # marks the count axis: integer ticks
     assert plots.figure_problems(fig) == []
 
 
