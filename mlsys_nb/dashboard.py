@@ -156,9 +156,8 @@ def intro_html(tabs) -> str:
 
     items = "".join(f"<li><b>{html.escape(t.title)}</b>: {html.escape(t.blurb)}</li>" for t in tabs)
     return (
-        "<p>Move a control in any tab and its figure and numbers follow. Every number comes from the "
-        "package's calculators (models, labelled as such), which its tests pin against measurements and "
-        f"published values.</p><ul>{items}</ul>"
+        "<div style='line-height:1.4'>Move a control in any tab and its figure and numbers follow (models "
+        f"from the package's calculators, labelled as such):<ul style='margin:2px 0'>{items}</ul></div>"
     )
 
 

@@ -209,7 +209,7 @@ class PracticeWidget(Panel):
         s = self.state()
         where = "over" if self.mock_over else f"question {self._round + 1} of {s['mock_n']}"
         self.clock.value = (
-            f"<b>⏱ {clock_text(now - self._mock_start)}</b> in total · {clock_text(on_q)} on this question "
+            f"<b>Time {clock_text(now - self._mock_start)}</b> in total · {clock_text(on_q)} on this question "
             f"<small>(mock interview, {where})</small>"
         )
 
