@@ -152,14 +152,16 @@ def _acts_per_token(cfg, *, recompute="none", flash=True, seq_len=2048, tp=1, sp
     """Bytes saved for backward per token per layer of a Llama block (bf16 activations, RMSNorm with
     an fp32 reciprocal RMS per token, SwiGLU, no dropout), written out from the block's forward.
     TP shards the head and FFN dimensions; without SP the norm inputs and the inputs of the two
-    column-parallel projections stay replicated (Korthikanti et al. 2022, Table 2)."""
+    column-parallel projections stay replicated (Korthikanti et al. 2022, Table 2). Fused kernels: SwiGLU
+    keeps its gate and up outputs (SiLU recomputed in backward) and the down projection its input, 3
+    FFN-wide tensors; FlashAttention's output is the output projection's input, stored once."""
     h, f, a, hd, kv = cfg.hidden, cfg.ffn_hidden, cfg.n_heads, cfg.head_dim, cfg.n_kv_heads
     if recompute == "full":
         return 2 * h / (tp if sp else 1)
     replicated = 2 * h + 4 + 2 * h + 2 * h + 4 + 2 * h  # norm inputs + rstd, q/k/v input, mlp input
-    sharded = 2 * a * hd + 2 * 2 * kv * hd + 2 * a * hd + 4 * 2 * f  # q, k, v, o-proj input, SwiGLU
+    sharded = 2 * a * hd + 2 * 2 * kv * hd + 2 * a * hd + 3 * 2 * f  # q, k, v, o-proj input, SwiGLU
     if recompute == "none":
-        sharded += (2 * a * hd + 4 * a) if flash else 2 * a * seq_len  # flash output + LSE, or the probs
+        sharded += 4 * a if flash else 2 * a * seq_len  # flash's LSE (fp32), or the probabilities
     return replicated / (tp if sp else 1) + sharded / tp
 
 
