@@ -88,7 +88,7 @@ def socket_bytes() -> dict[str, SocketBytes]:
     return out
 
 
-def unsent_bytes(exclude_port: int | None = None) -> int:
+def send_queue_bytes(exclude_port: int | None = None) -> int:
     """Bytes still in this process's TCP send queues: written by the program, not yet acknowledged
     by the peer (Linux ``SIOCOUTQ``, which equals ``TIOCOUTQ``). A send returns once the kernel has
     the bytes, so right after a collective some may still be in flight: ``tcpi_bytes_acked`` has
@@ -130,7 +130,7 @@ def settle(exclude_port: int | None = None, timeout: float = 5.0, poll: float = 
     """Wait (at most ``timeout`` seconds) until every byte this process wrote to its TCP sockets has
     been acknowledged; returns the bytes still unacknowledged (0 when settled)."""
     deadline = time.monotonic() + timeout
-    while (left := unsent_bytes(exclude_port)) and time.monotonic() < deadline:
+    while (left := send_queue_bytes(exclude_port)) and time.monotonic() < deadline:
         time.sleep(poll)
     return left
 
