@@ -808,3 +808,16 @@ def test_quant_route_catches_a_multi_lora_key_that_forgets_the_kv_cache(monkeypa
     broken = [quiz.make("quant.multi_lora_adapters", q.seed) for q in qs]
     big = [b for q, b in zip(qs, broken) if b.answer > 1.05 * q.answer]
     assert len(big) >= 4 and not any(b.check(routes.worked_response(b)).ok for b in big)
+
+
+def test_quant_route_catches_a_paged_optimizer_key_that_evicts_everything():
+    """A key that pages out the whole AdamW state at a spike (not just what the spike displaces) fails the route."""
+    import dataclasses
+
+    from mlsys_nb.quant import finetune_bytes
+    from mlsys_nb.quiz import routes
+
+    for q in _draws("quant.paged_optimizer_eviction"):
+        whole = finetune_bytes(q.params["model"], "qlora", r=q.params["r"])["optimizer"]
+        bad = dataclasses.replace(q, answer=whole)
+        assert q.check(routes.worked_response(q)).ok and not bad.check(routes.worked_response(bad)).ok, q.params

@@ -1,7 +1,7 @@
 """Families of the topic ``quant``: stored bits per weight of group-wise formats, the share of scales, bytes of a
 quantized model, an int8 KV cache, LoRA's trainable parameters and training state, QLoRA's memory, the decode
 speed-up bound of weight-only quantization, how many LoRA adapters a multi-LoRA server (S-LoRA) holds beside the
-base model and the KV cache.
+base model and the KV cache, and how much of QLoRA's optimizer state its paged optimizers evict at a memory spike.
 
 Answer keys: ``mlsys_nb.quant`` (``bits_per_weight``, ``quantized_weight_bytes``, ``lora_params``,
 ``finetune_bytes``, ``decode_speedup_bound``) and ``inference.kv_cache_bytes`` / ``weight_bytes``, the functions
@@ -244,4 +244,38 @@ def _multi_lora(rng):
             ((mem * 1e9 - weights) / adapter / max(n, 1), "subtract the KV cache too"),
             (0.5, "bf16 adapters take 2 bytes per parameter, not 4"),
         ],
+    )
+
+
+@family("quant.paged_optimizer_eviction", "quant", difficulty=2, section=SEC_QLORA, reference=REF_QLORA)
+def _paged(rng):
+    model = pick(rng, ["llama-2-7b", "llama-3-8b", "llama-2-13b"])
+    r = pick(rng, [16, 64])
+    f = quant.finetune_bytes(model, "qlora", r=r)
+    fixed = f["weights"] + f["adapters"] + f["grads"]  # never evicted
+    mem = pick(rng, [m for m in (16, 24, 48) if m * 1e9 > fixed + f["optimizer"] + 1e9])  # GB: fits between spikes
+    share = pick(rng, [0.25, 0.5, 0.75])  # of the optimizer state that the spike displaces
+    spike = round((mem * 1e9 - fixed - (1 - share) * f["optimizer"]) / 1e9, 2)  # GB of activations at the spike
+    evict = max(0.0, fixed + f["optimizer"] + spike * 1e9 - mem * 1e9)
+    return dict(
+        text=f"QLoRA on {model} (NF4 base with double quantization, LoRA r = {r} on every linear layer of the "
+        f"blocks, bf16 adapters and gradients, fp32 AdamW moments) on a {mem} GB GPU (10^9 bytes). QLoRA's paged "
+        f"optimizers keep AdamW's state in unified memory: one long batch needs {spike} GB of activations. How many "
+        "bytes of optimizer state are paged out to the CPU at that step (the base, adapters and gradients stay)?",
+        params={"model": model, "r": r, "mem": mem, "spike_gb": spike},
+        answer=evict,
+        unit="bytes",
+        tolerance=0.02,
+        hints=[
+            "What stays: the frozen NF4 base (~0.516 bytes per quantized weight, 2 per other weight), the adapters "
+            "and their gradients (2 + 2 bytes per adapter parameter).",
+            "Evicted = stays + optimizer state (8 bytes per adapter parameter) + activations − GPU memory.",
+        ],
+        solution=[
+            f"base {gb(f['weights'])} + adapters and gradients {gb(f['adapters'] + f['grads'])} + AdamW "
+            f"{gb(f['optimizer'])} + activations {spike} GB − {mem} GB = {gb(evict)} paged out (quant.finetune_bytes). "
+            "The pages return when the spike is over: NVIDIA unified memory moves them on the next access, so only "
+            "the spiking steps pay the PCIe traffic.",
+        ],
+        diagnostics=[(f["optimizer"] / max(evict, 1.0), "only the part the spike displaces is paged out")],
     )

@@ -85,6 +85,12 @@ def _(p):
     return _qlora_total(p["model"], p["r"])
 
 
+@route("quant.paged_optimizer_eviction")
+def _(p):
+    """Everything QLoRA holds (the layout's bits and the model's shapes by hand) plus the spike, minus the GPU."""
+    return max(0.0, _qlora_total(p["model"], p["r"]) + p["spike_gb"] * 1e9 - p["mem"] * 1e9)
+
+
 @route("quant.full_over_qlora")
 def _(p):
     return 12 * model_counts(p["model"])["total"] / _qlora_total(p["model"], 64)
