@@ -27,3 +27,17 @@ def importorskip_or_fail_in_ci(modname, minversion=None, reason=None, **kwargs):
 
 
 pytest.importorskip = importorskip_or_fail_in_ci
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module of tiny-tensor tests (``pytestmark = pytest.mark.usefixtures(...)``): on a
+    shared 2-core machine two threads beside a busy neighbour wait on each other (engine runs took 2-50x longer);
+    the previous count is restored after the module. torch is imported here, not at the top: the GPU pack loads
+    this file on a machine where only pytest may be imported at collection."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

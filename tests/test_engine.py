@@ -16,13 +16,7 @@ from mlsys_nb.models import Transformer
 VOCAB = 300  # > 256: the byte tokenizer has an end-of-sequence id
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread: small kernels on a shared 2-core machine run far faster without oversubscription."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

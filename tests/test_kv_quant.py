@@ -19,14 +19,7 @@ CFG = load_model_preset("tiny").replace(vocab_size=300)
 BS = 4  # block size of the pool tests
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: one thread (two threads beside a busy neighbour wait on each other: the engine runs here took
-    2-50x longer); the previous count is restored after the module."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def kv_like(n=200, seed=0, outliers=True):

@@ -46,13 +46,7 @@ TORCH_FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 OCP_FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]  # OCP MX v1.0, the FP4 E2M1 table
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread: small kernels on a shared 2-core machine run far faster without oversubscription."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _matches_finfo(f, dtype) -> bool:

@@ -55,36 +55,48 @@ class SocketBytes:
     received: int  # bytes this socket received
 
 
-def socket_bytes() -> dict[str, SocketBytes]:
-    """Counters of every TCP socket of this process, keyed by the socket's inode (``socket:[N]``)."""
+def _tcp_sockets(what: str):
+    """(inode link, socket) for every TCP socket this process holds, each a duplicate of its fd that the
+    caller's iteration closes once it moves on (the program's own socket stays open)."""
     if not available():
-        raise WireCounterUnavailable(f"no TCP_INFO byte counters on {sys.platform}")
-    out: dict[str, SocketBytes] = {}
+        raise WireCounterUnavailable(f"no {what} on {sys.platform}")
+    seen = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
             link = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue  # closed meanwhile (e.g. the listdir's own fd)
-        if not link.startswith("socket:[") or link in out:
+        if not link.startswith("socket:[") or link in seen:
             continue
         try:
             s = socket.socket(fileno=os.dup(int(fd)))
         except OSError:
             continue
         try:
-            if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
-                continue
-            info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
-            if len(info) < _BYTES_ACKED_OFFSET + 16:
-                continue  # kernel older than 4.2
-            acked, received = struct.unpack_from("QQ", info, _BYTES_ACKED_OFFSET)
-            try:
-                local, peer = s.getsockname()[1], s.getpeername()[1]
-            except OSError:
-                local = peer = None  # listening socket
-            out[link] = SocketBytes(local, peer, acked, received)
+            if s.type == socket.SOCK_STREAM and s.family in (socket.AF_INET, socket.AF_INET6):
+                seen.add(link)
+                yield link, s
         finally:
             s.close()  # closes our duplicate only
+
+
+def _ports(s) -> tuple[int, int] | None:
+    try:
+        return s.getsockname()[1], s.getpeername()[1]
+    except OSError:
+        return None  # a listening socket
+
+
+def socket_bytes() -> dict[str, SocketBytes]:
+    """Counters of every TCP socket of this process, keyed by the socket's inode (``socket:[N]``)."""
+    out: dict[str, SocketBytes] = {}
+    for link, s in _tcp_sockets("TCP_INFO byte counters"):
+        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+        if len(info) < _BYTES_ACKED_OFFSET + 16:
+            continue  # kernel older than 4.2
+        acked, received = struct.unpack_from("QQ", info, _BYTES_ACKED_OFFSET)
+        local, peer = _ports(s) or (None, None)
+        out[link] = SocketBytes(local, peer, acked, received)
     return out
 
 
@@ -93,36 +105,15 @@ def send_queue_bytes(exclude_port: int | None = None) -> int:
     by the peer (Linux ``SIOCOUTQ``, which equals ``TIOCOUTQ``). A send returns once the kernel has
     the bytes, so right after a collective some may still be in flight: ``tcpi_bytes_acked`` has
     not counted them yet."""
-    if not available():
-        raise WireCounterUnavailable(f"no TCP send-queue counters on {sys.platform}")
     import fcntl  # POSIX only: imported here so that the module imports everywhere
     import termios
 
     total = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if not link.startswith("socket:["):
-            continue
-        try:
-            s = socket.socket(fileno=os.dup(int(fd)))
-        except OSError:
-            continue
-        try:
-            if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
-                continue
-            try:
-                ports = (s.getsockname()[1], s.getpeername()[1])
-            except OSError:
-                continue  # listening socket: no send queue
-            if exclude_port is not None and exclude_port in ports:
-                continue
-            buf = fcntl.ioctl(s.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
-            total += struct.unpack("i", buf)[0]
-        finally:
-            s.close()
+    for _, s in _tcp_sockets("TCP send-queue counters"):
+        ports = _ports(s)
+        if ports is None or (exclude_port is not None and exclude_port in ports):
+            continue  # a listening socket has no send queue
+        total += struct.unpack("i", fcntl.ioctl(s.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
     return total
 
 
