@@ -1,12 +1,11 @@
 """The collective pictures draw what the semantics say; the cost plots accept a sweep frame."""
 
-import numpy as np
-import pandas as pd
 import pytest
 
 from mlsys_nb import comm
 from mlsys_nb.comm import plots as P
 from mlsys_nb.comm.collectives import SEMANTICS_OPS, collective_semantics
+from test_plots_house_style import sweep_frame
 
 
 @pytest.mark.parametrize("n", [2, 5])
@@ -31,24 +30,7 @@ def test_ring_schedule_shows_2n_minus_2_steps():
 
 
 def test_cost_plots_accept_a_sweep_frame():
-    # a synthetic frame in the shape comm.sweep returns (values from the α-β model, not measured)
-    model = comm.AlphaBeta(50e-6, 1e9)
-    sizes = np.array([2**k for k in range(10, 20)])
-    t = model.time("all_reduce", sizes, 4)
-    df = pd.DataFrame(
-        dict(
-            op="all_reduce",
-            impl="torch",
-            backend="gloo",
-            world_size=4,
-            bytes=sizes,
-            median_s=t,
-            q25_s=t * 0.9,
-            q75_s=t * 1.1,
-            min_s=t * 0.8,
-            busbw_Bps=[comm.busbw("all_reduce", s, x, 4) for s, x in zip(sizes, t)],
-        )
-    )
+    sizes, t, df = sweep_frame()  # tests/test_plots_house_style.py: a synthetic comm.sweep frame
     for fig in (P.plot_times(df), P.plot_busbw(df, memcpy_bytes_per_s=5e9)):
         ax = fig.axes[0]
         assert "(bytes" in ax.get_xlabel() and "(" in ax.get_ylabel() and len(ax.lines) >= 1

@@ -15,8 +15,9 @@ from mlsys_nb.pipeline import schedule, simulate
 from mlsys_nb.pipeline.plots import plot_timeline
 
 
-def _sweep_frame():
-    # a synthetic frame in the shape comm.sweep returns (values from the α-β model, not measured)
+def sweep_frame():
+    """(sizes, times, frame): a synthetic frame in the shape comm.sweep returns (values from the α-β model, not
+    measured); tests/test_comm_plots.py uses it too."""
     model = comm.AlphaBeta(50e-6, 1e9)
     sizes = np.array([2**k for k in range(10, 20)])
     t = model.time("all_reduce", sizes, 4)
@@ -41,7 +42,7 @@ def _sweep_frame():
 
 
 def _figures():
-    sizes, t, df = _sweep_frame()
+    sizes, t, df = sweep_frame()
     fit = comm.fit_alpha_beta(sizes[::2], t[::2], "all_reduce", 4)
     return {
         "plots.rank_bars": lambda: plots.rank_bars([3, 1, 2], ylabel="bytes (B)", title="bytes per rank"),
