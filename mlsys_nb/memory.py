@@ -454,7 +454,7 @@ def layer_terms(
         if m.activation == "swiglu" and eager:  # gate out (SiLU input), SiLU out, up out, product (down input)
             return [(f"{name} SwiGLU gate/silu/up/product", scale * 4 * B * width, "tp")]
         if m.activation == "swiglu":  # fused SwiGLU saves only its input (gate and up) and recomputes SiLU in
-            # backward (Megatron-LM, megatron/core/fusions/fused_bias_swiglu.py); + product (down input)
+            # backward (Megatron-LM's core/fusions/fused_bias_swiglu); + product (down input)
             return [(f"{name} SwiGLU gate/up/product (fused)", scale * 3 * B * width, "tp")]
         if m.activation == "gelu":  # GELU input, GELU output (down input)
             return [(f"{name} GELU input/output", scale * 2 * B * width, "tp")]

@@ -169,8 +169,9 @@ def table(df, *, percent=PERCENT_COLUMNS, digits: int = 3):
 
     import pandas as pd
 
-    if not isinstance(digits, int) or not 1 <= digits <= 12:
-        raise ValueError(f"digits must be an integer in [1, 12], got {digits!r}")
+    from .config import check_int
+
+    check_int("digits", digits, 1, 12)
 
     def fmt_for(col):
         name = str(col).lower()

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..config import ArgumentError, check_choice, check_int
+from ..config import ArgumentError, check_choice, check_int, check_number
 
 SPECIAL_RULES = ("ieee", "fn", "none")
 
@@ -245,9 +245,7 @@ def block_bits_per_element(element: str, block: int, scale: str) -> float:
 def block_scale(amax: float, element: str = "fp4_e2m1") -> float:
     """The shared e8m0 scale of an MX block whose largest magnitude is ``amax`` (> 0):
     ``2^(floor(log2 amax) - emax)``, ``emax`` the element format's largest normal exponent (OCP MX v1.0)."""
-    a = float(amax)
-    if not a > 0:
-        raise ArgumentError(f"amax must be > 0, got {amax}")
+    a = check_number("amax", float(amax), 0, lo_open=True)  # float(): amax may be a 0-d tensor
     return math.ldexp(1.0, math.floor(math.log2(a)) - format_info(element).emax)
 
 

@@ -67,8 +67,9 @@ def dim_png(png: bytes, keep: float = 0.35) -> bytes:
 
     from PIL import Image
 
-    if not 0 <= keep <= 1:
-        raise ValueError(f"keep must be in [0, 1], got {keep}")
+    from ..config import check_probability
+
+    check_probability("keep", keep)
     img = Image.open(io.BytesIO(png)).convert("RGB")
     out = Image.blend(Image.new("RGB", img.size, "white"), img, keep)
     buf = io.BytesIO()
