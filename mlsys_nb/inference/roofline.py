@@ -172,7 +172,8 @@ def decode_cost(model, gpu, context: int, *, batch: int = 1, dtype="bf16", kv_dt
 # ---- measured on this machine ---------------------------------------------------------------------
 def machine_roofline(*, n: int = 1024, copy_mib: int = 256, reps: int = 5):
     """This machine's measured fp32 matmul FLOP/s and memory-copy bandwidth, as a ``hardware.GPU``
-    (name "this-cpu") so ``step_cost`` can model it. Medians of ``reps``."""
+    (name "this-cpu") so ``step_cost`` can model it: the matmul's fastest of ``reps`` (``flops.measure_matmul_peak``),
+    the copy's median of ``reps``."""
     import torch
 
     from ..hardware import GPU
