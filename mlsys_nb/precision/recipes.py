@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 
 from ..config import PRECISIONS, ArgumentError, check_choice, check_int, check_number
-from .formats import format_info
+from .fp8 import amax_scale, quantize_tensor
 
 # what each recipe stores: weight dtype, gradient dtype, master copy, moment dtype, fp32 gradient accumulator
 RECIPES = {
@@ -64,9 +64,7 @@ class Fp8Blocks:
         rb, cb = math.ceil(r / block), math.ceil(c / block)
         padded = torch.zeros(rb * block, cb * block)
         padded[:r, :c] = w2.abs()
-        amax = padded.reshape(rb, block, cb, block).amax(dim=(1, 3))
-        fmax = format_info("fp8_e4m3").max
-        self.scales = torch.where(amax > 0, fmax / amax, torch.ones_like(amax))  # fp32, one per block
+        self.scales = amax_scale(padded.reshape(rb, block, cb, block).amax(dim=(1, 3)))  # fp32, one per block
         self.codes = (w2 * self._expand(self.scales, r, c)).to(torch.float8_e4m3fn)
 
     def _expand(self, s, r, c):
@@ -93,12 +91,8 @@ def fp8_scale_bytes(shapes, block: int = FP8_BLOCK) -> int:
 
 def _fake_fp8(w):
     """``w`` cast to e4m3 with one current per-tensor scale and read back, with a straight-through gradient."""
-    import torch
-
-    amax = w.detach().abs().max()
-    s = format_info("fp8_e4m3").max / amax if amax > 0 else torch.tensor(1.0)
-    q = (w.detach() * s).to(torch.float8_e4m3fn).float() / s
-    return w + (q - w).detach()
+    q, s = quantize_tensor(w.detach())
+    return w + (q.float() / s - w).detach()
 
 
 class RecipeAdam:
