@@ -156,6 +156,40 @@ def figure_problems(fig, tol_px: float = 1.0) -> list[str]:
     return out
 
 
+class FigureStyleError(ValueError):
+    """A figure about to be rendered breaks the house style (``figure_problems`` lists how)."""
+
+
+def check_figures_when_rendered():
+    """Make every figure rendering (``display``, pyplot's inline flush, ``savefig``) raise
+    ``FigureStyleError`` when ``figure_problems`` finds a breach; returns a function that undoes it.
+
+    The test suite installs it in every notebook kernel (``tests/kernel_startup.py``, through
+    ``PYTHONSTARTUP``), so an inline ``plt.subplots`` figure in a notebook is held to the same style as
+    the package's figure functions: IPython shows the error as the cell's error output, which fails
+    the notebook's run under nbval and papermill."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    original = FigureCanvasBase.print_figure
+    if getattr(original, "_checks_house_style", False):
+        return lambda: None
+
+    def print_figure(self, *args, **kwargs):
+        problems = figure_problems(self.figure)
+        if problems:
+            title = next((a.get_title() for a in self.figure.axes if a.get_title()), "untitled")
+            raise FigureStyleError(f"figure {title!r} breaks the house style (mlsys_nb.plots): " + "; ".join(problems))
+        return original(self, *args, **kwargs)
+
+    print_figure._checks_house_style = True
+    FigureCanvasBase.print_figure = print_figure
+
+    def undo():
+        FigureCanvasBase.print_figure = original
+
+    return undo
+
+
 PERCENT_COLUMNS = ("mfu", "hfu", "share", "bubble_fraction", "heldout_error", "error")
 
 

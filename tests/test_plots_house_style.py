@@ -105,3 +105,43 @@ def test_table_formats_bytes_percentages_and_counts():
     assert re.findall(r">([^<>]+)</td>", plots.table(row).to_html()) == ["4", "25.0 GB", "30.0 %"]
     with pytest.raises(ValueError, match="digits"):
         plots.table(df, digits=0)
+
+
+# ---- the notebooks' own figures: every kernel the suite starts checks each figure it renders ----
+def test_rendering_a_broken_figure_raises_and_undo_restores(tmp_path):
+    fig, ax = plots.new_figure()
+    ax.plot([0, 1], [0, 2])
+    ax.set_xlabel("step_s")
+    undo = plots.check_figures_when_rendered()
+    try:
+        assert plots.check_figures_when_rendered()() is None  # a second install is a no-op
+        with pytest.raises(plots.FigureStyleError, match="step_s"):
+            fig.savefig(tmp_path / "bad.png")
+        ax.set_xlabel("step time (s)")
+        fig.savefig(tmp_path / "good.png")
+    finally:
+        undo()
+    ax.set_xlabel("step_s")
+    fig.savefig(tmp_path / "unchecked.png")  # undone: rendering no longer checks
+
+
+@pytest.mark.notebook
+def test_a_notebook_figure_that_breaks_the_style_fails_its_cell(tmp_path):
+    """The root conftest's PYTHONSTARTUP reaches the kernels papermill (and nbval) start: an inline
+    pyplot figure in house style passes, one with a variable-name label fails the cell that shows it."""
+    import nbformat
+    import papermill as pm
+    from nbrun import kernel_name
+
+    nb = nbformat.v4.new_notebook()
+    draw = "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([0, 1], [0, 2])\nax.set_xlabel({!r})\n"
+    nb.cells = [
+        nbformat.v4.new_code_cell(draw.format("reward (score)") + "plt.show()"),
+        nbformat.v4.new_code_cell(draw.format("true_reward")),  # shown by the inline flush after the cell
+        nbformat.v4.new_code_cell("print('not reached')"),
+    ]
+    src = tmp_path / "figures.ipynb"
+    nbformat.write(nb, src)
+    with pytest.raises(pm.PapermillExecutionError, match="FigureStyleError") as err:
+        pm.execute_notebook(str(src), str(tmp_path / "out.ipynb"), kernel_name=kernel_name(), progress_bar=False)
+    assert err.value.cell_index == 1 and "true_reward" in str(err.value)
