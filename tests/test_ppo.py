@@ -168,3 +168,27 @@ def test_a_short_run_improves_and_the_curve_has_its_columns():
     assert curve.env_steps.iloc[-1] == 6144 and curve.wall_s.is_monotonic_increasing
     assert curve.mean_return.iloc[-1] > 2 * curve.mean_return.dropna().iloc[0]
     assert curve.attrs["reached"] is None  # with total_steps there is no early stop
+
+
+def test_an_early_stop_ends_on_a_full_progress_bar(monkeypatch):
+    """Solved before the budget: the bar closes at n == total (a notebook bar stopped short turns red, like a
+    failure). Threshold 1 passes at the first evaluation; the budget is far larger."""
+    import io
+
+    import tqdm.auto
+    import tqdm.std
+
+    closed = []
+
+    class Recorded(tqdm.std.tqdm):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **{**k, "disable": False, "file": io.StringIO()})
+
+        def close(self):
+            closed.append((self.n, self.total))
+            super().close()
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorded)
+    _, curve = ppo.train(seed=0, threshold=1, max_steps=100_000, progress=True)
+    assert curve.attrs["reached"] is not None and curve.attrs["reached"] < 100_000
+    assert closed and closed[-1] == (curve.attrs["reached"], curve.attrs["reached"])
