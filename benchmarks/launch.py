@@ -20,20 +20,14 @@ import argparse
 import os
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 from mlsys_nb.runtime.machine import summary as machine
+from mlsys_nb.runtime.ports import free_port
 from mlsys_nb.runtime.timing import Timer, median
 
 METHODS = ("mlsys_nb", "accelerate", "mp_spawn")
 BASELINE = "accelerate.notebook_launcher warm"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ------------------------------------------------------------------ the job, three ways
@@ -86,14 +80,14 @@ def child(method: str, world_size: int, calls: int) -> None:
         elif method == "accelerate":
             from accelerate import notebook_launcher
 
-            port = str(_free_port())
+            port = str(free_port())
             with Timer() as t:
                 notebook_launcher(job_env, num_processes=world_size, use_port=port, master_addr="127.0.0.1")
             elapsed = t.seconds
         else:
             import torch.multiprocessing as tmp
 
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
             with Timer() as t:
                 tmp.spawn(job_spawn, args=(world_size,), nprocs=world_size, join=True)
             elapsed = t.seconds

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,8 @@ import urllib.request
 from pathlib import Path
 
 from serve_helpers import stop_process
+
+from mlsys_nb.runtime.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("MLSYS_NB_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
@@ -35,12 +36,6 @@ START_TIMEOUT_S = 120
 
 def chromium_available() -> bool:
     return Path(CHROMIUM).exists()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

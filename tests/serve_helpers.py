@@ -4,37 +4,20 @@ clean stop (terminate, then kill) whatever the test did."""
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
+from mlsys_nb.runtime.ports import free_port, wait_http_ok
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["ROOT", "free_port", "serve_process", "stop_process", "wait_health"]
 
 
 def wait_health(url: str, proc=None, timeout: float = 120) -> None:
-    """Poll ``url/health`` until it answers 200; raise if ``proc`` exits or ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stdout.read()}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the server did not answer /health within {timeout} s")
-        time.sleep(0.2)
+    """Wait until ``url/health`` answers 200 (``ports.wait_http_ok``: a ``RuntimeError`` with the output's tail if
+    ``proc`` exits first, a ``TimeoutError`` after ``timeout`` seconds)."""
+    wait_http_ok(url + "/health", timeout, proc)
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 15) -> None:

@@ -5,17 +5,12 @@ from __future__ import annotations
 import ast
 import os
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from mlsys_nb.runtime.ports import free_port
 
 
 @pytest.mark.slow
@@ -29,7 +24,7 @@ def test_ddp_and_zero_under_torchrun_equal_single_process():
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        str(_free_port()),
+        str(free_port()),
         "-m",
         "mlsys_nb.run",
         "mlsys_nb.parallel.harness:max_differences",

@@ -6,7 +6,6 @@ import io
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ import torch.distributed as dist
 
 import mlsys_nb
 from mlsys_nb.runtime.launcher import RankError, RankTimeoutError, launch, resolve_backend
+from mlsys_nb.runtime.ports import free_port
 
 launch_module = importlib.import_module("mlsys_nb.runtime.launcher")
 TESTS_DIR = str(Path(__file__).resolve().parent)
@@ -387,10 +387,6 @@ def test_fifty_launches_with_failures_leak_no_process_port_fd_or_shared_memory()
 
 
 # ---------------------------------------------------------------- torchrun entry point
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _torchrun(*extra, timeout_s=180):
@@ -427,7 +423,7 @@ def _results(*processes, timeout_s=180):
 @pytest.mark.slow
 def test_torchrun_entry_point_two_ranks_matches_launch():
     under_torchrun = _results(
-        _torchrun("--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(_free_port()))
+        _torchrun("--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()))
     )
     from _launch_targets import rank_report
 
@@ -437,7 +433,7 @@ def test_torchrun_entry_point_two_ranks_matches_launch():
 
 @pytest.mark.slow
 def test_torchrun_entry_point_two_nodes_on_loopback():
-    port = str(_free_port())
+    port = str(free_port())
     nodes = [
         _torchrun(
             "--nnodes",

@@ -1,0 +1,87 @@
+"""Loopback ports and waiting for a server: the two helpers every started server (the kit's OpenAI server,
+``transformers serve``, Voilà, a torchrun rendezvous) needs.
+
+- ``free_port(host)``: a TCP port nobody listens on now (the OS picks it; another process may still take it
+  before the caller binds: bind soon after).
+- ``wait_http_ok(url, timeout_s, proc)``: poll ``url`` with GET until it answers 200; a clear error when it
+  never does (``TimeoutError`` naming the url and the timeout) or when the server process died first
+  (``RuntimeError`` with its exit code and the tail of its output).
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+from ..config import check_number
+
+__all__ = ["free_port", "wait_http_ok"]
+
+TAIL_CHARS = 2000  # characters of a dead process's output quoted in the error
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port on ``host`` (the kit binds servers to the loopback address only)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _output_tail(proc: subprocess.Popen, log_path: str | os.PathLike | None) -> str:
+    """The last ``TAIL_CHARS`` characters of what the dead ``proc`` wrote: its stderr pipe, else its stdout pipe
+    (stderr redirected there), else the file ``log_path``; "" when none was kept."""
+    text = ""
+    pipe = proc.stderr if proc.stderr is not None else proc.stdout
+    if pipe is not None:
+        try:
+            out = pipe.read()  # the process has exited: the pipe ends (unless a child of it still holds it)
+        except (OSError, ValueError):
+            out = ""
+        text = out.decode(errors="replace") if isinstance(out, bytes) else out or ""
+    elif log_path is not None:
+        try:
+            with open(log_path, errors="replace") as f:
+                text = f.read()
+        except OSError:
+            text = ""
+    return text[-TAIL_CHARS:]
+
+
+def wait_http_ok(
+    url: str,
+    timeout_s: float,
+    proc: subprocess.Popen | None = None,
+    *,
+    interval_s: float = 0.2,
+    log_path: str | os.PathLike | None = None,
+) -> None:
+    """Return once a GET of ``url`` answers 200. Raise ``RuntimeError`` (exit code and output tail: ``proc``'s
+    stderr or stdout pipe, else the file ``log_path``) if ``proc`` exits first, ``TimeoutError`` naming ``url``
+    and ``timeout_s`` (seconds) if no 200 came by then. Polls every ``interval_s`` seconds, each GET bounded by
+    the time left (at most 2 s)."""
+    check_number("timeout_s", timeout_s, 0, lo_open=True, unit="seconds")
+    check_number("interval_s", interval_s, 0, lo_open=True, unit="seconds")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc is not None and proc.poll() is not None:
+            tail = _output_tail(proc, log_path)
+            raise RuntimeError(
+                f"the server process for {url} exited with code {proc.returncode} before answering 200"
+                + (f"; its output ends with:\n{tail}" if tail else "")
+            )
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{url} did not answer 200 within timeout_s={timeout_s} s")
+        try:
+            with urllib.request.urlopen(url, timeout=min(2.0, left)) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as e:
+            if isinstance(e, ValueError):  # not a URL at all: no wait will fix it
+                raise ValueError(f"url={url!r} is not an http(s) URL") from e
+        time.sleep(min(interval_s, max(0.0, deadline - time.monotonic())))
