@@ -7,27 +7,26 @@
 - ``save_model_dir``: the same weights as a transformers checkpoint directory with a word-level tokenizer
   (``"t17 t3"`` is tokens 17 and 3, no special tokens), so both servers tokenise a text prompt to the same ids
   and every completion token is one word. Built without the network.
-- ``ServerProcess``: a server in its own process group, ready when ``/health`` answers (under a timeout), killed
-  with its group on exit (also on error): SIGTERM, then SIGKILL after 10 s.
+- ``ServerProcess``: a server in its own process group, ready when ``/health`` answers 200 (``ports.wait_http_ok``,
+  under a timeout), killed with its group on exit (also on error): SIGTERM, then SIGKILL after 10 s.
 - ``bench_server``: the ``openai`` client streaming ``/v1/completions``, at most ``concurrency`` requests in
   flight, each sent at its arrival time (Poisson arrivals, or all at t=0); per request TTFT, the gaps between
   streamed chunks (ITL) and TPOT = (latency - TTFT) / (tokens - 1), as vLLM's ``benchmark_serving`` reports them.
-- ``python benchmarks/_peers.py kit --model-dir DIR --port P``: the kit's server (``build_app`` on an ``LLMEngine``)
-  over the checkpoint in DIR (``serve.py`` itself serves presets only).
+- ``kit_server_cmd(DIR)``: the kit's server over the checkpoint in DIR, started through its own command line
+  (``python -m mlsys_nb.inference.serve --model-dir DIR``).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
-import torch
+from mlsys_nb.runtime.ports import wait_http_ok
 
 TIMEOUT_S = 600.0  # the longest any one wait may take (a request, a result, a server start)
 
@@ -161,42 +160,54 @@ def profile_hf_cb(
     return lines, {"wall_ms": 1e3 * wall, "cpu_ms": 1e-3 * total / k, "attention_ms": 1e-3 * attn / k}
 
 
-def _get(url: str, timeout: float) -> int:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.status
+def kit_server_cmd(model_dir: str, max_num_seqs: int = 32, threads: int = 1) -> list[str]:
+    """The kit's server over the checkpoint ``model_dir``, started through its real command line
+    (``python -m mlsys_nb.inference.serve --model-dir``); the caller appends ``--port``'s value."""
+    return [
+        sys.executable,
+        "-m",
+        "mlsys_nb.inference.serve",
+        "--model-dir",
+        model_dir,
+        "--max-num-seqs",
+        str(max_num_seqs),
+        "--max-num-batched-tokens",
+        "512",
+        "--max-waiting-requests",
+        "4096",
+        "--threads",
+        str(threads),
+        "--port",
+    ]
 
 
 class ServerProcess:
-    """``with ServerProcess(cmd, url) as s:`` starts ``cmd`` in a new process group and waits (at most
-    ``start_timeout`` seconds) for ``url/health``; on exit kills the group. ``s.cpu_seconds()``: user + system
-    CPU seconds of the process and its children so far."""
+    """``with ServerProcess(cmd, url, log_path) as s:`` starts ``cmd`` in a new process group (its output to
+    ``log_path``) and waits at most ``start_timeout`` seconds for ``url/health`` to answer 200
+    (``ports.wait_http_ok``: a ``TimeoutError``, or a ``RuntimeError`` with the exit code and the log's tail if the
+    server dies first). On exit, also when the body or the start raised, the whole group is stopped: SIGTERM,
+    SIGKILL after ``stop_timeout`` seconds, and SIGKILL for anything of the group still there once the server has
+    exited. ``s.cpu_seconds()``: user + system CPU seconds of the process and its children so far."""
 
-    def __init__(self, cmd, url: str, log_path: str, start_timeout: float = 180.0, env=None):
-        self.cmd, self.url, self.log_path, self.start_timeout = cmd, url, log_path, start_timeout
+    def __init__(
+        self, cmd, url: str, log_path: str, start_timeout: float = 180.0, env=None, stop_timeout: float = 10.0
+    ):
+        self.cmd, self.url, self.log_path, self.start_timeout = list(cmd), url, log_path, start_timeout
+        self.stop_timeout = stop_timeout
         self.env = dict(os.environ, **(env or {}))
-        self.proc = None
+        self.proc, self._log = None, None
 
     def __enter__(self):
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
-        )
-        deadline = time.monotonic() + self.start_timeout
         try:
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"{self.cmd[:3]} exited with {self.proc.returncode}; see {self.log_path}")
-                try:
-                    if _get(self.url + "/health", timeout=2) == 200:
-                        return self
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.cmd[:3]} not healthy after {self.start_timeout} s; see {self.log_path}")
-                time.sleep(0.5)
+            self.proc = subprocess.Popen(
+                self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            )
+            wait_http_ok(self.url + "/health", self.start_timeout, self.proc, interval_s=0.5, log_path=self.log_path)
         except BaseException:
             self.__exit__()
             raise
+        return self
 
     def cpu_seconds(self) -> float:
         import psutil
@@ -206,26 +217,24 @@ class ServerProcess:
         return sum(sum(q.cpu_times()[:2]) for q in procs)
 
     def __exit__(self, *exc):
-        if self.proc is not None and self.proc.poll() is None:
-            for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-                try:
-                    os.killpg(self.proc.pid, sig)
-                except ProcessLookupError:
+        try:
+            if self.proc is not None:
+                for sig in (signal.SIGTERM, signal.SIGKILL):
+                    try:
+                        os.killpg(self.proc.pid, sig)  # the group: the server and whatever it started
+                    except ProcessLookupError:
+                        break  # nothing of the group is left
+                    try:
+                        self.proc.wait(timeout=self.stop_timeout)
+                    except subprocess.TimeoutExpired:
+                        continue
+                    with contextlib.suppress(ProcessLookupError):  # the server is gone: its leftovers too
+                        os.killpg(self.proc.pid, signal.SIGKILL)
                     break
-                try:
-                    self.proc.wait(timeout=wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        self._log.close()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+                self.proc.wait(timeout=self.stop_timeout)
+        finally:
+            if self._log is not None:
+                self._log.close()
 
 
 async def _one(client, model, req, extra, t0, sem):
@@ -304,31 +313,3 @@ def bench_server(server: ServerProcess, model: str, reqs, concurrency: int, extr
         for p in (50, 99):
             row[f"{name}_p{p}"] = percentile(xs, p) if xs else float("nan")
     return row, [r["text"] for r in res]
-
-
-def kit_main(argv=None) -> None:
-    """The kit's server (``mlsys_nb.inference.serve.build_app``) over a transformers checkpoint directory."""
-    ap = argparse.ArgumentParser(description="the kit's OpenAI-compatible server over a checkpoint directory")
-    ap.add_argument("--model-dir", required=True)
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--max-num-seqs", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=1)
-    a = ap.parse_args(argv)
-    import uvicorn
-    from transformers import AutoModelForCausalLM
-
-    from mlsys_nb.inference.engine import LLMEngine
-    from mlsys_nb.inference.serve import Limits, build_app
-    from mlsys_nb.models import from_hf
-
-    torch.set_num_threads(a.threads)
-    model = from_hf(AutoModelForCausalLM.from_pretrained(a.model_dir))
-    engine = LLMEngine(model, tokenizer=a.model_dir, max_num_seqs=a.max_num_seqs, max_num_batched_tokens=512)
-    app = build_app(engine, a.model_dir, Limits(max_waiting_requests=4096))
-    uvicorn.run(app, host="127.0.0.1", port=a.port, log_level="warning")
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] != ["kit"]:
-        sys.exit("usage: python benchmarks/_peers.py kit --model-dir DIR --port PORT [--max-num-seqs N]")
-    kit_main(sys.argv[2:])

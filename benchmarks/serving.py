@@ -23,8 +23,8 @@ Each row gives wall seconds, output tokens/s, the process CPU seconds of the run
 transformers manager's thread counts) and output tokens per CPU second.
 
 Servers (not in ``--quick``; ``--no-servers`` skips them): the same weights saved as a checkpoint directory
-with a word-level tokenizer, served by the kit's server (``build_app`` over ``LLMEngine``, uvicorn on 127.0.0.1,
-``benchmarks/_peers.py kit``), ``transformers serve`` and ``transformers serve --continuous-batching`` (explicit
+with a word-level tokenizer, served by the kit's server (``python -m mlsys_nb.inference.serve --model-dir``,
+uvicorn on 127.0.0.1), ``transformers serve`` and ``transformers serve --continuous-batching`` (explicit
 cache size), all three running at once (``HF_HUB_OFFLINE=1``, each with a start timeout and killed with its
 process group at the end, also on error); the ``openai`` client streams ``/v1/completions``. A burst of 32
 requests at 32 concurrent (``small``: prompts 16-64, outputs 16-32; ``135m``: prompts 8-16, outputs 8-16),
@@ -255,7 +255,9 @@ SERVER_COLS = "| server | rate (req/s) | requests | seconds | output tokens/s | 
 def server_section(preset, hf, reqs_burst, sweeps, threads, max_seqs) -> tuple[list[str], dict]:
     """The three OpenAI-compatible servers on the same checkpoint, all running at once; the burst and each sweep
     point round-robin over them. -> (markdown lines, {server: burst row})."""
-    from _peers import ServerProcess, bench_server, free_port, save_model_dir
+    from _peers import ServerProcess, bench_server, kit_server_cmd, save_model_dir
+
+    from mlsys_nb.runtime.ports import free_port
 
     exe = os.path.join(os.path.dirname(sys.executable), "transformers")
     max_len = max(len(r.prompt_token_ids) + r.max_tokens for rs in [reqs_burst, *sweeps.values()] for r in rs)
@@ -265,21 +267,7 @@ def server_section(preset, hf, reqs_burst, sweeps, threads, max_seqs) -> tuple[l
         d = save_model_dir(hf, os.path.join(tmp, "model"))
         env = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads), "TRANSFORMERS_VERBOSITY": "error"}
         specs = {
-            "kit server": (
-                [
-                    sys.executable,
-                    os.path.join(os.path.dirname(__file__), "_peers.py"),
-                    "kit",
-                    "--model-dir",
-                    d,
-                    "--max-num-seqs",
-                    str(max_seqs),
-                    "--threads",
-                    str(threads),
-                    "--port",
-                ],
-                {"ignore_eos": True},
-            ),
+            "kit server": (kit_server_cmd(d, max_seqs, threads), {"ignore_eos": True}),
             "transformers serve": ([exe, "serve", d, "--host", "127.0.0.1", "--device", "cpu", "--port"], {}),
             "transformers serve --continuous-batching": (
                 [
