@@ -20,6 +20,8 @@
   ``ranged`` (a ``record_function`` range only while a profiler records: the engine's ``engine.step`` and
   ``engine.model``), and ``inner_time`` / ``host_time_mismatch`` / ``most_agree`` (a step's host time
   from its trace against the engine's timers, notebook 15).
+- ``ports``: ``free_port(host)`` (a free loopback TCP port) and ``wait_http_ok(url, timeout_s, proc)`` (the
+  wait for a started server's 200, with a clear error when it times out or the process dies first).
 - ``gpu_record``: the GPU pack's record (``GpuRecord`` writes ``data/measured/gpu-<device>.json``
   figure by figure; ``lookup`` / ``gpu_cell`` read it back in the notebooks' GPU cells).
 
