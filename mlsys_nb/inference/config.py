@@ -54,6 +54,7 @@ class EngineConfig:
     max_grammar_states: int = 100_000  # refuse a grammar whose automaton is larger
     speculative_model: object = None  # a draft Transformer, a preset name, "ngram", or None
     num_speculative_tokens: int = 4  # draft tokens per step (k)
+    async_scheduling: bool = False  # prepare step t+1 on a worker thread while step t's forward runs
 
     def __post_init__(self):
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "step_times_window", "max_grammar_states"):
@@ -68,9 +69,14 @@ class EngineConfig:
         check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
-        for name in ("enable_chunked_prefill", "enable_prefix_caching", "continuous_batching"):
+        for name in ("enable_chunked_prefill", "enable_prefix_caching", "continuous_batching", "async_scheduling"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.async_scheduling and self.speculative_model is not None:
+            raise ValueError(
+                f"async_scheduling=True needs speculative_model=None (got {self.speculative_model!r}): a step's "
+                "drafts depend on the tokens the step before sampled"
+            )
 
     @classmethod
     def fields(cls) -> tuple[str, ...]:

@@ -21,6 +21,13 @@ per-channel K and per-token V) first takes its fp32 K residual out of that budge
 sequence, more with speculation: ``paged.kv_residual_blocks``). ``step_times`` keeps the last
 ``step_times_window`` steps (bounded memory; ``num_steps`` counts all).
 
+``async_scheduling=True`` (vLLM v1's async scheduling): while step t's forward runs on the caller's thread,
+a worker thread (``LookAhead``) schedules step t+1 and builds its input tensors, as if each sequence that
+samples at step t already had its token (a ``PLACEHOLDER``); when step t has sampled, the real tokens are
+written where the placeholders are (``_fill_in``). A sequence that finished at step t loses the slot
+reserved for it and its prepared batch is built again without it. Outputs are those of the synchronous
+engine. Not with ``speculative_model`` (drafting needs the sampled token). ``close()`` joins the thread.
+
 Requests: ``prepare(prompt, params)`` validates fully and does the long work (tokenising, compiling a
 grammar) without touching the engine's state; ``add_request`` then queues all ``n`` samples or none. A
 request whose sequences raise inside ``step()`` fails alone (``RequestOutput.error``).
@@ -33,7 +40,9 @@ import itertools
 import math
 import threading
 import time
+import weakref
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -52,6 +61,51 @@ from .tokenizer import ByteTokenizer, decode_stream
 
 PHASES = ("schedule", "prepare", "model", "sample", "postprocess")
 _GRAMMAR_LOCK = threading.Lock()
+PLACEHOLDER = -1  # async scheduling: the input id of a token the step in flight has not sampled yet
+LOOKAHEAD_TIMEOUT_S = 120.0  # the longest one thread of async scheduling waits for the other
+
+
+class LookAhead:
+    """Async scheduling's worker: one thread that prepares step t+1 while the engine's thread runs step t's
+    forward (torch's operators release the GIL while they compute).
+
+    ``start(fn, *args)`` runs ``fn`` on the worker. ``result(future)`` waits for it (at most
+    ``LOOKAHEAD_TIMEOUT_S`` seconds) and, if it raised, stops the worker and raises a ``RuntimeError`` from
+    its exception: a look-ahead that failed half-way leaves the engine's state half-updated, so the engine
+    refuses further steps. ``wait_forward()`` (the scheduler's ``before_preempt``) lets the worker wait for
+    the forward in flight before a preemption frees or copies blocks that forward may be writing.
+    ``close()`` joins the thread; it also runs when the engine is garbage-collected."""
+
+    def __init__(self, owner):
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="mlsys-lookahead")
+        self.forward_done = threading.Event()
+        self.forward_done.set()  # no forward in flight
+        self.next = None  # (scheduled, batch, worker seconds) prepared for the next step, or None
+        self.error: BaseException | None = None
+        self._finalizer = weakref.finalize(owner, self.pool.shutdown, True)  # no reference to the engine
+
+    def start(self, fn, *args):
+        self.forward_done.clear()
+        return self.pool.submit(fn, *args)
+
+    def wait_forward(self) -> None:
+        if not self.forward_done.wait(LOOKAHEAD_TIMEOUT_S):
+            raise TimeoutError(f"async scheduling: the forward in flight took over {LOOKAHEAD_TIMEOUT_S} s")
+
+    def result(self, future):
+        try:
+            return future.result(timeout=LOOKAHEAD_TIMEOUT_S)
+        except BaseException as e:
+            self.error, self.next = e, None
+            timed_out = not future.done()
+            self._finalizer.detach()
+            self.pool.shutdown(wait=not timed_out, cancel_futures=True)  # a stuck worker cannot be joined
+            raise RuntimeError(
+                f"async scheduling: preparing the next step failed ({type(e).__name__}: {e}); the engine is stopped"
+            ) from e
+
+    def close(self) -> None:
+        self._finalizer()
 
 
 @dataclasses.dataclass
@@ -122,6 +176,9 @@ class LLMEngine:
         pool = SwapPool(self.kv, c.swap_blocks or num_blocks) if c.preemption_mode == "swap" else None
         self.scheduler = Scheduler(self.kv, c, swap_pool=pool)
         self.runner = ModelRunner(self.model, self.kv)
+        self._ahead = LookAhead(self) if c.async_scheduling else None
+        if self._ahead is not None:
+            self.scheduler.before_preempt = self._ahead.wait_forward
         self.speculator = None  # speculative decoding inside the batch (speculative.BatchSpeculator)
         if c.speculative_model is not None:
             draft = c.speculative_model
@@ -342,15 +399,18 @@ class LLMEngine:
         A sequence whose grammar mask, sampling or detokenization raises fails alone: its request is
         finished with ``RequestOutput.error`` and the others go on. If the forward pass raises, each
         scheduled request is run alone to find the ones that raise; they fail, the rest are recomputed at
-        the next step (their K/V positions are simply written again)."""
+        the next step (their K/V positions are simply written again).
+
+        With ``async_scheduling`` the schedule and the batch usually come ready from the look-ahead (the
+        step's ``lookahead`` time: the worker's seconds, overlapped with the previous forward), and the
+        next step's look-ahead runs during this forward (``wait``: the time it outlasted the forward)."""
         t = Laps()  # wall seconds of the phases of this step
-        scheduled = self.scheduler.schedule()  # 1. schedule
-        now = time.perf_counter()
-        for seq, _ in scheduled:
-            if seq.metrics.first_scheduled_time is None:
-                seq.metrics.first_scheduled_time = now
-                if seq.index == 0:
-                    self.histograms["request_queue_time_seconds"].observe(now - seq.metrics.arrival_time)
+        ahead, batch, extra = self._ahead, None, {}
+        if ahead is not None and ahead.error is not None:
+            raise RuntimeError("async scheduling failed in an earlier step: the engine is stopped") from ahead.error
+        scheduled, batch, extra = self._take_prepared() if ahead is not None else ([], None, {})
+        if not scheduled:
+            scheduled = self._schedule()  # 1. schedule
         t("schedule")
         if not scheduled:
             if self.scheduler.waiting and not self.scheduler.running and not self.scheduler.swapped:
@@ -367,11 +427,29 @@ class LLMEngine:
             feed.append(
                 (seq if d is None else VerifyView(seq.seq_id, seq.token_ids + d.tokens, seq.num_computed_tokens, m), m)
             )
+        future = None
         try:
-            logits, batch = self.runner.run(feed, timer=t)  # 2. prepare + forward (verify chunks included)
+            if ahead is None:
+                logits, batch = self.runner.run(feed, timer=t)  # 2. prepare + forward (verify chunks included)
+            else:  # async: the batch may come prepared; step t+1's CPU work runs on the worker meanwhile
+                batch = batch if batch is not None else self.runner.prepare(feed)
+                t("prepare")
+                future = ahead.start(self._look_ahead, scheduled, list(batch.sample_seqs))
+                try:
+                    logits = self.runner.forward(batch)
+                finally:
+                    ahead.forward_done.set()
+                t("model")
         except Exception as e:
+            if future is not None:
+                self._undo_look_ahead(future, scheduled, batch.sample_seqs)
             self.speculator.undo(drafts) if drafts else None
             return self._isolate_forward(scheduled, e)
+        if future is not None:
+            ahead.next = ahead.result(future)  # raises what the worker raised
+            for seq in batch.sample_seqs:  # the real token comes from this step's sampler
+                seq.output_token_ids.pop()
+            t("wait")
         failed: dict[str, BaseException] = {}
         verify, rows, off = [], [], 0  # split the logits: verify chunks (k+1 rows) and one row per other
         for seq, m in zip(batch.sample_seqs, batch.num_logits):
@@ -404,7 +482,12 @@ class LLMEngine:
         for i, e in errors.items():
             failed.setdefault(batch.sample_seqs[i].request_id, e)
         t("sample")
-        self.scheduler.update([(s, n) for s, n in scheduled if s.seq_id not in drafts])  # 4. update: K/V are cached,
+        if future is None:
+            self.scheduler.update([(s, n) for s, n in scheduled if s.seq_id not in drafts])  # 4. update: K/V cached,
+        else:  # the look-ahead advanced num_computed_tokens; the blocks become hits now that their K/V exist
+            for seq, _ in scheduled:
+                if seq.status is SequenceStatus.RUNNING:
+                    self.manager_mark(seq)
         now = time.perf_counter()
         for seq, tok, lp in zip(batch.sample_seqs, tokens, logprobs):  #    new tokens, stop checks
             if getattr(seq, "spec", None) is not None:
@@ -423,14 +506,97 @@ class LLMEngine:
             self.speculator.release({s.seq_id for s in self.scheduler.running})
         outputs = [self.fail_request(r, failed[r]) if r in failed else self._output(r) for r in rids]
         outputs = [o for o in outputs if o is not None]
+        if future is not None:
+            self._fill_in(batch.sample_seqs)
         t("postprocess")
         self.num_steps += 1
         self.step_times.append(
             dict(
-                t.times, num_seqs=len(scheduled), num_tokens=sum(n for _, n in scheduled), num_decodes=batch.num_decodes
+                t.times,
+                **extra,
+                num_seqs=len(scheduled),
+                num_tokens=sum(n for _, n in scheduled),
+                num_decodes=batch.num_decodes,
             )
         )
         return outputs
+
+    def _schedule(self) -> list[tuple[Sequence, int]]:
+        """The scheduler's next step; the first scheduling of each request goes into its metrics."""
+        scheduled = self.scheduler.schedule()
+        now = time.perf_counter()
+        for seq, _ in scheduled:
+            if seq.metrics.first_scheduled_time is None:
+                seq.metrics.first_scheduled_time = now
+                if seq.index == 0:
+                    self.histograms["request_queue_time_seconds"].observe(now - seq.metrics.arrival_time)
+        return scheduled
+
+    # ---- async scheduling (LookAhead) -----------------------------------------------------------
+    def _look_ahead(self, scheduled, sampling: list[Sequence]):
+        """On the worker, while step t's forward runs: step t+1's schedule and batch, as if step t were done
+        (every scheduled token computed, a ``PLACEHOLDER`` token for each sequence that samples). Returns
+        (schedule, batch or None, {"lookahead": worker seconds})."""
+        t0 = time.perf_counter()
+        for seq, n in scheduled:
+            seq.num_computed_tokens += n
+        for seq in sampling:
+            seq.output_token_ids.append(PLACEHOLDER)
+        nxt = self._schedule()
+        batch = self.runner.prepare(nxt) if nxt else None
+        return nxt, batch, {"lookahead": time.perf_counter() - t0}
+
+    def _fill_in(self, sampled: list[Sequence]) -> None:
+        """After step t: its sampled tokens replace the placeholders in the block manager's token lists
+        (their block hashes are computed from them) and in the prepared batch's input ids."""
+        live = [s for s in sampled if not s.finished]
+        seqs = self.kv.manager.seqs
+        for seq in live:
+            held = seqs.get(seq.seq_id)
+            if held is not None and len(held.tokens) >= seq.num_tokens:  # its slot was reserved in step t+1
+                held.tokens[seq.num_tokens - 1] = seq.output_token_ids[-1]
+        nxt = self._ahead.next
+        if nxt is None or nxt[1] is None:
+            return
+        want, rows, toks, off = {s.seq_id: s for s in live}, [], [], 0
+        for seq, n in nxt[1].scheduled:  # packed order: a decode's one input id at its offset
+            if seq.seq_id in want:
+                rows.append(off)
+                toks.append(seq.output_token_ids[-1])
+            off += n
+        if rows:
+            nxt[1].tokens[0, rows] = torch.tensor(toks, dtype=nxt[1].tokens.dtype, device=nxt[1].tokens.device)
+
+    def _take_prepared(self):
+        """The look-ahead's schedule and batch for this step, without the sequences that finished (or were
+        aborted) since: their batch is built again. ([], None, {}) when there is none."""
+        nxt, self._ahead.next = self._ahead.next, None
+        if nxt is None:
+            return [], None, {}
+        scheduled, batch, extra = nxt
+        live = [(s, n) for s, n in scheduled if s.status is SequenceStatus.RUNNING]
+        if len(live) < len(scheduled):
+            batch = self.runner.prepare(live) if live else None
+        return live, batch, extra
+
+    def _undo_look_ahead(self, future, scheduled, sampling) -> None:
+        """Step t's forward raised: take back what the look-ahead assumed (placeholders, their reserved
+        slots, the advanced computed counts); sequences it admitted stay admitted."""
+        self._ahead.result(future)
+        self._ahead.next = None
+        mgr = self.kv.manager
+        for seq in sampling:
+            seq.output_token_ids.pop()
+            if seq.seq_id in mgr.seqs and mgr.num_tokens(seq.seq_id) > seq.num_tokens:
+                mgr.truncate(seq.seq_id, seq.num_tokens)
+        for seq, n in scheduled:
+            if seq.status is not SequenceStatus.WAITING:  # a preempted (recompute) one starts from 0 anyway
+                seq.num_computed_tokens -= n
+
+    def close(self) -> None:
+        """Join async scheduling's worker thread (also done when the engine is garbage-collected)."""
+        if self._ahead is not None:
+            self._ahead.close()
 
     # ---- speculative decoding in the batch (speculative.BatchSpeculator) ------------------------
     def _propose(self, scheduled) -> dict:

@@ -205,9 +205,18 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, scheduled: list[tuple[Sequence, int]], timer=None) -> tuple[torch.Tensor, StepBatch]:
-        batch = StepBatch(self.kv, scheduled)  # "prepare": block tables, slots, positions
+        batch = self.prepare(scheduled)  # "prepare": block tables, slots, positions
         if timer:
             timer("prepare")
+        return self.forward(batch, timer), batch
+
+    def prepare(self, scheduled: list[tuple[Sequence, int]]) -> StepBatch:
+        """The step's CPU-side inputs (``StepBatch``); async scheduling builds it on a worker thread."""
+        return StepBatch(self.kv, scheduled)
+
+    @torch.inference_mode()
+    def forward(self, batch: StepBatch, timer=None) -> torch.Tensor:
+        """The model on a prepared batch: fp32 logits of its sampled rows."""
         with trace_range("engine.model"):  # the forward as a profiler range (notebook 15)
             if self.graphs is not None and not batch.prefills and self.graphs.fits(batch):
                 logits = self.graphs.run(batch)
@@ -215,7 +224,7 @@ class ModelRunner:
                 logits = self.model(batch.tokens, positions=batch.positions, cache=batch)[0, batch.sample_rows]
         if timer:
             timer("model")
-        return logits.float(), batch
+        return logits.float()
 
     def capture_cuda_graphs(self, buckets=(1, 2, 4, 8, 16, 32, 64), max_blocks_per_seq=None) -> None:
         """Capture one decode graph per batch bucket (CUDA only)."""

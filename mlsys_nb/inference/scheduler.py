@@ -54,6 +54,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
         self.num_preemptions = {"recompute": 0, "swap": 0}
+        # async scheduling: called before a preemption frees or copies blocks (waits for the forward in flight)
+        self.before_preempt = None
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -150,6 +152,8 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Sequence) -> None:
+        if self.before_preempt is not None:
+            self.before_preempt()
         seq.num_preemptions += 1
         sid, pool = seq.seq_id, self.swap_pool
         self.running.remove(seq) if seq in self.running else None
