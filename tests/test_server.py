@@ -216,3 +216,27 @@ def test_metrics_histograms_parse_and_count_every_finished_request(server):
     ttft_sum = after["time_to_first_token_seconds"][2] - before["time_to_first_token_seconds"][2]
     e2e_sum = after["e2e_request_latency_seconds"][2] - before["e2e_request_latency_seconds"][2]
     assert 0 < ttft_sum <= e2e_sum <= sum(walls)
+
+
+def test_speculative_server_from_the_cli_answers_what_the_plain_server_does(server, client):
+    """``--speculative-model ngram --num-speculative-tokens 4`` on the real command line: concurrent greedy
+    requests (streamed and not) get exactly the plain server's completions, and ``/metrics`` counts drafts and
+    accepted draft tokens (a flag that never reached the engine leaves them out: the plain server has none)."""
+    prompts = [f"spec {i}: " + "ab" * (i + 2) for i in range(6)]
+    kw = {"model": "tiny", "max_tokens": 20, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    with serve_process("--speculative-model", "ngram", "--num-speculative-tokens", "4") as (spec_url, _):
+        spec = openai.OpenAI(base_url=spec_url + "/v1", api_key="unused", timeout=120, max_retries=0)
+
+        def both(p):
+            plain = client.completions.create(prompt=p, **kw).choices[0].text
+            done = spec.completions.create(prompt=p, **kw).choices[0].text
+            streamed = "".join(c.choices[0].text for c in spec.completions.create(prompt=p, stream=True, **kw))
+            return plain, done, streamed
+
+        with cf.ThreadPoolExecutor(6) as pool:
+            for plain, done, streamed in pool.map(both, prompts, timeout=300):
+                assert done == streamed == plain, "speculation must not change greedy outputs"
+        m = metrics(spec_url)
+    assert m["spec_decode_num_drafts_total"] > 0 and m["spec_decode_num_draft_tokens_total"] > 0
+    assert 0 < m["spec_decode_num_accepted_tokens_total"] <= m["spec_decode_num_draft_tokens_total"]
+    assert not any(k.startswith("spec_decode") for k in metrics(server))
