@@ -25,13 +25,18 @@ max(c, g), so the closed-form speed-up is ``(c + g) / max(c, g)`` (at most 2, wh
 ``overlap_speedup`` is that model; ``simulate_overlap`` is an independent route to it, an event
 simulation of the two-stage pipeline step by step (also on a measured per-step trace). Both are
 models: nothing here overlaps real CPU and GPU work.
+
+The engine's ``async_scheduling`` overlaps for real what it can: step t+1's schedule and batch (``a``
+seconds) with step t's forward (``g``), while sampling and the stop checks (``r``) stay in line, so the
+model of its step is r + (a + g) / overlap_speedup(a, g) (``async_step_model``).
+``measure_async_scheduling`` times a synchronous and an asynchronous engine's decode steps interleaved.
 """
 
 from __future__ import annotations
 
 import statistics
 
-from ..config import check_choice, check_number
+from ..config import check_choice, check_int, check_number
 
 
 PERCENTILES = (50, 90, 99)
@@ -114,6 +119,14 @@ def simulate_overlap(cpu_s, model_s) -> tuple[float, float]:
     return float(sum(cpu_s) + sum(model_s)), model_free
 
 
+def async_step_model(ahead_s: float, model_s: float, rest_s: float) -> float:
+    """Seconds of one step (model) of an engine that overlaps ``ahead_s`` seconds of CPU work (the next step's
+    schedule and batch) with the forward (``model_s``), the other ``rest_s`` CPU seconds (sampling,
+    stop checks) staying in line: rest + (ahead + model) / overlap_speedup(ahead, model)."""
+    check_number("rest_s", rest_s, 0, unit="seconds")
+    return rest_s + (ahead_s + model_s) / overlap_speedup(ahead_s, model_s)
+
+
 def overlap_model_error(speedup, ratios, steps: int = 200) -> float:
     """Largest relative difference between ``speedup(c, g)`` and ``simulate_overlap`` over ``steps`` equal
     steps with CPU/model ratio c/g in ``ratios`` (g = 1 s): at most 1/steps for the right closed form."""
@@ -194,3 +207,64 @@ def measure_decode_overhead(
         trace = [(sum(s.get(p, 0.0) for p in PHASES if p != "model"), s.get("model", 0.0)) for s in decodes]
         rows.append({"batch": b, **row, "trace": trace})
     return rows
+
+
+def measure_async_scheduling(
+    make_engine, batch: int, *, prompt_len: int = 16, rounds: int = 5, steps: int = 10
+) -> dict:
+    """Decode steps of a synchronous and an asynchronous engine, interleaved: wall seconds per step.
+
+    ``make_engine(async_scheduling)`` returns a fresh ``LLMEngine``. Each engine decodes ``batch`` greedy
+    requests (``prompt_len``-token prompts); after their prefills the engines take ``steps`` steps each in
+    turn, ``rounds`` times, the first engine alternating, so a burst of load hits both alike. Returns
+    ``{"sync": [...], "async": [...]}`` (seconds of each timed step, in order), ``"rounds"`` (per round, the
+    median step of each), ``"phases"`` and ``"phases_async"`` (``phase_breakdown`` of each engine's timed
+    steps, on its own thread: the asynchronous engine's schedule and prepare come ready from its worker),
+    ``"lookahead"`` and ``"wait"`` (medians, seconds: the worker's time per step, and how long the engine
+    waited for it after the forward) and ``"outputs_equal"`` (both engines generated the same tokens)."""
+    import time
+
+    from .sampling_params import SamplingParams
+
+    check_int("batch", batch, 1)
+    engines = {}
+    for name, on in (("sync", False), ("async", True)):
+        eng = make_engine(on)
+        sp = SamplingParams(temperature=0, max_tokens=eng.max_model_len - prompt_len, ignore_eos=True)
+        for i in range(batch):
+            eng.add_request(f"r{i}", [(7 * i + j) % 200 + 1 for j in range(prompt_len)], sp)
+        for _ in range(batch * prompt_len + 2):  # prefill until every sequence decodes
+            if all(s.output_token_ids for seqs in eng.requests.values() for s in seqs):
+                break
+            eng.step()
+        if len(eng.scheduler.running) != batch:
+            raise ValueError(f"batch={batch}: the engine holds {len(eng.scheduler.running)} running sequences")
+        left = eng.max_model_len - max(s.num_tokens for s in eng.scheduler.running)
+        if left <= rounds * steps:
+            raise ValueError(
+                f"rounds * steps = {rounds * steps}: only {left} tokens of context are left after the prefill"
+            )
+        eng.step_times.clear()
+        engines[name] = eng
+    times = {name: [] for name in engines}
+    per_round = []
+    for r in range(rounds):
+        for name in ("sync", "async") if r % 2 == 0 else ("async", "sync"):
+            eng = engines[name]
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                eng.step()
+                times[name].append(time.perf_counter() - t0)
+        per_round.append({n: statistics.median(times[n][-steps:]) for n in engines})
+    toks = {n: [s.output_token_ids for seqs in e.requests.values() for s in seqs] for n, e in engines.items()}
+    engines["async"].close()
+    ahead = [s for s in engines["async"].step_times if "lookahead" in s]
+    return {
+        **times,
+        "rounds": per_round,
+        "phases": phase_breakdown(engines["sync"].step_times),
+        "phases_async": phase_breakdown(engines["async"].step_times),
+        "lookahead": statistics.median(s["lookahead"] for s in ahead) if ahead else 0.0,
+        "wait": statistics.median(s.get("wait", 0.0) for s in ahead) if ahead else 0.0,
+        "outputs_equal": toks["sync"] == toks["async"],
+    }
