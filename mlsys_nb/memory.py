@@ -619,10 +619,18 @@ def check(model: ModelConfig, train: TrainConfig) -> None:
         f"pp x virtual_stages = {t.pp} x {t.virtual_stages} (n_layers={m.n_layers})",
         t.pp * t.virtual_stages,
         1,
-        m.n_layers,
+        m.n_layers if t.pp == 1 else m.n_layers + 2,
     )
     if t.pp_layers is not None:
         stage_layers(m.n_layers, t.pp, t.pp_layers)  # raises naming pp_layers
+    if t.pp > 1 and t.virtual_stages > 1:  # the first chunk may hold only the embedding, the last only the head
+        check_int(
+            f"virtual_stages (n_layers={m.n_layers}, pp={t.pp}: chunks per rank = its layers, + 1 on the first "
+            "and on the last stage, Llama 3 §3.3.2)",
+            t.virtual_stages,
+            1,
+            max_chunks(m.n_layers, t.pp, t.pp_layers),
+        )
     if t.pp_schedule == "dualpipe" and t.pp > 1 and t.pp % 2:
         raise ValueError(f"pp={t.pp}: pp_schedule='dualpipe' needs an even pp (stage i and pp-1-i share a rank)")
     if t.seq_len % t.cp:
@@ -660,6 +668,17 @@ def stage_layers(n_layers: int, pp: int, split=None) -> tuple[int, ...]:
     if len(split) != pp or sum(split) != n_layers or min(split) < 1:
         raise ValueError(f"pp_layers={split}: need {pp} stage sizes >= 1 summing to n_layers={n_layers}")
     return split
+
+
+def max_chunks(n_layers: int, pp: int, split=None) -> int:
+    """Most interleaved-schedule chunks (``virtual_stages``) each of ``pp`` pipeline ranks can hold: every chunk
+    needs a layer, except that the first stage's first chunk may hold only the embedding and the last stage's
+    last chunk only the output layer and loss (Llama Team 2024, arXiv:2407.21783, §3.3.2: 126 layers on 16
+    stages of 7, 8 x 14, 7 layers make 8 chunks per rank)."""
+    sizes = stage_layers(n_layers, pp, split)
+    if pp == 1:
+        return sizes[0]
+    return min(n + (s == 0) + (s == pp - 1) for s, n in enumerate(sizes))
 
 
 @lru_cache(maxsize=1024, typed=True)

@@ -17,11 +17,14 @@ Everything here is a model (no GPU is touched), built only from the package's ca
 - **compute**: matmul FLOPs of the heaviest stage from ``mlsys_nb.flops`` (causal attention; full
   recomputation re-runs the stage's forward, selective the attention scores), divided by
   ``peak(dtype) x compute_efficiency x`` the fitted matmul efficiency of the GPU's generation
-  (``Calibration``), plus the non-matmul kernels as bytes at HBM bandwidth (fitted).
+  (``Calibration``), plus the non-matmul kernels as bytes at HBM bandwidth (fitted), plus a fixed time
+  per layer and micro-batch that does not scale with its tokens (``layer_s``, fitted: kernel launches and
+  tails, synchronisation, narrow per-rank GEMMs; it makes many small micro-batches cost more than few large ones).
 - **calibration** (``calibration=``, default ``"fitted"``: the values stored in
   ``data/published_runs.yaml``, ``fitted_calibration()``): efficiencies fitted by ``calibrate()`` on
-  15 published runs (leave-one-out: 14 within 20 % of the reported MFU). ``calibration=None`` is the
-  uncalibrated model (datasheet peaks, no non-matmul term, no overlap): an upper bound.
+  15 published runs (leave-one-out: all 15 within 20 % of the reported MFU; 14 without ``layer_s``).
+  ``calibration=None`` is the uncalibrated model (datasheet peaks, no non-matmul or fixed term, no overlap):
+  an upper bound.
 - **communication**: α-β costs (``mlsys_nb.comm.collective_time``) on the link each group uses.
   Ranks are ordered tp (fastest), cp, ep, rest of dp, pp (Megatron-LM's order): a group whose span
   fits in ``gpus_per_node`` uses the GPU's NVLink, otherwise the network (``network``, one NIC per
@@ -38,7 +41,10 @@ Everything here is a model (no GPU is touched), built only from the package's ca
   (default 0.8) hidden behind backward compute; ZeRO-3 also all-gathers parameters in forward and
   backward of every micro-batch (same overlap).
 - **pipeline bubble**: ``mlsys_nb.pipeline.closed_form`` (1F1B ``(p-1)/m``, interleaved
-  ``(p-1)/(v m)``, ZB-H1, DualPipe) with backward = 2 x forward (+ recompute).
+  ``(p-1)/(v m)``, ZB-H1, DualPipe) with backward = 2 x forward (+ recompute). Interleaved chunks per rank
+  ``v`` up to one layer per chunk, the first stage's first chunk holding only the embedding and the last
+  stage's last only the head (Llama 3's split, ``memory.max_chunks``: v = 8 for 126 layers on 16 stages);
+  each chunk boundary is a p2p send (``PP comm`` is v x that of 1F1B).
 
 - **partial recomputation**: with ``recompute="full"`` a layout may recompute only ``recompute_layers``
   layers of each stage (Megatron-LM's ``--recompute-method block --recompute-num-layers``); the search
@@ -50,9 +56,10 @@ Not modelled: network congestion and stragglers, optimizer step time, load imbal
 experts, attention efficiency at short per-rank chunks (``attn_eff`` is held at 1). Checked in
 ``tests/test_planner.py``: held-out MFU of the published runs; Llama 3 405B's long-context layout and
 Korthikanti et al.'s 175B layout among the 10 best distinct layouts of an unconstrained search; not
-Llama 3's 8K layout (39th distinct: it now fits without recomputation, as Meta trained it, but the
-model prefers CP at 8K: its best, TP 4 x CP 8, wins by the bubble of twice the micro-batches per
-pipeline; charging CP 30x its modelled traffic brings the published layout into the top 10).
+Llama 3's 8K layouts: on 16,384 GPUs (TP8 PP16 DP128, v 8) 16th distinct, 0.10 s per step (1.6 %) behind the
+10th (TP8 CP2 PP16 DP64), which wins by the bubble of twice the micro-batches per pipeline (0.33 s) for 0.03 s
+of CP all-gather; on 8,192 GPUs 34th, because the kit's memory model needs one recomputed layer per stage
+(0.40 s) where Meta recomputed none, and TP 8's exposed traffic (1.2 s) weighs more at 32 micro-batches.
 ``compare(a, b)`` says which term decides between two plans and where that term's formula comes from
 (``TERM_SOURCES``); ``sensitivity(fit)`` ranks the published layouts with each fitted parameter at the
 ends of its bootstrap interval; ``goodput_mfu`` scales an MFU by the fraction of time spent training
@@ -466,6 +473,11 @@ def _in_flight_last(schedule: str, pp: int, m: int, v: int) -> float:
 
 
 @lru_cache(maxsize=1024)
+def _max_chunks(n_layers: int, pp: int) -> int:
+    return memory.max_chunks(n_layers, pp)
+
+
+@lru_cache(maxsize=1024)
 def _min_layers(n_layers: int, pp: int) -> int:
     return min(memory.stage_layers(n_layers, pp))
 
@@ -739,6 +751,7 @@ def _pieces(ctx: _Ctx, lay: Layout) -> dict | None:
         pp=pp_t,
         dp=dp_t,
         elem=elem,
+        layers=n_lay * (1.0 + frac / 3.0),
         links=links,
     )
 
@@ -768,13 +781,14 @@ def _minimum(a, b):
     return np.minimum(a, b)
 
 
-def _assemble(p: dict, eta, attn_eff, overlap, elem_bytes, dp_overlap) -> dict:
+def _assemble(p: dict, eta, attn_eff, overlap, elem_bytes, layer_s, dp_overlap) -> dict:
     """Seconds per step by component from ``_pieces``: matmuls at ``eta`` x peak (backward = 2 x
     forward, the DP traffic hides behind backward's matmul time), attention at
     ``eta x attn_eff`` x peak, a fraction ``overlap`` of TP/CP/EP traffic hidden (DualPipe hides EP
     behind the other micro-batch's compute instead), ``elem_bytes`` per token per hidden unit per layer
-    at HBM bandwidth, ``dp_overlap`` of the DP traffic hidden behind backward. Works on floats and on
-    numpy arrays of runs (``calibrate``)."""
+    at HBM bandwidth, ``layer_s`` seconds per layer and micro-batch that do not scale with its tokens
+    (forward + backward, + a third per recomputed forward), ``dp_overlap`` of the DP traffic hidden behind
+    backward. Works on floats and on numpy arrays of runs (``calibrate``)."""
     m = p["m"]
     f = p["fwd"] / (p["peak"] * eta)  # forward seconds of one micro-batch at matmul efficiency
     extra = (1.0 / attn_eff - 1.0) / (p["peak"] * eta)  # attention's extra seconds per FLOP
@@ -784,12 +798,14 @@ def _assemble(p: dict, eta, attn_eff, overlap, elem_bytes, dp_overlap) -> dict:
     cp_t = (1.0 - overlap) * p["cp"]
     ep_t = _where(p["dual"], _maximum(0.0, p["ep"] - (compute + recompute)), (1.0 - overlap) * p["ep"])
     elem = elem_bytes * p["elem"]
-    per_mb = compute + recompute + tp_t + cp_t + ep_t + p["pp"] + elem
+    fixed = layer_s * p["layers"]
+    per_mb = compute + recompute + tp_t + cp_t + ep_t + p["pp"] + elem + fixed
     hidden = _minimum(dp_overlap * p["dp"], m * 2.0 * f)
     return {
         "compute": m * compute,
         "recompute": m * recompute,
         "non-matmul": m * elem,
+        "fixed per layer": m * fixed,
         "TP comm": m * tp_t,
         "CP comm": m * cp_t,
         "EP comm": m * ep_t,
@@ -807,12 +823,13 @@ def _time(ctx: _Ctx, lay: Layout) -> tuple[dict, int, dict] | None:
         return None
     cal = ctx.calibration
     if cal is None:
-        eta, ae, ov, eb = ctx.compute_efficiency, 1.0, 0.0, 0.0
+        eta, ae, ov, eb, ls = ctx.compute_efficiency, 1.0, 0.0, 0.0, 0.0
     else:
-        eta, ae, ov, eb = ctx.compute_efficiency * cal.efficiency(ctx.gpu), cal.attn_eff, cal.overlap, cal.elem_bytes
-    t = _assemble(p, eta, ae, ov, eb, ctx.dp_overlap)  # floats in, floats out
-    if cal is None:  # the uncalibrated model has no non-matmul term: its components as before calibration
-        del t["non-matmul"]
+        eta = ctx.compute_efficiency * cal.efficiency(ctx.gpu)
+        ae, ov, eb, ls = cal.attn_eff, cal.overlap, cal.elem_bytes, cal.layer_s
+    t = _assemble(p, eta, ae, ov, eb, ls, ctx.dp_overlap)  # floats in, floats out
+    if cal is None:  # the uncalibrated model has no non-matmul or fixed term: its components as before calibration
+        del t["non-matmul"], t["fixed per layer"]
     return t, p["m"], p["links"]
 
 
@@ -920,7 +937,7 @@ def _candidates(ctx: _Ctx, tp, pp, cp, ep, zero, recompute, micro_batch, schedul
     cps = _degrees("cp", cp, [d for d in pow2 if d <= 32 and ctx.seq_len // d >= 1024])
     eps = _degrees("ep", ep, [d for d in _divisors(m.n_experts)] if m.is_moe else [1])
     mbs = _degrees("micro_batch", micro_batch, [1, 2, 4, 8])
-    vs = _degrees("v", v, [2, 4])
+    vs = _degrees("v", v, [2, 4, 8])
     for name, vals, allowed in (
         ("zero", zero, (0, 1, 2, 3)),
         ("recompute", recompute, ("none", "selective", "full")),
@@ -950,7 +967,7 @@ def _candidates(ctx: _Ctx, tp, pp, cp, ep, zero, recompute, micro_batch, schedul
                     key = "dp x micro_batch must divide the sequences per step"
                     rejected[key] = rejected.get(key, 0) + 1
                     continue
-                if s == "interleaved-1f1b" and p_ * vv > m.n_layers:
+                if s == "interleaved-1f1b" and vv > _max_chunks(m.n_layers, p_):
                     continue
                 partial = "full" in recompute and _max_layers(m.n_layers, p_) > 1
                 for z, r in itertools.product(zero, recompute):
@@ -987,7 +1004,8 @@ def search(
     must divide the sequences per step; the rest is gradient accumulation / pipeline micro-batches).
     ``tp``/``pp``/``cp``/``ep``/``micro_batch``/``v``: an int or candidates (default: tp powers of 2
     up to ``gpus_per_node``, pp divisors of ``gpus`` up to the layer count, cp 1..32, ep divisors of
-    the expert count, micro-batch 1..8 sequences, v in 2, 4 for interleaved 1F1B). ``top``: keep the
+    the expert count, micro-batch 1..8 sequences, v in 2, 4, 8 chunks per rank for interleaved 1F1B, up to
+    ``memory.max_chunks``: the first chunk may hold only the embedding, the last only the head). ``top``: keep the
     best ``top`` feasible rows (None: all). ``assumptions``: ``DEFAULTS`` (network link, NVLink override,
     precision, peak dtype, compute_efficiency, dp_overlap, overhead_bytes); see the module docstring.
 
@@ -1156,6 +1174,7 @@ def clear_caches() -> None:
         _in_flight_last,
         _min_layers,
         _max_layers,
+        _max_chunks,
         _attn_core,
         _act_kinds,
         _rank_layers,
@@ -1178,10 +1197,10 @@ def rank_of(df, **layout) -> int | None:
 
 # ---- calibration on published runs -----------------------------------------------------------
 _GENERATIONS = {"A100": "ampere", "H100": "hopper", "H800": "hopper", "H200": "hopper"}
-PARAMS = ("eff_ampere", "eff_hopper", "attn_eff", "overlap", "elem_bytes")
+PARAMS = ("eff_ampere", "eff_hopper", "attn_eff", "overlap", "elem_bytes", "layer_s")
 # fitted by calibrate(); attn_eff is held at 1.0 (attention at the matmuls' efficiency): only one
 # published run (Llama 3's 128K stage) is attention-heavy, so a fit cannot both use it and be checked on it
-FITTED = ("eff_ampere", "eff_hopper", "overlap", "elem_bytes")
+FITTED = ("eff_ampere", "eff_hopper", "overlap", "elem_bytes", "layer_s")
 FIXED = {"attn_eff": 1.0}
 # (low, high) of each fitted parameter, with its physical meaning (see Calibration)
 BOUNDS = {
@@ -1190,6 +1209,7 @@ BOUNDS = {
     "attn_eff": (0.2, 1.0),
     "overlap": (0.0, 1.0),
     "elem_bytes": (0.0, 400.0),
+    "layer_s": (0.0, 2e-3),
 }
 
 
@@ -1217,7 +1237,11 @@ class Calibration:
       than a GEMM: Dao 2023, arXiv:2307.08691);
     - ``overlap``: fraction of TP/CP/EP traffic hidden behind compute (0: none);
     - ``elem_bytes``: bytes moved at HBM bandwidth per token per hidden unit per layer by the
-      non-matmul kernels (norms, residuals, activations, dropout), forward + backward.
+      non-matmul kernels (norms, residuals, activations, dropout), forward + backward;
+    - ``layer_s``: seconds per layer and micro-batch, forward + backward, that do not scale with the
+      micro-batch's tokens (kernel launches and tails, synchronisation between a layer's kernels and
+      collectives; the fit also puts here the lower efficiency of narrow per-rank GEMMs of small models): why
+      throughput per GPU grows with the micro-batch size (Narayanan et al. 2021, arXiv:2104.04473, §3.4).
 
     ``dp_overlap`` (DP traffic hidden behind backward) stays an assumption of ``search``
     (default 0.8), not fitted. ``calibrate()`` fits these on ``data/published_runs.yaml``."""
@@ -1227,6 +1251,7 @@ class Calibration:
     attn_eff: float
     overlap: float
     elem_bytes: float
+    layer_s: float = 0.0
 
     def __post_init__(self):
         for k in PARAMS:
@@ -1320,9 +1345,9 @@ def _predict(pieces: dict, theta, dp_overlap: float = DEFAULTS["dp_overlap"]):
     """Modelled step seconds of each run for parameters ``theta`` (order ``PARAMS``)."""
     import numpy as np
 
-    ea, eh, ae, ov, eb = theta
+    ea, eh, ae, ov, eb, ls = theta
     eta = np.where(pieces["gen"], eh, ea)
-    return sum(_assemble(pieces, eta, ae, ov, eb, dp_overlap).values())
+    return sum(_assemble(pieces, eta, ae, ov, eb, ls, dp_overlap).values())
 
 
 @dataclass
@@ -1353,7 +1378,7 @@ def _fit(pieces, logrep, idx, x0=None, fixed=FIXED):
     hi = np.array([BOUNDS[k][1] for k in free])
     sub = {k: v[idx] for k, v in pieces.items()}
     y = logrep[idx]
-    start = {"eff_ampere": 0.7, "eff_hopper": 0.7, "attn_eff": 0.7, "overlap": 0.5, "elem_bytes": 50.0}
+    start = {"eff_ampere": 0.7, "eff_hopper": 0.7, "attn_eff": 0.7, "overlap": 0.5, "elem_bytes": 50.0, "layer_s": 1e-4}
     x0 = np.array([start[k] for k in free]) if x0 is None else np.asarray(x0)
     x0 = np.clip(x0, lo + 1e-6 * (hi - lo), hi - 1e-6 * (hi - lo))
 
@@ -1428,6 +1453,8 @@ TERM_SOURCES = {
     "bubble": "Narayanan et al. 2021, arXiv:2104.04473 (1F1B, interleaved); Qi et al. 2023, arXiv:2401.10241 "
     "(ZB-H1); DeepSeek-AI 2024, arXiv:2412.19437 (DualPipe)",
     "DP comm": "Patarasuk & Yuan 2009 (ring all-reduce); Rajbhandari et al. 2020, arXiv:1910.02054 (ZeRO)",
+    "fixed per layer": "Narayanan et al. 2021, arXiv:2104.04473, §3.4 (a micro-batch's time does not scale with its "
+    "size: throughput per GPU grows with it); seconds per layer fitted",
 }
 
 
@@ -1468,7 +1495,8 @@ def _distinct_rank(ctx: _Ctx, lays: list, pieces: list, cal: Calibration, want: 
     """Rank (1 = best) of ``want``'s degrees among the distinct (dp, tp, pp, cp, ep) of ``lays`` timed
     under ``cal`` (their ``_pieces``), or None."""
     eta = ctx.compute_efficiency * cal.efficiency(ctx.gpu)
-    step = [sum(_assemble(p, eta, cal.attn_eff, cal.overlap, cal.elem_bytes, ctx.dp_overlap).values()) for p in pieces]
+    args = (cal.attn_eff, cal.overlap, cal.elem_bytes, cal.layer_s, ctx.dp_overlap)
+    step = [sum(_assemble(p, eta, *args).values()) for p in pieces]
     seen, target = set(), (want.dp, want.tp, want.pp, want.cp, want.ep)
     for i in sorted(range(len(lays)), key=step.__getitem__):
         key = (lays[i].dp, lays[i].tp, lays[i].pp, lays[i].cp, lays[i].ep)

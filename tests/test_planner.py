@@ -381,8 +381,9 @@ def test_llama3_405b_layout_fits_and_its_mfu_is_near_the_reported(llama):
     full, pub = llama
     assert len(pub) > 0, "TP8 CP1 PP16 DP128 must fit"
     best_pub = pub.iloc[0]
-    # Meta trained 8K without activation checkpointing (arXiv:2407.21783, §3.3.2): so does the kit's best variant
-    assert best_pub.recompute == "none" and best_pub.schedule == "interleaved-1f1b"
+    # Meta trained 8K without activation checkpointing (arXiv:2407.21783, §3.3.2): so does the kit's best variant,
+    # with one layer per interleaved chunk (the first chunk only the embedding, the last only the head: v 8)
+    assert best_pub.recompute == "none" and best_pub.schedule == "interleaved-1f1b" and best_pub.v == 8
     assert abs(best_pub.mfu / LLAMA_MFU - 1) < 0.20  # calibrated model (in-sample for this run)
     lay = planner.Layout(
         **{k: best_pub[k] for k in ("dp", "tp", "pp", "cp", "ep", "zero", "recompute")},
@@ -392,11 +393,56 @@ def test_llama3_405b_layout_fits_and_its_mfu_is_near_the_reported(llama):
     )
     peak = planner.evaluate("llama-3.1-405b", lay, **LLAMA, calibration=None)
     assert peak.mfu > LLAMA_MFU and peak.mfu > best_pub.mfu  # datasheet peaks: an upper bound
-    # not met (stated): unconstrained, the calibrated model still prefers CP at 8K (TP 4 x CP 8, no
+    # not met (stated): unconstrained, the calibrated model still prefers CP at 8K (TP 4 x CP 4, no
     # recomputation), by the bubble (test_best_layout_close_to_published...); the published degrees are the
-    # 39th distinct layout, not among the 300 best rows
+    # 16th distinct layout (0.10 s per step behind the 10th, TP8 CP2 PP16 DP64, by the bubble)
     layouts = full.drop_duplicates(["dp", "tp", "pp", "cp", "ep"]).reset_index(drop=True)
-    assert layouts.cp.iloc[0] > 1 and planner.rank_of(layouts, **LLAMA_PUB) is None
+    rank = planner.rank_of(layouts, **LLAMA_PUB)
+    assert layouts.cp.iloc[0] > 1 and rank is not None and 10 <= rank < 20
+    tenth = planner.evaluate("llama-3.1-405b", planner.Layout(**{k: layouts.iloc[9][k] for k in COLS}), **LLAMA)
+    pub_plan = planner.evaluate("llama-3.1-405b", planner.Layout(**{k: best_pub[k] for k in COLS}), **LLAMA)
+    cmp = planner.compare(tenth, pub_plan)
+    assert cmp.attrs["decides"] == "bubble" and 0 < cmp.attrs["total"] < 0.03 * pub_plan.step_s
+
+
+def test_chunks_per_rank_follow_llama3_split():
+    """memory.max_chunks against a brute force: the most chunks v such that, dealing each rank's items (the
+    embedding on the first rank, its layers, the head on the last) into v consecutive chunks, none is empty
+    and every chunk but the embedding's and the head's holds a layer. 126 layers on 16 stages: v = 8."""
+    import random
+
+    def brute(n_layers, pp):
+        sizes = memory.stage_layers(n_layers, pp)
+        best = 0
+        for v in range(1, n_layers + 3):
+            ok = True
+            for s, n in enumerate(sizes):
+                items = ["emb"] * (s == 0 and pp > 1) + ["layer"] * n + ["head"] * (s == pp - 1 and pp > 1)
+                if len(items) < v:  # v non-empty chunks of consecutive items
+                    ok = False
+                chunks = [items[i * len(items) // v : (i + 1) * len(items) // v] for i in range(v)] if ok else []
+                ok = ok and all(c and ("layer" in c or c in (["emb"], ["head"])) for c in chunks)
+            if ok:
+                best = v
+        return best
+
+    rng = random.Random(0)
+    cases = [(126, 16), (32, 4), (30, 16), (10, 4)] + [(rng.randint(2, 130), rng.randint(1, 20)) for _ in range(40)]
+    for n_layers, pp in cases:
+        if pp <= n_layers:
+            assert memory.max_chunks(n_layers, pp) == brute(n_layers, pp), (n_layers, pp)
+    assert memory.max_chunks(126, 16) == 8
+    t = TrainConfig(pp=16, pp_schedule="interleaved-1f1b", virtual_stages=9, seq_len=8192, tp=8, sp=True)
+    with pytest.raises(ValueError, match="virtual_stages"):
+        memory.check(memory.preset("llama-3.1-405b"), t)
+
+
+def test_llama_8k_falls_out_without_one_layer_per_chunk(llama):
+    """With at most 4 chunks per rank (the rule pp x v <= layers, which forbids Llama 3's embedding-only first
+    chunk) the published 8K layout pays twice the interleaved bubble and drops out of the 300 best rows."""
+    full = planner.search("llama-3.1-405b", **LLAMA, v=(2, 4), top=300)
+    layouts = full.drop_duplicates(["dp", "tp", "pp", "cp", "ep"]).reset_index(drop=True)
+    assert planner.rank_of(layouts, **LLAMA_PUB) is None
 
 
 @pytest.fixture(scope="module")
@@ -538,12 +584,10 @@ def test_fast_prediction_is_evaluate(fit):
 
 
 def test_heldout_runs_are_predicted_within_20_percent(fit):
-    """Leave-one-out: each run predicted by a fit on the others. Met for 14 of 15 runs; Korthikanti's
-    22B on one 8-GPU node (TP 8 over a 6,144-wide layer) is predicted about 28% fast (stated, asserted)."""
+    """Leave-one-out: each run predicted by a fit on the others, all 15 within 20 % (the worst: Megatron's
+    18B, about -15 %, and Korthikanti's 22B, about +13 %; 22B was +28 % before the fixed time per layer)."""
     err = fit.table.set_index("run")["heldout_error"]
-    bad = err[err.abs() > 0.20]
-    assert set(bad.index) <= {"korthikanti-22b"}, bad
-    assert err.abs().max() < 0.30
+    assert err.abs().max() < 0.20, err
     uncal = []
     for r in FIT_RUNS:  # the uncalibrated model (datasheet peaks) on the same layouts: far off
         plan = planner.evaluate(r["config"], r["layout"], **r["setup"], calibration=None)
@@ -552,19 +596,27 @@ def test_heldout_runs_are_predicted_within_20_percent(fit):
 
 
 def test_heldout_check_fails_when_a_term_is_broken(monkeypatch):
-    """The held-out check catches a model that charges the backward pass as one forward (instead of two:
-    Korthikanti's 22B then misses by about 35 %). It does not catch every broken term: one matmul efficiency
-    for A100 and H100 (the fit now finds them close: 0.65 and 0.58), a forgotten bubble or TP charged on the
-    network are absorbed by the other parameters in the fit (the ranking test below catches the latter)."""
+    """The held-out check catches a model that forgets the recomputed forward (Megatron's runs recompute every
+    layer, Korthikanti's only the attention core: one efficiency cannot serve both, Korthikanti's 22B then
+    misses by about 24 %). It does not catch every broken term: backward charged as one forward, a forgotten
+    bubble, DP traffic left out or TP charged on the network are absorbed by the other parameters in the fit
+    (all held-out errors stay within 20 %; the ranking test below catches TP on the network)."""
     real = planner._assemble
 
-    def backward_as_forward(p, *a):
+    def recompute_forgotten(p, *a):
         t = real(p, *a)
-        return {**t, "compute": t["compute"] * 2.0 / 3.0}
+        return {**t, "recompute": 0.0 * t["recompute"]}
 
-    monkeypatch.setattr(planner, "_assemble", backward_as_forward)
+    monkeypatch.setattr(planner, "_assemble", recompute_forgotten)
     err = planner.calibrate().table.set_index("run")["heldout_error"]
-    assert not (set(err[err.abs() > 0.20].index) <= {"korthikanti-22b"} and err.abs().max() < 0.30)
+    assert err.abs().max() >= 0.20
+
+
+def test_heldout_check_fails_without_the_fixed_time_per_layer():
+    """Held at 0, the fixed time per layer and micro-batch (layer_s) leaves small models too fast: Korthikanti's
+    22B on one node (48 layers of width 6,144 split 8 ways) is then predicted about 28 % fast."""
+    err = planner.calibrate(fixed={**planner.FIXED, "layer_s": 0.0}).table.set_index("run")["heldout_error"]
+    assert err.abs().max() >= 0.20 and err["korthikanti-22b"] > 0.20
 
 
 def test_hfu_over_mfu_is_the_recomputed_share():
@@ -662,17 +714,16 @@ def _target3(r):
 
 
 def test_best_layout_close_to_published_or_wins_by_a_cited_term():
-    """Korthikanti's 175B and 530B: the planner's best is within 10 % of the published step. Llama 3's
-    8K stage: the published degrees now fit without recomputation, as Meta trained them (79.0 GB; it was
-    103.6 GB before the fused SwiGLU and FlashAttention output were counted as the kernels save them), and
-    the best (TP4 CP8) wins by the bubble: half the data parallelism, twice the micro-batches per pipeline.
-    Llama 3's 128K stage: by the bubble too. The term is cited (TERM_SOURCES)."""
+    """Korthikanti's 175B and 530B and Llama 3's 128K stage: the planner's best is within 10 % of the published
+    step (128K: 1 %, TP8 CP16 PP8 DP16, by half the PP sends). Llama 3's 8K stage on 16,384 GPUs: within 6 %
+    (it was 13 % before the fixed time per layer and the one-layer chunks): the best (TP4 CP4 PP8 DP128) wins by
+    the bubble (CP 4 cuts each rank's micro-batch, PP 8 halves the stages), a cited term (TERM_SOURCES)."""
     runs = {r["name"]: r for r in FIT_RUNS if r["name"] in TARGET3}
     got = {name: _target3(r) for name, r in runs.items()}
     for name, (ratio, decides, source, met) in got.items():
         assert met, (name, ratio, decides, source)
-    assert got["korthikanti-175b"][0] >= 0.9 and got["korthikanti-530b"][0] >= 0.9
-    assert got["llama3-405b-8k-16384"][1] == "bubble" and got["llama3-405b-128k"][1] == "bubble"
+    assert all(ratio >= 0.9 for ratio, *_ in got.values()), got
+    assert got["llama3-405b-8k-16384"][1] == "bubble"
 
 
 def test_target3_fails_when_an_uncited_term_decides(monkeypatch):
@@ -702,7 +753,7 @@ def _sensitivity_vs_search(fit, intervals):
     """(rank from sensitivity(), rank from a full search with the moved calibration) per moved parameter."""
     r = next(r for r in FIT_RUNS if r["name"] == "llama3-405b-128k")
     sens = planner.sensitivity(planner.Fit(fit.calibration, fit.table, intervals, None), [r], top=100)
-    assert set(sens.parameter) == {"eff_hopper", "overlap", "elem_bytes"}  # eff_ampere: not an H100 run
+    assert set(sens.parameter) == {"eff_hopper", "overlap", "elem_bytes", "layer_s"}  # eff_ampere: not an H100 run
     out, ranks = [], {}
     for row in sens.itertuples():
         moved = planner.Calibration(
@@ -743,9 +794,8 @@ def test_goodput_is_mfu_times_effective_time():
 
 def test_cp_cost_is_what_keeps_llama_8k_out(monkeypatch):
     """Charging CP 30 x its modelled all-gather traffic brings Llama 3's 8K layout (TP8 CP1 PP16 DP128) into
-    the top 10 distinct layouts (it is 39th at 1 x, test_llama3_405b_layout...): once the memory model lets
-    it run without recomputation, what keeps it out is how cheap the model finds CP (Llama 3's all-gather of
-    GQA's few K/V heads) against the bubble it saves."""
+    the top 10 distinct layouts (it is 16th at 1 x, test_llama3_405b_layout...): what keeps it out is how cheap
+    the model finds CP (Llama 3's all-gather of GQA's few K/V heads) against the bubble it saves."""
     real = planner._pieces
 
     def cp_times_30(ctx, lay):

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from mlsys_nb import planner
-from mlsys_nb.widgets.planner import PlannerWidget
+from mlsys_nb.widgets.planner import TIME_PARTS, PlannerWidget
 
 SMALL = {"model": "llama-3-8b", "gpus": 16, "seq_len": 4096, "sequences": 64}
 
@@ -34,6 +34,9 @@ def test_widget_shows_the_planner_and_redraws():
     rows = [re.findall(r"<td[^>]*>([^<]*)</td>", r) for r in html.split("</tr>")[1:-1]]
     assert len(rows) == len(want) and all(len(r) == len(heads) - 1 for r in rows)
     assert [r[heads.index("step (s)") - 1] for r in rows] == [f"{x:.3f}" for x in want.step_s]
+    col = heads.index("recomputed layers / stage (0: all)") - 1  # Megatron-LM's --recompute-num-layers
+    assert [r[col] for r in rows] == [str(x) for x in want.recompute_layers]
+    assert set(w.result["plan"].time) <= set(TIME_PARTS)  # every modelled component is drawn
     assert "text-align:right" in html
     w2 = PlannerWidget(**w.state())
     assert w2.state() == w.state() and w2.table().equals(w.table())

@@ -28,7 +28,18 @@ DEFAULTS = {
 }
 SEQ_LENS = (1024, 2048, 4096, 8192, 16384, 32768, 131072)
 TOP = 10
-TIME_PARTS = ("compute", "recompute", "non-matmul", "TP comm", "CP comm", "EP comm", "PP comm", "bubble", "DP comm")
+TIME_PARTS = (
+    "compute",
+    "recompute",
+    "non-matmul",
+    "fixed per layer",
+    "TP comm",
+    "CP comm",
+    "EP comm",
+    "PP comm",
+    "bubble",
+    "DP comm",
+)
 # the layouts table: column -> (heading, format); numbers right-aligned in fixed decimals
 TABLE_COLUMNS = {
     "dp": ("DP", "{:d}"),
@@ -38,6 +49,7 @@ TABLE_COLUMNS = {
     "ep": ("EP", "{:d}"),
     "zero": ("ZeRO", "{:d}"),
     "recompute": ("recompute", "{}"),
+    "recompute_layers": ("recomputed layers / stage (0: all)", "{:d}"),
     "micro_batch": ("micro-batch", "{:d}"),
     "schedule": ("schedule", "{}"),
     "v": ("v", "{:d}"),
