@@ -29,6 +29,7 @@ Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
   batching, chunked prefill, preemption (recompute or swap), prefix caching; ``llm.load_weights``.
   Every option is a field of one ``EngineConfig`` (``config``), shared by ``LLM``, ``LLMEngine``, the
   ``Scheduler`` and the server's command line.
+  ``async_scheduling=True`` prepares step t+1 (schedule, input tensors) on a worker thread while step t's forward runs.
 - ``workload`` (Poisson arrivals, length distributions, shared prefixes) and ``metrics`` (TTFT,
   TPOT, ITL, latency percentiles, throughput, CPU overhead per phase, the overlap-scheduling model).
 - ``python -m mlsys_nb.inference.serve --model tiny`` (``serve``): an OpenAI-compatible server.
