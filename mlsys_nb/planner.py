@@ -56,7 +56,7 @@ Not modelled: network congestion and stragglers, optimizer step time, load imbal
 experts, attention efficiency at short per-rank chunks (``attn_eff`` is held at 1). Checked in
 ``tests/test_planner.py``: held-out MFU of the published runs; Llama 3 405B's long-context layout and
 Korthikanti et al.'s 175B layout among the 10 best distinct layouts of an unconstrained search; not
-Llama 3's 8K layouts: on 16,384 GPUs (TP8 PP16 DP128, v 8) 16th distinct, 0.10 s per step (1.6 %) behind the
+Llama 3's 8K layouts: on 16,384 GPUs (TP8 PP16 DP128, v 8) 16th distinct, 0.10 s per step (1.5 %) behind the
 10th (TP8 CP2 PP16 DP64), which wins by the bubble of twice the micro-batches per pipeline (0.33 s) for 0.03 s
 of CP all-gather; on 8,192 GPUs 34th, because the kit's memory model needs one recomputed layer per stage
 (0.40 s) where Meta recomputed none, and TP 8's exposed traffic (1.2 s) weighs more at 32 micro-batches.
