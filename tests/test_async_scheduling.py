@@ -254,3 +254,14 @@ def test_async_scheduling_option():
     parser = argparse.ArgumentParser()
     EngineConfig.add_cli_arguments(parser)
     assert EngineConfig.from_cli(parser.parse_args(["--async-scheduling"])).async_scheduling is True
+
+
+def test_async_step_model_by_hand():
+    from mlsys_nb.inference.metrics import async_step_model
+
+    # the worker's 1 s hides behind a 3 s forward; 0.5 s of sampling stays in line
+    assert async_step_model(1.0, 3.0, 0.5) == 3.5
+    # a 4 s preparation outlasts the 3 s forward: the step waits for it
+    assert async_step_model(4.0, 3.0, 0.5) == 4.5
+    with pytest.raises(ValueError, match="rest_s"):
+        async_step_model(1.0, 1.0, -1.0)

@@ -1,7 +1,7 @@
 """Notebook 15 under papermill with other parameters (the defaults run under nbval): another seed and
 request count, and the worked solutions of the exercises. Also: each check of sections 5 and 6 fails
 when its idea is broken (a runner whose preparation costs a fixed time per sequence; a wrong reading of
-the profiler trace's host time; a wrong overlap formula)."""
+the profiler trace's host time; a wrong overlap formula; async scheduling's look-ahead run in line)."""
 
 import time
 
@@ -23,6 +23,7 @@ def test_notebook_15_other_seed_with_solutions():
         "model time per token falls",
         "the host time per step from the trace's ranges agrees with the engine's timers",
         "the overlap speed-up (c + g) / max(c, g) agrees with the simulated overlapped loop",
+        "async scheduling gives the synchronous engine's tokens",
         "more load -> more throughput",
         "the OpenAI client gets the offline engine's text",
     ):
@@ -151,3 +152,35 @@ def test_overlap_check_fails_for_a_wrong_formula():
         lambda c, g: (c + g) / (c + g / 2),
     ):
         assert overlap_model_error(wrong, ratios) > 1 / 200
+
+
+def test_async_overlap_check_fails_for_a_look_ahead_run_in_line(monkeypatch):
+    """Notebook 15 section 6's async check (smaller: batch 4, 2 rounds of 4 steps): the worker's preparation
+    finishes before the forward it runs beside; a look-ahead run in line on the engine's thread (before the
+    forward, the same work, the same tokens) fails it."""
+    from concurrent.futures import Future
+
+    import torch
+
+    from mlsys_nb.inference import LLM
+    from mlsys_nb.inference.engine import LLMEngine, LookAhead
+    from mlsys_nb.inference.metrics import measure_async_scheduling
+
+    torch.set_num_threads(1)
+    base = LLM("tiny", seed=0).engine.model
+
+    def measure():
+        return measure_async_scheduling(lambda on: LLMEngine(base, async_scheduling=on), 4, rounds=2, steps=4)
+
+    good = measure()
+    assert good["outputs_equal"] and good["overlapped"] >= 0.5  # the notebook's check passes ...
+
+    def in_line(self, fn, *args):
+        self.forward_done.clear()
+        done = Future()
+        done.set_result(fn(*args))
+        return done
+
+    monkeypatch.setattr(LookAhead, "start", in_line)
+    bad = measure()
+    assert bad["outputs_equal"] and bad["overlapped"] < 0.5  # ... and fails for a look-ahead run in line

@@ -403,7 +403,8 @@ class LLMEngine:
 
         With ``async_scheduling`` the schedule and the batch usually come ready from the look-ahead (the
         step's ``lookahead`` time: the worker's seconds, overlapped with the previous forward), and the
-        next step's look-ahead runs during this forward (``wait``: the time it outlasted the forward)."""
+        next step's look-ahead runs during this forward (``wait``: the time it outlasted the forward;
+        ``overlapped``: the share of the worker's time that ran beside the forward, in [0, 1])."""
         t = Laps()  # wall seconds of the phases of this step
         ahead, batch, extra = self._ahead, None, {}
         if ahead is not None and ahead.error is not None:
@@ -435,11 +436,13 @@ class LLMEngine:
                 batch = batch if batch is not None else self.runner.prepare(feed)
                 t("prepare")
                 future = ahead.start(self._look_ahead, scheduled, list(batch.sample_seqs))
+                f0 = time.perf_counter()
                 try:
                     logits = self.runner.forward(batch)
                 finally:
                     ahead.forward_done.set()
                 t("model")
+                f1 = time.perf_counter()
         except Exception as e:
             if future is not None:
                 self._undo_look_ahead(future, scheduled, batch.sample_seqs)
@@ -447,6 +450,8 @@ class LLMEngine:
             return self._isolate_forward(scheduled, e)
         if future is not None:
             ahead.next = ahead.result(future)  # raises what the worker raised
+            w0, w1 = ahead.next[2].pop("span")  # the share of the worker's time spent beside the forward
+            ahead.next[2]["overlapped"] = max(0.0, min(w1, f1) - max(w0, f0)) / max(w1 - w0, 1e-12)
             for seq in batch.sample_seqs:  # the real token comes from this step's sampler
                 seq.output_token_ids.pop()
             t("wait")
@@ -536,7 +541,7 @@ class LLMEngine:
     def _look_ahead(self, scheduled, sampling: list[Sequence]):
         """On the worker, while step t's forward runs: step t+1's schedule and batch, as if step t were done
         (every scheduled token computed, a ``PLACEHOLDER`` token for each sequence that samples). Returns
-        (schedule, batch or None, {"lookahead": worker seconds})."""
+        (schedule, batch or None, {"lookahead": worker seconds, "span": its start and end, perf_counter})."""
         t0 = time.perf_counter()
         for seq, n in scheduled:
             seq.num_computed_tokens += n
@@ -544,7 +549,8 @@ class LLMEngine:
             seq.output_token_ids.append(PLACEHOLDER)
         nxt = self._schedule()
         batch = self.runner.prepare(nxt) if nxt else None
-        return nxt, batch, {"lookahead": time.perf_counter() - t0}
+        t1 = time.perf_counter()
+        return nxt, batch, {"lookahead": t1 - t0, "span": (t0, t1)}
 
     def _fill_in(self, sampled: list[Sequence]) -> None:
         """After step t: its sampled tokens replace the placeholders in the block manager's token lists

@@ -221,7 +221,10 @@ def measure_async_scheduling(
     median step of each), ``"phases"`` and ``"phases_async"`` (``phase_breakdown`` of each engine's timed
     steps, on its own thread: the asynchronous engine's schedule and prepare come ready from its worker),
     ``"lookahead"`` and ``"wait"`` (medians, seconds: the worker's time per step, and how long the engine
-    waited for it after the forward) and ``"outputs_equal"`` (both engines generated the same tokens)."""
+    waited for it after the forward), ``"overlapped"`` (median over the asynchronous engine's steps of the share of
+    the worker's time that ran beside the forward), ``"spread"`` (the largest / the smallest per-round
+    median step of the synchronous engine: how much the load moves one variant between rounds) and
+    ``"outputs_equal"`` (both engines generated the same tokens)."""
     import time
 
     from .sampling_params import SamplingParams
@@ -266,5 +269,7 @@ def measure_async_scheduling(
         "phases_async": phase_breakdown(engines["async"].step_times),
         "lookahead": statistics.median(s["lookahead"] for s in ahead) if ahead else 0.0,
         "wait": statistics.median(s.get("wait", 0.0) for s in ahead) if ahead else 0.0,
+        "overlapped": statistics.median(s["overlapped"] for s in ahead) if ahead else 0.0,
+        "spread": max(x["sync"] for x in per_round) / min(x["sync"] for x in per_round),
         "outputs_equal": toks["sync"] == toks["async"],
     }
