@@ -47,6 +47,12 @@ def style():
     return matplotlib.rc_context(STYLE | {"axes.prop_cycle": matplotlib.cycler(color=PALETTE)})
 
 
+def use_house_style() -> None:
+    """Apply the house style to pyplot for the rest of the session (a notebook's first cell calls it), so
+    an inline ``plt.subplots`` figure gets constrained layout, the palette and the fonts of ``new_figure``."""
+    matplotlib.rcParams.update(STYLE | {"axes.prop_cycle": matplotlib.cycler(color=PALETTE)})
+
+
 def new_figure(nrows: int = 1, ncols: int = 1, **kw):
     """``(fig, axes)`` in the package style, without touching pyplot's global state."""
     from matplotlib.figure import Figure
@@ -156,13 +162,25 @@ def figure_problems(fig, tol_px: float = 1.0) -> list[str]:
     return out
 
 
+def _laid_out(fig) -> bool:
+    """A layout engine, or margins set by hand (``subplots_adjust``: the widgets' fixed layouts)."""
+    if fig.get_layout_engine() is not None:
+        return True
+    sp = fig.subplotpars
+    return any(
+        getattr(sp, k) != matplotlib.rcParams[f"figure.subplot.{k}"]
+        for k in ("left", "right", "bottom", "top", "wspace", "hspace")
+    )
+
+
 class FigureStyleError(ValueError):
     """A figure about to be rendered breaks the house style (``figure_problems`` lists how)."""
 
 
 def check_figures_when_rendered():
     """Make every figure rendering (``display``, pyplot's inline flush, ``savefig``) raise
-    ``FigureStyleError`` when ``figure_problems`` finds a breach; returns a function that undoes it.
+    ``FigureStyleError`` when ``figure_problems`` finds a breach or the figure has neither a layout
+    engine nor margins set by hand (it was not drawn in the house style); returns a function that undoes it.
 
     The test suite installs it in every notebook kernel (``tests/kernel_startup.py``, through
     ``PYTHONSTARTUP``), so an inline ``plt.subplots`` figure in a notebook is held to the same style as
@@ -176,6 +194,8 @@ def check_figures_when_rendered():
 
     def print_figure(self, *args, **kwargs):
         problems = figure_problems(self.figure)
+        if not _laid_out(self.figure):
+            problems.append("no layout: draw it with plots.new_figure, or call plots.use_house_style() first")
         if problems:
             title = next((a.get_title() for a in self.figure.axes if a.get_title()), "untitled")
             raise FigureStyleError(f"figure {title!r} breaks the house style (mlsys_nb.plots): " + "; ".join(problems))
