@@ -119,6 +119,12 @@ def test_rendering_a_broken_figure_raises_and_undo_restores(tmp_path):
             fig.savefig(tmp_path / "bad.png")
         ax.set_xlabel("step time (s)")
         fig.savefig(tmp_path / "good.png")
+        bare = Figure()  # matplotlib's defaults: no layout engine, default margins
+        bare.subplots().plot([0, 1])
+        with pytest.raises(plots.FigureStyleError, match="no layout"):
+            bare.savefig(tmp_path / "bare.png")
+        bare.subplots_adjust(left=0.2)  # margins set by hand (the widgets' fixed layouts) count as laid out
+        bare.savefig(tmp_path / "margins.png")
     finally:
         undo()
     ax.set_xlabel("step_s")
