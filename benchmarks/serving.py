@@ -36,7 +36,12 @@ Then, on ``small``: a torch.profiler profile of 20 steps of transformers' contin
 generation thread (the ops that take its time per step), and the engine's CPU overhead of a decode step by phase
 with the overlap-scheduling closed form. ``--output-len``, ``--no-ablations``, ``--server-requests`` and
 ``--rates`` shrink the run on a loaded machine (the record states the command).
-``--quick``: 4 short requests on ``tiny`` (offline systems, profile, overhead table), no servers, no record.
+``--profile-step``: only a profile of one decode step of the engine per size (``--profile-batch`` running
+sequences, 64-token prompts on ``small``, 16 on ``135m``): the engine's phase timers, torch.profiler's top ops by
+self CPU time and the CPU time inside ranges put around scheduling, prepare, the model forward, the attention
+layers and sampling (``profile_ranges``), and transformers' own decode step at the same batch, interleaved (wall and CPU).
+``--quick``: 4 short requests on ``tiny`` (offline systems, step profile, HF profile, overhead table), no servers,
+no record.
 """
 
 from __future__ import annotations
@@ -147,6 +152,162 @@ def cpu_overhead_table(model, batch_sizes, steps) -> list[str]:
         "step N runs, applied to the measured phases (a model: on a CPU the model runs on the same cores).",
     ]
     return out
+
+
+PROFILE_RANGES = {  # profiler ranges put around the engine's parts for --profile-step (restored afterwards)
+    "scheduling": ("mlsys_nb.inference.engine", "LLMEngine", "_schedule"),
+    "prepare": ("mlsys_nb.inference.model_runner", "ModelRunner", "prepare"),
+    "attention layer (K/V write + read + paged attention)": ("mlsys_nb.inference.model_runner", "StepBatch", "attend"),
+    "paged attention (gather + SDPA)": ("mlsys_nb.inference.model_runner", None, "paged_attention"),
+    "sampling": ("mlsys_nb.inference.engine", None, "sample"),
+}
+
+
+@contextlib.contextmanager
+def profile_ranges():
+    """Wrap each part in ``PROFILE_RANGES`` in a ``torch.profiler.record_function`` range of that name (a module
+    attribute or a class method, patched in this process only), so a profile shows each part's CPU time."""
+    import importlib
+
+    from torch.profiler import record_function
+
+    saved = []
+
+    def ranged(name, fn):
+        def wrapper(*args, **kw):
+            with record_function(name):
+                return fn(*args, **kw)
+
+        return wrapper
+
+    try:
+        for name, (mod, cls, attr) in PROFILE_RANGES.items():
+            owner = importlib.import_module(mod)
+            owner = getattr(owner, cls) if cls else owner
+            saved.append((owner, attr, getattr(owner, attr)))
+            setattr(owner, attr, ranged(name, saved[-1][2]))
+        yield
+    finally:
+        for owner, attr, fn in reversed(saved):
+            setattr(owner, attr, fn)
+
+
+class HFDecoder:
+    """transformers' own decode loop at batch ``len(prompts)`` (equal-length prompts, no padding): one forward over
+    the prompts into a ``DynamicCache``, then ``step()`` = one greedy decode step (a forward of one token per
+    sequence with the cache, as ``generate`` runs it)."""
+
+    def __init__(self, hf, prompts):
+        from transformers import DynamicCache
+
+        self.hf, self.cache = hf, DynamicCache()
+        with torch.inference_mode():
+            out = hf(input_ids=torch.tensor(prompts), past_key_values=self.cache, use_cache=True)
+        self.next = out.logits[:, -1:].argmax(-1)
+
+    def step(self) -> None:
+        with torch.inference_mode():
+            out = self.hf(input_ids=self.next, past_key_values=self.cache, use_cache=True)
+        self.next = out.logits[:, -1:].argmax(-1)
+
+
+def profile_engine_step(model, hf, batch: int, prompt_len: int, steps: int, top: int = 12) -> list[str]:
+    """One decode step of the kit's engine at ``batch`` running sequences (``prompt_len``-token prompts, every
+    prompt prefilled first), three ways: the engine's own phase timers (wall, median of ``steps`` unprofiled steps),
+    torch.profiler over ``steps`` further steps (the ops with the most self CPU time, and the CPU time inside the
+    ranges of ``PROFILE_RANGES`` and the engine's ``engine.model``), and transformers' decode step at the same batch
+    (``HFDecoder``), timed interleaved with the engine's (wall and process CPU seconds). -> markdown lines."""
+    from statistics import median
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from mlsys_nb.inference.engine import PHASES, LLMEngine
+    from mlsys_nb.inference.sampling_params import SamplingParams
+
+    eng = LLMEngine(model, max_num_seqs=batch, max_num_batched_tokens=512)
+    prompts = [[(7 * i + j) % 200 + 1 for j in range(prompt_len)] for i in range(batch)]
+    sp = SamplingParams(temperature=0, max_tokens=2 * steps + 8, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        eng.add_request(f"p{i}", p, sp)
+
+    def decoding(st):
+        return st["num_seqs"] == batch and st["num_decodes"] == st["num_tokens"] == batch
+
+    for _ in range(batch * prompt_len // 512 + batch + 2):  # prefill until every sequence decodes, then one more
+        eng.step()
+        if decoding(eng.step_times[-1]):
+            break
+    else:
+        raise RuntimeError(f"the engine never ran {batch} decodes in one step")
+    eng.step()
+    hf_dec = HFDecoder(hf, prompts)
+    hf_dec.step()  # warm
+    eng.step_times.clear()
+    times = {"engine": [], "hf": []}  # (wall s, process CPU s) per decode step, the two interleaved
+    for _ in range(steps):
+        for name, fn in (("engine", eng.step), ("hf", hf_dec.step)):
+            w, c = time.perf_counter(), time.process_time()
+            fn()
+            times[name].append((time.perf_counter() - w, time.process_time() - c))
+    timed = [st for st in eng.step_times if decoding(st)]
+    phase_ms = {ph: 1e3 * median(st.get(ph, 0.0) for st in timed) for ph in PHASES}
+    wall = {k: 1e3 * median(t[0] for t in v) for k, v in times.items()}
+    cpu = {k: 1e3 * median(t[1] for t in v) for k, v in times.items()}
+    with profile_ranges(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            eng.step()
+    ev = {e.key: e for e in prof.key_averages()}
+    ranges = {"engine.step", "engine.model", *PROFILE_RANGES}
+    ops = [e for k, e in ev.items() if k not in ranges]
+    total = sum(e.self_cpu_time_total for e in ops)  # us over the profiled steps
+
+    def per_step(name):
+        return 1e-3 * ev[name].cpu_time_total / steps if name in ev else float("nan")
+
+    step_ms = sum(phase_ms.values())
+    cfg = model.cfg
+    lines = [
+        "",
+        f"Decode step of the kit's engine, {batch} running sequences, {prompt_len}-token prompts, "
+        f"{sum(p.numel() for p in model.parameters()):,} parameters ({cfg.n_layers} layers, hidden {cfg.hidden}), "
+        f"torch threads {torch.get_num_threads()}:",
+        "",
+        f"Engine phase timers (wall, median of {len(timed)} unprofiled decode steps): "
+        + ", ".join(f"{ph} {phase_ms[ph]:.2f} ms" for ph in PHASES)
+        + f"; step {step_ms:.2f} ms, model {phase_ms['model'] / step_ms:.0%} of it.",
+        "",
+        f"torch.profiler (CPU) over the next {steps} decode steps: time inside each range per step (the profiler's "
+        "clock: elapsed time on the engine's thread, so a share of a busy machine's core shows as longer ops; a range "
+        "includes the ops it calls; the profiler's own cost included):",
+        "",
+        "| range | ms per step | share of `engine.step` | of which outside any torch op or inner range (ms) |",
+        "|---|---|---|---|",
+    ]
+    whole = per_step("engine.step")
+    for name in ["engine.step", "scheduling", "prepare", "engine.model", *list(PROFILE_RANGES)[2:4], "sampling"]:
+        own = 1e-3 * ev[name].self_cpu_time_total / steps if name in ev else float("nan")
+        lines.append(f"| {name} | {per_step(name):.2f} | {per_step(name) / whole:.0%} | {own:.2f} |")
+    lines += [
+        "",
+        f"The ops with the most self time ({1e-3 * total / steps:.1f} ms of profiled self time in torch ops per step):",
+        "",
+        "| op | calls per step | self time per step (ms) | share |",
+        "|---|---|---|---|",
+    ]
+    for e in sorted(ops, key=lambda e: -e.self_cpu_time_total)[:top]:
+        lines.append(
+            f"| `{e.key}` | {e.count / steps:.1f} | {1e-3 * e.self_cpu_time_total / steps:.3f} | "
+            f"{e.self_cpu_time_total / total:.0%} |"
+        )
+    lines += [
+        "",
+        f"Beside transformers' own decode step at the same batch and prompts (a forward of one token per sequence "
+        f"with a `DynamicCache`, as `generate` runs it), interleaved step by step with the engine's, median of {steps}: "
+        f"engine {wall['engine']:.2f} ms wall / {cpu['engine']:.2f} ms process CPU, transformers {wall['hf']:.2f} ms "
+        f"wall / {cpu['hf']:.2f} ms CPU: the engine's step takes {cpu['engine'] / cpu['hf']:.2f}x the CPU time "
+        f"({wall['engine'] / wall['hf']:.2f}x the wall time).",
+    ]
+    return lines
 
 
 def offline_section(
@@ -362,6 +523,14 @@ def main() -> None:
     ap.add_argument("--profile-only", action="store_true", help="only the profile and the CPU-overhead table")
     ap.add_argument("--no-profile", action="store_true", help="skip the profile and the CPU-overhead table")
     ap.add_argument(
+        "--profile-step",
+        action="store_true",
+        help="only the profile of one decode step of the engine (phase timers, torch.profiler ops and ranges, "
+        "transformers generate's step beside it) per size, at --profile-batch running sequences",
+    )
+    ap.add_argument("--profile-batch", type=int, default=64, help="running sequences of --profile-step")
+    ap.add_argument("--profile-steps", type=int, default=10, help="decode steps timed, then profiled (--profile-step)")
+    ap.add_argument(
         "--out",
         default="data/measured/serving.md",
         help="append the results (markdown) to this file (never in --quick mode)",
@@ -398,6 +567,12 @@ def main() -> None:
             reqs = make_workload(n, prompt_len=(p_lo, p_hi), output_len=(o_lo, o_hi), vocab_size=256, seed=a.seed)
             t0, managers = time.perf_counter(), {}
             lines += ["", f"### `{size}`"]
+            if a.profile_step or a.quick:  # the engine's decode step (in --quick: 4 sequences of tiny, 2 steps)
+                b, plen = (4, 8) if a.quick else (a.profile_batch, 64 if size == "small" else 16)
+                lines += profile_engine_step(model, hf, b, plen, 2 if a.quick else a.profile_steps)
+                lines.append(f"(engine step profile: {time.perf_counter() - t0:.0f} s)")
+                if a.profile_step:
+                    continue
             ablate = size != "135m" and not a.no_ablations
             cb_batches = (4 * a.batch,) if a.quick else None  # quick: one manager (each costs a gc.collect on stop)
             if not a.profile_only:
