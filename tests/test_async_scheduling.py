@@ -74,9 +74,10 @@ def run(engine, reqs, first_wave=3):
     return outs
 
 
-CONFIGS = {
-    "prefix hits, chunks of 16 tokens": dict(max_num_seqs=4, max_num_batched_tokens=16),
-    "preempt by recompute": dict(num_blocks=20, block_size=4, max_num_batched_tokens=16),
+CONFIGS = {  # sampled too: the first one
+    "prefix hits, chunks of 16 tokens, preempt by recompute": dict(
+        num_blocks=24, block_size=4, max_num_batched_tokens=16, max_num_seqs=4
+    ),
     "preempt by swap": dict(num_blocks=20, block_size=4, preemption_mode="swap"),
 }
 
@@ -91,13 +92,12 @@ def both(model, reqs, **kw):
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_async_outputs_equal_sync(model, name):
     kw = CONFIGS[name]
-    for sampled in (False, True):
+    for sampled in (False, True) if name == next(iter(CONFIGS)) else (False,):
         sync, asy, eng = both(model, mixed_requests(sampled=sampled), **kw)
         assert asy == sync, f"{name}, sampled={sampled}"
         assert eng.num_blocks_used() == 0 and not eng.requests, "every block comes back"
         eng.kv.manager.check_invariants()
-        if "preempt" in name:
-            assert sum(eng.status()["preemptions"].values()) > 0, f"{name}: no preemption happened"
+        assert sum(eng.status()["preemptions"].values()) > 0, f"{name}: no preemption happened"
         if "prefix" in name:
             assert eng.stats["cached_tokens"] > 0, "the second wave should hit the first one's prefixes"
         lookahead = [s for s in eng.step_times if "lookahead" in s]
@@ -110,7 +110,7 @@ def test_async_outputs_equal_sync(model, name):
 def test_stale_token_breaks_the_equality(model, monkeypatch):
     """The idea broken: the look-ahead's batch keeps the token of step t-1 where step t's token belongs."""
     reqs = mixed_requests()
-    kw = CONFIGS["prefix hits, chunks of 16 tokens"]
+    kw = CONFIGS[next(iter(CONFIGS))]
 
     def stale_fill_in(self, sampled):
         nxt = self._ahead.next
