@@ -231,6 +231,25 @@ def test_a_failing_forward_fails_alone_with_async(model, monkeypatch):
     eng.close()
 
 
+def test_close_mid_run_goes_on_synchronously(model):
+    reqs = mixed_requests()
+    kw = CONFIGS[next(iter(CONFIGS))]
+    sync = run(LLMEngine(model, **kw), reqs)
+    eng = LLMEngine(model, async_scheduling=True, **kw)
+    real_step, calls = eng.step, []
+
+    def step():
+        calls.append(1)
+        if len(calls) == 6:  # a batch prepared by the worker is waiting: dropped
+            assert eng._ahead.next is not None and eng._ahead.next[0]
+            eng.close()
+        return real_step()
+
+    eng.step = step
+    assert run(eng, reqs) == sync
+    assert eng.num_blocks_used() == 0 and not lookahead_threads()
+
+
 def test_close_and_garbage_collection_join_the_thread(model):
     sp = SamplingParams(temperature=0, max_tokens=3)
     for closing in (True, False):

@@ -600,9 +600,12 @@ class LLMEngine:
                 seq.num_computed_tokens -= n
 
     def close(self) -> None:
-        """Join async scheduling's worker thread (also done when the engine is garbage-collected)."""
+        """Join async scheduling's worker thread (also done when the engine is garbage-collected); the engine
+        goes on synchronously (a batch the worker prepared is dropped: its sequences keep their reserved slots
+        and are scheduled again)."""
         if self._ahead is not None:
             self._ahead.close()
+            self._ahead, self.scheduler.before_preempt = None, None
 
     # ---- speculative decoding in the batch (speculative.BatchSpeculator) ------------------------
     def _propose(self, scheduled) -> dict:
