@@ -41,3 +41,14 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def tiny_server():
+    """One OpenAI-compatible server process (``serve_helpers.serve_process()``: the ``tiny`` preset, defaults) shared
+    by tests/test_server.py and tests/test_server_robust.py, whose tests compare /metrics before and after
+    themselves: one start (seconds of imports) instead of two. -> (url, pid); stopped at the end of the session."""
+    from serve_helpers import serve_process
+
+    with serve_process() as (url, proc):
+        yield url, proc.pid
