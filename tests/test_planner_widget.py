@@ -34,9 +34,18 @@ def test_widget_shows_the_planner_and_redraws():
     rows = [re.findall(r"<td[^>]*>([^<]*)</td>", r) for r in html.split("</tr>")[1:-1]]
     assert len(rows) == len(want) and all(len(r) == len(heads) - 1 for r in rows)
     assert [r[heads.index("step (s)") - 1] for r in rows] == [f"{x:.3f}" for x in want.step_s]
-    col = heads.index("recomputed layers / stage (0: all)") - 1  # Megatron-LM's --recompute-num-layers
-    assert [r[col] for r in rows] == [str(x) for x in want.recompute_layers]
+    col = heads.index("recomputed layers / stage") - 1  # Megatron-LM's --recompute-num-layers
+    shown = {"none": "-", "selective": "-"}
+    assert [r[col] for r in rows] == [
+        shown.get(rc, "all" if k == 0 else str(k)) for rc, k in zip(want.recompute, want.recompute_layers)
+    ]
     assert set(w.result["plan"].time) <= set(TIME_PARTS)  # every modelled component is drawn
+    w.set_state({"model": "llama-3-70b"})  # on 16 GPUs the best layouts recompute some layers of each stage
+    got = w.table()
+    cells = [re.findall(r"<td[^>]*>([^<]*)</td>", r)[col] for r in w.details_html.value.split("</tr>")[1:-1]]
+    assert (got.recompute_layers > 0).any() and cells == [
+        shown.get(rc, "all" if k == 0 else str(k)) for rc, k in zip(got.recompute, got.recompute_layers)
+    ]
     assert "text-align:right" in html
     w2 = PlannerWidget(**w.state())
     assert w2.state() == w.state() and w2.table().equals(w.table())

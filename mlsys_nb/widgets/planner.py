@@ -49,7 +49,7 @@ TABLE_COLUMNS = {
     "ep": ("EP", "{:d}"),
     "zero": ("ZeRO", "{:d}"),
     "recompute": ("recompute", "{}"),
-    "recompute_layers": ("recomputed layers / stage (0: all)", "{:d}"),
+    "layers_recomputed": ("recomputed layers / stage", "{}"),  # Megatron-LM's --recompute-num-layers
     "micro_batch": ("micro-batch", "{:d}"),
     "schedule": ("schedule", "{}"),
     "v": ("v", "{:d}"),
@@ -143,10 +143,15 @@ class PlannerWidget(ControlPanel):
 
     def details(self, r: dict) -> str:
         """The best layouts as an aligned table (``TABLE_COLUMNS``: memory in GB, MFU in % of the
-        calibrated model; numbers right-aligned in fixed decimals, text left-aligned)."""
+        calibrated model, recomputed layers per stage with full recomputation: "all" or how many, "-" without;
+        numbers right-aligned in fixed decimals, text left-aligned)."""
         import html
 
-        df = r["layouts"].assign(memory_GB=r["layouts"].memory_bytes / 1e9, mfu=100 * r["layouts"].mfu)
+        lay = r["layouts"]
+        recomputed = [
+            ("all" if k == 0 else str(k)) if rc == "full" else "-" for rc, k in zip(lay.recompute, lay.recompute_layers)
+        ]
+        df = lay.assign(memory_GB=lay.memory_bytes / 1e9, mfu=100 * lay.mfu, layers_recomputed=recomputed)
         head = "".join(f"<th>{html.escape(h)}</th>" for h, _ in TABLE_COLUMNS.values())
         body = []
         for i, row in df.iterrows():
