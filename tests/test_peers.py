@@ -21,7 +21,7 @@ from mlsys_nb.runtime.ports import free_port  # noqa: E402
 # /health with 200 and everything else with 404
 STAND_IN = """
 import http.server, subprocess, sys
-subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+subprocess.Popen(["sleep", "120"])
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200 if self.path == "/health" else 404)

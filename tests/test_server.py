@@ -13,9 +13,8 @@ openai = pytest.importorskip("openai")
 
 
 @pytest.fixture(scope="module")
-def server():
-    with serve_process() as (url, _):
-        yield url
+def server(tiny_server):
+    return tiny_server[0]  # shared with tests/test_server_robust.py (conftest)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from serve_helpers import free_port, serve_process, wait_health
+from serve_helpers import free_port, wait_health
 
 openai = pytest.importorskip("openai")
 psutil = pytest.importorskip("psutil")
@@ -22,9 +22,8 @@ CONTEXT = 128  # the tiny preset's context
 
 
 @pytest.fixture(scope="module")
-def server():
-    with serve_process() as (url, proc):
-        yield url, proc.pid
+def server(tiny_server):
+    return tiny_server  # (url, pid), shared with tests/test_server.py (conftest)
 
 
 @pytest.fixture(scope="module")
