@@ -163,7 +163,7 @@ class Layout:
     recompute_layers: int = 0
 
     def __post_init__(self):  # accept numpy scalars (a DataFrame row) as plain Python values
-        if all(type(v) in _PLAIN for v in self.__dict__.values()):  # the common case (search builds ~10^5)
+        if _PLAIN.issuperset(map(type, self.__dict__.values())):  # the common case (search builds ~10^5): C loop
             return
         for name in self.__dataclass_fields__:
             v = getattr(self, name)
