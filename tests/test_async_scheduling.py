@@ -250,17 +250,14 @@ def test_close_mid_run_goes_on_synchronously(model):
     assert eng.num_blocks_used() == 0 and not lookahead_threads()
 
 
-def test_close_and_garbage_collection_join_the_thread(model):
-    sp = SamplingParams(temperature=0, max_tokens=3)
-    for closing in (True, False):
-        llm = LLM(model, async_scheduling=True)
-        llm.generate([[1, 2, 3]], sp, use_tqdm=False)
-        assert lookahead_threads(), "the worker ran"
-        if closing:
-            llm.engine.close()
-        del llm
-        gc.collect()
-        assert not lookahead_threads(), f"closing={closing}: the worker thread is left behind"
+def test_garbage_collection_joins_the_thread(model):
+    """(``close()`` joins it too: test_close_mid_run_goes_on_synchronously.)"""
+    llm = LLM(model, async_scheduling=True)
+    llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    assert lookahead_threads(), "the worker ran"
+    del llm
+    gc.collect()
+    assert not lookahead_threads(), "the worker thread is left behind"
 
 
 def test_async_scheduling_option():
