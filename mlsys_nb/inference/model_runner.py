@@ -11,7 +11,10 @@ object passed to the model as ``cache`` is a ``StepBatch``; every attention laye
 2. attends each query over its own sequence's blocks with ``paged_attention``: one-token rows
    (decodes) sorted by context length in batched calls of ``DECODE_GROUP`` rows (a batched call
    gathers every row's blocks padded to the longest row: on CPU that copy is the step's largest
-   cost), each prefill chunk in its own call.
+   cost), each prefill chunk in its own call. With ``attention_backend="varlen"`` every decode row is attended in
+   ONE call per layer (``paged_decode_attention_varlen`` over a slot mapping of all their context tokens built
+   once per step): fewer calls, but on CPU its multi-MB packed tensors measured slower than the cache-sized
+   groups at hidden 128 (data/measured/serving.md), so grouping stays the default.
 
 Storage and bookkeeping are ``paged.PagedKVCache``'s (its ``k``/``v`` pools, its ``BlockManager``,
 ``append_tokens`` with copy-on-write); its own ``plan``/``begin`` path pads every row to the longest
@@ -38,7 +41,13 @@ from __future__ import annotations
 import torch
 
 from ..runtime.profiling import trace_range
-from .paged import PagedKVCache, paged_attention, paged_attention_tiled
+from .paged import (
+    PagedKVCache,
+    paged_attention,
+    paged_attention_tiled,
+    paged_decode_attention_varlen,
+    varlen_token_slots,
+)
 from .sequence import Sequence
 
 
@@ -104,10 +113,13 @@ class StepBatch:
         self.positions = torch.tensor([positions], device=dev)
         self.slots = torch.tensor(slots, device=dev)
         self.tentative = tentative if any(tentative) else None
+        self.dec_varlen = None  # attention_backend="varlen": (slots, seq) of every decode's context, packed
         if dec_tables:
             width = max(map(len, dec_tables))
             self.dec_tables = torch.tensor([t + [0] * (width - len(t)) for t in dec_tables], device=dev)
             self.dec_lens = torch.tensor(dec_lens, device=dev)
+            if kv.attention_backend == "varlen":  # one slot mapping per step, reused by every layer
+                self.dec_varlen = varlen_token_slots(self.dec_tables, self.dec_lens, bs)
             # one attention call per group of DECODE_GROUP rows, each padded only to its own longest table
             self.dec_groups = []
             for lo in range(0, len(dec_tables), DECODE_GROUP):
@@ -138,7 +150,10 @@ class StepBatch:
         kc, vc = self.kv.read(layer_idx, q.dtype)
         attend = paged_attention_tiled if self.kv.attention_backend == "tiled" else paged_attention
         outs, D = [], self.num_decodes
-        for lo, hi, tables, lens in self.dec_groups if D else ():
+        if D and self.dec_varlen is not None:  # every decode in one call: a fixed number of ops per layer
+            qd = q[0, :, :D].transpose(0, 1)  # [rows, heads, d]
+            outs.append(paged_decode_attention_varlen(qd, kc, vc, *self.dec_varlen).transpose(0, 1))
+        for lo, hi, tables, lens in self.dec_groups if D and self.dec_varlen is None else ():
             qd = q[0, :, lo:hi].transpose(0, 1).unsqueeze(2)  # [rows, heads, 1, d]
             out = attend(qd, kc, vc, tables, lens)
             outs.append(out.squeeze(2).transpose(0, 1))  # [heads, rows, d]
@@ -277,7 +292,7 @@ class _StaticDecode(StepBatch):
     """A decode batch of ``b`` rows in static buffers (for graph capture): attend = StepBatch's decode path."""
 
     def __init__(self, kv, b, width, dev):
-        self.kv, self.num_decodes, self.prefills, self.tentative = kv, b, [], None
+        self.kv, self.num_decodes, self.prefills, self.tentative, self.dec_varlen = kv, b, [], None, None
         self.tokens = torch.zeros(1, b, dtype=torch.long, device=dev)
         self.positions = torch.zeros(1, b, dtype=torch.long, device=dev)
         self.slots = torch.zeros(b, dtype=torch.long, device=dev)

@@ -67,7 +67,10 @@ __all__ = [
     "kv_residual_blocks",
     "kv_residual_bytes",
     "paged_attention",
+    "paged_decode_attention_varlen",
     "quantize_kv",
+    "segment_max",
+    "varlen_token_slots",
 ]
 
 NO_HASH = -1
@@ -487,6 +490,74 @@ def paged_attention(
     mask = k_pos <= q_pos  # [batch, q_len, T]: causal, and nothing past the sequence's end
     # enable_gqa: query head j reads KV head j // (n_heads // n_kv_heads), as repeat_interleave would
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1), scale=scale, enable_gqa=True)
+
+
+def varlen_token_slots(
+    block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The slot mapping of every sequence's context, packed without padding (FlashAttention's "varlen" layout).
+
+    block_tables: [batch, max_blocks] int physical block ids (entries past a sequence's end are ignored);
+    context_lens: [batch] tokens of each sequence (each >= 1); block_size: tokens per block.
+    Returns ``(slots, seq)``, both [total_tokens] long with total_tokens = sum(context_lens): token t of
+    the packed list is position ``p`` of sequence ``seq[t]`` (sequences one after another, positions in
+    order), stored at flat slot ``slots[t] = block_tables[seq[t], p // block_size] * block_size +
+    p % block_size`` of a pool viewed as [num_blocks * block_size, n_kv_heads, head_dim]. Built once per
+    step; every layer reuses it."""
+    lens = context_lens.to(dtype=torch.long)
+    dev = block_tables.device
+    seq = torch.repeat_interleave(torch.arange(len(lens), device=dev), lens)
+    starts = torch.cumsum(lens, 0) - lens  # first packed index of each sequence
+    pos = torch.arange(len(seq), device=dev) - starts[seq]  # position of each packed token in its sequence
+    blocks = block_tables.long()[seq, pos // block_size]
+    return blocks * block_size + pos % block_size, seq
+
+
+def segment_max(x: torch.Tensor, seq: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """Per-segment maximum: x [total, ...], seq [total] segment ids in 0..num_segments-1 ->
+    [num_segments, ...] (-inf for an empty segment). The shift that keeps a segment softmax's exp finite."""
+    out = torch.full((num_segments,) + tuple(x.shape[1:]), float("-inf"), dtype=x.dtype, device=x.device)
+    index = seq.view((-1,) + (1,) * (x.dim() - 1)).expand_as(x)
+    return out.scatter_reduce_(0, index, x, reduce="amax", include_self=True)
+
+
+def paged_decode_attention_varlen(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    seq: torch.Tensor,
+    *,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Decode attention of one new token per sequence over all sequences' paged K/V in a fixed number of
+    torch calls, whatever the batch: no padding, no per-group calls (FlashAttention-2's "varlen" packing,
+    Dao, 2023, arXiv:2307.08691, done with gathers and a segment softmax).
+
+    q: [batch, n_heads, head_dim], the last token of each sequence (it sees the whole context);
+    k_cache, v_cache: [num_blocks, block_size, n_kv_heads, head_dim] (n_heads a multiple of n_kv_heads);
+    slots, seq: ``varlen_token_slots(block_tables, context_lens, block_size)``, the packed context.
+    One gather of K and V for every context token ([total_tokens, n_kv, d]), scores of its sequence's query
+    per token and head, a softmax per sequence (shifted by the sequence's max, ``segment_max``, so large
+    logits stay finite), and the output as a sum of p * v per sequence (``index_add_``). Query head j reads
+    KV head j // (n_heads // n_kv_heads). Scores, softmax and sums in fp32. Returns [batch, n_heads,
+    head_dim] in ``q``'s dtype."""
+    b, h, d = q.shape
+    n_kv = k_cache.shape[2]
+    if h % n_kv:
+        raise ValueError(f"n_heads={h} must be a multiple of n_kv_heads={n_kv}")
+    scale = d**-0.5 if scale is None else scale
+    g = h // n_kv
+    # gathers of 2-D rows (n_kv * d contiguous values per token): the fast path of index_select
+    k = k_cache.reshape(-1, n_kv * d).index_select(0, slots).view(-1, n_kv, 1, d).float()  # [total, n_kv, 1, d]
+    v = v_cache.reshape(-1, n_kv * d).index_select(0, slots).view(-1, n_kv, 1, d).float()
+    qt = (q.float() * scale).reshape(b, h * d).index_select(0, seq).view(-1, n_kv, g, d)  # each token's query
+    s = (qt * k).sum(-1)  # [total, n_kv, g]: scores
+    p = torch.exp(s - segment_max(s, seq, b).index_select(0, seq))
+    denom = torch.zeros(b, n_kv, g, dtype=p.dtype, device=p.device).index_add_(0, seq, p)
+    out = torch.zeros(b, n_kv, g, d, dtype=p.dtype, device=p.device)
+    out.index_add_(0, seq, p.unsqueeze(-1) * v)  # sum over each sequence's tokens of p * v
+    return (out / denom.unsqueeze(-1)).view(b, h, d).to(q.dtype)
 
 
 def paged_attention_tiled(
