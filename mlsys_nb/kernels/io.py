@@ -17,8 +17,6 @@
 from __future__ import annotations
 
 import math
-import tempfile
-from pathlib import Path
 
 import torch
 
@@ -132,12 +130,8 @@ def peak_forward_bytes(fn, *args, **kwargs) -> int:
     ``torch.no_grad``, from the CPU memory timeline of a ``torch.profiler`` trace (``profile_memory=True``)."""
     from torch.profiler import profile
 
-    from ..runtime.profiling import activities, load_trace, memory_timeline
+    from ..runtime.profiling import activities, memory_timeline
 
-    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
-        with profile(activities=activities("cpu"), profile_memory=True) as prof:
-            fn(*args, **kwargs)
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        timeline = memory_timeline(load_trace(path))
-    return max([0] + [b for _, b in timeline])
+    with torch.no_grad(), profile(activities=activities("cpu"), profile_memory=True) as prof:
+        fn(*args, **kwargs)
+    return max([0] + [b for _, b in memory_timeline(prof)])  # read in memory: no trace file exported
