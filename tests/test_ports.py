@@ -2,6 +2,8 @@
 (answered, timed out, the process died first). A stand-in HTTP server in a thread; all sub-second."""
 
 import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -100,3 +102,28 @@ def test_bad_arguments_name_the_parameter():
         wait_http_ok("http://127.0.0.1:1/", timeout_s=1, interval_s=-1)
     with pytest.raises(ValueError, match="url="):
         wait_http_ok("not a url", timeout_s=1)
+
+
+def test_a_dead_server_whose_child_holds_the_pipe_does_not_hang_the_wait():
+    """The server exits, its child keeps stderr open for 10 minutes: the error still comes, with what was
+    written (a blocking read of the pipe would wait for the child)."""
+    code = "import subprocess, sys; sys.stderr.write('boom\\n'); sys.stderr.flush(); subprocess.Popen(['sleep', '600'])"
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, start_new_session=True)
+    raised = []
+
+    def wait():
+        try:
+            wait_http_ok(f"http://127.0.0.1:{free_port()}/health", 30, proc)
+        except RuntimeError as e:
+            raised.append(str(e))
+
+    try:
+        proc.wait(timeout=30)
+        t = threading.Thread(target=wait, daemon=True)
+        t.start()
+        t.join(60)  # a hang detector (the child holds the pipe for 600 s), not a timing claim
+        assert not t.is_alive(), "wait_http_ok blocked on the dead server's pipe"
+        assert raised and "boom" in raised[0] and "exited with code 0" in raised[0]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.stderr.close()

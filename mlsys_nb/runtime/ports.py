@@ -38,8 +38,9 @@ def _output_tail(proc: subprocess.Popen, log_path: str | os.PathLike | None) -> 
     text = ""
     pipe = proc.stderr if proc.stderr is not None else proc.stdout
     if pipe is not None:
-        try:
-            out = pipe.read()  # the process has exited: the pipe ends (unless a child of it still holds it)
+        try:  # non-blocking: a child of the dead process may still hold the pipe open (then read() never ends)
+            os.set_blocking(pipe.fileno(), False)
+            out = pipe.read()  # what is buffered now; None when nothing is
         except (OSError, ValueError):
             out = ""
         text = out.decode(errors="replace") if isinstance(out, bytes) else out or ""
