@@ -19,25 +19,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import time
 
 import torch
 
 from mlsys_nb.inference import LLM, LLMEngine
 from mlsys_nb.inference.metrics import async_step_model, measure_async_scheduling, overlap_speedup
-from mlsys_nb.runtime.machine import summary as machine
-
-
-def cpu_model() -> str:
-    """``lscpu``'s "Model name" line (the machine's CPU), or "unknown"."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return next(
-        (line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "unknown"
-    )
+from mlsys_nb.runtime.machine import cpu_model, report
 
 
 def row(preset: str, batch: int, rounds: int, steps: int) -> dict:
@@ -102,11 +90,7 @@ def main() -> None:
             f"| {r['all_hidden']:.3f} | {r['predicted']:.3f} | {r['lookahead_ms']:.3f} | {r['wait_ms']:.3f} "
             f"| {r['equal']} |"
         )
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write(f"\n## {machine()}\n\n{text}\n")
+    report("\n".join(lines), a.out)
 
 
 if __name__ == "__main__":

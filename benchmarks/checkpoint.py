@@ -16,7 +16,7 @@ import tempfile
 
 import mlsys_nb
 from mlsys_nb.checkpoint import Spec, async_stall_job, directory_bytes
-from mlsys_nb.runtime.machine import summary as machine
+from mlsys_nb.runtime.machine import report
 from mlsys_nb.runtime.timing import median
 
 
@@ -45,11 +45,7 @@ def main() -> None:
             size = directory_bytes(r["path"])
         s, y = median(r["sync_stall_s"]), median(r["async_stall_s"])
         lines.append(f"| {h} | {size:,} | {1e3 * s:.1f} | {1e3 * y:.1f} | {y / s:.2f} |")
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write(f"\n## {machine()}\n\n{text}\n")
+    report("\n".join(lines), a.out)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import argparse
 
 import mlsys_nb
 from mlsys_nb.parallel.harness import TIMING_VARIANTS, time_ddp_steps
-from mlsys_nb.runtime.machine import summary as machine
+from mlsys_nb.runtime.machine import report
 from mlsys_nb.runtime.timing import median
 
 
@@ -62,11 +62,7 @@ def main() -> None:
         f"communication time hidden by overlap: {100 * hidden:.0f}% "
         f"((no_overlap - overlap) / (no_overlap - compute_only))",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write(f"\n## {machine()}\n\n{text}\n")
+    report("\n".join(lines), a.out)
 
 
 if __name__ == "__main__":

@@ -45,3 +45,12 @@ def summary() -> str:
         f"{i['uname -m']}, nproc {i['nproc']}, {i['cpu']}, torch {i['torch']}, Python {i['python']}, "
         f"{i['date (UTC)']} UTC, load average {i['load average (1 min)']}"
     )
+
+
+def report(text: str, out=None) -> None:
+    """Print a benchmark's markdown ``text``; with ``out`` (a path) also append it to that record under a
+    ``## <summary()>`` heading (the machine, the date and the load when it was written)."""
+    print(text)
+    if out:
+        with open(out, "a") as f:
+            f.write(f"\n## {summary()}\n\n{text}\n")
