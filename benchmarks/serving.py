@@ -40,6 +40,9 @@ with the overlap-scheduling closed form. ``--output-len``, ``--no-ablations``, `
 sequences, 64-token prompts on ``small``, 16 on ``135m``): the engine's phase timers, torch.profiler's top ops by
 self CPU time and the CPU time inside ranges put around scheduling, prepare, the model forward, the attention
 layers and sampling (``profile_ranges``), and transformers' own decode step at the same batch, interleaved (wall and CPU).
+``--attention-ab``: only the engine's decode step with ``attention_backend="gather"`` (decodes in groups of
+``DECODE_GROUP``) and ``"varlen"`` (all decodes in one call per layer) side by side, at 4, 16 and 64 running
+sequences (``--sizes``, ``tiny`` allowed here), steps of the two engines interleaved, process CPU time.
 ``--quick``: 4 short requests on ``tiny`` (offline systems, step profile, HF profile, overhead table), no servers,
 no record.
 """
@@ -211,7 +214,9 @@ class HFDecoder:
         self.next = out.logits[:, -1:].argmax(-1)
 
 
-def profile_engine_step(model, hf, batch: int, prompt_len: int, steps: int, top: int = 12) -> list[str]:
+def profile_engine_step(
+    model, hf, batch: int, prompt_len: int, steps: int, top: int = 12, attention_backend: str = "gather"
+) -> list[str]:
     """One decode step of the kit's engine at ``batch`` running sequences (``prompt_len``-token prompts, every
     prompt prefilled first), three ways: the engine's own phase timers (wall, median of ``steps`` unprofiled steps),
     torch.profiler over ``steps`` further steps (the ops with the most self CPU time, and the CPU time inside the
@@ -224,7 +229,7 @@ def profile_engine_step(model, hf, batch: int, prompt_len: int, steps: int, top:
     from mlsys_nb.inference.engine import PHASES, LLMEngine
     from mlsys_nb.inference.sampling_params import SamplingParams
 
-    eng = LLMEngine(model, max_num_seqs=batch, max_num_batched_tokens=512)
+    eng = LLMEngine(model, max_num_seqs=batch, max_num_batched_tokens=512, attention_backend=attention_backend)
     prompts = [[(7 * i + j) % 200 + 1 for j in range(prompt_len)] for i in range(batch)]
     sp = SamplingParams(temperature=0, max_tokens=2 * steps + 8, ignore_eos=True)
     for i, p in enumerate(prompts):
@@ -270,7 +275,7 @@ def profile_engine_step(model, hf, batch: int, prompt_len: int, steps: int, top:
         "",
         f"Decode step of the kit's engine, {batch} running sequences, {prompt_len}-token prompts, "
         f"{sum(p.numel() for p in model.parameters()):,} parameters ({cfg.n_layers} layers, hidden {cfg.hidden}), "
-        f"torch threads {torch.get_num_threads()}:",
+        f"torch threads {torch.get_num_threads()}, attention_backend {attention_backend!r}:",
         "",
         f"Engine phase timers (wall, median of {len(timed)} unprofiled decode steps): "
         + ", ".join(f"{ph} {phase_ms[ph]:.2f} ms" for ph in PHASES)
@@ -307,6 +312,46 @@ def profile_engine_step(model, hf, batch: int, prompt_len: int, steps: int, top:
         f"wall / {cpu['hf']:.2f} ms CPU: the engine's step takes {cpu['engine'] / cpu['hf']:.2f}x the CPU time "
         f"({wall['engine'] / wall['hf']:.2f}x the wall time).",
     ]
+    return lines
+
+
+def attention_ab(model, batch_sizes, steps: int, prompt_len: int) -> list[str]:
+    """Decode steps of two engines on the same weights and prompts, ``attention_backend`` "gather" and "varlen",
+    one step of each in turn (``steps`` each, after every prompt is prefilled; prompts of ``prompt_len`` minus
+    0-6 times ``prompt_len // 12`` tokens, so context lengths differ), process CPU time per step. -> markdown lines (a table)."""
+    from statistics import median
+
+    from mlsys_nb.inference.engine import LLMEngine
+    from mlsys_nb.inference.sampling_params import SamplingParams
+
+    lines = [
+        "",
+        "| running sequences | context tokens per sequence | `gather` step, CPU ms (median) | `varlen` step, CPU ms "
+        "(median) | gather / varlen |",
+        "|---|---|---|---|---|",
+    ]
+    for batch in batch_sizes:
+        engines = {}
+        prompts = [
+            [(7 * i + j) % 200 + 1 for j in range(prompt_len - (i % 7) * (prompt_len // 12))] for i in range(batch)
+        ]
+        for backend in ("gather", "varlen"):
+            eng = LLMEngine(model, max_num_seqs=batch, max_num_batched_tokens=512, attention_backend=backend)
+            sp = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
+            for i, p in enumerate(prompts):
+                eng.add_request(f"p{i}", p, sp)
+            for _ in range(-(-sum(map(len, prompts)) // 512) + 2):  # every prompt prefilled, then a decode step
+                eng.step()
+            engines[backend] = eng
+        cpu = {k: [] for k in engines}
+        for _ in range(steps):
+            for k, eng in engines.items():
+                c = time.process_time()
+                eng.step()
+                cpu[k].append(time.process_time() - c)
+        g, v = (1e3 * median(cpu[k]) for k in ("gather", "varlen"))
+        ctx = f"{min(map(len, prompts))}-{max(map(len, prompts)) + steps + 2}"
+        lines.append(f"| {batch} | {ctx} | {g:.2f} | {v:.2f} | {g / v:.2f}x |")
     return lines
 
 
@@ -528,6 +573,17 @@ def main() -> None:
         help="only the profile of one decode step of the engine (phase timers, torch.profiler ops and ranges, "
         "transformers generate's step beside it) per size, at --profile-batch running sequences",
     )
+    ap.add_argument(
+        "--attention-ab",
+        action="store_true",
+        help='only the decode step with attention_backend "gather" vs "varlen", interleaved, at 4, 16, 64 sequences',
+    )
+    ap.add_argument(
+        "--attention-backend",
+        default="gather",
+        choices=("gather", "tiled", "varlen"),
+        help="the engine's attention_backend in --profile-step",
+    )
     ap.add_argument("--profile-batch", type=int, default=64, help="running sequences of --profile-step")
     ap.add_argument("--profile-steps", type=int, default=10, help="decode steps timed, then profiled (--profile-step)")
     ap.add_argument(
@@ -545,7 +601,7 @@ def main() -> None:
     from mlsys_nb.runtime.machine import summary as machine
 
     sizes = ["tiny"] if a.quick else [s.strip() for s in a.sizes.split(",")]
-    bad = [s for s in sizes if s not in ("small", "135m", "tiny") or (s == "tiny" and not a.quick)]
+    bad = [s for s in sizes if s not in ("small", "135m", "tiny") or (s == "tiny" and not (a.quick or a.attention_ab))]
     if bad:
         raise SystemExit(f"--sizes: {bad} not among small, 135m")
     lines, t_start = [], time.perf_counter()
@@ -556,7 +612,8 @@ def main() -> None:
                 hf, model = smollm2_135m_shape(seed=a.seed)
                 n, (p_lo, p_hi), (o_lo, o_hi), repeats = 32, (8, 16), (8, 16), 1
             else:
-                cfg = load_model_preset("tiny") if a.quick else load_model_preset("small").replace(seq_len=512)
+                tiny = a.quick or size == "tiny"
+                cfg = load_model_preset("tiny") if tiny else load_model_preset("small").replace(seq_len=512)
                 model = Transformer(cfg).eval()
                 hf = to_hf(model)
                 if a.quick:
@@ -567,9 +624,16 @@ def main() -> None:
             reqs = make_workload(n, prompt_len=(p_lo, p_hi), output_len=(o_lo, o_hi), vocab_size=256, seed=a.seed)
             t0, managers = time.perf_counter(), {}
             lines += ["", f"### `{size}`"]
+            if a.attention_ab:
+                b_sizes, plen = ((4, 16, 64), 64) if size != "135m" else ((64,), 16)
+                lines += attention_ab(model, b_sizes, a.profile_steps, plen)
+                lines.append(f"(attention A/B: {time.perf_counter() - t0:.0f} s)")
+                continue
             if a.profile_step or a.quick:  # the engine's decode step (in --quick: 4 sequences of tiny, 2 steps)
                 b, plen = (4, 8) if a.quick else (a.profile_batch, 64 if size == "small" else 16)
-                lines += profile_engine_step(model, hf, b, plen, 2 if a.quick else a.profile_steps)
+                lines += profile_engine_step(
+                    model, hf, b, plen, 2 if a.quick else a.profile_steps, 12, a.attention_backend
+                )
                 lines.append(f"(engine step profile: {time.perf_counter() - t0:.0f} s)")
                 if a.profile_step:
                     continue

@@ -1,8 +1,9 @@
-"""``paged_decode_attention_varlen``: every decode's context packed without padding (one slot mapping per step),
-one gather of K and V, a segment softmax per sequence. Checked against plain softmax attention over each
+"""``paged_decode_attention_varlen``: every decode's context packed as chunks (one chunk mapping per step), one
+gather of K and V, one attention call over all chunks, their partial results merged per sequence (a segment
+softmax over the chunks' log-sum-exps). Checked against plain softmax attention over each
 sequence's contiguous K/V and against ``paged_attention`` (SDPA over gathered blocks), and in the engine
 (``attention_backend="varlen"``) against the grouped path; the two key ideas (the per-sequence max shift, the
-slot mapping) are broken once each to show the checks catch it."""
+chunk mapping) are broken once each to show the checks catch it."""
 
 import random
 
@@ -11,7 +12,7 @@ import torch
 
 from mlsys_nb.config import load_model_preset
 from mlsys_nb.inference import LLM, SamplingParams, paged
-from mlsys_nb.inference.paged import paged_attention, paged_decode_attention_varlen, varlen_token_slots
+from mlsys_nb.inference.paged import paged_attention, paged_decode_attention_varlen, varlen_decode_chunks
 from mlsys_nb.models import Transformer
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
@@ -54,8 +55,7 @@ def plain_attention(q, k, v):
 
 def check_case(rng, dtype, logit_scale=1.0):
     q, kc, vc, tables, lens, contig = random_case(rng, dtype, logit_scale)
-    slots, seq = varlen_token_slots(tables, lens, kc.shape[1])
-    out = paged_decode_attention_varlen(q, kc, vc, slots, seq)
+    out = paged_decode_attention_varlen(q, kc, vc, *varlen_decode_chunks(tables, lens, kc.shape[1]))
     assert out.shape == q.shape and out.dtype == dtype
     ref = torch.stack([plain_attention(q[i], *contig[i]) for i in range(len(lens))])
     tol = TOL[dtype] * (1 + ref.abs().max().item())
@@ -83,23 +83,39 @@ def test_the_checks_fail_when_the_idea_is_broken(monkeypatch):
         check_case(random.Random(rng_seed), torch.float32, logit_scale=300.0)
     monkeypatch.undo()
     check_case(random.Random(rng_seed), torch.float32, logit_scale=300.0)
-    # 2. a slot mapping off by one: every sequence reads its neighbour slot
-    good = paged.varlen_token_slots
+    # 2. a chunk mapping off by one block: each chunk reads the block before its own
+    good = paged.varlen_decode_chunks
 
     def off_by_one(tables, lens, bs):
-        slots, seq = good(tables, lens, bs)
-        return (slots - 1).clamp(min=0), seq
+        blocks, seq, bias = good(tables, lens, bs)
+        return blocks.roll(1), seq, bias
 
-    monkeypatch.setitem(globals(), "varlen_token_slots", off_by_one)
+    monkeypatch.setitem(globals(), "varlen_decode_chunks", off_by_one)
     with pytest.raises(AssertionError):
         check_case(random.Random(rng_seed), torch.float32)
 
 
+def test_the_fused_cpu_kernel_and_the_plain_ops_agree():
+    """The chunk attention runs torch's fused CPU kernel on CPU and plain ops elsewhere: both give the same output
+    and log-sum-exp (the plain ops checked against torch.softmax / torch.logsumexp in float64)."""
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(5, 3, 2, 16, generator=g)
+    k, v = torch.randn(5, 3, 24, 16, generator=g), torch.randn(5, 3, 24, 16, generator=g)
+    bias = torch.zeros(5, 1, 1, 24).masked_fill_(
+        torch.arange(24).view(1, 1, 1, 24) >= torch.tensor([24, 1, 7, 16, 9]).view(5, 1, 1, 1), float("-inf")
+    )
+    s = (q.double() @ k.double().transpose(-1, -2)) * 0.25 + bias.double()
+    ref_out, ref_lse = torch.softmax(s, -1) @ v.double(), torch.logsumexp(s, -1)
+    for fused in (True, False):
+        out, lse = paged._attention_with_lse(q, k, v, bias, 0.25, fused=fused)
+        assert (out.double() - ref_out).abs().max() < 1e-5 and (lse.double() - ref_lse).abs().max() < 1e-5
+
+
 def test_bad_head_counts_are_refused():
     q, kc = torch.randn(2, 5, 8), torch.randn(4, 4, 2, 8)
-    slots, seq = varlen_token_slots(torch.tensor([[0], [1]]), torch.tensor([2, 3]), 4)
+    chunks = varlen_decode_chunks(torch.tensor([[0], [1]]), torch.tensor([2, 3]), 4)
     with pytest.raises(ValueError, match="n_heads=5 must be a multiple of n_kv_heads=2"):
-        paged_decode_attention_varlen(q, kc, kc, slots, seq)
+        paged_decode_attention_varlen(q, kc, kc, *chunks)
 
 
 @pytest.fixture(scope="module")

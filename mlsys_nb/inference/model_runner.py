@@ -11,10 +11,8 @@ object passed to the model as ``cache`` is a ``StepBatch``; every attention laye
 2. attends each query over its own sequence's blocks with ``paged_attention``: one-token rows
    (decodes) sorted by context length in batched calls of ``DECODE_GROUP`` rows (a batched call
    gathers every row's blocks padded to the longest row: on CPU that copy is the step's largest
-   cost), each prefill chunk in its own call. With ``attention_backend="varlen"`` every decode row is attended in
-   ONE call per layer (``paged_decode_attention_varlen`` over a slot mapping of all their context tokens built
-   once per step): fewer calls, but on CPU its multi-MB packed tensors measured slower than the cache-sized
-   groups at hidden 128 (data/measured/serving.md), so grouping stays the default.
+   cost), each prefill chunk in its own call. ``attention_backend="varlen"``: all decode rows in ONE call per layer
+   (``paged_decode_attention_varlen``: contexts packed as 32-token chunks, mapped once per step, split-KV merge).
 
 Storage and bookkeeping are ``paged.PagedKVCache``'s (its ``k``/``v`` pools, its ``BlockManager``,
 ``append_tokens`` with copy-on-write); its own ``plan``/``begin`` path pads every row to the longest
@@ -46,7 +44,7 @@ from .paged import (
     paged_attention,
     paged_attention_tiled,
     paged_decode_attention_varlen,
-    varlen_token_slots,
+    varlen_decode_chunks,
 )
 from .sequence import Sequence
 
@@ -113,13 +111,13 @@ class StepBatch:
         self.positions = torch.tensor([positions], device=dev)
         self.slots = torch.tensor(slots, device=dev)
         self.tentative = tentative if any(tentative) else None
-        self.dec_varlen = None  # attention_backend="varlen": (slots, seq) of every decode's context, packed
+        self.dec_varlen = None  # attention_backend="varlen": (blocks, seq, bias) of every decode's context
         if dec_tables:
             width = max(map(len, dec_tables))
             self.dec_tables = torch.tensor([t + [0] * (width - len(t)) for t in dec_tables], device=dev)
             self.dec_lens = torch.tensor(dec_lens, device=dev)
-            if kv.attention_backend == "varlen":  # one slot mapping per step, reused by every layer
-                self.dec_varlen = varlen_token_slots(self.dec_tables, self.dec_lens, bs)
+            if kv.attention_backend == "varlen":  # one chunk mapping per step, reused by every layer
+                self.dec_varlen = varlen_decode_chunks(self.dec_tables, self.dec_lens, bs)
             # one attention call per group of DECODE_GROUP rows, each padded only to its own longest table
             self.dec_groups = []
             for lo in range(0, len(dec_tables), DECODE_GROUP):

@@ -70,7 +70,7 @@ __all__ = [
     "paged_decode_attention_varlen",
     "quantize_kv",
     "segment_max",
-    "varlen_token_slots",
+    "varlen_decode_chunks",
 ]
 
 NO_HASH = -1
@@ -492,25 +492,33 @@ def paged_attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1), scale=scale, enable_gqa=True)
 
 
-def varlen_token_slots(
-    block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The slot mapping of every sequence's context, packed without padding (FlashAttention's "varlen" layout).
+VARLEN_CHUNK_TOKENS = 32  # context tokens per chunk of paged_decode_attention_varlen (whole blocks: 2 of 16; larger
+# chunks gather more padding, smaller ones leave more partial results to merge)
+
+
+def varlen_decode_chunks(
+    block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, chunk_tokens: int = VARLEN_CHUNK_TOKENS
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every sequence's context cut into chunks of ``per = max(1, chunk_tokens // block_size)`` blocks, all
+    sequences' chunks packed one after another (padding only in each sequence's last chunk, never to the longest).
 
     block_tables: [batch, max_blocks] int physical block ids (entries past a sequence's end are ignored);
-    context_lens: [batch] tokens of each sequence (each >= 1); block_size: tokens per block.
-    Returns ``(slots, seq)``, both [total_tokens] long with total_tokens = sum(context_lens): token t of
-    the packed list is position ``p`` of sequence ``seq[t]`` (sequences one after another, positions in
-    order), stored at flat slot ``slots[t] = block_tables[seq[t], p // block_size] * block_size +
-    p % block_size`` of a pool viewed as [num_blocks * block_size, n_kv_heads, head_dim]. Built once per
-    step; every layer reuses it."""
+    context_lens: [batch] tokens of each sequence (each >= 1). Returns ``(blocks, seq, bias)``: ``blocks``
+    [chunks * per] the physical block of each chunk slot (a slot past the sequence's table reads its last
+    entry, masked), ``seq`` [chunks] the sequence of each chunk, ``bias`` [chunks, per * block_size] fp32,
+    0 where the token is in the context and -inf past its end. Built once per step; every layer reuses it."""
     lens = context_lens.to(dtype=torch.long)
-    dev = block_tables.device
-    seq = torch.repeat_interleave(torch.arange(len(lens), device=dev), lens)
-    starts = torch.cumsum(lens, 0) - lens  # first packed index of each sequence
-    pos = torch.arange(len(seq), device=dev) - starts[seq]  # position of each packed token in its sequence
-    blocks = block_tables.long()[seq, pos // block_size]
-    return blocks * block_size + pos % block_size, seq
+    per, dev = max(1, chunk_tokens // block_size), block_tables.device
+    c_tok = per * block_size
+    n_chunks = (lens + c_tok - 1) // c_tok
+    seq = torch.repeat_interleave(torch.arange(len(lens), device=dev), n_chunks)
+    first = torch.cumsum(n_chunks, 0) - n_chunks  # first chunk of each sequence
+    chunk = torch.arange(len(seq), device=dev) - first[seq]  # index of each chunk within its sequence
+    logical = (chunk.unsqueeze(1) * per + torch.arange(per, device=dev)).clamp(max=block_tables.shape[1] - 1)
+    blocks = block_tables.long()[seq.unsqueeze(1), logical].reshape(-1)
+    pos = chunk.unsqueeze(1) * c_tok + torch.arange(c_tok, device=dev)  # token position of each chunk slot
+    bias = torch.zeros(len(seq), c_tok, device=dev).masked_fill_(pos >= lens[seq].unsqueeze(1), float("-inf"))
+    return blocks, seq, bias
 
 
 def segment_max(x: torch.Tensor, seq: torch.Tensor, num_segments: int) -> torch.Tensor:
@@ -521,43 +529,56 @@ def segment_max(x: torch.Tensor, seq: torch.Tensor, num_segments: int) -> torch.
     return out.scatter_reduce_(0, index, x, reduce="amax", include_self=True)
 
 
+def _attention_with_lse(q, k, v, bias, scale, fused=None):
+    """softmax(q k^T * scale + bias) v and its log-sum-exp per query: q [n, H, L, d], k/v [n, H, S, d], bias
+    broadcastable to [n, H, L, S] -> ([n, H, L, d] in q's dtype, [n, H, L] fp32). ``fused`` (default: on CPU)
+    torch's fused CPU kernel (the one SDPA runs, which also returns the log-sum-exp), else the same in plain ops."""
+    if q.device.type == "cpu" if fused is None else fused:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=bias.to(q.dtype), scale=scale
+        )
+        return out, lse.float()
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale + bias
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.float()).to(q.dtype), lse
+
+
 def paged_decode_attention_varlen(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    slots: torch.Tensor,
+    blocks: torch.Tensor,
     seq: torch.Tensor,
+    bias: torch.Tensor,
     *,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """Decode attention of one new token per sequence over all sequences' paged K/V in a fixed number of
-    torch calls, whatever the batch: no padding, no per-group calls (FlashAttention-2's "varlen" packing,
-    Dao, 2023, arXiv:2307.08691, done with gathers and a segment softmax).
+    """Decode attention of one new token per sequence over all sequences' paged K/V in a fixed number of torch
+    calls per layer, whatever the batch: the contexts packed as chunks (``varlen_decode_chunks``; FlashAttention's
+    "varlen" packing, Dao, 2023, arXiv:2307.08691) and attended split-KV as Flash-Decoding does (Dao et al., 2023).
 
-    q: [batch, n_heads, head_dim], the last token of each sequence (it sees the whole context);
+    q: [batch, n_heads, head_dim], the last token of each sequence (it sees its whole context);
     k_cache, v_cache: [num_blocks, block_size, n_kv_heads, head_dim] (n_heads a multiple of n_kv_heads);
-    slots, seq: ``varlen_token_slots(block_tables, context_lens, block_size)``, the packed context.
-    One gather of K and V for every context token ([total_tokens, n_kv, d]), scores of its sequence's query
-    per token and head, a softmax per sequence (shifted by the sequence's max, ``segment_max``, so large
-    logits stay finite), and the output as a sum of p * v per sequence (``index_add_``). Query head j reads
-    KV head j // (n_heads // n_kv_heads). Scores, softmax and sums in fp32. Returns [batch, n_heads,
-    head_dim] in ``q``'s dtype."""
+    blocks, seq, bias: ``varlen_decode_chunks(block_tables, context_lens, block_size)``.
+    One gather of K and V for all chunks ([chunks, n_kv, chunk_tokens, d]), one attention call over every chunk
+    (the n_heads // n_kv_heads query heads of a KV head as its query rows: query head j reads KV head
+    j // (n_heads // n_kv_heads)) giving each chunk's output and log-sum-exp, then the chunks of a sequence merged
+    by a softmax over their log-sum-exps, shifted by the sequence's max (``segment_max``) so large logits stay
+    finite, with ``index_add_``. Merging in fp32. Returns [batch, n_heads, head_dim] in ``q``'s dtype."""
     b, h, d = q.shape
     n_kv = k_cache.shape[2]
     if h % n_kv:
         raise ValueError(f"n_heads={h} must be a multiple of n_kv_heads={n_kv}")
     scale = d**-0.5 if scale is None else scale
-    g = h // n_kv
-    # gathers of 2-D rows (n_kv * d contiguous values per token): the fast path of index_select
-    k = k_cache.reshape(-1, n_kv * d).index_select(0, slots).view(-1, n_kv, 1, d).float()  # [total, n_kv, 1, d]
-    v = v_cache.reshape(-1, n_kv * d).index_select(0, slots).view(-1, n_kv, 1, d).float()
-    qt = (q.float() * scale).reshape(b, h * d).index_select(0, seq).view(-1, n_kv, g, d)  # each token's query
-    s = (qt * k).sum(-1)  # [total, n_kv, g]: scores
-    p = torch.exp(s - segment_max(s, seq, b).index_select(0, seq))
-    denom = torch.zeros(b, n_kv, g, dtype=p.dtype, device=p.device).index_add_(0, seq, p)
-    out = torch.zeros(b, n_kv, g, d, dtype=p.dtype, device=p.device)
-    out.index_add_(0, seq, p.unsqueeze(-1) * v)  # sum over each sequence's tokens of p * v
-    return (out / denom.unsqueeze(-1)).view(b, h, d).to(q.dtype)
+    g, (n, c_tok) = h // n_kv, bias.shape
+    k = k_cache.index_select(0, blocks).view(n, c_tok, n_kv, d).transpose(1, 2)  # [chunks, n_kv, c_tok, d]
+    v = v_cache.index_select(0, blocks).view(n, c_tok, n_kv, d).transpose(1, 2)
+    qc = q.reshape(b, n_kv, g, d).index_select(0, seq)  # [chunks, n_kv, g, d]: its sequence's query per chunk
+    out, lse = _attention_with_lse(qc, k, v, bias.view(n, 1, 1, c_tok), scale)  # [chunks, n_kv, g, d], [.., g]
+    w = torch.exp(lse - segment_max(lse, seq, b).index_select(0, seq))  # each chunk's share, up to 1/denominator
+    denom = torch.zeros(b, n_kv, g, device=q.device).index_add_(0, seq, w)
+    total = torch.zeros(b, n_kv, g, d, device=q.device).index_add_(0, seq, out.float() * w.unsqueeze(-1))
+    return (total / denom.unsqueeze(-1)).view(b, h, d).to(q.dtype)
 
 
 def paged_attention_tiled(
