@@ -29,6 +29,26 @@ def importorskip_or_fail_in_ci(modname, minversion=None, reason=None, **kwargs):
 pytest.importorskip = importorskip_or_fail_in_ci
 
 
+ENGINE_VOCAB = 300  # > 256: the byte tokenizer has an end-of-sequence id
+
+
+@pytest.fixture(scope="module")
+def engine_test_model():
+    """The ``tiny`` preset with ``ENGINE_VOCAB`` tokens and its random weights scaled 5x (well separated
+    logits: no near-ties for argmax, so greedy outputs compare exactly), in eval mode; one per module."""
+    import torch
+
+    from mlsys_nb.config import load_model_preset
+    from mlsys_nb.models import Transformer
+
+    torch.manual_seed(0)
+    m = Transformer(load_model_preset("tiny").replace(vocab_size=ENGINE_VOCAB)).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(5)
+    return m
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """One torch thread for a module of tiny-tensor tests (``pytestmark = pytest.mark.usefixtures(...)``): on a

@@ -15,23 +15,16 @@ from _stats import chi2_pvalue
 import pytest
 import torch
 
-from mlsys_nb.config import load_model_preset
 from mlsys_nb.inference import LLM, EngineConfig, SamplingParams
 from mlsys_nb.inference.engine import LLMEngine
-from mlsys_nb.models import Transformer
 
-VOCAB = 300
+VOCAB = 300  # engine_test_model's vocabulary (tests/conftest.py ENGINE_VOCAB)
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    m = Transformer(load_model_preset("tiny").replace(vocab_size=VOCAB)).eval()
-    with torch.no_grad():  # larger random weights: well separated logits, no near-ties for argmax
-        for p in m.parameters():
-            p.mul_(5)
-    return m
+def model(engine_test_model):  # tests/conftest.py: tiny, VOCAB tokens, weights x5 (no argmax near-ties)
+    return engine_test_model
 
 
 def mixed_requests(seed=1, k=9, sampled=False):
