@@ -162,6 +162,11 @@ PROFILE_RANGES = {  # profiler ranges put around the engine's parts for --profil
     "prepare": ("mlsys_nb.inference.model_runner", "ModelRunner", "prepare"),
     "attention layer (K/V write + read + paged attention)": ("mlsys_nb.inference.model_runner", "StepBatch", "attend"),
     "paged attention (gather + SDPA)": ("mlsys_nb.inference.model_runner", None, "paged_attention"),
+    "varlen decode attention (gather + one SDPA + merge)": (
+        "mlsys_nb.inference.model_runner",
+        None,
+        "paged_decode_attention_varlen",
+    ),
     "sampling": ("mlsys_nb.inference.engine", None, "sample"),
 }
 
@@ -289,7 +294,7 @@ def profile_engine_step(
         "|---|---|---|---|",
     ]
     whole = per_step("engine.step")
-    for name in ["engine.step", "scheduling", "prepare", "engine.model", *list(PROFILE_RANGES)[2:4], "sampling"]:
+    for name in ["engine.step", "scheduling", "prepare", "engine.model", *list(PROFILE_RANGES)[2:5], "sampling"]:
         own = 1e-3 * ev[name].self_cpu_time_total / steps if name in ev else float("nan")
         lines.append(f"| {name} | {per_step(name):.2f} | {per_step(name) / whole:.0%} | {own:.2f} |")
     lines += [
@@ -356,7 +361,18 @@ def attention_ab(model, batch_sizes, steps: int, prompt_len: int) -> list[str]:
 
 
 def offline_section(
-    preset, model, hf, reqs, batch, repeats, ablations, threads, seed, stack, cb_batches=None
+    preset,
+    model,
+    hf,
+    reqs,
+    batch,
+    repeats,
+    ablations,
+    threads,
+    seed,
+    stack,
+    cb_batches=None,
+    attention_backend="gather",
 ) -> tuple[list[str], dict, dict]:
     """Every offline system round-robin ``repeats`` times on ``reqs``; -> (markdown lines, rows by name).
     ``cb_batches``: the sequences per batch of the transformers continuous-batching rows (default ``batch`` and 4x);
@@ -372,6 +388,8 @@ def offline_section(
             ("engine, no prefix caching", batch, {"enable_prefix_caching": False}),
         ]
     systems.append((f"engine, {big} in flight", big, {}))
+    if attention_backend != "gather":  # the same engine with another attention backend, in the same round-robin
+        systems.append((f"engine, {big} in flight, {attention_backend}", big, {"attention_backend": attention_backend}))
     hf_name = f"transformers generate (static), batches of {batch}"
     runs = [(name, lambda b=b, kw=kw: run_engine(model, reqs, b, **kw)) for name, b, kw in systems]
     runs += [
@@ -445,6 +463,12 @@ def ratio_lines(preset, rows, batch) -> list[str]:
         + f"; transformers continuous batching ({big}) vs its static generate ({big}) {cb_big[tps] / s_big[tps]:.2f}x; "
         f"engine ({big}) vs transformers continuous batching ({big}) {e_big[tps] / cb_big[tps]:.2f}x.",
     ]
+    for name in [n for n in rows if n.startswith(f"engine, {big} in flight, ")]:
+        r = rows[name]
+        out.append(
+            f"{name}: {r[tps] / s_big[tps]:.2f}x static generate ({big}) on wall time, "
+            f"{s_big['cpu_s'] / r['cpu_s']:.2f}x on CPU time; {r[tps] / e_big[tps]:.2f}x the default engine ({big})."
+        )
     if "engine, static batching" in rows:
         st, nc = rows["engine, static batching"][tps], rows["engine, no prefix caching"][tps]
         out.append(f"Engine vs its own static batching: {e[tps] / st:.2f}x; prefix caching on/off: {e[tps] / nc:.2f}x.")
@@ -582,7 +606,7 @@ def main() -> None:
         "--attention-backend",
         default="gather",
         choices=("gather", "tiled", "varlen"),
-        help="the engine's attention_backend in --profile-step",
+        help="the engine's attention_backend in --profile-step; offline: an extra engine row with it (not gather)",
     )
     ap.add_argument("--profile-batch", type=int, default=64, help="running sequences of --profile-step")
     ap.add_argument("--profile-steps", type=int, default=10, help="decode steps timed, then profiled (--profile-step)")
@@ -641,7 +665,18 @@ def main() -> None:
             cb_batches = (4 * a.batch,) if a.quick else None  # quick: one manager (each costs a gc.collect on stop)
             if not a.profile_only:
                 sec, rows, managers = offline_section(
-                    size, model, hf, reqs, a.batch, repeats, ablate, a.threads, a.seed, stack, cb_batches
+                    size,
+                    model,
+                    hf,
+                    reqs,
+                    a.batch,
+                    repeats,
+                    ablate,
+                    a.threads,
+                    a.seed,
+                    stack,
+                    cb_batches,
+                    a.attention_backend,
                 )
                 lines += ["", *sec, *ratio_lines(size, rows, a.batch)]
                 lines.append(f"(offline section: {time.perf_counter() - t0:.0f} s)")
