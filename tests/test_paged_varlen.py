@@ -155,6 +155,7 @@ def test_the_engine_with_varlen_decodes_generates_what_the_grouped_path_does(mod
         assert x.outputs[0].token_ids == y.outputs[0].token_ids
         assert abs(x.outputs[0].cumulative_logprob - y.outputs[0].cumulative_logprob) < 1e-3
     assert any(d and p for d, p, _ in steps), "some step should mix decodes with prefill chunks"
+    assert b[-1].num_cached_tokens > 0, "the shared prefix should hit the prefix cache"
     assert all(v == (d > 0) for d, _, v in steps), "every step with decodes takes the varlen path"
     for llm in (ref, varlen):
         assert sum(llm.engine.status()["preemptions"].values()) > 0, "the pool should have forced a preemption"
