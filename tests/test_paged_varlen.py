@@ -10,10 +10,8 @@ import random
 import pytest
 import torch
 
-from mlsys_nb.config import load_model_preset
 from mlsys_nb.inference import LLM, SamplingParams, paged
 from mlsys_nb.inference.paged import paged_attention, paged_decode_attention_varlen, varlen_decode_chunks
-from mlsys_nb.models import Transformer
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
 
@@ -118,18 +116,8 @@ def test_bad_head_counts_are_refused():
         paged_decode_attention_varlen(q, kc, kc, *chunks)
 
 
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    m = Transformer(load_model_preset("tiny").replace(vocab_size=300)).eval()
-    with torch.no_grad():  # larger random weights: well separated logits, no near-ties for argmax
-        for p in m.parameters():
-            p.mul_(5)
-    return m
-
-
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
-def test_the_engine_with_varlen_decodes_generates_what_the_grouped_path_does(model, kv_cache_dtype):
+def test_the_engine_with_varlen_decodes_generates_what_the_grouped_path_does(engine_test_model, kv_cache_dtype):
     """Greedy tokens (and nearly the logprobs) of ``attention_backend="varlen"`` equal the grouped decode path's
     on a mixed batch: prefill chunks beside decodes, prefix-cache hits, preemption by recompute; an int8 pool
     reads through the same dequantizing ``read``."""
@@ -138,6 +126,7 @@ def test_the_engine_with_varlen_decodes_generates_what_the_grouped_path_does(mod
     prompts.append(prompts[2][:24] + [7, 8, 9])  # a shared prefix: blocks reused from the cache
     sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=0)
     opts = dict(block_size=4, num_blocks=22, max_num_batched_tokens=16, max_num_seqs=5, kv_cache_dtype=kv_cache_dtype)
+    model = engine_test_model  # conftest: tiny, 300 tokens, weights x5 (no near-ties for argmax)
     ref = LLM(model, **opts)
     a = ref.generate(prompts, sp, use_tqdm=False)
     varlen = LLM(model, attention_backend="varlen", **opts)
