@@ -119,7 +119,7 @@ def test_rendering_a_broken_figure_raises_and_undo_restores(tmp_path):
             fig.savefig(tmp_path / "bad.png")
         ax.set_xlabel("step time (s)")
         fig.savefig(tmp_path / "good.png")
-        bare = Figure()  # matplotlib's defaults: no layout engine, default margins
+        bare = Figure(layout="none")  # no layout engine (whatever rcParams an earlier test left), default margins
         bare.subplots().plot([0, 1])
         with pytest.raises(plots.FigureStyleError, match="no layout"):
             bare.savefig(tmp_path / "bare.png")
