@@ -173,27 +173,19 @@ PROFILE_RANGES = {  # profiler ranges put around the engine's parts for --profil
 
 @contextlib.contextmanager
 def profile_ranges():
-    """Wrap each part in ``PROFILE_RANGES`` in a ``torch.profiler.record_function`` range of that name (a module
+    """Wrap each part in ``PROFILE_RANGES`` in a profiler range of that name (``runtime.profiling.ranged``; a module
     attribute or a class method, patched in this process only), so a profile shows each part's CPU time."""
     import importlib
 
-    from torch.profiler import record_function
+    from mlsys_nb.runtime.profiling import ranged
 
     saved = []
-
-    def ranged(name, fn):
-        def wrapper(*args, **kw):
-            with record_function(name):
-                return fn(*args, **kw)
-
-        return wrapper
-
     try:
         for name, (mod, cls, attr) in PROFILE_RANGES.items():
             owner = importlib.import_module(mod)
             owner = getattr(owner, cls) if cls else owner
             saved.append((owner, attr, getattr(owner, attr)))
-            setattr(owner, attr, ranged(name, saved[-1][2]))
+            setattr(owner, attr, ranged(name)(saved[-1][2]))
         yield
     finally:
         for owner, attr, fn in reversed(saved):
@@ -229,10 +221,9 @@ def profile_engine_step(
     (``HFDecoder``), timed interleaved with the engine's (wall and process CPU seconds). -> markdown lines."""
     from statistics import median
 
-    from torch.profiler import ProfilerActivity, profile
-
     from mlsys_nb.inference.engine import PHASES, LLMEngine
     from mlsys_nb.inference.sampling_params import SamplingParams
+    from mlsys_nb.runtime.profiling import light_profile
 
     eng = LLMEngine(model, max_num_seqs=batch, max_num_batched_tokens=512, attention_backend=attention_backend)
     prompts = [[(7 * i + j) % 200 + 1 for j in range(prompt_len)] for i in range(batch)]
@@ -263,7 +254,7 @@ def profile_engine_step(
     phase_ms = {ph: 1e3 * median(st.get(ph, 0.0) for st in timed) for ph in PHASES}
     wall = {k: 1e3 * median(t[0] for t in v) for k, v in times.items()}
     cpu = {k: 1e3 * median(t[1] for t in v) for k, v in times.items()}
-    with profile_ranges(), profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile_ranges(), light_profile("cpu") as prof:
         for _ in range(steps):
             eng.step()
     ev = {e.key: e for e in prof.key_averages()}
