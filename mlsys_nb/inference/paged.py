@@ -532,15 +532,16 @@ def segment_max(x: torch.Tensor, seq: torch.Tensor, num_segments: int) -> torch.
 def _attention_with_lse(q, k, v, bias, scale, fused=None):
     """softmax(q k^T * scale + bias) v and its log-sum-exp per query: q [n, H, L, d], k/v [n, H, S, d], bias
     broadcastable to [n, H, L, S] -> ([n, H, L, d] in q's dtype, [n, H, L] fp32). ``fused`` (default: on CPU)
-    torch's fused CPU kernel (the one SDPA runs, which also returns the log-sum-exp), else the same in plain ops."""
+    torch's fused CPU kernel (the one SDPA runs, which also returns the log-sum-exp), else ``kernels.tile_partial``."""
     if q.device.type == "cpu" if fused is None else fused:
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=bias.to(q.dtype), scale=scale
         )
         return out, lse.float()
-    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale + bias
-    lse = torch.logsumexp(s, dim=-1)
-    return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.float()).to(q.dtype), lse
+    from ..kernels.attention import tile_partial  # the one (out, lse) of a tile, as paged_attention_tiled uses
+
+    out, lse = tile_partial(q.float(), k.float(), v.float(), scale, bias == 0)  # bias: 0 visible, -inf not
+    return out.to(q.dtype), lse
 
 
 def paged_decode_attention_varlen(
