@@ -30,6 +30,8 @@ Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
   Every option is a field of one ``EngineConfig`` (``config``), shared by ``LLM``, ``LLMEngine``, the
   ``Scheduler`` and the server's command line.
   ``async_scheduling=True`` prepares step t+1 (schedule, input tensors) on a worker thread while step t's forward runs.
+  ``attention_backend="varlen"`` attends all decodes of a step in one call per layer
+  (``paged.paged_decode_attention_varlen``).
 - ``workload`` (Poisson arrivals, length distributions, shared prefixes) and ``metrics`` (TTFT,
   TPOT, ITL, latency percentiles, throughput, CPU overhead per phase, the overlap-scheduling model).
 - ``python -m mlsys_nb.inference.serve --model tiny`` (``serve``): an OpenAI-compatible server.
