@@ -458,6 +458,54 @@ def test_cuda_graph_padding_changes_nothing(model):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+class _NoHostSync:
+    """Raises on every op that reads a tensor back to the host or creates one from host data mid-forward
+    (``.item()``/``int(t)``, ``nonzero``/boolean masks, ``torch.tensor``): each is a device sync on a GPU,
+    and a CUDA graph's capture refuses it (the GPU pack's first run failed here: RoPE's bound check)."""
+
+    OPS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "masked_select", "lift_fresh", "lift_fresh_copy"}
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        ops = self.OPS
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func._schema.name.split("::")[-1] in ops:
+                    raise RuntimeError(f"host sync inside the captured forward: {func}")
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+        return self.mode.__enter__()
+
+    def __exit__(self, *exc):
+        return self.mode.__exit__(*exc)
+
+
+def test_cuda_graph_forward_has_no_host_sync(model, monkeypatch):
+    """What ``CUDAGraphRunner`` captures (the model over ``_StaticDecode``'s buffers) runs no op that syncs with
+    the host; with RoPE's device-side bound check back on (the cache not saying its positions were checked on
+    the host), the same forward is caught."""
+    from mlsys_nb.inference.model_runner import StepBatch, _StaticDecode
+
+    llm = LLM(model, block_size=4)
+    eng = llm.engine
+    for i, p in enumerate(random_prompts(3, 5, 30, seed=13)):
+        eng.add_request(str(i), p, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    for _ in range(3):
+        eng.step()
+    batch = StepBatch(eng.kv, eng.scheduler.schedule())
+    io = _StaticDecode(eng.kv, 8, eng.kv.manager.blocks_needed(eng.max_model_len), "cpu")
+    io.load(batch)
+    with torch.inference_mode():
+        with _NoHostSync():
+            model(io.tokens, positions=io.positions, cache=io)
+        monkeypatch.setattr(_StaticDecode, "positions_checked", False)
+        with pytest.raises(RuntimeError, match="host sync"), _NoHostSync():
+            model(io.tokens, positions=io.positions, cache=io)
+
+
 # ---- isolation: validation before queueing, atomic add_request, one request's failure is its own ----------
 POISONED = [  # values that once passed validation and then broke every request's step
     ("temperature", dict(temperature=float("nan"))),

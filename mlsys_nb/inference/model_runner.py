@@ -58,6 +58,10 @@ class StepBatch:
 
     ``scheduled``: ``[(sequence, num_new_tokens)]`` in the scheduler's order."""
 
+    # positions are built here from token counts the engine bounds by max_model_len <= cfg.seq_len, so the
+    # model skips its device-side bound check (a host sync per step, and refused inside a CUDA graph's capture)
+    positions_checked = True
+
     def __init__(self, kv: PagedKVCache, scheduled: list[tuple[Sequence, int]]):
         self.kv = kv
         bs = kv.block_size

@@ -258,13 +258,16 @@ class Transformer(nn.Module):
                 n -= self.lm_head.weight.numel()
         return n
 
-    def _rope_at(self, positions: torch.Tensor, b: int, s: int):
-        """Per-token RoPE tables [b, 1, s, d/2] for absolute ``positions`` ([s] or [b, s])."""
+    def _rope_at(self, positions: torch.Tensor, b: int, s: int, check: bool = True):
+        """Per-token RoPE tables [b, 1, s, d/2] for absolute ``positions`` ([s] or [b, s]).
+
+        ``check``: bound every position to [0, cfg.seq_len) (reads min and max back to the host: a device sync,
+        which a CUDA graph's capture refuses; a cache whose positions were checked on the host says so)."""
         if positions.dim() == 1:
             positions = positions.unsqueeze(0).expand(b, s)
         if tuple(positions.shape) != (b, s):
             raise ValueError(f"positions has shape {tuple(positions.shape)}: expected ({b}, {s}) or ({s},)")
-        if positions.numel():
+        if check and positions.numel():
             for bound in (int(positions.min()), int(positions.max())):
                 check_int(f"each of positions (cfg.seq_len={self.cfg.seq_len})", bound, 0, self.cfg.seq_len - 1)
 
@@ -287,7 +290,8 @@ class Transformer(nn.Module):
         if positions is None:
             cos, sin = self.rope_cos, self.rope_sin
         else:
-            cos, sin = self._rope_at(positions.to(self.rope_cos.device), b, s)
+            checked = getattr(cache, "positions_checked", False)  # built on the host from checked lengths
+            cos, sin = self._rope_at(positions.to(self.rope_cos.device), b, s, check=not checked)
         x = F.dropout(self.embed(tokens), p=self.cfg.dropout, training=self.training)
         for blk in self.blocks:
             if cache is not None:

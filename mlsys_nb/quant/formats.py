@@ -157,7 +157,7 @@ class QuantizedTensor:
         """A float32 tensor shaped like the original."""
         if self.scheme == "nf4":
             idx = unpack_int4(self.codes, self.numel).long()
-            table = nf4_codebook() if self.codebook is None else self.codebook
+            table = (nf4_codebook() if self.codebook is None else self.codebook).to(idx.device)
             v = table[idx].view(-1, self.group_size)
             return (v * self.absmax()[:, None]).reshape(self.shape)
         rows = _grouped_shape(self.shape, self.group_size)
@@ -224,7 +224,7 @@ def quantize(
         blocks = w.reshape(-1, group_size)
         absmax = blocks.abs().amax(dim=1)
         normed = blocks * (1 / absmax.clamp(min=1e-38))[:, None]  # times the reciprocal, as bitsandbytes does
-        table = nf4_codebook() if codebook is None else codebook.float()
+        table = (nf4_codebook() if codebook is None else codebook.float()).to(w.device)  # on the weights' device
         if table.shape != (16,):
             raise ArgumentError(f"codebook must hold 16 values, got shape {tuple(table.shape)}")
         # the nearest level: count the float32 midpoints between neighbouring levels below the value (a value on
