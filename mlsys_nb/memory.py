@@ -375,6 +375,24 @@ def _nf4_bytes_per_weight(t: TrainConfig) -> float:
 # TP group (sharded /tp only under SP); "tp" = head- or FFN-split (/tp); "s2" = per token x s
 # attention-score tensors (split over heads: /tp); "const" = per layer, not per token; "full" = per token,
 # replicated on every TP rank even under SP (LoRA's r-wide A outputs).
+def _eager_norm(t: TrainConfig) -> bool:
+    """Whether the norms save what PyTorch's composite (decomposed) kernels save: the eager model on a CPU. On
+    CUDA, ``nn.RMSNorm`` and ``nn.LayerNorm`` run fused kernels that save the input and fp32 statistics (measured
+    with the GPU pack on an H100, torch 2.11), as the ``fused`` stack does."""
+    return t.kernels == "eager" and t.device != "cuda"
+
+
+def _eager_attention_output_copy(t: TrainConfig) -> bool:
+    """Whether the eager model's ``transpose(1, 2).reshape`` of SDPA's output copies it (a saved tensor of its
+    own, the output projection's input). On a CPU, yes. On CUDA it depends on the kernel PyTorch picks, measured
+    on an H100 (torch 2.11): bf16/fp16 run cuDNN attention, whose [b, heads, s, d] output the reshape copies; fp32
+    runs the memory-efficient kernel, whose output is laid out [b, s, heads, d] already, so the reshape is a view.
+    (FlashAttention-2's kernel, picked for bf16 where cuDNN's is not, lays it out as the latter.)"""
+    if t.kernels != "eager":
+        return False
+    return t.device != "cuda" or _PRECISION[t.precision]["act"] < 4
+
+
 def _norm_terms(m: ModelConfig, B: int, eager: bool, where: str) -> list:
     h = m.hidden
     if m.norm == "layernorm":  # native_layer_norm: input + mean + rstd (activation dtype on CPU)
@@ -418,7 +436,7 @@ def layer_terms(
     v_w = q_w if (eager or m.kv_lora_rank) else m.n_kv_heads * d
     if m.kv_lora_rank:  # MLA: q and k carry the decoupled RoPE part
         q_w = kv_w = a * (d + m.rope_head_dim)
-    terms = _norm_terms(m, B, eager, "attention")
+    terms = _norm_terms(m, B, _eager_norm(t), "attention")
     terms += [
         ("attention input (q/k/v proj)", B * h, "rep"),
         ("q", B * q_w, "tp"),
@@ -429,9 +447,11 @@ def layer_terms(
     if t.flash_attention:  # FlashAttention's backward needs its output O and the row log-sum-exp (Dao et al.
         # 2022, arXiv:2205.14135, Alg. 4); fused stacks lay O out [s, b, heads x d], so the output projection's
         # saved input is O itself (counted below); eager: SDPA's [b, heads, s, d] output is copied by the reshape
-        if eager:
+        if _eager_attention_output_copy(t):
             core += [("attention output (flash)", B * a * d, "tp")]
         core += [("softmax log-sum-exp (fp32)", 4 * a, "tp")]
+        if eager and t.device == "cuda":  # the kernel's random-number state (seed, offset), saved even without dropout
+            core += [("attention kernel RNG seed and offset (2 x int64)", 16, "const")]
     else:
         core += [("softmax output", B * a * t.seq_len, "s2")]
         if drop:
@@ -446,7 +466,7 @@ def layer_terms(
     terms += [("output projection input", B * a * d, "tp")]
     if drop:
         terms += [("attention output dropout mask", M * h, "rep")]
-    terms += _norm_terms(m, B, eager, "mlp")
+    terms += _norm_terms(m, B, _eager_norm(t), "mlp")
     terms += [("mlp input", B * h, "rep")]
     moe = _moe_layer(m, layer)
 
@@ -498,7 +518,7 @@ def _outside_terms(m: ModelConfig, t: TrainConfig, first: bool, last: bool) -> l
         if m.dropout > 0:
             terms.append(("embedding dropout mask", M * m.hidden * tokens / sp))
     if last:
-        terms += [(n, b * tokens / sp) for n, b, _ in _norm_terms(m, B, t.kernels == "eager", "final")]
+        terms += [(n, b * tokens / sp) for n, b, _ in _norm_terms(m, B, _eager_norm(t), "final")]
         terms += [
             ("LM head input", B * m.hidden * tokens / sp),
             ("cross-entropy log-probs (fp32)", 4 * m.vocab_size * tokens / vp),
@@ -875,7 +895,11 @@ def estimate(
         if last:
             vp = t.tp if (t.vocab_parallel and t.tp > 1) else 1
             B = _PRECISION[t.precision]["act"]
-            temp["logits + their gradient"] = (4 + B) * model.vocab_size * t.micro_batch * t.seq_len / t.cp / vp
+            # fused stacks: the logits in the activation dtype and their fp32 gradient; the eager model computes the
+            # loss in fp32, and its backward holds the fp32 gradient of the log-probs and of the logits at once (8 B
+            # per logit whatever the activation dtype; measured on an H100 by the GPU pack)
+            per_logit = 8 if t.kernels == "eager" else 4 + B
+            temp["logits + their gradient"] = per_logit * model.vocab_size * t.micro_batch * t.seq_len / t.cp / vp
         temporary = temp.get("ZeRO-3 gathered layers (2 x largest)", 0.0) + max(
             temp.get("recompute working set (one layer)", 0.0), temp.get("logits + their gradient", 0.0)
         )

@@ -82,7 +82,10 @@ def saved_activation_bytes(model: Transformer, tokens: torch.Tensor, targets: to
         if ptr not in skip and ptr not in seen:
             seen[ptr] = st.nbytes()
             records.append([where[0], tuple(t.shape), str(t.dtype).replace("torch.", ""), st.nbytes(), ptr])
-        return t
+        # a detached alias (same storage): returning ``t`` itself makes a reference cycle through the autograd
+        # graph that nothing collects when no backward runs (the whole forward's activations stayed alive, seen
+        # as a doubled peak by the GPU pack); nothing is backpropagated through this graph
+        return t.detach()
 
     block_inputs: dict[int, tuple] = {}  # a full-recompute checkpoint saves its block's input late
 

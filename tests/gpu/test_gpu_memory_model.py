@@ -4,12 +4,18 @@ training steps of the kit's Transformer on CUDA: saved-for-backward bytes and th
 gradients, fp32 master and Adam states, as ``mlsys_nb.models.measure.measure_model_states`` does it),
 each recompute mode; bf16 autocast over fp32 weights is measured and recorded beside the model.
 
-What is subtracted: the allocation already live before the model is built (cuBLAS workspaces, made by a
-throwaway matmul and backward first), measured. The CUDA context and the allocator's reserve sit outside
-``memory_allocated`` and are recorded, not compared (test_gpu_smoke.py records the context).
+The model holds the gradients for the whole step (as gradient accumulation or DDP's buckets do), so the steps
+here keep them allocated between steps (zeroed in place, not set to None): the peak then comes in the backward of
+the LM head, where every gradient, the activations and the loss's fp32 gradients are live at once. What is
+subtracted: the allocation already live before the model is built (cuBLAS workspaces, made by a throwaway matmul
+and backward first), measured. The CUDA context and the allocator's reserve sit outside ``memory_allocated`` and
+are recorded, not compared (test_gpu_smoke.py records the context).
 
-Tolerances (stated; a first GPU run may show they need revisiting): saved activations within 5 % of the
-model, the peak within 10 %; both are printed and recorded before they are asserted."""
+Tolerances: on an H100 with torch 2.11 the saved bytes equal the model to the byte and the peak is within a few
+per cent (the first run of this pack found the CUDA-specific terms: fused norms, the attention output's layout
+by kernel, the loss's backward); ``ACT_TOL`` leaves room for one per cent only: another attention kernel (another
+GPU or torch) may change whether the attention output is copied, one B·h per token and layer (about 5 %), which
+``mlsys_nb.memory._eager_attention_output_copy`` describes. Both are printed and recorded before they are asserted."""
 
 import pytest
 import torch
@@ -27,7 +33,7 @@ CASES = [
     for prec, modes in (("fp32", ("none", "full")), ("bf16-mixed", ("none", "selective", "full")))
     for rc in modes
 ]
-ACT_TOL, PEAK_TOL = 0.05, 0.10
+ACT_TOL, PEAK_TOL = 0.01, 0.05
 
 
 def _warm(dev):
@@ -70,9 +76,9 @@ def _train(cfg, prec, rc, batch, dev, *, autocast=False):
         if mixed:
             for p, m in zip(params, master):
                 m.grad = p.grad.float()
-                p.grad = None
+                p.grad.zero_()  # the bf16 gradients stay allocated, as the model counts them
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=mixed)  # fp32: the gradients stay allocated (zeroed); mixed: the fp32 copies go
         if mixed:
             with torch.no_grad():
                 for p, m in zip(params, master):
@@ -107,8 +113,19 @@ def test_memory_model_vs_max_memory_allocated(cuda, record, size, prec, rc):
     record("model total", est.total, "B", "model: estimate(kernels=eager, device=cuda)")
     record("peak / model", peak / est.total, "ratio", f"asserted within {PEAK_TOL:.0%}")
     record("saved for backward / model activations", saved / est.activations, "ratio", f"within {ACT_TOL:.0%}")
+    record(
+        "saved for backward",
+        saved,
+        "B",
+        "measured: saved_activation_bytes, step 2 (tests/test_memory.py pins the model)",
+    )
     record("allocator reserve at peak", reserve, "B", "max_memory_reserved - max_memory_allocated")
-    assert abs(saved / est.activations - 1) <= ACT_TOL, (saved, est.activations)
+    assert abs(saved / est.activations - 1) <= ACT_TOL, (
+        saved,
+        est.activations,
+        "a difference of about one B*h per token and layer: the attention kernel's output layout "
+        "(mlsys_nb.memory._eager_attention_output_copy)",
+    )
     assert abs(peak / est.total - 1) <= PEAK_TOL, (peak, est.total, est.as_dict())
 
 
