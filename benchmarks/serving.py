@@ -89,12 +89,14 @@ def smollm2_135m_shape(seq_len: int = 512, seed: int = 0):
     return hf, from_hf(hf)
 
 
-def run_engine(model, reqs, batch, **kw):
+def run_engine(model, reqs, batch, cuda_graphs=False, **kw):
     from mlsys_nb.inference.engine import LLMEngine
     from mlsys_nb.inference.metrics import summarize
     from mlsys_nb.inference.workload import run_workload
 
     eng = LLMEngine(model, max_num_seqs=batch, max_num_batched_tokens=512, **kw)
+    if cuda_graphs:  # decode graphs for every batch size up to ``batch`` (captured before the clock starts)
+        eng.runner.capture_cuda_graphs(buckets=sorted({1, 2, 4, 8, 16, 32, 64, batch} & set(range(1, batch + 1))))
     outs, secs = run_workload(eng, reqs, realtime=False, use_tqdm=False)
     assert [len(o.outputs[0].token_ids) for o in outs] == [r.max_tokens for r in reqs]
     return summarize(outs, secs), [o.outputs[0].token_ids for o in outs]
@@ -107,8 +109,12 @@ def run_hf(hf, reqs, batch):
     for i in range(0, len(reqs), batch):
         group = reqs[i : i + batch]
         width = max(len(r.prompt_token_ids) for r in group)
-        ids = torch.tensor([[0] * (width - len(r.prompt_token_ids)) + r.prompt_token_ids for r in group])
-        mask = torch.tensor([[0] * (width - len(r.prompt_token_ids)) + [1] * len(r.prompt_token_ids) for r in group])
+        ids = torch.tensor(
+            [[0] * (width - len(r.prompt_token_ids)) + r.prompt_token_ids for r in group], device=hf.device
+        )
+        mask = torch.tensor(
+            [[0] * (width - len(r.prompt_token_ids)) + [1] * len(r.prompt_token_ids) for r in group], device=hf.device
+        )
         n = max(r.max_tokens for r in group)
         with torch.inference_mode():
             out = hf.generate(
@@ -381,6 +387,11 @@ def offline_section(
             ("engine, no prefix caching", batch, {"enable_prefix_caching": False}),
         ]
     systems.append((f"engine, {big} in flight", big, {}))
+    if next(model.parameters()).is_cuda:  # the engine with CUDA-graph decode (prefill stays eager)
+        systems += [
+            ("engine, CUDA graphs", batch, {"cuda_graphs": True}),
+            (f"engine, {big} in flight, CUDA graphs", big, {"cuda_graphs": True}),
+        ]
     if attention_backend != "gather":  # the same engine with another attention backend, in the same round-robin
         systems.append((f"engine, {big} in flight, {attention_backend}", big, {"attention_backend": attention_backend}))
     hf_name = f"transformers generate (static), batches of {batch}"
@@ -409,7 +420,8 @@ def offline_section(
     lines = [
         f"Offline, `{preset}` ({sum(p.numel() for p in model.parameters()):,} parameters, context "
         f"{model.cfg.seq_len}): {len(reqs)} requests, prompt lengths {lo_p}-{hi_p}, output lengths {lo_o}-{hi_o} "
-        f"(seed {seed}), all at t=0, greedy, {useful} output tokens, torch threads {threads}; each system run "
+        f"(seed {seed}), all at t=0, greedy, {useful} output tokens, torch threads {threads}, device "
+        f"{next(model.parameters()).device}; each system run "
         f"{repeats}x round-robin, the median run shown. CPU s: the process's CPU seconds during the run.",
         "",
         "| system | seconds | output tokens/s | CPU s | tokens per CPU s | vs static generate "
@@ -608,7 +620,17 @@ def main() -> None:
         default="data/measured/serving.md",
         help="append the results (markdown) to this file (never in --quick mode)",
     )
+    ap.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="where the offline systems run (cuda: the engine also with CUDA graphs; use with --no-servers --no-profile)",
+    )
     a = ap.parse_args()
+    if a.device == "cuda" and not (a.no_servers and a.no_profile):
+        raise SystemExit("--device cuda: the servers and the profile run on the CPU; add --no-servers --no-profile")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch.cuda.is_available() is False")
     torch.set_num_threads(a.threads)
     from _peers import HFContinuousBatching, profile_hf_cb
 
@@ -638,6 +660,7 @@ def main() -> None:
                 else:
                     o_lo, o_hi = (int(x) for x in a.output_len.split(","))
                     n, (p_lo, p_hi), repeats = a.requests, (16, 256), a.repeats
+            model, hf = model.to(a.device), hf.to(a.device)
             reqs = make_workload(n, prompt_len=(p_lo, p_hi), output_len=(o_lo, o_hi), vocab_size=256, seed=a.seed)
             t0, managers = time.perf_counter(), {}
             lines += ["", f"### `{size}`"]
@@ -732,7 +755,8 @@ def main() -> None:
     print(text)
     if a.out and not a.quick:
         with open(a.out, "a") as f:
-            f.write(f"\n## {machine()}\n{text}\n")
+            gpu = f", {torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}" if a.device == "cuda" else ""
+            f.write(f"\n## {machine()}{gpu}\n{text}\n")
 
 
 if __name__ == "__main__":
