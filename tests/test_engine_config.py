@@ -42,6 +42,7 @@ def _random_config(rng: random.Random) -> EngineConfig:
         step_times_window=rng.randint(1, 50),
         max_grammar_states=rng.randint(1, 10**6),
         num_speculative_tokens=rng.randint(1, 8),
+        enforce_eager=rng.random() < 0.5,
     )
 
 
@@ -71,6 +72,7 @@ def test_unknown_names_and_bad_values_are_refused_by_name():
         ({"kv_cache_dtype": "int3"}, r"kv_cache_dtype"),
         ({"attention_backend": "flash"}, r"attention_backend"),
         ({"enable_prefix_caching": "yes"}, r"enable_prefix_caching must be True or False"),
+        ({"enforce_eager": 1}, r"enforce_eager must be True or False"),
         ({"num_speculative_tokens": 0}, r"num_speculative_tokens must be an int >= 1, got"),
     ):
         with pytest.raises(ValueError, match=msg):
@@ -145,3 +147,34 @@ def test_the_tiled_attention_backend_generates_what_the_gather_backend_does(mode
     for x, y in zip(a, b):
         assert x.outputs[0].token_ids == y.outputs[0].token_ids
         assert abs(x.outputs[0].cumulative_logprob - y.outputs[0].cumulative_logprob) < 1e-3
+
+
+def test_cuda_graphs_are_the_default_on_cuda_and_each_refusal_says_why(model):
+    """Which configurations capture CUDA-graph decode (the default on CUDA; ``enforce_eager=True`` turns it off) and
+    why the others do not; on this CPU the engine says why it runs eager. The captured sizes cover every decode batch
+    the engine can form (each fits the next size up), 1 to ``max_num_seqs`` capped at 512."""
+    from mlsys_nb.inference.model_runner import GRAPH_BUCKETS, cuda_graph_refusal, graph_buckets
+
+    assert cuda_graph_refusal(EngineConfig(), "cuda") is None
+    for kw, why in (
+        ({"enforce_eager": True}, "enforce_eager=True"),
+        ({"attention_backend": "tiled"}, "attention_backend='tiled'"),
+        ({"attention_backend": "varlen"}, "attention_backend='varlen'"),
+        ({"kv_cache_dtype": "int8"}, "kv_cache_dtype='int8'"),
+        ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype='fp8'"),
+        ({"async_scheduling": True}, "async_scheduling=True"),
+    ):
+        assert why in cuda_graph_refusal(EngineConfig(**kw), "cuda"), kw
+    assert cuda_graph_refusal(EngineConfig(), "cpu") == "the model is on cpu, not CUDA"
+    eng = LLM(model).engine
+    assert eng.cuda_graphs_off == "the model is on cpu, not CUDA" and eng.runner.graphs is None
+    rng = random.Random(1)
+    for n in [1, 2, 3, 64, 65, 511, 512, 513, 10_000] + [rng.randint(1, 2000) for _ in range(20)]:
+        got = graph_buckets(n)
+        assert list(got) == sorted(set(got)) and got[-1] == min(n, 512), (n, got)
+        assert set(got) - {min(n, 512)} <= set(GRAPH_BUCKETS)
+        for b in range(1, min(n, 512) + 1):  # a decode batch of b rows is padded to at most twice b
+            up = next(x for x in got if x >= b)
+            assert up < 2 * b or up == b, (n, b, up)
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        graph_buckets(0)

@@ -30,6 +30,9 @@ Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
   Every option is a field of one ``EngineConfig`` (``config``), shared by ``LLM``, ``LLMEngine``, the
   ``Scheduler`` and the server's command line.
   ``async_scheduling=True`` prepares step t+1 (schedule, input tensors) on a worker thread while step t's forward runs.
+  On CUDA the engine captures its decode step as CUDA graphs, one per batch size up to ``max_num_seqs``
+  (``model_runner.graph_buckets``), as vLLM does; ``enforce_eager=True`` turns that off, and
+  ``LLMEngine.cuda_graphs_off`` says why a configuration runs eager (``model_runner.cuda_graph_refusal``).
   ``attention_backend="varlen"`` attends all decodes of a step in one call per layer
   (``paged.paged_decode_attention_varlen``).
 - ``workload`` (Poisson arrivals, length distributions, shared prefixes) and ``metrics`` (TTFT,

@@ -56,6 +56,7 @@ class EngineConfig:
     speculative_model: object = None  # a draft Transformer, a preset name, "ngram", or None
     num_speculative_tokens: int = 4  # draft tokens per step (k)
     async_scheduling: bool = False  # prepare step t+1 on a worker thread while step t's forward runs
+    enforce_eager: bool = False  # True: never capture CUDA graphs (on CUDA the decode step is captured by default)
 
     def __post_init__(self):
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "step_times_window", "max_grammar_states"):
@@ -70,7 +71,13 @@ class EngineConfig:
         check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
-        for name in ("enable_chunked_prefill", "enable_prefix_caching", "continuous_batching", "async_scheduling"):
+        for name in (
+            "enable_chunked_prefill",
+            "enable_prefix_caching",
+            "continuous_batching",
+            "async_scheduling",
+            "enforce_eager",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.async_scheduling and self.speculative_model is not None:

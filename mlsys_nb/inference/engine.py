@@ -40,6 +40,7 @@ import itertools
 import math
 import threading
 import time
+import warnings
 import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -49,7 +50,7 @@ import torch
 from ..config import check_int
 from ..runtime.profiling import ranged
 from ..runtime.timing import Laps
-from .model_runner import ModelRunner, SwapPool
+from .model_runner import ModelRunner, SwapPool, cuda_graph_refusal, graph_buckets
 from .paged import KV_QUANT_DTYPES, PagedKVCache, kv_block_bytes, kv_residual_blocks, kv_residual_bytes
 from .sampler import apply_mask, filter_probs, logprob_entry, sample
 from .sampling_params import ParamError, SamplingParams
@@ -176,6 +177,19 @@ class LLMEngine:
         pool = SwapPool(self.kv, c.swap_blocks or num_blocks) if c.preemption_mode == "swap" else None
         self.scheduler = Scheduler(self.kv, c, swap_pool=pool)
         self.runner = ModelRunner(self.model, self.kv)
+        # CUDA-graph decode (vLLM's default; enforce_eager=True turns it off): why not, or None where captured
+        self.cuda_graphs_off = cuda_graph_refusal(c, p.device)
+        if self.cuda_graphs_off is None:
+            try:
+                self.runner.capture_cuda_graphs(graph_buckets(max_num_seqs))
+            except RuntimeError as e:  # a model whose forward a graph cannot hold: run eager, and say why
+                self.runner.graphs = None
+                self.cuda_graphs_off = f"capture failed: {e}"
+                warnings.warn(
+                    f"CUDA graph capture failed, the engine runs eager ({e}); enforce_eager=True skips the capture",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         self._ahead = LookAhead(self) if c.async_scheduling else None
         if self._ahead is not None:
             self.scheduler.before_preempt = self._ahead.wait_forward

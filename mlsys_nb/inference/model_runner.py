@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import torch
 
+from ..config import check_int
 from ..runtime.profiling import trace_range
 from .paged import (
     PagedKVCache,
@@ -253,6 +254,36 @@ class ModelRunner:
                 "planned on the host every step)"
             )
         self.graphs = CUDAGraphRunner(self, buckets, max_blocks_per_seq)
+
+
+GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # decode batch sizes captured by default (vLLM's are alike)
+
+
+def graph_buckets(max_num_seqs: int) -> tuple[int, ...]:
+    """The decode graphs the engine captures: every size in ``GRAPH_BUCKETS`` up to ``max_num_seqs`` and
+    ``max_num_seqs`` itself (at most 512), so any decode batch of the engine fits one (padded to the next size up)."""
+    check_int("max_num_seqs", max_num_seqs, 1)
+    top = min(max_num_seqs, GRAPH_BUCKETS[-1])
+    return tuple(sorted({b for b in GRAPH_BUCKETS if b <= top} | {top}))
+
+
+def cuda_graph_refusal(config, device) -> str | None:
+    """Why the engine does not capture CUDA graphs for ``config`` (an ``EngineConfig``) on ``device``, or None where
+    it does: graphs are the default on CUDA (``enforce_eager=True`` turns them off), for the paths whose decode step
+    reads nothing back to the host: the "gather" attention backend ("tiled" sizes its loop from the longest context,
+    "varlen" packs the contexts on the host each step), an unquantized KV pool (a quantized one plans its K residual on
+    the host every step) and synchronous scheduling (async scheduling prepares steps on a worker thread)."""
+    if config.enforce_eager:
+        return "enforce_eager=True"
+    if torch.device(device).type != "cuda":
+        return f"the model is on {torch.device(device).type}, not CUDA"
+    if config.attention_backend != "gather":
+        return f"attention_backend={config.attention_backend!r} (graphs need 'gather')"
+    if config.kv_cache_dtype in ("int8", "fp8"):
+        return f"kv_cache_dtype={config.kv_cache_dtype!r} (graphs need an unquantized pool)"
+    if config.async_scheduling:
+        return "async_scheduling=True"
+    return None
 
 
 class CUDAGraphRunner:

@@ -1,5 +1,6 @@
-"""The serving engine on CUDA: greedy equals decoding by recomputation, CUDA-graph decode equals eager
-decode token for token, and the graph speed-up of decoding measured at batch 1, 8 and 32 (interleaved)."""
+"""The serving engine on CUDA: greedy equals decoding by recomputation (the default engine, which captures CUDA-graph
+decode), CUDA-graph decode equals eager decode (``enforce_eager=True``) token for token, a configuration the graphs
+refuse runs eager and says why, and the graph speed-up of decoding measured at batch 1, 8 and 32 (interleaved)."""
 
 import time
 
@@ -42,7 +43,9 @@ def test_greedy_on_cuda_equals_recompute(model, record):
     from mlsys_nb.inference import LLM
 
     ps = prompts(6)
-    outs = LLM(model).generate(ps, greedy(12), use_tqdm=False)
+    llm = LLM(model)
+    assert llm.engine.cuda_graphs_off is None and llm.engine.runner.graphs is not None  # the default on CUDA
+    outs = llm.generate(ps, greedy(12), use_tqdm=False)
     for p, o in zip(ps, outs):
         ids = list(p)
         with torch.no_grad():
@@ -56,12 +59,18 @@ def test_cuda_graph_decode_equals_eager(model, record):
     from mlsys_nb.inference import LLM
 
     ps = prompts(11, seed=2)  # 11 rows: padded to the bucket of 16
-    eager = LLM(model).generate(ps, greedy(16), use_tqdm=False)
-    llm = LLM(model)
-    llm.engine.runner.capture_cuda_graphs(buckets=(1, 2, 4, 8, 16, 32))
+    plain = LLM(model, enforce_eager=True)
+    assert plain.engine.runner.graphs is None and plain.engine.cuda_graphs_off == "enforce_eager=True"
+    eager = plain.generate(ps, greedy(16), use_tqdm=False)
+    llm = LLM(model, max_num_seqs=32)  # captures 1, 2, 4, ..., 32
+    assert sorted(llm.engine.runner.graphs.graphs) == [1, 2, 4, 8, 16, 32]
     graphed = llm.generate(ps, greedy(16), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in graphed] == [o.outputs[0].token_ids for o in eager]
     record("CUDA-graph decode == eager (11 prompts x 16 tokens)", "equal", "")
+    tiled = LLM(model, attention_backend="tiled")  # its decode reads the longest context back: no graphs
+    assert tiled.engine.runner.graphs is None and "tiled" in tiled.engine.cuda_graphs_off
+    same = tiled.generate(ps, greedy(16), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in same] == [o.outputs[0].token_ids for o in eager]
 
 
 @pytest.mark.parametrize("batch", [1, 8, 32])
@@ -69,7 +78,7 @@ def test_cuda_graph_speedup(model, record, batch):
     from mlsys_nb.inference import LLM
 
     ps = prompts(batch, seed=3)
-    eager, graphed = LLM(model), LLM(model)
+    eager, graphed = LLM(model, enforce_eager=True), LLM(model, enforce_eager=True)
     graphed.engine.runner.capture_cuda_graphs(buckets=(1, 8, 32))
     times = {"eager": [], "graph": []}
     outs = {}
