@@ -1,7 +1,7 @@
 """Serving throughput: the engine vs the transformers peers a user would pick, and engine ablations.
 
     .venv/bin/python benchmarks/serving.py [--quick] [--sizes small,135m] [--repeats 3] [--no-servers]
-                                           [--out data/measured/serving.md]
+                                           [--out data/measured/serving.md]  (no --out: print only)
 
 Offline (every request at t=0, greedy, every request producing exactly its output length, at most ``--batch``
 sequences in flight unless a row says otherwise), on random weights, all systems in one process on the same
@@ -615,8 +615,9 @@ def main() -> None:
     ap.add_argument("--profile-steps", type=int, default=10, help="decode steps timed, then profiled (--profile-step)")
     ap.add_argument(
         "--out",
-        default="data/measured/serving.md",
-        help="append the results (markdown) to this file (never in --quick mode)",
+        default=None,
+        help="append the results (markdown) to this file, e.g. data/measured/serving.md (default: print only; "
+        "never in --quick mode)",
     )
     ap.add_argument(
         "--device",
