@@ -53,3 +53,36 @@ def test_returns_to_go_bit_equal_to_the_tensor_recursion():
     # and the value itself: constant rewards give the geometric sum (float64, independent of the loop)
     g = returns_to_go(torch.ones(50, dtype=torch.float64), 0.9)
     assert np.allclose(g.numpy(), (1 - 0.9 ** np.arange(50, 0, -1)) / (1 - 0.9), rtol=1e-12)
+
+
+def test_run_episodes_side_by_side_are_the_episodes_one_env_plays():
+    """``run_episodes`` (8 episodes in one vector env, as ``train_reinforce`` collects them): replaying each
+    episode's actions in a fresh single env reset with the same seed gives the same observations and rewards,
+    and that env's episode ends exactly at the episode's last step (not earlier, not later)."""
+    import gymnasium as gym
+    import numpy as np
+    import torch
+
+    from mlsys_nb.rl.pg import run_episodes
+    from mlsys_nb.rl.ppo import ActorCritic, make_envs
+
+    model = ActorCritic(4, 2, 64, torch.Generator().manual_seed(3))
+    seeds = [11, 12, 13, 14, 15, 16, 17, 18]
+    envs = make_envs("CartPole-v1", len(seeds), same_step=False)
+    try:
+        episodes = run_episodes(model, envs, seeds, torch.Generator().manual_seed(4))
+    finally:
+        envs.close()
+    assert len(episodes) == len(seeds) and len({len(r) for _, _, r in episodes}) > 1, "want episodes of several lengths"
+    env = gym.make("CartPole-v1")
+    try:
+        for s, (obs, act, rew) in zip(seeds, episodes):
+            o, _ = env.reset(seed=s)
+            assert obs.shape == (len(act), 4) and rew.shape == act.shape and act.dtype == torch.int64
+            for t, a in enumerate(act.tolist()):
+                assert np.array_equal(obs[t].numpy(), o), (s, t)
+                o, r, term, trunc, _ = env.step(a)
+                assert float(rew[t]) == r, (s, t)
+                assert (term or trunc) == (t == len(act) - 1), f"seed {s}: the episode ends at {t}, not {len(act) - 1}"
+    finally:
+        env.close()

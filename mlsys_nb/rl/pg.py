@@ -65,6 +65,33 @@ def run_episode(model: ActorCritic, env, seed: int, generator=None):
     return torch.stack(o), torch.tensor(a), torch.tensor(r)
 
 
+def run_episodes(model: ActorCritic, envs, seeds, generator=None):
+    """One episode per copy of the vector env ``envs`` (``len(seeds)`` copies, next-step autoreset), side by
+    side: copy i is reset with ``seeds[i]`` and steps with sampled actions until its episode ends (its later
+    steps are dropped). Returns one ``(obs [T_i, d], actions [T_i], rewards [T_i])`` per seed, in order.
+
+    The same episodes as ``run_episode`` per seed would give for the same actions; the actions are drawn as
+    one [n, actions] sample per step instead of one per episode step, so the random stream differs. One
+    policy forward and one vector step per step for all episodes: 1.8-3.2x fewer CPU seconds per env step
+    than ``run_episode`` in a loop (measured: notebook 17's REINFORCE, seeds 0 and 1, a shared 2-core machine)."""
+    n = len(seeds)
+    if envs.num_envs != n:
+        raise ValueError(f"seeds: one per copy of envs ({envs.num_envs}), got {n}")
+    obs, _ = envs.reset(seed=[int(s) for s in seeds])
+    alive, length = np.ones(n, dtype=bool), np.zeros(n, dtype=np.int64)
+    o, a, r = [], [], []
+    with torch.no_grad():
+        while alive.any():
+            x = torch.as_tensor(obs, dtype=torch.float32)
+            action = torch.multinomial(torch.softmax(model.pi(x), -1), 1, generator=generator).squeeze(-1)
+            obs, reward, term, trunc, _ = envs.step(action.numpy())
+            o.append(x), a.append(action), r.append(torch.as_tensor(reward, dtype=torch.float32))
+            length += alive
+            alive &= ~(term | trunc)
+    obs_t, act_t, rew_t = torch.stack(o, 1), torch.stack(a, 1), torch.stack(r, 1)  # [n, T_max, ...]
+    return [(obs_t[i, :k], act_t[i, :k], rew_t[i, :k]) for i, k in enumerate(length.tolist())]
+
+
 def _time_baseline(episodes, gamma):
     """b_t = mean over episodes of G_t (0 where an episode had ended): a state-independent baseline."""
     gs = [returns_to_go(r, gamma) for _, _, r in episodes]
@@ -118,25 +145,26 @@ def train_reinforce(
     gamma: float = 0.99,
     progress: bool = True,
 ):
-    """REINFORCE, ``episodes`` episodes per update; with ``baseline`` a value network fitted to G_t.
+    """REINFORCE, ``episodes`` episodes per update (played side by side: ``run_episodes``); with ``baseline``
+    a value network fitted to G_t.
 
     Returns ``(policy, curve)``; curve rows ``iteration, env_steps, wall_s, mean_return``."""
-    import gymnasium as gym
     import pandas as pd
     from tqdm.auto import tqdm
 
     check_env_id(env_id)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    env, g = gym.make(env_id), torch.Generator().manual_seed(seed)
-    model = ActorCritic(env.observation_space.shape[0], int(env.action_space.n), 64, g)
+    g = torch.Generator().manual_seed(seed)
+    envs = make_envs(env_id, episodes, same_step=False)  # the episodes of an update run side by side
+    model = ActorCritic(envs.single_observation_space.shape[0], int(envs.single_action_space.n), 64, g)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     rows, steps, clock = [], 0, Laps()
     try:
         for it in tqdm(
             range(iterations), desc=f"REINFORCE{' + baseline' if baseline else ''}", disable=not progress, leave=False
         ):
-            batch = [run_episode(model, env, seed * 100_000 + it * episodes + i, g) for i in range(episodes)]
+            batch = run_episodes(model, envs, [seed * 100_000 + it * episodes + i for i in range(episodes)], g)
             loss = 0.0
             for obs, act, rew in batch:
                 logp = model.dist(obs).log_prob(act)
@@ -152,7 +180,7 @@ def train_reinforce(
             steps += sum(len(r) for _, _, r in batch)
             rows.append((it, steps, clock.elapsed(), float(np.mean([r.sum() for _, _, r in batch]))))
     finally:
-        env.close()
+        envs.close()
         torch.set_num_threads(threads)
     return Policy(model), pd.DataFrame(rows, columns=["iteration", "env_steps", "wall_s", "mean_return"])
 
