@@ -7,8 +7,8 @@
 - ``save_model_dir``: the same weights as a transformers checkpoint directory with a word-level tokenizer
   (``"t17 t3"`` is tokens 17 and 3, no special tokens), so both servers tokenise a text prompt to the same ids
   and every completion token is one word. Built without the network.
-- ``ServerProcess``: a server in its own process group, ready when ``/health`` answers 200 (``ports.wait_http_ok``,
-  under a timeout), killed with its group on exit (also on error): SIGTERM, then SIGKILL after 10 s.
+- ``ServerProcess`` (``mlsys_nb.runtime.ports``, re-exported): a server in its own process group, ready when
+  ``/health`` answers 200, killed with its group on exit (also on error).
 - ``bench_server``: the ``openai`` client streaming ``/v1/completions``, at most ``concurrency`` requests in
   flight, each sent at its arrival time (Poisson arrivals, or all at t=0); per request TTFT, the gaps between
   streamed chunks (ITL) and TPOT = (latency - TTFT) / (tokens - 1), as vLLM's ``benchmark_serving`` reports them.
@@ -19,14 +19,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
-import subprocess
 import sys
 import time
 
-from mlsys_nb.runtime.ports import wait_http_ok
+from mlsys_nb.runtime.ports import ServerProcess  # noqa: F401  (re-exported: the servers' process manager)
 
 TIMEOUT_S = 600.0  # the longest any one wait may take (a request, a result, a server start)
 
@@ -179,62 +175,6 @@ def kit_server_cmd(model_dir: str, max_num_seqs: int = 32, threads: int = 1) -> 
         str(threads),
         "--port",
     ]
-
-
-class ServerProcess:
-    """``with ServerProcess(cmd, url, log_path) as s:`` starts ``cmd`` in a new process group (its output to
-    ``log_path``) and waits at most ``start_timeout`` seconds for ``url/health`` to answer 200
-    (``ports.wait_http_ok``: a ``TimeoutError``, or a ``RuntimeError`` with the exit code and the log's tail if the
-    server dies first). On exit, also when the body or the start raised, the whole group is stopped: SIGTERM,
-    SIGKILL after ``stop_timeout`` seconds, and SIGKILL for anything of the group still there once the server has
-    exited. ``s.cpu_seconds()``: user + system CPU seconds of the process and its children so far."""
-
-    def __init__(
-        self, cmd, url: str, log_path: str, start_timeout: float = 180.0, env=None, stop_timeout: float = 10.0
-    ):
-        self.cmd, self.url, self.log_path, self.start_timeout = list(cmd), url, log_path, start_timeout
-        self.stop_timeout = stop_timeout
-        self.env = dict(os.environ, **(env or {}))
-        self.proc, self._log = None, None
-
-    def __enter__(self):
-        self._log = open(self.log_path, "w")
-        try:
-            self.proc = subprocess.Popen(
-                self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
-            )
-            wait_http_ok(self.url + "/health", self.start_timeout, self.proc, interval_s=0.5, log_path=self.log_path)
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def cpu_seconds(self) -> float:
-        import psutil
-
-        p = psutil.Process(self.proc.pid)
-        procs = [p, *p.children(recursive=True)]
-        return sum(sum(q.cpu_times()[:2]) for q in procs)
-
-    def __exit__(self, *exc):
-        try:
-            if self.proc is not None:
-                for sig in (signal.SIGTERM, signal.SIGKILL):
-                    try:
-                        os.killpg(self.proc.pid, sig)  # the group: the server and whatever it started
-                    except ProcessLookupError:
-                        break  # nothing of the group is left
-                    try:
-                        self.proc.wait(timeout=self.stop_timeout)
-                    except subprocess.TimeoutExpired:
-                        continue
-                    with contextlib.suppress(ProcessLookupError):  # the server is gone: its leftovers too
-                        os.killpg(self.proc.pid, signal.SIGKILL)
-                    break
-                self.proc.wait(timeout=self.stop_timeout)
-        finally:
-            if self._log is not None:
-                self._log.close()
 
 
 async def _one(client, model, req, extra, t0, sem):

@@ -1,6 +1,6 @@
 """Starting the OpenAI-compatible server as a real process for the tests (tests/test_server.py,
-tests/test_server_robust.py): a free loopback port, a wait on ``/health`` with a timeout, and a
-clean stop (terminate, then kill) whatever the test did."""
+tests/test_server_robust.py): a free loopback port and ``mlsys_nb.runtime.ports.ServerProcess`` (a wait on
+``/health`` with a timeout, the process group stopped whatever the test did); ``stop_process`` for other servers."""
 
 import contextlib
 import os
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mlsys_nb.runtime.ports import free_port, wait_http_ok
+from mlsys_nb.runtime.ports import ServerProcess, free_port, wait_http_ok
 
 ROOT = Path(__file__).resolve().parent.parent
 __all__ = ["ROOT", "free_port", "serve_process", "stop_process", "wait_health"]
@@ -32,14 +32,11 @@ def stop_process(proc: subprocess.Popen, timeout: float = 15) -> None:
 
 @contextlib.contextmanager
 def serve_process(*args: str, model: str = "tiny"):
-    """``python -m mlsys_nb.inference.serve --model MODEL --port <free> *args``; yields ``(url, proc)``."""
+    """``python -m mlsys_nb.inference.serve --model MODEL --port <free> *args`` under ``ports.ServerProcess`` (its own
+    process group, stopped with it whatever the test did); yields ``(url, proc)``."""
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = {"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cmd = [sys.executable, "-m", "mlsys_nb.inference.serve", "--model", model, "--port", str(port), *args]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
-    try:
-        wait_health(url, proc)
-        yield url, proc
-    finally:
-        stop_process(proc)
+    with ServerProcess(cmd, url, start_timeout=120, env=env, stop_timeout=15) as server:
+        yield url, server.proc

@@ -1,7 +1,7 @@
-"""``benchmarks/_peers.py``'s ``ServerProcess``: every process it starts is gone after the ``with`` (the server and
-what the server started), on a normal exit and when the body raises; a server that never answers 200 times out
-naming the url, one that dies at start reports its exit code and its output. Stand-in servers (a few lines of
-``http.server``), so no model loads."""
+"""``mlsys_nb.runtime.ports.ServerProcess`` (the one manager of the tests' and the serving benchmark's servers):
+every process it starts is gone after the ``with`` (the server and what the server started), on a normal exit and
+when the body raises; a server that never answers 200 times out naming the url, one that dies at start reports its
+exit code and its output. Stand-in servers (a few lines of ``http.server``), so no model loads."""
 
 import os
 import signal
@@ -11,11 +11,7 @@ import time
 import psutil
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-
-from _peers import ServerProcess  # noqa: E402
-
-from mlsys_nb.runtime.ports import free_port  # noqa: E402
+from mlsys_nb.runtime.ports import ServerProcess, free_port
 
 # a server that starts a child of its own (as uvicorn workers, or a tokenizer's pool, might), then answers
 # /health with 200 and everything else with 404
@@ -76,9 +72,9 @@ def test_every_process_is_gone_after_a_normal_exit_and_after_an_error(tmp_path):
 
 def test_killing_only_the_server_leaves_its_child_behind(tmp_path, monkeypatch):
     """The idea broken: signalling the server's pid instead of its process group leaves the child running."""
-    import _peers
+    from mlsys_nb.runtime import ports
 
-    monkeypatch.setattr(_peers.os, "killpg", os.kill)
+    monkeypatch.setattr(ports.os, "killpg", os.kill)
     with _start(tmp_path, STAND_IN) as s:
         pids = _family(s)
     try:
@@ -101,3 +97,11 @@ def test_a_server_that_dies_at_start_reports_its_exit_code_and_output(tmp_path):
     with pytest.raises(RuntimeError, match=r"(?s)exited with code 1 .*loading.*--model-dir /nowhere: no config.json"):
         s.__enter__()
     assert s._log.closed
+
+
+def test_the_default_log_is_a_temporary_file_removed_on_exit():
+    port = free_port()
+    with ServerProcess([sys.executable, "-c", STAND_IN, str(port)], f"http://127.0.0.1:{port}") as s:
+        log = s.log_path
+        assert os.path.exists(log)
+    assert not os.path.exists(log) and _wait_gone([s.proc.pid]) == []

@@ -6,21 +6,26 @@
 - ``wait_http_ok(url, timeout_s, proc)``: poll ``url`` with GET until it answers 200; a clear error when it
   never does (``TimeoutError`` naming the url and the timeout) or when the server process died first
   (``RuntimeError`` with its exit code and the tail of its output).
+- ``ServerProcess(cmd, url)``: the one way the kit starts a server process (the tests' servers, the serving
+  benchmark's three): its own process group, ready when ``url/health`` answers 200, the whole group stopped on exit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
+import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
 
 from ..config import check_number
 
-__all__ = ["free_port", "wait_http_ok"]
+__all__ = ["ServerProcess", "free_port", "wait_http_ok"]
 
 TAIL_CHARS = 2000  # characters of a dead process's output quoted in the error
 
@@ -86,3 +91,73 @@ def wait_http_ok(
             if isinstance(e, ValueError):  # not a URL at all: no wait will fix it
                 raise ValueError(f"url={url!r} is not an http(s) URL") from e
         time.sleep(min(interval_s, max(0.0, deadline - time.monotonic())))
+
+
+class ServerProcess:
+    """``with ServerProcess(cmd, url, log_path) as s:`` starts ``cmd`` in a new process group (its output to
+    ``log_path``, by default a temporary file removed on exit) and waits at most ``start_timeout`` seconds for
+    ``url/health`` to answer 200 (``wait_http_ok``: a ``TimeoutError``, or a ``RuntimeError`` with the exit code and
+    the log's tail if the server dies first). On exit, also when the body or the start raised, the whole group is
+    stopped: SIGTERM, SIGKILL after ``stop_timeout`` seconds, and SIGKILL for anything of the group still there once
+    the server has exited. ``s.cpu_seconds()``: user + system CPU seconds of the process and its children so far."""
+
+    def __init__(
+        self,
+        cmd,
+        url: str,
+        log_path: str | os.PathLike | None = None,
+        start_timeout: float = 180.0,
+        env=None,
+        stop_timeout: float = 10.0,
+    ):
+        check_number("start_timeout", start_timeout, 0, lo_open=True, unit="seconds")
+        check_number("stop_timeout", stop_timeout, 0, lo_open=True, unit="seconds")
+        self.cmd, self.url, self.log_path, self.start_timeout = list(cmd), url, log_path, start_timeout
+        self.stop_timeout = stop_timeout
+        self.env = dict(os.environ, **(env or {}))
+        self.proc, self._log, self._own_log = None, None, log_path is None
+
+    def __enter__(self):
+        if self._own_log:  # a temporary file, removed on exit
+            fd, self.log_path = tempfile.mkstemp(prefix="server-", suffix=".log")
+            os.close(fd)
+        self._log = open(self.log_path, "w")
+        try:
+            self.proc = subprocess.Popen(
+                self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            )
+            wait_http_ok(self.url + "/health", self.start_timeout, self.proc, interval_s=0.5, log_path=self.log_path)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def cpu_seconds(self) -> float:
+        import psutil
+
+        p = psutil.Process(self.proc.pid)
+        procs = [p, *p.children(recursive=True)]
+        return sum(sum(q.cpu_times()[:2]) for q in procs)
+
+    def __exit__(self, *exc):
+        try:
+            if self.proc is not None:
+                for sig in (signal.SIGTERM, signal.SIGKILL):
+                    try:
+                        os.killpg(self.proc.pid, sig)  # the group: the server and whatever it started
+                    except ProcessLookupError:
+                        break  # nothing of the group is left
+                    try:
+                        self.proc.wait(timeout=self.stop_timeout)
+                    except subprocess.TimeoutExpired:
+                        continue
+                    with contextlib.suppress(ProcessLookupError):  # the server is gone: its leftovers too
+                        os.killpg(self.proc.pid, signal.SIGKILL)
+                    break
+                self.proc.wait(timeout=self.stop_timeout)
+        finally:
+            if self._log is not None:
+                self._log.close()
+            if self._own_log and self.log_path is not None:
+                with contextlib.suppress(OSError):
+                    os.remove(self.log_path)
