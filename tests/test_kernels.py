@@ -208,3 +208,30 @@ def test_without_triton_the_import_error_names_the_extra(monkeypatch):
     monkeypatch.delitem(sys.modules, "mlsys_nb.kernels.triton_kernels", raising=False)
     with pytest.raises(ImportError, match=r"pip install -e \.\[kernels\]"):
         importlib.import_module("mlsys_nb.kernels.triton_kernels")
+
+
+def test_merge_segments_equals_folding_merge_partials():
+    """``merge_segments`` (every partial of a segment at once, shifted by the segment's max) against folding the
+    pairwise ``merge_partials`` over each segment's partials, on random partials with log-sum-exps up to 300 (where
+    an unshifted e^lse overflows fp32: the broken idea, shown to give inf/nan)."""
+    from mlsys_nb.kernels import merge_partials, merge_segments
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        n_seg = int(torch.randint(1, 6, (1,), generator=g))
+        seq = torch.cat(
+            [torch.arange(n_seg), torch.randint(0, n_seg, (int(torch.randint(0, 12, (1,), generator=g)),), generator=g)]
+        )
+        seq = seq[torch.randperm(len(seq), generator=g)]
+        out = torch.randn(len(seq), 3, 4, generator=g)
+        lse = torch.randn(len(seq), 3, generator=g) * 50 + 250
+        got, got_lse = merge_segments(out, lse, seq, n_seg)
+        for s in range(n_seg):
+            idx = (seq == s).nonzero().flatten().tolist()
+            o, m = out[idx[0]], lse[idx[0]]
+            for i in idx[1:]:
+                o, m = merge_partials(o, m, out[i], lse[i])
+            torch.testing.assert_close(got[s], o, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got_lse[s], m, rtol=1e-6, atol=1e-4)
+    unshifted = torch.exp(lse)  # what a merge without the segment max would weight by
+    assert not torch.isfinite(unshifted).all()

@@ -69,7 +69,6 @@ __all__ = [
     "paged_attention",
     "paged_decode_attention_varlen",
     "quantize_kv",
-    "segment_max",
     "varlen_decode_chunks",
 ]
 
@@ -521,14 +520,6 @@ def varlen_decode_chunks(
     return blocks, seq, bias
 
 
-def segment_max(x: torch.Tensor, seq: torch.Tensor, num_segments: int) -> torch.Tensor:
-    """Per-segment maximum: x [total, ...], seq [total] segment ids in 0..num_segments-1 ->
-    [num_segments, ...] (-inf for an empty segment). The shift that keeps a segment softmax's exp finite."""
-    out = torch.full((num_segments,) + tuple(x.shape[1:]), float("-inf"), dtype=x.dtype, device=x.device)
-    index = seq.view((-1,) + (1,) * (x.dim() - 1)).expand_as(x)
-    return out.scatter_reduce_(0, index, x, reduce="amax", include_self=True)
-
-
 def _attention_with_lse(q, k, v, bias, scale, fused=None):
     """softmax(q k^T * scale + bias) v and its log-sum-exp per query: q [n, H, L, d], k/v [n, H, S, d], bias
     broadcastable to [n, H, L, S] -> ([n, H, L, d] in q's dtype, [n, H, L] fp32). ``fused`` (default: on CPU)
@@ -564,8 +555,8 @@ def paged_decode_attention_varlen(
     One gather of K and V for all chunks ([chunks, n_kv, chunk_tokens, d]), one attention call over every chunk
     (the n_heads // n_kv_heads query heads of a KV head as its query rows: query head j reads KV head
     j // (n_heads // n_kv_heads)) giving each chunk's output and log-sum-exp, then the chunks of a sequence merged
-    by a softmax over their log-sum-exps, shifted by the sequence's max (``segment_max``) so large logits stay
-    finite, with ``index_add_``. Merging in fp32. Returns [batch, n_heads, head_dim] in ``q``'s dtype."""
+    by ``kernels.merge_segments`` (a softmax over their log-sum-exps, shifted by the sequence's max so large logits
+    stay finite). Merging in fp32. Returns [batch, n_heads, head_dim] in ``q``'s dtype."""
     b, h, d = q.shape
     n_kv = k_cache.shape[2]
     if h % n_kv:
@@ -576,10 +567,10 @@ def paged_decode_attention_varlen(
     v = v_cache.index_select(0, blocks).view(n, c_tok, n_kv, d).transpose(1, 2)
     qc = q.reshape(b, n_kv, g, d).index_select(0, seq)  # [chunks, n_kv, g, d]: its sequence's query per chunk
     out, lse = _attention_with_lse(qc, k, v, bias.view(n, 1, 1, c_tok), scale)  # [chunks, n_kv, g, d], [.., g]
-    w = torch.exp(lse - segment_max(lse, seq, b).index_select(0, seq))  # each chunk's share, up to 1/denominator
-    denom = torch.zeros(b, n_kv, g, device=q.device).index_add_(0, seq, w)
-    total = torch.zeros(b, n_kv, g, d, device=q.device).index_add_(0, seq, out.float() * w.unsqueeze(-1))
-    return (total / denom.unsqueeze(-1)).view(b, h, d).to(q.dtype)
+    from ..kernels.attention import merge_segments  # the one online-softmax merge, over all of a sequence's chunks
+
+    out, _ = merge_segments(out, lse, seq, b)  # the chunks of each sequence: [batch, n_kv, g, d] in fp32
+    return out.view(b, h, d).to(q.dtype)
 
 
 def paged_attention_tiled(

@@ -3,7 +3,8 @@
 - ``attention``: ``naive_attention`` (the O(s²) reference), ``flash_attention`` (tiled online softmax in
   plain PyTorch with its own recomputing backward; causal bottom-right aligned, GQA, any lengths),
   ``flash_decode`` (FlashDecoding's split-K) and ``merge_partials``, the one online-softmax merge (ring
-  attention in ``parallel/context.py`` uses it too). Tested against ``scaled_dot_product_attention``:
+  attention in ``parallel/context.py`` uses it too), with ``merge_segments`` merging any number of partials per
+  segment at once (the engine's varlen decode attention). Tested against ``scaled_dot_product_attention``:
   outputs and the three input gradients on random shapes.
 - ``io``: ``IOCounter`` counts the bytes an algorithm loads and stores; ``naive_forward_io`` and
   ``flash_forward_io`` (the paper's Algorithm 1 with its block sizes from the SRAM size) run through it;
@@ -31,6 +32,7 @@ from .attention import (
     flash_attention,
     flash_decode,
     merge_partials,
+    merge_segments,
     naive_attention,
     tile_partial,
 )
@@ -53,6 +55,7 @@ __all__ = [
     "flash_forward_io",
     "flash_io_bytes",
     "merge_partials",
+    "merge_segments",
     "naive_attention",
     "naive_forward_io",
     "paper_block_sizes",

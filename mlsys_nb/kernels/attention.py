@@ -42,6 +42,8 @@ __all__ = [
     "flash_decode",
     "decode_splits",
     "merge_partials",
+    "merge_segments",
+    "segment_max",
     "tile_partial",
     "causal_mask",
     "check_shapes",
@@ -97,6 +99,31 @@ def merge_partials(out, lse, out_b, lse_b):
     ref = torch.where(torch.isfinite(new), new, torch.zeros_like(new))  # no key seen: weights 0, not NaN
     wa, wb = torch.exp(lse - ref).unsqueeze(-1), torch.exp(lse_b - ref).unsqueeze(-1)
     return wa * out + wb * out_b, new
+
+
+def segment_max(x: torch.Tensor, seq: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """Per-segment maximum: x [total, ...], seq [total] segment ids in 0..num_segments-1 ->
+    [num_segments, ...] (-inf for an empty segment). The shift that keeps a segment softmax's exp finite."""
+    out = torch.full((num_segments,) + tuple(x.shape[1:]), float("-inf"), dtype=x.dtype, device=x.device)
+    index = seq.view((-1,) + (1,) * (x.dim() - 1)).expand_as(x)
+    return out.scatter_reduce_(0, index, x, reduce="amax", include_self=True)
+
+
+def merge_segments(out, lse, seq, num_segments: int):
+    """``merge_partials`` over any number of partials at once: partial i (``out[i]`` ``[..., d]``, ``lse[i]``
+    ``[...]``) belongs to segment ``seq[i]``; returns ``(out, lse)`` of each of the ``num_segments`` segments,
+    ``lse = M + log Σ e^(lse_i − M)`` and ``out = Σ e^(lse_i − lse)·out_i`` over its partials, with ``M`` the
+    segment's largest ``lse_i`` (``segment_max``: the shift that keeps the exponentials finite). The same result as
+    folding ``merge_partials`` over a segment's partials in any order. In fp32; every segment needs a partial that
+    has seen a key."""
+    out, lse = out.float(), lse.float()
+    top = segment_max(lse, seq, num_segments)
+    w = torch.exp(lse - top.index_select(0, seq))  # each partial's share, up to 1/denominator
+    denom = torch.zeros_like(top).index_add_(0, seq, w)
+    total = torch.zeros((num_segments,) + tuple(out.shape[1:]), device=out.device).index_add_(
+        0, seq, out * w.unsqueeze(-1)
+    )
+    return total / denom.unsqueeze(-1), top + denom.log()
 
 
 def tile_partial(q, k, v, scale: float, mask=None):
