@@ -434,24 +434,30 @@ def test_cuda_graphs_need_cuda(model):
             llm.engine.runner.capture_cuda_graphs()
 
 
-def test_cuda_graph_padding_changes_nothing(model):
-    """The CUDA-graph path's static buffers, run eagerly on CPU: a decode batch padded to its bucket by
-    repeating row 0 gives the same logits as the unpadded packed batch."""
+def _static_decode(model, seed: int, steps: int):
+    """Three requests stepped ``steps`` times, then their next (decode-only) batch packed (``StepBatch``) and loaded
+    into the 8-row static buffers a CUDA graph captures (``_StaticDecode``, on CPU): -> (batch, io)."""
     from mlsys_nb.inference.model_runner import StepBatch, _StaticDecode
 
-    llm = LLM(model, block_size=4)
-    eng = llm.engine
-    for i, p in enumerate(random_prompts(3, 5, 30, seed=12)):
+    eng = LLM(model, block_size=4).engine
+    for i, p in enumerate(random_prompts(3, 5, 30, seed=seed)):
         eng.add_request(str(i), p, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
-    for _ in range(4):
+    for _ in range(steps):
         eng.step()
     scheduled = eng.scheduler.schedule()
     assert all(n == 1 for _, n in scheduled) and len(scheduled) == 3
     batch = StepBatch(eng.kv, scheduled)
+    io = _StaticDecode(eng.kv, 8, eng.kv.manager.blocks_needed(eng.max_model_len), "cpu")
+    io.load(batch)
+    return batch, io
+
+
+def test_cuda_graph_padding_changes_nothing(model):
+    """The CUDA-graph path's static buffers, run eagerly on CPU: a decode batch padded to its bucket by
+    repeating row 0 gives the same logits as the unpadded packed batch."""
+    batch, io = _static_decode(model, seed=12, steps=4)
     with torch.no_grad():
         want = model(batch.tokens, positions=batch.positions, cache=batch)[0, batch.sample_rows]
-        io = _StaticDecode(eng.kv, 8, eng.kv.manager.blocks_needed(eng.max_model_len), "cpu")
-        io.load(batch)
         got = model(io.tokens, positions=io.positions, cache=io)[0][:3][batch.sample_rows]
     # 8 padded rows vs 3 packed rows: the matmuls have other shapes, so the CPU's GEMM may block them
     # differently (fp32 rounding up to ~3e-5 seen on AMD EPYC); a padding bug moves logits by O(1)
@@ -487,17 +493,9 @@ def test_cuda_graph_forward_has_no_host_sync(model, monkeypatch):
     """What ``CUDAGraphRunner`` captures (the model over ``_StaticDecode``'s buffers) runs no op that syncs with
     the host; with RoPE's device-side bound check back on (the cache not saying its positions were checked on
     the host), the same forward is caught."""
-    from mlsys_nb.inference.model_runner import StepBatch, _StaticDecode
+    from mlsys_nb.inference.model_runner import _StaticDecode
 
-    llm = LLM(model, block_size=4)
-    eng = llm.engine
-    for i, p in enumerate(random_prompts(3, 5, 30, seed=13)):
-        eng.add_request(str(i), p, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
-    for _ in range(3):
-        eng.step()
-    batch = StepBatch(eng.kv, eng.scheduler.schedule())
-    io = _StaticDecode(eng.kv, 8, eng.kv.manager.blocks_needed(eng.max_model_len), "cpu")
-    io.load(batch)
+    _, io = _static_decode(model, seed=13, steps=3)
     with torch.inference_mode():
         with _NoHostSync():
             model(io.tokens, positions=io.positions, cache=io)
