@@ -88,3 +88,26 @@ def test_run_episodes_side_by_side_are_the_episodes_one_env_plays():
                 assert (term or trunc) == (t == len(act) - 1), f"seed {s}: the episode ends at {t}, not {len(act) - 1}"
     finally:
         env.close()
+
+
+def test_actor_critic_fast_path_is_bit_equal_to_its_modules():
+    """``ActorCritic.logits``/``value`` (the layers' ``F.linear``/``tanh`` called directly, the rollouts' and
+    PPO's path) give exactly ``pi(obs)`` / ``v(obs)`` of the ``nn.Sequential`` modules, forward and gradients,
+    on random inputs of the shapes the rollouts use ([4], [8, 4], [256, 4])."""
+    import torch
+
+    from mlsys_nb.rl.ppo import ActorCritic
+
+    g = torch.Generator().manual_seed(5)
+    model = ActorCritic(4, 2, 64, g)
+    for shape in ((4,), (8, 4), (256, 4)):
+        x = torch.randn(shape, generator=g) * 3
+        fast = (model.logits(x), model.value(x))
+        ref = (model.pi(x), model.v(x).squeeze(-1))
+        for a, b in zip(fast, ref):
+            assert torch.equal(a, b), shape
+        w = torch.randn(fast[0].shape, generator=g)
+        grads = [
+            torch.autograd.grad((lo * w).sum() + va.pow(2).sum(), list(model.parameters())) for lo, va in (fast, ref)
+        ]
+        assert all(torch.equal(a, b) for a, b in zip(*grads)), shape

@@ -58,7 +58,7 @@ def run_episode(model: ActorCritic, env, seed: int, generator=None):
     with torch.no_grad():  # one context for the episode, not one per step (the same ops, less overhead)
         while not done:
             x = torch.as_tensor(obs, dtype=torch.float32)
-            action = int(torch.multinomial(torch.softmax(model.pi(x), -1), 1, generator=generator))
+            action = int(torch.multinomial(torch.softmax(model.logits(x), -1), 1, generator=generator))
             obs, reward, term, trunc, _ = env.step(action)
             o.append(x), a.append(action), r.append(float(reward))
             done = term or trunc
@@ -83,7 +83,7 @@ def run_episodes(model: ActorCritic, envs, seeds, generator=None):
     with torch.no_grad():
         while alive.any():
             x = torch.as_tensor(obs, dtype=torch.float32)
-            action = torch.multinomial(torch.softmax(model.pi(x), -1), 1, generator=generator).squeeze(-1)
+            action = torch.multinomial(torch.softmax(model.logits(x), -1), 1, generator=generator).squeeze(-1)
             obs, reward, term, trunc, _ = envs.step(action.numpy())
             o.append(x), a.append(action), r.append(torch.as_tensor(reward, dtype=torch.float32))
             length += alive

@@ -29,6 +29,7 @@ from ..config import check_int, check_number, check_probability
 from ..runtime.timing import Laps, Timer
 
 from torch import nn
+from torch.nn import functional as F
 
 
 # ------------------------------------------------------------------ environments
@@ -83,11 +84,24 @@ class ActorCritic(nn.Module):
             _layer(obs_dim, hidden, s, g), nn.Tanh(), _layer(hidden, hidden, s, g), nn.Tanh(), _layer(hidden, 1, 1.0, g)
         )
 
+    @staticmethod
+    def _mlp(seq: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+        """``seq(x)`` for linear-tanh-linear-tanh-linear, as the same three ``F.linear`` and two ``tanh`` calls
+        without ``nn.Module.__call__`` around each layer: bit-equal, and on CartPole's [8, 4] batches one
+        module call instead of six (the rollouts make one or two per environment step)."""
+        l0, _, l1, _, l2 = seq
+        x = torch.tanh(F.linear(x, l0.weight, l0.bias))
+        return F.linear(torch.tanh(F.linear(x, l1.weight, l1.bias)), l2.weight, l2.bias)
+
+    def logits(self, obs: torch.Tensor) -> torch.Tensor:
+        """The policy's logits ``self.pi(obs)`` (bit-equal, less call overhead: ``_mlp``)."""
+        return self._mlp(self.pi, obs)
+
     def dist(self, obs: torch.Tensor) -> torch.distributions.Categorical:
-        return torch.distributions.Categorical(logits=self.pi(obs))
+        return torch.distributions.Categorical(logits=self.logits(obs))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.v(obs).squeeze(-1)
+        return self._mlp(self.v, obs).squeeze(-1)
 
 
 class Policy:
@@ -101,7 +115,7 @@ class Policy:
     @torch.inference_mode()
     def __call__(self, obs, greedy: bool = True):
         x = torch.as_tensor(np.asarray(obs), dtype=torch.float32)
-        logits = self.model.pi(x)
+        logits = self.model.logits(x)
         a = logits.argmax(-1) if greedy else torch.distributions.Categorical(logits=logits).sample()
         return int(a) if a.ndim == 0 else a.numpy()
 
@@ -166,7 +180,7 @@ class Rollout:
         n = self.envs.num_envs
         buf = {k: [] for k in ("obs", "actions", "logp", "values", "rewards", "dones")}
         for _ in range(n_steps):
-            logits = self.model.pi(self.obs)
+            logits = self.model.logits(self.obs)
             probs = torch.softmax(logits, -1)
             action = torch.multinomial(probs, 1, generator=self.g).squeeze(-1)
             logp = torch.log_softmax(logits, -1).gather(-1, action[:, None]).squeeze(-1)
@@ -283,14 +297,15 @@ def update(model, opt, batch: dict, cfg: Config, clip: float, generator=None) ->
         perm = torch.randperm(n, generator=generator)
         for start in range(0, n, cfg.batch_size):
             idx = perm[start : start + cfg.batch_size]
-            logp_all = torch.log_softmax(model.pi(flat["obs"][idx]), -1)
+            obs = flat["obs"][idx]
+            logp_all = torch.log_softmax(model.logits(obs), -1)
             entropy = -(logp_all.exp() * logp_all).sum(-1)
             new_logp = logp_all.gather(-1, flat["actions"][idx, None]).squeeze(-1)
             loss, parts = ppo_loss(
                 new_logp,
                 flat["logp"][idx],
                 flat["adv"][idx],
-                model.value(flat["obs"][idx]),
+                model.value(obs),
                 flat["ret"][idx],
                 entropy,
                 clip,
