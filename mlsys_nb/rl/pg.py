@@ -72,8 +72,8 @@ def run_episodes(model: ActorCritic, envs, seeds, generator=None):
 
     The same episodes as ``run_episode`` per seed would give for the same actions; the actions are drawn as
     one [n, actions] sample per step instead of one per episode step, so the random stream differs. One
-    policy forward and one vector step per step for all episodes: 1.8-3.2x fewer CPU seconds per env step
-    than ``run_episode`` in a loop (measured: notebook 17's REINFORCE, seeds 0 and 1, a shared 2-core machine)."""
+    policy forward, one sample and one vector step per step for all the episodes, where ``run_episode`` in a
+    loop makes one of each per episode step: fewer seconds per env step."""
     n = len(seeds)
     if envs.num_envs != n:
         raise ValueError(f"seeds: one per copy of envs ({envs.num_envs}), got {n}")
