@@ -116,16 +116,14 @@ def encode_batch(prompts, responses, *, eos: bool = True):
     response's tokens, its EOS included)."""
     ids = [TOKENIZER.encode(r) + ([EOS] if eos else []) for r in responses]
     t = max(len(x) for x in ids)
-    tokens = torch.full((len(ids), PROMPT_LEN + t), EOS, dtype=torch.long)
-    mask = torch.zeros(len(ids), t, dtype=torch.bool)
-    for i, (p, x) in enumerate(zip(prompts, ids)):
+    rows, masks = [], []  # built as lists, then one tensor each (a tensor op per row costs more than the row)
+    for p, x in zip(prompts, ids):
         pi = TOKENIZER.encode(p)
         if len(pi) != PROMPT_LEN:
             raise ValueError(f"prompt {p!r} is not {PROMPT_LEN} bytes")
-        tokens[i, :PROMPT_LEN] = torch.tensor(pi)
-        tokens[i, PROMPT_LEN : PROMPT_LEN + len(x)] = torch.tensor(x)
-        mask[i, : len(x)] = True
-    return tokens, mask
+        rows.append(pi + x + [EOS] * (t - len(x)))
+        masks.append([True] * len(x) + [False] * (t - len(x)))
+    return torch.tensor(rows, dtype=torch.long), torch.tensor(masks, dtype=torch.bool)
 
 
 def decode_responses(tokens: torch.Tensor, mask: torch.Tensor) -> list[str]:
