@@ -2,6 +2,7 @@
 off-policy async runs, the closed forms, a rollout actor that dies mid-step, no Ray process left."""
 
 import math
+import os
 
 import pytest
 
@@ -20,6 +21,7 @@ def sft_rm():
 
 @pytest.fixture(scope="module")
 def cluster(request):
+    import psutil
     import ray
 
     out = {}
@@ -32,6 +34,7 @@ def cluster(request):
             out[mode] = pl.run(mode, 4, workers=workers)
         out["crash"] = pl.run("async", 4, die_at_step=2, workers=workers)
         out["workers_after"] = ray.get([w.pid.remote() for w in workers], timeout=60)
+        out["worker_pythonpath"] = psutil.Process(out["workers_after"][0]).environ().get("PYTHONPATH", "")
         # notebook 18's RLHF task: PPO on the SFT policy and reward model, rollouts from the serving engine
         for mode in ("colocated", "sync", "async"):
             out["rlhf_" + mode] = pl.run(mode, 6, task="rlhf", init=init, batch=32, workers=workers, timeout_s=120)
@@ -57,6 +60,39 @@ def test_ray_shut_down_and_nothing_left(cluster):
 
     assert not ray.is_initialized()
     assert cluster["left"] == []
+    # the workers started with ray_session's directory of skipped imports first on PYTHONPATH; it is gone now
+    skip_dir = cluster["worker_pythonpath"].split(os.pathsep)[0]
+    assert os.path.basename(skip_dir).startswith("mlsys_nb_ray_skip_"), cluster["worker_pythonpath"]
+    assert not os.path.exists(skip_dir)
+
+
+def test_ray_processes_skip_the_slow_optional_import():
+    """``jsonschema`` (imported by every Ray process) imports ``rfc3987_syntax`` when installed, seconds of
+    CPU per process; with ray_session's directory first on PYTHONPATH it does not, and still validates.
+    Without the directory (the broken idea) the same process does import it."""
+    import importlib.util
+    import shutil
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, jsonschema; jsonschema.validate({'a': 1}, {'type': 'object'}); "
+        "print('rfc3987_syntax' in sys.modules)"
+    )
+    skip_dir = pl._skip_imports_dir()
+    try:
+        envs = {"skipped": dict(os.environ, PYTHONPATH=skip_dir)}
+        if importlib.util.find_spec("rfc3987_syntax") is not None:
+            envs["not skipped"] = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        procs = {
+            k: subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+            for k, env in envs.items()
+        }
+        got = {k: p.communicate(timeout=120)[0].strip() for k, p in procs.items()}
+    finally:
+        shutil.rmtree(skip_dir)
+    assert got["skipped"] == "False", got
+    assert got.get("not skipped", "True") == "True", got
 
 
 def test_weight_versions_show_on_and_off_policy(cluster):
