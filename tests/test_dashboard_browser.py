@@ -7,6 +7,7 @@ look at. In CI (``CI`` set) a missing browser is a failure, never a silent skip.
 
 import json
 import os
+import shutil
 import urllib.parse
 
 import pytest
@@ -85,8 +86,19 @@ def server():
             pytest.fail("chromium is missing: .ci/run installs it (apt-get install chromium)")
         pytest.skip("chromium is not installed (apt-get install chromium) ")
     ARTIFACTS.mkdir(exist_ok=True)
-    with voila_server(log_path=ARTIFACTS / "voila.log") as url:
-        yield url
+    # Voila's server imports jsonschema, which builds rfc3987_syntax's parsers at import (seconds of CPU) for
+    # "iri" format checks that serving the dashboard never makes: skipped as in Ray's processes
+    from mlsys_nb.rl.placement import _skip_imports_dir
+
+    skip_dir = _skip_imports_dir()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("PYTHONPATH", os.pathsep.join(x for x in (skip_dir, os.environ.get("PYTHONPATH", "")) if x))
+            with voila_server(log_path=ARTIFACTS / "voila.log") as url:
+                mp.undo()  # the server has its environment; the rest of the session keeps its own
+                yield url
+    finally:
+        shutil.rmtree(skip_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
