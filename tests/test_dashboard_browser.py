@@ -88,9 +88,9 @@ def server():
     ARTIFACTS.mkdir(exist_ok=True)
     # Voila's server imports jsonschema, which builds rfc3987_syntax's parsers at import (seconds of CPU) for
     # "iri" format checks that serving the dashboard never makes: skipped as in Ray's processes
-    from mlsys_nb.rl.placement import _skip_imports_dir
+    from mlsys_nb.runtime.ports import skipped_imports_dir
 
-    skip_dir = _skip_imports_dir()
+    skip_dir = skipped_imports_dir()
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("PYTHONPATH", os.pathsep.join(x for x in (skip_dir, os.environ.get("PYTHONPATH", "")) if x))

@@ -79,7 +79,9 @@ def test_ray_processes_skip_the_slow_optional_import():
         "import sys, jsonschema; jsonschema.validate({'a': 1}, {'type': 'object'}); "
         "print('rfc3987_syntax' in sys.modules)"
     )
-    skip_dir = pl._skip_imports_dir()
+    from mlsys_nb.runtime.ports import skipped_imports_dir
+
+    skip_dir = skipped_imports_dir()
     try:
         envs = {"skipped": dict(os.environ, PYTHONPATH=skip_dir)}
         if importlib.util.find_spec("rfc3987_syntax") is not None:

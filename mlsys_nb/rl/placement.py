@@ -49,6 +49,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..config import ArgumentError, check_choice, check_int
+from ..runtime.ports import skipped_imports_dir
 from ..runtime.timing import Laps, Timer, median
 from .sizing import async_step_s, sync_step_s  # the closed forms, one home (re-exported here)
 
@@ -112,27 +113,6 @@ def _stop_ray_children(wait_s: float) -> None:
     psutil.wait_procs(alive, timeout=wait_s)
 
 
-# Modules that Ray's processes import only as an optional extra and never use, each of them slow to import.
-# ``rfc3987_syntax``: ``import ray`` imports ``jsonschema`` (runtime_env schemas), whose format module
-# imports ``rfc3987_syntax`` when it is installed (Jupyter's ``jupyter-events`` pulls it in); it builds three
-# Earley parsers at import (measured: 3.7 s of CPU for ``python -c "import rfc3987_syntax"`` on a loaded
-# 2-core machine) for the "iri" format checks, and Ray validates no formats.
-SKIPPED_IN_RAY = ("rfc3987_syntax",)
-
-
-def _skip_imports_dir() -> str:
-    """A new temporary directory holding, for each module of ``SKIPPED_IN_RAY``, a module of that name whose
-    import raises ``ImportError`` (as if it were not installed: ``jsonschema`` then leaves out those optional
-    format checks). First on ``PYTHONPATH`` of Ray's processes; ``ray_session`` deletes it at the end."""
-    import tempfile
-
-    path = tempfile.mkdtemp(prefix="mlsys_nb_ray_skip_")
-    for name in SKIPPED_IN_RAY:
-        with open(os.path.join(path, name + ".py"), "w") as f:
-            f.write(f"raise ImportError('{name}: left out of Ray processes by mlsys_nb.rl.placement.ray_session')\n")
-    return path
-
-
 @contextlib.contextmanager
 def ray_session(num_cpus: int = 2, object_store_mb: int = 200, wait_s: float = 15.0, start_attempts: int = 3):
     """A local Ray cluster for the block: ``ray.init(num_cpus, include_dashboard=False,
@@ -145,13 +125,13 @@ def ray_session(num_cpus: int = 2, object_store_mb: int = 200, wait_s: float = 1
     ``start_attempts`` times in all, and the last failure is raised with the attempts named.
 
     Ray's processes (driver aside: its head processes, agents and every worker) start with
-    ``_skip_imports_dir()`` first on ``PYTHONPATH``: see there (measured on a loaded 2-core machine: an actor
-    starts with 4.6-5.1 s of CPU instead of 8.5-10, Ray's processes with 16 s instead of 38-42 until two
-    actors answer)."""
+    ``runtime.ports.skipped_imports_dir()`` first on ``PYTHONPATH``: see there (measured on a loaded 2-core
+    machine: an actor starts with 4.6-5.1 s of CPU instead of 8.5-10, Ray's processes with 16 s instead of 38-42
+    until two actors answer)."""
     import ray
 
     check_int("start_attempts", start_attempts, 1, 10)
-    skip_dir = _skip_imports_dir()
+    skip_dir = skipped_imports_dir()
     pythonpath = os.pathsep.join(x for x in (skip_dir, os.environ.get("PYTHONPATH", "")) if x)
     old_pythonpath = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = pythonpath  # Ray's head processes and raylet copy this environment

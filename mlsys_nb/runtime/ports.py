@@ -6,6 +6,8 @@
 - ``wait_http_ok(url, timeout_s, proc)``: poll ``url`` with GET until it answers 200; a clear error when it
   never does (``TimeoutError`` naming the url and the timeout) or when the server process died first
   (``RuntimeError`` with its exit code and the tail of its output).
+- ``skipped_imports_dir()``: a directory to put first on a child's ``PYTHONPATH`` so that it skips slow optional
+  imports it never uses (``SKIPPED_IMPORTS``).
 - ``ServerProcess(cmd, url)``: the one way the kit starts a server process (the tests' servers, the serving
   benchmark's three): its own process group, ready when ``url/health`` answers 200, the whole group stopped on exit.
 """
@@ -25,7 +27,7 @@ import urllib.request
 
 from ..config import check_number
 
-__all__ = ["ServerProcess", "free_port", "wait_http_ok"]
+__all__ = ["SKIPPED_IMPORTS", "ServerProcess", "free_port", "skipped_imports_dir", "wait_http_ok"]
 
 TAIL_CHARS = 2000  # characters of a dead process's output quoted in the error
 
@@ -161,3 +163,24 @@ class ServerProcess:
             if self._own_log and self.log_path is not None:
                 with contextlib.suppress(OSError):
                     os.remove(self.log_path)
+
+
+# Modules that started processes (Ray's, Voila's server) import only as an optional extra and never use, each slow
+# to import.
+# ``rfc3987_syntax``: ``import ray`` imports ``jsonschema`` (runtime_env schemas), whose format module
+# imports ``rfc3987_syntax`` when it is installed (Jupyter's ``jupyter-events`` pulls it in); it builds three
+# Earley parsers at import (measured: 3.7 s of CPU for ``python -c "import rfc3987_syntax"`` on a loaded
+# 2-core machine) for the "iri" format checks, and Ray validates no formats.
+SKIPPED_IMPORTS = ("rfc3987_syntax",)
+
+
+def skipped_imports_dir() -> str:
+    """A new temporary directory holding, for each module of ``SKIPPED_IMPORTS``, a module of that name whose
+    import raises ``ImportError`` (as if it were not installed: ``jsonschema`` then leaves out those optional
+    format checks). Put first on a child's ``PYTHONPATH`` (``rl.placement.ray_session``'s Ray processes, the
+    browser test's Voila server); the caller deletes it."""
+    path = tempfile.mkdtemp(prefix="mlsys_nb_ray_skip_")
+    for name in SKIPPED_IMPORTS:
+        with open(os.path.join(path, name + ".py"), "w") as f:
+            f.write(f"raise ImportError('{name}: left out by mlsys_nb.runtime.ports.skipped_imports_dir')\n")
+    return path
