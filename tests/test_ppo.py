@@ -192,3 +192,17 @@ def test_an_early_stop_ends_on_a_full_progress_bar(monkeypatch):
     _, curve = ppo.train(seed=0, threshold=1, max_steps=100_000, progress=True)
     assert curve.attrs["reached"] is not None and curve.attrs["reached"] < 100_000
     assert closed and closed[-1] == (curve.attrs["reached"], curve.attrs["reached"])
+
+
+def test_sb3_peer_leaves_no_log_folder_behind(tmp_path, monkeypatch):
+    """SB3's default logger creates tempdir/SB3-<date> on every learn(); the peer runs with a logger that writes nowhere."""
+    pytest.importorskip("stable_baselines3")
+    import tempfile
+
+    from mlsys_nb.rl import sb3_train
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv("SB3_LOGDIR", raising=False)
+    _, curve = sb3_train("CartPole-v1", seed=0, total_steps=256)
+    assert curve["env_steps"].iloc[-1] == 256
+    assert list(tmp_path.glob("SB3-*")) == []

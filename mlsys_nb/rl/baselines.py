@@ -34,6 +34,7 @@ def sb3_train(
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.utils import LinearSchedule
 
     from .ppo import check_env_id, evaluate
@@ -53,6 +54,8 @@ def sb3_train(
         verbose=0,
         **RL_ZOO_CARTPOLE,
     )
+    # SB3's default logger makes an empty folder tempdir/SB3-<date> per run even at verbose=0: log nowhere instead
+    model.set_logger(Logger(folder=None, output_formats=[]))
 
     def policy(obs):
         return model.predict(obs, deterministic=True)[0]
