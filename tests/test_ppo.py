@@ -195,7 +195,7 @@ def test_an_early_stop_ends_on_a_full_progress_bar(monkeypatch):
 
 
 def test_sb3_peer_leaves_no_log_folder_behind(tmp_path, monkeypatch):
-    """SB3's default logger creates tempdir/SB3-<date> on every learn(); the peer runs with a logger that writes nowhere."""
+    """SB3 makes tempdir/SB3-<date> on every learn() by default; the peer runs with a logger that writes nowhere."""
     pytest.importorskip("stable_baselines3")
     import tempfile
 
