@@ -7,7 +7,6 @@ import torch
 
 from mlsys_nb.config import ModelConfig
 from mlsys_nb.inference import KVCache
-from mlsys_nb.inference import kv_cache as kvmod
 from mlsys_nb.models import Transformer
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -124,7 +123,7 @@ def test_check_fails_when_the_causal_rule_is_broken(monkeypatch):
     """The equality test catches a cache that lets a query see one token too few."""
     m = model(seed=7)
     x = torch.randint(0, 61, (2, 12))
-    orig = kvmod.F.scaled_dot_product_attention
+    orig = torch.nn.functional.scaled_dot_product_attention  # what KVCache.attend calls
 
     def off_by_one(q, k, v, attn_mask=None, **kw):
         if attn_mask is not None:
@@ -134,7 +133,7 @@ def test_check_fails_when_the_causal_rule_is_broken(monkeypatch):
             attn_mask.scatter_(-1, idx, ~keep)
         return orig(q, k, v, attn_mask=attn_mask, **kw)
 
-    monkeypatch.setattr(kvmod.F, "scaled_dot_product_attention", off_by_one)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", off_by_one)
     with torch.no_grad():
         got, _ = decode_all(m, x, 4)
         assert not torch.allclose(got, m(x), **TOL)

@@ -47,17 +47,20 @@ GPU memory left after the weights.
 from __future__ import annotations
 
 import math
-
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
 from ..config import DTYPE_BYTES, as_model_config, check_int, check_probability, dtype_bytes, torch_dtype
 
+
+if TYPE_CHECKING:  # torch is imported where a cache is built: the size formulas run without it
+    import torch
 
 __all__ = ["DTYPE_BYTES", "KVCache", "kv_bytes_per_token", "kv_cache_bytes", "max_concurrent_sequences", "weight_bytes"]
 
 
 def _torch_dtype(dtype):
+    import torch
+
     return torch.float32 if dtype is None else torch_dtype(dtype)
 
 
@@ -157,6 +160,8 @@ class KVCache:
     """
 
     def __init__(self, model, n_seqs: int, max_len: int | None = None, *, dtype=None, device=None):
+        import torch
+
         cfg = as_model_config(model)
         if dtype is None and isinstance(model, torch.nn.Module):
             p = next(model.parameters())
@@ -185,6 +190,8 @@ class KVCache:
             self.lengths[self._ids(seq_ids)] = 0
 
     def _ids(self, seq_ids) -> torch.Tensor:
+        import torch
+
         ids = torch.as_tensor(seq_ids, dtype=torch.long).reshape(-1)
         for i in ids.tolist():
             check_int(f"each of seq_ids (n_seqs={self.n_seqs})", i, 0, self.n_seqs - 1)
@@ -195,6 +202,8 @@ class KVCache:
     # -- protocol ------------------------------------------------------------------------------
     def plan(self, seq_ids=None, n_new=None) -> None:
         """Row i of the next forward is sequence ``seq_ids[i]`` with ``n_new[i]`` new tokens."""
+        import torch
+
         ids = None if seq_ids is None else self._ids(seq_ids)
         n = None if n_new is None else torch.as_tensor(n_new, dtype=torch.long).reshape(-1)
         if ids is not None and n is not None and ids.numel() != n.numel():
@@ -202,6 +211,8 @@ class KVCache:
         self._planned = (ids, n)
 
     def begin(self, b: int, s: int) -> torch.Tensor:
+        import torch
+
         ids, n = self._planned or (None, None)
         self._planned, self._step = None, None
         ids = torch.arange(b) if ids is None else ids
@@ -226,6 +237,9 @@ class KVCache:
         return start[:, None] + torch.minimum(j[None, :], n[:, None] - 1)
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        import torch
+        import torch.nn.functional as F
+
         if self._step is None:
             raise RuntimeError("cache.attend called outside a step: the model calls cache.begin first")
         ids, n, start, b, s = self._step
