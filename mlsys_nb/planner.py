@@ -60,6 +60,8 @@ Llama 3's 8K layouts: on 16,384 GPUs (TP8 PP16 DP128, v 8) 16th distinct, 0.10 s
 10th (TP8 CP2 PP16 DP64), which wins by the bubble of twice the micro-batches per pipeline (0.33 s) for 0.03 s
 of CP all-gather; on 8,192 GPUs 34th, because the kit's memory model needs one recomputed layer per stage
 (0.40 s) where Meta recomputed none, and TP 8's exposed traffic (1.2 s) weighs more at 32 micro-batches.
+CP at 8K is not an artefact of the model: NVIDIA's tuned recipe for the same model and sequence length on H100 runs
+TP8 PP8 CP2 VP8 (Megatron-Bridge performance summary, FP8, 1,024 GPUs; docs/references.md#megatron-bridge-perf).
 ``compare(a, b)`` says which term decides between two plans and where that term's formula comes from
 (``TERM_SOURCES``); ``sensitivity(fit)`` ranks the published layouts with each fitted parameter at the
 ends of its bootstrap interval; ``goodput_mfu`` scales an MFU by the fraction of time spent training
