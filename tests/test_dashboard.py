@@ -1,8 +1,11 @@
 """The dashboard in-process: every tab responds, refuses invalid input in place, exports, and its
 configuration round-trips through JSON and a URL query string."""
 
+import base64
+import contextlib
 import html
 import json
+import re
 
 import pytest
 
@@ -13,6 +16,19 @@ from mlsys_nb.dashboard import TABS, Dashboard, self_check
 @pytest.fixture(scope="module")
 def dash():
     return Dashboard()
+
+
+@contextlib.contextmanager
+def restored(d: Dashboard):
+    """``d`` for a test that changes its settings: the tabs it changed, and the selected tab, are put
+    back afterwards (the module's dashboard serves every test; a fresh one costs seconds to draw)."""
+    start = d.state()
+    try:
+        yield d
+    finally:
+        now = d.state()
+        d.set_state({k: v for k, v in start.items() if now[k] != v})
+        assert d.state() == start
 
 
 def test_every_tab_responds_and_explains_invalid_input(dash):
@@ -46,26 +62,30 @@ def test_probe_changes_the_numbers_view(dash):
 
 
 def test_exports_are_real_files(dash):
+    """The files behind the Export button's links (each figure rendered once per format)."""
     for spec in TABS:
-        files = dash.export(spec.key)
+        links = dash.show_exports(spec.key)
+        files = {
+            fmt: base64.b64decode(re.search(f'download="{spec.key}.{fmt}" href="data:[^;]+;base64,([^"]*)"', links)[1])
+            for fmt in ("png", "svg", "csv")
+        }
         assert files["png"].startswith(b"\x89PNG"), spec.key
         assert b"<svg" in files["svg"][:2000], spec.key
-        header = files["csv"].splitlines()[0]
+        header = files["csv"].decode().splitlines()[0]
         assert header.count(",") >= 1, f"{spec.key}: CSV has no columns: {header!r}"
-        assert f'download="{spec.key}.png"' in dash.show_exports(spec.key)
 
 
 def test_configuration_round_trip(dash):
-    changed = Dashboard()
-    for spec in TABS:
-        changed.tabs[spec.key].set_state(spec.probe)
-    changed.set_state({"tab": "pipeline"})
-    via_json = Dashboard(config=json.dumps(changed.state()))
-    assert via_json.state() == changed.state()
-    via_link = Dashboard()
-    assert via_link.load_query("?" + changed.to_query())
-    assert via_link.state() == changed.state()
-    assert via_link.tab.selected_index == [t.key for t in TABS].index("pipeline")
+    with restored(dash) as changed:
+        for spec in TABS:
+            changed.tabs[spec.key].set_state(spec.probe)
+        changed.set_state({"tab": "pipeline"})
+        via_json = Dashboard(config=json.dumps(changed.state()))
+        assert via_json.state() == changed.state()
+        via_link = Dashboard()
+        assert via_link.load_query("?" + changed.to_query())
+        assert via_link.state() == changed.state()
+        assert via_link.tab.selected_index == [t.key for t in TABS].index("pipeline")
 
 
 def test_bad_configuration_is_explained(dash):
@@ -85,7 +105,7 @@ def test_an_old_link_with_afab_opens_as_gpipe():
     """The memory tab called the GPipe schedule "afab" before the kit used one name for it."""
     import urllib.parse
 
-    old = Dashboard()
+    old = Dashboard(tabs=[t for t in TABS if t.key == "memory"])  # the other tabs play no part
     query = "?" + urllib.parse.urlencode({"config": json.dumps({"memory": {"pp": 4, "pp_schedule": "afab"}})})
     assert old.load_query(query)
     assert old.tabs["memory"].state()["pp_schedule"] == "gpipe" and not old.tabs["memory"].error
@@ -100,27 +120,27 @@ def _check_short_link(query: str, changed: dict):
     assert len(query) < 40 * (1 + sum(len(v) if isinstance(v, dict) else 1 for v in changed.values())), len(query)
 
 
-def test_share_link_holds_only_changed_settings_and_round_trips():
-    d = Dashboard()
-    assert d.to_query() == "" and "defaults" in d.link_text.value
-    d.tabs["memory"].set_state({"tp": 4})  # through the tab, as the slider would: the link follows
-    d.tabs["inference"].set_state({"model": "llama-3-70b"})
-    d.set_state({"tab": "inference"})
-    changed = {"tab": "inference", "memory": {"tp": 4}, "inference": {"model": "llama-3-70b"}}
-    _check_short_link(d.to_query(), changed)
-    assert f'href="?{d.to_query()}"' in d.link_text.value
-    fresh = Dashboard()
-    assert fresh.load_query("?" + d.to_query())
-    assert fresh.state() == d.state()
-    assert "does not fit" in fresh.tabs["inference"].stats.value
+def test_share_link_holds_only_changed_settings_and_round_trips(dash):
+    with restored(dash) as d:
+        assert d.to_query() == "" and "defaults" in d.link_text.value
+        d.tabs["memory"].set_state({"tp": 4})  # through the tab, as the slider would: the link follows
+        d.tabs["inference"].set_state({"model": "llama-3-70b"})
+        d.set_state({"tab": "inference"})
+        changed = {"tab": "inference", "memory": {"tp": 4}, "inference": {"model": "llama-3-70b"}}
+        _check_short_link(d.to_query(), changed)
+        assert f'href="?{d.to_query()}"' in d.link_text.value
+        fresh = Dashboard()
+        assert fresh.load_query("?" + d.to_query())
+        assert fresh.state() == d.state()
+        assert "does not fit" in fresh.tabs["inference"].stats.value
 
 
-def test_the_short_link_check_fails_on_the_full_configuration():
+def test_the_short_link_check_fails_on_the_full_configuration(dash):
     """The old link carried every setting of every tab (about 1.3 KB)."""
     import urllib.parse
 
-    d = Dashboard()
-    d.tabs["memory"].set_state({"tp": 4})
-    full = urllib.parse.urlencode({"config": json.dumps(d.state(), separators=(",", ":"))})
+    with restored(dash) as d:
+        d.tabs["memory"].set_state({"tp": 4})
+        full = urllib.parse.urlencode({"config": json.dumps(d.state(), separators=(",", ":"))})
     with pytest.raises(AssertionError):
         _check_short_link(full, {"memory": {"tp": 4}})
