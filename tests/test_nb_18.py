@@ -60,3 +60,83 @@ def test_encode_batch_equals_the_row_by_row_reference():
                 assert a.dtype == b.dtype and torch.equal(a, b), (n, eos)
     with pytest.raises(ValueError, match="prompt 'Q10:' is not 3 bytes"):
         R.encode_batch(["Q10:"], ["ab"])
+
+
+def _notebook_18_start(seed, steps, cache_dir):
+    """Notebook 18's sections 1 and 2 as its cells run them (SFT, then the reward model trained from the SFT
+    policy, kept before ``normalize``), at a few steps."""
+    import torch
+
+    from mlsys_nb.rl import rlhf as R
+
+    torch.manual_seed(seed)
+    policy = R.new_policy(seed=seed)
+    demos = R.make_demos(2000, seed)
+    R.sft(policy, demos, steps=steps, batch=32, seed=seed)
+    train_pairs = R.make_preferences(2400, seed + 1)[:2000]
+    rm, _ = R.train_reward_model(train_pairs, init=policy, steps=steps, batch=32, seed=seed)
+    R.save_start(policy, rm, seed=seed, steps=steps, demos=demos, train_pairs=train_pairs, cache_dir=cache_dir)
+    return policy, rm, demos, train_pairs
+
+
+def _state_equal(a, b):
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_rlhf_init_starts_from_notebook_18s_kept_models(tmp_path, monkeypatch, one_torch_thread):
+    """Notebook 18 keeps its SFT policy and reward model (``save_start``); ``placement.rlhf_init`` with the same
+    seed and steps loads them instead of training (sft is never called), and they are bit-equal to what
+    rlhf_init trains from scratch (``cache=False``): the notebook and rlhf_init train the same models."""
+    from mlsys_nb.rl import placement as pl
+    from mlsys_nb.rl import rlhf as R
+
+    fresh = pl.rlhf_init(seed=2, steps=3, cache=False)
+    policy, rm, _, _ = _notebook_18_start(2, 3, tmp_path)
+    assert _state_equal(fresh["policy"], policy.state_dict()) and _state_equal(fresh["reward"], rm.state_dict())
+
+    def no_training(*a, **k):
+        raise AssertionError("rlhf_init trained although notebook 18's models were kept")
+
+    monkeypatch.setattr(R, "sft", no_training)
+    kept = pl.rlhf_init(seed=2, steps=3, cache_dir=tmp_path)
+    assert _state_equal(kept["policy"], fresh["policy"]) and _state_equal(kept["reward"], fresh["reward"])
+
+
+def test_a_kept_start_of_other_inputs_or_sources_is_not_loaded(tmp_path, monkeypatch, one_torch_thread):
+    """Every input is in the key: a start kept for other steps, seed, data, thread count or training source is
+    not loaded (load_start gives None, rlhf_init trains); a corrupt file is not either, and the broken idea, a
+    key that leaves the data out, would hand out models trained on other data."""
+    import torch
+
+    from mlsys_nb.rl import placement as pl
+    from mlsys_nb.rl import rlhf as R
+
+    _, _, demos, pairs = _notebook_18_start(3, 2, tmp_path)
+    same = dict(seed=3, steps=2, demos=demos, train_pairs=pairs, cache_dir=tmp_path)
+    assert R.load_start(**same) is not None
+    for other in (
+        dict(same, steps=3),
+        dict(same, seed=4),
+        dict(same, demos=R.make_demos(2000, 4)),
+        dict(same, train_pairs=pairs[:-1]),
+    ):
+        assert R.load_start(**other) is None, {k: v for k, v in other.items() if k not in ("demos", "train_pairs")}
+    torch.set_num_threads(2)
+    try:
+        assert R.load_start(**same) is None, "a start trained on another thread count"
+    finally:
+        torch.set_num_threads(1)
+    monkeypatch.setattr(R, "_START_SOURCES", R._START_SOURCES + ("rl/gae.py",))
+    assert R.load_start(**same) is None, "a start trained by other source code"
+    monkeypatch.undo()
+    path = tmp_path / f"{R.start_key(seed=3, steps=2, demos=demos, train_pairs=pairs)}.pt"
+    path.write_bytes(b"half a file")
+    assert R.load_start(**same) is None, "a corrupt file"
+    pl.rlhf_init(seed=3, steps=2, cache_dir=tmp_path)  # nothing readable kept: trains, and keeps what it trained
+    assert R.load_start(**same) is not None, "rlhf_init keeps what it trained"
+    # the broken idea: a key without the data loads the start of seed 3's demonstrations for seed 4's
+    monkeypatch.setattr(R, "start_key", lambda *, seed, steps, demos, train_pairs, batch=32: f"{seed}-{steps}")
+    _notebook_18_start(3, 2, tmp_path)
+    assert R.load_start(**dict(same, demos=R.make_demos(2000, 4))) is not None

@@ -514,11 +514,15 @@ class LocalActor:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def rlhf_init(seed: int = 0, steps: int = 150) -> dict:
-    """Notebook 18's starting point, trained once in this process: a policy fine-tuned on the
-    demonstrations (``rlhf.sft``) and a Bradley-Terry reward model on the preference pairs
-    (``rlhf.train_reward_model``), ``steps`` each. Returns ``{"policy": ..., "reward": ...}`` state dicts
-    for ``run(task="rlhf", init=...)`` (a few seconds; runs on one thread, see below)."""
+def rlhf_init(seed: int = 0, steps: int = 150, *, cache: bool = True, cache_dir=None) -> dict:
+    """Notebook 18's starting point: a policy fine-tuned on the demonstrations (``rlhf.sft``) and a
+    Bradley-Terry reward model on the preference pairs (``rlhf.train_reward_model``), ``steps`` each.
+    Returns ``{"policy": ..., "reward": ...}`` state dicts for ``run(task="rlhf", init=...)``.
+
+    ``cache``: first look for the same models kept by ``rlhf.save_start`` (notebook 18 keeps its own; this
+    function keeps what it trains) under the key of every input of the training (``rlhf.start_key``: seed,
+    steps, the data, the config, torch, the training's source), and train only when there is none
+    (a few seconds; on one thread, see below)."""
     import torch
 
     from . import rlhf
@@ -528,11 +532,18 @@ def rlhf_init(seed: int = 0, steps: int = 150) -> dict:
     # (many times slower beside a busy neighbour); these models are too small to gain from a second one
     torch.set_num_threads(1)
     try:
+        demos = rlhf.make_demos(rlhf.START_DEMOS, seed)
+        train_pairs = rlhf.make_preferences(rlhf.START_PAIRS, seed + 1)[: rlhf.START_TRAIN_PAIRS]
+        inputs = dict(seed=seed, steps=steps, demos=demos, train_pairs=train_pairs)
+        kept = rlhf.load_start(**inputs, cache_dir=cache_dir) if cache else None
+        if kept is not None:
+            return kept
         torch.manual_seed(seed)
         policy = rlhf.new_policy(seed=seed)
-        rlhf.sft(policy, rlhf.make_demos(2000, seed), steps=steps, batch=32, seed=seed)
-        pairs = rlhf.make_preferences(2400, seed + 1)
-        rm, _ = rlhf.train_reward_model(pairs[:2000], init=policy, steps=steps, batch=32, seed=seed)
+        rlhf.sft(policy, demos, steps=steps, batch=rlhf.START_BATCH, seed=seed)
+        rm, _ = rlhf.train_reward_model(train_pairs, init=policy, steps=steps, batch=rlhf.START_BATCH, seed=seed)
+        if cache:
+            rlhf.save_start(policy, rm, **inputs, cache_dir=cache_dir)
     finally:
         torch.set_num_threads(threads)
     return {"policy": policy.state_dict(), "reward": rm.state_dict()}

@@ -47,8 +47,12 @@ token for a forward pass, 6 N for forward + backward, N = parameters of the mode
 from __future__ import annotations
 
 import copy
+import hashlib
+import os
 import random
+import tempfile
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -260,6 +264,71 @@ def train_reward_model(
         losses.append(loss.item())
     rm.eval().requires_grad_(False)
     return rm, losses
+
+
+# ------------------------------------------------------------------ the trained start, kept on disk
+START_DEMOS, START_PAIRS, START_TRAIN_PAIRS, START_BATCH = 2000, 2400, 2000, 32  # notebook 18's SFT and RM data
+# the sources the SFT policy and reward model's training runs (relative to the package): any edit is a new key
+_START_SOURCES = ("rl/rlhf.py", "models", "config.py", "inference/tokenizer.py")
+
+
+def start_cache_dir() -> Path:
+    """Where ``save_start`` keeps trained starts: ``$MLSYS_NB_CACHE/rlhf`` if set, else ``~/.cache/mlsys_nb/rlhf``."""
+    root = os.environ.get("MLSYS_NB_CACHE") or Path.home() / ".cache" / "mlsys_nb"
+    return Path(root) / "rlhf"
+
+
+def start_key(*, seed: int, steps: int, demos, train_pairs, batch: int = START_BATCH) -> str:
+    """The cache key of an SFT policy + reward model trained the way notebook 18 and ``placement.rlhf_init``
+    train them (``new_policy(seed)``, ``sft(..., steps, batch, seed)``, ``train_reward_model(train_pairs,
+    init=policy, steps, batch, seed)``, the optimisers' defaults): a SHA-256 over every input of that
+    training, the data themselves, the model's config, torch's version and thread count, and the source
+    of every module the training runs (``_START_SOURCES``), so an edit anywhere there makes a new key."""
+    h = hashlib.sha256()
+    h.update(repr((seed, steps, batch, demos, train_pairs, tiny_config(), torch.__version__)).encode())
+    h.update(repr(torch.get_num_threads()).encode())
+    pkg = Path(__file__).resolve().parent.parent
+    for rel in _START_SOURCES:
+        p = pkg / rel
+        for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
+            h.update(str(f.relative_to(pkg)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def save_start(policy, reward_model: ScalarModel, *, seed: int, steps: int, demos, train_pairs, cache_dir=None):
+    """Keep a trained SFT policy and reward model (before ``normalize``: offset 0, scale 1) on disk under
+    ``start_key`` of the inputs that trained them, for ``load_start`` (notebook 19's ``rlhf_init`` starts
+    from notebook 18's run instead of training the same models again). Written to a temporary file and
+    renamed (a reader never sees half a file). Returns the path."""
+    if float(reward_model.offset) != 0.0 or float(reward_model.scale) != 1.0:
+        raise ValueError("reward_model: save it before normalize() (offset 0, scale 1): the start is unnormalised")
+    key = start_key(seed=seed, steps=steps, demos=demos, train_pairs=train_pairs)
+    d = Path(cache_dir) if cache_dir is not None else start_cache_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{key}.pt"
+    fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save({"key": key, "policy": policy.state_dict(), "reward": reward_model.state_dict()}, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def load_start(*, seed: int, steps: int, demos, train_pairs, cache_dir=None) -> dict | None:
+    """The ``{"policy": state_dict, "reward": state_dict}`` that ``save_start`` kept for exactly these inputs,
+    or None when there is none (or it cannot be read, or it names another key): then train."""
+    key = start_key(seed=seed, steps=steps, demos=demos, train_pairs=train_pairs)
+    path = (Path(cache_dir) if cache_dir is not None else start_cache_dir()) / f"{key}.pt"
+    try:
+        got = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # absent, half-written by an older writer, corrupt: train instead
+        return None
+    if not isinstance(got, dict) or got.get("key") != key:
+        return None
+    return {"policy": got["policy"], "reward": got["reward"]}
 
 
 # ------------------------------------------------------------------ rollouts
