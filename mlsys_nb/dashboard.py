@@ -22,6 +22,7 @@ every tab with its probe and its invalid combination.
 from __future__ import annotations
 
 import base64
+import contextlib
 import importlib
 import io
 import json
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 import ipywidgets as W
 
 from .config import check_choice
-from .widgets.base import Widget
+from .widgets.base import Widget, without_images
 
 
 @dataclass(frozen=True)
@@ -184,15 +185,18 @@ def _data_link(data: bytes, mime: str, filename: str, label: str) -> str:
 
 
 class Dashboard:
-    """The tabbed app. ``Dashboard(config=...)`` starts from a saved configuration (dict or JSON)."""
+    """The tabbed app. ``Dashboard(config=...)`` starts from a saved configuration (dict or JSON).
+    ``images=False``: a dashboard nobody displays (a self-check, a link round trip): its tabs draw
+    their figures but render no PNG for the page (``mlsys_nb.widgets.base.without_images``)."""
 
-    def __init__(self, tabs=TABS, config=None):
+    def __init__(self, tabs=TABS, config=None, images: bool = True):
         self.specs = {t.key: t for t in tabs}
         self.tabs = {}
         self._numbers, self._exports = {}, {}
         panels = []
         for spec in tabs:
-            obj = getattr(importlib.import_module(spec.module), spec.cls)()
+            with contextlib.nullcontext() if images else without_images():
+                obj = getattr(importlib.import_module(spec.module), spec.cls)()
             self.tabs[spec.key] = obj
             panels.append(self._panel(spec, obj))
         self.tab = W.Tab(children=panels)

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from mlsys_nb import plots
-from mlsys_nb.dashboard import TABS, Dashboard, self_check
+from mlsys_nb.dashboard import TABS, Dashboard, _figure_bytes, self_check
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +42,26 @@ def test_every_tab_figure_keeps_the_house_style(dash):
     (``plots.figure_problems``; tests/test_plots_house_style.py shows it fails on each broken rule)."""
     for key, obj in dash.tabs.items():
         assert plots.figure_problems(obj.figure) == [], key
+
+
+def test_a_dashboard_without_images_draws_the_same_figures(dash):
+    """``images=False`` (the self-check's and the link round trips' dashboards): no PNG for the page,
+    and each tab's figure, numbers and link as a shown dashboard's at the same settings."""
+    hidden = Dashboard(images=False)
+    assert hidden.state() == dash.state() and hidden.to_query() == dash.to_query() == ""
+    for key, obj in hidden.tabs.items():
+        shown = dash.tabs[key]
+        assert bytes(obj.image.value) == b"" and bytes(shown.image.value).startswith(b"\x89PNG"), key
+        assert _figure_bytes(obj.figure) == _figure_bytes(shown.figure), key
+        assert obj.table().equals(shown.table()), key
+
+
+def test_the_same_figure_check_fails_when_a_hidden_tab_skips_its_drawing(dash, monkeypatch):
+    from mlsys_nb.widgets.pipeline import PipelineWidget
+
+    monkeypatch.setattr(PipelineWidget, "draw", lambda self, result: None)  # an empty figure
+    hidden = Dashboard(tabs=[t for t in TABS if t.key == "pipeline"], images=False)
+    assert _figure_bytes(hidden.tabs["pipeline"].figure) != _figure_bytes(dash.tabs["pipeline"].figure)
 
 
 def test_intro_names_every_tab(dash):
@@ -80,9 +100,9 @@ def test_configuration_round_trip(dash):
         for spec in TABS:
             changed.tabs[spec.key].set_state(spec.probe)
         changed.set_state({"tab": "pipeline"})
-        via_json = Dashboard(config=json.dumps(changed.state()))
+        via_json = Dashboard(config=json.dumps(changed.state()), images=False)
         assert via_json.state() == changed.state()
-        via_link = Dashboard()
+        via_link = Dashboard(images=False)
         assert via_link.load_query("?" + changed.to_query())
         assert via_link.state() == changed.state()
         assert via_link.tab.selected_index == [t.key for t in TABS].index("pipeline")
@@ -105,7 +125,7 @@ def test_an_old_link_with_afab_opens_as_gpipe():
     """The memory tab called the GPipe schedule "afab" before the kit used one name for it."""
     import urllib.parse
 
-    old = Dashboard(tabs=[t for t in TABS if t.key == "memory"])  # the other tabs play no part
+    old = Dashboard(tabs=[t for t in TABS if t.key == "memory"], images=False)  # the other tabs play no part
     query = "?" + urllib.parse.urlencode({"config": json.dumps({"memory": {"pp": 4, "pp_schedule": "afab"}})})
     assert old.load_query(query)
     assert old.tabs["memory"].state()["pp_schedule"] == "gpipe" and not old.tabs["memory"].error
@@ -129,7 +149,7 @@ def test_share_link_holds_only_changed_settings_and_round_trips(dash):
         changed = {"tab": "inference", "memory": {"tp": 4}, "inference": {"model": "llama-3-70b"}}
         _check_short_link(d.to_query(), changed)
         assert f'href="?{d.to_query()}"' in d.link_text.value
-        fresh = Dashboard()
+        fresh = Dashboard(images=False)
         assert fresh.load_query("?" + d.to_query())
         assert fresh.state() == d.state()
         assert "does not fit" in fresh.tabs["inference"].stats.value

@@ -19,6 +19,8 @@ Every redraw caused by a control or by ``set_state`` then calls the ``on_update`
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -84,6 +86,21 @@ def error_text(error: BaseException) -> str:
     return str(error)
 
 
+_IMAGES = contextvars.ContextVar("mlsys_widget_images", default=True)
+
+
+@contextlib.contextmanager
+def without_images():
+    """Panels built inside this block draw their figures but never render them to PNG for display
+    (``Panel.images`` is False): for widgets nobody looks at, such as the dashboard's self-check and
+    link round trips (``Dashboard(images=False)``). Their ``figure``, numbers and errors are the same."""
+    token = _IMAGES.set(False)
+    try:
+        yield
+    finally:
+        _IMAGES.reset(token)
+
+
 class Panel:
     """Implements ``Widget`` over ``self.controls`` (name -> ipywidgets control): settings, redraw
     on change, callbacks, an error shown in place, the figure shown as PNG. A subclass implements
@@ -101,6 +118,12 @@ class Panel:
     _table: pd.DataFrame = pd.DataFrame()
     _hold: bool = False  # set_state is changing several controls: redraw once at the end
     _listeners: tuple = ()  # on_update callbacks
+    images: bool = True  # render the figure to PNG for display; False when built inside ``without_images()``
+
+    def __new__(cls, *args, **kwargs):
+        obj = super().__new__(cls)
+        obj.images = _IMAGES.get()  # decided before __init__ draws the first figure
+        return obj
 
     def _wire(self) -> None:
         """Redraw on every control change (set_state holds redraws until all values are set)."""
@@ -185,6 +208,8 @@ class Panel:
             return
         self.image.layout.display = None
         self.image.remove_class("mlsys-stale")
+        if not self.images:  # nobody displays this panel (``without_images``): no PNG
+            return
         buf = io.BytesIO()
         self.figure.savefig(buf, format="png", dpi=self.png_dpi, **self.png_kwargs)
         width = str(round(self.figure.get_figwidth() * self.png_dpi))
