@@ -53,6 +53,17 @@ def quick_runs(request):
     pool.shutdown(wait=True, cancel_futures=True)
 
 
+def test_the_machine_line_names_torchs_version_without_importing_torch(monkeypatch):
+    """A driver that only launches ranks reads torch's version from its installed distribution."""
+    import torch
+
+    from mlsys_nb.runtime.machine import info
+
+    monkeypatch.delitem(sys.modules, "torch")  # as in a process that never imported it
+    assert info()["torch"] == torch.__version__
+    assert "torch" not in sys.modules
+
+
 def test_there_are_benchmarks_and_each_has_a_quick_mode():
     assert SCRIPTS, "no benchmarks found"
     for name in SCRIPTS:

@@ -23,15 +23,19 @@ def cpu_model() -> str:
 
 
 def info() -> dict:
-    """Architecture, CPU, cores, Python and torch versions, 1-minute load average, UTC time."""
-    import torch
+    """Architecture, CPU, cores, Python and torch versions, 1-minute load average, UTC time.
+    torch's version is its installed distribution's unless torch is imported (the same string): a
+    benchmark's driver that only launches ranks does not import torch for it (seconds of CPU)."""
+    import importlib.metadata
+    import sys
 
+    torch = sys.modules.get("torch")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return {
         "uname -m": platform.machine(),
         "nproc": os.cpu_count(),
         "cpu": cpu_model(),
-        "torch": torch.__version__,
+        "torch": torch.__version__ if torch else importlib.metadata.version("torch"),
         "python": platform.python_version(),
         "date (UTC)": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "load average (1 min)": f"{load:.1f}",
