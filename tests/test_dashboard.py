@@ -18,6 +18,12 @@ def dash():
     return Dashboard()
 
 
+@pytest.fixture(scope="module")
+def hidden():
+    """A dashboard nobody displays (``images=False``): its tabs draw their figures but render no PNG."""
+    return Dashboard(images=False)
+
+
 @contextlib.contextmanager
 def restored(d: Dashboard):
     """``d`` for a test that changes its settings: the tabs it changed, and the selected tab, are put
@@ -44,10 +50,9 @@ def test_every_tab_figure_keeps_the_house_style(dash):
         assert plots.figure_problems(obj.figure) == [], key
 
 
-def test_a_dashboard_without_images_draws_the_same_figures(dash):
+def test_a_dashboard_without_images_draws_the_same_figures(dash, hidden):
     """``images=False`` (the self-check's and the link round trips' dashboards): no PNG for the page,
     and each tab's figure, numbers and link as a shown dashboard's at the same settings."""
-    hidden = Dashboard(images=False)
     assert hidden.state() == dash.state() and hidden.to_query() == dash.to_query() == ""
     for key, obj in hidden.tabs.items():
         shown = dash.tabs[key]
@@ -70,7 +75,10 @@ def test_intro_names_every_tab(dash):
         assert f"<b>{t.title}</b>: {html.escape(t.blurb)}" in intro and len(t.blurb) > 20, t.key
 
 
-def test_probe_changes_the_numbers_view(dash):
+def test_probe_changes_the_numbers_view(hidden):
+    """The numbers view follows each tab's redraws (its ``on_update``); no PNG needed (``hidden``:
+    the self-check above drives the shown dashboard through the same changes)."""
+    dash = hidden
     for spec in TABS:
         before = dash.numbers_html(spec.key)
         start = dash.tabs[spec.key].state()
