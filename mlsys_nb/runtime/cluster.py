@@ -65,8 +65,9 @@ import weakref
 
 import cloudpickle
 
-from ..config import check_int, check_seconds
+from ..config import check_choice, check_int, check_seconds
 from .ranks import (
+    BACKENDS,
     HOST,
     RankError,
     RankTimeoutError,
@@ -74,6 +75,7 @@ from .ranks import (
     device,
     die_with_parent,
     open_store,
+    prestart,
     rank_environment,
     resolve_backend,
     run_on_rank,
@@ -292,8 +294,11 @@ class Cluster:
         check_int("threads", threads, 1)
         if pg_timeout is not None:
             check_seconds("pg_timeout", pg_timeout)
+        check_choice("backend", backend, BACKENDS)
+        if backend != "nccl":  # the arguments are valid: the rank factory imports torch while this process does
+            prestart()
         self.world_size = world_size
-        self.backend = resolve_backend(backend, world_size)
+        self.backend = resolve_backend(backend, world_size)  # imports torch; "nccl" without the GPUs raises here
         self.timeout = float(timeout)
         self.threads = threads
         self.error_grace = float(error_grace)

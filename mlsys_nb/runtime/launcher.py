@@ -52,6 +52,7 @@ import cloudpickle
 
 from ..config import check_choice, check_int, check_seconds
 from .ranks import (
+    BACKENDS,
     HOST,
     RankError,
     RankFailure,
@@ -393,12 +394,16 @@ def launch(
     kwargs = {} if kwargs is None else kwargs
     if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
         raise TypeError("args must be a tuple and kwargs a dict")
-    backend = resolve_backend(backend, world_size)
+    check_choice("backend", backend, BACKENDS)
+    check_int("world_size", world_size, 1)
     check_seconds("timeout", timeout)
     check_seconds("start_timeout", start_timeout)
     check_int("threads", threads, 1)
     check_choice("output", output, OUTPUT_MODES)
     payload = _pickle_job(fn, tuple(args), kwargs)
+    if backend != "nccl":  # the arguments are valid: the rank factory imports torch while this process does (below)
+        prestart()
+    backend = resolve_backend(backend, world_size)  # imports torch; "nccl" without the GPUs raises here
 
     ctx = context()
     # Ranks get 10 s more than the launcher for their collectives, so a hang is caught by the
