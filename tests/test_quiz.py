@@ -226,14 +226,16 @@ def test_choice_accepts_letters_and_rejects_unknown():
 
 
 def test_a_worksheet_without_inference_families_does_not_import_torch():
-    """The bank reaches ``mlsys_nb.inference`` (which imports torch, seconds of start-up for the CLI) only when a
-    family that needs it draws: a pipeline worksheet leaves torch unimported, an inference family imports it."""
+    """The bank reaches ``mlsys_nb.inference`` (its engine imports torch, seconds of start-up for the CLI) only when a
+    family that needs it draws: a pipeline worksheet leaves torch and ``mlsys_nb.inference`` unimported, an inference
+    family imports ``mlsys_nb.inference`` (whose size formulas no longer import torch either)."""
     code = (
-        "import sys; from mlsys_nb import quiz; quiz.worksheet(['pipeline'], 3, seed=1); a = 'torch' in sys.modules; "
-        "quiz.make('inference.weight_bytes', 0); print(a, 'torch' in sys.modules)"
+        "import sys; from mlsys_nb import quiz; quiz.worksheet(['pipeline'], 3, seed=1); "
+        "a = 'torch' in sys.modules, 'mlsys_nb.inference' in sys.modules; "
+        "quiz.make('inference.weight_bytes', 0); print(*a, 'mlsys_nb.inference' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
-    assert out.stdout.split() == ["False", "True"], out.stdout
+    assert out.stdout.split() == ["False", "False", "True"], out.stdout
 
 
 def test_cli_show_solutions_and_answers_file(tmp_path):
