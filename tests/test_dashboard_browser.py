@@ -9,11 +9,13 @@ import json
 import os
 import shutil
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from browser import (
     ROOT,
+    START_TIMEOUT_S,
     VIEWPORT,
     browser_page,
     chromium_available,
@@ -80,7 +82,9 @@ ACTIONS = {
 
 
 @pytest.fixture(scope="module")
-def server():
+def starting_server():
+    """Voilà starting in a thread: ``(future of its URL, the environment patch)``. The browser starts
+    meanwhile (``page``), which takes the patch back once the server has its environment."""
     if not chromium_available():
         if os.environ.get("CI"):
             pytest.fail("chromium is missing: .ci/run installs it (apt-get install chromium)")
@@ -91,20 +95,35 @@ def server():
     from mlsys_nb.runtime.ports import skipped_imports_dir
 
     skip_dir = skipped_imports_dir()
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PYTHONPATH", os.pathsep.join(x for x in (skip_dir, os.environ.get("PYTHONPATH", "")) if x))
+    server = voila_server(log_path=ARTIFACTS / "voila.log")
+    pool = ThreadPoolExecutor(max_workers=1)
+    started = pool.submit(server.__enter__)  # Popen, then polls until Voila answers (START_TIMEOUT_S)
     try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("PYTHONPATH", os.pathsep.join(x for x in (skip_dir, os.environ.get("PYTHONPATH", "")) if x))
-            with voila_server(log_path=ARTIFACTS / "voila.log") as url:
-                mp.undo()  # the server has its environment; the rest of the session keeps its own
-                yield url
+        yield started, mp
     finally:
-        shutil.rmtree(skip_dir, ignore_errors=True)
+        mp.undo()
+        pool.shutdown(wait=True)
+        try:
+            if started.exception() is None:
+                server.__exit__(None, None, None)
+        finally:
+            shutil.rmtree(skip_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def page(server):
-    with browser_page() as pg:
-        pg.goto(server, timeout=120_000)
+def server(starting_server):
+    return starting_server[0].result(timeout=START_TIMEOUT_S + 30)
+
+
+@pytest.fixture(scope="module")
+def page(starting_server):
+    started, mp = starting_server
+    with browser_page() as pg:  # chromium starts while Voila does
+        url = started.result(timeout=START_TIMEOUT_S + 30)  # voila_server gives up at START_TIMEOUT_S
+        mp.undo()  # the server has its environment; the rest of the session keeps its own
+        pg.goto(url, timeout=120_000)
         pg.wait_for_selector(".mlsys-panel-memory img", state="attached", timeout=120_000)
         yield pg
 
