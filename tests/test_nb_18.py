@@ -141,6 +141,12 @@ def test_a_kept_start_of_other_inputs_or_sources_is_not_loaded(tmp_path, monkeyp
     assert R.load_start(**same) is None, "a corrupt file"
     pl.rlhf_init(seed=3, steps=2, cache_dir=tmp_path)  # nothing readable kept: trains, and keeps what it trained
     assert R.load_start(**same) is not None, "rlhf_init keeps what it trained"
+    # only the START_KEEP newest starts stay on disk
+    policy, rm = R.new_policy(seed=3), R.ScalarModel(R.new_policy(seed=3))
+    newest = [
+        R.save_start(policy, rm, seed=3, steps=k, demos=demos, train_pairs=pairs, cache_dir=tmp_path) for k in range(10)
+    ]
+    assert len(list(tmp_path.glob("*.pt"))) == R.START_KEEP and newest[-1].exists()
     # the broken idea: a key without the data loads the start of seed 3's demonstrations for seed 4's
     monkeypatch.setattr(R, "start_key", lambda *, seed, steps, demos, train_pairs, batch=32: f"{seed}-{steps}")
     _notebook_18_start(3, 2, tmp_path)

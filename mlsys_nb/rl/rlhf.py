@@ -268,6 +268,7 @@ def train_reward_model(
 
 # ------------------------------------------------------------------ the trained start, kept on disk
 START_DEMOS, START_PAIRS, START_TRAIN_PAIRS, START_BATCH = 2000, 2400, 2000, 32  # notebook 18's SFT and RM data
+START_KEEP = 8  # trained starts kept on disk (the newest)
 # the sources the SFT policy and reward model's training runs (relative to the package): any edit is a new key
 _START_SOURCES = ("rl/rlhf.py", "models", "config.py", "inference/tokenizer.py")
 
@@ -299,7 +300,8 @@ def save_start(policy, reward_model: ScalarModel, *, seed: int, steps: int, demo
     """Keep a trained SFT policy and reward model (before ``normalize``: offset 0, scale 1) on disk under
     ``start_key`` of the inputs that trained them, for ``load_start`` (notebook 19's ``rlhf_init`` starts
     from notebook 18's run instead of training the same models again). Written to a temporary file and
-    renamed (a reader never sees half a file). Returns the path."""
+    renamed (a reader never sees half a file); only the ``START_KEEP`` newest starts stay (~1 MB each: every
+    edit of the training's source makes new keys). Returns the path."""
     if float(reward_model.offset) != 0.0 or float(reward_model.scale) != 1.0:
         raise ValueError("reward_model: save it before normalize() (offset 0, scale 1): the start is unnormalised")
     key = start_key(seed=seed, steps=steps, demos=demos, train_pairs=train_pairs)
@@ -314,7 +316,16 @@ def save_start(policy, reward_model: ScalarModel, *, seed: int, steps: int, demo
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+    for old in sorted(d.glob("*.pt"), key=_mtime, reverse=True)[START_KEEP:]:
+        old.unlink(missing_ok=True)  # a reader that loses it trains instead
     return path
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # removed by another writer meanwhile
+        return 0.0
 
 
 def load_start(*, seed: int, steps: int, demos, train_pairs, cache_dir=None) -> dict | None:
