@@ -104,25 +104,37 @@ def runs(tmp_path_factory):
     import mlsys_nb
     from mlsys_nb.runtime import RankError
 
+    from concurrent.futures import ThreadPoolExecutor
+
     d = tmp_path_factory.mktemp("ckpt")
     kw = dict(save_every=EVERY, keep=2, scratch_at=RESUME_AT)
-    ref = mlsys_nb.launch(train_job, WORLD, args=(SPEC, d / "ref", STEPS), kwargs=kw, output="quiet", timeout=120)[0]
-    with pytest.raises(RankError) as died:
-        mlsys_nb.launch(
-            train_job, WORLD, args=(SPEC, d / "die", STEPS), kwargs=dict(kw, die_at=5), output="quiet", timeout=120
-        )
-    path = latest(d / "die")
     variants = [()] + [(p,) for p in STATE_PARTS]
-    resumed = mlsys_nb.launch(resume_variants, WORLD, args=(SPEC, path, STEPS, variants), output="quiet", timeout=120)[
-        0
-    ]
     start = d / "ref" / f"step_{RESUME_AT:06d}"
-    on2 = mlsys_nb.launch(train_job, RESHARD, args=(SPEC, d / "ref", STEPS), kwargs=dict(resume=start), output="quiet")[
-        0
-    ]
+
+    def uninterrupted():  # the reference run, then its step-4 checkpoint resumed on RESHARD ranks
+        ref = mlsys_nb.launch(train_job, WORLD, args=(SPEC, d / "ref", STEPS), kwargs=kw, output="quiet", timeout=120)
+        on2 = mlsys_nb.launch(
+            train_job, RESHARD, args=(SPEC, d / "ref", STEPS), kwargs=dict(resume=start), output="quiet"
+        )
+        return ref[0], on2[0]
+
+    def killed():  # the run a SIGKILL stops, then its last checkpoint resumed with each state part dropped in turn
+        with pytest.raises(RankError) as died:
+            mlsys_nb.launch(
+                train_job, WORLD, args=(SPEC, d / "die", STEPS), kwargs=dict(kw, die_at=5), output="quiet", timeout=120
+            )
+        path = latest(d / "die")
+        resumed = mlsys_nb.launch(
+            resume_variants, WORLD, args=(SPEC, path, STEPS, variants), output="quiet", timeout=120
+        )
+        return died.value, path, resumed[0]
+
+    with ThreadPoolExecutor(2) as pool:  # two independent chains of launches, side by side (launch is thread-safe)
+        chains = pool.submit(uninterrupted), pool.submit(killed)
+        (ref, on2), (died, path, resumed) = (c.result() for c in chains)
     on1 = resume_in_process(SPEC, start, STEPS)
     return dict(
-        dir=d, ref=ref, died=died.value, path=path, resumed=dict(zip(variants, resumed)), on2=on2, on1=on1, start=start
+        dir=d, ref=ref, died=died, path=path, resumed=dict(zip(variants, resumed)), on2=on2, on1=on1, start=start
     )
 
 
