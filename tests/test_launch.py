@@ -421,21 +421,20 @@ def _results(*processes, timeout_s=180):
     return [results[r] for r in sorted(results)]
 
 
-@pytest.mark.slow
-def test_torchrun_entry_point_two_ranks_matches_launch():
-    under_torchrun = _results(
-        _torchrun("--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()))
-    )
-    from _launch_targets import rank_report
-
-    assert under_torchrun == launch(rank_report, 2, args=(3.0,), output="quiet")
-    assert under_torchrun == [(r, 2, r, 3.0, 1) for r in range(2)]
-
-
-@pytest.mark.slow
-def test_torchrun_entry_point_two_nodes_on_loopback():
-    port = str(free_port())
-    nodes = [
+@pytest.fixture(scope="module")
+def torchrun_jobs():
+    """Both torchrun jobs, started together (their agents and workers each import torch: the start-ups overlap):
+    one node of 2 processes, and two nodes of 1 process on loopback. Each test below reads its own."""
+    one_node_port = free_port()
+    port = free_port()
+    while port == one_node_port:
+        port = free_port()
+    jobs = {
+        "one_node": [
+            _torchrun("--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(one_node_port))
+        ]
+    }
+    jobs["two_nodes"] = [
         _torchrun(
             "--nnodes",
             "2",
@@ -446,12 +445,30 @@ def test_torchrun_entry_point_two_nodes_on_loopback():
             "--master-addr",
             "127.0.0.1",
             "--master-port",
-            port,
+            str(port),
         )
         for node in (0, 1)
     ]
+    yield jobs
+    for p in jobs["one_node"] + jobs["two_nodes"]:  # a test that failed early leaves none running
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+
+
+@pytest.mark.slow
+def test_torchrun_entry_point_two_ranks_matches_launch(torchrun_jobs):
+    under_torchrun = _results(*torchrun_jobs["one_node"])
+    from _launch_targets import rank_report
+
+    assert under_torchrun == launch(rank_report, 2, args=(3.0,), output="quiet")
+    assert under_torchrun == [(r, 2, r, 3.0, 1) for r in range(2)]
+
+
+@pytest.mark.slow
+def test_torchrun_entry_point_two_nodes_on_loopback(torchrun_jobs):
     # each node runs one process: global ranks 0 and 1, both with local rank 0
-    assert _results(*nodes) == [(0, 2, 0, 3.0, 1), (1, 2, 0, 3.0, 1)]
+    assert _results(*torchrun_jobs["two_nodes"]) == [(0, 2, 0, 3.0, 1), (1, 2, 0, 3.0, 1)]
 
 
 @pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # pytest's captured stderr has no fd
