@@ -76,20 +76,12 @@ MEM_PARTS = (
 
 
 @lru_cache(maxsize=64)
-def best_layouts(model: str, gpus: int, gpu: str, global_batch_tokens: int, seq_len: int, gpus_per_node: int):
-    """``planner.search(model, ..., top=TOP)``: the ``TOP`` best layouts as a DataFrame (modelled step
-    time in s, memory in bytes), remembered for the process, so that every planner tab and dashboard
-    asking for the same model, cluster and batch shares one search (0.6-1.9 s each, measured here). The
-    DataFrame is only read (``table()`` hands out copies)."""
-    return planner.search(
-        model,
-        gpus=gpus,
-        gpu=gpu,
-        global_batch_tokens=global_batch_tokens,
-        seq_len=seq_len,
-        gpus_per_node=gpus_per_node,
-        top=TOP,
-    )
+def best_layouts(model: str, **kw):
+    """``planner.search(model, **kw, top=TOP)`` (``kw``: gpus, gpu, global_batch_tokens, seq_len, gpus_per_node):
+    the ``TOP`` best layouts as a DataFrame (modelled step time in s, memory in bytes), remembered for the
+    process, so that every planner tab and dashboard asking for the same model, cluster and batch shares one
+    search (0.6-1.9 s each, measured here). The DataFrame is only read (``table()`` hands out copies)."""
+    return planner.search(model, **kw, top=TOP)
 
 
 class PlannerWidget(ControlPanel):
