@@ -24,24 +24,57 @@ def kernel_name() -> str:
     return "mlsys_nb" if "mlsys_nb" in specs else "python3"
 
 
-def run_notebook(name: str, **parameters):
+def run_notebook(name: str, capability: str | None = None, **parameters):
+    """Execute ``name`` with ``parameters``; with ``capability`` ("default", "avx2", "avx512") its kernel runs
+    PyTorch's kernels of that capability (``ATEN_CPU_CAPABILITY``, with its own inductor and kit caches:
+    ``runtime.machine.capability_env``), as a learner's CPU of that kind would."""
     import papermill as pm
+
+    from mlsys_nb.runtime.machine import capability_env
 
     src = NOTEBOOKS / name
     if not src.exists():
         raise FileNotFoundError(f"no notebook {src}")
     ARTIFACTS.mkdir(exist_ok=True)
     tag = "_".join(f"{k}-{v}" for k, v in sorted(parameters.items())) or "defaults"
+    if capability is not None:
+        tag += f"__capability-{capability}"
     out = ARTIFACTS / f"{src.stem}__{tag}.ipynb"
-    return pm.execute_notebook(
-        str(src),
-        str(out),
-        parameters=parameters,
-        kernel_name=kernel_name(),
-        cwd=str(NOTEBOOKS),
-        execution_timeout=CELL_TIMEOUT_S,
-        progress_bar=False,
-    )
+    saved = dict(os.environ)
+    if capability is not None:  # the kernel process inherits this process's environment when it starts
+        os.environ.clear()
+        os.environ.update(capability_env(capability, saved))
+    try:
+        return pm.execute_notebook(
+            str(src),
+            str(out),
+            parameters=parameters,
+            kernel_name=kernel_name(),
+            cwd=str(NOTEBOOKS),
+            execution_timeout=CELL_TIMEOUT_S,
+            progress_bar=False,
+        )
+    finally:
+        if capability is not None:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
+def other_capability() -> str | None:
+    """A CPU capability other than this machine's native one, for the variant runs of the notebooks whose checks
+    depend on training, sampling or timing: "default" (no vector kernels) where the native kernels are vector
+    ones (every x86 CPU of the last decade), else None (the native kernels are already the default ones). A
+    check tuned to one CPU's rounding then fails on every machine, CI's included."""
+    import subprocess
+    import sys
+
+    from mlsys_nb.runtime.machine import capability_env
+
+    code = "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"
+    native = subprocess.run(
+        [sys.executable, "-c", code], env=capability_env(None), capture_output=True, text=True, timeout=120
+    ).stdout.strip()
+    return "default" if native != "default" else None
 
 
 def printed_text(nb) -> str:

@@ -283,11 +283,12 @@ def start_key(*, seed: int, steps: int, demos, train_pairs, batch: int = START_B
     """The cache key of an SFT policy + reward model trained the way notebook 18 and ``placement.rlhf_init``
     train them (``new_policy(seed)``, ``sft(..., steps, batch, seed)``, ``train_reward_model(train_pairs,
     init=policy, steps, batch, seed)``, the optimisers' defaults): a SHA-256 over every input of that
-    training, the data themselves, the model's config, torch's version and thread count, and the source
+    training, the data themselves, the model's config, torch's version, thread count and CPU kernels
+    (``ATEN_CPU_CAPABILITY``: other kernels sum in another order and train another model), and the source
     of every module the training runs (``_START_SOURCES``), so an edit anywhere there makes a new key."""
     h = hashlib.sha256()
     h.update(repr((seed, steps, batch, demos, train_pairs, tiny_config(), torch.__version__)).encode())
-    h.update(repr(torch.get_num_threads()).encode())
+    h.update(repr((torch.get_num_threads(), torch.backends.cpu.get_cpu_capability())).encode())
     pkg = Path(__file__).resolve().parent.parent
     for rel in _START_SOURCES:
         p = pkg / rel

@@ -58,3 +58,39 @@ def report(text: str, out=None) -> None:
     if out:
         with open(out, "a") as f:
             f.write(f"\n## {summary()}\n\n{text}\n")
+
+
+# ATEN_CPU_CAPABILITY picks which of PyTorch's CPU kernels run: "default" (no vector kernels), "avx2", "avx512"
+# on x86 (others on ARM). Another choice is another summation order: the same seed can train another run.
+CPU_CAPABILITIES = ("default", "avx2", "avx512")
+
+
+def cpu_capability() -> str:
+    """The kernels PyTorch picked in this process, lower case ("default", "avx2", "avx512", "sve256", ...):
+    the native ones unless ``ATEN_CPU_CAPABILITY`` asked for others. Imports torch."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability().lower()
+
+
+def capability_env(capability: str | None, base: dict | None = None) -> dict:
+    """An environment (a copy of ``base``, default ``os.environ``) in which a new process runs PyTorch's
+    ``capability`` kernels (``None``: the native ones, ``ATEN_CPU_CAPABILITY`` removed), with inductor's on-disk
+    cache and the kit's own cache (``MLSYS_NB_CACHE``) kept apart per capability: inductor's cache does not key
+    on the capability, and code compiled for AVX-512 reused under AVX2 gave wrong numbers."""
+    env = dict(os.environ if base is None else base)
+    if capability is None:
+        env.pop("ATEN_CPU_CAPABILITY", None)
+        return env
+    cap = str(capability).lower()
+    if cap not in CPU_CAPABILITIES:
+        raise ValueError(f"capability={capability!r}: one of {CPU_CAPABILITIES} or None (the native kernels)")
+    import tempfile
+
+    user = os.environ.get("USER") or str(os.getuid() if hasattr(os, "getuid") else "user")
+    root = Path(tempfile.gettempdir()) / f"mlsys_nb-{user}-capability-{cap}"
+    env["ATEN_CPU_CAPABILITY"] = cap
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
+    cache = Path(env.get("MLSYS_NB_CACHE") or Path.home() / ".cache" / "mlsys_nb")
+    env["MLSYS_NB_CACHE"] = str(cache / f"capability-{cap}")
+    return env
