@@ -32,7 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from mlsys_nb.margins import parse_margins
-from mlsys_nb.runtime.machine import CPU_CAPABILITIES, capability_env
+from mlsys_nb.runtime.machine import CPU_CAPABILITIES, capability_env, cpu_model
 from mlsys_nb.runtime.machine import summary as machine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,7 +115,7 @@ def rows_of(notebook: str, seed, capability: str, text: str, error: str, wall: f
         "capability": capability,
         "wall_s": round(wall, 1),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "cpu": machine().split(", ")[2],
+        "cpu": cpu_model(),
     }
     held = lambda m: m["room"] > 0 or (m["room"] == 0 and m["op"] in (">=", "<="))
     rows = [{**base, "check": m["label"], "value": m["value"], "op": m["op"], "bound": m["bound"],
