@@ -1,7 +1,12 @@
 """Accelerators and links from ``data/hardware.yaml``: datasheet values with sources (memory, HBM
 bandwidth, dense peaks, link bandwidths), except each link's ``latency_s``, an assumed default
 (``latency_source`` says so): an order of magnitude for the α-β model, not a datasheet or measured
-value. Fit α on a real system instead (``mlsys_nb.comm.pingpong``, notebook 04)."""
+value. Fit α on a real system instead (``mlsys_nb.comm.pingpong``, notebook 04).
+
+Memory has two totals: ``memory_bytes`` (nvidia-smi's, or the datasheet's) and, where a GPU of that kind was
+measured, ``visible_memory_bytes`` (what CUDA lets PyTorch see, ``total_memory``; an H100 80GB HBM3's is
+0.59 % below nvidia-smi's). ``GPU.fit_memory_bytes`` is the visible one where known; ``GPU.fits(nbytes)`` and
+``GPU.fit_verdict(nbytes)`` judge against it and say which total they used."""
 
 from __future__ import annotations
 
@@ -25,6 +30,36 @@ class GPU:
     shared_memory_per_sm_bytes: float | None = None  # the most shared memory (SRAM) one SM can give its blocks
     l2_bytes: float | None = None
     chip_source: str = ""
+    # what CUDA lets PyTorch see (torch.cuda.get_device_properties().total_memory), where measured; else None
+    visible_memory_bytes: float | None = None
+    visible_memory_source: str = ""
+
+    @property
+    def fit_memory_bytes(self) -> float:
+        """The total a fit verdict should use: the CUDA-visible total where measured, else ``memory_bytes``."""
+        return float(self.visible_memory_bytes) if self.visible_memory_bytes else float(self.memory_bytes)
+
+    @property
+    def fit_memory_label(self) -> str:
+        """Which total ``fit_memory_bytes`` is: "CUDA-visible total (measured)", "nvidia-smi total (reported)"
+        or "datasheet total"."""
+        if self.visible_memory_bytes:
+            return "CUDA-visible total (measured)"
+        kind = self.memory_source.split(":")[0]
+        return "nvidia-smi total (reported)" if kind == "reported" else "datasheet total"
+
+    def fits(self, nbytes: float) -> bool:
+        """``nbytes`` fit in ``fit_memory_bytes`` (the CUDA-visible total where measured)."""
+        return float(nbytes) <= self.fit_memory_bytes
+
+    def fit_verdict(self, nbytes: float) -> str:
+        """``"fits"``/``"does not fit"`` with both numbers and the total used, e.g. ``"does not fit: 85.30 GB >
+        85.02 GB (H100-SXM, CUDA-visible total (measured))"``."""
+        ok = self.fits(nbytes)
+        return (
+            f"{'fits' if ok else 'does not fit'}: {float(nbytes) / 1e9:.2f} GB {'<=' if ok else '>'} "
+            f"{self.fit_memory_bytes / 1e9:.2f} GB ({self.name}, {self.fit_memory_label})"
+        )
 
     def peak(self, dtype="bf16") -> float:
         """Dense peak throughput in FLOP/s for ``dtype`` (a name of ``mlsys_nb.config.DTYPE_BYTES``
@@ -55,7 +90,7 @@ def _raw() -> dict:
 
 def gpus() -> dict[str, GPU]:
     return {
-        n: GPU(name=n, **{k: (float(v) if k == "memory_bytes" else v) for k, v in s.items()})
+        n: GPU(name=n, **{k: (float(v) if k in ("memory_bytes", "visible_memory_bytes") else v) for k, v in s.items()})
         for n, s in _raw()["gpus"].items()
     }
 
