@@ -18,6 +18,8 @@ from mlsys_nb.precision import (
     BLOCK_FORMATS,
     FORMATS,
     DelayedScaling,
+    REAL_RECIPES,
+    RECIPES,
     Fp8Blocks,
     LossScaler,
     RecipeAdam,
@@ -25,10 +27,17 @@ from mlsys_nb.precision import (
     block_bits_per_element,
     block_quantize,
     block_scale,
+    bytes_mismatch,
+    calculator_bytes,
     cast,
+    check_autocast_tracks_fp32,
+    check_loss_scale_restores,
+    flat_grads,
     format_info,
     fp8_scale_bytes,
+    linear_output_dtypes,
     make_format,
+    measure_optimizer_bytes,
     measure_recipe,
     quantize,
     quantize_tensor,
@@ -36,6 +45,7 @@ from mlsys_nb.precision import (
     relative_matmul_error,
     representable_values,
     scaler_trajectory,
+    small_grad_error,
     stochastic_round,
     tensor_matmul,
     tile_matmul,
@@ -317,8 +327,120 @@ def test_stochastic_rounding_picks_a_neighbour_and_is_unbiased():
     assert float(quantize(one, "fp8_e4m3").mean()) == 1.0  # round to nearest loses it every time
 
 
-# ---- the memory calculator's recipes, measured -------------------------------------------------------
+# ---- the memory calculator's recipes, measured where torch builds them -----------------------------------
 RECIPE_CFG = tiny_config()
+
+
+@pytest.fixture(scope="module")
+def real_runs():
+    """fp32 and bf16-mixed built from torch's parts (torch.optim.AdamW), one real step each, bytes measured."""
+    return {p: measure_optimizer_bytes(RECIPE_CFG, p, seed=2) for p in REAL_RECIPES}
+
+
+@pytest.mark.parametrize("precision", REAL_RECIPES)
+def test_torch_allocates_the_calculators_bytes_per_parameter(real_runs, precision):
+    m = real_runs[precision]
+    assert bytes_mismatch(m, precision) == {}, bytes_mismatch(m, precision)
+    assert m["n_params"] == estimate(RECIPE_CFG, TrainConfig(precision=precision)).n_params_total
+    assert m["state_dtypes"] == {"step": "float32", "exp_avg": "float32", "exp_avg_sq": "float32"}
+    assert m["step_counters"] == 4 * m["n_tensors"]  # one 0-d fp32 step per tensor, outside the per-param model
+    assert m["moved"] > 0.5  # the step ran
+    if precision == "bf16-mixed":  # the fp32 copies of the gradients the update read, alive during the step
+        assert m["master_grads_at_step"] == 4 * m["n_params"] and m["master"] == 4 * m["n_params"]
+
+
+def test_a_bf16_build_without_its_master_fails_the_bytes_comparison():
+    broken = measure_optimizer_bytes(RECIPE_CFG, "bf16-mixed", master=False, seed=2)
+    miss = bytes_mismatch(broken, "bf16-mixed")
+    assert set(miss) == {"master", "optimizer", "total"}, miss  # torch's moments follow the bf16 weights
+    assert broken["state_dtypes"]["exp_avg_sq"] == "bfloat16" and broken["total"] == 8 * broken["n_params"]
+
+
+def test_an_optimizer_without_adams_second_moment_fails_the_bytes_comparison():
+    broken = measure_optimizer_bytes(RECIPE_CFG, "fp32", optimizer="sgd-momentum", seed=2)
+    assert set(bytes_mismatch(broken, "fp32")) == {"optimizer", "total"}
+    assert bytes_mismatch(broken, "fp32", optimizer="sgd-momentum") == {}  # it is what the calculator says for SGD
+
+
+def test_measure_optimizer_bytes_runs_only_what_a_cpu_builds_for_real():
+    for precision in ("bf16-nomaster", "fp8-te", "fp8-dsv3"):
+        with pytest.raises(ArgumentError, match="precision"):
+            measure_optimizer_bytes(RECIPE_CFG, precision)
+    with pytest.raises(ArgumentError, match="optimizer"):
+        measure_optimizer_bytes(RECIPE_CFG, "fp32", optimizer="adafactor")
+
+
+def test_recipe_storage_is_read_off_the_calculator():
+    # the dtypes RecipeAdam holds add up to the calculator's bytes per parameter (no second table to drift)
+    for precision, r in RECIPES.items():
+        size = {name: getattr(torch, name).itemsize for name in ("float32", "bfloat16", "float8_e4m3fn")}
+        total = size[r["weight"]] + size[r["grad"]] + 4 * r["accum"] + 4 * r["master"] + 2 * size[r["moments"]]
+        assert total == calculator_bytes(1, precision)["total"], precision
+    assert RECIPES["fp8-dsv3"] == dict(
+        weight="float8_e4m3fn", grad="bfloat16", master=True, moments="bfloat16", accum=True
+    )
+
+
+# ---- notebook 22's checks on real runs, and the broken ideas that must fail them ------------------------
+NB22_CFG = tiny_config(hidden=64, ffn_hidden=128, vocab_size=128, seq_len=32)
+
+
+def _autocast_losses(base, seqs, enabled, dtype=torch.bfloat16):
+    model = copy.deepcopy(base)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    with linear_output_dtypes(model) as dtypes:
+        for x in seqs:
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=dtype, enabled=enabled):
+                loss = model(x[:, :-1], targets=x[:, 1:])
+            losses.append(float(loss.detach()))
+            loss.backward()
+            opt.step()
+    return losses, dtypes
+
+
+@pytest.fixture(scope="module")
+def autocast_runs():
+    torch.manual_seed(0)
+    base = Transformer(NB22_CFG)
+    g = torch.Generator().manual_seed(5)
+    seqs = (torch.randint(0, 128, (12, 8, 1), generator=g) + torch.arange(NB22_CFG.seq_len + 1)) % 128
+    return {k: _autocast_losses(base, seqs, enabled=k != "fp32") for k in ("fp32", "bf16")} | {
+        "off": _autocast_losses(base, seqs, enabled=False)
+    }
+
+
+def test_the_autocast_check_passes_a_real_bf16_run(autocast_runs):
+    (ref, ref_dtypes), (run, dtypes) = autocast_runs["fp32"], autocast_runs["bf16"]
+    assert dtypes == {torch.bfloat16} and ref_dtypes == {torch.float32}
+    gap = check_autocast_tracks_fp32(ref, run, dtypes, torch.bfloat16, fp32_dtypes=ref_dtypes)
+    assert 1e-4 < gap < 0.05
+
+
+def test_the_autocast_check_fails_when_autocast_is_switched_off(autocast_runs):
+    (ref, ref_dtypes), (off, off_dtypes) = autocast_runs["fp32"], autocast_runs["off"]
+    assert off == ref  # enabled=False repeats fp32 exactly: the old "gap < 0.05" alone passed it
+    with pytest.raises(AssertionError, match="linear layer"):  # the dtypes it recorded give it away
+        check_autocast_tracks_fp32(ref, off, off_dtypes, torch.bfloat16, fp32_dtypes=ref_dtypes)
+    with pytest.raises(AssertionError, match="changed nothing"):  # and so does the gap's lower bound
+        check_autocast_tracks_fp32(ref, off, {torch.bfloat16}, torch.bfloat16)
+
+
+def test_the_loss_scale_check_runs_on_real_fp16_backwards_and_fails_when_the_scale_does_nothing():
+    torch.manual_seed(0)
+    base = Transformer(NB22_CFG)
+    batch = torch.randint(0, 128, (16, NB22_CFG.seq_len + 1), generator=torch.Generator().manual_seed(0))
+    g32 = flat_grads(base, batch)
+    limit = format_info("fp16").min_normal
+    half = copy.deepcopy(base).half()
+    unscaled = small_grad_error(g32, flat_grads(half, batch, 1.0), limit)
+    scaled = small_grad_error(g32, flat_grads(half, batch, 2.0**10), limit)
+    assert check_loss_scale_restores(unscaled, scaled) > 3
+    with pytest.raises(AssertionError, match="did not restore"):  # a "scale" that does nothing: S = 1 twice
+        check_loss_scale_restores(unscaled, small_grad_error(g32, flat_grads(half, batch, 1.0), limit))
+    with pytest.raises(AssertionError):  # a backward that never ran in fp16 (the old check's cast of fp32): 0 / 0
+        check_loss_scale_restores(small_grad_error(g32, g32, limit), small_grad_error(g32, g32, limit))
 
 
 @pytest.fixture(scope="module")
@@ -334,7 +456,9 @@ def _model_bytes(precision):
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_each_recipes_measured_bytes_equal_the_memory_calculators(recipe_runs, precision):
+def test_each_recipe_adam_holds_the_calculators_bytes_and_trains(recipe_runs, precision):
+    # a consistency check (RecipeAdam's dtypes come from the calculator): it catches an extra or missing copy in
+    # RecipeAdam, and shows each recipe trains with that storage
     run = recipe_runs[precision]
     held, model = run["held"], _model_bytes(precision)
     shapes = [tuple(p.shape) for p in Transformer(RECIPE_CFG).parameters()]

@@ -11,10 +11,17 @@
   ``torch.amp.GradScaler("cpu")``'s (``scaler_trajectory`` runs both with infs injected; tested).
 - ``fp8``: FP8 matmuls on ``torch._scaled_mm`` (real fp8 operands on CPU, emulated numerics): per-tensor
   current and delayed (amax history) scaling, DeepSeek-V3's 1×128 / 128×128 tile scaling.
-- ``recipes``: ``RecipeAdam`` / ``build_recipe(model, precision)``, an AdamW holding exactly what each
-  ``TrainConfig.precision`` recipe stores (weights, gradients, fp32 master or not, moments, in the recipe's dtypes;
-  fp8 codes + 128×128 block scales for fp8-dsv3); ``measure_recipe`` trains the kit's transformer with it and
-  measures the bytes held, tested against ``mlsys_nb.memory.estimate`` (``model_state_bytes_per_param``).
+- ``recipes``: ``measure_optimizer_bytes`` runs one real optimizer step of the recipes torch builds on a CPU
+  (``REAL_RECIPES``: fp32, and bf16-mixed with fp32 master weights) and counts the distinct storages torch
+  allocated (parameters, gradients, master copies, ``optimizer.state``), compared with ``mlsys_nb.memory``'s
+  bytes per parameter (``calculator_bytes``, ``bytes_mismatch``); a build without its master or with one moment
+  fails that comparison. ``RecipeAdam`` / ``build_recipe(model, precision)``: an AdamW holding, for every recipe,
+  tensors of the dtypes the calculator's bytes imply (``recipe_storage``; fp8 codes + 128×128 block scales for
+  fp8-dsv3), a consistency check for the recipes a CPU cannot run (``measure_recipe``).
+- ``checks``: notebook 22's checks on real runs, as functions a test runs with the idea broken:
+  ``linear_output_dtypes`` + ``check_autocast_tracks_fp32`` (autocast ran the matmuls in bf16 and its loss curve
+  stays near fp32's without repeating it), ``flat_grads`` + ``small_grad_error`` + ``check_loss_scale_restores``
+  (a loss scale restores fp16's small gradients in a real fp16 backward).
 """
 
 from .formats import (
@@ -42,20 +49,33 @@ from .fp8 import (
     tensor_matmul,
     tile_matmul,
 )
+from .checks import (
+    check_autocast_tracks_fp32,
+    check_loss_scale_restores,
+    flat_grads,
+    linear_output_dtypes,
+    small_grad_error,
+)
 from .recipes import (
+    REAL_RECIPES,
     RECIPES,
     Fp8Blocks,
     RecipeAdam,
     build_recipe,
+    bytes_mismatch,
+    calculator_bytes,
     fp8_scale_bytes,
+    measure_optimizer_bytes,
     measure_recipe,
     model_state_bytes_per_param,
+    recipe_storage,
 )
 from .scaler import LossScaler, scaler_trajectory
 
 __all__ = [
     "BLOCK_FORMATS",
     "FORMATS",
+    "REAL_RECIPES",
     "RECIPES",
     "DelayedScaling",
     "FormatInfo",
@@ -68,19 +88,28 @@ __all__ = [
     "block_quantize",
     "block_scale",
     "build_recipe",
+    "bytes_mismatch",
+    "calculator_bytes",
     "cast",
+    "check_autocast_tracks_fp32",
+    "check_loss_scale_restores",
     "format_info",
+    "flat_grads",
     "fp8_scale_bytes",
+    "linear_output_dtypes",
     "make_format",
+    "measure_optimizer_bytes",
     "measure_recipe",
     "model_state_bytes_per_param",
     "quantize",
     "quantize_tensor",
     "quantize_tiles",
+    "recipe_storage",
     "relative_error",
     "relative_matmul_error",
     "representable_values",
     "scaler_trajectory",
+    "small_grad_error",
     "stochastic_round",
     "tensor_matmul",
     "tile_matmul",

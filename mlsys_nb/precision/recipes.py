@@ -1,34 +1,36 @@
-"""The memory calculator's precision recipes, built for real: an Adam(W) whose every tensor has its recipe's dtype.
+"""The memory calculator's precision recipes, built two ways: for real with torch's optimizer where the CPU can run
+the recipe, and emulated (``RecipeAdam``) where it cannot.
 
-``torch.optim.AdamW`` keeps its moments in the parameters' dtype and has no master copy, so it cannot build most
-recipes. ``RecipeAdam`` holds, for each parameter of a model, exactly what ``TrainConfig.precision`` says a rank
-holds (bytes per parameter with Adam, the numbers ``mlsys_nb.memory`` uses):
+**Measured** (``measure_optimizer_bytes``): ``fp32`` (an fp32 model and ``torch.optim.AdamW``) and ``bf16-mixed``
+(Micikevicius et al. 2018: a bf16 model, an fp32 master copy that ``torch.optim.AdamW`` updates from fp32 copies of
+the bf16 gradients, copied back) run one real optimizer step; the bytes are counted from the distinct storages of
+the parameters, their gradients, the master copies and every tensor in ``optimizer.state`` (what torch allocated),
+and compared kind by kind with ``mlsys_nb.memory.bytes_per_param`` (``calculator_bytes``). The same builder with a
+piece left out (``master=False``: AdamW on the bf16 model, whose moments then follow the weights' dtype;
+``optimizer="sgd-momentum"``: one moment instead of Adam's two) fails that comparison.
 
-=============== ======================== ============== ============ ==================== =====
-recipe          model weights            gradients      fp32 master  Adam moments (m, v)  total
-=============== ======================== ============== ============ ==================== =====
-fp32            fp32 (4)                 fp32 (4)       no           fp32 (4 + 4)          16
-bf16-mixed      bf16 (2)                 bf16 (2)       yes (4)      fp32 (4 + 4)          16
-bf16-nomaster   bf16 (2)                 bf16 (2)       no           fp32 (4 + 4)          12
-fp8-te          fp32 (4), cast to e4m3   fp32 (4)       no           fp32 (4 + 4)          16
-                per tensor in forward
-fp8-dsv3        e4m3 codes (1) + one     bf16 (2) and   yes (4)      bf16 (2 + 2)          15
-                fp32 scale per 128×128   an fp32 accu-
-                block                    mulator (4)
-=============== ======================== ============== ============ ==================== =====
+**Consistency check, not a measurement** (``RecipeAdam``, ``measure_recipe``): ``bf16-nomaster`` (bf16 weights
+beside fp32 moments: ``torch.optim.AdamW`` keeps its moments in the weights' dtype, so it cannot build it),
+``fp8-te`` (Transformer Engine's fp8 GEMMs) and ``fp8-dsv3`` (fp8 weights in 128×128 blocks) cannot run for real
+on a CPU. ``RecipeAdam`` holds, for each parameter, tensors of the dtypes that ``mlsys_nb.memory``'s bytes per
+parameter imply (``recipe_storage``: 4 B fp32, 2 B bf16, 1 B e4m3; dsv3's 6 B of gradient = bf16 + an fp32
+accumulator), trains with them, and its held bytes equal the calculator's by construction. What it shows: each
+recipe trains with exactly that storage, and fp8-dsv3's 128×128 block scales are the one byte count the
+calculator's 1 B/param leaves out. (Transformer Engine also holds an fp8 copy of each weight beside the
+high-precision one by default, which the calculator's fp8-te 16 B/param leaves out: see notebook 22 §5.)
 
-Transformer Engine (fp8-te) keeps fp32 weights and casts them to fp8 for each matmul (here: e4m3 with one current
-scale per tensor, read back through a straight-through estimator, so the gradient reaches the fp32 weight);
 DeepSeek-V3 (arXiv:2412.19437 §3.3) stores fp8 weights with 128×128 block scales, an fp32 master and fp32 gradient
-accumulation, and bf16 Adam moments. The calculator counts 1 B/param of fp8 weights for every parameter; DeepSeek-V3
-itself keeps the embedding, the output head and the norms in higher precision (a small share at 671B parameters,
-most of a tiny model): this module follows the calculator, so it can test it.
+accumulation, and bf16 Adam moments. The calculator counts 1 B/param of fp8 weights for every parameter;
+DeepSeek-V3 itself keeps the embedding, the output head and the norms in higher precision (a small share at 671B
+parameters, most of a tiny model): this module follows the calculator. Transformer Engine (fp8-te) is emulated
+with fp32 weights cast to e4m3 with one current scale per tensor for each matmul, read back through a
+straight-through estimator, so the gradient reaches the fp32 weight.
 
-The update is AdamW (Loshchilov & Hutter, arXiv:1711.05101) computed in fp32 from the recipe's stored tensors and
-written back in the stored dtypes (rounding there is what the recipe costs). The forward pass runs the module
-through ``torch.func.functional_call`` on weights in the compute dtype (fp32, or bf16 for the 16-bit and dsv3
-recipes; dsv3's bf16 copy of its fp8 weights is a transient of this emulation, dropped after backward: real fp8
-GEMMs read the codes). ``held_bytes`` sums the distinct storages the recipe holds (measured, not computed).
+``RecipeAdam``'s update is AdamW (Loshchilov & Hutter, arXiv:1711.05101) computed in fp32 from the recipe's stored
+tensors and written back in the stored dtypes (rounding there is what the recipe costs). The forward pass runs the
+module through ``torch.func.functional_call`` on weights in the compute dtype (fp32, or bf16 for the 16-bit and
+dsv3 recipes; dsv3's bf16 copy of its fp8 weights is a transient of this emulation, dropped after backward: real
+fp8 GEMMs read the codes). ``held_bytes`` sums the distinct storages the recipe holds.
 """
 
 from __future__ import annotations
@@ -38,15 +40,32 @@ import math
 from ..config import PRECISIONS, ArgumentError, check_choice, check_int, check_number
 from .fp8 import amax_scale, quantize_tensor
 
-# what each recipe stores: weight dtype, gradient dtype, master copy, moment dtype, fp32 gradient accumulator
-RECIPES = {
-    "fp32": dict(weight="float32", grad="float32", master=False, moments="float32", accum=False),
-    "bf16-mixed": dict(weight="bfloat16", grad="bfloat16", master=True, moments="float32", accum=False),
-    "bf16-nomaster": dict(weight="bfloat16", grad="bfloat16", master=False, moments="float32", accum=False),
-    "fp8-te": dict(weight="float32", grad="float32", master=False, moments="float32", accum=False),
-    "fp8-dsv3": dict(weight="float8_e4m3fn", grad="bfloat16", master=True, moments="bfloat16", accum=True),
-}
-assert tuple(RECIPES) == PRECISIONS  # one recipe per TrainConfig.precision
+_DTYPE_OF = {4: "float32", 2: "bfloat16", 1: "float8_e4m3fn"}
+REAL_RECIPES = ("fp32", "bf16-mixed")  # the recipes torch.optim.AdamW builds on a CPU (measure_optimizer_bytes)
+
+
+def recipe_storage(precision: str) -> dict:
+    """What ``precision``'s recipe stores per parameter, read off ``mlsys_nb.memory.bytes_per_param`` (Adam): the
+    weight dtype (4 B fp32, 2 B bf16, 1 B e4m3), the gradient dtype (6 B = bf16 + an fp32 accumulator), whether
+    there is an fp32 master copy, the dtype of each of Adam's two moments. No second table to keep in step."""
+    from ..memory import bytes_per_param
+
+    check_choice("precision", precision, PRECISIONS)
+    b = bytes_per_param(precision, "adam", False, None)
+    grad, accum = (b["grad"] - 4, True) if b["grad"] == 6 else (b["grad"], False)
+    state = b["optimizer"] / 2
+    if b["param"] not in _DTYPE_OF or grad not in (2, 4) or state not in (2, 4) or b["master"] not in (0, 4):
+        raise ArgumentError(f"precision={precision!r}: no storage for the calculator's bytes per parameter {b}")
+    return dict(
+        weight=_DTYPE_OF[b["param"]],
+        grad=_DTYPE_OF[grad],
+        master=b["master"] == 4,
+        moments=_DTYPE_OF[int(state)],
+        accum=accum,
+    )
+
+
+RECIPES = {p: recipe_storage(p) for p in PRECISIONS}  # derived from mlsys_nb.memory, one per TrainConfig.precision
 FP8_BLOCK = 128  # DeepSeek-V3's weight block side
 
 
@@ -290,3 +309,102 @@ def measure_recipe(model_cfg, precision: str, *, steps: int = 3, micro_batches: 
         opt.step()
     n = opt.n_params()
     return dict(held=held, per_param={k: v / n for k, v in held.items()}, losses=losses, n_params=n)
+
+
+# ---- measured: the recipes torch's optimizer really builds ------------------------------------------------------
+_REAL_OPTIMIZERS = ("adamw", "sgd-momentum")
+
+
+def measure_optimizer_bytes(
+    model_cfg, precision: str, *, master: bool | None = None, optimizer: str = "adamw", seed=0, batch: int = 4
+) -> dict:
+    """One real optimizer step of ``Transformer(model_cfg)`` with ``precision``'s recipe built from torch's parts,
+    and the bytes it then holds, counted from the distinct storages (``untyped_storage``) of what torch allocated.
+
+    ``fp32``: an fp32 model and ``torch.optim.AdamW`` on its parameters. ``bf16-mixed``: the model in bf16, an fp32
+    master copy of every parameter that ``torch.optim.AdamW`` updates from an fp32 copy of the bf16 gradient
+    (transient: freed after the step), then copied back into the bf16 weights (Micikevicius et al. 2018). Only these
+    two run for real here (``REAL_RECIPES``); the others are consistency checks (``measure_recipe``).
+
+    Broken variants, for the checks that must fail: ``master=False`` on bf16-mixed runs AdamW on the bf16 model
+    itself (no master; torch's moments then follow the weights' dtype); ``optimizer="sgd-momentum"`` keeps one
+    moment instead of Adam's two.
+
+    Returns ``params``, ``grads``, ``master``, ``optimizer`` (every tensor in ``optimizer.state`` with a dimension:
+    AdamW's ``exp_avg`` and ``exp_avg_sq``), ``total`` (their sum, bytes), ``step_counters`` (AdamW's 0-d ``step``
+    tensors, 4 B per parameter tensor, outside the per-parameter model), ``master_grads_at_step`` (the transient
+    fp32 gradients alive during the step), ``state_dtypes`` ({state name: dtype name}), ``n_params``,
+    ``n_tensors``, ``moved`` (the fraction of parameters the step changed) and ``loss``."""
+    import torch
+
+    from ..models import Transformer
+    from ..models.measure import unique_bytes
+
+    check_choice("precision", precision, REAL_RECIPES)
+    check_choice("optimizer", optimizer, _REAL_OPTIMIZERS)
+    check_int("batch", batch, 1, 1024)
+    mixed = precision == "bf16-mixed"
+    keep_master = mixed if master is None else bool(master) and mixed
+    torch.manual_seed(int(seed))
+    model = Transformer(model_cfg).to(torch.bfloat16 if mixed else torch.float32).train()
+    params = list(model.parameters())  # unique: a tied weight once
+    before = [p.detach().clone() for p in params]
+    updated = [p.detach().float().clone().requires_grad_(True) for p in params] if keep_master else params
+    if optimizer == "adamw":
+        opt = torch.optim.AdamW(updated, lr=1e-3)
+    else:
+        opt = torch.optim.SGD(updated, lr=1e-3, momentum=0.9)
+    g = torch.Generator().manual_seed(int(seed))
+    x = (torch.randint(0, model_cfg.vocab_size, (batch, 1), generator=g) + torch.arange(model_cfg.seq_len + 1)) % (
+        model_cfg.vocab_size
+    )
+    loss = model(x[:, :-1], x[:, 1:])
+    loss.backward()
+    if keep_master:
+        for p, mp in zip(params, updated):
+            mp.grad = p.grad.float()  # the fp32 gradient the update reads
+    opt.step()
+    master_grads = unique_bytes(mp.grad for mp in updated) if keep_master else 0
+    if keep_master:
+        with torch.no_grad():
+            for p, mp in zip(params, updated):
+                p.copy_(mp)  # rounds the updated master into the bf16 weight
+                mp.grad = None
+    items = [(k, v) for st in opt.state.values() for k, v in st.items() if torch.is_tensor(v)]
+    out = dict(
+        params=unique_bytes(params),
+        grads=unique_bytes(p.grad for p in params if p.grad is not None),
+        master=unique_bytes(updated) if keep_master else 0,
+        optimizer=unique_bytes(v for _, v in items if v.dim() > 0),
+    )
+    out["total"] = sum(out.values())
+    out.update(
+        step_counters=unique_bytes(v for _, v in items if v.dim() == 0),
+        master_grads_at_step=master_grads,
+        state_dtypes={k: str(v.dtype).removeprefix("torch.") for k, v in items},
+        n_params=sum(p.numel() for p in params),
+        n_tensors=len(params),
+        moved=sum(int((p.detach() != b).sum()) for p, b in zip(params, before)) / sum(p.numel() for p in params),
+        loss=float(loss.detach()),
+    )
+    return out
+
+
+def calculator_bytes(n_params: int, precision: str, optimizer: str = "adamw") -> dict:
+    """``mlsys_nb.memory.bytes_per_param`` times ``n_params``, by kind (``params``, ``grads``, ``master``,
+    ``optimizer``, ``total``): what ``measure_optimizer_bytes`` is compared with."""
+    from ..memory import bytes_per_param
+
+    b = bytes_per_param(precision, optimizer, False, None)
+    out = dict(params=b["param"] * n_params, grads=b["grad"] * n_params, master=b["master"] * n_params)
+    out["optimizer"] = b["optimizer"] * n_params
+    out["total"] = sum(out.values())
+    return out
+
+
+def bytes_mismatch(measured: dict, precision: str, optimizer: str = "adamw") -> dict:
+    """``{kind: (measured, calculator)}`` for every kind where ``measure_optimizer_bytes``'s bytes differ from
+    ``calculator_bytes`` for the same parameter count: empty when the calculator's per-parameter bytes are what
+    torch allocated."""
+    model = calculator_bytes(measured["n_params"], precision, optimizer)
+    return {k: (measured[k], model[k]) for k in model if measured[k] != model[k]}
