@@ -156,6 +156,54 @@ def test_drop_rule_matches_a_loop_and_per_rank_offsets(gating):
         assert torch.equal(mine.position, r.position[i * T // R : (i + 1) * T // R])
 
 
+def _old_priority_check(idx, keep):
+    """Notebook 09's former check: first choices dropped at ANY expert vs second choices kept at expert 0."""
+    firsts_dropped = bool((~keep[:, 0]).any())
+    seconds_kept_at_0 = bool(((idx[:, 1] == 0) & keep[:, 1]).any())
+    return not (firsts_dropped and seconds_kept_at_0)
+
+
+def _later_choices_first(idx, n_experts):
+    """A broken capacity rule: every expert queues the second choices before the first ones."""
+    return routing.assignment_positions(idx.flip(1), n_experts).flip(1)
+
+
+def test_priority_check_is_per_expert_and_catches_second_choices_queued_first():
+    # the notebook's setting: a router skewed towards experts 0 and 1, tokens leaning the same way
+    g = torch.Generator().manual_seed(3)
+    E, k, T = 4, 2, 32
+    u = torch.nn.functional.normalize(torch.randn(8, generator=g), dim=0)
+    w = torch.randn(E, 8, generator=g) / 8**0.5
+    w[:2] += 4 * u
+    logits = (torch.randn(T, 8, generator=g) + u) @ w.T
+    r = routing.route(logits, k, capacity_factor=1.0)
+    assert ep.priority_violations(r.idx, r.keep, E) == {}
+    testable = ep.priority_testable(r.idx, r.keep, E)
+    assert testable, "the case must give the check something to test"
+    # mutation: second choices queued before first ones to the same expert -> the check fails at those experts
+    bad_keep = _later_choices_first(r.idx, E) < r.capacity
+    assert int(bad_keep.sum()) == int(r.keep.sum()), "same number kept: only the priority differs"
+    bad = ep.priority_violations(r.idx, bad_keep, E)
+    assert bad and set(bad) <= set(testable), (bad, testable)
+    assert all(v == (0, 1) for v in bad.values())
+
+
+def test_old_priority_check_got_both_directions_wrong():
+    E, C = 3, 2
+    # (a) expert 1 is full of first choices (token 2's is dropped); expert 0 keeps two second choices: the rule
+    # holds per expert, the old check (drops anywhere vs kept seconds at expert 0) failed it (notebook 09, seed 3)
+    idx = torch.tensor([[1, 0], [1, 0], [1, 2]])
+    keep = routing.assignment_positions(idx, E) < C
+    assert keep.tolist() == [[True, True], [True, True], [False, True]]
+    assert ep.priority_violations(idx, keep, E) == {} and not _old_priority_check(idx, keep)
+    # (b) real violations at experts 1 and 2 (later choices kept, first choices dropped), no choice to expert 0:
+    # the old check passed it
+    idx = torch.tensor([[1, 2], [1, 2], [2, 1]])
+    keep = _later_choices_first(idx, E) < C
+    assert not keep[1, 0] and keep[2, 1]
+    assert ep.priority_violations(idx, keep, E) == {1: (0, 1), 2: (0, 1)} and _old_priority_check(idx, keep)
+
+
 def test_losses_against_their_definitions():
     E, k, T = 4, 1, 8
     # perfectly uniform routing and probabilities: the load-balancing loss is exactly 1

@@ -66,6 +66,8 @@ __all__ = [
     "compare_with_full",
     "ep_bytes_per_layer",
     "load_full_state_dict",
+    "priority_testable",
+    "priority_violations",
     "sync_replicated_grads",
     "tp_moe_bytes_per_layer",
 ]
@@ -77,6 +79,36 @@ def check_ep_args(cfg: ModelConfig, ep: int, *, gating: str = "softmax", capacit
         raise ArgumentError(f"n_experts={cfg.n_experts}: expert parallelism needs an MoE config (n_experts > 0)")
     check_router_args(cfg.n_experts, cfg.top_k, gating, capacity_factor)
     check_divides("ep", ep, cfg.n_experts, "n_experts")
+
+
+def priority_violations(idx: torch.Tensor, keep: torch.Tensor, n_experts: int) -> dict:
+    """Where the capacity rule broke GShard's priority, expert by expert: ``{expert: (j, j2)}`` for every expert
+    to which a choice of slot ``j`` (0 = first choice) was dropped while a later choice ``j2 > j`` **to the same
+    expert** was kept (empty: the priority held). ``idx``/``keep`` [T, k] as in ``routing.Routing``.
+
+    Per expert, because the queues are per expert: a token's first choice dropped at a full expert 1 says nothing
+    about second choices kept at an expert 0 that still had room."""
+    out = {}
+    for e in range(n_experts):
+        to_e = idx == e  # [T, k]
+        dropped = (to_e & ~keep).any(dim=0).tolist()  # per slot: some choice of this slot to e was dropped
+        kept = (to_e & keep).any(dim=0).tolist()
+        bad = [(j, j2) for j in range(len(dropped)) for j2 in range(j + 1, len(kept)) if dropped[j] and kept[j2]]
+        if bad:
+            out[e] = bad[0]
+    return out
+
+
+def priority_testable(idx: torch.Tensor, keep: torch.Tensor, n_experts: int) -> list[int]:
+    """Experts at which ``priority_violations`` can bite: assignments were dropped there and it was wanted as
+    a first choice by some token and as a later choice by another (a rule that queued the later choices first
+    would keep one of those and drop a first choice)."""
+    out = []
+    for e in range(n_experts):
+        to_e = idx == e
+        if (to_e & ~keep).any() and to_e[:, 0].any() and to_e[:, 1:].any():
+            out.append(e)
+    return out
 
 
 class EPMoE(nn.Module):
