@@ -235,3 +235,177 @@ def test_merge_segments_equals_folding_merge_partials():
             torch.testing.assert_close(got_lse[s], m, rtol=1e-6, atol=1e-4)
     unshifted = torch.exp(lse)  # what a merge without the segment max would weight by
     assert not torch.isfinite(unshifted).all()
+
+
+def test_decode_splits_is_flash_attns_heuristic_computed_by_hand():
+    """flash-attn's num_splits_heuristic (csrc/flash_attn/flash_api.cpp): 1 split once batch·heads·m_blocks >=
+    0.8·SMs, else the fewest splits within 85 % of the best wave efficiency n_waves / ceil(n_waves)."""
+    # the source's own example: 48 heads on 108 SMs: 2 splits (0.89), not 3 (0.67), the fewest that fill the SMs
+    assert kernels.decode_splits(1, 48, 108) == 2
+    assert kernels.fill_splits(1, 48, 108) == 3  # the old rule, kept for what it is
+    # 87 >= 0.8 x 108 = 86.4: the SMs are almost full, one split (filling every SM would take 2)
+    assert kernels.decode_splits(1, 87, 108) == 1 and kernels.fill_splits(1, 87, 108) == 2
+    assert kernels.decode_splits(4, 32, 132) == 1
+    # 86 < 86.4: efficiency 86s/108 / ceil(86s/108) is 0.796 for s = 1..4, 0.995 at s = 5; best 1.0 (s = 54)
+    assert kernels.decode_splits(1, 86, 108) == 5
+    # 8 heads on an H100's 132 SMs: best 1.0 (s = 33); s = 14 gives 112/132 = 0.848 < 0.85, s = 15 gives 0.909
+    assert kernels.decode_splits(1, 8, 132) == 15 and kernels.fill_splits(1, 8, 132) == 17
+    # 10 key blocks: 6 splits hold 2 blocks each like 5 do, so 6 (efficiency 96/108 = 0.889) is skipped: among
+    # s = 1..5 and 10 the best is 0.741 (s = 5 and s = 10), and s = 5 is the first within 85 % of it
+    assert kernels.decode_splits(1, 16, 108, n_blocks=10) == 5
+    assert kernels.decode_splits(1, 16, 108) == 6  # without the KV-length limit, 6 is allowed and best
+    # the candidates stop at min(max_splits, n_sms, n_blocks)
+    assert kernels.decode_splits(1, 1, 132, n_blocks=3) == 3 and kernels.decode_splits(1, 1, 132, max_splits=4) == 4
+    assert kernels.decode_key_blocks(4096, 128) == 32 and kernels.decode_key_blocks(1000, 64) == 4
+    assert kernels.decode_key_blocks(100, 256) == 2
+
+
+def test_decode_splits_mutations_pick_another_count(monkeypatch):
+    """The rule broken on purpose picks other counts on the source's example: taking the best efficiency
+    (no 85 % tolerance) gives 9 splits (432 = 4 x 108 items: 1.0), the fill-every-SM rule 3."""
+    import numpy as np
+
+    def best_only(batch, heads, n_sms, max_splits=128):
+        w = batch * heads
+        eff = {s: (w * s / n_sms) / np.ceil(w * s / n_sms) for s in range(1, min(max_splits, n_sms) + 1)}
+        return max(eff, key=lambda s: (eff[s], -s))
+
+    assert best_only(1, 48, 108) == 9 != kernels.decode_splits(1, 48, 108)
+    assert kernels.fill_splits(1, 48, 108) != kernels.decode_splits(1, 48, 108)
+    with pytest.raises(ValueError, match="n_blocks"):
+        kernels.decode_splits(1, 8, 132, n_blocks=0)
+    with pytest.raises(ValueError, match="n_sms"):
+        kernels.decode_splits(1, 8, 0)
+
+
+def _fake_sysfs(root, cpus):
+    """``cpus``: {cpu: [(level, type, size text, shared_cpu_list), ...]} -> a sysfs-like tree under ``root``."""
+    for cpu, entries in cpus.items():
+        for i, entry in enumerate(entries):
+            d = root / f"cpu{cpu}" / "cache" / f"index{i}"
+            d.mkdir(parents=True)
+            for name, value in zip(("level", "type", "size", "shared_cpu_list"), entry):
+                if value is not None:
+                    (d / name).write_text(f"{value}\n")
+    (root / "cpufreq").mkdir(exist_ok=True)  # siblings that are not CPUs are ignored
+    return root
+
+
+def test_read_caches_from_a_hybrid_cpus_sysfs_with_unequal_l2s(tmp_path):
+    """Intel hybrid: two performance cores with 1.25 MiB L2 each, four efficiency cores sharing a 2 MiB L2,
+    one 24 MiB L3. Every instance is read once; the L2 sizes differ and both are kept."""
+    from mlsys_nb.kernels import hierarchy
+
+    p_core = lambda c: [(1, "Data", "48K", c), (1, "Instruction", "32K", c), (2, "Unified", "1280K", c)]  # noqa: E731
+    e_core = lambda c: [(1, "Data", "32K", c), (1, "Instruction", "64K", c), (2, "Unified", "2048K", "2-5")]  # noqa: E731
+    cpus = {0: p_core("0"), 1: p_core("1"), **{c: e_core(str(c)) for c in range(2, 6)}}
+    for c in cpus:
+        cpus[c].append((3, "Unified", "24576K", "0-5"))
+    caches = hierarchy.read_caches(sysfs_root=_fake_sysfs(tmp_path, cpus), system="Linux")
+    assert caches.source == "sysfs"
+    assert caches.sizes == {"L1d": (32768, 49152), "L2": (1280 * 1024, 2048 * 1024), "L3": (24 * 2**20,)}
+    assert caches.smallest("L2") == 1280 * 1024 and caches.largest("L2") == 2 * 2**20
+    assert "L2 1.25 MiB and 2 MiB" in caches.describe()
+    # the curve is judged at the smallest L2 and twice the largest cache
+    bw = {s: 100.0 if s <= 2**20 else 10.0 for s in hierarchy.sweep_sizes(caches)}
+    split = hierarchy.cache_vs_dram(bw, caches)
+    assert split["edge"] == 1280 * 1024 and split["beyond"] == 48 * 2**20 and not split["assumed"]
+    assert split["in_cache"] == 100.0 and split["dram"] == 10.0
+    assert max(hierarchy.sweep_sizes(caches)) >= 2 * 24 * 2**20
+
+
+def test_read_caches_sizes_in_every_spelling_and_missing_files(tmp_path):
+    """Sizes "1024K" (the spelling older lscpu also printed), "32768K", "1M", "1 MiB", "512 KB"; an index
+    directory without its size (an offline CPU) or with an unreadable one is skipped, not fatal."""
+    from mlsys_nb.kernels import hierarchy
+
+    assert [hierarchy.parse_size(t) for t in ("1024K", "32768K", "1M", "1 MiB", "512 KB", "65536")] == [
+        2**20,
+        2**25,
+        2**20,
+        2**20,
+        2**19,
+        65536,
+    ]
+    with pytest.raises(ValueError, match="size"):
+        hierarchy.parse_size("1024 potatoes")
+    cpus = {
+        0: [(1, "Data", "32K", "0"), (2, "Unified", "1024K", "0"), (3, "Unified", "32768K", "0-1")],
+        1: [(1, "Data", "32K", "1"), (2, "Unified", None, "1"), (3, "Unified", "lots", "0-1")],
+    }
+    caches = hierarchy.read_caches(sysfs_root=_fake_sysfs(tmp_path, cpus), system="Linux")
+    assert caches.sizes == {"L1d": (32768,), "L2": (2**20,), "L3": (2**25,)}
+
+
+def test_read_caches_on_macos_uses_sysctl_and_elsewhere_says_unknown(tmp_path):
+    """No sysfs: macOS reads sysctl (per core kind on Apple silicon, hw.* on an Intel Mac); anything else is
+    "unknown" with the reason, and the curve check then uses the assumed edges and says so. No lscpu."""
+    from mlsys_nb.kernels import hierarchy
+
+    apple = (
+        "hw.perflevel0.l1dcachesize: 131072\nhw.perflevel0.l2cachesize: 16777216\n"
+        "hw.perflevel1.l1dcachesize: 65536\nhw.perflevel1.l2cachesize: 4194304\n"
+        "hw.l1dcachesize: 65536\nhw.l2cachesize: 4194304\n"
+    )  # hw.l3cachesize: unknown oid (stderr), as on Apple silicon
+    asked = []
+    caches = hierarchy.read_caches(
+        sysfs_root=tmp_path / "absent", system="Darwin", run_sysctl=lambda keys: asked.extend(keys) or apple
+    )
+    assert "hw.l2cachesize" in asked and "hw.perflevel0.l2cachesize" in asked
+    assert caches.source == "sysctl" and caches.sizes == {"L1d": (65536, 131072), "L2": (4 * 2**20, 16 * 2**20)}
+    intel_mac = "hw.l1dcachesize: 32768\nhw.l2cachesize: 262144\nhw.l3cachesize: 12582912\n"
+    caches = hierarchy.read_caches(sysfs_root=tmp_path / "absent", system="Darwin", run_sysctl=lambda k: intel_mac)
+    assert caches.sizes == {"L1d": (32768,), "L2": (262144,), "L3": (12 * 2**20,)}
+
+    def broken(keys):
+        raise FileNotFoundError("sysctl")
+
+    gone = hierarchy.read_caches(sysfs_root=tmp_path / "absent", system="Darwin", run_sysctl=broken)
+    assert gone.source == "unknown" and "sysctl failed" in gone.note
+    other = hierarchy.read_caches(sysfs_root=tmp_path / "absent", system="Windows")
+    assert other.source == "unknown" and not other.known and "unknown" in other.describe()
+    bw = {s: 1.0 for s in hierarchy.sweep_sizes(other)}
+    split = hierarchy.cache_vs_dram(bw, other)
+    assert split["assumed"] and split["edge"] == hierarchy.ASSUMED_IN_CACHE
+    with pytest.raises(ValueError, match="sweep_sizes"):
+        hierarchy.cache_vs_dram({4096: 1.0}, other)
+
+
+def test_nothing_in_the_kit_or_notebook_21_runs_lscpu():
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    nb = json.loads((root / "notebooks" / "21_inside_one_gpu.ipynb").read_text())
+    code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert "lscpu" not in code and "subprocess" not in code
+    assert "lscpu" not in (root / "mlsys_nb" / "kernels" / "hierarchy.py").read_text().replace("``lscpu``", "")
+
+
+def test_vector_kernels_decides_from_the_capability():
+    from mlsys_nb.kernels import hierarchy
+
+    assert hierarchy.vector_kernels("avx512", "x86_64")[0] and hierarchy.vector_kernels("AVX2", "x86_64")[0]
+    vec, why = hierarchy.vector_kernels("default", "x86_64")
+    assert not vec and "scalar" in why
+    assert hierarchy.vector_kernels("default", "arm64")[0]  # NEON is ATen's default on Arm
+
+
+def test_a_process_under_other_kernels_gets_its_own_inductor_cache():
+    """The trap: inductor's cache does not key on ATEN_CPU_CAPABILITY (an AVX-512 cache reused under avx2 gave
+    wrong numbers). Under an explicit capability with no cache directory set, compare_fusion's guard points
+    inductor at that capability's own directory (capability_env's); a directory already set is kept."""
+    from mlsys_nb.kernels import fusion
+    from mlsys_nb.runtime.machine import capability_env
+
+    env = {"ATEN_CPU_CAPABILITY": "avx2", "USER": "u"}
+    got = fusion.keep_inductor_cache_apart(env)
+    assert got == env["TORCHINDUCTOR_CACHE_DIR"] == capability_env("avx2", {"USER": "u"})["TORCHINDUCTOR_CACHE_DIR"]
+    other = {"ATEN_CPU_CAPABILITY": "default", "USER": "u"}
+    assert fusion.keep_inductor_cache_apart(other) != got  # each capability its own
+    native = {"USER": "u"}
+    assert fusion.keep_inductor_cache_apart(native) is None and "TORCHINDUCTOR_CACHE_DIR" not in native
+    chosen = {"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": "/somewhere"}
+    assert fusion.keep_inductor_cache_apart(chosen) == "/somewhere"
+    arm = {"ATEN_CPU_CAPABILITY": "sve256", "USER": "u"}
+    assert "capability-sve256" in fusion.keep_inductor_cache_apart(arm)

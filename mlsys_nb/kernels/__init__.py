@@ -2,10 +2,10 @@
 
 - ``attention``: ``naive_attention`` (the O(s²) reference), ``flash_attention`` (tiled online softmax in
   plain PyTorch with its own recomputing backward; causal bottom-right aligned, GQA, any lengths),
-  ``flash_decode`` (FlashDecoding's split-K) and ``merge_partials``, the one online-softmax merge (ring
-  attention in ``parallel/context.py`` uses it too), with ``merge_segments`` merging any number of partials per
-  segment at once (the engine's varlen decode attention). Tested against ``scaled_dot_product_attention``:
-  outputs and the three input gradients on random shapes.
+  ``flash_decode`` (FlashDecoding's split-K), ``decode_splits`` (flash-attn's split-count heuristic) and
+  ``merge_partials``, the one online-softmax merge (ring attention in ``parallel/context.py`` uses it too), with
+  ``merge_segments`` merging any number of partials per segment at once (the engine's varlen decode attention).
+  Tested against ``scaled_dot_product_attention``: outputs and the three input gradients on random shapes.
 - ``io``: ``IOCounter`` counts the bytes an algorithm loads and stores; ``naive_forward_io`` and
   ``flash_forward_io`` (the paper's Algorithm 1 with its block sizes from the SRAM size) run through it;
   ``peak_forward_bytes`` reads peak memory from the profiler's memory timeline.
@@ -28,7 +28,9 @@ if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
 
 from .attention import (
     causal_mask,
+    decode_key_blocks,
     decode_splits,
+    fill_splits,
     flash_attention,
     flash_decode,
     merge_partials,
@@ -49,7 +51,9 @@ from .io import (
 __all__ = [
     "IOCounter",
     "causal_mask",
+    "decode_key_blocks",
     "decode_splits",
+    "fill_splits",
     "flash_attention",
     "flash_decode",
     "flash_forward_io",

@@ -8,16 +8,23 @@ write n): 9n element moves (``b`` is one row, ignored). One fused kernel reads `
 run at the same bandwidth (they do not quite: caches catch some of the eager re-reads, and the fused
 kernel computes GELU's erf on the way). ``torch.compile`` (TorchInductor) generates the fused C++ (on a
 GPU: Triton) kernel; set ``TORCH_LOGS=output_code`` to read it.
+
+Inductor's on-disk cache does not key on ``ATEN_CPU_CAPABILITY``: code compiled for AVX-512 and reused under
+AVX2 gave wrong numbers (notebook 21, max abs diff 7.86). ``keep_inductor_cache_apart()`` (called by
+``compare_fusion`` before it compiles) gives a process that asks for other kernels its own cache directory,
+the one ``runtime.machine.capability_env`` names, unless ``TORCHINDUCTOR_CACHE_DIR`` is already set.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
 from ..config import check_int
 from ..runtime.timing import Timer, median
 
-__all__ = ["chain", "chain_bytes", "unary_chain_bytes", "compare_fusion"]
+__all__ = ["chain", "chain_bytes", "unary_chain_bytes", "compare_fusion", "keep_inductor_cache_apart"]
 
 # (elements read, elements written) per element of x, for each eager kernel of ``chain``
 EAGER_KERNELS = {"x + b": (1, 1), "gelu": (1, 1), "* 0.5": (1, 1), "+ x": (2, 1)}
@@ -43,6 +50,27 @@ def unary_chain_bytes(numel: int, n_ops: int, *, fused: bool, elem_bytes: float 
     return float(numel * (2 * n_ops if not fused else 2) * elem_bytes)
 
 
+def keep_inductor_cache_apart(env=None) -> str | None:
+    """Where ``ATEN_CPU_CAPABILITY`` is set and ``TORCHINDUCTOR_CACHE_DIR`` is not, set the latter (in ``env``,
+    default ``os.environ``) to that capability's own directory (``capability_env``'s); return the directory in
+    use, None for inductor's default (the native kernels). Call it before the process first compiles: inductor
+    writes its default into ``TORCHINDUCTOR_CACHE_DIR`` when it first looks."""
+    from ..runtime.machine import CPU_CAPABILITIES, capability_env
+
+    env = os.environ if env is None else env
+    cap = (env.get("ATEN_CPU_CAPABILITY") or "").strip().lower()
+    if env.get("TORCHINDUCTOR_CACHE_DIR") or not cap:
+        return env.get("TORCHINDUCTOR_CACHE_DIR")
+    if cap in CPU_CAPABILITIES:
+        path = capability_env(cap, dict(env))["TORCHINDUCTOR_CACHE_DIR"]
+    else:  # another architecture's name (sve256, ...): the same scheme
+        import tempfile
+
+        path = os.path.join(tempfile.gettempdir(), f"mlsys_nb-{env.get('USER', 'user')}-capability-{cap}", "inductor")
+    env["TORCHINDUCTOR_CACHE_DIR"] = path
+    return path
+
+
 def compare_fusion(rows: int = 2048, cols: int = 2048, *, reps: int = 7, compiled=None) -> dict:
     """Time ``chain`` eager and compiled (interleaved rounds, medians) on a ``rows × cols`` fp32 input.
     ``compiled``: a ready ``torch.compile(chain)`` (compiled here when None; its first call, the compile,
@@ -51,6 +79,8 @@ def compare_fusion(rows: int = 2048, cols: int = 2048, *, reps: int = 7, compile
     rows, cols, reps = check_int("rows", rows, 1), check_int("cols", cols, 1), check_int("reps", reps, 1)
     g = torch.Generator().manual_seed(0)
     x, b = torch.randn(rows, cols, generator=g), torch.randn(cols, generator=g)
+    if compiled is None:
+        keep_inductor_cache_apart()
     fused = compiled if compiled is not None else torch.compile(chain)
     with torch.no_grad(), Timer() as first:
         y_fused = fused(x, b)
