@@ -211,47 +211,6 @@ def test_a_client_that_leaves_before_its_body_is_read_counts_as_aborted(url):
     assert m["requests_finished_total"] == before["requests_finished_total"]
 
 
-def test_everything_at_once(url, client, offline):
-    """32 streams, 8 non-streaming, 8 clients that leave early (4 streaming, 4 not: raw sockets closed), the
-    poisoned values and the malformed requests, all at once: every good request gets the offline text, every bad
-    one a 4xx JSON error naming its field, every leaver is aborted, and blocks and queues return to zero."""
-    before = metrics(url)
-    prompts = [f"request {i}: " + "abc" * (i % 5) for i in range(40)]
-    want = offline(prompts)
-    leave = {**GOOD, "prompt": "long story", "max_tokens": 110}
-
-    def leave_streaming():
-        with httpx.stream("POST", url + COMPL, json={**leave, "stream": True}, timeout=60) as r:
-            next(line for line in r.iter_lines() if line.startswith("data:"))  # it runs: now go away
-
-    def leave_waiting():
-        s = raw_request(url, COMPL, leave)
-        time.sleep(0.2)
-        s.close()
-
-    plain = lambda p: client.completions.create(prompt=p, **good_kw()).choices[0].text  # noqa: E731
-    with cf.ThreadPoolExecutor(96) as pool:
-        streams = [pool.submit(stream_text, client, p, **good_kw()) for p in prompts[:32]]
-        plains = [pool.submit(plain, p) for p in prompts[32:]]
-        leavers = [pool.submit(leave_streaming) for _ in range(4)] + [pool.submit(leave_waiting) for _ in range(4)]
-        bad = [(case, pool.submit(send, url, case[1], case[2])) for case in POISONED + MALFORMED]
-        for (what, _, _, status, param), f in bad:
-            check_error(f.result(timeout=300), status, param, what)
-        assert [f.result(timeout=300) for f in streams] == [(w, "length") for w in want[:32]]
-        assert [f.result(timeout=300) for f in plains] == want[32:]
-        for f in leavers:
-            f.result(timeout=300)
-    m = wait_idle(url)  # nothing left running, waiting or holding blocks
-    aborted = m["requests_aborted_total"] - before["requests_aborted_total"]
-    finished = m["requests_finished_total"] - before["requests_finished_total"] - len(prompts)
-    # Every leaver is aborted (each asks for 110 tokens and leaves after its first one, or 0.2 s after sending).
-    assert (aborted, finished) == (8, 0), f"leavers: {aborted} aborted, {finished} finished, of 8"
-    assert m["requests_failed_total"] == before["requests_failed_total"], "no request may fail inside the engine"
-    r = httpx.get(url + "/v1/nowhere", timeout=10)
-    check_error(r, 404, None, "unknown route")
-    check_error(httpx.get(url + COMPL, timeout=10), 405, None, "wrong method")
-
-
 def test_fields_are_honoured(url, client, offline):
     """logit_bias, min_tokens, stop_reason, echo, include_usage, logprobs in OpenAI's shapes (streamed too)."""
     p = {**GOOD, "prompt": "honour", "max_tokens": 6}
@@ -422,6 +381,67 @@ def test_a_failing_request_gets_an_error_event_and_the_others_finish(local_serve
         assert [f.result(timeout=300) for f in good] == [(w, "length") for w in want]
     m = wait_idle(u)
     assert m["requests_failed_total"] == 2
+
+
+LEAVER_STEP_S = 0.05  # seconds added to every engine step in test_everything_at_once (see there)
+
+
+def test_everything_at_once(local_server, offline):
+    """32 streams, 8 non-streaming, 8 clients that leave early (4 streaming, 4 not: raw sockets closed), the
+    poisoned values and the malformed requests, all at once: every good request gets the offline text, every bad
+    one a 4xx JSON error naming its field, every leaver is aborted, and blocks and queues return to zero.
+
+    Served in this process with every engine step LEAVER_STEP_S slower (as in the one-leaver test above): the
+    tiny model runs a leaver's 110 tokens in ~0.33 s at full speed, so a non-streaming leaver that closes 0.2 s
+    after sending (later still when its thread waits for the GIL among 96) could finish before its close was
+    handled (CI: "3 aborted, 5 finished, of 8", alone too). At 0.05 s a step its 110 tokens take over 5.5 s,
+    25x the time it takes to leave: every leaver must be aborted, and a handler that misses a disconnect
+    lets its leaver finish and fails the check."""
+    url, engine = local_server()
+    real_step = engine.step
+
+    def slow_step():
+        time.sleep(LEAVER_STEP_S)
+        return real_step()
+
+    engine.step = slow_step
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=120, max_retries=0)
+    before = metrics(url)
+    prompts = [f"request {i}: " + "abc" * (i % 5) for i in range(40)]
+    want = offline(prompts)
+    leave = {**GOOD, "prompt": "long story", "max_tokens": 110}
+
+    def leave_streaming():
+        with httpx.stream("POST", url + COMPL, json={**leave, "stream": True}, timeout=60) as r:
+            next(line for line in r.iter_lines() if line.startswith("data:"))  # it runs: now go away
+
+    def leave_waiting():
+        s = raw_request(url, COMPL, leave)
+        time.sleep(0.2)
+        s.close()
+
+    plain = lambda p: client.completions.create(prompt=p, **good_kw()).choices[0].text  # noqa: E731
+    with cf.ThreadPoolExecutor(96) as pool:
+        streams = [pool.submit(stream_text, client, p, **good_kw()) for p in prompts[:32]]
+        plains = [pool.submit(plain, p) for p in prompts[32:]]
+        leavers = [pool.submit(leave_streaming) for _ in range(4)] + [pool.submit(leave_waiting) for _ in range(4)]
+        bad = [(case, pool.submit(send, url, case[1], case[2])) for case in POISONED + MALFORMED]
+        for (what, _, _, status, param), f in bad:
+            check_error(f.result(timeout=300), status, param, what)
+        assert [f.result(timeout=300) for f in streams] == [(w, "length") for w in want[:32]]
+        assert [f.result(timeout=300) for f in plains] == want[32:]
+        for f in leavers:
+            f.result(timeout=300)
+    m = wait_idle(url)  # nothing left running, waiting or holding blocks
+    aborted = m["requests_aborted_total"] - before["requests_aborted_total"]
+    finished = m["requests_finished_total"] - before["requests_finished_total"] - len(prompts)
+    # Every leaver is aborted (each asks for 110 tokens, >5.5 s here, and leaves after its first one, or 0.2 s
+    # after sending).
+    assert (aborted, finished) == (8, 0), f"leavers: {aborted} aborted, {finished} finished, of 8"
+    assert m["requests_failed_total"] == before["requests_failed_total"], "no request may fail inside the engine"
+    r = httpx.get(url + "/v1/nowhere", timeout=10)
+    check_error(r, 404, None, "unknown route")
+    check_error(httpx.get(url + COMPL, timeout=10), 405, None, "wrong method")
 
 
 def test_retry_after_is_the_time_the_queue_needs_to_drain():
