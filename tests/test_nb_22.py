@@ -1,17 +1,26 @@
-"""Notebook 22 under papermill with another seed, fewer training steps and the worked solutions."""
+"""Notebook 22 under papermill with another seed, fewer training steps and the worked solutions, on PyTorch's
+kernels of another CPU capability (``other_capability()``: "default" on a vector machine), as a learner's CPU would
+run it: its checks on training and random data must hold there too."""
 
 import pytest
-from nbrun import assert_exercises_passed, printed_text, run_notebook
+from nbrun import assert_exercises_passed, other_capability, printed_text, run_notebook
+
+from mlsys_nb.margins import parse_margins
 
 
 @pytest.mark.notebook
-def test_notebook_22_runs_with_seed_1_and_solutions():
-    nb = run_notebook("22_number_formats_and_mixed_precision.ipynb", seed=1, steps=20, solutions=True)
+def test_notebook_22_runs_with_seed_1_and_solutions_on_other_kernels():
+    nb = run_notebook(
+        "22_number_formats_and_mixed_precision.ipynb", capability=other_capability(), seed=1, steps=20, solutions=True
+    )
     text = printed_text(nb)
     assert "seed=1, steps=20, solutions=True" in text
     assert text.count("check passed") == 9, text
     assert_exercises_passed(text, 2)
     assert "LossScaler's scales and skipped steps equal GradScaler's" in text
+    labels = [m["label"] for m in parse_margins(text)]
+    assert len(labels) == len(set(labels)) and "exercise 1: Kahan bf16 gap to the master" in labels, labels
+    assert all(m["room"] > 0 for m in parse_margins(text))
 
 
 @pytest.mark.notebook
