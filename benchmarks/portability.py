@@ -165,7 +165,7 @@ def markdown(df: pd.DataFrame) -> str:
         "defaults except `seed`, in a kernel started with `ATEN_CPU_CAPABILITY` set (own inductor and kit caches).",
         "Room is value - bound for `>` checks and bound - value for `<` ones, in the value's units: positive means the",
         "check held with that much to spare. The table gives, per check, the smallest room over every run, the run it",
-        "came from, and the median room.",
+        "came from, the median room, and the worst value over its bound (a ratio near 1 is a thin margin whatever the units).",
         "",
     ]
     runs = df.drop_duplicates(["notebook", "seed", "capability"])
@@ -175,20 +175,21 @@ def markdown(df: pd.DataFrame) -> str:
         lines += [
             f"## Notebook {nb}",
             "",
-            f"{len(r)} runs: seeds {sorted(set(r.seed.astype(str)))} x capabilities {sorted(set(r.capability))}; "
+            f"{len(r)} run(s): seeds {sorted(set(r.seed.astype(str)))} x capabilities {sorted(set(r.capability))}; "
             f"{len(fails)} failed; wall {r.wall_s.min():.0f}-{r.wall_s.max():.0f} s per run (dates {sorted(set(r.date))},"
             f" {sorted(set(r.cpu))[0]}).",
             "",
         ]
         m = g[g.room.notna()]
         if len(m):
-            lines += ["| check | bound | runs | smallest room (seed, capability) | median room | values (min - max) |",
-                      "|---|---|---|---|---|---|"]  # fmt: skip
+            lines += ["| check | bound | runs | smallest room (seed, capability) | median room | values (min - max) | "
+                      "worst value / bound |", "|---|---|---|---|---|---|---|"]  # fmt: skip
             for check, c in m.groupby("check", sort=False):
                 w = c.loc[c.room.idxmin()]
                 lines.append(
                     f"| {check} | {c.op.iloc[0]} {c.bound.iloc[0]:.4g} | {len(c)} | {w.room:+.3g} ({w.seed}, "
-                    f"{w.capability}) | {c.room.median():+.3g} | {c.value.min():.4g} - {c.value.max():.4g} |"
+                    f"{w.capability}) | {c.room.median():+.3g} | {c.value.min():.4g} - {c.value.max():.4g} | "
+                    f"{w.value / w.bound if w.bound else float('nan'):.3g} |"
                 )
             lines.append("")
         for _, f in fails.iterrows():

@@ -76,5 +76,5 @@ def test_the_portability_record_replaces_a_rerun_and_reports_the_worst_room(tmp_
     assert len(df) == 4, "the rerun of seed 0 under avx2 replaced its two rows with one"
     assert sorted(df.status) == ["broke", "error", "held", "held"]
     page = P.markdown(df)
-    assert "| rise | > 1 | 2 | +1 (1, default) | +2.5 | 2 - 5 |" in page
+    assert "| rise | > 1 | 2 | +1 (1, default) | +2.5 | 2 - 5 | 2 |" in page
     assert "FAILED at seed 1, default: AssertionError: KL" in page
