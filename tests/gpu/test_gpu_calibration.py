@@ -104,11 +104,12 @@ def test_host_device_copies(cuda, record, pinned):
     if pinned:
         host = host.pin_memory()
     dev = torch.empty(n, dtype=torch.uint8, device=cuda)
-    back = torch.empty_like(host)
+    back = torch.empty(n, dtype=torch.uint8, pin_memory=pinned)  # empty_like(host) would NOT be pinned
+    assert back.is_pinned() == pinned and host.is_pinned() == pinned
     h2d = min(cuda_seconds(lambda: dev.copy_(host, non_blocking=pinned), reps=5, warmup=1))
     d2h = min(cuda_seconds(lambda: back.copy_(dev, non_blocking=pinned), reps=5, warmup=1))
     torch.cuda.synchronize()
     assert torch.equal(back, host)
     kind = "pinned" if pinned else "pageable"
     record(f"host -> device ({kind}, 256 MiB)", n / h2d / 1e9, "GB/s", "best of 5")
-    record(f"device -> host ({kind}, 256 MiB)", n / d2h / 1e9, "GB/s", "best of 5")
+    record(f"device -> host ({kind}, 256 MiB)", n / d2h / 1e9, "GB/s", f"best of 5, {kind} destination")

@@ -2,10 +2,21 @@
 parameters, their gradients and AdamW's states live in host memory; the GPU holds the layers being computed.
 
 Checked: every sharded parameter and optimizer state is on the CPU; two training steps give the same losses
-with and without offload (fp32, same seed); the step's ``max_memory_allocated`` falls by at least half of
-the model states' bytes (parameters + gradients + two Adam moments, 16 B/param in fp32), recorded beside
-``memory.estimate``'s ``offload="optimizer+params"`` figure (a model). Notebook 24 runs the from-scratch
-``OffloadAdamW`` on CPU; this is the library's offload on the device it is for."""
+with and without offload (fp32, same seed); the step's ``max_memory_allocated`` falls by at least a bound
+derived from what offload must save (below), recorded beside ``memory.estimate``'s ``offload="optimizer+params"``
+figure (a model). Notebook 24 runs the from-scratch ``OffloadAdamW`` on CPU; this is the library's offload on the
+device it is for.
+
+The bound (a model, with room). Without offload the GPU holds the sharded fp32 parameters (4 B/param) all the
+time and their gradients (4 B/param) from the end of each backward to ``zero_grad``; from step 2 on also AdamW's
+two moments (8 B/param). With ``CPUOffloadPolicy`` it holds none of them; both runs make the same transient
+copies (each FSDP unit's all-gathered parameters, its reduce-scatter output), except that the offloaded run
+also stages one unit's shard host-to-device and its reduced gradient device-to-host: at most 8 B per parameter
+of the largest unit (here the root: embedding, head and final norm, 42 % of the parameters). So the peak must
+fall by at least ``8 B x (params - largest unit)`` even if the peak lands where only parameters and gradients
+are resident: 0.29 of the 16 B/param model states here. The first H100 run measured 0.50 (8.0 B/param: the
+parameters and gradients, 1.7x the bound); an offload that leaves the states on the GPU, or brings them back
+for the step, saves ~0 and fails. (The old threshold, 0.5, equalled that measurement.)"""
 
 import pytest
 
@@ -31,6 +42,8 @@ def _job():
         torch.manual_seed(0)
         model = Transformer(cfg, attn_impl="sdpa")
         n_params = sum(p.numel() for p in model.parameters())
+        per_block = [sum(p.numel() for p in blk.parameters()) for blk in model.blocks]
+        largest_unit = max([n_params - sum(per_block), *per_block])  # the root unit holds what no block does
         mesh = init_device_mesh("cuda", (1,))
         kw = {"offload_policy": CPUOffloadPolicy()} if offload else {}
         if not offload:
@@ -61,7 +74,14 @@ def _job():
             for v in s.values()
             if torch.is_tensor(v) and v.dim() > 0
         }
-        return {"losses": losses, "peak": peak, "params": param_devices, "states": state_devices, "n": n_params}
+        return {
+            "losses": losses,
+            "peak": peak,
+            "params": param_devices,
+            "states": state_devices,
+            "n": n_params,
+            "largest_unit": largest_unit,
+        }
 
     return on_rank
 
@@ -75,9 +95,15 @@ def test_fsdp2_cpu_offload_policy(record):
     (off,) = launch(_job(), world_size=1, backend="nccl", args=(True, CFG, batch), timeout=300)
     (on,) = launch(_job(), world_size=1, backend="nccl", args=(False, CFG, batch), timeout=300)
     states = 16 * off["n"]  # fp32 params + grads + two AdamW moments
+    bound = 8 * (off["n"] - off["largest_unit"])  # params + grads, less one unit's staging (module docstring)
     record("peak allocated, no offload", on["peak"], "B", f"{off['n']:,} params, batch {batch} x {CFG['seq_len']}")
     record("peak allocated, CPUOffloadPolicy", off["peak"], "B", "step 1 and 2")
-    record("peak saved by offload / model states", (on["peak"] - off["peak"]) / states, "ratio", "asserted >= 0.5")
+    record(
+        "peak saved by offload / model states",
+        (on["peak"] - off["peak"]) / states,
+        "ratio",
+        f"asserted >= {bound / states:.2f} (8 B x (params - largest unit {off['largest_unit']:,}))",
+    )
     cfg = ModelConfig(name="offload-test", **CFG)
     t = TrainConfig(micro_batch=batch, seq_len=CFG["seq_len"], precision="fp32", kernels="eager", device="cuda")
     model_saving = estimate(cfg, t).total - estimate(cfg, t.replace(offload="optimizer+params")).total
@@ -85,4 +111,4 @@ def test_fsdp2_cpu_offload_policy(record):
     assert off["params"] == {"cpu"} and off["states"] == {"cpu"}, off
     assert on["params"] == {"cuda"}, on
     assert off["losses"] == pytest.approx(on["losses"], rel=1e-4), (off["losses"], on["losses"])
-    assert on["peak"] - off["peak"] >= 0.5 * states, (on["peak"], off["peak"], states)
+    assert on["peak"] - off["peak"] >= bound, (on["peak"], off["peak"], bound, states)
