@@ -7,16 +7,17 @@ derived from what offload must save (below), recorded beside ``memory.estimate``
 figure (a model). Notebook 24 runs the from-scratch ``OffloadAdamW`` on CPU; this is the library's offload on the
 device it is for.
 
-The bound (a model, with room). Without offload the GPU holds the sharded fp32 parameters (4 B/param) all the
-time and their gradients (4 B/param) from the end of each backward to ``zero_grad``; from step 2 on also AdamW's
-two moments (8 B/param). With ``CPUOffloadPolicy`` it holds none of them; both runs make the same transient
-copies (each FSDP unit's all-gathered parameters, its reduce-scatter output), except that the offloaded run
-also stages one unit's shard host-to-device and its reduced gradient device-to-host: at most 8 B per parameter
-of the largest unit (here the root: embedding, head and final norm, 42 % of the parameters). So the peak must
-fall by at least ``8 B x (params - largest unit)`` even if the peak lands where only parameters and gradients
-are resident: 0.29 of the 16 B/param model states here. The first H100 run measured 0.50 (8.0 B/param: the
-parameters and gradients, 1.7x the bound); an offload that leaves the states on the GPU, or brings them back
-for the step, saves ~0 and fails. (The old threshold, 0.5, equalled that measurement.)"""
+The bound (a model with room, not a proof). Without offload the GPU holds the sharded fp32 parameters
+(4 B/param) all the time, their gradients (4 B/param) from the end of each backward to ``zero_grad``, and from
+step 2 AdamW's two moments (8 B/param). With ``CPUOffloadPolicy`` it holds none of them; both runs make the same
+transient copies (each FSDP unit's all-gathered parameters, its reduce-scatter output), except that the offloaded
+run also stages a unit's shard host-to-device and its reduced gradient device-to-host: up to 8 B per parameter of
+the largest unit (here the root: embedding, head and final norm, 42 % of the parameters). The bound counts the
+parameters and gradients only, less that staging: ``8 B x (params - largest unit)``, 0.29 of the 16 B/param
+model states here. The first H100 run measured 0.50 (8.0 B/param, 1.7x the bound: less than parameters,
+gradients and moments together, so the offloaded run holds more transient memory than this model counts; the
+bound leaves room for that). An offload that leaves the states on the GPU, or brings them back for the step,
+saves ~0 and fails. (The old threshold, 0.5, equalled that measurement.)"""
 
 import pytest
 
