@@ -1,15 +1,32 @@
-"""Notebook 24 under papermill on 2 ranks (resumed on 3 and on 1 process), with more steps and the worked solutions."""
+"""Notebook 24 under papermill on 2 ranks (resumed on 3 and on 1 process), with more steps and the worked solutions,
+under a CPU capability other than the native one (its simulated and timed checks must hold on a learner's CPU)."""
 
 import pytest
-from nbrun import assert_exercises_passed, printed_text, run_notebook
+from nbrun import assert_exercises_passed, other_capability, printed_text, run_notebook
+
+from mlsys_nb.margins import parse_margins
 
 
 @pytest.mark.notebook
 def test_notebook_24_runs_on_2_ranks_with_solutions():
-    nb = run_notebook("24_checkpoints_and_failures.ipynb", seed=1, world_size=2, steps=8, solutions=True)
+    nb = run_notebook(
+        "24_checkpoints_and_failures.ipynb",
+        capability=other_capability(),
+        seed=1,
+        world_size=2,
+        steps=8,
+        solutions=True,
+    )
     text = printed_text(nb)
     assert "seed=1, world_size=2, steps=8, solutions=True" in text
     assert text.count("check passed") == 8, text
     assert_exercises_passed(text, 2)
     assert "saved on 2 ranks, resumed on 3 and on 1 process" in text
     assert "process exited with signal SIGKILL" in text
+    margins = {m["label"]: m for m in parse_margins(text)}
+    assert sorted(margins) == [
+        "async save: shortest stall / synchronous one",
+        "simulated loss: best other interval / loss at T*",
+        "simulation vs exact formula: largest relative gap",
+    ]
+    assert all(m["room"] > 0 for m in margins.values()), margins

@@ -2,7 +2,8 @@
 
 - ``interval``: Young's optimal checkpoint interval ``sqrt(2·C·MTBF)``, the first-order share of time
   lost, the exact renewal formula and a seeded simulation of a long run with random failures (tested
-  against each other); Llama 3's published interruption counts.
+  against each other), a numeric search for the interval minimising either loss (``best_interval``);
+  Llama 3's published interruption counts.
 - ``sharded``: sharded checkpoints of an FSDP2 job with ``torch.distributed.checkpoint`` on real gloo
   ranks: atomic writes, SHA-256 manifest, the newest k kept; every RNG, the sampler, the LR schedule and
   the step saved; resharding to fewer ranks or one process; a from-scratch sharded save tested equal to DCP's.
@@ -14,6 +15,7 @@
 """
 
 from .interval import (
+    best_interval,
     daly_interval,
     exact_lost_fraction,
     expected_lost_fraction,
@@ -44,6 +46,7 @@ _SHARDED = (
     "resume_variants",
     "resume_in_process",
     "async_stall_job",
+    "async_stall_ratio",
 )
 _ASYNC = ("ThreadedSaver",)
 
@@ -66,6 +69,7 @@ __all__ = [
     "expected_lost_fraction",
     "exact_lost_fraction",
     "simulate_lost_fraction",
+    "best_interval",
     "job_mtbf",
     "lost_gpu_hours_per_day",
     "llama3_interruptions",

@@ -12,6 +12,9 @@ the job restarts (``R`` seconds) and redoes the work since the last checkpoint.
   segment of ``T + C`` seconds succeeds with probability ``exp(-(T+C)/M)``; each failed try costs the
   time to the failure plus ``R``), the reference ``simulate_lost_fraction`` is tested against.
 - ``simulate_lost_fraction``: a seeded simulation of a long run with exponential failures.
+- ``best_interval(C, M, R, loss=...)``: the interval minimising a loss found by a numeric search (golden
+  section over log T), knowing no formula for the optimum: the check that ``optimal_interval`` is the minimum
+  of the first-order loss, and ``daly_interval`` the minimum of the exact one, without trusting either.
 - ``llama3_interruptions()``: Llama 3's published interruption counts (``data/interruptions.yaml``) and
   the job and per-GPU MTBF they imply.
 """
@@ -30,6 +33,7 @@ __all__ = [
     "expected_lost_fraction",
     "exact_lost_fraction",
     "simulate_lost_fraction",
+    "best_interval",
     "job_mtbf",
     "lost_gpu_hours_per_day",
     "llama3_interruptions",
@@ -91,6 +95,37 @@ def simulate_lost_fraction(
         wall += need * (pending - failed.sum()) + float(to_failure[failed].sum()) + r * failed.sum()
         pending = int(failed.sum())
     return 1.0 - n * t / wall
+
+
+def best_interval(
+    save_s: float, mtbf_s: float, restart_s: float = 0.0, *, loss=exact_lost_fraction, rtol: float = 1e-9
+) -> float:
+    """The interval T (seconds) minimising ``loss(T, save_s, mtbf_s, restart_s)``, by a golden-section search
+    over log T from ``save_s / 1000`` to ``100 · mtbf_s`` (the loss must be unimodal there: both
+    ``expected_lost_fraction`` and ``exact_lost_fraction`` are), to a relative precision ``rtol``. It uses no
+    formula for the optimum, so it checks ``optimal_interval`` (the minimum of the first-order loss) and
+    ``daly_interval`` (close to the minimum of the exact one) from outside."""
+    c, m = _positive("save_s", save_s), _positive("mtbf_s", mtbf_s)
+    r = check_number("restart_s", restart_s, 0.0, unit="seconds")
+    check_number("rtol", rtol, 0.0, 0.1, lo_open=True)
+    lo, hi = math.log(c / 1000.0), math.log(100.0 * m)
+    g = (math.sqrt(5.0) - 1.0) / 2.0  # the golden ratio's inverse: one new point per step
+
+    def f(x: float) -> float:
+        return loss(math.exp(x), c, m, r)
+
+    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+    fa, fb = f(a), f(b)
+    while hi - lo > math.log1p(rtol):
+        if fa <= fb:
+            hi, b, fb = b, a, fa
+            a = hi - g * (hi - lo)
+            fa = f(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + g * (hi - lo)
+            fb = f(b)
+    return math.exp((lo + hi) / 2.0)
 
 
 def job_mtbf(gpu_mtbf_s: float, n_gpus: int) -> float:

@@ -67,6 +67,7 @@ __all__ = [
     "full_state_bytes",
     "resume_in_process",
     "async_stall_job",
+    "async_stall_ratio",
 ]
 
 MANIFEST = "MANIFEST.json"
@@ -558,43 +559,99 @@ def resume_in_process(spec: Spec, path, steps: int) -> dict:
     return {"params": trainer.full_parameters(), "world": 1}
 
 
-def async_stall_job(spec: Spec, root, repeats: int = 3, steps_between: int = 2) -> dict | None:
-    """Synchronous ``dcp.save`` against ``dcp.async_save``, interleaved ``repeats`` times on one job.
+def _blocking_async_save(state_dict, *, checkpoint_id, process_group=None):
+    """The key idea of an asynchronous save broken, for the tests: write synchronously (``dcp.save``), then
+    hand back a future that is already done. It passes a check that reads only the snapshot."""
+    from concurrent.futures import Future
 
-    The stall is the seconds the training loop waits in the save call (``time.perf_counter``): the whole
-    write for ``dcp.save``; for ``dcp.async_save`` only the copy of the state into a staging buffer, the
-    write then runs on a thread (over its own gloo group, so its collectives never interleave with
-    training's) while ``steps_between`` more steps run. Right after each async save returns, a step
-    changes the parameters before the write has finished: the checkpoint must still hold the values of
-    the moment of the save (rank 0 returns them as ``at_save``, with the async checkpoint's directory)."""
+    import torch.distributed.checkpoint as dcp
+
+    done = Future()
+    done.set_result(dcp.save(state_dict, checkpoint_id=checkpoint_id, process_group=process_group))
+    return done
+
+
+def async_stall_job(
+    spec: Spec, root, repeats: int = 5, steps_between: int = 2, *, blocking: bool = False
+) -> dict | None:
+    """Synchronous ``dcp.save`` against ``dcp.async_save`` of the same state, interleaved ``repeats`` times
+    on one job (after one untimed warm-up of each: the first calls build DCP's planner caches and the
+    writer's thread pool).
+
+    The stall is the seconds the training loop waits in the save call (``time.perf_counter``, from a barrier
+    so every rank starts together): the whole write for ``dcp.save``; for ``dcp.async_save`` only the copy of
+    the state into a staging buffer, the write then runs on a thread (over its own gloo group, so its
+    collectives never interleave with training's) while ``steps_between`` more steps run. The order of the
+    two saves alternates from one repeat to the next, so a drift in the machine's load hits both alike.
+    Right after each async save returns, a step changes the parameters before the write has finished: the
+    checkpoint must still hold the values of the moment of the save (rank 0 returns them as ``at_save``,
+    with the last async checkpoint's directory). ``blocking=True`` replaces ``dcp.async_save`` with a
+    synchronous save that returns a done future (``_blocking_async_save``): the broken idea the tests run."""
     import time
 
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     check_int("repeats", repeats, 1)
+    check_int("steps_between", steps_between, 1)
+    async_save = _blocking_async_save if blocking else dcp.async_save
     trainer = Trainer(spec)
     group = dist.new_group(backend="gloo")  # the background writer's own group
     trainer.step()
     sync_s, async_s, at_save, last = [], [], None, None
-    for i in range(repeats):
+
+    def sync_once(path) -> float:
         msd, osd = get_state_dict(trainer.model, trainer.optimizer)
+        dist.barrier()
         t0 = time.perf_counter()
-        dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(Path(root) / f"sync_{i}"))
-        sync_s.append(time.perf_counter() - t0)
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path))
+        stalled = time.perf_counter() - t0
         for _ in range(steps_between):
             trainer.step()
+        return stalled
+
+    def async_once(path) -> tuple[float, dict]:
         msd, osd = get_state_dict(trainer.model, trainer.optimizer)
         snapshot = trainer.full_parameters()
-        last = Path(root) / f"async_{i}"
+        dist.barrier()
         t0 = time.perf_counter()
-        future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=str(last), process_group=group)
-        async_s.append(time.perf_counter() - t0)
+        future = async_save({"model": msd, "optim": osd}, checkpoint_id=str(path), process_group=group)
+        stalled = time.perf_counter() - t0
         for _ in range(steps_between):
             trainer.step()  # overlaps the write; changes the parameters in place
         future.result(timeout=60)
-        at_save = snapshot
         dist.barrier()
+        return stalled, snapshot
+
+    def drop(path) -> None:  # only the last async checkpoint is kept (it is checked against its snapshot)
+        dist.barrier()
+        if trainer.rank == 0 and path is not None:
+            shutil.rmtree(path, ignore_errors=True)
+
+    root = Path(root)
+    sync_once(root / "warmup_sync")
+    drop(root / "warmup_sync")
+    async_once(root / "warmup_async")
+    drop(root / "warmup_async")
+    for i in range(repeats):
+        for kind in ("sync", "async") if i % 2 == 0 else ("async", "sync"):
+            if kind == "sync":
+                sync_s.append(sync_once(root / f"sync_{i}"))
+                drop(root / f"sync_{i}")
+            else:
+                previous, last = last, root / f"async_{i}"
+                stalled, at_save = async_once(last)
+                async_s.append(stalled)
+                drop(previous)
     if trainer.rank:
         return None
     return {"sync_stall_s": sync_s, "async_stall_s": async_s, "at_save": at_save, "path": str(last)}
+
+
+def async_stall_ratio(stall: dict) -> float:
+    """The shortest stall of the asynchronous saves over the shortest stall of the synchronous ones, from
+    ``async_stall_job``'s result: well below 1 when the write runs behind training; about 1 when the "async"
+    save blocks for the write (``blocking=True``). The shortest of several is what a save costs when nothing
+    else interrupts it: on a busy machine the scheduler adds whole time slices (~4 ms each) to some calls, which
+    can lift a median of the short async stalls to half the synchronous one; it cannot lower a minimum."""
+    return min(stall["async_stall_s"]) / min(stall["sync_stall_s"])
