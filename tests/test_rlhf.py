@@ -10,6 +10,8 @@ import torch
 
 from mlsys_nb.rl import rlhf as R
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors: a second thread only waits
+
 
 def test_true_reward_rule():
     assert R.true_reward("aab") == 2
@@ -128,3 +130,106 @@ def test_hidden_states_are_the_forward_without_the_head_and_scores_sum_over_resp
     ro = R.rollout(pol, [R.PROMPTS[i % 4] for i in range(64)], generator=torch.Generator().manual_seed(5))
     s = rm.score(ro.tokens, ro.mask).detach()
     assert abs(float(s.mean())) < 1e-4 and float(s.std()) == pytest.approx(1.0, rel=1e-4)
+
+
+def test_late_mean_averages_the_last_quarter_and_the_runs_evaluate_there():
+    """The checks of notebook 18 read ``late_mean``: the mean over the evaluations of the last quarter of a run,
+    which ``ppo``/``grpo`` evaluate at every iteration (``dpo`` every 5 steps), besides every ``eval_every``."""
+    import pandas as pd
+
+    assert [R.late_start(n) for n in (1, 4, 12, 24, 60, 100)] == [1, 4, 10, 19, 46, 76]
+    assert [i for i in range(1, 25) if R._evaluate_now(i, 24, 5, 0.25)] == [5, 10, 15, 19, 20, 21, 22, 23, 24]
+    assert [i for i in range(1, 101) if R._evaluate_now(i, 100, 25, 0.25, 5)] == [25, 50, 75, 80, 85, 90, 95, 100]
+    assert [i for i in range(1, 25) if R._evaluate_now(i, 24, 5, 0.0)] == [5, 10, 15, 20, 24]
+    h = pd.DataFrame({"iteration": [0, 5, 10, 15, 19, 20, 24], "true_reward": [2, 9, 9, 9, 4, 5, 3], "sample": "ab"})
+    late = R.late_mean(h)
+    assert late.true_reward == 4 and "sample" not in late.index and late.iteration == 21
+    with pytest.raises(ValueError, match="late_share"):
+        R.RLConfig(late_share=1.5).check()
+
+
+def _trained_start(seed):
+    """Notebook 18's SFT policy and normalised reward model (kept on disk by rlhf_init: test_nb_18's start)."""
+    from mlsys_nb.rl import placement as pl
+
+    init = pl.rlhf_init(seed=seed, steps=150)
+    policy = R.new_policy(seed=seed)
+    policy.load_state_dict(init["policy"])
+    rm = R.ScalarModel(R.new_policy(seed=seed))
+    rm.load_state_dict(init["reward"])
+    rm.eval().requires_grad_(False)
+    return policy.eval(), rm.normalize(policy, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def start(one_torch_thread):
+    return _trained_start(1)
+
+
+def test_the_rise_check_fails_for_ppo_that_does_not_learn(start, monkeypatch):
+    """Notebook 18's check, rise of the late mean of the true reward > 1.5, bites: PPO whose advantages point
+    the wrong way (GAE's sign flipped: it learns to lower the reward) fails it, on every seed and CPU (the true
+    reward falls), and so does a policy the updates never change (rise exactly 0: every evaluation draws the
+    same samples from the same policy)."""
+    from mlsys_nb.margins import check_margin
+
+    policy, rm = start
+
+    real_gae = R.gae
+
+    def flipped(*a, **k):
+        adv, ret = real_gae(*a, **k)
+        return -adv, ret
+
+    monkeypatch.setattr(R, "gae", flipped)
+    _, h = R.ppo(policy, rm, seed=1, iterations=12, progress=False)
+    with pytest.raises(AssertionError, match="rise"):
+        check_margin("PPO: rise of the true reward", R.late_mean(h).true_reward - h.iloc[0].true_reward, ">", 1.5)
+    monkeypatch.undo()
+    monkeypatch.setattr(R, "ppo_update", lambda *a, **k: 0.0)
+    _, h = R.ppo(policy, rm, seed=1, iterations=4, progress=False)
+    assert (h.true_reward == h.true_reward.iloc[0]).all()
+    with pytest.raises(AssertionError, match="rise"):
+        check_margin("PPO: rise of the true reward", R.late_mean(h).true_reward - h.iloc[0].true_reward, ">", 1.5)
+
+
+def test_the_hacking_check_fails_when_the_no_kl_run_keeps_its_kl(start):
+    """Notebook 18's reward-hacking check (the no-KL run's late true reward 2 below the KL run's) fails when the
+    "no-KL" run keeps beta = 0.3: two KL runs of other seeds land within 2 of each other."""
+    from mlsys_nb.margins import check_margin
+
+    policy, rm = start
+    _, h_kl = R.ppo(policy, rm, seed=1, kl_coef=0.3, iterations=12, progress=False)
+    _, h_not0 = R.ppo(policy, rm, seed=2, kl_coef=0.3, iterations=12, progress=False)
+    late, h0 = R.late_mean(h_kl), R.late_mean(h_not0)
+    with pytest.raises(AssertionError, match="true reward below"):
+        check_margin("no KL: true reward below the KL run's", late.true_reward - h0.true_reward, ">", 2)
+
+
+def test_decoupled_ppo_on_policy_is_plain_ppo_and_off_policy_differs():
+    """``RLConfig(decoupled=True)``: with rollouts whose log-probabilities are the trainer's own (on-policy) the
+    proximal policy is the behaviour policy and the update is plain PPO's, bit for bit; with stale log-probs
+    (one step old) it is another update."""
+    import copy
+
+    torch.manual_seed(0)
+    actor = R.new_policy(seed=3)
+    rm = R.ScalarModel(R.new_policy(seed=4)).eval().requires_grad_(False)
+    ro = R.rollout(actor, list(R.PROMPTS) * 2, max_new_tokens=6, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        own, _ = R.token_logprobs(actor, ro.tokens)
+    on_policy = R.Rollouts(ro.tokens, ro.mask, own * ro.mask)
+    lag = 0.3 * torch.rand(own.shape, generator=torch.Generator().manual_seed(2))
+    stale = R.Rollouts(ro.tokens, ro.mask, (own - lag) * ro.mask)
+
+    def update(rollouts, decoupled):
+        a, c = copy.deepcopy(actor).train(), copy.deepcopy(rm).requires_grad_(True).train()
+        opt = torch.optim.Adam(list(a.parameters()) + list(c.parameters()), lr=1e-3)
+        cfg = R.RLConfig(batch=8, decoupled=decoupled)
+        R.ppo_update(a, c, actor, rm, opt, rollouts, cfg, torch.Generator().manual_seed(1))
+        return a.state_dict()
+
+    plain, dec = update(on_policy, False), update(on_policy, True)
+    assert all(torch.equal(plain[k], dec[k]) for k in plain)
+    plain, dec = update(stale, False), update(stale, True)
+    assert not all(torch.equal(plain[k], dec[k]) for k in plain)

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import math
 import os
 import random
 import tempfile
@@ -473,15 +474,43 @@ class RLConfig:
     vf_coef: float = 0.5
     group_size: int = 8  # GRPO only
     eval_every: int = 5
+    late_share: float = 0.25  # ... and every iteration of the run's last quarter (``late_mean`` averages those)
+    decoupled: bool = False  # PPO's ratio against the trainer's weights, not the (stale) sampler's: ``ppo_update``
 
     def check(self):
         for k in ("iterations", "batch", "epochs", "minibatches", "eval_every"):
             check_int(k, getattr(self, k), 1)
+        check_probability("late_share", self.late_share, hi_open=False)
         check_number("kl_coef", self.kl_coef, 0.0)
         check_number("lr", self.lr, 0.0, lo_open=True)
         check_probability("clip", self.clip, lo_open=True, hi_open=True)
         check_int("group_size", self.group_size, 2)
         return self
+
+
+def late_start(last: int, late_share: float = 0.25) -> int:
+    """The first iteration of the last ``late_share`` of a run of ``last`` iterations (steps):
+    ``last - ceil(late_share * last) + 1``, at least 1 (e.g. 19 of 24: the 6 iterations 19..24)."""
+    check_int("last", last, 1)
+    check_probability("late_share", late_share, hi_open=False)
+    return max(1, last - math.ceil(late_share * last) + 1)
+
+
+def _evaluate_now(it: int, last: int, every: int, late_share: float, late_every: int = 1) -> bool:
+    """Whether the history evaluates after iteration (step) ``it`` of ``last``: every ``every``, at the end, and
+    every ``late_every`` within the last ``late_share`` of the run (the iterations ``late_mean`` averages)."""
+    late = it >= late_start(last, late_share) and (last - it) % late_every == 0
+    return it % every == 0 or it == last or (late_share > 0 and late)
+
+
+def late_mean(history: pd.DataFrame, late_share: float = 0.25) -> pd.Series:
+    """The mean of the numeric columns over the evaluations in the last ``late_share`` of the run (iteration
+    >= ``late_start``; the run's last iteration is the history's last row). One evaluation of a chaotic RL run
+    is one draw: PPO's true reward here swings by 2 between neighbouring iterations (the policy's, not the
+    evaluation's noise: 2048 samples swing alike), so a check reads the mean of the run's late evaluations."""
+    last = int(history.iteration.iloc[-1])
+    late = history[history.iteration >= late_start(last, late_share)]
+    return late.select_dtypes("number").mean()
 
 
 def _history_row(it, policy, reference, rm, clock, flops, seed):
@@ -496,7 +525,12 @@ def ppo_update(actor, critic, reference, reward_model, opt, ro: Rollouts, cfg: R
     actor and critic. The ratio is taken against ``ro.logprobs``, the log-probabilities of the policy that
     *sampled* the batch: when rollouts come from weights a step old (one-step off-policy, ``placement``)
     that is the importance ratio against the stale behaviour policy, and clipping bounds its effect.
-    Returns the model FLOPs of the iteration (2N per token forward, 6N forward + backward)."""
+
+    ``cfg.decoupled``: the decoupled objective for stale rollouts (Hilton et al., 2022, arXiv:2110.00641, §3;
+    AReaL, Fu et al., 2025, arXiv:2505.24298, eq. 5): the ratio is clipped against the *proximal* policy (the
+    trainer's weights before this update, one more forward) and each token weighted by pi_prox / pi_behaviour
+    (no gradient); on-policy the two coincide. The advantages are then normalised per minibatch before
+    the weights. Returns the model FLOPs of the iteration (2N per token forward, 6N forward + backward)."""
     b = ro.tokens.shape[0]
     n_a, n_c = n_params(actor), n_params(critic)
     ntok = ro.tokens.numel()
@@ -511,20 +545,29 @@ def ppo_update(actor, critic, reference, reward_model, opt, ro: Rollouts, cfg: R
     adv, ret = gae(rewards.T, values.T, dones.T, torch.zeros(b), cfg.gamma, cfg.lam)
     adv, ret = adv.T, ret.T
     flops = 2 * (n_a + n_a + n_c + n_c) * ntok  # rollout + reference + reward + critic forwards
+    old_logp = ro.logprobs
+    if cfg.decoupled:
+        with torch.no_grad():
+            old_logp, _ = token_logprobs(actor, ro.tokens)  # the proximal policy: the trainer's weights now
+        flops += 2 * n_a * ntok
     for _ in range(cfg.epochs):
         for idx in torch.randperm(b, generator=gen).chunk(cfg.minibatches):
             m = ro.mask[idx]
             new_logp, ent = token_logprobs(actor, ro.tokens[idx])
             v = critic.values(ro.tokens[idx])[:, PROMPT_LEN - 1 : -1]
+            a = adv[idx][m]
+            if cfg.decoupled:  # normalised here, then weighted by pi_prox / pi_behaviour
+                a = (a - a.mean()) / (a.std() + 1e-8) * (old_logp[idx][m] - ro.logprobs[idx][m]).exp()
             loss, _ = ppo_loss(
                 new_logp[m],
-                ro.logprobs[idx][m],
-                adv[idx][m],
+                old_logp[idx][m],
+                a,
                 v[m],
                 ret[idx][m],
                 ent[m],
                 clip=cfg.clip,
                 vf_coef=cfg.vf_coef,
+                normalize=not cfg.decoupled,
             )
             opt.zero_grad()
             loss.backward()
@@ -544,7 +587,8 @@ def ppo(
     **overrides,
 ):
     """PPO-RLHF with four models. Returns ``(actor, history)``; ``history`` is a DataFrame (iteration,
-    true_reward, rm_score, kl, length, wall_s, flops) evaluated every ``cfg.eval_every`` iterations."""
+    true_reward, rm_score, kl, length, wall_s, flops) evaluated every ``cfg.eval_every`` iterations and every
+    iteration of the last ``cfg.late_share`` of the run (``late_mean`` averages those)."""
     cfg = replace(cfg or RLConfig(), **overrides).check()
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -558,7 +602,7 @@ def ppo(
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(cfg.batch)]
         ro = rollout(actor, prompts, generator=gen)
         flops += ppo_update(actor, critic, reference, reward_model, opt, ro, cfg, gen)
-        if it % cfg.eval_every == 0 or it == cfg.iterations:
+        if _evaluate_now(it, cfg.iterations, cfg.eval_every, cfg.late_share):
             hist.append(_history_row(it, actor, reference, reward_model, clock, flops, seed + 10_000))
     return actor.eval(), pd.DataFrame(hist)
 
@@ -627,7 +671,7 @@ def grpo(
                 nn.utils.clip_grad_norm_(actor.parameters(), 1.0)
                 opt.step()
                 flops += 6 * n_a * ro.tokens[idx].numel()
-        if it % cfg.eval_every == 0 or it == cfg.iterations:
+        if _evaluate_now(it, cfg.iterations, cfg.eval_every, cfg.late_share):
             hist.append(_history_row(it, actor, reference, reward_model, clock, flops, seed + 10_000))
     return actor.eval(), pd.DataFrame(hist)
 
@@ -662,14 +706,21 @@ def dpo(
     batch: int = 64,
     lr: float = 1e-3,
     eval_every: int = 25,
+    late_share: float = 0.25,
+    late_every: int = 5,
     seed: int = 0,
     progress: bool = True,
 ):
     """Offline DPO from preference pairs, starting from (and regularised towards) the SFT model. The reward
-    model is used only to report its score in the history. Returns ``(policy, history)`` like ``ppo``."""
+    model is used only to report its score in the history, evaluated every ``eval_every`` steps and every
+    ``late_every`` steps of the last ``late_share`` of the run (``late_mean``). Returns ``(policy, history)``
+    like ``ppo``."""
     check_number("beta", beta, 0.0, lo_open=True)
     check_int("steps", steps, 1)
     check_int("batch", batch, 1)
+    check_int("eval_every", eval_every, 1)
+    check_int("late_every", late_every, 1)
+    check_probability("late_share", late_share, hi_open=False)
     torch.manual_seed(seed)
     rng = random.Random(seed)
     policy = copy.deepcopy(sft_model).train()
@@ -687,7 +738,7 @@ def dpo(
         loss.backward()
         opt.step()
         flops += (2 * n_a + 6 * n_a) * (tc.numel() + tr.numel())
-        if it % eval_every == 0 or it == steps:
+        if _evaluate_now(it, steps, eval_every, late_share, late_every):
             hist.append(_history_row(it, policy, reference, reward_model, clock, flops, seed + 10_000))
     return policy.eval(), pd.DataFrame(hist)
 
