@@ -341,3 +341,23 @@ def test_in_process_sync_sends_a_snapshot():
 def test_bad_backend_rejected():
     with pytest.raises(ValueError, match="backend="):
         pl.run("sync", 2, backend="threads")
+
+
+def test_local_backend_async_rise_check_fails_when_the_trainer_unlearns(sft_rm, monkeypatch):
+    """Notebook 19's check "the stale async run should learn too" (mean true reward of the last 3 of 8 batches
+    > the first + 1) bites: with GAE's advantages negated inside the trainer's PPO (it learns to lower the
+    reward) the decoupled async run of the notebook's setting fails it."""
+    from mlsys_nb.margins import check_margin
+    from mlsys_nb.rl import rlhf
+
+    real_gae = rlhf.gae
+
+    def flipped(*a, **k):
+        adv, ret = real_gae(*a, **k)
+        return -adv, ret
+
+    monkeypatch.setattr(rlhf, "gae", flipped)
+    kw = dict(task="rlhf", init=sft_rm, batch=32, seed=1, timeout_s=120, backend="local", decoupled=True)
+    r = pl.run("async", 8, **kw).rewards
+    with pytest.raises(AssertionError, match="async: rise"):
+        check_margin("async: rise of the true reward", sum(r[-3:]) / 3 - r[0], ">", 1.0)
