@@ -24,17 +24,21 @@ import copy
 
 import torch
 
-from mlsys_nb.config import PRECISIONS, tiny_config
+from mlsys_nb.config import tiny_config
 from mlsys_nb.models import Transformer
 from mlsys_nb.precision import (
     BLOCK_FORMATS,
+    REAL_RECIPES,
     FORMATS,
     DelayedScaling,
     activations_with_outliers,
     block_quantize,
+    bytes_mismatch,
+    calculator_bytes,
     cast,
     format_info,
     fp8_scale_bytes,
+    measure_optimizer_bytes,
     measure_recipe,
     model_state_bytes_per_param,
     quantize,
@@ -171,18 +175,46 @@ def underflow_rows() -> list[str]:
 
 
 def recipe_rows(steps: int) -> list[str]:
-    """Bytes per parameter each precision recipe holds at the optimizer step (measured) against the calculator."""
+    """Bytes per parameter of each precision recipe: measured after a real torch.optim.AdamW step where the CPU
+    builds the recipe (fp32, bf16-mixed; and two broken builds), a consistency check (RecipeAdam) where it cannot."""
     cfg, base = _tiny()
     shapes = [tuple(p.shape) for p in base.parameters()]
+    kinds = ("params", "grads", "master", "optimizer")
     rows = [
-        f"Precision recipes (mlsys_nb.precision.RecipeAdam, Adam) on the tiny transformer, {steps} steps of 2 "
-        "micro-batches: bytes per parameter held at the last optimizer step (measured: distinct storages) against "
-        "mlsys_nb.memory.estimate (model)",
+        "Precision recipes built from torch's parts on the tiny transformer (mlsys_nb.precision.measure_optimizer_bytes): "
+        "bytes per parameter torch allocated after one real optimizer step (distinct storages of the parameters, their "
+        "gradients, the fp32 masters and optimizer.state; AdamW's 0-d step counters apart) against "
+        "mlsys_nb.memory.bytes_per_param (calculator)",
         "",
-        "| recipe | weights | gradients | fp32 master | Adam moments | measured total | model total | first → last loss |",
+        "| build | weights | gradients | fp32 master | optimizer states | measured total | calculator total | state dtypes |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for p in PRECISIONS:
+    builds = [(p, p, {}) for p in REAL_RECIPES] + [
+        ("bf16-mixed, AdamW on the bf16 model (no master): broken", "bf16-mixed", dict(master=False)),
+        ("fp32, SGD + momentum (one moment): broken", "fp32", dict(optimizer="sgd-momentum")),
+    ]
+    for label, p, kw in builds:
+        m = measure_optimizer_bytes(cfg, p, **kw)
+        n = m["n_params"]
+        per = " | ".join(f"{m[k] / n:.5g}" for k in kinds)
+        dt = ", ".join(f"{k} {v}" for k, v in m["state_dtypes"].items() if k != "step")
+        flag = "" if not bytes_mismatch(m, p) else " (differs)"
+        rows.append(
+            f"| {label} | {per} | {m['total'] / n:.5g}{flag} | {calculator_bytes(n, p)['total'] / n:.5g} | {dt} |"
+        )
+    rows += [
+        "",
+        f"Outside the per-parameter count: AdamW's step counters, 4 B per parameter tensor ({m['n_tensors']} tensors); "
+        "during the bf16-mixed step, fp32 copies of the gradients (4 B/param, freed after it).",
+        "",
+        f"Consistency check, not a measurement (mlsys_nb.precision.RecipeAdam, whose dtypes are read off the "
+        f"calculator; these recipes do not run for real on a CPU), {steps} steps of 2 micro-batches: bytes per "
+        "parameter held at the last optimizer step against mlsys_nb.memory.estimate",
+        "",
+        "| recipe | weights | gradients | fp32 master | Adam moments | held total | calculator total | first → last loss |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in ("bf16-nomaster", "fp8-te", "fp8-dsv3"):
         r = measure_recipe(cfg, p, steps=steps, micro_batches=2)
         pp, m = r["per_param"], model_state_bytes_per_param(cfg, p)
         rows.append(
@@ -192,7 +224,9 @@ def recipe_rows(steps: int) -> list[str]:
     rows += [
         "",
         f"fp8-dsv3's excess is its fp32 scales, one per 128×128 block: {fp8_scale_bytes(shapes)} B for "
-        f"{len(shapes)} weights.",
+        f"{len(shapes)} weights. Not counted by the calculator's fp8-te: Transformer Engine's fp8 copy of each weight "
+        "(1 B/param, 2 on Hopper); Megatron-Core's bf16 training holds 18 B/param (fp32 main gradients) "
+        "(docs/references.md#transformer-engine-fp8-weights, #megatron-core-optimizer).",
     ]
     return rows
 

@@ -384,7 +384,8 @@ class TrainConfig:
     - ``precision``: ``fp32``; ``bf16-mixed`` (bf16 params/grads/activations + fp32 master + fp32
       optimizer states, 16 B/param with Adam); ``bf16-nomaster`` (the Playbook plots' and the
       tutorial's 12 B/param accounting, incomplete); ``fp8-te`` (Transformer Engine: fp32 weights,
-      grads and states, 16 B/param); ``fp8-dsv3`` (DeepSeek-V3: fp8 weights, bf16 grads, fp32 master
+      grads and states, 16 B/param; not counted: Transformer Engine's fp8 weight copies, 1 B/param, 2 on Hopper;
+      Megatron-Core's bf16 training holds 18 B/param); ``fp8-dsv3`` (DeepSeek-V3: fp8 weights, bf16 grads, fp32 master
       and accumulation, bf16 Adam moments, 15 B/param). ``fp32_grad_accum`` adds a 4 B/param fp32
       gradient-accumulation buffer (20 B/param with bf16-mixed Adam).
     - ``optimizer``: states per parameter (adam/adamw 2, sgd-momentum 1, sgd 0, adam-8bit 2 x 1 B);
