@@ -4,17 +4,37 @@
 notebook with those parameters injected after its ``parameters`` cell, in the ``mlsys_nb`` kernel
 (falling back to ``python3``), with a per-cell timeout, and returns the executed notebook (nbformat).
 A failing cell raises ``papermill.PapermillExecutionError`` naming the cell.
+
+A kernel that fails to start is started again, on new ports (``KERNEL_START_ATTEMPTS`` in all, the reason
+printed): jupyter_client picks the kernel's five ports, releases them and writes them to the connection file;
+the kernel binds them only once its imports are done (seconds; several times longer beside busy processes), and
+if another process took one meanwhile the kernel exits with ``ZMQError: Address already in use``, which papermill
+reports as "Kernel died before replying to kernel_info" (jupyter_client issue 276; a start that merely took
+long says "Kernel didn't respond in N seconds" instead). ``KERNEL_START_TIMEOUT_S`` bounds one start, only
+against a hang: a kernel was ready in 3.3-4.7 s on a 2-core machine at load 14, well inside papermill's 60 s.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 ARTIFACTS = ROOT / "test-artifacts"
 CELL_TIMEOUT_S = int(os.environ.get("MLSYS_NB_CELL_TIMEOUT", "300"))
+KERNEL_START_TIMEOUT_S = int(os.environ.get("MLSYS_NB_KERNEL_START_TIMEOUT", "300"))
+KERNEL_START_ATTEMPTS = 3
+# What jupyter_client raises when the kernel never answered: its process exited (a port taken, a crash at start),
+# or it stayed silent for KERNEL_START_TIMEOUT_S. No cell has run then, so starting again repeats nothing.
+KERNEL_START_FAILURES = ("Kernel died before replying to kernel_info", "Kernel didn't respond in")
+
+
+def kernel_start_failed(exc: BaseException) -> bool:
+    """``exc`` is jupyter_client's error for a kernel that never became ready (not a failure inside a cell, not
+    nbclient's ``DeadKernelError`` for a kernel that died while running one)."""
+    return type(exc) is RuntimeError and str(exc).startswith(KERNEL_START_FAILURES)
 
 
 def kernel_name() -> str:
@@ -45,15 +65,26 @@ def run_notebook(name: str, capability: str | None = None, **parameters):
         os.environ.clear()
         os.environ.update(capability_env(capability, saved))
     try:
-        return pm.execute_notebook(
-            str(src),
-            str(out),
-            parameters=parameters,
-            kernel_name=kernel_name(),
-            cwd=str(NOTEBOOKS),
-            execution_timeout=CELL_TIMEOUT_S,
-            progress_bar=False,
-        )
+        for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
+            try:
+                return pm.execute_notebook(
+                    str(src),
+                    str(out),
+                    parameters=parameters,
+                    kernel_name=kernel_name(),
+                    cwd=str(NOTEBOOKS),
+                    execution_timeout=CELL_TIMEOUT_S,
+                    start_timeout=KERNEL_START_TIMEOUT_S,
+                    progress_bar=False,
+                )
+            except RuntimeError as e:
+                if not kernel_start_failed(e) or attempt == KERNEL_START_ATTEMPTS:
+                    raise
+                print(
+                    f"nbrun: {name}: the kernel failed to start ({e}; attempt {attempt} of {KERNEL_START_ATTEMPTS}; "
+                    "its stderr above says why, e.g. a port taken meanwhile): starting a fresh kernel on new ports",
+                    file=sys.stderr,
+                )
     finally:
         if capability is not None:
             os.environ.clear()
