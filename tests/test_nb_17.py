@@ -1,7 +1,7 @@
 """Notebook 17 under papermill with another seed and the worked solutions switched on."""
 
 import pytest
-from nbrun import printed_text, run_notebook
+from nbrun import other_capability, printed_text, run_notebook
 
 
 @pytest.mark.notebook
@@ -13,8 +13,16 @@ def test_notebook_17_runs_with_solutions_and_another_seed():
     # benchmarks/ppo.py's, data/measured/ppo.md
     # ac_steps=20_000 (the default run's 60,000 checks the long curve): the actor-critic's check, best > 2x its
     # starting return, on another seed; at 20,000 steps seeds 0-5 reached 3.6-12.5x (measured, 2026-11-26)
+    # under other CPU kernels than this machine's (other_capability: "default" on a vector CPU), so a check tuned to
+    # one CPU's rounding fails here too
     nb = run_notebook(
-        "17_rl_fundamentals.ipynb", seed=1, solutions=True, compare_sb3=True, sb3_steps=256, ac_steps=20_000
+        "17_rl_fundamentals.ipynb",
+        capability=other_capability(),
+        seed=1,
+        solutions=True,
+        compare_sb3=True,
+        sb3_steps=256,
+        ac_steps=20_000,
     )
     text = printed_text(nb)
     for check in (

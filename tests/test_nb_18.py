@@ -1,7 +1,7 @@
 """Notebook 18 under papermill with another seed and the worked solutions switched on."""
 
 import pytest
-from nbrun import assert_exercises_passed, printed_text, run_notebook
+from nbrun import assert_exercises_passed, other_capability, printed_text, run_notebook
 
 
 @pytest.mark.notebook
@@ -9,10 +9,11 @@ from nbrun import assert_exercises_passed, printed_text, run_notebook
 def test_notebook_18_runs_with_solutions_and_another_seed():
     # iterations=12 (the default run's 24 check the longer runs): PPO, PPO without KL and GRPO on another seed,
     # with the SFT policy and reward model at the defaults' 150 steps (notebook 19's variant starts from them) and
-    # DPO's 100 steps (at 50 its KL reached the check's bound of 8 on seed 1). At 12 iterations every check held
-    # on seeds 0-4 (measured 2026-11-26): PPO +2.7..+4.4 (check: +1.5), KL 2.7-4.1 (< 8); without KL the true
-    # reward 0.64..12.7 below the KL run's minus 2 and the RM score higher; GRPO +2.2..+3.2 (check: +1)
-    nb = run_notebook("18_rlhf.ipynb", seed=1, solutions=True, iterations=12)
+    # DPO's 100 steps (at 50 its KL reached the check's bound of 8 on seed 1). Run under other CPU kernels than this
+    # machine's (other_capability: "default" on a vector CPU), so a check tuned to one CPU's rounding fails here too.
+    # The checks read the mean of the last quarter's evaluations (iterations 10-12); under "default" at seed 1
+    # (measured 2026-11-29) the least room was PPO's rise, 2.97 against 1.5 (GRPO +2.64 and DPO +2.69 against 1)
+    nb = run_notebook("18_rlhf.ipynb", capability=other_capability(), seed=1, solutions=True, iterations=12)
     text = printed_text(nb)
     for check in (
         "the SFT policy writes",
