@@ -1,15 +1,28 @@
-"""Notebook 05b under papermill on 3 ranks, another batch and seed, with the worked solutions."""
+"""Notebook 05b under papermill on 3 ranks, another batch and seed and the other CPU capability, with the worked
+solutions."""
 
 import pytest
-from nbrun import assert_exercises_passed, printed_text, run_notebook
+from nbrun import assert_exercises_passed, other_capability, printed_text, run_notebook
 
 
 @pytest.mark.notebook
 def test_notebook_05b_runs_on_three_ranks_with_solutions():
-    nb = run_notebook("05b_profiling.ipynb", world_size=3, batch=4, seed=1, solutions=True)
+    import torch
+
+    from mlsys_nb.margins import parse_margins
+
+    # under the other CPU kernels (ATEN_CPU_CAPABILITY=default on a vector CPU): the timing checks hold there too
+    nb = run_notebook(
+        "05b_profiling.ipynb", capability=other_capability(), world_size=3, batch=4, seed=1, solutions=True
+    )
     text = printed_text(nb)
     assert "check passed: on all 3 ranks one all-reduce per bucket" in text
-    assert text.count("check passed") == 7, text
+    gpu = torch.cuda.is_available()
+    assert text.count("check passed") == (7 if gpu else 6), text  # 4 (+1 on a GPU) sections + 2 exercises
+    assert gpu or "check skipped: section 4 reads CUDA kernels" in text
+    margins = {m["label"]: m for m in parse_margins(text)}
+    assert len(margins) == 4, margins
+    assert margins["all-reduces overlapped, blocking in the hook"]["value"] == 0, margins
     assert_exercises_passed(text, 2)
 
 

@@ -1,6 +1,8 @@
 """runtime.profiling: interval arithmetic against a brute-force grid count, trace parsing on hand-made
 and real traces, the memory timeline against the memory model, the kit's timer against the profiler's
-ranges, and the overlap fraction of a real DDP step on 2 gloo ranks (the no-overlap DDP fails the check)."""
+ranges, and the overlap of a real DDP step on 2 gloo ranks: the share of all-reduces with backward compute
+beside them passes notebook 05b's bound with overlap, and the broken schedules (the all-reduce awaited in its
+hook, or launched after backward) fail it."""
 
 import random
 
@@ -15,8 +17,12 @@ from mlsys_nb.models import Transformer
 from mlsys_nb.models.measure import cpu_setting
 from mlsys_nb.runtime import Laps
 from mlsys_nb.runtime.profiling import (
+    OVERLAP_BOUND,
     activities,
+    backward_compute,
+    backward_extents,
     host_time_mismatch,
+    in_flight,
     inner_time,
     intersection_length,
     length,
@@ -27,6 +33,7 @@ from mlsys_nb.runtime.profiling import (
     mm_flops,
     most_agree,
     overlap_fraction,
+    overlapped_all_reduces,
     peak_in,
     ranged,
     spans,
@@ -256,20 +263,60 @@ def test_activities_and_argument_errors(tmp_path):
         peak_in([(0.0, 1)], 2, 1)
 
 
+def _x(name, ts, dur, tid):
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+
+def _ddp_trace(blocking):
+    """A hand-made trace of one backward on thread 1 with two buckets; gloo's worker is thread 2. Overlapped: each
+    all-reduce is launched and backward's next ops run while it is in flight. Blocking: the hook waits for it."""
+    ev = [_x("backward", 0, 100, 1)]
+    t = 1
+    for _ in range(2):
+        ev += [_x("autograd::engine::evaluate_function: MmBackward0", t, 10, 1), _x("aten::mm", t + 1, 8, 1)]
+        t += 10
+        ev += [_x("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", t, 30 if blocking else 3, 1)]
+        ev += [_x("c10d::allreduce_", t + 1, 1, 1), _x("gloo:all_reduce", t + 2, 20, 2)]
+        t += 32 if blocking else 4  # blocking: the thread resumes only after the all-reduce ended (t + 22)
+    ev += [_x("autograd::engine::evaluate_function: MulBackward0", t, 10, 1), _x("aten::mul", t + 1, 8, 1)]
+    return ev
+
+
+def test_overlapped_all_reduces_on_hand_made_traces():
+    ov, bl = _ddp_trace(blocking=False), _ddp_trace(blocking=True)
+    assert in_flight(ov) == [(12.0, 33.0), (26.0, 47.0)]
+    assert backward_extents(ov) == [(1.0, 39.0)] and len(backward_compute(ov)) == 3
+    assert overlapped_all_reduces(ov) == 1.0  # both: the next mm (or mul) ran while each was in flight
+    # the mutation: the same all-reduces awaited inside the hook; no op runs while they fly
+    assert overlapped_all_reduces(bl) == 0.0 < OVERLAP_BOUND
+    # the old measure (communication inside backward's extent) cannot tell them apart
+    for ev in (ov, bl):
+        comm = spans(ev, name="gloo:all_reduce")
+        assert overlap_fraction(comm, backward_extents(ev)) > 0.5
+    with pytest.raises(ValueError, match="c10d::allreduce_"):
+        in_flight(ov + [_x("gloo:all_reduce", 90, 1, 2)])
+
+
 @pytest.mark.slow
-def test_ddp_overlap_fraction_from_the_trace_and_the_no_overlap_ddp_fails_the_check(tmp_path):
+def test_ddp_overlap_from_the_trace_passes_the_bound_and_the_broken_schedules_fail_it(tmp_path):
     res = mlsys_nb.launch(
         trace_ddp_step, world_size=2, kwargs=dict(trace_dir=str(tmp_path)), backend="gloo", timeout=180
     )
     for r, out in enumerate(res):
         for variant, d in out.items():
-            assert len(d["comm"]) == d["buckets"] > 1, (r, variant, d["comm"])
-            assert load_trace(d["trace"]), "the exported trace reads back"
+            assert len(d["comm"]) == d["buckets"] * d["steps"] and d["buckets"] > 1, (r, variant, d["comm"])
+            assert len(d["backwards"]) == d["steps"] == len(spans(load_trace(d["trace"]), name="backward"))
             assert d["backward"][1] <= d["backward_range"][1], "the compute span lies inside the backward range"
-        assert out["overlap"]["fraction"] > 0, f"rank {r}: overlap DDP must overlap: {out['overlap']}"
-        # the notebook's check, fraction > 0, rejects the DDP that all-reduces after backward
+        # after backward: no all-reduce inside backward's extent; the backward *range* contains them all the same
         assert out["no_overlap"]["fraction"] == 0, f"rank {r}: {out['no_overlap']}"
         assert min(a for a, _ in out["no_overlap"]["comm"]) >= out["no_overlap"]["backward"][1]
-        # but the backward *range* contains the communication in both: the compute span is the right reference
-        rng = out["no_overlap"]["backward_range"]
-        assert overlap_fraction(out["no_overlap"]["comm"], [rng]) > 0
+        assert overlap_fraction(out["no_overlap"]["comm"], [out["no_overlap"]["backward_range"]]) > 0
+    # the notebook's check, pooled over the ranks: overlap passes, both broken schedules fail
+    pooled = {
+        v: sum(o[v]["overlapped"] * len(o[v]["in_flight"]) for o in res) / sum(len(o[v]["in_flight"]) for o in res)
+        for v in res[0]
+    }
+    assert pooled["overlap"] > OVERLAP_BOUND, pooled
+    assert pooled["blocking"] < OVERLAP_BOUND and pooled["no_overlap"] < OVERLAP_BOUND, pooled
+    # the blocking all-reduces lie inside backward's extent: the old measure would have passed them
+    assert min(o["blocking"]["fraction"] for o in res) > 0.5, [o["blocking"]["fraction"] for o in res]

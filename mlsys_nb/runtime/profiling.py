@@ -14,8 +14,12 @@ that JSON back as plain Python (a list of event dicts) and compute from it:
 - ``memory_timeline(events)``: live bytes after each allocation or free (``[memory]`` events of a
   trace, or a finished profiler read in memory), counted from the start of profiling; ``live_at`` and
   ``peak_in`` read it.
+- ``in_flight(events)``: each all-reduce from its launch to its end; ``backward_extents(events)`` and
+  ``backward_compute(events)``: each backward's extent and the ops it ran on its thread;
+  ``overlapped_all_reduces(events)``: the share of the all-reduces during which backward computed.
 - ``activities()``: CPU, plus CUDA where a GPU is present; ``trace_ddp_step``: a rank function that
-  traces one data-parallel step with and without overlap (notebook 05b).
+  traces one data-parallel step with overlap, with a blocking all-reduce in the hooks, and after backward
+  (notebook 05b).
 - ``trace_range(name)`` and ``ranged(name)``: a ``record_function`` range (a ``with`` block, a
   decorator) that costs a microsecond or two while no profiler records (the serving engine's
   ``engine.step`` and ``engine.model``); ``light_profile()``: a profiler whose first start does not
@@ -50,6 +54,12 @@ __all__ = [
     "memory_timeline",
     "live_at",
     "peak_in",
+    "DDP_VARIANTS",
+    "OVERLAP_BOUND",
+    "backward_compute",
+    "backward_extents",
+    "in_flight",
+    "overlapped_all_reduces",
     "trace_ddp_step",
     "trace_range",
     "ranged",
@@ -339,20 +349,99 @@ def peak_in(timeline, start: float, end: float) -> int:
     return max([live_at(timeline, start)] + [b for ts, b in timeline if start <= ts <= end])
 
 
+DDP_VARIANTS = ("overlap", "blocking", "no_overlap")
+# Notebook 05b's bound on ``overlapped_all_reduces`` pooled over a DDP step's ranks. A blocking all-reduce (awaited
+# in its hook) and one launched after backward score 0 by construction: no op runs in a thread that waits, and no
+# backward runs after backward. The overlapped schedule scored 0.36-0.81 pooled over the ranks (3 traced steps,
+# world sizes 2 and 3, seeds 0-3, ATEN_CPU_CAPABILITY default/avx2/avx512, on a loaded 2-core machine).
+OVERLAP_BOUND = 0.2
+
+
+def in_flight(events) -> list[tuple[float, float]]:
+    """Per gloo all-reduce of a trace, ``(launch, done)`` (us): from the ``c10d::allreduce_`` call that started it
+    on the calling thread to the end of its ``gloo:all_reduce`` span on gloo's worker thread (paired in order:
+    gloo runs a process group's collectives one after another). Between the two the all-reduce is in flight:
+    compute that runs meanwhile overlaps it."""
+    launches = sorted(s for s in spans(events, name="c10d::allreduce_"))
+    done = sorted(s for s in spans(events, name="gloo:all_reduce"))
+    if len(launches) != len(done):
+        raise ValueError(f"{len(launches)} c10d::allreduce_ calls but {len(done)} gloo:all_reduce spans in the trace")
+    return [(a, max(a, e)) for (a, _), (_, e) in zip(launches, done)]
+
+
+def backward_extents(events) -> list[tuple[float, float]]:
+    """Per backward pass of a trace, the extent of the autograd engine's ``evaluate_function`` events (us): inside
+    each ``record_function("backward")`` range where there are such ranges, else one extent for the whole trace.
+    It ends before DDP's end-of-backward callback waits for the buckets (which the range itself includes)."""
+    engine = spans(events, prefix="autograd::engine::evaluate_function")
+    if not engine:
+        raise ValueError("no autograd::engine::evaluate_function events: the trace holds no backward")
+    out = []
+    for a, b in spans(events, name="backward") or [(engine[0][0], max(e for _, e in engine))]:
+        inside = [(s, e) for s, e in engine if a <= s <= b]
+        if inside:
+            out.append((inside[0][0], max(e for _, e in inside)))
+    return out
+
+
+def backward_compute(events) -> list[tuple[float, float]]:
+    """The backward's compute on the thread that ran it: the ``aten::`` op spans on the autograd engine's thread
+    (the thread of the ``evaluate_function`` events) within the ``backward_extents``. A thread waiting for an
+    all-reduce runs no op, so this leaves out the waits that the extents hold."""
+    tids = [e.get("tid") for e in events if e.get("ph") == "X" and e["name"].startswith("autograd::engine::")]
+    extents = backward_extents(events)
+    tid = max(set(tids), key=tids.count)
+    return [
+        (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        for e in events
+        if e.get("ph") == "X"
+        and e.get("tid") == tid
+        and e["name"].startswith("aten::")
+        and any(a <= float(e["ts"]) <= b for a, b in extents)
+    ]
+
+
+def overlapped_all_reduces(events) -> float:
+    """Share (0..1) of the trace's all-reduces during whose flight (``in_flight``) the backward computed
+    (``backward_compute``): what overlap means, read per all-reduce. Launched from a gradient hook and not waited
+    for, every bucket but perhaps the last has backward ops running beside it: near 1. Awaited inside the hook
+    (blocking: the thread waits, no op runs) or launched after backward: 0, though the blocking all-reduces lie
+    inside backward's extent. Unlike a share of time, it does not depend on how long an all-reduce takes
+    against the ops beside it (which varies with the peers' lag and the machine's load)."""
+    compute = backward_compute(events)
+    flights = in_flight(events)
+    if not flights:
+        raise ValueError("no all-reduce in the trace")
+    return sum(intersection_length([f], compute) > 0 for f in flights) / len(flights)
+
+
 def trace_ddp_step(
-    overlap_variants=(True, False), *, bucket_cap_mb: float = 0.02, batch: int = 4, seed: int = 0, trace_dir=None
+    variants=DDP_VARIANTS,
+    *,
+    steps: int = 4,
+    bucket_cap_mb: float = 0.02,
+    batch: int = 4,
+    seed: int = 0,
+    trace_dir=None,
 ) -> dict:
     """Rank function (run it with ``mlsys_nb.launch(..., backend="gloo")``): one step (forward + backward,
     gradient sync) of ``parallel.ddp.DataParallel`` over the kit's tiny transformer (``config.tiny_config``)
-    on the CPU, traced with ``torch.profiler`` for each ``overlap`` value, interleaved after one untraced
-    warm-up step each.
+    on the CPU, ``steps`` steps traced with ``torch.profiler`` for each of ``variants``, after one untraced
+    warm-up step each:
+    ``"overlap"`` launches each bucket's all-reduce from its gradient hook and waits at the end of backward (as
+    PyTorch's DDP); ``"blocking"`` launches it there too but waits for it inside the hook (a broken schedule:
+    communication during backward, none hidden); ``"no_overlap"`` launches every bucket after backward.
 
-    Returns, per variant (``"overlap"`` / ``"no_overlap"``): ``comm`` (the spans of the all-reduce
-    events, us), ``backward`` (the extent of the autograd engine's ``evaluate_function`` events: the
-    backward *compute*, which ends before DDP's end-of-backward callback waits for the buckets),
-    ``backward_range`` (the ``record_function("backward")`` range, which includes that wait),
-    ``fraction`` (``overlap_fraction(comm, [backward])``), ``buckets`` and, with ``trace_dir``, the
-    path of the exported trace (``ddp_<variant>_rank<r>.json``)."""
+    Returns, per variant: ``comm`` (the spans of the all-reduce events of all steps, us), ``backwards`` (per
+    step, ``backward_extents``) and ``backward`` (the first step's), ``backward_range`` and ``forward_range``
+    (the first step's ``record_function`` ranges; the backward range includes DDP's wait for the buckets),
+    ``fraction`` (``overlap_fraction(comm, backwards)``: the communication inside backward's extents),
+    ``in_flight`` and ``compute`` (``in_flight``, ``backward_compute``), ``overlapped``
+    (``overlapped_all_reduces``: the share of the all-reduces during which backward computed), ``buckets``,
+    ``steps`` and, with ``trace_dir``, the path of the exported trace (``ddp_<variant>_rank<r>.json``).
+
+    Several steps, because on a loaded machine one step can serialise by chance: when the cores are busy, the
+    call that hands an all-reduce to gloo's thread can return only once it is done."""
     import torch
     import torch.distributed as dist
     from torch.profiler import profile, record_function
@@ -363,15 +452,21 @@ def trace_ddp_step(
 
     check_number("bucket_cap_mb", bucket_cap_mb, 0, unit="MB")
     batch = check_int("batch", batch, 1)
+    steps = check_int("steps", steps, 1)
     rank = dist.get_rank()
     cfg = tiny_config()
     g = torch.Generator().manual_seed(seed + 1 + rank)  # each rank its own shard
     x = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g)
     y = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g)
     nets = {}
-    for ov in overlap_variants:
+    for variant in variants:
+        check_choice("variant", variant, DDP_VARIANTS)
         torch.manual_seed(seed)
-        nets[ov] = DataParallel(Transformer(cfg), bucket_cap_mb=bucket_cap_mb, overlap=ov)
+        net = DataParallel(Transformer(cfg), bucket_cap_mb=bucket_cap_mb, overlap=variant != "no_overlap")
+        if variant == "blocking":  # the broken schedule: each bucket's all-reduce awaited in its hook
+            for bucket in net.buckets:
+                bucket.launch = functools.partial(_launch_and_wait, bucket, bucket.launch)
+        nets[variant] = net
 
     def step(net):
         with record_function("forward"):
@@ -383,12 +478,12 @@ def trace_ddp_step(
     for net in nets.values():  # warm-up: first-call costs stay out of the trace
         step(net)
     out = {}
-    for ov, net in nets.items():
-        variant = "overlap" if ov else "no_overlap"
+    for variant, net in nets.items():
         dist.barrier()
         with profile(activities=activities("cpu")) as prof:  # the model and gloo's all-reduce live on the CPU
-            dist.barrier()  # both ranks start the step together, inside the trace
-            step(net)
+            dist.barrier()  # both ranks start the steps together, inside the trace
+            for _ in range(steps):
+                step(net)
         if trace_dir is not None:
             path = Path(trace_dir) / f"ddp_{variant}_rank{rank}.json"
             prof.export_chrome_trace(str(path))
@@ -401,15 +496,24 @@ def trace_ddp_step(
                 prof.export_chrome_trace(f"{tmp}/trace.json")
                 events = load_trace(f"{tmp}/trace.json")
         comm = sorted(s for op in COMM_OPS for s in spans(events, prefix=op))
-        engine = spans(events, prefix="autograd::engine::evaluate_function")
-        backward = (engine[0][0], max(b for _, b in engine))
+        backwards = backward_extents(events)
         out[variant] = dict(
             comm=comm,
-            backward=backward,
+            backwards=backwards,
+            backward=backwards[0],
             backward_range=spans(events, name="backward")[0],
             forward_range=spans(events, name="forward")[0],
-            fraction=overlap_fraction(comm, [backward]),
+            fraction=overlap_fraction(comm, backwards),
+            in_flight=in_flight(events),
+            compute=backward_compute(events),
+            overlapped=overlapped_all_reduces(events),
             buckets=len(net.buckets),
+            steps=steps,
             trace=str(path) if path else None,
         )
     return out
+
+
+def _launch_and_wait(bucket, launch, group) -> None:
+    launch(group)
+    bucket.work.wait()
