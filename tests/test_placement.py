@@ -15,8 +15,10 @@ pytestmark = pytest.mark.slow
 def sft_rm():
     """Notebook 18's RLHF task: the SFT policy and reward model (state dicts), trained once for the module
     (the Ray runs and the local runs start from the same ``rlhf_init(seed=1, steps=150)``; ``run`` copies
-    them into its workers' models and never writes to them). Seed 1 and 150 steps are test_nb_18's (its
-    notebook run keeps them with ``rlhf.save_start``, earlier in the suite): loaded, not trained again."""
+    them into its workers' models and never writes to them). Seed 1 and 150 steps are test_nb_18's, but its
+    notebook runs under other CPU kernels (``other_capability``), whose start has another key (``rlhf.start_key``
+    holds the kernels: they train another model) and another cache: trained here once per source and kernels,
+    then loaded from ``rlhf.save_start``'s cache."""
     return pl.rlhf_init(seed=1, steps=150)
 
 
