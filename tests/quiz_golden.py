@@ -15,7 +15,8 @@ Both sides are checked for every pinned key in ``tests/test_quiz.py``: moved by 
 tolerance (far less than any slip the checker must reject) it does not.
 
 A refactor must leave every question unchanged; a deliberate change to a family rewrites its pins:
-``python tests/quiz_golden.py --write`` (then say in the commit message which families changed and why)."""
+``python tests/quiz_golden.py --write FAMILY ...`` (only those; ``--write`` alone re-pins all), then say in
+the commit message which families changed and why."""
 
 from __future__ import annotations
 
@@ -91,19 +92,24 @@ def pinned() -> dict[str, list[list]]:
     return json.loads(PINNED.read_text())
 
 
-def write() -> None:
+def write(names=None) -> None:
+    """Pin every family (``names`` None) or only ``names``, keeping the other families' pins as they are."""
     from mlsys_nb import quiz
 
-    table = {f: [pin(quiz.make(f, s)) for s in SEEDS] for f in quiz.families()}
+    table = {} if names is None else pinned()
+    for f in quiz.families() if names is None else names:
+        quiz.family_info(f)  # a name that is not a family fails here, naming the families
+        table[f] = [pin(quiz.make(f, s)) for s in SEEDS]
+    table = dict(sorted(table.items()))
     rows = (
         f" {json.dumps(f)}: [\n" + ",\n".join(f"  {json.dumps(p)}" for p in pins) + "\n ]" for f, pins in table.items()
     )
     PINNED.write_text("{\n" + ",\n".join(rows) + "\n}\n")  # one pin a line
     assert pinned() == table
-    print(f"{len(table)} families x {len(SEEDS)} seeds -> {PINNED}")
+    print(f"{len(names or table)} families x {len(SEEDS)} seeds pinned -> {PINNED}")
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--write"]:
-        sys.exit("usage: python tests/quiz_golden.py --write")
-    write()
+    if sys.argv[1:2] != ["--write"]:
+        sys.exit("usage: python tests/quiz_golden.py --write [FAMILY ...]  (no family: all of them)")
+    write(sys.argv[2:] or None)

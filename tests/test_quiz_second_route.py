@@ -806,6 +806,20 @@ def test_kernels_route_catches_io_bytes_without_the_query_reloads(monkeypatch):
     assert not any(q.check(routes.worked_response(q)).ok for q in qs)
 
 
+def test_kernels_route_catches_a_split_key_that_only_fills_the_sms(monkeypatch):
+    """A key with the simpler rule, the fewest splits that give every SM a block (``fill_splits``, the kit's old
+    ``decode_splits``), fails flash-attn's rule worked from the question text wherever the two rules differ."""
+    import mlsys_nb.kernels as kernels
+    from mlsys_nb.quiz import routes
+
+    flash_attn = kernels.decode_splits
+    monkeypatch.setattr(kernels, "decode_splits", kernels.fill_splits)
+    qs = _draws("kernels.decode_splits")
+    differ = [q for q in qs if flash_attn(q.params["b"], q.params["h"], q.params["sms"]) != q.answer]
+    assert len(differ) >= len(qs) // 2, "the draws should mostly tell the two rules apart"
+    assert not any(q.check(routes.worked_response(q)).ok for q in differ)
+
+
 # ---- quant: bits from the stored layout, the meta-built model's counts, shapes by hand -------------
 @pytest.mark.parametrize("name", [f for f in quiz.core.families("quant")])
 def test_quant_families_by_their_worked_routes(name):

@@ -1,10 +1,10 @@
 """Families of the topic ``kernels``: arithmetic intensity and bound of an op on a GPU, an op's roofline time,
 fusion's saved bytes and speed-up, FlashAttention's block sizes and HBM traffic, the score matrix it never
-stores, the online-softmax merge, FlashDecoding's split count.
+stores, the online-softmax merge, FlashDecoding's split count (flash-attn's heuristic).
 
 Answer keys: ``mlsys_nb.kernels`` (``hierarchy.op_flops_bytes``, ``hierarchy.op_cost``,
 ``fusion.unary_chain_bytes``, ``paper_block_sizes``, ``flash_io_bytes``, ``score_matrix_bytes``,
-``merge_partials``, ``decode_splits``) and ``hardware.gpu``, the functions notebook 21 runs.
+``merge_partials``, ``decode_splits``, ``fill_splits``) and ``hardware.gpu``, the functions notebook 21 runs.
 """
 
 from __future__ import annotations
@@ -205,21 +205,53 @@ def _merge(rng):
     )
 
 
-@family("kernels.decode_splits", "kernels", section=SEC_DECODE, reference=REF_DECODE)
+def _fill_note(work: int, sms: int, fill: int, n: int) -> str:
+    if fill == n:
+        return "the same here."
+    waves = work * fill / sms
+    if fill > n:
+        return "flash-attn takes fewer: their waves are efficient enough, and each split adds a partial to merge."
+    return f"its last wave is only {waves / math.ceil(waves):.0%} full, so flash-attn takes more splits."
+
+
+@family("kernels.decode_splits", "kernels", difficulty=2, section=SEC_DECODE, reference=REF_DECODE)
 def _splits(rng):
     b = pick(rng, [1, 2, 4])
     h = pick(rng, [8, 16, 32])
     gpu = pick(rng, ["H100-SXM", "A100-80GB-SXM"])
     sms = hardware.gpu(gpu).sms
     n = kernels.decode_splits(b, h, sms)
+    fill = kernels.fill_splits(b, h, sms)
+    work = b * h
+    waves = work * n / sms
     return dict(
-        text=f"A decode step (one query per sequence) runs batch {b} with {h} attention heads on an {gpu} "
-        f"({sms} SMs), one thread block per (sequence, head, KV split). What is the fewest number of KV splits "
-        "(FlashDecoding) that gives every SM at least one block?",
+        text=f"A decode step (one query per sequence, a long KV cache) runs batch {b} with {h} attention heads "
+        f"on an {gpu} ({sms} SMs), one thread block per (sequence, head, KV split). flash-attn's FlashDecoding "
+        "keeps 1 split when batch·heads >= 0.8·SMs; otherwise, over 1 to 128 splits, it takes the fewest whose "
+        "wave efficiency n_waves / ceil(n_waves) (n_waves = batch·heads·splits / SMs) is at least 85 % of the "
+        "best. How many KV splits does it take?",
         params={"b": b, "h": h, "sms": sms},
         answer=float(n),
         unit="count",
         tolerance=0.0,
-        hints=["Blocks = batch · heads · splits >= SMs."],
-        solution=[f"ceil({sms} / ({b}·{h})) = {n} (kernels.decode_splits)."],
+        hints=[
+            f"Work items without splitting: {b}·{h} = {work}; compare with 0.8·{sms}.",
+            "Tabulate the wave efficiency for small split counts; a count that makes the waves whole scores 1.",
+        ],
+        solution=[
+            f"batch·heads = {work} {'>=' if work >= 0.8 * sms else '<'} 0.8·{sms} = {0.8 * sms:.1f}.",
+            f"{n} split(s): n_waves = {waves:.3g}, wave efficiency {waves / math.ceil(waves):.2f} "
+            f"(kernels.decode_splits, flash-attn's num_splits_heuristic).",
+            f"For comparison, the fewest splits that give every SM a block: ceil({sms}/{work}) = {fill} "
+            f"(kernels.fill_splits); {_fill_note(work, sms, fill, n)}",
+        ],
+        diagnostics=[
+            (
+                fill / n,
+                "that is the fewest splits that give every SM a block; flash-attn takes the fewest "
+                "within 85 % of the best wave efficiency",
+            )
+        ]
+        if fill != n
+        else [],
     )

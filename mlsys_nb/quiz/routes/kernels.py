@@ -1,10 +1,12 @@
 """Second routes of the topic ``kernels``: FLOPs and bytes written out by hand, a hand roofline, the block
 loop of FlashAttention's Algorithm 1 walked in plain Python, the softmax over all keys rebuilt from the
-partials' exp-sums, and the decode split found by counting up, without ``mlsys_nb.kernels``."""
+partials' exp-sums, and flash-attn's decode split from every split count's wave efficiency in exact fractions,
+without ``mlsys_nb.kernels``."""
 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 from .registry import route
 
@@ -79,7 +81,13 @@ def _(p):
 
 @route("kernels.decode_splits")
 def _(p):
-    n = 1
-    while p["b"] * p["h"] * n < p["sms"]:
-        n += 1
-    return float(n)
+    """flash-attn's rule from the question text, in exact fractions: every split count's wave efficiency."""
+    work, sms = p["b"] * p["h"], p["sms"]
+    if 5 * work >= 4 * sms:  # batch·heads >= 0.8·SMs
+        return 1.0
+    eff = {}
+    for s in range(1, min(128, sms) + 1):
+        waves = Fraction(work * s, sms)
+        eff[s] = waves / math.ceil(waves)
+    best = max(eff.values())
+    return float(min(s for s, e in eff.items() if e >= Fraction(85, 100) * best))
