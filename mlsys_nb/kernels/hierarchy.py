@@ -192,12 +192,14 @@ def read_caches(*, sysfs_root="/sys/devices/system/cpu", system: str | None = No
 
 
 def sweep_sizes(caches: Caches, *, smallest: int = 2**12, cap: int = 2**30) -> list[int]:
-    """Powers of two from ``smallest`` to at least 4x the largest cache (at least 128 MiB, at most ``cap``):
-    the streaming read must reach working sets twice beyond the last level for ``cache_vs_dram``."""
-    top = max([ASSUMED_BEYOND] + [4 * caches.largest(lvl) for lvl in caches.sizes])
+    """Powers of two from ``smallest`` up to the first one at least twice the largest cache and at least
+    128 MiB (at most ``cap``): ``cache_vs_dram`` needs working sets twice beyond the last level."""
+    need = max([ASSUMED_BEYOND] + [2 * caches.largest(lvl) for lvl in caches.sizes])
     sizes, s = [], check_int("smallest", smallest, 64)
-    while s <= min(top, cap):
+    while s <= cap:
         sizes.append(s)
+        if s >= need:
+            break
         s *= 2
     return sizes
 
