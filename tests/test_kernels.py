@@ -411,3 +411,20 @@ def test_a_process_under_other_kernels_gets_its_own_inductor_cache():
     assert fusion.keep_inductor_cache_apart(chosen) == "/somewhere"
     arm = {"ATEN_CPU_CAPABILITY": "sve256", "USER": "u"}
     assert "capability-sve256" in fusion.keep_inductor_cache_apart(arm)
+
+
+def test_the_cache_check_fails_on_a_flat_curve():
+    """The broken idea: a curve that does not drop past the caches (scalar kernels: ~19 GB/s from L2 and DRAM
+    alike) fails notebook 21's check, which is why the notebook asserts it only with vector kernels; a curve
+    that drops only beyond the largest L2 of a hybrid CPU is judged at its smallest L2 and still passes."""
+    from mlsys_nb.kernels import hierarchy
+    from mlsys_nb.margins import check_margin
+
+    caches = hierarchy.Caches("sysfs", {"L1d": (32768,), "L2": (1280 * 1024, 2 * 2**20), "L3": (24 * 2**20,)})
+    flat = {s: 19e9 for s in hierarchy.sweep_sizes(caches)}
+    split = hierarchy.cache_vs_dram(flat, caches)
+    with pytest.raises(AssertionError, match="L2-sized read"):
+        check_margin("L2-sized read over DRAM-sized read", split["in_cache"] / split["dram"], ">", 2)
+    steps = {s: 200e9 if s <= 2 * 2**20 else 10e9 for s in hierarchy.sweep_sizes(caches)}
+    split = hierarchy.cache_vs_dram(steps, caches)
+    assert check_margin("L2-sized read over DRAM-sized read", split["in_cache"] / split["dram"], ">", 2) == 20
