@@ -1,15 +1,23 @@
 """Roofline model: FLOPs pinned against FlopCounterMode on the real cached forward and a brute-force
-count of attended keys; decode at batch 1 is memory-bound at ≈ weight bytes / HBM bandwidth;
-prefill is compute-bound; generate() with the cache equals generation by full recompute."""
+count of attended keys; bytes pinned against the bytes a real decode step reads (traced), and a model
+without the KV cache's bytes fails that check; decode at batch 1 is memory-bound at ≈ weight bytes /
+HBM bandwidth; prefill is compute-bound; generate() with the cache equals generation by full recompute."""
 
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from mlsys_nb.config import ModelConfig
+from mlsys_nb.config import ArgumentError, ModelConfig
 from mlsys_nb.hardware import gpu
-from mlsys_nb.inference import ByteTokenizer, KVCache, generate, weight_bytes
-from mlsys_nb.inference.roofline import attention_flops, decode_cost, matmul_params, prefill_cost, step_cost
+from mlsys_nb.inference import ByteTokenizer, KVCache, generate, kv_bytes_per_token, weight_bytes
+from mlsys_nb.inference.roofline import (
+    attention_flops,
+    decode_bytes_read,
+    decode_cost,
+    matmul_params,
+    prefill_cost,
+    step_cost,
+)
 from mlsys_nb.models import Transformer
 
 
@@ -76,3 +84,55 @@ def test_generate_equals_full_recompute_greedy():
         assert o.text == tok.decode(ref) and o.ttft_s > 0
     with pytest.raises(ValueError, match="seq_len=64"):
         generate(m, tok, "x" * 60, max_new_tokens=10)
+
+
+def _small(tied=False, n_kv_heads=2):
+    cfg = ModelConfig(
+        n_layers=2, hidden=64, n_heads=4, n_kv_heads=n_kv_heads, vocab_size=50, seq_len=32, tied_embeddings=tied
+    )
+    torch.manual_seed(0)
+    return cfg, Transformer(cfg)
+
+
+@pytest.mark.parametrize("tied,n_kv_heads", [(False, 2), (True, 4)])
+def test_decode_bytes_read_counts_every_matmul_weight_once_and_the_cache_of_every_sequence(tied, n_kv_heads):
+    cfg, m = _small(tied, n_kv_heads)
+    for batch, context in ((1, 5), (3, 20)):
+        read = decode_bytes_read(m, batch, context)
+        assert read["matmul_weights"] == 4 * matmul_params(cfg)  # fp32
+        # the K and V of the context and of the token just written, every layer, every sequence (GQA's
+        # expanded copies read the same bytes: counted once)
+        assert read["kv"] == batch * (context + 1) * kv_bytes_per_token(cfg, "fp32")
+        norms = 4 * (2 * cfg.n_layers + 1) * cfg.hidden
+        if tied:  # the head reads the whole table; the lookup reads rows of it
+            assert read["weights"] == read["matmul_weights"] + norms
+        else:  # an untied table is read at the rows looked up only (at most one per sequence)
+            rows = read["weights"] - read["matmul_weights"] - norms
+            assert rows % (4 * cfg.hidden) == 0 and 1 <= rows // (4 * cfg.hidden) <= batch
+        assert read["total"] == read["weights"] + read["kv"]
+    with pytest.raises(ArgumentError, match="context"):
+        decode_bytes_read(m, 1, 32)
+
+
+def _notebook_23_roofline_check(cost, model, cfg):
+    """Notebook 23 section 4's check: the roofline's decode bytes within 1 % of those a real step reads, at a
+    batch and context where the cache weighs in."""
+    for batch, context in ((1, 8), (16, 31)):
+        read = decode_bytes_read(model, batch, context)
+        modelled = cost(cfg, "H100-SXM", context, batch=batch, dtype="fp32").bytes
+        assert abs(modelled / read["total"] - 1) < 0.01, (batch, context, modelled, read)
+
+
+def test_the_roofline_byte_check_fails_for_a_model_without_the_kv_cache(monkeypatch):
+    """The key check broken: a roofline that forgot the KV cache's bytes (the weights alone) misses a real
+    decode step's bytes by the cache's share (30 % at batch 16, context 31)."""
+    from mlsys_nb.config import tiny_config
+    from mlsys_nb.inference import roofline
+
+    cfg = tiny_config(hidden=128, n_heads=4, n_kv_heads=2, ffn_hidden=256, vocab_size=8, seq_len=32)  # notebook 23's
+    torch.manual_seed(0)
+    model = Transformer(cfg)
+    _notebook_23_roofline_check(decode_cost, model, cfg)
+    monkeypatch.setattr(roofline, "kv_bytes_per_token", lambda *a, **k: 0.0)
+    with pytest.raises(AssertionError):
+        _notebook_23_roofline_check(roofline.decode_cost, model, cfg)

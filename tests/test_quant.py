@@ -195,3 +195,43 @@ def test_lora_params_formula_equals_the_module_and_qlora_paper_figures():
     assert full["total"] > 780e9 and qlora["total"] < 48e9
     # the NF4 base is what makes it fit: LoRA on the same base kept in bf16 does not
     assert finetune_bytes("llama-65b", "lora", r=64)["total"] > 48e9
+
+
+def test_int8_weights_take_half_of_bf16s_bytes_and_the_kernel_computes_their_product():
+    """Notebook 23 section 4's byte claim (int8 codes + one bf16 scale per row: half of bf16's bytes), on the tensors
+    the kernel reads, and the kernel's product equal to the dequantized weights' (bf16 rounding)."""
+    from mlsys_nb.quant import int8_linear, int8_weights
+
+    g = torch.Generator().manual_seed(4)
+    w, x = torch.randn(256, 512, generator=g) * 0.02, torch.randn(3, 512, generator=g)
+    q, s = int8_weights(w)
+    assert q.dtype == torch.int8 and s.dtype == torch.bfloat16 and s.shape == (256,)
+    assert (q.nbytes + s.nbytes) / w.bfloat16().nbytes == (256 * 512 + 2 * 256) / (2 * 256 * 512)  # 0.5 + 1/512
+    ref = x.bfloat16().float() @ (q.float() * s.float()[:, None]).T
+    assert torch.allclose(int8_linear(x, q, s).float(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_time_decode_matmuls_reports_each_variant_and_checks_its_statistic():
+    from mlsys_nb.quant import time_decode_matmuls
+
+    for stat in ("median", "min"):
+        t = time_decode_matmuls(64, 128, batches=(1, 2), reps=3, stat=stat)
+        assert sorted(t) == [1, 2] and all(sorted(v) == ["bf16", "fp32", "int8"] for v in t.values())
+        assert all(s > 0 for v in t.values() for s in v.values())
+    with pytest.raises(ArgumentError, match="stat"):
+        time_decode_matmuls(64, 128, stat="mean")
+
+
+def test_vector_kernels_is_false_under_the_default_capability():
+    """Notebook 23 asserts the int8 speed-up only where vector kernels run: under ATEN_CPU_CAPABILITY=default
+    vector_kernels() must say False (and the notebook prints the measurement instead)."""
+    import subprocess
+    import sys
+
+    from mlsys_nb.runtime.machine import capability_env
+
+    code = "from mlsys_nb.quant import vector_kernels; print(vector_kernels())"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=capability_env("default"), capture_output=True, text=True, timeout=120
+    )
+    assert out.stdout.strip() == "False", out.stderr[-2000:]

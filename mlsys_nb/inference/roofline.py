@@ -27,7 +27,10 @@ until the KV-cache reads (which do not amortise across sequences) dominate.
 
 ``measure_throughput`` measures prefill and decode tokens/s of the package's Transformer on this
 machine (CPU), and ``machine_roofline`` measures this machine's matmul FLOP/s and copy bandwidth so
-the same model can be drawn beside the measurement. Both are labelled measured; the rest is model.
+the same model can be drawn beside the measurement. ``decode_bytes_read`` counts the bytes a real
+decode step of the package's Transformer reads from its parameters and its KV cache, by tracing every
+operation of the step: the byte model above is checked against it (a model that forgot the cache's
+bytes misses by the cache's share). All three are labelled measured; the rest is model.
 """
 
 from __future__ import annotations
@@ -245,3 +248,86 @@ def measure_throughput(
             }
         )
     return rows
+
+
+# ---- counted on a real step ------------------------------------------------------------------------
+def _read_counter(tracked: dict):
+    """A TorchDispatchMode marking, in ``tracked`` ({storage data_ptr: bool mask over its elements}), every
+    element an operation reads: views (no data moved) and arguments an operation writes are left out; an
+    embedding lookup reads only the rows it gathers."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    def mark(t, rows=None):
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            return
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in tracked:
+            return
+        mask = tracked[ptr]
+        idx = torch.arange(mask.numel()).as_strided(t.shape, t.stride(), t.storage_offset())
+        mask[(idx if rows is None else idx[rows]).reshape(-1)] = True
+
+    class ReadCounter(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if not func.is_view:
+                if func is torch.ops.aten.embedding.default:
+                    mark(args[0], rows=args[1])
+                else:
+                    params = func._schema.arguments
+                    named = {a.name: v for a, v in zip(params, args)} | kwargs
+                    for a in params:
+                        if a.name in named and not (a.alias_info is not None and a.alias_info.is_write):
+                            for t in tree_flatten(named[a.name])[0]:
+                                mark(t)
+            return func(*args, **kwargs)
+
+    return ReadCounter()
+
+
+def decode_bytes_read(model, batch: int, context: int, *, seed: int = 0) -> dict:
+    """Bytes one real decode step of ``model`` (the package's ``Transformer``) reads, counted on the step
+    itself: ``batch`` sequences with ``context`` tokens cached (a prefill of random tokens first) each decode
+    one token, and every aten operation of that step is traced (``TorchDispatchMode``). A byte counts once
+    however often it is read (the cache's K/V are expanded for GQA, a weight is transposed: the same bytes).
+
+    Returns ``{"weights": B, "matmul_weights": B, "kv": B, "total": B}`` in bytes: the parameters' elements
+    read (the embedding table only at the rows looked up; norms included), those of the weights the matmuls
+    use (what ``step_cost`` counts as ``matmul_params``), and the KV cache's (its K and V of ``context + 1``
+    positions per sequence: the cached ones and the one just written, read back). ``total`` = weights + kv."""
+    import torch
+
+    from .kv_cache import KVCache
+
+    cfg = model.cfg
+    check_int("batch", batch, 1)
+    check_int(f"context (cfg.seq_len={cfg.seq_len})", context, 1, cfg.seq_len - 1)
+    cache = KVCache(model, batch, context + 1)
+    g = torch.Generator().manual_seed(seed)
+    params = dict(model.named_parameters())
+    tracked = {}
+    for t in [*params.values(), cache.k, cache.v]:
+        n = t.untyped_storage().nbytes() // t.element_size()
+        tracked.setdefault(t.untyped_storage().data_ptr(), torch.zeros(n, dtype=torch.bool))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(torch.randint(0, cfg.vocab_size, (batch, context), generator=g), cache=cache)
+            token = torch.randint(0, cfg.vocab_size, (batch, 1), generator=g)
+            with _read_counter(tracked):
+                model(token, cache=cache)
+    finally:
+        model.train(was_training)
+
+    def read(t) -> int:
+        return int(tracked[t.untyped_storage().data_ptr()].sum()) * t.element_size()
+
+    weights = sum(read(p) for p in {p.untyped_storage().data_ptr(): p for p in params.values()}.values())
+    matmul = sum(read(p) for name, p in params.items() if p.dim() == 2 and "embed" not in name)
+    if cfg.tied_embeddings:  # the head is the embedding table: the matmul reads all of it
+        matmul = sum(read(p) for name, p in params.items() if p.dim() == 2)
+    kv = read(cache.k) + read(cache.v)
+    return {"weights": weights, "matmul_weights": matmul, "kv": kv, "total": weights + kv}

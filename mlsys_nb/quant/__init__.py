@@ -13,8 +13,9 @@
 - ``sizing``: closed forms: ``bits_per_weight`` (tested against ``.nbytes``), ``quantized_weight_bytes``,
   ``lora_params`` (tested against the module), ``finetune_bytes`` (full / LoRA / QLoRA model states, tested
   against the QLoRA paper's LLaMA-65B figures).
-- ``speed``: int8 weights through ``torch._weight_int8pack_mm`` timed against fp32 and bf16 (interleaved); the
-  roofline's decode step with quantized weights and the speed-up bound.
+- ``speed``: int8 weights through ``torch._weight_int8pack_mm`` timed against fp32 and bf16 (interleaved),
+  ``vector_kernels()`` (whether a speed-up is to be expected on this CPU's kernels); the roofline's decode step
+  with quantized weights and the speed-up bound.
 """
 
 from .apply import linear_inputs, plant_outliers, quantize_linears, target_linears
@@ -31,7 +32,14 @@ from .formats import (
 from .gptq import gptq, hessian, rtn
 from .outliers import channel_outliers, int8_matmul, llm_int8_matmul, smoothquant_matmul
 from .sizing import bits_per_weight, finetune_bytes, lora_params, quantized_weight_bytes
-from .speed import decode_speedup_bound, int8_linear, int8_weights, time_decode_matmuls, weight_only_decode_cost
+from .speed import (
+    decode_speedup_bound,
+    int8_linear,
+    int8_weights,
+    time_decode_matmuls,
+    vector_kernels,
+    weight_only_decode_cost,
+)
 from .lora import LoRALinear, NF4Linear, add_lora, state_bytes, trainable_parameters
 
 __all__ = [
@@ -54,6 +62,7 @@ __all__ = [
     "llm_int8_matmul",
     "smoothquant_matmul",
     "time_decode_matmuls",
+    "vector_kernels",
     "weight_only_decode_cost",
     "gptq",
     "hessian",
