@@ -1,7 +1,9 @@
 """RLHF on a tiny model (mlsys_nb.rl.rlhf): the losses against hand formulas, the KL estimators against exact
 KL, rollouts against teacher forcing, bad input. The whole flow (SFT, reward model with held-out accuracy > 90 %,
 PPO raising the true reward by > 1.5 with KL < 8 nats, and the same PPO without the KL penalty hacking the
-reward model) is checked by notebook 18 itself, at seed 0 under nbval and at seed 1 in tests/test_nb_18.py."""
+reward model, each judged on the mean of the run's last quarter of evaluations: ``late_mean``) is checked by
+notebook 18 itself, at seed 0 under nbval and at seed 1 under other CPU kernels in tests/test_nb_18.py; here,
+that its rise and hacking checks fail when their idea is broken."""
 
 import math
 
