@@ -168,6 +168,7 @@ def start(one_torch_thread):
     return _trained_start(1)
 
 
+@pytest.mark.slow
 def test_the_rise_check_fails_for_ppo_that_does_not_learn(start, monkeypatch):
     """Notebook 18's check, rise of the late mean of the true reward > 1.5, bites: PPO whose advantages point
     the wrong way (GAE's sign flipped: it learns to lower the reward) fails it, on every seed and CPU (the true
@@ -195,6 +196,7 @@ def test_the_rise_check_fails_for_ppo_that_does_not_learn(start, monkeypatch):
         check_margin("PPO: rise of the true reward", R.late_mean(h).true_reward - h.iloc[0].true_reward, ">", 1.5)
 
 
+@pytest.mark.slow
 def test_the_hacking_check_fails_when_the_no_kl_run_keeps_its_kl(start):
     """Notebook 18's reward-hacking check (the no-KL run's late true reward 2 below the KL run's) fails when the
     "no-KL" run keeps beta = 0.3: two KL runs of other seeds land within 2 of each other."""
