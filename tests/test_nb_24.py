@@ -26,6 +26,8 @@ def test_notebook_24_runs_on_2_ranks_with_solutions():
     margins = {m["label"]: m for m in parse_margins(text)}
     assert sorted(margins) == [
         "async save: shortest stall / synchronous one",
+        "resharded resumes: max relative difference",
+        "resume without the optimizer state: max relative difference",
         "simulated loss: best other interval / loss at T*",
         "simulation vs exact formula: largest relative gap",
     ]
