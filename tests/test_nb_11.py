@@ -1,15 +1,17 @@
 """Notebook 11 under papermill with non-default parameters (the defaults run under nbval): another
-preset and sequence length, another GPU and cluster, 3 ranks for the quick ladder, another seed."""
+preset and sequence length, another GPU and cluster, 3 ranks for the quick ladder, another seed, and the CPU
+kernels of another capability (the quick ladder trains there)."""
 
 import pytest
 
-from nbrun import assert_exercises_passed, printed_text, run_notebook
+from nbrun import assert_exercises_passed, other_capability, printed_text, run_notebook
 
 
 @pytest.mark.notebook
 def test_compute_and_scaling_laws_notebook_other_preset_three_ranks():
-    nb = run_notebook(
+    nb = run_notebook(  # under the other CPU kernels (ATEN_CPU_CAPABILITY=default on a vector CPU)
         "11_compute_and_scaling_laws.ipynb",
+        capability=other_capability(),
         world_size=3,
         preset_name="llama-3.1-8b",
         seq_len=8192,
@@ -25,3 +27,5 @@ def test_compute_and_scaling_laws_notebook_other_preset_three_ranks():
     assert "runs on 3 ranks" in text
     assert_exercises_passed(text, 2)
     assert "closed form OK" in text
+    assert "check passed: all 4 fresh runs (seed 2) fall inside the stored fit's prediction band" in text
+    assert text.count("margin: fresh run") == 4, text
