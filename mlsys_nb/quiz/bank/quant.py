@@ -40,7 +40,7 @@ LAYOUT = {
 def describe(scheme, g, dq):
     d = LAYOUT[scheme] + f", groups of {g}"
     if dq:
-        d += " (double quantization: the absmax values stored as int8 with one fp32 scale per 256 of them)"
+        d += " (double quantization: the absmax values stored as 8-bit floats with one fp32 scale per 256 of them)"
     return d
 
 
