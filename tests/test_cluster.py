@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import psutil
 import pytest
@@ -19,6 +20,7 @@ import mlsys_nb
 from IPython.core.error import UsageError
 
 from mlsys_nb.runtime.cluster import Cluster, RankError, RankTimeoutError, current
+from serve_helpers import load_scaled
 
 pytestmark = pytest.mark.slow
 
@@ -203,15 +205,47 @@ def test_deadlock_is_stopped_with_stacks_and_cluster_recovers(cluster):
         cluster.restart()
 
 
-def test_interrupt_restarts_ranks(cluster):
+def test_interrupt_restarts_ranks(cluster, tmp_path):
+    """SIGINT (what Jupyter's interrupt sends) while every rank runs a long cell: the call raises
+    KeyboardInterrupt, every rank is replaced, and the new ones work together.
+
+    The SIGINT goes out once each rank has started the cell (a fixed 1 s timer could fire, on a starved machine,
+    before the call waited on its ranks), and every wait is ``load_scaled``: the first call of a fresh set of
+    ranks unpickles ``_all_reduce_ranks`` by reference, so each of the 4 ranks imports this module (pytest,
+    IPython: ~2.5 s of CPU each, 4 s for the call at load 14 here), which the module's 30 s default did not
+    always cover beside two busy processes. Each phase's time is printed."""
     pids = cluster.pids
-    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
+    wait_s = load_scaled(30)
+    cell = f"import pathlib, time\npathlib.Path({str(tmp_path)!r}, f'running{{rank}}').touch()\ntime.sleep(600)"
+    sent = {}
+
+    def interrupt_when_every_rank_runs():
+        end = time.monotonic() + wait_s
+        while (n := len(list(tmp_path.glob("running*")))) < WORLD:
+            if time.monotonic() > end:
+                sent["why_not"] = f"only {n} of {WORLD} ranks started the cell within {wait_s:.0f} s"
+                return
+            time.sleep(0.02)
+        sent["at"] = time.monotonic()
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt_when_every_rank_runs, daemon=True)
+    start = time.monotonic()
+    thread.start()
     with pytest.raises(KeyboardInterrupt):
-        cluster.execute("import time\ntime.sleep(60)", timeout=30)
-    timer.join()
+        try:
+            cluster.execute(cell, timeout=2 * wait_s)
+        except RankTimeoutError:
+            pytest.fail(f"no interrupt came: {sent.get('why_not', 'SIGINT sent, not raised')}")
+    thread.join()
+    interrupted = time.monotonic()
     assert set(cluster.pids).isdisjoint(pids)
-    assert cluster.run(_all_reduce_ranks) == [sum(range(WORLD))] * WORLD
+    assert cluster.run(_all_reduce_ranks, timeout=wait_s) == [sum(range(WORLD))] * WORLD
+    print(
+        f"load-scaled bound {wait_s:.0f} s; cell running on every rank after {sent['at'] - start:.2f} s; "
+        f"KeyboardInterrupt (stacks, restart in {cluster.start_seconds:.1f} s) {interrupted - sent['at']:.1f} s "
+        f"later; first call of the new ranks {time.monotonic() - interrupted:.1f} s"
+    )
 
 
 def test_ranks_listen_on_loopback_only(cluster):
