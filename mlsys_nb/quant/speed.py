@@ -90,8 +90,8 @@ def vector_kernels() -> bool:
     """True where PyTorch picked vector kernels for this CPU (``torch.backends.cpu.get_cpu_capability()`` is
     not "DEFAULT": "AVX2", "AVX512", ...). Under "DEFAULT" (``ATEN_CPU_CAPABILITY=default``, or a CPU PyTorch
     has no vector kernels for) ``torch._weight_int8pack_mm`` is a scalar loop, so a speed-up from int8 weights is not
-    expected there: on an AVX-512 machine run under "default", 4096x4096 took ~42 ms against fp32 ``F.linear``'s
-    ~10 ms at batch 1, ~330 ms against ~27 ms at batch 8 (measured, 2026-11-29).
+    expected there: on an AVX-512 machine run under "default", 4096x4096 took 12.5 ms against fp32 ``F.linear``'s
+    3.0 ms at batch 1, 99-142 ms against 7.1 ms at batch 8 (fastest of 15; ``data/measured/quant.md``).
     (On ARM, PyTorch's "DEFAULT" kernels use NEON; this says False there too, the cautious answer.)"""
     return torch.backends.cpu.get_cpu_capability().lower() != "default"
 
