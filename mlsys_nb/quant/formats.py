@@ -15,8 +15,9 @@ Conventions (``group_size``; groups run along the last dimension, the input feat
   (default 64) consecutive elements of the flattened tensor, ``w / absmax`` rounded to the nearest of the
   16 values of ``nf4_codebook()``, absmax in fp32 (4.5 bits per weight at 64). ``double_quant=True``
   quantizes the absmax values again (QLoRA's double quantization): their mean is subtracted and they are
-  stored as int8 with one fp32 scale per 256 scales, 4 + 8/64 + 32/(64·256) ≈ 4.127 bits per weight.
-  (bitsandbytes stores those int8 scales with its dynamic 8-bit code; this kit uses absmax int8: same bytes.)
+  stored in 8 bits with one fp32 scale per 256 scales, 4 + 8/64 + 32/(64·256) ≈ 4.127 bits per weight.
+  (QLoRA stores them as 8-bit floats, bitsandbytes' dynamic 8-bit code; this kit rounds them with absmax int8:
+  the same bytes, another grid.)
 """
 
 from __future__ import annotations
