@@ -352,8 +352,9 @@ def peak_in(timeline, start: float, end: float) -> int:
 DDP_VARIANTS = ("overlap", "blocking", "no_overlap")
 # Notebook 05b's bound on ``overlapped_all_reduces`` pooled over a DDP step's ranks. A blocking all-reduce (awaited
 # in its hook) and one launched after backward score 0 by construction: no op runs in a thread that waits, and no
-# backward runs after backward. The overlapped schedule scored 0.36-0.81 pooled over the ranks (3 traced steps;
-# trace_ddp_step traces 4; world sizes 2 and 3, seeds 0-3, ATEN_CPU_CAPABILITY default/avx2/avx512, loaded 2 cores).
+# backward runs after backward. The overlapped schedule scored 0.36-0.81 pooled over the ranks with 3 traced steps
+# (world sizes 2 and 3, seeds 0-3, ATEN_CPU_CAPABILITY default/avx2/avx512, loaded 2 cores) and 0.29-0.81 with 4
+# in notebook 05b at load average 13 (data/measured/portability.md).
 OVERLAP_BOUND = 0.2
 
 
