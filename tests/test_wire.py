@@ -157,3 +157,60 @@ def test_counter_waits_for_bytes_still_in_the_send_queue():
     assert counted == sent
     sent, counted = written_while_receiver_sleeps(0)
     assert counted < sent
+
+
+def test_counter_leaves_out_bytes_written_before_it(monkeypatch):
+    """Bytes written before the block, still unacknowledged when it starts (a receiver that is not reading yet),
+    are acknowledged inside it. The counter settles on entry, so it counts none of them; one that does not
+    (``settle_timeout=0``, as before) counts them as the block's: how a weight sync's root once counted 33 KB of
+    the preceding ZeRO step's messages (still in its send queue on a busy machine) as broadcast traffic."""
+    import socket
+    import threading
+
+    read = threading.Event()  # the receiver starts reading when the counter settles, or inside the block
+    real_settle = wire.settle
+
+    def settle_and_read(*args, **kwargs):
+        read.set()
+        return real_settle(*args, **kwargs)
+
+    monkeypatch.setattr(wire, "settle", settle_and_read)
+
+    def counted_in_an_empty_block(settle_timeout):
+        read.clear()
+        srv = socket.create_server(("127.0.0.1", 0))
+        tx = socket.create_connection(srv.getsockname())
+        rx, _ = srv.accept()
+        tx.setblocking(False)
+        sent = 0
+        try:
+            while sent < 64 << 20:
+                sent += tx.send(b"x" * (1 << 16))
+        except BlockingIOError:
+            pass  # both kernel buffers are full: part of it waits, unacknowledged, in tx's send queue
+        queued = wire.send_queue_bytes()
+        received = threading.Event()
+
+        def drain():
+            read.wait(10)
+            got = 0
+            rx.settimeout(5)
+            while got < sent and (chunk := rx.recv(1 << 20)):
+                got += len(chunk)
+            received.set()
+
+        t = threading.Thread(target=drain, daemon=True)
+        t.start()
+        with wire.WireCounter(exclude_port=None, settle_timeout=settle_timeout) as w:
+            read.set()
+            assert received.wait(10), "the receiver did not get the bytes"
+            real_settle(None, 5)  # every acknowledgement has arrived inside the block
+        for s in (tx, rx, srv):
+            s.close()
+        t.join(5)
+        return queued, w.raw_bytes_sent
+
+    queued, counted = counted_in_an_empty_block(5.0)
+    assert queued > 0 and counted == 0, (queued, counted)
+    queued, counted = counted_in_an_empty_block(0)
+    assert counted >= queued > 0, (queued, counted)  # the old counter: the earlier bytes counted as the block's

@@ -11,9 +11,10 @@ show a measurement beside the model:
 How: every TCP socket this process holds (gloo's pairs; the rendezvous store's connection is left
 out by its port) is opened through ``/proc/self/fd`` and asked for ``TCP_INFO``; ``tcpi_bytes_acked``
 and ``tcpi_bytes_received`` (Linux >= 4.1/4.2) count TCP payload, without headers. The difference
-between two snapshots is what this rank sent and received in between, plus a small overhead (gloo's
-own framing, a barrier used to fence the region). ``calibrate()`` measures that overhead on an empty
-region so it can be subtracted.
+between two snapshots is what this rank sent and received in between (each snapshot taken once the
+send queues are empty: an acknowledgement counts the bytes it acknowledges when it arrives), plus a
+small overhead (gloo's own framing, a barrier used to fence the region). ``calibrate()`` measures that
+overhead on an empty region so it can be subtracted.
 
 What gloo sends is not always the ring: its reduce_scatter is an all_reduce followed by a local slice
 (``2(n-1)/n·S`` per rank instead of ``(n-1)/n·S``), its broadcast is a binomial tree, its reduce a
@@ -142,9 +143,14 @@ class WireCounter:
     ``exclude_port`` (default: ``$MASTER_PORT``, the rendezvous store) leaves that connection out.
     ``baseline`` (bytes, e.g. from ``calibrate()``) is subtracted from ``bytes_sent``/``bytes_received``;
     ``raw_bytes_sent`` keeps the unsubtracted count. Sockets opened inside the block count from zero.
-    On exit it waits (``settle_timeout`` seconds at most, typically a delayed ACK's 40 ms) until the
-    bytes the block wrote are acknowledged: on a busy machine a broadcast's root leaves the block with
-    part of its last bucket still in the send queue, which the acknowledged-bytes counter would miss.
+    The counter counts *acknowledged* bytes, so it settles at both ends (``settle_timeout`` seconds at
+    most, typically a delayed ACK's 40 ms): on entry it waits until the bytes written *before* the block
+    are acknowledged, else they would be counted inside it (a weight sync's root counted 33 KB of the
+    preceding ZeRO step's messages to the other trainer, still in its send queue on a busy machine, as
+    broadcast traffic); on exit it waits until the bytes the block wrote are acknowledged (a broadcast's
+    root leaves the block with part of its last bucket still in the send queue). Received bytes cannot be
+    settled from this side: a peer's bytes sent before the block may still arrive inside it (tens of
+    bytes of a barrier here), which a fence before the block (``dist.barrier``) bounds.
     """
 
     def __init__(
@@ -160,6 +166,8 @@ class WireCounter:
         self.raw_bytes_received = 0
 
     def __enter__(self):
+        if self.settle_timeout > 0:
+            settle(self.exclude_port, self.settle_timeout)
         self._before = socket_bytes()
         return self
 
