@@ -16,7 +16,8 @@ Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
 - Roofline (``roofline``): ``step_cost``, ``prefill_cost``, ``decode_cost`` -> ``StepCost`` (FLOPs,
   bytes, arithmetic intensity, compute- or memory-bound, modelled time per token on a GPU of
   data/hardware.yaml); ``measure_throughput`` measures tokens/s on this machine and
-  ``machine_roofline`` its matmul FLOP/s and copy bandwidth.
+  ``machine_roofline`` its matmul FLOP/s and copy bandwidth; ``decode_bytes_read`` counts the parameter and
+  KV-cache bytes a real decode step reads (traced), the independent check of ``decode_cost``'s bytes.
 - Paged KV cache and prefix caching (``paged``): ``BlockManager`` (the one truth of which blocks
   hold computed K/V: a block is a prefix-cache hit only after ``mark_computed``), ``PagedKVCache``,
   ``paged_attention``. The engine's prefix index is these hash-chained blocks.
@@ -85,6 +86,7 @@ __all__ = [
     "SamplingParams",
     "StepCost",
     "attention_flops",
+    "decode_bytes_read",
     "decode_cost",
     "generate",
     "kv_bytes_per_token",
@@ -113,6 +115,7 @@ _LAZY = {
     "step_cost": ".roofline",
     "prefill_cost": ".roofline",
     "decode_cost": ".roofline",
+    "decode_bytes_read": ".roofline",
     "measure_throughput": ".roofline",
     "machine_roofline": ".roofline",
     "matmul_params": ".roofline",
