@@ -466,16 +466,29 @@ def test_a_full_queue_answers_429(local_server):
     """One sequence runs at a time and 2 requests may wait: the 4th gets 429 with a Retry-After derived from the
     queue (a frozen clock: the 3 requests that finished before stay in the 10 s window, 0.3 requests/s, so 2
     waiting need ceil(2 / 0.3) = 7 s); /metrics counts the waiting requests and their queue time; everything
-    drains afterwards."""
+    drains afterwards.
+
+    Every engine step is LEAVER_STEP_S slower (100 tokens take over 5 s; at full speed the tiny model ran them in
+    ~0.3 s, so the running request could finish before the two waiting ones were queued: 2 failures in 6 runs on
+    a loaded machine), and the queue is read until both wait (bounded) before the 4th request is sent."""
     u, engine = local_server(max_num_seqs=1, max_waiting_requests=2, clock=lambda: 1000.0)
     for i in range(3):
         assert send(u, COMPL, {**GOOD, "prompt": f"warm {i}", "max_tokens": 2}).status_code == 200
+    real_step = engine.step
+
+    def slow_step():
+        time.sleep(LEAVER_STEP_S)
+        return real_step()
+
+    engine.step = slow_step
     body = {"model": "tiny", "messages": MSG, "max_tokens": 100, "ignore_eos": True, "stream": True}
     with httpx.Client(timeout=60) as c, c.stream("POST", u + CHAT, json=body) as r1:
         lines = r1.iter_lines()
         next(x for x in lines if '"content": "' in x and '"content": ""' not in x)  # the first token: it runs
         with c.stream("POST", u + CHAT, json=body), c.stream("POST", u + CHAT, json=body):
-            m = metrics(u)
+            deadline = time.monotonic() + 30
+            while (m := metrics(u))["num_requests_waiting"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
             assert (m["num_requests_running"], m["num_requests_waiting"]) == (1, 2), m
             r = httpx.post(u + COMPL, json={**GOOD, "prompt": "p"}, timeout=60)
             check_error(r, 429, None, "full queue")
