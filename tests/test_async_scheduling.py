@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from mlsys_nb.inference import LLM, EngineConfig, SamplingParams
-from mlsys_nb.inference.async_engine import AsyncLLMEngine
-from mlsys_nb.inference.engine import LLMEngine
+from mlsys_nb.inference.engine import AsyncLLMEngine, LLMEngine
 
 VOCAB = 300  # engine_test_model's vocabulary (tests/conftest.py ENGINE_VOCAB)
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py

@@ -1,4 +1,5 @@
-"""``AsyncLLMEngine``: the engine with vLLM v1's async scheduling (``EngineConfig.async_scheduling=True``).
+"""Async scheduling (vLLM v1's; ``EngineConfig.async_scheduling=True``): ``AsyncScheduling``, the step of
+``AsyncLLMEngine`` (``engine.py``: ``class AsyncLLMEngine(AsyncScheduling, LLMEngine)``), and its worker.
 
 While step t's forward runs on the caller's thread, a worker thread (``LookAhead``) schedules step t+1 and
 builds its input tensors, as if each sequence that samples at step t already had its token (a
@@ -7,9 +8,10 @@ builds its input tensors, as if each sequence that samples at step t already had
 built again without it. Outputs are those of the synchronous engine. Not with ``speculative_model`` (drafting
 needs the sampled token). ``close()`` joins the thread; the engine then goes on synchronously.
 
-``step`` is ``LLMEngine.step`` with the schedule and the batch usually taken ready from the look-ahead and the
-next look-ahead started beside the forward; sampling, the outputs and the fault isolation are the parent's
-parts. ``LLMEngine(..., async_scheduling=True)`` builds this class.
+Its ``step`` is ``LLMEngine.step`` with the schedule and the batch usually taken ready from the look-ahead and
+the next look-ahead started beside the forward; scheduling, sampling, the outputs and the fault isolation are
+``LLMEngine``'s parts (this file imports nothing of the engine: the engine imports it).
+``LLMEngine(..., async_scheduling=True)`` builds an ``AsyncLLMEngine``.
 """
 
 from __future__ import annotations
@@ -23,10 +25,9 @@ import torch
 
 from ..runtime.profiling import ranged
 from ..runtime.timing import Laps
-from .engine import LLMEngine
 from .sequence import RequestOutput, Sequence, SequenceStatus
 
-__all__ = ["LOOKAHEAD_TIMEOUT_S", "PLACEHOLDER", "AsyncLLMEngine", "LookAhead"]
+__all__ = ["LOOKAHEAD_TIMEOUT_S", "PLACEHOLDER", "AsyncScheduling", "LookAhead"]
 
 PLACEHOLDER = -1  # async scheduling: the input id of a token the step in flight has not sampled yet
 LOOKAHEAD_TIMEOUT_S = 120.0  # the longest one thread of async scheduling waits for the other
@@ -75,11 +76,12 @@ class LookAhead:
         self._finalizer()
 
 
-class AsyncLLMEngine(LLMEngine):
-    """``LLMEngine`` whose next step is prepared on a worker thread during this step's forward (module
-    docstring). Its ``step_times`` gain ``lookahead`` (the worker's seconds, overlapped with the previous
-    forward), ``wait`` (seconds the worker outlasted this forward) and ``overlapped`` (the share of the
-    worker's time that ran beside the forward, in [0, 1])."""
+class AsyncScheduling:
+    """The step of an engine whose next step is prepared on a worker thread during this step's forward
+    (module docstring), mixed into ``LLMEngine`` as ``AsyncLLMEngine``: it overrides ``step`` (and
+    ``close``) and calls ``LLMEngine``'s parts. Its ``step_times`` gain ``lookahead`` (the worker's
+    seconds, overlapped with the previous forward), ``wait`` (seconds the worker outlasted this forward)
+    and ``overlapped`` (the share of the worker's time that ran beside the forward, in [0, 1])."""
 
     def __init__(self, model, tokenizer=None, config=None, **options):
         super().__init__(model, tokenizer, config, **options)

@@ -25,9 +25,9 @@ per-channel K and per-token V) first takes its fp32 K residual out of that budge
 sequence, more with speculation: ``paged.kv_residual_blocks``). ``step_times`` keeps the last
 ``step_times_window`` steps (bounded memory; ``num_steps`` counts all).
 
-``async_scheduling=True`` (vLLM v1's async scheduling) builds an ``AsyncLLMEngine`` (``async_engine.py``): its
-``step`` prepares step t+1 on a worker thread while step t's forward runs, with this class's parts; the same
-outputs. ``close()`` joins its thread.
+``async_scheduling=True`` (vLLM v1's async scheduling) builds an ``AsyncLLMEngine``, whose ``step``
+(``async_engine.AsyncScheduling``) prepares step t+1 on a worker thread while step t's forward runs, with
+this class's parts; the same outputs. ``close()`` joins its thread.
 
 Requests: ``prepare(prompt, params)`` validates fully and does the long work (tokenising, compiling a
 grammar) without touching the engine's state; ``add_request`` then queues all ``n`` samples or none. A
@@ -48,8 +48,9 @@ from ..config import check_int
 from ..runtime.profiling import ranged
 from ..runtime.timing import Laps
 from .model_runner import ModelRunner, SwapPool, cuda_graph_refusal, graph_buckets
+from .async_engine import AsyncScheduling
 from .config import EngineConfig
-from .metrics import EngineMetrics
+from .metrics import PHASES, EngineMetrics
 from .paged import allocate_kv_cache
 from .sampler import apply_mask, logprob_entry, sample
 from .sampling_params import ParamError, SamplingParams
@@ -58,7 +59,6 @@ from .speculative import BatchSpeculator, SpecStats, VerifyView
 from .sequence import RequestOutput, Sequence, SequenceStatus
 from .tokenizer import ByteTokenizer, decode_stream
 
-PHASES = ("schedule", "prepare", "model", "sample", "postprocess")  # the step's phases, timed in step_times
 _GRAMMAR_LOCK = threading.Lock()
 
 
@@ -79,12 +79,10 @@ class Prepared:
 
 class LLMEngine:
     """The serving engine (module docstring). ``EngineConfig(async_scheduling=True)`` builds an
-    ``AsyncLLMEngine`` (async_engine.py), which overrides ``step`` and reuses the parts below."""
+    ``AsyncLLMEngine``, whose ``step`` (async_engine.py) reuses the parts below."""
 
     def __new__(cls, model=None, tokenizer=None, config: EngineConfig | None = None, **options):
         if cls is LLMEngine and EngineConfig.build(config, **options).async_scheduling:
-            from .async_engine import AsyncLLMEngine
-
             cls = AsyncLLMEngine
         return super().__new__(cls)
 
@@ -631,6 +629,11 @@ class LLMEngine:
         }
 
 
+class AsyncLLMEngine(AsyncScheduling, LLMEngine):
+    """``LLMEngine`` with vLLM v1's async scheduling: ``AsyncScheduling`` (async_engine.py) overrides ``step``
+    and reuses this class's parts. ``LLMEngine(..., async_scheduling=True)`` builds it."""
+
+
 def resolve_model(model, seed: int = 0):
     """A package ``Transformer`` from a preset name, a ``ModelConfig``, a ``Transformer`` or a transformers model."""
     from ..config import ModelConfig, load_model_preset
@@ -678,4 +681,4 @@ def resolve_tokenizer(tokenizer, model, hf: bool = False):
     return ByteTokenizer(model.cfg.vocab_size) if model.cfg.vocab_size >= 256 else None
 
 
-__all__ = ["PHASES", "LLMEngine", "SequenceStatus", "resolve_model", "resolve_tokenizer"]
+__all__ = ["PHASES", "AsyncLLMEngine", "LLMEngine", "SequenceStatus", "resolve_model", "resolve_tokenizer"]

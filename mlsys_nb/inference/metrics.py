@@ -43,6 +43,7 @@ from .sequence import LATENCY_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, Histogram
 
 
 PERCENTILES = (50, 90, 99)
+PHASES = ("schedule", "prepare", "model", "sample", "postprocess")  # an engine step's timed phases (step_times)
 STAT_NAMES = ("prompt_tokens", "cached_tokens", "generation_tokens", "requests_finished", "requests_failed")
 
 
@@ -52,7 +53,7 @@ class EngineMetrics:
     - ``stats``: counts since the start: prompt, cached and generated tokens; finished and failed requests.
     - ``histograms``: vLLM's latency histograms, in seconds: the queue time (arrival -> first scheduled) of each
       request when it is first scheduled; TTFT, TPOT and end-to-end latency when it finishes (its first sample's).
-    - ``step_times``: per step, the wall seconds of each phase (``PHASES`` of the engine, plus async scheduling's
+    - ``step_times``: per step, the wall seconds of each phase (``PHASES``, plus async scheduling's
       ``lookahead``/``wait``/``overlapped``) and the step's sequences, new tokens and decodes; only the last
       ``window`` steps (bounded memory). ``num_steps`` counts every step."""
 
@@ -133,8 +134,6 @@ def summarize(outputs, duration: float) -> dict:
 def phase_breakdown(step_times, *, decode_only: bool = True) -> dict:
     """Median seconds per phase over the recorded steps (only steps that were pure decodes by default),
     with ``cpu`` (all phases but the model) and ``cpu_share`` = cpu / (cpu + model)."""
-    from .engine import PHASES
-
     steps = [s for s in step_times if not decode_only or s["num_decodes"] == s["num_tokens"]]
     if not steps:
         raise ValueError("no recorded step matches (run some decode steps first)")
@@ -224,7 +223,6 @@ def measure_decode_overhead(
     counted step, in order."""
     from tqdm.auto import tqdm
 
-    from .engine import PHASES
     from .sampling_params import SamplingParams
 
     def counted(eng, b):
