@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from mlsys_nb.inference import LLM, EngineConfig, SamplingParams
-from mlsys_nb.inference.engine import LLMEngine
+from mlsys_nb.inference.engine import AsyncLLMEngine, LLMEngine
 
 VOCAB = 300  # engine_test_model's vocabulary (tests/conftest.py ENGINE_VOCAB)
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
@@ -119,7 +119,7 @@ def test_stale_token_breaks_the_equality(model, monkeypatch):
                 nxt[1].tokens[0, off] = seq.token_ids[-2]
             off += n
 
-    monkeypatch.setattr(LLMEngine, "_fill_in", stale_fill_in)
+    monkeypatch.setattr(AsyncLLMEngine, "_fill_in", stale_fill_in)
     sync, asy, eng = both(model, reqs, **kw)
     assert asy != sync, "feeding the stale token should have changed the outputs"
     eng.close()

@@ -163,7 +163,8 @@ def test_async_overlap_check_fails_for_a_look_ahead_run_in_line(monkeypatch):
     import torch
 
     from mlsys_nb.inference import LLM
-    from mlsys_nb.inference.engine import LLMEngine, LookAhead
+    from mlsys_nb.inference.async_engine import LookAhead
+    from mlsys_nb.inference.engine import LLMEngine
     from mlsys_nb.inference.metrics import measure_async_scheduling
 
     torch.set_num_threads(1)

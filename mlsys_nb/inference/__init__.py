@@ -30,7 +30,8 @@ Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
   batching, chunked prefill, preemption (recompute or swap), prefix caching; ``llm.load_weights``.
   Every option is a field of one ``EngineConfig`` (``config``), shared by ``LLM``, ``LLMEngine``, the
   ``Scheduler`` and the server's command line.
-  ``async_scheduling=True`` prepares step t+1 (schedule, input tensors) on a worker thread while step t's forward runs.
+  ``async_scheduling=True`` builds an ``AsyncLLMEngine`` (its step: ``async_engine.py``), which prepares step t+1
+  (schedule, input tensors) on a worker thread while step t's forward runs.
   On CUDA the engine captures its decode step as CUDA graphs, one per batch size up to ``max_num_seqs``
   (``model_runner.graph_buckets``), as vLLM does; ``enforce_eager=True`` turns that off, and
   ``LLMEngine.cuda_graphs_off`` says why a configuration runs eager (``model_runner.cuda_graph_refusal``).
@@ -79,6 +80,7 @@ __all__ = [
     "Generation",
     "KVCache",
     "LLMEngine",
+    "AsyncLLMEngine",
     "EngineConfig",
     "PagedKVCache",
     "RadixCache",
@@ -127,6 +129,7 @@ _LAZY = {
     "RadixCache": ".radix",
     "LLM": ".llm",
     "LLMEngine": ".engine",
+    "AsyncLLMEngine": ".engine",
     "EngineConfig": ".config",
     "SamplingParams": ".sampling_params",
     "RequestOutput": ".sequence",

@@ -1,13 +1,17 @@
 """``LLMEngine``: add requests, ``step()``, read outputs. ``LLM`` (offline batch generation) is the thin
 front in ``llm.py``.
 
-``step()`` is the whole engine in one screen: schedule -> run the model on the batch -> sample ->
-update. With ``speculative_model`` (a draft ``Transformer``, a preset name or ``"ngram"``) a step also
-drafts up to ``num_speculative_tokens`` tokens for every running decode, feeds each as a (k+1)-token
-verify chunk in the same forward, accepts per sequence with the rejection rule and rolls the rejected
-slots back (``speculative.BatchSpeculator``). The parts live in their own files: ``scheduler.py``
-(queues, token budget, preemption), ``model_runner.py`` (packed batch over paged K/V), ``sampler.py``,
-``sequence.py`` (state and outputs); the K/V blocks and the block manager are ``paged.py``'s.
+``step()`` is the whole engine in one screen: schedule -> run the model on the batch -> sample -> update ->
+outputs, each phase a call into its part: ``scheduler.py`` (queues, token budget, preemption),
+``model_runner.py`` (packed batch over paged K/V), ``sampler.py`` (grammar masks, logit processors,
+temperature, top-k/top-p/min-p), ``sequence.py`` (state and outputs), ``metrics.EngineMetrics`` (stats,
+latency histograms, ``step_times``); the K/V blocks, the block manager and the pool's sizing
+(``allocate_kv_cache``) are ``paged.py``'s. Fault isolation is one ``try`` around the forward.
+
+With ``speculative_model`` (a draft ``Transformer``, a preset name or ``"ngram"``) a step also drafts up to
+``num_speculative_tokens`` tokens for every running decode (``speculative.BatchSpeculator.propose``), feeds
+each as a (k+1)-token verify chunk in the same forward, accepts per sequence with the rejection rule and rolls
+the rejected slots back (``BatchSpeculator.accept``).
 
 ``LLM(model, *, tokenizer=None, config=None, **options)`` and ``LLMEngine(model, tokenizer, config,
 **options)``: every option is a field of ``EngineConfig`` (``inference/config.py``: block size, pool
@@ -21,12 +25,9 @@ per-channel K and per-token V) first takes its fp32 K residual out of that budge
 sequence, more with speculation: ``paged.kv_residual_blocks``). ``step_times`` keeps the last
 ``step_times_window`` steps (bounded memory; ``num_steps`` counts all).
 
-``async_scheduling=True`` (vLLM v1's async scheduling): while step t's forward runs on the caller's thread,
-a worker thread (``LookAhead``) schedules step t+1 and builds its input tensors, as if each sequence that
-samples at step t already had its token (a ``PLACEHOLDER``); when step t has sampled, the real tokens are
-written where the placeholders are (``_fill_in``). A sequence that finished at step t loses the slot
-reserved for it and its prepared batch is built again without it. Outputs are those of the synchronous
-engine. Not with ``speculative_model`` (drafting needs the sampled token). ``close()`` joins the thread.
+``async_scheduling=True`` (vLLM v1's async scheduling) builds an ``AsyncLLMEngine``, whose ``step``
+(``async_engine.AsyncScheduling``) prepares step t+1 on a worker thread while step t's forward runs, with
+this class's parts; the same outputs. ``close()`` joins its thread.
 
 Requests: ``prepare(prompt, params)`` validates fully and does the long work (tokenising, compiling a
 grammar) without touching the engine's state; ``add_request`` then queues all ``n`` samples or none. A
@@ -37,13 +38,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import threading
 import time
 import warnings
-import weakref
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -51,62 +48,18 @@ from ..config import check_int
 from ..runtime.profiling import ranged
 from ..runtime.timing import Laps
 from .model_runner import ModelRunner, SwapPool, cuda_graph_refusal, graph_buckets
-from .paged import KV_QUANT_DTYPES, PagedKVCache, kv_block_bytes, kv_residual_blocks, kv_residual_bytes
-from .sampler import apply_mask, filter_probs, logprob_entry, sample
-from .sampling_params import ParamError, SamplingParams
+from .async_engine import AsyncScheduling
 from .config import EngineConfig
+from .metrics import PHASES, EngineMetrics
+from .paged import allocate_kv_cache
+from .sampler import apply_mask, logprob_entry, sample
+from .sampling_params import ParamError, SamplingParams
 from .scheduler import Scheduler
-from .speculative import BatchSpeculator, SpecDecodingCounters, SpecStats, VerifyView, to_probs
-from .sequence import LATENCY_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, Histogram, RequestOutput, Sequence, SequenceStatus
+from .speculative import BatchSpeculator, SpecStats, VerifyView
+from .sequence import RequestOutput, Sequence, SequenceStatus
 from .tokenizer import ByteTokenizer, decode_stream
 
-PHASES = ("schedule", "prepare", "model", "sample", "postprocess")
 _GRAMMAR_LOCK = threading.Lock()
-PLACEHOLDER = -1  # async scheduling: the input id of a token the step in flight has not sampled yet
-LOOKAHEAD_TIMEOUT_S = 120.0  # the longest one thread of async scheduling waits for the other
-
-
-class LookAhead:
-    """Async scheduling's worker: one thread that prepares step t+1 while the engine's thread runs step t's
-    forward (torch's operators release the GIL while they compute).
-
-    ``start(fn, *args)`` runs ``fn`` on the worker. ``result(future)`` waits for it (at most
-    ``LOOKAHEAD_TIMEOUT_S`` seconds) and, if it raised, stops the worker and raises a ``RuntimeError`` from
-    its exception: a look-ahead that failed half-way leaves the engine's state half-updated, so the engine
-    refuses further steps. ``wait_forward()`` (the scheduler's ``before_preempt``) lets the worker wait for
-    the forward in flight before a preemption frees or copies blocks that forward may be writing.
-    ``close()`` joins the thread; it also runs when the engine is garbage-collected."""
-
-    def __init__(self, owner):
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="mlsys-lookahead")
-        self.forward_done = threading.Event()
-        self.forward_done.set()  # no forward in flight
-        self.next = None  # (scheduled, batch, worker seconds) prepared for the next step, or None
-        self.error: BaseException | None = None
-        self._finalizer = weakref.finalize(owner, self.pool.shutdown, True)  # no reference to the engine
-
-    def start(self, fn, *args):
-        self.forward_done.clear()
-        return self.pool.submit(fn, *args)
-
-    def wait_forward(self) -> None:
-        if not self.forward_done.wait(LOOKAHEAD_TIMEOUT_S):
-            raise TimeoutError(f"async scheduling: the forward in flight took over {LOOKAHEAD_TIMEOUT_S} s")
-
-    def result(self, future):
-        try:
-            return future.result(timeout=LOOKAHEAD_TIMEOUT_S)
-        except BaseException as e:
-            self.error, self.next = e, None
-            timed_out = not future.done()
-            self._finalizer.detach()
-            self.pool.shutdown(wait=not timed_out, cancel_futures=True)  # a stuck worker cannot be joined
-            raise RuntimeError(
-                f"async scheduling: preparing the next step failed ({type(e).__name__}: {e}); the engine is stopped"
-            ) from e
-
-    def close(self) -> None:
-        self._finalizer()
 
 
 @dataclasses.dataclass
@@ -125,112 +78,98 @@ class Prepared:
 
 
 class LLMEngine:
+    """The serving engine (module docstring). ``EngineConfig(async_scheduling=True)`` builds an
+    ``AsyncLLMEngine``, whose ``step`` (async_engine.py) reuses the parts below."""
+
+    def __new__(cls, model=None, tokenizer=None, config: EngineConfig | None = None, **options):
+        if cls is LLMEngine and EngineConfig.build(config, **options).async_scheduling:
+            cls = AsyncLLMEngine
+        return super().__new__(cls)
+
     def __init__(self, model, tokenizer=None, config: EngineConfig | None = None, **options):
         """``config``: an ``EngineConfig``; ``options``: its fields by name, overriding ``config``'s."""
         self.config = c = EngineConfig.build(config, **options)
-        block_size, max_num_seqs, max_num_batched_tokens = c.block_size, c.max_num_seqs, c.max_num_batched_tokens
         hf = _is_hf(model)
         self.model = resolve_model(model, c.seed).eval()
         self.tokenizer = resolve_tokenizer(tokenizer, self.model, hf)
-        # the end-of-sequence id: the tokenizer's, else a transformers model's generation config's
-        eos = (
-            getattr(self.tokenizer, "eos_token_id", None)
-            if self.tokenizer is not None
-            else getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-            if hf
-            else None
-        )
-        self.eos_token_ids = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
-        cfg = self.model.cfg
+        self.eos_token_ids = resolve_eos(self.tokenizer, model if hf else None)
         p = next(self.model.parameters())
-        # a dtype, or "int8"/"fp8": a quantized pool whose blocks also hold their scales (counted in block_bytes)
-        kv_dtype = p.dtype if c.kv_cache_dtype == "auto" else c.kv_cache_dtype
-        block_bytes = kv_block_bytes(cfg, block_size, kv_dtype)
-        blocks_per_seq = math.ceil(cfg.seq_len / block_size)
-        # a quantized pool keeps the K of blocks not yet full in fp32 (KIVI's residual), taken from the budget
-        spec_k = c.num_speculative_tokens if c.speculative_model is not None else 0
-        residual = kv_residual_blocks(max_num_seqs, block_size, spec_k) if kv_dtype in KV_QUANT_DTYPES else None
-        memory = c.kv_cache_memory - (kv_residual_bytes(cfg, block_size, residual) if residual else 0)
-        num_blocks = c.num_blocks
-        if num_blocks is None:  # from the memory budget, capped at max_num_seqs full-length sequences
-            num_blocks = max(1, min(memory // block_bytes, max_num_seqs * blocks_per_seq))
-        left = f", {memory} after the K residual's {c.kv_cache_memory - memory}" if residual else ""
-        check_int(f"num_blocks (from kv_cache_memory={c.kv_cache_memory} bytes{left})", num_blocks, 2)
-        self.max_model_len = min(cfg.seq_len, num_blocks * block_size)  # one sequence alone always fits
+        self.kv = allocate_kv_cache(self.model.cfg, c, p.dtype, p.device)  # blocks from kv_cache_memory (paged.py)
+        self.max_model_len = self.kv.manager.max_seq_len  # tokens; one sequence alone always fits
         if not c.enable_chunked_prefill:  # a prompt is computed in one step: it must fit the token budget
             check_int(
                 f"max_num_batched_tokens (without chunked prefill: >= the context max_model_len={self.max_model_len})",
-                max_num_batched_tokens,
+                c.max_num_batched_tokens,
                 self.max_model_len,
             )
-        self.kv = PagedKVCache(
-            cfg,
-            num_blocks=num_blocks,
-            block_size=block_size,
-            dtype=kv_dtype,
-            device=p.device,
-            prefix_caching=c.enable_prefix_caching,
-            max_seq_len=self.max_model_len,
-            residual_blocks=residual,
-        )
-        self.kv.attention_backend = c.attention_backend
-        pool = SwapPool(self.kv, c.swap_blocks or num_blocks) if c.preemption_mode == "swap" else None
+        pool = SwapPool(self.kv, c.swap_blocks or self.kv.manager.num_blocks) if c.preemption_mode == "swap" else None
         self.scheduler = Scheduler(self.kv, c, swap_pool=pool)
         self.runner = ModelRunner(self.model, self.kv)
-        # CUDA-graph decode (vLLM's default; enforce_eager=True turns it off): why not, or None where captured
-        self.cuda_graphs_off = cuda_graph_refusal(c, p.device)
-        if self.cuda_graphs_off is None:
-            try:
-                self.runner.capture_cuda_graphs(graph_buckets(max_num_seqs))
-            except RuntimeError as e:  # a model whose forward a graph cannot hold: run eager, and say why
-                self.runner.graphs = None
-                self.cuda_graphs_off = f"capture failed: {e}"
-                warnings.warn(
-                    f"CUDA graph capture failed, the engine runs eager ({e}); enforce_eager=True skips the capture",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-        self._ahead = LookAhead(self) if c.async_scheduling else None
-        if self._ahead is not None:
-            self.scheduler.before_preempt = self._ahead.wait_forward
-        self.speculator = None  # speculative decoding inside the batch (speculative.BatchSpeculator)
-        if c.speculative_model is not None:
-            draft = c.speculative_model
-            if draft != "ngram":
-                draft = resolve_model(draft, c.seed + 1).eval()
-                if draft.cfg.vocab_size != cfg.vocab_size:
-                    raise ValueError(
-                        f"speculative_model vocab_size={draft.cfg.vocab_size} differs from the target's "
-                        f"{cfg.vocab_size}"
-                    )
-            self.speculator = BatchSpeculator(
-                draft, c.num_speculative_tokens, self.kv, max_model_len=self.max_model_len, max_num_seqs=max_num_seqs
-            )
-        # vLLM's speculative-decoding counters (verified drafts, drafted and accepted tokens, accepted per
-        # position), counted by the acceptance rule; /metrics exports them
-        self.spec_counters = SpecDecodingCounters(c.num_speculative_tokens) if self.speculator is not None else None
+        self.cuda_graphs_off = self._capture_cuda_graphs()  # why the decode step runs eager, or None
+        self.speculator = self._build_speculator()  # speculative decoding inside the batch, or None
         self.generator = torch.Generator(device="cpu").manual_seed(c.seed)
         self.requests: dict[str, list[Sequence]] = {}
-        # per step: seconds per phase, sequences, tokens; the last ``step_times_window`` steps (bounded memory)
-        self.step_times: deque[dict] = deque(maxlen=c.step_times_window)
-        self.num_steps = 0  # steps run in all (step_times keeps only the last ones)
+        self.metrics = EngineMetrics(c.step_times_window)  # stats, latency histograms, step_times
         self.max_grammar_states = c.max_grammar_states
-        self.stats = {
-            "prompt_tokens": 0,
-            "cached_tokens": 0,
-            "generation_tokens": 0,
-            "requests_finished": 0,
-            "requests_failed": 0,
-        }
-        # vLLM's latency histograms (seconds), /metrics exports them: the queue time (arrival -> first
-        # scheduled) of each request when it is first scheduled, the others when it finishes
-        self.histograms = {
-            "request_queue_time_seconds": Histogram(LATENCY_BUCKETS),
-            "time_to_first_token_seconds": Histogram(TTFT_BUCKETS),
-            "time_per_output_token_seconds": Histogram(TPOT_BUCKETS),
-            "e2e_request_latency_seconds": Histogram(LATENCY_BUCKETS),
-        }
         self._ids = itertools.count()
+
+    def _capture_cuda_graphs(self) -> str | None:
+        """CUDA-graph decode (vLLM's default; ``enforce_eager=True`` turns it off): why not, or None if captured."""
+        off = cuda_graph_refusal(self.config, next(self.model.parameters()).device)
+        if off is not None:
+            return off
+        try:
+            self.runner.capture_cuda_graphs(graph_buckets(self.config.max_num_seqs))
+        except RuntimeError as e:  # a model whose forward a graph cannot hold: run eager, and say why
+            self.runner.graphs = None
+            warnings.warn(
+                f"CUDA graph capture failed, the engine runs eager ({e}); enforce_eager=True skips the capture",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return f"capture failed: {e}"
+        return None
+
+    def _build_speculator(self) -> BatchSpeculator | None:
+        """``speculative_model`` (a draft model, a preset name or "ngram") as a ``BatchSpeculator``, or None."""
+        c, draft = self.config, self.config.speculative_model
+        if draft is None:
+            return None
+        if draft != "ngram":
+            draft = resolve_model(draft, c.seed + 1).eval()
+            if draft.cfg.vocab_size != self.model.cfg.vocab_size:
+                raise ValueError(
+                    f"speculative_model vocab_size={draft.cfg.vocab_size} differs from the target's "
+                    f"{self.model.cfg.vocab_size}"
+                )
+        return BatchSpeculator(
+            draft, c.num_speculative_tokens, self.kv, max_model_len=self.max_model_len, max_num_seqs=c.max_num_seqs
+        )
+
+    # ---- what the engine counts (metrics.EngineMetrics) ----------------------------------------
+    @property
+    def stats(self) -> dict:
+        """Tokens and requests so far (``EngineMetrics.stats``)."""
+        return self.metrics.stats
+
+    @property
+    def histograms(self) -> dict:
+        """vLLM's latency histograms, seconds (``EngineMetrics.histograms``)."""
+        return self.metrics.histograms
+
+    @property
+    def step_times(self):
+        """Per step: seconds per phase, sequences, tokens; the last ``step_times_window`` steps."""
+        return self.metrics.step_times
+
+    @step_times.setter
+    def step_times(self, value) -> None:
+        self.metrics.step_times = value
+
+    @property
+    def num_steps(self) -> int:
+        """Steps run in all (``step_times`` keeps only the last ones)."""
+        return self.metrics.num_steps
 
     # ---- requests ------------------------------------------------------------------------------
     def prepare(self, prompt, params: SamplingParams | None = None, *, strict_context: bool = False) -> Prepared:
@@ -408,136 +347,30 @@ class LLMEngine:
     # ---- the engine loop -----------------------------------------------------------------------
     @ranged("engine.step")  # a profiler range (notebook 15); ~1-2 us while no profiler records
     def step(self) -> list[RequestOutput]:
-        """One iteration: schedule -> run the model on the batch -> sample -> update.
+        """One iteration: schedule -> run the model on the batch -> sample -> update -> outputs.
 
-        A sequence whose grammar mask, sampling or detokenization raises fails alone: its request is
-        finished with ``RequestOutput.error`` and the others go on. If the forward pass raises, each
-        scheduled request is run alone to find the ones that raise; they fail, the rest are recomputed at
-        the next step (their K/V positions are simply written again).
-
-        With ``async_scheduling`` the schedule and the batch usually come ready from the look-ahead (the
-        step's ``lookahead`` time: the worker's seconds, overlapped with the previous forward), and the
-        next step's look-ahead runs during this forward (``wait``: the time it outlasted the forward;
-        ``overlapped``: the share of the worker's time that ran beside the forward, in [0, 1])."""
+        If the forward raises, each scheduled request runs alone and those that raise fail
+        (``RequestOutput.error``); a sequence whose sampling or detokenization raises fails alone. With a
+        ``speculator``, a decode and its drafts are one verify chunk, accepted per sequence."""
         t = Laps()  # wall seconds of the phases of this step
-        ahead, batch, extra = self._ahead, None, {}
-        if ahead is not None and ahead.error is not None:
-            raise RuntimeError("async scheduling failed in an earlier step: the engine is stopped") from ahead.error
-        scheduled, batch, extra = self._take_prepared() if ahead is not None else ([], None, {})
-        if not scheduled:
-            scheduled = self._schedule()  # 1. schedule
+        scheduled = self._schedule()  # 1. schedule
         t("schedule")
         if not scheduled:
-            if self.scheduler.waiting and not self.scheduler.running and not self.scheduler.swapped:
-                raise RuntimeError(
-                    f"{len(self.scheduler.waiting)} waiting requests and none can be admitted "
-                    f"({self.kv.manager.num_free_blocks()} free blocks): the engine would hang"
-                )
-            return []
-        drafts = self._propose(scheduled) if self.speculator is not None else {}  # 1b. draft k tokens
-        feed = []  # a decode with k drafts is fed as a (k+1)-token verify chunk
-        for seq, n in scheduled:
-            d = drafts.get(seq.seq_id)
-            m = 1 + len(d.tokens) if d is not None else n
-            feed.append(
-                (seq if d is None else VerifyView(seq.seq_id, seq.token_ids + d.tokens, seq.num_computed_tokens, m), m)
-            )
-        future = None
-        try:
-            if ahead is None:
-                logits, batch = self.runner.run(feed, timer=t)  # 2. prepare + forward (verify chunks included)
-            else:  # async: the batch may come prepared; step t+1's CPU work runs on the worker meanwhile
-                batch = batch if batch is not None else self.runner.prepare(feed)
-                t("prepare")
-                future = ahead.start(self._look_ahead, scheduled, list(batch.sample_seqs))
-                f0 = time.perf_counter()
-                try:
-                    logits = self.runner.forward(batch)
-                finally:
-                    ahead.forward_done.set()
-                t("model")
-                f1 = time.perf_counter()
+            return self._idle()
+        drafts = self._propose(scheduled) if self.speculator is not None else {}
+        try:  # 2. run: the packed batch ("prepare") and the forward ("model")
+            logits, batch = self.runner.run(self._feed(scheduled, drafts), timer=t)
         except Exception as e:
-            if future is not None:
-                self._undo_look_ahead(future, scheduled, batch.sample_seqs)
-            self.speculator.undo(drafts) if drafts else None
+            if drafts:  # give the drafted slots back
+                self.speculator.undo(drafts)
             return self._isolate_forward(scheduled, e)
-        if future is not None:
-            ahead.next = ahead.result(future)  # raises what the worker raised
-            w0, w1 = ahead.next[2].pop("span")  # the share of the worker's time spent beside the forward
-            ahead.next[2]["overlapped"] = max(0.0, min(w1, f1) - max(w0, f0)) / max(w1 - w0, 1e-12)
-            for seq in batch.sample_seqs:  # the real token comes from this step's sampler
-                seq.output_token_ids.pop()
-            t("wait")
-        failed: dict[str, BaseException] = {}
-        verify, rows, off = [], [], 0  # split the logits: verify chunks (k+1 rows) and one row per other
-        for seq, m in zip(batch.sample_seqs, batch.num_logits):
-            if isinstance(seq, VerifyView):
-                verify.append((drafts[seq.seq_id], logits[off : off + m]))
-            else:
-                rows.append(off)
-            off += m
-        if verify:
-            logits = logits[rows]
-            batch.sample_seqs = [s for s in batch.sample_seqs if not isinstance(s, VerifyView)]
-        if any(getattr(s, "allowed", None) is not None for s in batch.sample_seqs):  # grammar masks
-            logits = logits.clone()
-            for i, seq in enumerate(batch.sample_seqs):
-                try:
-                    mask = None if seq.allowed is None else seq.allowed(seq.output_token_ids)
-                    if mask is not None:
-                        logits[i] = apply_mask(logits[i], mask)
-                except Exception as e:
-                    failed.setdefault(seq.request_id, e)
-        errors: dict[int, BaseException] = {}
-        tokens, logprobs = sample(
-            logits,
-            batch.sample_seqs,
-            self.generator,  # 3. sample
-            self.tokenizer if any(s.params.logprobs for s in batch.sample_seqs) else None,
-            eos_token_ids=sorted(self.eos_token_ids),
-            errors=errors,
-        )
-        for i, e in errors.items():
-            failed.setdefault(batch.sample_seqs[i].request_id, e)
+        logits, verify = self._split_verify(batch, logits, drafts)
+        tokens, logprobs, failed = self._sample(logits, batch.sample_seqs)  # 3. sample
         t("sample")
-        if future is None:
-            self.scheduler.update([(s, n) for s, n in scheduled if s.seq_id not in drafts])  # 4. update: K/V cached,
-        else:  # the look-ahead advanced num_computed_tokens; the blocks become hits now that their K/V exist
-            for seq, _ in scheduled:
-                if seq.status is SequenceStatus.RUNNING:
-                    self.manager_mark(seq)
-        now = time.perf_counter()
-        for seq, tok, lp in zip(batch.sample_seqs, tokens, logprobs):  #    new tokens, stop checks
-            if getattr(seq, "spec", None) is not None:
-                seq.spec.target_forwards += 1
-                seq.spec.emitted += 1
-            if seq.request_id in failed or seq.finished:
-                continue
-            try:
-                self._append_token(seq, tok, lp, now)
-            except Exception as e:
-                failed.setdefault(seq.request_id, e)
-        for d, rows_k in verify:  # 4b. speculation: accept per sequence, roll back the rejected slots
-            self._accept(d, rows_k, now, failed)
-        rids = dict.fromkeys([s.request_id for s in batch.sample_seqs] + [d.seq.request_id for d, _ in verify])
-        if self.speculator is not None:  # the draft pool's blocks of finished sequences go back now
-            self.speculator.release({s.seq_id for s in self.scheduler.running})
-        outputs = [self.fail_request(r, failed[r]) if r in failed else self._output(r) for r in rids]
-        outputs = [o for o in outputs if o is not None]
-        if future is not None:
-            self._fill_in(batch.sample_seqs)
+        self.scheduler.update([(s, n) for s, n in scheduled if s.seq_id not in drafts])  # 4. update: K/V cached
+        outputs = self._outputs(batch.sample_seqs, tokens, logprobs, verify, failed)  # 5. outputs
         t("postprocess")
-        self.num_steps += 1
-        self.step_times.append(
-            dict(
-                t.times,
-                **extra,
-                num_seqs=len(scheduled),
-                num_tokens=sum(n for _, n in scheduled),
-                num_decodes=batch.num_decodes,
-            )
-        )
+        self.metrics.record_step(t.times, scheduled, batch.num_decodes)
         return outputs
 
     def _schedule(self) -> list[tuple[Sequence, int]]:
@@ -551,145 +384,105 @@ class LLMEngine:
                     self.histograms["request_queue_time_seconds"].observe(now - seq.metrics.arrival_time)
         return scheduled
 
-    # ---- async scheduling (LookAhead) -----------------------------------------------------------
-    def _look_ahead(self, scheduled, sampling: list[Sequence]):
-        """On the worker, while step t's forward runs: step t+1's schedule and batch, as if step t were done
-        (every scheduled token computed, a ``PLACEHOLDER`` token for each sequence that samples). Returns
-        (schedule, batch or None, {"lookahead": worker seconds, "span": its start and end, perf_counter})."""
-        t0 = time.perf_counter()
-        for seq, n in scheduled:
-            seq.num_computed_tokens += n
-        for seq in sampling:
-            seq.output_token_ids.append(PLACEHOLDER)
-        nxt = self._schedule()
-        batch = self.runner.prepare(nxt) if nxt else None
-        t1 = time.perf_counter()
-        return nxt, batch, {"lookahead": t1 - t0, "span": (t0, t1)}
+    def _idle(self) -> list[RequestOutput]:
+        """Nothing was scheduled: no outputs, or an error if waiting requests can never be admitted."""
+        s = self.scheduler
+        if s.waiting and not s.running and not s.swapped:
+            raise RuntimeError(
+                f"{len(s.waiting)} waiting requests and none can be admitted "
+                f"({self.kv.manager.num_free_blocks()} free blocks): the engine would hang"
+            )
+        return []
 
-    def _fill_in(self, sampled: list[Sequence]) -> None:
-        """After step t: its sampled tokens replace the placeholders in the block manager's token lists
-        (their block hashes are computed from them) and in the prepared batch's input ids."""
-        live = [s for s in sampled if not s.finished]
-        seqs = self.kv.manager.seqs
-        for seq in live:
-            held = seqs.get(seq.seq_id)
-            if held is not None and len(held.tokens) >= seq.num_tokens:  # its slot was reserved in step t+1
-                held.tokens[seq.num_tokens - 1] = seq.output_token_ids[-1]
-        nxt = self._ahead.next
-        if nxt is None or nxt[1] is None:
-            return
-        want, rows, toks, off = {s.seq_id: s for s in live}, [], [], 0
-        for seq, n in nxt[1].scheduled:  # packed order: a decode's one input id at its offset
-            if seq.seq_id in want:
+    def _feed(self, scheduled, drafts: dict) -> list:
+        """What the forward computes: the scheduled chunks, a decode with k drafts as a (k+1)-token verify chunk."""
+        feed = []
+        for seq, n in scheduled:
+            d = drafts.get(seq.seq_id)
+            m = 1 + len(d.tokens) if d is not None else n
+            feed.append(
+                (seq if d is None else VerifyView(seq.seq_id, seq.token_ids + d.tokens, seq.num_computed_tokens, m), m)
+            )
+        return feed
+
+    def _split_verify(self, batch, logits, drafts: dict):
+        """The logits [rows, vocab] split: (one row per sampled sequence, [(draft, its k+1 rows)]); the verify
+        chunks leave ``batch.sample_seqs``."""
+        verify, rows, off = [], [], 0
+        for seq, m in zip(batch.sample_seqs, batch.num_logits):
+            if isinstance(seq, VerifyView):
+                verify.append((drafts[seq.seq_id], logits[off : off + m]))
+            else:
                 rows.append(off)
-                toks.append(seq.output_token_ids[-1])
-            off += n
-        if rows:
-            nxt[1].tokens[0, rows] = torch.tensor(toks, dtype=nxt[1].tokens.dtype, device=nxt[1].tokens.device)
+            off += m
+        if verify:
+            logits = logits[rows]
+            batch.sample_seqs = [s for s in batch.sample_seqs if not isinstance(s, VerifyView)]
+        return logits, verify
 
-    def _take_prepared(self):
-        """The look-ahead's schedule and batch for this step, without the sequences that finished (or were
-        aborted) since: their batch is built again. ([], None, {}) when there is none."""
-        nxt, self._ahead.next = self._ahead.next, None
-        if nxt is None:
-            return [], None, {}
-        scheduled, batch, extra = nxt
-        live = [(s, n) for s, n in scheduled if s.status is SequenceStatus.RUNNING]
-        if len(live) < len(scheduled):
-            batch = self.runner.prepare(live) if live else None
-        return live, batch, extra
+    def _sample(self, logits, seqs: list[Sequence]):
+        """One token per row (grammar masks, logit processors, temperature...: ``sampler.sample``), its
+        logprobs, and ``failed`` (request id -> exception) for the rows that raised: they fail alone."""
+        errors: dict[int, BaseException] = {}
+        tokens, logprobs = sample(
+            logits,
+            seqs,
+            self.generator,
+            self.tokenizer if any(s.params.logprobs for s in seqs) else None,
+            eos_token_ids=sorted(self.eos_token_ids),
+            errors=errors,
+        )
+        failed: dict[str, BaseException] = {}
+        for i, e in errors.items():
+            failed.setdefault(seqs[i].request_id, e)
+        return tokens, logprobs, failed
 
-    def _undo_look_ahead(self, future, scheduled, sampling) -> None:
-        """Step t's forward raised: take back what the look-ahead assumed (placeholders, their reserved
-        slots, the advanced computed counts); sequences it admitted stay admitted."""
-        self._ahead.result(future)
-        self._ahead.next = None
-        mgr = self.kv.manager
-        for seq in sampling:
-            seq.output_token_ids.pop()
-            if seq.seq_id in mgr.seqs and mgr.num_tokens(seq.seq_id) > seq.num_tokens:
-                mgr.truncate(seq.seq_id, seq.num_tokens)
-        for seq, n in scheduled:
-            if seq.status is not SequenceStatus.WAITING:  # a preempted (recompute) one starts from 0 anyway
-                seq.num_computed_tokens -= n
+    def _outputs(self, seqs, tokens, logprobs, verify, failed: dict) -> list[RequestOutput]:
+        """The new tokens appended (stop checks, detokenization), drafts accepted, one output per request."""
+        now = time.perf_counter()
+        for seq, tok, lp in zip(seqs, tokens, logprobs):
+            if getattr(seq, "spec", None) is not None:
+                seq.spec.target_forwards += 1
+                seq.spec.emitted += 1
+            if seq.request_id in failed or seq.finished:
+                continue
+            try:
+                self._append_token(seq, tok, lp, now)
+            except Exception as e:
+                failed.setdefault(seq.request_id, e)
+        for d, rows_k in verify:  # speculation: accept per sequence, roll back the rejected slots
+            self._accept(d, rows_k, now, failed)
+        rids = dict.fromkeys([s.request_id for s in seqs] + [d.seq.request_id for d, _ in verify])
+        if self.speculator is not None:  # the draft pool's blocks of finished sequences go back now
+            self.speculator.release({s.seq_id for s in self.scheduler.running})
+        outputs = [self.fail_request(r, failed[r]) if r in failed else self._output(r) for r in rids]
+        return [o for o in outputs if o is not None]
 
     def close(self) -> None:
-        """Join async scheduling's worker thread (also done when the engine is garbage-collected); the engine
-        goes on synchronously (a batch the worker prepared is dropped: its sequences keep their reserved slots
-        and are scheduled again)."""
-        if self._ahead is not None:
-            self._ahead.close()
-            self._ahead, self.scheduler.before_preempt = None, None
+        """Release what the engine holds beside memory (``AsyncLLMEngine``: its worker thread); nothing here."""
 
     # ---- speculative decoding in the batch (speculative.BatchSpeculator) ------------------------
     def _propose(self, scheduled) -> dict:
-        """Draft tokens for the scheduled decodes that can take them: k_i = min(k, tokens the request may
-        still produce − 1, context left − 1, token budget left); none for requests with logit processors."""
-        sp = self.speculator
-        sp.release({s.seq_id for s in self.scheduler.running})
+        """Drafts for this step's decodes within the token budget left (``BatchSpeculator.propose``); the
+        draft state of sequences no longer running is freed first."""
+        self.speculator.release({s.seq_id for s in self.scheduler.running})
         budget = self.config.max_num_batched_tokens - sum(n for _, n in scheduled)
-        wants = []
-        for seq, n in scheduled:
-            p = seq.params
-            if n != 1 or seq.num_uncomputed != 1 or not seq.output_token_ids or p.processes_logits:
-                continue
-            ki = min(
-                sp.k, p.max_tokens - len(seq.output_token_ids) - 1, self.max_model_len - seq.num_tokens - 1, budget
-            )
-            if ki > 0:
-                wants.append((seq, ki))
-                budget -= ki
-        if not wants:
-            return {}
-        drafts = sp.propose(wants, self._spec_dist, self._uniform, self._spec_allows)
-        for d in drafts.values():
-            if d.seq.spec is not None:
-                d.seq.spec.drafted += len(d.tokens)
-                d.seq.spec.draft_forwards += 0 if sp.ngram else len(d.tokens)
-        return drafts
-
-    def _spec_dist(self, seq: Sequence, logits, extra: list[int]):
-        """The distribution the engine's sampler draws ``seq``'s next token from after ``extra`` more
-        tokens: the grammar mask, then temperature/top_k/top_p/min_p (one-hot argmax when greedy)."""
-        if seq.allowed is not None:
-            mask = seq.allowed(seq.output_token_ids + extra)
-            if mask is not None:
-                logits = apply_mask(logits, mask)
-        p = seq.params
-        if p.greedy:
-            return to_probs(logits, 0)
-        return filter_probs(logits.float(), p.temperature, p.top_k, p.top_p, p.min_p)
-
-    def _spec_allows(self, seq: Sequence, extra: list[int], tok: int) -> bool:
-        if seq.allowed is None:
-            return True
-        mask = seq.allowed(seq.output_token_ids + extra)
-        return mask is None or bool(mask[tok])
-
-    def _uniform(self, seq: Sequence):
-        return torch.rand((), generator=seq.generator or self.generator)
+        return self.speculator.propose(scheduled, budget, self.generator)
 
     def _accept(self, d, logits, now: float, failed: dict) -> None:
-        """The rejection rule for one verified sequence, the rollback, then its new tokens through the
-        engine's path (stop rules, logprobs, detokenization)."""
+        """One verified sequence: the rejection rule and the rollback (``BatchSpeculator.accept``), then its
+        new tokens through the engine's path (stop rules, logprobs, detokenization)."""
         seq = d.seq
         if seq.request_id in failed or seq.finished:
             self.speculator.rollback(d, 0)
             return
         try:
-            new, n = self.speculator.accept(d, logits, self._spec_dist, self._uniform)
+            new = self.speculator.accept(d, logits, self.generator)
         except Exception as e:
             self.speculator.undo({seq.seq_id: d})
             failed.setdefault(seq.request_id, e)
             return
-        self.spec_counters.observe(len(d.tokens), n)
         self.manager_mark(seq)
-        s = seq.spec
-        if s is not None:
-            s.target_forwards += 1
-            s.tested += n + (n < len(d.tokens))
-            s.accepted += n
-            s.accepted_per_step.append(n)
         want_lp = seq.params.logprobs is not None
         for j, tok in enumerate(new):
             if seq.finished:
@@ -705,8 +498,13 @@ class LLMEngine:
             except Exception as e:
                 failed.setdefault(seq.request_id, e)
                 return
-            if s is not None:
-                s.emitted += 1
+            if seq.spec is not None:
+                seq.spec.emitted += 1
+
+    @property
+    def spec_counters(self):
+        """vLLM's speculative-decoding counters (``BatchSpeculator.counters``), or None without speculation."""
+        return None if self.speculator is None else self.speculator.counters
 
     def manager_mark(self, seq: Sequence) -> None:
         """Register the blocks now holding computed K/V (after the rollback: never a rejected token)."""
@@ -730,8 +528,7 @@ class LLMEngine:
     def _append_token(self, seq: Sequence, tok: int, lp, now: float) -> None:
         p, m = seq.params, seq.metrics
         if seq.num_preemptions == 0 and not seq.output_token_ids:
-            self.stats["prompt_tokens"] += len(seq.prompt_token_ids)
-            self.stats["cached_tokens"] += seq.num_cached_tokens
+            self.metrics.first_token(len(seq.prompt_token_ids), seq.num_cached_tokens)
         seq.output_token_ids.append(tok)
         self.stats["generation_tokens"] += 1
         m.first_token_time = m.first_token_time or now
@@ -760,24 +557,12 @@ class LLMEngine:
             m.finished_time = now
             self.scheduler.finish(seq)
 
-    def _observe(self, m) -> None:
-        """A finished request's latencies (its first sample's) into the histograms."""
-        h = self.histograms
-        for name, value in (
-            ("time_to_first_token_seconds", m.ttft),
-            ("time_per_output_token_seconds", m.tpot),
-            ("e2e_request_latency_seconds", m.e2e),
-        ):
-            if value is not None:
-                h[name].observe(value)
-
     def _output(self, request_id: str) -> RequestOutput:
         seqs = self.requests[request_id]
         done = all(s.finished for s in seqs)
         if done:
             del self.requests[request_id]
-            self.stats["requests_finished"] += 1
-            self._observe(seqs[0].metrics)
+            self.metrics.request_finished(seqs[0].metrics)
         s0 = seqs[0]
         return RequestOutput(
             request_id,
@@ -844,6 +629,11 @@ class LLMEngine:
         }
 
 
+class AsyncLLMEngine(AsyncScheduling, LLMEngine):
+    """``LLMEngine`` with vLLM v1's async scheduling: ``AsyncScheduling`` (async_engine.py) overrides ``step``
+    and reuses this class's parts. ``LLMEngine(..., async_scheduling=True)`` builds it."""
+
+
 def resolve_model(model, seed: int = 0):
     """A package ``Transformer`` from a preset name, a ``ModelConfig``, a ``Transformer`` or a transformers model."""
     from ..config import ModelConfig, load_model_preset
@@ -870,6 +660,15 @@ def _is_hf(model) -> bool:
     return hasattr(model, "config") and hasattr(model, "generate") and not hasattr(model, "cfg")
 
 
+def resolve_eos(tokenizer, hf_model=None) -> set[int]:
+    """The end-of-sequence ids: the tokenizer's, else a transformers model's generation config's (or none)."""
+    if tokenizer is not None:
+        eos = getattr(tokenizer, "eos_token_id", None)
+    else:
+        eos = getattr(getattr(hf_model, "generation_config", None), "eos_token_id", None)
+    return set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+
+
 def resolve_tokenizer(tokenizer, model, hf: bool = False):
     if isinstance(tokenizer, str):
         from transformers import AutoTokenizer
@@ -882,4 +681,4 @@ def resolve_tokenizer(tokenizer, model, hf: bool = False):
     return ByteTokenizer(model.cfg.vocab_size) if model.cfg.vocab_size >= 256 else None
 
 
-__all__ = ["PHASES", "LLMEngine", "SequenceStatus", "resolve_model", "resolve_tokenizer"]
+__all__ = ["PHASES", "AsyncLLMEngine", "LLMEngine", "SequenceStatus", "resolve_model", "resolve_tokenizer"]

@@ -36,10 +36,66 @@ from __future__ import annotations
 
 import statistics
 
+from collections import deque
+
 from ..config import check_choice, check_int, check_number
+from .sequence import LATENCY_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, Histogram
 
 
 PERCENTILES = (50, 90, 99)
+PHASES = ("schedule", "prepare", "model", "sample", "postprocess")  # an engine step's timed phases (step_times)
+STAT_NAMES = ("prompt_tokens", "cached_tokens", "generation_tokens", "requests_finished", "requests_failed")
+
+
+class EngineMetrics:
+    """What an ``LLMEngine`` counts as it runs (vLLM's ``Stats``); the server's ``/metrics`` exports it.
+
+    - ``stats``: counts since the start: prompt, cached and generated tokens; finished and failed requests.
+    - ``histograms``: vLLM's latency histograms, in seconds: the queue time (arrival -> first scheduled) of each
+      request when it is first scheduled; TTFT, TPOT and end-to-end latency when it finishes (its first sample's).
+    - ``step_times``: per step, the wall seconds of each phase (``PHASES``, plus async scheduling's
+      ``lookahead``/``wait``/``overlapped``) and the step's sequences, new tokens and decodes; only the last
+      ``window`` steps (bounded memory). ``num_steps`` counts every step."""
+
+    def __init__(self, window: int):
+        self.stats = dict.fromkeys(STAT_NAMES, 0)
+        self.histograms = {
+            "request_queue_time_seconds": Histogram(LATENCY_BUCKETS),
+            "time_to_first_token_seconds": Histogram(TTFT_BUCKETS),
+            "time_per_output_token_seconds": Histogram(TPOT_BUCKETS),
+            "e2e_request_latency_seconds": Histogram(LATENCY_BUCKETS),
+        }
+        self.step_times: deque[dict] = deque(maxlen=window)
+        self.num_steps = 0
+
+    def record_step(self, times: dict, scheduled, num_decodes: int, **extra) -> None:
+        """One step: ``times`` (phase -> seconds), ``scheduled`` [(sequence, new tokens)], its decodes."""
+        self.num_steps += 1
+        self.step_times.append(
+            dict(
+                times,
+                **extra,
+                num_seqs=len(scheduled),
+                num_tokens=sum(n for _, n in scheduled),
+                num_decodes=num_decodes,
+            )
+        )
+
+    def first_token(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """A request's first sample got its first token: its prompt (and the part read from the cache) counts."""
+        self.stats["prompt_tokens"] += prompt_tokens
+        self.stats["cached_tokens"] += cached_tokens
+
+    def request_finished(self, m) -> None:
+        """A finished request's latencies (``RequestMetrics`` of its first sample, seconds) into the histograms."""
+        self.stats["requests_finished"] += 1
+        for name, value in (
+            ("time_to_first_token_seconds", m.ttft),
+            ("time_per_output_token_seconds", m.tpot),
+            ("e2e_request_latency_seconds", m.e2e),
+        ):
+            if value is not None:
+                self.histograms[name].observe(value)
 
 
 def percentile(xs, p: float) -> float:
@@ -78,8 +134,6 @@ def summarize(outputs, duration: float) -> dict:
 def phase_breakdown(step_times, *, decode_only: bool = True) -> dict:
     """Median seconds per phase over the recorded steps (only steps that were pure decodes by default),
     with ``cpu`` (all phases but the model) and ``cpu_share`` = cpu / (cpu + model)."""
-    from .engine import PHASES
-
     steps = [s for s in step_times if not decode_only or s["num_decodes"] == s["num_tokens"]]
     if not steps:
         raise ValueError("no recorded step matches (run some decode steps first)")
@@ -169,7 +223,6 @@ def measure_decode_overhead(
     counted step, in order."""
     from tqdm.auto import tqdm
 
-    from .engine import PHASES
     from .sampling_params import SamplingParams
 
     def counted(eng, b):

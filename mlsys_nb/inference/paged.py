@@ -57,6 +57,7 @@ from ..config import check_int, torch_dtype
 
 __all__ = [
     "BlockManager",
+    "allocate_kv_cache",
     "KV_QUANT_DTYPES",
     "OutOfBlocksError",
     "PagedKVCache",
@@ -952,3 +953,36 @@ class PagedKVCache:
             f"free={self.manager.num_free_blocks()}, sequences={len(self.computed)}, "
             f"{self.nbytes / 2**20:.2f} MiB{', ' + self.quant if self.quant else ''})"
         )
+
+
+def allocate_kv_cache(cfg, config, dtype, device) -> PagedKVCache:
+    """The engine's paged pool for a model of ``cfg`` under ``config`` (an ``EngineConfig``; nano-vllm's
+    ``allocate_kv_cache``). ``dtype``: the model's parameter dtype, used when ``kv_cache_dtype="auto"``.
+
+    ``num_blocks=None``: as many blocks of ``kv_block_bytes`` as ``kv_cache_memory`` bytes hold, capped at
+    ``max_num_seqs`` sequences of the full context; an int8/fp8 pool first takes its fp32 K residual
+    (``kv_residual_blocks``, more with speculation) out of that budget. The context (``max_seq_len``) is
+    ``min(cfg.seq_len, num_blocks · block_size)`` tokens, so one sequence alone always fits."""
+    c, block_size = config, config.block_size
+    kv_dtype = dtype if c.kv_cache_dtype == "auto" else c.kv_cache_dtype
+    spec_k = c.num_speculative_tokens if c.speculative_model is not None else 0
+    residual = kv_residual_blocks(c.max_num_seqs, block_size, spec_k) if kv_dtype in KV_QUANT_DTYPES else None
+    memory = c.kv_cache_memory - (kv_residual_bytes(cfg, block_size, residual) if residual else 0)
+    num_blocks = c.num_blocks
+    if num_blocks is None:  # from the memory budget, capped at max_num_seqs full-length sequences
+        full = c.max_num_seqs * math.ceil(cfg.seq_len / block_size)
+        num_blocks = max(1, min(memory // kv_block_bytes(cfg, block_size, kv_dtype), full))
+    left = f", {memory} after the K residual's {c.kv_cache_memory - memory}" if residual else ""
+    check_int(f"num_blocks (from kv_cache_memory={c.kv_cache_memory} bytes{left})", num_blocks, 2)
+    kv = PagedKVCache(
+        cfg,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        dtype=kv_dtype,
+        device=device,
+        prefix_caching=c.enable_prefix_caching,
+        max_seq_len=min(cfg.seq_len, num_blocks * block_size),
+        residual_blocks=residual,
+    )
+    kv.attention_backend = c.attention_backend
+    return kv

@@ -6,7 +6,9 @@ smallest set of most likely tokens whose probability reaches p; the most likely 
 renormalised, and one draw from it with the sequence's own ``torch.Generator`` when the request has a
 ``seed`` (reproducible whatever else is batched with it), else with the engine's generator.
 
-Before that, the request's logit processors (``process_logits``: min_tokens, logit_bias, repetition,
+First the grammar mask of a structured request (``grammar_masks``, a logits processor: the tokens its
+grammar forbids after the sequence's output so far get −inf; its logprobs and its greedy argmax come from
+the masked logits). Then the request's logit processors (``process_logits``: min_tokens, logit_bias, repetition,
 frequency and presence penalties; vLLM's order), and after the temperature ``min_p``; a greedy request
 with processors takes the argmax of the processed logits. The most likely token always survives top-p
 (even at ``top_p = 1e-320``, which float32 rounds to 0).
@@ -82,6 +84,7 @@ def sample(
     ``errors``: if given, a row whose sampling raises is recorded as ``errors[row] = exception`` with
     token ``None``; otherwise the exception propagates."""
     tokens, entries = [], []
+    logits = grammar_masks(logits, seqs, errors)
     need_lp = any(s.params.logprobs is not None for s in seqs)
     logp = torch.log_softmax(logits, dim=-1) if need_lp else None
     greedy = logits.argmax(dim=-1).tolist()
@@ -92,10 +95,31 @@ def sample(
         except Exception as e:
             if errors is None:
                 raise
-            errors[i], tok, entry = e, None, None
+            errors.setdefault(i, e)
+            tok, entry = None, None
         tokens.append(tok)
         entries.append(entry)
     return tokens, entries
+
+
+def grammar_masks(logits: torch.Tensor, seqs: list[Sequence], errors: dict | None = None) -> torch.Tensor:
+    """The grammar logits processor: ``logits`` [batch, vocab] with each structured row masked (tokens its
+    grammar forbids after the sequence's output so far set to −inf; ``seq.allowed``, structured.py); the same
+    tensor when no row has a grammar. A row whose mask raises is recorded in ``errors`` (row -> exception)
+    and left unmasked (its request fails; the other rows go on), or the exception propagates without it."""
+    if all(getattr(s, "allowed", None) is None for s in seqs):
+        return logits
+    logits = logits.clone()
+    for i, seq in enumerate(seqs):
+        try:
+            mask = None if seq.allowed is None else seq.allowed(seq.output_token_ids)
+            if mask is not None:
+                logits[i] = apply_mask(logits[i], mask)
+        except Exception as e:
+            if errors is None:
+                raise
+            errors[i] = e
+    return logits
 
 
 def _sample_row(row: torch.Tensor, seq: Sequence, argmax: int, generator, eos_token_ids) -> int:

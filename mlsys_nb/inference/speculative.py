@@ -432,6 +432,10 @@ class BatchSpeculator:
         from .paged import PagedKVCache
 
         self.k, self.target_kv = check_int("num_speculative_tokens", k, 1), target_kv
+        self.max_model_len = max_model_len  # tokens of context: no draft beyond it
+        # vLLM's speculative-decoding counters (verified drafts, drafted and accepted tokens, accepted per
+        # position), counted by the acceptance rule; /metrics exports them (``LLMEngine.spec_counters``)
+        self.counters = SpecDecodingCounters(self.k)
         self.ngram = isinstance(draft, str)
         if self.ngram:
             check_choice("speculative_model (or a Transformer)", draft, ("ngram",))
@@ -484,18 +488,38 @@ class BatchSpeculator:
         return v
 
     # ---- one step ------------------------------------------------------------------------------
+    def propose(self, scheduled, token_budget: int, generator) -> dict[int, Draft]:
+        """Drafts (seq_id -> ``Draft``) for the scheduled decodes [(sequence, new tokens)] that can take them:
+        k_i = min(k, tokens the request may still produce − 1, context left − 1, ``token_budget`` left, in
+        tokens); none for requests with logit processors. ``generator``: the engine's, for unseeded requests."""
+        wants = []
+        for seq, n in scheduled:
+            p = seq.params
+            if n != 1 or seq.num_uncomputed != 1 or not seq.output_token_ids or p.processes_logits:
+                continue
+            ki = min(self.k, p.max_tokens - len(seq.output_token_ids) - 1, self.max_model_len - seq.num_tokens - 1)
+            ki = min(ki, token_budget)
+            if ki > 0:
+                wants.append((seq, ki))
+                token_budget -= ki
+        drafts = self._draft(wants, generator) if wants else {}
+        for d in drafts.values():
+            if d.seq.spec is not None:
+                d.seq.spec.drafted += len(d.tokens)
+                d.seq.spec.draft_forwards += 0 if self.ngram else len(d.tokens)
+        return drafts
+
     @torch.no_grad()
-    def propose(self, wants: list[tuple[object, int]], dist, uniform, allows) -> dict[int, Draft]:
-        """Drafts for ``wants`` = [(sequence, k_i)]; ``dist(seq, logits, extra_tokens)`` gives a
-        distribution [V], ``uniform(seq)`` one uniform draw from the sequence's generator,
-        ``allows(seq, extra_tokens, token)`` whether its grammar lets ``token`` follow. Reserves
-        the drafted tokens' slots in the target's pool (fewer tokens where the pool runs out)."""
+    def _draft(self, wants: list[tuple[object, int]], generator) -> dict[int, Draft]:
+        """Drafts for ``wants`` = [(sequence, k_i)], each token drawn from the draft's distribution after the
+        sequence's grammar mask (``target_dist``). Reserves the drafted tokens' slots in the target's pool
+        (fewer tokens where the pool runs out)."""
         out = {s.seq_id: Draft(s, s.num_tokens, [], []) for s, _ in wants}
         if self.ngram:
             for seq, ki in wants:
                 d = out[seq.seq_id]
                 for t in ngram_propose(seq.token_ids, ki):
-                    if not allows(seq, d.tokens, t):  # the grammar refuses it: stop there
+                    if not grammar_allows(seq, d.tokens, t):  # the grammar refuses it: stop there
                         break
                     d.tokens.append(t)
                 V = self.target_kv.cfg.vocab_size
@@ -513,8 +537,8 @@ class BatchSpeculator:
                     seq, _, ki = todo[v.seq_id]
                     d = out[v.seq_id]
                     v.num_computed_tokens = v.num_tokens
-                    q = dist(seq, row, d.tokens)
-                    t = int(sample_inverse_cdf(q, uniform(seq)))
+                    q = target_dist(seq, row, d.tokens)
+                    t = int(sample_inverse_cdf(q, draw_uniform(seq, generator)))
                     d.tokens.append(t)
                     d.q.append(q)
                     if len(d.tokens) == ki:  # the last draft is never fed to the draft model
@@ -554,14 +578,49 @@ class BatchSpeculator:
             del v.token_ids[max(valid, 1) :]
             v.num_computed_tokens = valid
 
-    def accept(self, d: Draft, logits: torch.Tensor, dist, uniform) -> tuple[list[int], int]:
-        """The rejection rule on one sequence: ``logits`` [k+1, V] of its verify chunk. Rolls back the
-        rejected slots and returns (the emitted tokens: accepted drafts + one more, n accepted)."""
-        k = len(d.tokens)
-        p = torch.stack([dist(d.seq, logits[j], d.tokens[:j]) for j in range(k + 1)])
+    def accept(self, d: Draft, logits: torch.Tensor, generator) -> list[int]:
+        """The rejection rule on one sequence: ``logits`` [k+1, V] of its verify chunk, the target's
+        distributions ``target_dist``, uniform draws from the sequence's generator (else ``generator``).
+        Rolls back the rejected slots, counts the result (``counters``, ``seq.spec``) and returns the emitted
+        tokens: the accepted drafts and one more."""
+        k, seq = len(d.tokens), d.seq
+        p = torch.stack([target_dist(seq, logits[j], d.tokens[:j]) for j in range(k + 1)])
         q = torch.stack(d.q)
-        u_acc = torch.stack([uniform(d.seq) for _ in range(k)])[None]
-        n_acc, nxt = verify(p[None], q[None], torch.tensor([d.tokens]), u_acc, uniform(d.seq)[None])
+        u_acc = torch.stack([draw_uniform(seq, generator) for _ in range(k)])[None]
+        n_acc, nxt = verify(p[None], q[None], torch.tensor([d.tokens]), u_acc, draw_uniform(seq, generator)[None])
         n = int(n_acc[0])
         self.rollback(d, n)
-        return d.tokens[:n] + [int(nxt[0])], n
+        self.counters.observe(k, n)
+        s = seq.spec
+        if s is not None:
+            s.target_forwards += 1
+            s.tested += n + (n < k)
+            s.accepted += n
+            s.accepted_per_step.append(n)
+        return d.tokens[:n] + [int(nxt[0])]
+
+
+def target_dist(seq, logits: torch.Tensor, extra: list[int]) -> torch.Tensor:
+    """The distribution [V] the engine's sampler draws ``seq``'s next token from after ``extra`` more
+    tokens: the grammar mask, then temperature/top_k/top_p/min_p (one-hot argmax when greedy)."""
+    if seq.allowed is not None:
+        mask = seq.allowed(seq.output_token_ids + extra)
+        if mask is not None:
+            logits = apply_mask(logits, mask)
+    p = seq.params
+    if p.greedy:
+        return to_probs(logits, 0)
+    return filter_probs(logits.float(), p.temperature, p.top_k, p.top_p, p.min_p)
+
+
+def grammar_allows(seq, extra: list[int], tok: int) -> bool:
+    """Whether ``seq``'s grammar lets ``tok`` follow its output and ``extra`` (True without a grammar)."""
+    if seq.allowed is None:
+        return True
+    mask = seq.allowed(seq.output_token_ids + extra)
+    return mask is None or bool(mask[tok])
+
+
+def draw_uniform(seq, generator) -> torch.Tensor:
+    """One uniform draw in [0, 1) from the sequence's generator (a seeded request's), else ``generator``."""
+    return torch.rand((), generator=seq.generator or generator)
