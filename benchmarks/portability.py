@@ -9,7 +9,7 @@ another run, and a speed-up that needs vector kernels can vanish. A check tuned 
 on another's. This script runs each (notebook, seed, capability) under papermill at the notebook's defaults
 except ``seed``, in a kernel started with ``ATEN_CPU_CAPABILITY`` set (``runtime.machine.capability_env``: its own
 inductor and kit caches per capability), and reads back every ``margin:`` line the notebook's checks printed
-(``mlsys_nb.margins.check_margin``: the value beside its bound). A failed run is recorded with its error.
+(``mlsys_nb.runtime.check_margin``: the value beside its bound). A failed run is recorded with its error.
 
 Rows are merged into ``data/measured/portability.csv`` (a new run of the same notebook, seed and capability
 replaces the old one; a file lock lets several runs share the record), and ``data/measured/portability.md`` is
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mlsys_nb.margins import parse_margins
+from mlsys_nb.runtime import parse_margins
 from mlsys_nb.runtime.machine import CPU_CAPABILITIES, capability_env, cpu_model
 from mlsys_nb.runtime.machine import summary as machine
 
@@ -204,7 +204,7 @@ def quick() -> None:
     import nbformat
 
     code = (
-        "import torch\nfrom mlsys_nb.margins import check_margin\n"
+        "import torch\nfrom mlsys_nb.runtime import check_margin\n"
         "cap = torch.backends.cpu.get_cpu_capability()\n"
         "check_margin('capability is DEFAULT', float(cap == 'DEFAULT'), '>', 0.5)\n"
     )

@@ -357,7 +357,7 @@ def test_a_blocking_async_save_holds_the_snapshot_but_fails_the_stall_check(tmp_
     old check asked), but its stall is that of the synchronous save, so the notebook's check (the shortest async
     stall below half the shortest synchronous one) fails."""
     import mlsys_nb
-    from mlsys_nb.margins import check_margin
+    from mlsys_nb.runtime import check_margin
 
     # a narrower model and fewer repeats than the notebook's (1024, 15): the two saves are the same call, so the
     # ratio of their shortest stalls is about 1 at any size

@@ -418,7 +418,7 @@ def test_the_cache_check_fails_on_a_flat_curve():
     alike) fails notebook 21's check, which is why the notebook asserts it only with vector kernels; a curve
     that drops only beyond the largest L2 of a hybrid CPU is judged at its smallest L2 and still passes."""
     from mlsys_nb.kernels import hierarchy
-    from mlsys_nb.margins import check_margin
+    from mlsys_nb.runtime import check_margin
 
     caches = hierarchy.Caches("sysfs", {"L1d": (32768,), "L2": (1280 * 1024, 2 * 2**20), "L3": (24 * 2**20,)})
     flat = {s: 19e9 for s in hierarchy.sweep_sizes(caches)}

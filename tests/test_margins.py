@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mlsys_nb.margins import check_margin, parse_margins
+from mlsys_nb.runtime import check_margin, parse_margins
 from mlsys_nb.runtime.machine import capability_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))

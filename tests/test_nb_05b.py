@@ -9,7 +9,7 @@ from nbrun import assert_exercises_passed, other_capability, printed_text, run_n
 def test_notebook_05b_runs_on_three_ranks_with_solutions():
     import torch
 
-    from mlsys_nb.margins import parse_margins
+    from mlsys_nb.runtime import parse_margins
 
     # under the other CPU kernels (ATEN_CPU_CAPABILITY=default on a vector CPU): the timing checks hold there too
     nb = run_notebook(

@@ -6,7 +6,7 @@ and the compiled chain must compute eager's values from its own capability's ind
 import pytest
 from nbrun import assert_exercises_passed, other_capability, printed_text, run_notebook
 
-from mlsys_nb.margins import parse_margins
+from mlsys_nb.runtime import parse_margins
 
 
 @pytest.mark.notebook

@@ -5,7 +5,7 @@ run it: its checks on training and random data must hold there too."""
 import pytest
 from nbrun import assert_exercises_passed, other_capability, printed_text, run_notebook
 
-from mlsys_nb.margins import parse_margins
+from mlsys_nb.runtime import parse_margins
 
 
 @pytest.mark.notebook

@@ -4,7 +4,7 @@ under a CPU capability other than the native one (its simulated and timed checks
 import pytest
 from nbrun import assert_exercises_passed, other_capability, printed_text, run_notebook
 
-from mlsys_nb.margins import parse_margins
+from mlsys_nb.runtime import parse_margins
 
 
 @pytest.mark.notebook

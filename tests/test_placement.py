@@ -349,7 +349,7 @@ def test_local_backend_async_rise_check_fails_when_the_trainer_unlearns(sft_rm, 
     """Notebook 19's check "the stale async run should learn too" (mean true reward of the last 3 of 8 batches
     > the first + 1) bites: with GAE's advantages negated inside the trainer's PPO (it learns to lower the
     reward) the decoupled async run of the notebook's setting fails it."""
-    from mlsys_nb.margins import check_margin
+    from mlsys_nb.runtime import check_margin
     from mlsys_nb.rl import rlhf
 
     real_gae = rlhf.gae

@@ -174,7 +174,7 @@ def test_the_rise_check_fails_for_ppo_that_does_not_learn(start, monkeypatch):
     the wrong way (GAE's sign flipped: it learns to lower the reward) fails it, on every seed and CPU (the true
     reward falls), and so does a policy the updates never change (rise exactly 0: every evaluation draws the
     same samples from the same policy)."""
-    from mlsys_nb.margins import check_margin
+    from mlsys_nb.runtime import check_margin
 
     policy, rm = start
 
@@ -200,7 +200,7 @@ def test_the_rise_check_fails_for_ppo_that_does_not_learn(start, monkeypatch):
 def test_the_hacking_check_fails_when_the_no_kl_run_keeps_its_kl(start):
     """Notebook 18's reward-hacking check (the no-KL run's late true reward 2 below the KL run's) fails when the
     "no-KL" run keeps beta = 0.3: two KL runs of other seeds land within 2 of each other."""
-    from mlsys_nb.margins import check_margin
+    from mlsys_nb.runtime import check_margin
 
     policy, rm = start
     _, h_kl = R.ppo(policy, rm, seed=1, kl_coef=0.3, iterations=12, progress=False)

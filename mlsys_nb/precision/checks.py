@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from ..margins import check_margin
+from ..runtime.margins import check_margin
 
 __all__ = [
     "check_autocast_tracks_fp32",

@@ -22,6 +22,9 @@
   from its trace against the engine's timers, notebook 15).
 - ``ports``: ``free_port(host)`` (a free loopback TCP port) and ``wait_http_ok(url, timeout_s, proc)`` (the
   wait for a started server's 200, with a clear error when it times out or the process dies first).
+- ``margins``: ``check_margin(label, value, op, bound)`` asserts a measured value against its bound and prints
+  the room between them (``margin: ...``), ``parse_margins(text)`` reads those lines back
+  (``benchmarks/portability.py``: the notebooks' checks over seeds and CPU capabilities).
 - ``gpu_record``: the GPU pack's record (``GpuRecord`` writes ``data/measured/gpu-<device>.json``
   figure by figure; ``lookup`` / ``gpu_cell`` read it back in the notebooks' GPU cells).
 
@@ -29,6 +32,7 @@ Thread count: every entry point takes ``threads=`` (intra-op threads per rank, d
 """
 
 from .ranks import BACKENDS, RankError, RankFailure, RankTimeoutError, device, prestart, resolve_backend
+from .margins import check_margin, parse_margins
 from .timing import Laps, Timer, lower_quartile, median, profile_ops, quantile, repeat
 
 __all__ = [
@@ -50,6 +54,8 @@ __all__ = [
     "lower_quartile",
     "quantile",
     "profile_ops",
+    "check_margin",
+    "parse_margins",
 ]
 
 
