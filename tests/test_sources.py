@@ -36,6 +36,7 @@ EXTERNAL = {
     "data_analysis.ipynb": "epoch-research/analyzing-chinchilla",
     "out.ipynb": "the output file of a papermill command line in the README",
     "block_manager.py": "GeeeekExplorer/nano-vllm (nanovllm/engine/block_manager.py)",
+    "transformer_engine/pytorch/quantization.py": "NVIDIA/TransformerEngine (quantized_model_init's docstring)",
 }
 # folders of other repositories, cited by path under them (no such folder is tracked here)
 EXTERNAL_TREES = {
