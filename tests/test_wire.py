@@ -148,9 +148,10 @@ def test_counter_waits_for_bytes_still_in_the_send_queue():
             except BlockingIOError:
                 pass  # both kernel buffers are full
         drained.set()
-        for s in (tx, rx, srv):
+        tx.close()  # the receiver reads what is left, then the end of the stream, and stops
+        t.join(10)
+        for s in (rx, srv):  # closed only once the receiver is done with them (else it reads a closed socket)
             s.close()
-        t.join(5)
         return sent, w.raw_bytes_sent
 
     sent, counted = written_while_receiver_sleeps(5.0)
