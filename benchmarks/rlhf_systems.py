@@ -66,7 +66,7 @@ def placement(quick: bool, seed: int = 0, backend: str = "ray") -> tuple[pd.Data
     ray = backend == "ray"
     with pl.ray_session(num_cpus=2, object_store_mb=200) if ray else contextlib.nullcontext():
         # Ray's actors start up while the driver trains init; local workers are made by run()
-        workers = [pl._actor_class().remote() for _ in range(2)] if ray else None
+        workers = [pl.actor_class().remote() for _ in range(2)] if ray else None
         init = pl.rlhf_init(seed=seed, steps=1 if quick else 150)
         for mode in ("colocated", "sync", "async"):
             runs[mode] = pl.run(

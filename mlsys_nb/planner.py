@@ -85,6 +85,7 @@ from .config import ModelConfig, TrainConfig, check_choice, check_int, check_mul
 
 
 __all__ = [
+    "bubble_ratio",
     "Layout",
     "Plan",
     "search",
@@ -392,8 +393,10 @@ def _coll(op: str, nbytes: float, n: int, alpha: float, beta: float) -> float:
 
 
 @lru_cache(maxsize=4096)
-def _bubble_ratio(schedule: str, p: int, m: int, v: int, r: float) -> float | None:
-    """Idle / busy from the closed forms, backward = 2 x forward + r (recomputation)."""
+def bubble_ratio(schedule: str, p: int, m: int, v: int, r: float) -> float | None:
+    """A pipeline's bubble, idle / busy time per stage (a ratio), from the closed forms of ``pipeline``:
+    ``schedule`` at ``p`` stages, ``m`` micro-batches, ``v`` chunks per stage, backward = (2 + ``r``) x forward
+    (``r``: the share of a forward recomputed). None where the schedule does not apply; memoised."""
     from .pipeline import closed_form
 
     if p == 1:
@@ -720,7 +723,7 @@ def _pieces(ctx: _Ctx, lay: Layout) -> dict | None:
     fwd_tok, lay_tok, scores_tok, n_lay, n_moe = _memo(ctx, _stage_compute, ctx.seq_len, lay.pp, dual)
     frac = _recomputed_share(lay, n_lay)  # of the heaviest rank's layers, re-run in backward
     r = {"none": 0.0, "selective": scores_tok / fwd_tok, "full": frac * lay_tok / fwd_tok}[lay.recompute]
-    ratio = _bubble_ratio(lay.schedule, lay.pp, m, lay.v, r)
+    ratio = bubble_ratio(lay.schedule, lay.pp, m, lay.v, r)
     if ratio is None:
         return None
     core_tok = _memo(ctx, _attn_core, ctx.seq_len) * n_lay  # scores + values: the FlashAttention kernel's FLOPs
@@ -1169,7 +1172,7 @@ def clear_caches() -> None:
         _layer_flops,
         _stage_compute,
         _coll,
-        _bubble_ratio,
+        bubble_ratio,
         _stage_states,
         _states_bytes,
         _act_layer,

@@ -436,8 +436,8 @@ def test_cuda_graphs_need_cuda(model):
 
 def _static_decode(model, seed: int, steps: int):
     """Three requests stepped ``steps`` times, then their next (decode-only) batch packed (``StepBatch``) and loaded
-    into the 8-row static buffers a CUDA graph captures (``_StaticDecode``, on CPU): -> (batch, io)."""
-    from mlsys_nb.inference.model_runner import StepBatch, _StaticDecode
+    into the 8-row static buffers a CUDA graph captures (``StaticDecodeBatch``, on CPU): -> (batch, io)."""
+    from mlsys_nb.inference.model_runner import StepBatch, StaticDecodeBatch
 
     eng = LLM(model, block_size=4).engine
     for i, p in enumerate(random_prompts(3, 5, 30, seed=seed)):
@@ -447,7 +447,7 @@ def _static_decode(model, seed: int, steps: int):
     scheduled = eng.scheduler.schedule()
     assert all(n == 1 for _, n in scheduled) and len(scheduled) == 3
     batch = StepBatch(eng.kv, scheduled)
-    io = _StaticDecode(eng.kv, 8, eng.kv.manager.blocks_needed(eng.max_model_len), "cpu")
+    io = StaticDecodeBatch(eng.kv, 8, eng.kv.manager.blocks_needed(eng.max_model_len), "cpu")
     io.load(batch)
     return batch, io
 
@@ -490,16 +490,16 @@ class _NoHostSync:
 
 
 def test_cuda_graph_forward_has_no_host_sync(model, monkeypatch):
-    """What ``CUDAGraphRunner`` captures (the model over ``_StaticDecode``'s buffers) runs no op that syncs with
+    """What ``CUDAGraphRunner`` captures (the model over ``StaticDecodeBatch``'s buffers) runs no op that syncs with
     the host; with RoPE's device-side bound check back on (the cache not saying its positions were checked on
     the host), the same forward is caught."""
-    from mlsys_nb.inference.model_runner import _StaticDecode
+    from mlsys_nb.inference.model_runner import StaticDecodeBatch
 
     _, io = _static_decode(model, seed=13, steps=3)
     with torch.inference_mode():
         with _NoHostSync():
             model(io.tokens, positions=io.positions, cache=io)
-        monkeypatch.setattr(_StaticDecode, "positions_checked", False)
+        monkeypatch.setattr(StaticDecodeBatch, "positions_checked", False)
         with pytest.raises(RuntimeError, match="host sync"), _NoHostSync():
             model(io.tokens, positions=io.positions, cache=io)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import json
 from pathlib import Path
 
@@ -78,3 +79,61 @@ def test_notebooks_import_exported_names_from_front_pages(nb):
         for line, module, name, front in deep_imports("".join(c["source"]))
     ]
     assert not flagged, f"{nb.name}: import these from their front page:\n" + "\n".join(flagged)
+
+
+def private_names(source: str) -> list[tuple[int, str]]:
+    """(line, what) for each private name of the kit a cell uses: ``from mlsys_nb... import _x`` and ``m._x`` where
+    ``m`` is a kit module bound in the cell (``import mlsys_nb.a as m``, ``from mlsys_nb.a import b as m``,
+    ``from mlsys_nb import b``). torch's own private APIs (``torch._scaled_mm``) are not the kit's and pass."""
+    tree = ast.parse(_python(source))
+    modules, found = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("mlsys_nb") and a.asname:
+                    modules.add(a.asname)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("mlsys_nb"):
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    found.append((node.lineno, f"from {node.module} import {a.name}"))
+                if importlib.util.find_spec(f"{node.module}.{a.name}") if _is_package(node.module) else False:
+                    modules.add(a.asname or a.name)
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
+            found.append((node.lineno, f"{node.value.id}.{node.attr}"))
+    return sorted(found)
+
+
+def _is_package(module: str) -> bool:
+    spec = importlib.util.find_spec(module)
+    return spec is not None and spec.submodule_search_locations is not None
+
+
+def test_the_private_name_check_flags_the_kits_private_names_only():
+    assert private_names("from mlsys_nb.inference.model_runner import _Static") == [
+        (1, "from mlsys_nb.inference.model_runner import _Static")
+    ]
+    assert private_names("from mlsys_nb.rl import placement as pl\nw = pl._actor_class()") == [(2, "pl._actor_class")]
+    assert private_names("import mlsys_nb.planner as planner\nplanner._bubble_ratio(1)") == [
+        (2, "planner._bubble_ratio")
+    ]
+    assert private_names("import torch\ntorch._scaled_mm\nfrom mlsys_nb.rl import placement as pl\npl.run") == []
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name[:2])
+def test_notebooks_use_no_private_name_of_the_kit(nb):
+    """What a learner reads is public: a notebook that needs a private name makes it public first (issue 48)."""
+    cells = json.loads(nb.read_text())["cells"]
+    flagged = [
+        f"cell {i} line {line}: {what}"
+        for i, c in enumerate(cells)
+        if c["cell_type"] == "code"
+        for line, what in private_names("".join(c["source"]))
+    ]
+    assert not flagged, f"{nb.name} uses private names of the kit:\n" + "\n".join(flagged)

@@ -30,7 +30,7 @@ def cluster(request):
     out = {}
     with pl.ray_session(num_cpus=2, object_store_mb=200) as session:
         out["session"] = session
-        workers = [pl._actor_class().remote() for _ in range(2)]
+        workers = [pl.actor_class().remote() for _ in range(2)]
         # the SFT policy and reward model, loaded or trained here (the first time) while the actors start up
         init = request.getfixturevalue("sft_rm")
         for mode in ("colocated", "sync", "async"):

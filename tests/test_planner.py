@@ -117,8 +117,8 @@ def test_checks_fail_when_the_idea_is_broken(monkeypatch, small):
     plan = planner.evaluate("llama-3-8b", **UNCAL, dp=64, zero=1)
     assert plan.step_s != pytest.approx(want, rel=1e-6)
     monkeypatch.undo()
-    planner._bubble_ratio.cache_clear()
-    monkeypatch.setattr(planner, "_bubble_ratio", lambda *a: 0.0)  # bubble forgotten
+    planner.bubble_ratio.cache_clear()
+    monkeypatch.setattr(planner, "bubble_ratio", lambda *a: 0.0)  # bubble forgotten
     plan = planner.evaluate("llama-3-8b", **SMALL, dp=16, pp=4, zero=1, schedule="1f1b")
     busy = plan.step_s - plan.time["bubble"] - plan.time["DP comm"]
     assert plan.time["bubble"] != pytest.approx(busy * 3 / plan.microbatches, rel=1e-6)

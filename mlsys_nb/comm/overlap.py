@@ -75,7 +75,7 @@ def overlap_timings(
     transfer(True)  # warm-up: opens the pair's connection
     tries = []
     for _ in range(attempts):
-        t = _attempt(transfer, repeats, group, nonblocking)
+        t = measure_variants(transfer, repeats, group, nonblocking)
         tries.append((t["ratio"], t["control_ratio"], t["comm"]))
         worst = torch.tensor([t["ratio"]], dtype=torch.float64)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)  # both ranks must pass: decide together
@@ -85,8 +85,9 @@ def overlap_timings(
     return dict(t, tries=tries, load_avg=os.getloadavg()[0], limit=limit, payload_ok=ok)
 
 
-def _attempt(transfer, repeats: int, group, nonblocking: bool) -> dict:
-    """One calibration and ``repeats`` interleaved rounds of the three variants (seconds, medians)."""
+def measure_variants(transfer, repeats: int, group, nonblocking: bool) -> dict:
+    """One calibration and ``repeats`` interleaved rounds of the three variants, blocking, non-blocking and the
+    control (seconds, medians); ``overlap_timings`` retries it on a busy machine. Notebook 02 prints it."""
     import torch
     import torch.distributed as dist
 

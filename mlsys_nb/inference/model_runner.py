@@ -300,7 +300,7 @@ class CUDAGraphRunner:
         self.width = max_blocks_per_seq or kv.manager.blocks_needed(kv.manager.max_seq_len)
         self.graphs, self.io = {}, {}
         for b in self.buckets:
-            io = _StaticDecode(kv, b, self.width, dev)
+            io = StaticDecodeBatch(kv, b, self.width, dev)
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s), torch.inference_mode():
@@ -321,7 +321,7 @@ class CUDAGraphRunner:
         return self.io[b].logits[: batch.num_decodes][batch.sample_rows]
 
 
-class _StaticDecode(StepBatch):
+class StaticDecodeBatch(StepBatch):
     """A decode batch of ``b`` rows in static buffers (for graph capture): attend = StepBatch's decode path."""
 
     def __init__(self, kv, b, width, dev):

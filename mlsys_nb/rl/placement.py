@@ -54,6 +54,7 @@ from ..runtime.timing import Laps, Timer, median
 from .sizing import async_step_s, sync_step_s  # the closed forms, one home (re-exported here)
 
 __all__ = [
+    "actor_class",
     "InProcessSync",
     "LocalActor",
     "RLWorker",
@@ -415,7 +416,9 @@ def _remote():
 RLWorker = None  # the Ray actor class, made on first use (``ray.remote(num_cpus=1)(_Worker)``)
 
 
-def _actor_class():
+def actor_class():
+    """The Ray actor class of a rollout/trainer worker (``RLWorker``), made on first use: ``ray`` is imported
+    only then (seconds), so the local path never pays for it. ``actor_class().remote()`` starts one actor."""
     global RLWorker
     if RLWorker is None:
         RLWorker = _remote()
@@ -673,7 +676,7 @@ def run(
         import ray
         from ray.exceptions import RayActorError
 
-        W = _actor_class()
+        W = actor_class()
         died, handle_types = (RayActorError,), (ray.ObjectRef,)
 
         def new_worker():
