@@ -56,6 +56,12 @@ def deep_imports(source: str) -> list[tuple[int, str, str, str]]:
     return found
 
 
+def _per_code_cell(nb: Path, find) -> list[tuple[int, tuple]]:
+    """(cell index, finding) for each finding of ``find(source)`` in the notebook's code cells."""
+    cells = json.loads(nb.read_text())["cells"]
+    return [(i, f) for i, c in enumerate(cells) if c["cell_type"] == "code" for f in find("".join(c["source"]))]
+
+
 def test_the_check_flags_deep_imports_and_only_them():
     assert deep_imports("from mlsys_nb.inference.engine import LLMEngine") == [
         (1, "mlsys_nb.inference.engine", "LLMEngine", "mlsys_nb.inference")
@@ -71,12 +77,9 @@ def test_the_check_flags_deep_imports_and_only_them():
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name[:2])
 def test_notebooks_import_exported_names_from_front_pages(nb):
-    cells = json.loads(nb.read_text())["cells"]
     flagged = [
         f"cell {i} line {line}: from {module} import {name} -> from {front} import {name}"
-        for i, c in enumerate(cells)
-        if c["cell_type"] == "code"
-        for line, module, name, front in deep_imports("".join(c["source"]))
+        for i, (line, module, name, front) in _per_code_cell(nb, deep_imports)
     ]
     assert not flagged, f"{nb.name}: import these from their front page:\n" + "\n".join(flagged)
 
@@ -129,11 +132,5 @@ def test_the_private_name_check_flags_the_kits_private_names_only():
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name[:2])
 def test_notebooks_use_no_private_name_of_the_kit(nb):
     """What a learner reads is public: a notebook that needs a private name makes it public first (issue 48)."""
-    cells = json.loads(nb.read_text())["cells"]
-    flagged = [
-        f"cell {i} line {line}: {what}"
-        for i, c in enumerate(cells)
-        if c["cell_type"] == "code"
-        for line, what in private_names("".join(c["source"]))
-    ]
+    flagged = [f"cell {i} line {line}: {what}" for i, (line, what) in _per_code_cell(nb, private_names)]
     assert not flagged, f"{nb.name} uses private names of the kit:\n" + "\n".join(flagged)

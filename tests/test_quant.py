@@ -230,7 +230,7 @@ def test_vector_kernels_is_false_under_the_default_capability():
 
     from mlsys_nb.runtime.machine import capability_env
 
-    code = "from mlsys_nb.quant import vector_kernels; print(vector_kernels())"
+    code = "from mlsys_nb.quant import vector_kernels; print(vector_kernels()[0])"
     out = subprocess.run(
         [sys.executable, "-c", code], env=capability_env("default"), capture_output=True, text=True, timeout=120
     )

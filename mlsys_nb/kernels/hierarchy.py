@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from ..runtime.machine import vector_kernels  # re-exported: notebook 21 reads it here
+
 from ..config import check_choice, check_int
 from ..inference.roofline import StepCost
 from ..runtime.timing import Timer, lower_quartile, median
@@ -221,23 +223,6 @@ def cache_vs_dram(bw: dict, caches: Caches) -> dict:
             f"sizes={sorted(bw)}: need working sets <= {edge} B and >= {beyond} B (use sweep_sizes(caches))"
         )
     return {"in_cache": max(inside), "dram": max(outside), "edge": edge, "beyond": beyond, "assumed": assumed}
-
-
-def vector_kernels(capability: str | None = None, machine: str | None = None) -> tuple[bool, str]:
-    """Whether PyTorch's CPU kernels in this process are vectorised, and why: ``capability`` (default
-    ``torch.backends.cpu.get_cpu_capability()``, set by ``ATEN_CPU_CAPABILITY``) ``"default"`` on x86 means
-    scalar kernels; on Arm (``machine`` aarch64/arm64) the default kernels are NEON ones (ATen's Vectorized
-    types use NEON there), and ``sve*`` are vector ones too."""
-    cap = (capability or torch.backends.cpu.get_cpu_capability()).lower()
-    machine = (machine or platform.machine()).lower()
-    if cap != "default":
-        return True, f"PyTorch's CPU kernels here are {cap} (vectorised)"
-    if machine in ("arm64", "aarch64"):
-        return True, "PyTorch's default CPU kernels on Arm use NEON (vectorised)"
-    return False, (
-        "PyTorch's CPU kernels here are the default (scalar) ones (ATEN_CPU_CAPABILITY=default or a CPU "
-        "without AVX2): a scalar sum or GELU is bound by its arithmetic, not by memory"
-    )
 
 
 def stream_bandwidth(sizes_bytes, *, read_bytes: int = 2**27, reps: int = 5) -> dict[int, float]:

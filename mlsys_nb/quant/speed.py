@@ -6,9 +6,10 @@
   ``F.linear``, bf16 ``F.linear`` and int8 weights with bf16 activations, interleaved (each repeat runs every
   variant once, so a busy neighbour slows all of them alike); the median (or the fastest: ``stat="min"``) in
   seconds per call.
-- ``vector_kernels()``: whether PyTorch runs vector kernels on this CPU (its capability is not "default"); the
-  int8 kernel is a scalar loop without them, several times slower than fp32 ``F.linear`` (speed-ups are
-  asserted only where they are present).
+- ``vector_kernels()`` (``runtime.machine``'s, re-exported) -> (bool, why): whether PyTorch runs vector kernels
+  on this CPU; without them ``torch._weight_int8pack_mm`` is a scalar loop, several times slower than fp32
+  ``F.linear`` (on an AVX-512 machine under "default", 4096x4096: 12.5 ms against 3.0 ms at batch 1; 99-142 ms
+  against 7.1 ms at batch 8, fastest of 15, ``data/measured/quant.md``), so speed-ups are asserted only with them.
 - ``weight_only_decode_cost(model, gpu, *, bits_per_weight, ...)``: the roofline's decode step
   (``inference.roofline.decode_cost``, compute in ``dtype``) with the weights read at ``bits_per_weight``
   (scales included) instead; ``decode_speedup_bound(bits_per_weight, dtype)``: the ratio of weight bytes, the
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 
 from ..config import check_choice, check_int, check_number, dtype_bytes
 from ..inference.roofline import decode_cost, matmul_params
+from ..runtime.machine import vector_kernels  # noqa: F401  (re-exported: notebook 23 reads it here)
 from ..runtime.timing import median
 
 __all__ = [
@@ -84,16 +86,6 @@ def time_decode_matmuls(
                 times[k].append(time.perf_counter() - t0)
         out[b] = {k: median(v) if stat == "median" else min(v) for k, v in times.items()}
     return out
-
-
-def vector_kernels() -> bool:
-    """True where PyTorch picked vector kernels for this CPU (``torch.backends.cpu.get_cpu_capability()`` is
-    not "DEFAULT": "AVX2", "AVX512", ...). Under "DEFAULT" (``ATEN_CPU_CAPABILITY=default``, or a CPU PyTorch
-    has no vector kernels for) ``torch._weight_int8pack_mm`` is a scalar loop, so a speed-up from int8 weights is not
-    expected there: on an AVX-512 machine run under "default", 4096x4096 took 12.5 ms against fp32 ``F.linear``'s
-    3.0 ms at batch 1, 99-142 ms against 7.1 ms at batch 8 (fastest of 15; ``data/measured/quant.md``).
-    (On ARM, PyTorch's "DEFAULT" kernels use NEON; this says False there too, the cautious answer.)"""
-    return torch.backends.cpu.get_cpu_capability().lower() != "default"
 
 
 def weight_only_decode_cost(model, gpu, *, bits_per_weight: float, context: int = 1024, batch: int = 1, dtype="bf16"):

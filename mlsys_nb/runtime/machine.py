@@ -73,6 +73,23 @@ def cpu_capability() -> str:
     return torch.backends.cpu.get_cpu_capability().lower()
 
 
+def vector_kernels(capability: str | None = None, machine: str | None = None) -> tuple[bool, str]:
+    """Whether PyTorch's CPU kernels in this process are vectorised, and why: ``capability`` (default
+    ``cpu_capability()``, set by ``ATEN_CPU_CAPABILITY``) ``"default"`` on x86 means scalar kernels; on Arm
+    (``machine`` aarch64/arm64) the default kernels are NEON ones (ATen's Vectorized types use NEON there), and
+    ``sve*`` are vector ones too. Speed-up checks (notebooks 21 and 23) are asserted only where this is True."""
+    cap = (capability or cpu_capability()).lower()
+    machine = (machine or platform.machine()).lower()
+    if cap != "default":
+        return True, f"PyTorch's CPU kernels here are {cap} (vectorised)"
+    if machine in ("arm64", "aarch64"):
+        return True, "PyTorch's default CPU kernels on Arm use NEON (vectorised)"
+    return False, (
+        "PyTorch's CPU kernels here are the default (scalar) ones (ATEN_CPU_CAPABILITY=default or a CPU "
+        "without AVX2): a scalar sum or GELU is bound by its arithmetic, not by memory"
+    )
+
+
 def capability_env(capability: str | None, base: dict | None = None) -> dict:
     """An environment (a copy of ``base``, default ``os.environ``) in which a new process runs PyTorch's
     ``capability`` kernels (``None``: the native ones, ``ATEN_CPU_CAPABILITY`` removed), with inductor's on-disk
