@@ -99,7 +99,7 @@ def private_names(source: str) -> list[tuple[int, str]]:
             for a in node.names:
                 if a.name.startswith("_") and not a.name.startswith("__"):
                     found.append((node.lineno, f"from {node.module} import {a.name}"))
-                if importlib.util.find_spec(f"{node.module}.{a.name}") if _is_package(node.module) else False:
+                if _is_package(node.module) and importlib.util.find_spec(f"{node.module}.{a.name}"):  # a module
                     modules.add(a.asname or a.name)
     for node in ast.walk(tree):
         if (
