@@ -519,10 +519,10 @@ def test_paged_protocol_bad_input_leaves_the_cache_usable():
 def test_prefix_keys_must_chain_on_the_parent(monkeypatch, chained):
     """Without the parent in the key, a block of the same tokens after another prefix is reused and its
     K/V (computed after that other prefix) are wrong: the model's logits then differ from a recompute."""
-    from mlsys_nb.inference import paged
+    from mlsys_nb.inference import block_manager, paged
 
-    if not chained:
-        monkeypatch.setattr(paged, "block_hash", lambda token_ids, parent=paged.NO_HASH: hash(tuple(token_ids)))
+    if not chained:  # the key the block manager computes (block_manager.block_hash) forgets the parent
+        monkeypatch.setattr(block_manager, "block_hash", lambda token_ids, parent=-1: hash(tuple(token_ids)))
     m = tiny_model(4, 2, seed=5)
     cache = paged.PagedKVCache(m, num_blocks=20, block_size=4)
     P, Q, X = [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]
@@ -550,3 +550,18 @@ def test_paged_cache_dtype_names_and_size():
     assert PagedKVCache(m, num_blocks=1, block_size=1, dtype=torch.float16).k.dtype == torch.float16
     with pytest.raises(ValueError, match="dtype='int3'"):
         PagedKVCache(m, num_blocks=1, dtype="int3")
+
+
+def test_block_manager_imports_no_torch():
+    """The block manager is bookkeeping: a scheduler reads it without torch. Fails if block_manager.py (or
+    anything it imports) imports torch, e.g. if the manager went back into paged.py."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from mlsys_nb.inference.block_manager import BlockManager; "
+        "m = BlockManager(4, 2); m.allocate('a', [1, 2, 3]); m.mark_computed('a', 3); m.check_invariants(); "
+        "print(sorted(k for k in sys.modules if k == 'torch' or k.startswith('torch.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
