@@ -4,6 +4,9 @@ Top-level names:
 - ``mlsys_nb.launch(fn, world_size=4, ...)``: run ``fn`` on fresh ``torch.distributed`` ranks.
 - ``mlsys_nb.device()``: inside a rank, the ``torch.device`` this rank should use.
 - ``mlsys_nb.Cluster``: live ranks kept across cells; ``%load_ext mlsys_nb`` adds ``%%ranks``.
+- ``mlsys_nb.check_parameters(globals(), world_size=range(2, 9), ...)``: a notebook's one parameter check (it
+  starts the rank factory when ``world_size`` is among them); ``mlsys_nb.passed(label)``: a check's pass line,
+  recorded (``mlsys_nb.runtime.notebook``).
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .runtime.launcher import device, launch  # noqa: E402
+from .runtime.notebook import check_parameters, passed  # noqa: E402
 
-__all__ = ["__version__", "launch", "device", "Cluster", "load_ipython_extension"]
+__all__ = ["__version__", "launch", "device", "Cluster", "load_ipython_extension", "check_parameters", "passed"]
 
 
 def __getattr__(name):  # PEP 562: the live-rank cluster loads on first use

@@ -20,6 +20,8 @@ import os
 import sys
 from pathlib import Path
 
+from mlsys_nb.runtime.notebook import CHECK_LOG_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 ARTIFACTS = ROOT / "test-artifacts"
@@ -61,9 +63,12 @@ def run_notebook(name: str, capability: str | None = None, **parameters):
         tag += f"__capability-{capability}"
     out = ARTIFACTS / f"{src.stem}__{tag}.ipynb"
     saved = dict(os.environ)
+    log = check_log_path(out)
+    log.unlink(missing_ok=True)
     if capability is not None:  # the kernel process inherits this process's environment when it starts
         os.environ.clear()
         os.environ.update(capability_env(capability, saved))
+    os.environ[CHECK_LOG_ENV] = str(log)  # the kernel records each check there (mlsys_nb.runtime.notebook)
     try:
         for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
             try:
@@ -86,9 +91,27 @@ def run_notebook(name: str, capability: str | None = None, **parameters):
                     file=sys.stderr,
                 )
     finally:
-        if capability is not None:
-            os.environ.clear()
-            os.environ.update(saved)
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def check_log_path(executed: Path) -> Path:
+    """Where a run of the notebook written to ``executed`` records its checks (one JSON line each)."""
+    return executed.with_suffix(".checks.jsonl")
+
+
+def recorded_checks(nb, kind: str | None = None) -> list[dict]:
+    """The checks an executed notebook recorded, in order (``passed(...)`` and ``check_margin(...)`` calls):
+    ``[{"kind": "passed" | "margin", "label", ...}]``; ``kind`` keeps one kind."""
+    from mlsys_nb.runtime.notebook import read_check_log
+
+    checks = read_check_log(check_log_path(Path(nb.metadata.papermill.output_path)))
+    return [c for c in checks if kind is None or c["kind"] == kind]
+
+
+def passed_labels(nb) -> list[str]:
+    """The labels of the ``passed`` checks an executed notebook recorded, in order."""
+    return [c["label"] for c in recorded_checks(nb, "passed")]
 
 
 def other_capability() -> str | None:

@@ -25,6 +25,10 @@
 - ``margins``: ``check_margin(label, value, op, bound)`` asserts a measured value against its bound and prints
   the room between them (``margin: ...``), ``parse_margins(text)`` reads those lines back
   (``benchmarks/portability.py``: the notebooks' checks over seeds and CPU capabilities).
+- ``notebook``: ``check_parameters(globals(), world_size=range(2, 9), ...)``, the one parameter check of a notebook's
+  first cell (it starts the rank factory when ``world_size`` is among them), and ``passed(label)``, which prints
+  ``check passed: ...`` and records it (with ``check_margin``'s margins) for the notebook tests
+  (``MLSYS_NB_CHECK_LOG``).
 - ``gpu_record``: the GPU pack's record (``GpuRecord`` writes ``data/measured/gpu-<device>.json``
   figure by figure; ``lookup`` / ``gpu_cell`` read it back in the notebooks' GPU cells).
 
@@ -33,6 +37,7 @@ Thread count: every entry point takes ``threads=`` (intra-op threads per rank, d
 
 from .ranks import BACKENDS, RankError, RankFailure, RankTimeoutError, device, prestart, resolve_backend
 from .margins import check_margin, parse_margins
+from .notebook import check_parameters, passed
 from .timing import Laps, Timer, lower_quartile, median, profile_ops, quantile, repeat
 
 __all__ = [
@@ -56,6 +61,8 @@ __all__ = [
     "profile_ops",
     "check_margin",
     "parse_margins",
+    "check_parameters",
+    "passed",
 ]
 
 

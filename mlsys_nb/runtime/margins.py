@@ -21,6 +21,8 @@ import math
 import operator
 import re
 
+from .notebook import record_check
+
 __all__ = ["MARGIN_RE", "check_margin", "parse_margins"]
 
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
@@ -43,6 +45,7 @@ def check_margin(label: str, value: float, op: str, bound: float, why: str = "")
     room = value - bound if op in (">", ">=") else bound - value
     line = f"margin: {label} = {value:.4g} {op} {bound:.4g} (margin {room:+.3g})"
     print(line)
+    record_check("margin", label, value=value, op=op, bound=bound, room=room)
     if math.isnan(value) or not _OPS[op](value, bound):
         raise AssertionError(f"{label}: {value:.4g} is not {op} {bound:.4g}" + (f": {why}" if why else ""))
     return value
