@@ -56,7 +56,11 @@ def test_passed_and_check_margin_record_in_order(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "check passed: the reward rises\n" in out
     got = notebook.read_check_log(log)
-    assert [(c["kind"], c["label"]) for c in got] == [("margin", "reward rise"), ("passed", "the reward rises"), ("margin", "loss")]
+    assert [(c["kind"], c["label"]) for c in got] == [
+        ("margin", "reward rise"),
+        ("passed", "the reward rises"),
+        ("margin", "loss"),
+    ]
     assert got[0]["room"] == pytest.approx(1.0) and got[2]["room"] == pytest.approx(-1.0)
     assert got == notebook.RECORD
     assert notebook.read_check_log(tmp_path / "none.jsonl") == []
