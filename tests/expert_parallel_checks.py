@@ -67,14 +67,14 @@ def one_case(cfg, *, gating="softmax", cf=None, skew=0.0, uniform=False, seed=0,
     ((y * dy).sum() + 0.3 * full.last_aux_loss + 0.1 * full.last_z_loss).backward()
 
     m = ep.EPMoE(cfg, gating=gating, capacity_factor=cf)
-    ep.load_full_state_dict(m, full.state_dict(), router_bias=full.router_bias)
+    ep.load_dense_state_dict(m, full.state_dict(), router_bias=full.router_bias)
     rows = slice(r * B, (r + 1) * B)
     xl = x[rows].clone().requires_grad_()
     with CommCounter() as cc:
         yl = m(xl)
         ((yl * dy[rows]).sum() + 0.3 * m.last_aux_loss + 0.1 * m.last_z_loss).backward()
     ep.sync_replicated_grads(m)
-    grads = ep.compare_with_full(m, {n: p.grad for n, p in full.named_parameters()})
+    grads = ep.compare_with_dense(m, {n: p.grad for n, p in full.named_parameters()})
     out = {
         "out": _err(yl, y[rows]),
         "dx": _err(xl.grad, xr.grad[rows]),

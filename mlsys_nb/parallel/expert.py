@@ -63,9 +63,9 @@ __all__ = [
     "EPMoE",
     "all_to_all",
     "check_ep_args",
-    "compare_with_full",
+    "compare_with_dense",
     "ep_bytes_per_layer",
-    "load_full_state_dict",
+    "load_dense_state_dict",
     "priority_testable",
     "priority_violations",
     "sync_replicated_grads",
@@ -246,7 +246,7 @@ class EPMoE(nn.Module):
         return m
 
 
-def load_full_state_dict(module: EPMoE, full_state: dict, *, router_bias: torch.Tensor | None = None) -> None:
+def load_dense_state_dict(module: EPMoE, full_state: dict, *, router_bias: torch.Tensor | None = None) -> None:
     """Copy this rank's experts, the router and the shared experts from the dense ``MoE``'s
     ``state_dict()`` (``router_bias``: the dense layer's bias buffer, not in its state dict)."""
     with torch.no_grad():
@@ -266,7 +266,7 @@ def sync_replicated_grads(module: EPMoE) -> None:
             dist.all_reduce(p.grad, group=module.group)
 
 
-def compare_with_full(module: EPMoE, full_tensors: dict, *, grads: bool = True) -> dict:
+def compare_with_dense(module: EPMoE, full_tensors: dict, *, grads: bool = True) -> dict:
     """Max abs difference of every local parameter (or gradient) with the dense one of the same
     name. A missing gradient (an expert no token reached) counts as zeros on either side."""
     out = {}
