@@ -358,6 +358,23 @@ def _start_rank(
     return _Rank(rank, process, result_r, stack_r, streams)
 
 
+def _check_launch_args(fn, world_size, args, kwargs, backend, timeout, threads, output, start_timeout) -> dict:
+    """``launch``'s arguments, checked before any process starts (``TypeError`` / ``ArgumentError`` naming the
+    argument); returns ``kwargs`` (``{}`` for ``None``)."""
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    kwargs = {} if kwargs is None else kwargs
+    if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
+        raise TypeError("args must be a tuple and kwargs a dict")
+    check_choice("backend", backend, BACKENDS)
+    check_int("world_size", world_size, 1)
+    check_seconds("timeout", timeout)
+    check_seconds("start_timeout", start_timeout)
+    check_int("threads", threads, 1)
+    check_choice("output", output, OUTPUT_MODES)
+    return kwargs
+
+
 def launch(
     fn,
     world_size: int = 4,
@@ -389,17 +406,7 @@ def launch(
     process starts. Interrupting the kernel kills all ranks before ``KeyboardInterrupt`` propagates.
     Note: cloudpickle copies the globals ``fn`` uses; pass big tensors' *recipes*, not tensors.
     """
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    kwargs = {} if kwargs is None else kwargs
-    if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
-        raise TypeError("args must be a tuple and kwargs a dict")
-    check_choice("backend", backend, BACKENDS)
-    check_int("world_size", world_size, 1)
-    check_seconds("timeout", timeout)
-    check_seconds("start_timeout", start_timeout)
-    check_int("threads", threads, 1)
-    check_choice("output", output, OUTPUT_MODES)
+    kwargs = _check_launch_args(fn, world_size, args, kwargs, backend, timeout, threads, output, start_timeout)
     payload = _pickle_job(fn, tuple(args), kwargs)
     if backend != "nccl":  # the arguments are valid: the rank factory imports torch while this process does (below)
         prestart()
@@ -413,23 +420,10 @@ def launch(
     lifeline_r, lifeline_w = ctx.Pipe(duplex=False)
     ranks: list[_Rank] = []
     try:
-        with without_main_module():
+        with without_main_module():  # each rank: a fresh process from the forkserver, told where the store is
             for r in range(world_size):
-                ranks.append(
-                    _start_rank(
-                        ctx,
-                        r,
-                        world_size,
-                        store.port,
-                        backend,
-                        payload,
-                        rank_timeout,
-                        start_timeout,
-                        threads,
-                        lifeline_r,
-                        echo=output == "stream",
-                    )
-                )
+                job = (r, world_size, store.port, backend, payload, rank_timeout, start_timeout, threads, lifeline_r)
+                ranks.append(_start_rank(ctx, *job, echo=output == "stream"))
         lifeline_r.close()
         return _supervise(ranks, timeout, start_timeout, output)
     finally:
