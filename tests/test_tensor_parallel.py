@@ -156,3 +156,15 @@ def test_shard_slices_evenly_and_rejects_uneven():
     assert torch.equal(torch.cat([tp.shard(x, 1, r, 2) for r in range(2)], dim=1), x)
     with pytest.raises(ValueError, match="not divisible by tp=3"):
         tp.shard(x, 1, 0, 3)
+
+
+def test_tp_bytes_per_layer_is_two_ring_all_reduces_and_sp_sends_the_same():
+    """``tp.tp_bytes_per_layer`` is the forward half of what the rank test counts per layer
+    (``tensor_parallel_checks._layer_step_bytes``: 8(t−1)/t·b·s·h elements forward + backward): two ring
+    all-reduces of b·s·h, and SP's reduce-scatters + all-gathers send exactly as much. Catches one
+    all-reduce per layer, a lost (t−1)/t, SP counted as extra traffic, the dtype ignored."""
+    for b, s, h, t in ((1, 2048, 4096, 2), (2, 4096, 5120, 8), (4, 128, 64, 4)):
+        want = 2 * 2 * (t - 1) / t * b * s * h * 2  # bf16
+        assert tp.tp_bytes_per_layer(b, s, h, t, False) == pytest.approx(want, rel=1e-12)
+        assert tp.tp_bytes_per_layer(b, s, h, t, True) == pytest.approx(want, rel=1e-12)
+        assert tp.tp_bytes_per_layer(b, s, h, t, False, "fp32") == pytest.approx(2 * want, rel=1e-12)

@@ -59,3 +59,19 @@ def test_bad_arguments_are_explained():
     x, y = make_batches(tiny_config(), 1, 6)[0]
     with pytest.raises(ValueError, match="not divisible by world_size=4"):
         local_slice((x, y), 0, 4)
+
+
+def test_zero_bytes_per_step_two_ring_phases_for_ddp_and_stages_1_2_three_for_stage_3():
+    """``zero_bytes_per_step``: DDP's all-reduce and ZeRO-1/2's reduce-scatter + all-gather both send
+    2(n−1)/n·S per rank, ZeRO-3's second parameter all-gather makes it 3(n−1)/n·S (1.5×, what
+    tests/test_ddp_zero_ranks.py counts on ranks). Catches ZeRO-3 as 3× DDP, a stage 1/2 that adds a
+    gather, the dtype ignored, a stage out of range accepted."""
+    from mlsys_nb.parallel.zero import zero_bytes_per_step
+
+    for n_params, n in ((7e9, 8), (1.3e9, 64), (125e6, 2)):
+        one = (n - 1) / n * 2 * n_params  # one ring phase of the bf16 gradients
+        got = [zero_bytes_per_step(n_params, n, z) for z in range(4)]
+        assert got == pytest.approx([2 * one, 2 * one, 2 * one, 3 * one], rel=1e-12)
+        assert zero_bytes_per_step(n_params, n, 3, "fp32") == pytest.approx(6 * one, rel=1e-12)
+    with pytest.raises(ValueError, match="zero"):
+        zero_bytes_per_step(7e9, 8, 4)

@@ -45,7 +45,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ModelConfig
+from ..comm.cost import bytes_sent_per_rank
+from ..config import ModelConfig, dtype_bytes
 from ..models.transformer import apply_rope, attention_core, build_norm, rope_tables
 from .functional import (
     all_gather,
@@ -81,6 +82,7 @@ __all__ = [
     "reduce_scatter_to_sp",
     "shard",
     "sync_sequence_parallel_grads",
+    "tp_bytes_per_layer",
     "tp_rank",
     "tp_size",
     "vocab_parallel_cross_entropy",
@@ -551,3 +553,15 @@ def sync_sequence_parallel_grads(module: nn.Module, group=None) -> None:
     for p in module.parameters():
         if getattr(p, "sequence_parallel", False) and p.grad is not None:
             dist.all_reduce(p.grad, group=group)
+
+
+# ---- closed form (bytes on the wire; tests/test_tensor_parallel.py pins it against the counter) -----
+def tp_bytes_per_layer(b: int, s: int, h: int, tp: int, sp: bool, dtype="bf16") -> float:
+    """Bytes one rank sends per transformer layer in the FORWARD pass (ring collectives): Megatron TP
+    all-reduces the [b, s, h] activations twice (after attention and after the MLP), ``2·2(tp−1)/tp·b·s·h``
+    elements; SP replaces each all-reduce by a reduce-scatter and an all-gather: the same bytes. ``dtype``:
+    a name in ``config.DTYPE_BYTES`` (the activations' element size)."""
+    x = b * s * h * dtype_bytes(dtype)
+    if sp:
+        return 2 * (bytes_sent_per_rank("reduce_scatter", x, tp) + bytes_sent_per_rank("all_gather", x, tp))
+    return 2 * bytes_sent_per_rank("all_reduce", x, tp)

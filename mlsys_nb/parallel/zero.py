@@ -39,7 +39,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from ..config import check_choice
+from ..comm.cost import bytes_sent_per_rank
+from ..config import check_choice, dtype_bytes
 
 from torch import nn
 
@@ -267,3 +268,21 @@ class ZeRO:
             if not was:
                 u.free()
         return {n: out[id(p)] for n, p in self.model.named_parameters()}
+
+
+# ---- closed form (bytes on the wire per step) ----------------------------------------------------
+def zero_bytes_per_step(n_params: float, n: int, zero: int, dtype="bf16") -> float:
+    """Bytes one rank sends per training step over ``n`` data-parallel ranks (ring collectives), for
+    ``n_params`` parameters whose gradients and parameters travel as ``dtype`` (S = n_params · its bytes):
+    DDP (``zero=0``) all-reduces the gradients, 2(n−1)/n·S; ZeRO-1 and 2 reduce-scatter the gradients and
+    all-gather the updated parameters, the same 2(n−1)/n·S; ZeRO-3 all-gathers the parameters twice
+    (forward and backward), 3(n−1)/n·S (Rajbhandari et al. 2020, §7)."""
+    check_choice("zero", zero, (0, 1, 2, 3))
+    s = n_params * dtype_bytes(dtype)
+    rs = bytes_sent_per_rank("reduce_scatter", s, n)
+    ag = bytes_sent_per_rank("all_gather", s, n)
+    if zero == 0:
+        return bytes_sent_per_rank("all_reduce", s, n)
+    if zero in (1, 2):
+        return rs + ag
+    return rs + 2 * ag
