@@ -31,7 +31,7 @@ import math
 from functools import lru_cache
 from dataclasses import asdict, dataclass, field
 
-from .config import (
+from ..config import (
     LORA_TARGETS,
     ArgumentError,
     ModelConfig,
@@ -42,7 +42,7 @@ from .config import (
     model_presets,
 )
 
-from .pipeline.closed_forms import peak_in_flight
+from ..pipeline.closed_forms import peak_in_flight
 
 __all__ = [
     "ModelConfig",
@@ -239,8 +239,8 @@ def _module_layout(model: ModelConfig) -> tuple[tuple[int, ...], tuple[tuple[int
     counted in its first unit only."""
     import torch
 
-    from .models import Transformer
-    from .parallel.zero import default_units
+    from ..models import Transformer
+    from ..parallel.zero import default_units
 
     with torch.device("meta"):
         module = Transformer(model)
@@ -365,7 +365,7 @@ def finetune_elements(model: ModelConfig, train: TrainConfig, n_rank: float, lay
 
 def _nf4_bytes_per_weight(t: TrainConfig) -> float:
     """Bytes per NF4 weight with double quantization (QLoRA's base), from the format's owner."""
-    from .quant.formats import bits_per_weight
+    from ..quant.formats import bits_per_weight
 
     return bits_per_weight("nf4", t.qlora_group_size, True) / 8
 
@@ -588,7 +588,7 @@ class Breakdown:
         return self.total <= self.gpu_memory
 
     def fits_on(self, gpu_name: str) -> bool:
-        from . import hardware
+        from .. import hardware
 
         return self.total <= hardware.gpu(gpu_name).memory_bytes
 
@@ -762,7 +762,7 @@ def _offload(t: TrainConfig, bpp: dict, states: dict, n_opt: float) -> tuple[dic
     counted); ``optimizer+params`` moves the parameters too. ``n_opt``: elements the optimizer updates here."""
     if t.offload == "none":
         return {}, {}
-    from .checkpoint.offload import offload_bytes_per_step
+    from ..checkpoint.offload import offload_bytes_per_step
 
     grad_b, param_b = bpp["grad"], bpp["param"]
     if grad_b not in _DTYPE_OF_BYTES or param_b not in _DTYPE_OF_BYTES:
@@ -792,7 +792,7 @@ def estimate(
     ``stage``: which pipeline stage to report (default: the one with the largest total).
     ``compat="playbook"``: the Ultra-Scale Playbook widget's numbers for the same inputs (bugs
     included; see ``playbook_inputs`` for the mapping)."""
-    from . import hardware
+    from .. import hardware
 
     t = train or TrainConfig()
     if compat is not None:
@@ -937,7 +937,7 @@ def estimate(
 
 # ---- the Ultra-Scale Playbook widget, exactly (docs/references.md#playbook-memory-widget) ----
 def _playbook_data() -> dict:
-    from .config import load_yaml
+    from ..config import load_yaml
 
     return load_yaml("playbook_memory.yaml")
 
@@ -1059,7 +1059,7 @@ def playbook_inputs(model: ModelConfig, train: TrainConfig) -> dict:
 
 
 def _playbook_breakdown(model: ModelConfig, train: TrainConfig) -> Breakdown:
-    from . import hardware
+    from .. import hardware
 
     r = playbook_estimate(**playbook_inputs(model, train))
     n = r["N"]

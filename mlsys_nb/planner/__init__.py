@@ -78,10 +78,10 @@ import itertools
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from . import flops as _flops
-from . import hardware, memory
-from .comm import collective_time
-from .config import ModelConfig, TrainConfig, check_choice, check_int, check_multiple, check_number, check_probability
+from .. import flops as _flops
+from .. import hardware, memory
+from ..comm import collective_time
+from ..config import ModelConfig, TrainConfig, check_choice, check_int, check_multiple, check_number, check_probability
 
 
 __all__ = [
@@ -397,7 +397,7 @@ def bubble_ratio(schedule: str, p: int, m: int, v: int, r: float) -> float | Non
     """A pipeline's bubble, idle / busy time per stage (a ratio), from the closed forms of ``pipeline``:
     ``schedule`` at ``p`` stages, ``m`` micro-batches, ``v`` chunks per stage, backward = (2 + ``r``) x forward
     (``r``: the share of a forward recomputed). None where the schedule does not apply; memoised."""
-    from .pipeline import closed_form
+    from ..pipeline import closed_form
 
     if p == 1:
         return 0.0
@@ -1273,7 +1273,7 @@ class Calibration:
 def _runs_file():
     from pathlib import Path
 
-    return Path(__file__).resolve().parent.parent / "data" / "published_runs.yaml"
+    return Path(__file__).resolve().parent.parent.parent / "data" / "published_runs.yaml"
 
 
 @lru_cache(maxsize=1)
