@@ -565,3 +565,21 @@ def test_block_manager_imports_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
+
+
+def test_block_manager_events_say_what_happened_to_blocks_in_order():
+    """A quantized pool learns of computed and freed blocks by reading ``take_events`` (no callback into it):
+    ("computed", the full blocks among the computed tokens) after ``mark_computed``, ("freed", (b,)) per block
+    back on the free list, oldest first, drained by the read. Off by default (nothing accumulates)."""
+    m = BlockManager(6, 2, record_events=True)
+    m.allocate("a", [1, 2, 3])
+    m.mark_computed("a", 3)
+    a = m.block_table("a")
+    m.free_seq("a")
+    assert m.take_events() == [("computed", (a[0],)), ("freed", (a[1],)), ("freed", (a[0],))]
+    assert m.take_events() == []
+    quiet = BlockManager(6, 2)
+    quiet.allocate("a", [1, 2, 3])
+    quiet.mark_computed("a", 3)
+    quiet.free_seq("a")
+    assert quiet.take_events() == [] and quiet.events is None

@@ -56,10 +56,17 @@ class BlockManager:
 
     Parameters: ``num_blocks`` blocks of ``block_size`` token slots each; ``max_seq_len`` the longest
     sequence (prompt + generated tokens) allowed (default: the whole pool); ``prefix_caching``
-    shares full blocks between sequences with the same token prefix."""
+    shares full blocks between sequences with the same token prefix; ``record_events`` keeps a log of
+    what happened to blocks for ``take_events`` (a pool with per-block state of its own reads it)."""
 
     def __init__(
-        self, num_blocks: int, block_size: int = 16, *, max_seq_len: int | None = None, prefix_caching: bool = True
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        *,
+        max_seq_len: int | None = None,
+        prefix_caching: bool = True,
+        record_events: bool = False,
     ):
         num_blocks, block_size = check_int("num_blocks", num_blocks), check_int("block_size", block_size)
         if max_seq_len is not None:
@@ -74,10 +81,7 @@ class BlockManager:
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))  # LRU order
         self.seqs: dict[object, _Seq] = {}
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0}
-        # listeners a pool with per-block state sets (PagedKVCache's quantized K residual): called with
-        # (block table, tokens computed) after ``mark_computed``, and with the block id when a block is freed
-        self.on_computed = None
-        self.on_free = None
+        self.events: list[tuple[str, tuple[int, ...]]] | None = [] if record_events else None  # take_events
 
     # ---- queries -------------------------------------------------------------------------------
     def num_free_blocks(self) -> int:
@@ -193,8 +197,8 @@ class BlockManager:
             elif self.hash_of[b] != key:  # a shared block (fork, hit) is registered by the first owner
                 raise AssertionError(f"block {b} of seq_id={seq_id!r} is registered under another key")
             s.hashed += 1
-        if self.on_computed is not None:
-            self.on_computed(s.table, n)
+        if self.events is not None:
+            self.events.append(("computed", tuple(s.table[: n // bs])))
 
     def forget_prefixes(self) -> None:
         """Empty the prefix cache (e.g. new weights make every cached K/V stale); blocks stay allocated.
@@ -286,8 +290,18 @@ class BlockManager:
         if block_id in self.free:
             raise ValueError(f"block {block_id} is already free (double free)")
         self.free[block_id] = None
-        if self.on_free is not None:
-            self.on_free(block_id)
+        if self.events is not None:
+            self.events.append(("freed", (block_id,)))
+
+    def take_events(self) -> list[tuple[str, tuple[int, ...]]]:
+        """What happened to blocks since the last call, oldest first, and forget it (vLLM's ``BlockPool.take_events``).
+
+        ``("computed", block ids)``: after ``mark_computed``, the sequence's blocks that are full of computed
+        tokens; ``("freed", (block id,))``: a block went back to the free list. Always empty unless the manager
+        was made with ``record_events=True``. The manager knows nothing of who reads them (``PagedKVCache``'s
+        quantized pool does: it quantizes the K of computed full blocks and frees the K residual of freed ones)."""
+        events, self.events = self.events or [], [] if self.events is not None else None
+        return events
 
     # ---- checks --------------------------------------------------------------------------------
     def check_invariants(self) -> None:

@@ -356,11 +356,15 @@ class PagedKVCache:
             check_int(f"max_seq_len (cfg.seq_len={cfg.seq_len})", max_seq_len, 1, cfg.seq_len)
         self.cfg, self.block_size = cfg, block_size
         self.attention_backend = "gather"  # or "tiled" (paged_attention_tiled); the engine sets EngineConfig's
-        self.manager = BlockManager(
-            num_blocks, block_size, prefix_caching=prefix_caching, max_seq_len=max_seq_len or cfg.seq_len
+        self.quant = dtype if isinstance(dtype, str) and dtype in KV_QUANT_DTYPES else None
+        self.manager = BlockManager(  # a quantized pool reads the manager's events (``_sync``)
+            num_blocks,
+            block_size,
+            prefix_caching=prefix_caching,
+            max_seq_len=max_seq_len or cfg.seq_len,
+            record_events=bool(self.quant),
         )
         shape = (cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
-        self.quant = dtype if isinstance(dtype, str) and dtype in KV_QUANT_DTYPES else None
         store = KV_QUANT_DTYPES[self.quant] if self.quant else torch.float32 if dtype is None else torch_dtype(dtype)
         self.k = torch.zeros(shape, dtype=store, device=device)
         self.v = torch.zeros_like(self.k)
@@ -373,12 +377,10 @@ class PagedKVCache:
         )  # K: per (block, head, channel)
         self.v_scale = torch.zeros(shape[:-1], dtype=KV_SCALE_DTYPE, device=device) if self.quant else None
         self.k_res = torch.zeros(shape[:1] + (n_res,) + shape[2:], dtype=KV_RESIDUAL_DTYPE, device=device)
-        self.res_of: dict[int, int] = {}  # block id -> residual slot (its K in full precision, not yet quantized)
+        self._res_of: dict[int, int] = {}  # block id -> residual slot (its K in full precision, not yet quantized)
         self.res_free = list(range(n_res - 1, -1, -1))
         self._res_index = None  # (block ids, residual slots) as tensors, for ``read``; None when stale
         self._write_plan = None
-        if self.quant:
-            self.manager.on_computed, self.manager.on_free = self._seal, self._release_residual
         self.computed: dict[object, int] = {}  # tokens of each sequence whose K/V are in the cache
         self._planned = None
         self._step = None
@@ -402,39 +404,60 @@ class PagedKVCache:
             self.set_residual(dst, self.get_residual(src))
 
     # ---- the K residual (quantized pools): full-precision K of blocks not yet quantized -------------
+    @property
+    def res_of(self) -> dict[int, int]:
+        """Block id -> residual slot of the blocks whose K is still in full precision (up to date with the
+        block manager: ``_sync``)."""
+        self._sync()
+        return self._res_of
+
+    def _sync(self) -> None:
+        """Catch up with the block manager (``BlockManager.take_events``), in order: the blocks a sequence has
+        full of computed tokens are quantized out of the residual, a freed block gives its residual slot back.
+        Every method that reads or changes the residual calls it first, so the scheduler, the engine and a
+        speculative rollback may call the manager directly."""
+        for kind, blocks in self.manager.take_events():
+            if kind == "computed":
+                self._seal(blocks)
+            else:
+                for b in blocks:
+                    self._release_residual(b)
+
     def get_residual(self, block: int) -> torch.Tensor | None:
         """A copy of ``block``'s full-precision K [n_layers, block_size, n_kv_heads, head_dim], or None."""
-        r = self.res_of.get(block)
+        self._sync()
+        r = self._res_of.get(block)
         return None if r is None else self.k_res[:, r].clone()
 
     def set_residual(self, block: int, k: torch.Tensor | None = None) -> None:
         """Give ``block`` a residual holding ``k`` (default: its dequantized codes, so a reopened block keeps
         its tokens)."""
-        if block not in self.res_of:
+        self._sync()
+        if block not in self._res_of:
             if not self.res_free:
                 raise RuntimeError(
                     f"the K residual is full: residual_blocks={self.k_res.shape[1]} blocks are all in use "
                     "(size it for the running sequences: paged.kv_residual_blocks)"
                 )
-            self.res_of[block] = self.res_free.pop()
+            self._res_of[block] = self.res_free.pop()
             self._res_index = None
         if k is None:
             k = dequantize_kv(self.k[:, block], self.k_scale[:, block], KV_RESIDUAL_DTYPE, dim=1)
-        self.k_res[:, self.res_of[block]] = k.to(self.k_res.device, KV_RESIDUAL_DTYPE)
+        self.k_res[:, self._res_of[block]] = k.to(self.k_res.device, KV_RESIDUAL_DTYPE)
 
     def _release_residual(self, block: int) -> None:
-        r = self.res_of.pop(block, None)
+        r = self._res_of.pop(block, None)
         if r is not None:
             self.res_free.append(r)
             self._res_index = None
 
-    def _seal(self, table: list[int], num_computed: int) -> None:
-        """Quantize per channel (once, from exact values) every block of ``table`` that is full of computed
-        tokens and still in the residual; their residual slots go back (``BlockManager.on_computed``)."""
-        full = [b for b in table[: num_computed // self.block_size] if b in self.res_of]
+    def _seal(self, blocks) -> None:
+        """Quantize per channel (once, from exact values) every block of ``blocks`` (full of computed tokens)
+        still in the residual; their residual slots go back."""
+        full = [b for b in blocks if b in self._res_of]
         if not full:
             return
-        res = torch.tensor([self.res_of[b] for b in full], device=self.k.device)
+        res = torch.tensor([self._res_of[b] for b in full], device=self.k.device)
         blocks = torch.tensor(full, device=self.k.device)
         codes, scales = quantize_kv(self.k_res[:, res], self.quant, dim=2)  # [L, n, bs, H, d]: over the tokens
         _raw(self.k)[:, blocks] = _raw(codes)
@@ -454,14 +477,14 @@ class PagedKVCache:
             by_block.setdefault(b, {})[o] = i  # a repeated slot (padding) keeps its last token
         direct_b, direct_i, res_i, res_s = [], [], [], []
         for b, offs in by_block.items():
-            if b not in self.res_of and len(offs) == bs and not any(tent[i] for i in offs.values()):
+            if b not in self._res_of and len(offs) == bs and not any(tent[i] for i in offs.values()):
                 direct_b.append(b)
                 direct_i.append([offs[o] for o in range(bs)])
                 continue
-            if b not in self.res_of:
+            if b not in self._res_of:
                 self.set_residual(b)
             res_i += offs.values()
-            res_s += [self.res_of[b] * bs + o for o in offs]
+            res_s += [self._res_of[b] * bs + o for o in offs]
         dev = self.k.device
         return (
             slots,
@@ -485,6 +508,7 @@ class PagedKVCache:
             for pool, x in ((self.k, k_new), (self.v, v_new)):
                 pool[layer_idx].view(-1, n_kv, d).index_copy_(0, slots, x.to(pool.dtype))
             return
+        self._sync()
         codes, s = quantize_kv(v_new, self.quant)
         _raw(self.v[layer_idx]).view(-1, n_kv, d).index_copy_(0, slots, _raw(codes))
         self.v_scale[layer_idx].view(-1, n_kv).index_copy_(0, slots, s)
@@ -502,13 +526,14 @@ class PagedKVCache:
         """One layer's K and V pools [num_blocks, block_size, n_kv_heads, head_dim] in ``dtype`` (dequantized;
         the residual blocks' K exact)."""
         if self.quant:
+            self._sync()
             k = dequantize_kv(self.k[layer_idx], self.k_scale[layer_idx], dtype, dim=1)
-            if self.res_of:
+            if self._res_of:
                 if self._res_index is None:
                     dev = self.k.device
                     self._res_index = (
-                        torch.tensor(list(self.res_of), device=dev),
-                        torch.tensor(list(self.res_of.values()), device=dev),
+                        torch.tensor(list(self._res_of), device=dev),
+                        torch.tensor(list(self._res_of.values()), device=dev),
                     )
                 blocks, res = self._res_index
                 k[blocks] = self.k_res[layer_idx, res].to(dtype)
