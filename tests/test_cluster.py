@@ -254,7 +254,7 @@ def test_ranks_listen_on_loopback_only(cluster):
         for conn in psutil.Process(pid).net_connections(kind="inet"):
             if conn.status == psutil.CONN_LISTEN:
                 addresses.add(conn.laddr.ip)
-    store_port = cluster._store[0].port  # the rendezvous store, in this process
+    store_port = cluster.store_port  # the rendezvous store, in this process
     store = [
         c.laddr.ip
         for c in psutil.Process().net_connections(kind="inet")

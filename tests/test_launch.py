@@ -514,9 +514,9 @@ def test_source_lines_missing_on_the_rank_are_filled_in_from_this_process():
     name = "/tmp/ipykernel_0/cell_that_only_the_kernel_knows.py"
     linecache.cache[name] = (30, None, ["def f():\n", "    raise ValueError('x')\n"], name)
     remote = f'Traceback (most recent call last):\n  File "{name}", line 2, in f\nValueError: x'
-    assert launch_module._with_caller_source(remote).splitlines()[2] == "    raise ValueError('x')"
+    assert launch_module.with_caller_source(remote).splitlines()[2] == "    raise ValueError('x')"
     dump = f'  File "{name}", line 1 in f'  # faulthandler's format has no comma
-    assert launch_module._with_caller_source(dump).splitlines()[1] == "    def f():"
+    assert launch_module.with_caller_source(dump).splitlines()[1] == "    def f():"
 
 
 @pytest.mark.slow

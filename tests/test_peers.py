@@ -96,7 +96,7 @@ def test_a_server_that_dies_at_start_reports_its_exit_code_and_output(tmp_path):
     s = _start(tmp_path, code, start_timeout=60)
     with pytest.raises(RuntimeError, match=r"(?s)exited with code 1 .*loading.*--model-dir /nowhere: no config.json"):
         s.__enter__()
-    assert s._log.closed
+    assert s.log.closed  # the log file it wrote is closed
 
 
 def test_the_default_log_is_a_temporary_file_removed_on_exit():

@@ -391,6 +391,11 @@ class Cluster:
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
 
+    @property
+    def store_port(self) -> int | None:
+        """The port of the current ranks' rendezvous store (a TCPStore in this process, on 127.0.0.1 only)."""
+        return self._store[0].port if self._store else None
+
     def _check_alive(self):
         if not self.alive:
             raise RuntimeError("this Cluster was shut down; create a new one")

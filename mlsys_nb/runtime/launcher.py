@@ -280,7 +280,7 @@ class _Rank:
                     break
                 continue
             chunks.append(os.read(self.stack.fileno(), 65536).decode("utf-8", "replace"))
-        self.stack_text = _with_caller_source(_drop_lifeline_thread("".join(chunks)))
+        self.stack_text = with_caller_source(_drop_lifeline_thread("".join(chunks)))
 
     def stop(self) -> None:
         """Kill the process (if alive), reap it and close every pipe end this side holds."""
@@ -296,7 +296,7 @@ class _Rank:
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+),? in ')
 
 
-def _with_caller_source(text: str) -> str:
+def with_caller_source(text: str) -> str:
     """Add the source line under each ``File "...", line N`` that has none.
 
     A rank cannot read code typed into a notebook cell (it lives in the kernel's linecache),
@@ -509,7 +509,7 @@ def _rank_error(ranks: list[_Rank]) -> RankError:
     names = ", ".join(str(f.rank) for f in causes)
     lines = [f"rank{'s' if len(causes) > 1 else ''} {names} failed; all ranks were stopped."]
     for f in causes:
-        body = _with_caller_source(f.traceback.rstrip()) or f"{f.type_name}: {f.message}"
+        body = with_caller_source(f.traceback.rstrip()) or f"{f.type_name}: {f.message}"
         lines += ["", f"--- rank {f.rank}: remote traceback ---", body]
     if consequences:
         lines += ["", "Consequences on the other ranks (not causes):"]

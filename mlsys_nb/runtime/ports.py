@@ -101,7 +101,8 @@ class ServerProcess:
     ``url/health`` to answer 200 (``wait_http_ok``: a ``TimeoutError``, or a ``RuntimeError`` with the exit code and
     the log's tail if the server dies first). On exit, also when the body or the start raised, the whole group is
     stopped: SIGTERM, SIGKILL after ``stop_timeout`` seconds, and SIGKILL for anything of the group still there once
-    the server has exited. ``s.cpu_seconds()``: user + system CPU seconds of the process and its children so far."""
+    the server has exited. ``s.cpu_seconds()``: user + system CPU seconds of the process and its children so far;
+    ``s.proc``: the ``Popen``; ``s.log``: the open log file (closed on exit)."""
 
     def __init__(
         self,
@@ -117,16 +118,16 @@ class ServerProcess:
         self.cmd, self.url, self.log_path, self.start_timeout = list(cmd), url, log_path, start_timeout
         self.stop_timeout = stop_timeout
         self.env = dict(os.environ, **(env or {}))
-        self.proc, self._log, self._own_log = None, None, log_path is None
+        self.proc, self.log, self._own_log = None, None, log_path is None
 
     def __enter__(self):
         if self._own_log:  # a temporary file, removed on exit
             fd, self.log_path = tempfile.mkstemp(prefix="server-", suffix=".log")
             os.close(fd)
-        self._log = open(self.log_path, "w")
+        self.log = open(self.log_path, "w")
         try:
             self.proc = subprocess.Popen(
-                self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+                self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
             )
             wait_http_ok(self.url + "/health", self.start_timeout, self.proc, interval_s=0.5, log_path=self.log_path)
         except BaseException:
@@ -158,8 +159,8 @@ class ServerProcess:
                     break
                 self.proc.wait(timeout=self.stop_timeout)
         finally:
-            if self._log is not None:
-                self._log.close()
+            if self.log is not None:
+                self.log.close()
             if self._own_log and self.log_path is not None:
                 with contextlib.suppress(OSError):
                     os.remove(self.log_path)
