@@ -52,30 +52,33 @@ def test_rule_shown_and_no_empty_axes_before_an_answer(w):
     assert w.image.layout.display == "none" and "after your first answer" in w.placeholder.value
     w.answer("no such answer")
     assert w.image.layout.display is None and w.placeholder.layout.display == "none"
-    assert w.clock.value == "" and not w._ticker.playing  # no clock outside a mock interview
+    assert w.clock.value == "" and not w.ticker.playing  # no clock outside a mock interview
 
 
 def test_clock_text():
     assert [clock_text(t) for t in (0, 59.9, 65.2, 600)] == ["0:00", "0:59", "1:05", "10:00"]
 
 
-def test_mock_interview_clock_and_summary_by_topic():
+def test_mock_interview_clock_and_summary_by_topic(monkeypatch):
+    t = [1000.0]  # the widget's clock, in seconds, moved by the test
+    monkeypatch.setattr(PracticeWidget, "now", staticmethod(lambda: t[0]))
     w = PracticeWidget(mode="mock", mock_n=3, seed=1)
-    assert w._ticker.playing and "question 1 of 3" in w.clock.value
-    w._mock_start -= 65  # the page's ticker calls _tick once a second; here 65 s have passed
-    w._current["start"] -= 7
-    w._tick()
-    assert "1:05" in w.clock.value and "0:07 on this question" in w.clock.value
+    assert w.ticker.playing and "question 1 of 3" in w.clock.value
     oks = []
     for i in range(3):
         q = w.question
         wrong = q.choices[1 - q.choices.index(q.answer)] if q.is_choice else q.answer * 3
         oks.append(i != 1)
+        if i == 1:  # question 2 shown 58 s into the interview; 7 s later the page's ticker calls tick()
+            t[0] += 7
+            w.tick()
+            assert "1:05" in w.clock.value and "0:07 on this question" in w.clock.value
         w.answer(q.answer if i != 1 else wrong)
+        t[0] += 58 if i == 0 else 1
         w.new()
     assert "Mock interview over" in w.stats.value and "2/3" in w.stats.value
     assert w.table()["attempted"].iloc[:-1].sum() == 3
-    assert not w._ticker.playing and "over" in w.clock.value  # the clock stops at the end
+    assert not w.ticker.playing and "over" in w.clock.value  # the clock stops at the end
     summary = dict(re.findall(r"<tr><td>([^<]+)</td><td[^>]*>(\d+/\d+)</td>", w.summary.value))
     want = {}  # the per-topic score counted from the questions asked, independently of the widget
     for r, ok in zip(w.results, oks):

@@ -39,7 +39,13 @@ def clock_text(seconds: float) -> str:
 
 
 class PracticeWidget(Panel):
-    """Controls: topic, difficulty, seed (same seed, same questions), mode (practice / mock), mock_n."""
+    """Controls: topic, difficulty, seed (same seed, same questions), mode (practice / mock), mock_n.
+
+    ``ticker``: the hidden ``Play`` widget whose once-a-second count (in the page) calls ``tick()``, which redraws
+    the mock interview's clock; ``now``: the clock it reads, in seconds (``time.monotonic``; a test sets another).
+    """
+
+    now = staticmethod(time.monotonic)
 
     def __init__(self, **state):
         import ipywidgets as w
@@ -92,9 +98,9 @@ class PracticeWidget(Panel):
         self.clock.add_class("mlsys-practice-clock")
         # the browser ticks the clock: a Play widget counts in the page (its timer runs in the
         # widget model, so it runs hidden) and each tick asks the kernel to redraw the clock
-        self._ticker = w.Play(value=0, min=0, max=10**7, interval=1000, layout=w.Layout(display="none"))
-        self._ticker.observe(lambda _: self._tick(), names="value")
-        self._mock_start = None  # time.monotonic() when the mock interview began; None outside one
+        self.ticker = w.Play(value=0, min=0, max=10**7, interval=1000, layout=w.Layout(display="none"))
+        self.ticker.observe(lambda _: self.tick(), names="value")
+        self._mock_start = None  # self.now() when the mock interview began; None outside one
         self._mock_end = None
         self.image = self._make_image()
         with style():
@@ -119,7 +125,7 @@ class PracticeWidget(Panel):
                 self.summary,
                 self.placeholder,
                 self.image,
-                self._ticker,
+                self.ticker,
             ]
         )
         self._wire()
@@ -153,15 +159,15 @@ class PracticeWidget(Panel):
         self.message.value = ""
         if s["mode"] == "mock interview":
             self.results = []
-            self._mock_start, self._mock_end = time.monotonic(), None
+            self._mock_start, self._mock_end = self.now(), None
         else:
             self._mock_start = self._mock_end = None
-        self._ticker.playing = self._mock_start is not None
+        self.ticker.playing = self._mock_start is not None
         self._round = 0
         self._draw_question()
         if self._mock_start is not None:  # the clock starts when the first question is shown
             self._mock_start = self._current["start"]
-            self._tick()
+            self.tick()
 
     def _draw_question(self) -> None:
         s = self.state()
@@ -174,7 +180,7 @@ class PracticeWidget(Panel):
             "hints": 0,
             "revealed": False,
             "checked": False,
-            "start": time.monotonic(),
+            "start": self.now(),
         }
         q = self.question
         opts = (
@@ -199,12 +205,12 @@ class PracticeWidget(Panel):
         """True once a mock interview has asked and scored its ``mock_n`` questions."""
         return self._mock_end is not None
 
-    def _tick(self) -> None:
+    def tick(self) -> None:
         """Redraw the mock interview's clock (time on this question and in total)."""
         if self._mock_start is None or self.question is None:
             self.clock.value = ""
             return
-        now = self._mock_end if self._mock_end is not None else time.monotonic()
+        now = self._mock_end if self._mock_end is not None else self.now()
         on_q = 0.0 if self.mock_over else now - self._current["start"]
         s = self.state()
         where = "over" if self.mock_over else f"question {self._round + 1} of {s['mock_n']}"
@@ -238,8 +244,8 @@ class PracticeWidget(Panel):
         self.summary.value = ""
         if s["mode"] == "mock interview" and done >= s["mock_n"]:
             if self._mock_end is None:
-                self._mock_end = time.monotonic()
-                self._ticker.playing = False
+                self._mock_end = self.now()
+                self.ticker.playing = False
             report = "<br><b>Mock interview over.</b> By topic:"
             self.summary.value = self.summary_html(df.iloc[:-1])
         self.stats.value = f"Score: <b>{correct}/{done}</b> answered correctly (first attempts).{report}"
@@ -249,7 +255,7 @@ class PracticeWidget(Panel):
         self.placeholder.layout.display = "none" if answered else None
         self.placeholder.value = "" if answered else NO_ANSWER_YET
         self.image.layout.display = "none" if not answered or self.error is not None else None
-        self._tick()
+        self.tick()
 
     @staticmethod
     def summary_html(df) -> str:
@@ -285,7 +291,7 @@ class PracticeWidget(Panel):
         cur = self._current
         if cur is not None and not cur["checked"]:
             cur["checked"] = True
-            cur["seconds"] = time.monotonic() - cur["start"]
+            cur["seconds"] = self.now() - cur["start"]
             self.results.append(cur)
 
     def answer(self, text: str):
