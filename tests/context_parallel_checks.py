@@ -88,17 +88,17 @@ def memory_checks(s_local=8, d=32):
     res["ring"] = cpm.kv_held_growth(cpm.ring_attention, q, k, v, groups)
     res["allgather"] = cpm.kv_held_growth(cpm.allgather_attention, q, k, v, groups)
     # the idea broken on purpose: a ring that keeps every block it received alive until the end
-    orig, kept = cpm._Ring.wait, []
+    orig, kept = cpm.RingExchange.wait, []
 
     def wait_and_keep(self):
         t = orig(self)
         kept.append(t)
         return t
 
-    cpm._Ring.wait = wait_and_keep
+    cpm.RingExchange.wait = wait_and_keep
     try:
         res["keep-all"] = cpm.kv_held_growth(cpm.ring_attention, q, k, v, groups)
     finally:
-        cpm._Ring.wait = orig
+        cpm.RingExchange.wait = orig
         kept.clear()
     return res

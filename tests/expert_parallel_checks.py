@@ -96,7 +96,7 @@ def one_case(cfg, *, gating="softmax", cf=None, skew=0.0, uniform=False, seed=0,
 def broken_local_capacity(cfg, cf, skew, seed=0):
     """The idea broken on purpose: capacity counted per rank (its own T/ep tokens) instead of over
     the group in global order. The EP layer then drops other tokens than the dense reference."""
-    orig = ep.EPMoE._route
+    orig = ep.EPMoE.route_tokens
 
     def local(self, flat):
         logits = self.router(flat)
@@ -104,11 +104,11 @@ def broken_local_capacity(cfg, cf, skew, seed=0):
             logits, cfg.top_k, gating=self.gating, bias=self.router_bias, capacity_factor=self.capacity_factor
         ), flat.shape[0] * self.ep
 
-    ep.EPMoE._route = local
+    ep.EPMoE.route_tokens = local
     try:
         res = one_case(cfg, cf=cf, skew=skew, seed=seed)
     finally:
-        ep.EPMoE._route = orig
+        ep.EPMoE.route_tokens = orig
     return res
 
 

@@ -134,7 +134,7 @@ def test_a_kept_start_of_other_inputs_or_sources_is_not_loaded(tmp_path, monkeyp
         assert R.load_start(**same) is None, "a start trained on another thread count"
     finally:
         torch.set_num_threads(1)
-    monkeypatch.setattr(R, "_START_SOURCES", R._START_SOURCES + ("rl/gae.py",))
+    monkeypatch.setattr(R, "START_SOURCES", R.START_SOURCES + ("rl/gae.py",))
     assert R.load_start(**same) is None, "a start trained by other source code"
     monkeypatch.undo()
     path = tmp_path / f"{R.start_key(seed=3, steps=2, demos=demos, train_pairs=pairs)}.pt"

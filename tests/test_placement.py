@@ -196,7 +196,7 @@ def test_a_ray_start_that_times_out_is_stopped_and_tried_again(monkeypatch):
     import ray
 
     calls, stops = [], []
-    monkeypatch.setattr(pl, "_stop_ray_children", lambda wait_s: stops.append(wait_s))
+    monkeypatch.setattr(pl, "stop_ray_children", lambda wait_s: stops.append(wait_s))
 
     def timed_out(**kw):
         calls.append(kw)
@@ -231,7 +231,7 @@ def test_stop_ray_children_stops_only_ray_processes():
     ray_like = subprocess.Popen([sys.executable, "-c", code, "/site-packages/ray/core/src/ray/raylet/raylet"])
     other = subprocess.Popen([sys.executable, "-c", code, "unrelated"])
     try:
-        pl._stop_ray_children(wait_s=10)
+        pl.stop_ray_children(wait_s=10)
         assert ray_like.wait(timeout=10) is not None
         assert other.poll() is None, "a child that is not Ray's must be left alone"
     finally:
@@ -284,7 +284,7 @@ def test_local_backend_equality_fails_when_the_sync_is_lost(local_runs, monkeypa
         self.version = version
         return 0.0
 
-    monkeypatch.setattr(pl._LocalWorker, "load_weights", lost)
+    monkeypatch.setattr(pl.LocalWorker, "load_weights", lost)
     broken = pl.run("sync", 4, **local_runs["kw"])
     assert broken.versions == [0, 1, 2, 3]
     assert broken.rewards[0] == local_runs["colocated"].rewards[0]
@@ -318,7 +318,7 @@ def test_local_actor_runs_calls_in_order_and_resolves_futures():
 
 
 def test_local_worker_crash_raises_and_stays_dead():
-    w = pl.LocalActor(pl._LocalWorker(die_at_step=1))
+    w = pl.LocalActor(pl.LocalWorker(die_at_step=1))
     assert w.generate.remote(0).result(timeout=60)["step"] == 0
     with pytest.raises(pl.WorkerDied):
         w.generate.remote(1).result(timeout=60)

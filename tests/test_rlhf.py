@@ -140,9 +140,9 @@ def test_late_mean_averages_the_last_quarter_and_the_runs_evaluate_there():
     import pandas as pd
 
     assert [R.late_start(n) for n in (1, 4, 12, 24, 60, 100)] == [1, 4, 10, 19, 46, 76]
-    assert [i for i in range(1, 25) if R._evaluate_now(i, 24, 5, 0.25)] == [5, 10, 15, 19, 20, 21, 22, 23, 24]
-    assert [i for i in range(1, 101) if R._evaluate_now(i, 100, 25, 0.25, 5)] == [25, 50, 75, 80, 85, 90, 95, 100]
-    assert [i for i in range(1, 25) if R._evaluate_now(i, 24, 5, 0.0)] == [5, 10, 15, 20, 24]
+    assert [i for i in range(1, 25) if R.evaluation_due(i, 24, 5, 0.25)] == [5, 10, 15, 19, 20, 21, 22, 23, 24]
+    assert [i for i in range(1, 101) if R.evaluation_due(i, 100, 25, 0.25, 5)] == [25, 50, 75, 80, 85, 90, 95, 100]
+    assert [i for i in range(1, 25) if R.evaluation_due(i, 24, 5, 0.0)] == [5, 10, 15, 20, 24]
     h = pd.DataFrame({"iteration": [0, 5, 10, 15, 19, 20, 24], "true_reward": [2, 9, 9, 9, 4, 5, 3], "sample": "ab"})
     late = R.late_mean(h)
     assert late.true_reward == 4 and "sample" not in late.index and late.iteration == 21

@@ -130,7 +130,7 @@ def _block_forward(q, k, v, masked, scale):
     return torch.exp(s - lse.unsqueeze(-1)) @ v, lse
 
 
-class _Ring:
+class RingExchange:
     """Post the ring exchange of ``buf``: send to rank+1, receive from rank−1 (no wait)."""
 
     def __init__(self, buf, group):
@@ -160,7 +160,7 @@ class _RingAttention(torch.autograd.Function):
         work, compute, wait = 0.0, Timer(), Timer()
         for step in range(n):
             src = (r - step) % n
-            ring = _Ring(kv, group) if step < n - 1 else None  # next block travels during compute
+            ring = RingExchange(kv, group) if step < n - 1 else None  # next block travels during compute
             if ring is not None and not overlap:  # for comparison: wait for the bytes first
                 with wait:
                     nxt = ring.wait()
@@ -194,7 +194,7 @@ class _RingAttention(torch.autograd.Function):
         dkv = torch.zeros_like(kv)  # the accumulator of the block's owner travels with the block
         for step in range(n):
             src = (r - step) % n
-            ring = _Ring(kv, group) if step < n - 1 else None
+            ring = RingExchange(kv, group) if step < n - 1 else None
             kk, vv = _repeat_kv(kv[0], g), _repeat_kv(kv[1], g)
             dk_rep, dv_rep = torch.zeros_like(kk), torch.zeros_like(vv)
             for qs, ks, masked in _blocks(mine, pieces(seq_len, n, src, layout), causal):
@@ -208,7 +208,7 @@ class _RingAttention(torch.autograd.Function):
                 dq[:, :, qs] += (ds @ kb) * scale
                 dk_rep[:, :, ks] += (ds.transpose(-2, -1) @ qb) * scale
             dkv = dkv + torch.stack([dk_rep.view(b, kvh, g, sk, d).sum(2), dv_rep.view(b, kvh, g, sk, d).sum(2)])
-            dkv = _Ring(dkv, group).wait()  # pass the accumulator on; after the last step it is home
+            dkv = RingExchange(dkv, group).wait()  # pass the accumulator on; after the last step it is home
             if ring is not None:
                 kv = ring.wait()
         return dq, dkv[0], dkv[1], None, None, None, None, None, None

@@ -136,7 +136,7 @@ class EPMoE(nn.Module):
         self.last_dropped, self.last_stats = 0, {}
 
     # -- routing with the group's capacity ------------------------------------------------------
-    def _route(self, flat):
+    def route_tokens(self, flat):
         E, k = self.cfg.n_experts, self.cfg.top_k
         T_local = flat.shape[0]
         logits = self.router(flat)
@@ -167,7 +167,7 @@ class EPMoE(nn.Module):
         b, s, h = x.shape
         flat = x.reshape(-1, h)
         E = self.cfg.n_experts
-        r, T = self._route(flat)
+        r, T = self.route_tokens(flat)
 
         # 1. which (token, slot) goes where: kept assignments sorted by expert (= by owner rank)
         token, slot = r.keep.nonzero(as_tuple=True)

@@ -95,7 +95,7 @@ def leftover_ray_processes(session_dir: str | None = None) -> list[int]:
     return out
 
 
-def _stop_ray_children(wait_s: float) -> None:
+def stop_ray_children(wait_s: float) -> None:
     """Terminate (then kill, after ``wait_s`` seconds) this process's child processes that run Ray's binaries."""
     import psutil
 
@@ -150,7 +150,7 @@ def ray_session(num_cpus: int = 2, object_store_mb: int = 200, wait_s: float = 1
                 break
             except Exception as e:  # Ray raises a bare Exception for a node that missed its start-up wait
                 ray.shutdown()
-                _stop_ray_children(wait_s)  # the failed node's gcs_server, raylet and agents are not shut down by Ray
+                stop_ray_children(wait_s)  # the failed node's gcs_server, raylet and agents are not shut down by Ray
                 if "timed out during startup" not in str(e) or attempt == start_attempts:
                     shutil.rmtree(skip_dir, ignore_errors=True)
                     raise RuntimeError(f"Ray did not start ({attempt} of start_attempts={start_attempts}): {e}") from e
@@ -470,7 +470,7 @@ def InProcessSync():  # noqa: N802 (a class made on first use: weight_sync impor
     return _in_process_sync_class()()
 
 
-class _LocalWorker(_Worker):
+class LocalWorker(_Worker):
     """``_Worker`` for ``LocalActor``: weights as in-process snapshots, and a crash raises instead of
     ending the process (which would take the driver with it)."""
 
@@ -690,7 +690,7 @@ def run(
         died, handle_types = (WorkerDied,), (Future,)
 
         def new_worker():
-            return LocalActor(_LocalWorker(**kw), timeout_s)
+            return LocalActor(LocalWorker(**kw), timeout_s)
 
         def get(ref):
             return (

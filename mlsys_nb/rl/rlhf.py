@@ -271,7 +271,7 @@ def train_reward_model(
 START_DEMOS, START_PAIRS, START_TRAIN_PAIRS, START_BATCH = 2000, 2400, 2000, 32  # notebook 18's SFT and RM data
 START_KEEP = 8  # trained starts kept on disk (the newest)
 # the sources the SFT policy and reward model's training runs (relative to the package): any edit is a new key
-_START_SOURCES = ("rl/rlhf.py", "models", "config.py", "inference/tokenizer.py")
+START_SOURCES = ("rl/rlhf.py", "models", "config.py", "inference/tokenizer.py")
 
 
 def start_cache_dir() -> Path:
@@ -286,12 +286,12 @@ def start_key(*, seed: int, steps: int, demos, train_pairs, batch: int = START_B
     init=policy, steps, batch, seed)``, the optimisers' defaults): a SHA-256 over every input of that
     training, the data themselves, the model's config, torch's version, thread count and CPU kernels
     (``ATEN_CPU_CAPABILITY``: other kernels sum in another order and train another model), and the source
-    of every module the training runs (``_START_SOURCES``), so an edit anywhere there makes a new key."""
+    of every module the training runs (``START_SOURCES``), so an edit anywhere there makes a new key."""
     h = hashlib.sha256()
     h.update(repr((seed, steps, batch, demos, train_pairs, tiny_config(), torch.__version__)).encode())
     h.update(repr((torch.get_num_threads(), torch.backends.cpu.get_cpu_capability())).encode())
     pkg = Path(__file__).resolve().parent.parent
-    for rel in _START_SOURCES:
+    for rel in START_SOURCES:
         p = pkg / rel
         for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
             h.update(str(f.relative_to(pkg)).encode() + b"\0" + f.read_bytes())
@@ -496,7 +496,7 @@ def late_start(last: int, late_share: float = 0.25) -> int:
     return max(1, last - math.ceil(late_share * last) + 1)
 
 
-def _evaluate_now(it: int, last: int, every: int, late_share: float, late_every: int = 1) -> bool:
+def evaluation_due(it: int, last: int, every: int, late_share: float, late_every: int = 1) -> bool:
     """Whether the history evaluates after iteration (step) ``it`` of ``last``: every ``every``, at the end, and
     every ``late_every`` within the last ``late_share`` of the run (the iterations ``late_mean`` averages)."""
     late = it >= late_start(last, late_share) and (last - it) % late_every == 0
@@ -602,7 +602,7 @@ def ppo(
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(cfg.batch)]
         ro = rollout(actor, prompts, generator=gen)
         flops += ppo_update(actor, critic, reference, reward_model, opt, ro, cfg, gen)
-        if _evaluate_now(it, cfg.iterations, cfg.eval_every, cfg.late_share):
+        if evaluation_due(it, cfg.iterations, cfg.eval_every, cfg.late_share):
             hist.append(_history_row(it, actor, reference, reward_model, clock, flops, seed + 10_000))
     return actor.eval(), pd.DataFrame(hist)
 
@@ -671,7 +671,7 @@ def grpo(
                 nn.utils.clip_grad_norm_(actor.parameters(), 1.0)
                 opt.step()
                 flops += 6 * n_a * ro.tokens[idx].numel()
-        if _evaluate_now(it, cfg.iterations, cfg.eval_every, cfg.late_share):
+        if evaluation_due(it, cfg.iterations, cfg.eval_every, cfg.late_share):
             hist.append(_history_row(it, actor, reference, reward_model, clock, flops, seed + 10_000))
     return actor.eval(), pd.DataFrame(hist)
 
@@ -738,7 +738,7 @@ def dpo(
         loss.backward()
         opt.step()
         flops += (2 * n_a + 6 * n_a) * (tc.numel() + tr.numel())
-        if _evaluate_now(it, steps, eval_every, late_share, late_every):
+        if evaluation_due(it, steps, eval_every, late_share, late_every):
             hist.append(_history_row(it, policy, reference, reward_model, clock, flops, seed + 10_000))
     return policy.eval(), pd.DataFrame(hist)
 
