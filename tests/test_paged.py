@@ -583,3 +583,23 @@ def test_block_manager_events_say_what_happened_to_blocks_in_order():
     quiet.mark_computed("a", 3)
     quiet.free_seq("a")
     assert quiet.take_events() == [] and quiet.events is None
+
+
+def test_quantized_pool_without_auto_sync_keeps_a_freed_blocks_residual_until_sync():
+    """An engine that frees a sequence before copying it out (swap) turns ``auto_sync`` off: the freed block's
+    exact K stays readable until it calls ``sync()``, which then gives the residual slot back."""
+    from mlsys_nb.config import load_model_preset
+    from mlsys_nb.inference.paged import PagedKVCache
+
+    cfg = load_model_preset("tiny")
+    kv = PagedKVCache(cfg, num_blocks=4, block_size=4, dtype="int8", residual_blocks=2)
+    kv.add_sequence("a", [1, 2, 3])  # one partly filled block: its K goes to the residual
+    (b,) = kv.manager.block_table("a")
+    k = torch.randn(3, cfg.n_kv_heads, cfg.head_dim)
+    for layer in range(cfg.n_layers):
+        kv.write(layer, torch.arange(b * 4, b * 4 + 3), k, k)
+    kv.auto_sync = False
+    kv.free("a")
+    assert list(kv.res_of) == [b] and torch.equal(kv.get_residual(b)[0, :3], k)
+    kv.sync()
+    assert kv.res_of == {} and kv.get_residual(b) is None and len(kv.res_free) == 2

@@ -300,7 +300,10 @@ class BlockManager:
         tokens; ``("freed", (block id,))``: a block went back to the free list. Always empty unless the manager
         was made with ``record_events=True``. The manager knows nothing of who reads them (``PagedKVCache``'s
         quantized pool does: it quantizes the K of computed full blocks and frees the K residual of freed ones)."""
-        events, self.events = self.events or [], [] if self.events is not None else None
+        if self.events is None:
+            return []
+        events = self.events[:]
+        del self.events[: len(events)]  # one list operation: an event appended meanwhile (another thread) stays
         return events
 
     # ---- checks --------------------------------------------------------------------------------

@@ -357,7 +357,7 @@ class PagedKVCache:
         self.cfg, self.block_size = cfg, block_size
         self.attention_backend = "gather"  # or "tiled" (paged_attention_tiled); the engine sets EngineConfig's
         self.quant = dtype if isinstance(dtype, str) and dtype in KV_QUANT_DTYPES else None
-        self.manager = BlockManager(  # a quantized pool reads the manager's events (``_sync``)
+        self.manager = BlockManager(  # a quantized pool reads the manager's events (``sync``)
             num_blocks,
             block_size,
             prefix_caching=prefix_caching,
@@ -381,6 +381,7 @@ class PagedKVCache:
         self.res_free = list(range(n_res - 1, -1, -1))
         self._res_index = None  # (block ids, residual slots) as tensors, for ``read``; None when stale
         self._write_plan = None
+        self.auto_sync = True  # read the manager's events before touching the residual (``sync``)
         self.computed: dict[object, int] = {}  # tokens of each sequence whose K/V are in the cache
         self._planned = None
         self._step = None
@@ -406,16 +407,19 @@ class PagedKVCache:
     # ---- the K residual (quantized pools): full-precision K of blocks not yet quantized -------------
     @property
     def res_of(self) -> dict[int, int]:
-        """Block id -> residual slot of the blocks whose K is still in full precision (up to date with the
-        block manager: ``_sync``)."""
-        self._sync()
+        """Block id -> residual slot of the blocks whose K is still in full precision (as of the last ``sync``)."""
+        self._auto_sync()
         return self._res_of
 
-    def _sync(self) -> None:
+    def sync(self) -> None:
         """Catch up with the block manager (``BlockManager.take_events``), in order: the blocks a sequence has
         full of computed tokens are quantized out of the residual, a freed block gives its residual slot back.
-        Every method that reads or changes the residual calls it first, so the scheduler, the engine and a
-        speculative rollback may call the manager directly."""
+
+        With ``auto_sync`` (the default) every method that reads or changes the residual (``read``, ``write``,
+        ``get_residual``, ``set_residual``, ``copy_blocks``, ``res_of``) calls it first, so whoever calls the
+        manager directly (a scheduler, a speculative rollback) needs no extra step. An engine that frees blocks
+        before it copies them out (swap) or schedules on another thread sets ``auto_sync = False`` and calls
+        ``sync()`` at points of its own."""
         for kind, blocks in self.manager.take_events():
             if kind == "computed":
                 self._seal(blocks)
@@ -423,16 +427,20 @@ class PagedKVCache:
                 for b in blocks:
                     self._release_residual(b)
 
+    def _auto_sync(self) -> None:
+        if self.auto_sync:
+            self.sync()
+
     def get_residual(self, block: int) -> torch.Tensor | None:
         """A copy of ``block``'s full-precision K [n_layers, block_size, n_kv_heads, head_dim], or None."""
-        self._sync()
+        self._auto_sync()
         r = self._res_of.get(block)
         return None if r is None else self.k_res[:, r].clone()
 
     def set_residual(self, block: int, k: torch.Tensor | None = None) -> None:
         """Give ``block`` a residual holding ``k`` (default: its dequantized codes, so a reopened block keeps
         its tokens)."""
-        self._sync()
+        self._auto_sync()
         if block not in self._res_of:
             if not self.res_free:
                 raise RuntimeError(
@@ -508,7 +516,7 @@ class PagedKVCache:
             for pool, x in ((self.k, k_new), (self.v, v_new)):
                 pool[layer_idx].view(-1, n_kv, d).index_copy_(0, slots, x.to(pool.dtype))
             return
-        self._sync()
+        self._auto_sync()
         codes, s = quantize_kv(v_new, self.quant)
         _raw(self.v[layer_idx]).view(-1, n_kv, d).index_copy_(0, slots, _raw(codes))
         self.v_scale[layer_idx].view(-1, n_kv).index_copy_(0, slots, s)
@@ -526,7 +534,7 @@ class PagedKVCache:
         """One layer's K and V pools [num_blocks, block_size, n_kv_heads, head_dim] in ``dtype`` (dequantized;
         the residual blocks' K exact)."""
         if self.quant:
-            self._sync()
+            self._auto_sync()
             k = dequantize_kv(self.k[layer_idx], self.k_scale[layer_idx], dtype, dim=1)
             if self._res_of:
                 if self._res_index is None:
