@@ -62,7 +62,7 @@ def _new():
     import test_paged
 
     return {
-        "harness": harness.tiny_config(),
+        "harness": harness.dp_tiny_config(),
         "mesh": mesh._config(),
         "weight_sync_64": ws.toy_config(64, 2),
         "weight_sync_16_1": ws.toy_config(16, 1),
@@ -83,8 +83,8 @@ def test_rlhf_tiny_config_is_the_tiny_preset_with_a_short_context():
     from mlsys_nb.memory import preset
     from mlsys_nb.rl import rlhf
 
-    assert rlhf.tiny_config() == replace(preset("tiny"), seq_len=32, name="tiny-rlhf")
-    assert rlhf.tiny_config(48).seq_len == 48
+    assert rlhf.rlhf_config() == replace(preset("tiny"), seq_len=32, name="tiny-rlhf")
+    assert rlhf.rlhf_config(48).seq_len == 48
 
 
 def test_the_size_check_bites_when_a_caller_forgets_an_override():

@@ -82,10 +82,10 @@ def _padded_layout(world):
     FSDP2 padded shard). ZeRO units (embedding, blocks, norm, head) are each padded to a multiple of
     ``world``; FSDP2 splits every parameter's rows into ceil(rows/world)-row shards."""
     from mlsys_nb.models import Transformer
-    from mlsys_nb.parallel.harness import tiny_config
+    from mlsys_nb.parallel.harness import dp_tiny_config
     from mlsys_nb.parallel.zero import default_units
 
-    model = Transformer(tiny_config())
+    model = Transformer(dp_tiny_config())
     units = [sum(p.numel() for p in u.parameters()) for u in default_units(model)]
     padded = sum(-(-u // world) * world for u in units)
     shard_rows = [(-(-p.shape[0] // world), p.numel() // p.shape[0]) for p in model.parameters()]
@@ -119,7 +119,7 @@ def _memory_module_prediction(world, stage, optimizer, impl="zero", rank=0):
     implementation's ``zero_layout``; FSDP2's optimizer states on ranks past 0 from ``sharded_elements``."""
     from mlsys_nb.config import TrainConfig
     from mlsys_nb.memory import estimate, sharded_elements
-    from mlsys_nb.parallel.harness import tiny_config
+    from mlsys_nb.parallel.harness import dp_tiny_config
 
     layout = "fsdp2" if impl == "fsdp2" else "units"
     train = TrainConfig(
@@ -133,10 +133,10 @@ def _memory_module_prediction(world, stage, optimizer, impl="zero", rank=0):
         device="cpu",
         kernels="eager",
     )
-    est = estimate(tiny_config(), train)
+    est = estimate(dp_tiny_config(), train)
     opt = est.optimizer + est.master
     if impl == "fsdp2" and rank:
-        el = sharded_elements(tiny_config(), world, "fsdp2", rank=rank)
+        el = sharded_elements(dp_tiny_config(), world, "fsdp2", rank=rank)
         opt = opt * el["local"] // el["shard"]
     return dict(params=est.params, grads=est.grads, optimizer=opt)
 
@@ -185,10 +185,10 @@ def test_zero3_gathers_one_unit_at_a_time_and_two_with_prefetch(runs):
     two with prefetch, which is what mlsys_nb.memory budgets ("2 x largest layer")."""
     from mlsys_nb.config import TrainConfig
     from mlsys_nb.memory import estimate
-    from mlsys_nb.parallel.harness import tiny_config
+    from mlsys_nb.parallel.harness import dp_tiny_config
 
     world, _, per_rank = runs
-    cfg = tiny_config()
+    cfg = dp_tiny_config()
     block = 4 * (
         cfg.hidden * (2 * cfg.q_dim + 2 * cfg.kv_dim) + 3 * cfg.hidden * cfg.ffn_hidden + 2 * cfg.hidden
     )  # q, o, k, v + gate, up, down + 2 norms, fp32

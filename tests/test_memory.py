@@ -460,9 +460,9 @@ def test_zero_layouts_pad_like_the_implementations_measured_on_three_ranks():
     """Elements per rank of the tiny model on 3 ranks, as measured (tests/test_ddp_zero_ranks.py):
     ZeRO units padded 22,695 (full) and 7,565 (shard); FSDP2 shards 7,863, rank 2's optimizer holds
     6,962 per state. The textbook one-buffer figure ("flat") misses them, so the layout matters."""
-    from mlsys_nb.parallel.harness import tiny_config
+    from mlsys_nb.parallel.harness import dp_tiny_config
 
-    cfg = tiny_config()
+    cfg = dp_tiny_config()
     units = memory.sharded_elements(cfg, 3, "units")
     assert (units["full"], units["shard"]) == (22695, 7565)
     assert memory.sharded_elements(cfg, 3, "fsdp2")["shard"] == 7863

@@ -20,7 +20,7 @@
   Llama 3 variant), ``shard_sequence``, ``positions``, ``check_cp_args``, ``causal_work``.
 - ``harness``: the run-and-compare harness: the same seeded model and batches under every
   data-parallel implementation (``compare_implementations``, ``train_parallel``, ``train_single``,
-  ``tiny_config``, ``make_batches``, ``time_ddp_steps``), compared with single-process training
+  ``dp_tiny_config``, ``make_batches``, ``time_ddp_steps``), compared with single-process training
   and with PyTorch's DDP/FSDP2.
 - ``mesh``: a pp x dp x cp x tp device mesh (``build_mesh``, ``coordinates``, ``grid``,
   ``group_ranks``) and training that combines DDP, TP/SP and the pipeline executor on it

@@ -62,7 +62,7 @@ def make_optimizer(name: str, params) -> torch.optim.Optimizer:
     return cls(params, **kwargs)
 
 
-def tiny_config(**overrides) -> ModelConfig:
+def dp_tiny_config(**overrides) -> ModelConfig:
     """``mlsys_nb.config.tiny_config`` named ``dp-tiny``: a 2-layer GQA/SwiGLU transformer of 22,688
     parameters; every unit's size divides by 8, so ZeRO's shards need no padding for N = 1, 2, 4, 8."""
     return _tiny_config(**{"name": "dp-tiny", **overrides})
@@ -204,7 +204,7 @@ def compare_implementations(
     "results": {optimizer: {impl: {max_diff_single, max_diff_torch_ddp, bytes_sent_per_step,
     calls_per_step, by_op, memory, seconds}}}}``."""
     world = dist.get_world_size()
-    cfg = tiny_config(**(cfg_overrides or {}))
+    cfg = dp_tiny_config(**(cfg_overrides or {}))
     batches = make_batches(cfg, steps, per_rank_batch * world, seed=seed + 1)
     initial = {n: p.detach().clone() for n, p in build_model(cfg, seed).named_parameters()}
     out = {"n_params": sum(p.numel() for p in initial.values()), "world_size": world, "results": {}, "moved": {}}

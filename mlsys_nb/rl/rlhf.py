@@ -81,7 +81,7 @@ def true_reward(text: str) -> float:
     return float(text.count("a") - 2 * max(0, len(text) - MAX_LEN))
 
 
-def tiny_config(seq_len: int = 32) -> ModelConfig:
+def rlhf_config(seq_len: int = 32) -> ModelConfig:
     """``config.tiny_config`` at the ``tiny`` preset's shape (``data/models.yaml``: 2 layers, hidden 64,
     4 heads, 2 KV heads, SwiGLU width 176, byte vocabulary 320) with a short context: enough for a 3-byte
     prompt and a 16-token response."""
@@ -184,11 +184,11 @@ class ScalarModel(nn.Module):
 
 
 def new_policy(cfg: ModelConfig | None = None, seed: int = 0):
-    """A random-weight ``mlsys_nb.models.Transformer`` (``tiny_config()`` by default)."""
+    """A random-weight ``mlsys_nb.models.Transformer`` (``rlhf_config()`` by default)."""
     from ..models.transformer import Transformer
 
     torch.manual_seed(seed)
-    return Transformer(cfg or tiny_config())
+    return Transformer(cfg or rlhf_config())
 
 
 def n_params(model: nn.Module) -> int:
@@ -288,7 +288,7 @@ def start_key(*, seed: int, steps: int, demos, train_pairs, batch: int = START_B
     (``ATEN_CPU_CAPABILITY``: other kernels sum in another order and train another model), and the source
     of every module the training runs (``START_SOURCES``), so an edit anywhere there makes a new key."""
     h = hashlib.sha256()
-    h.update(repr((seed, steps, batch, demos, train_pairs, tiny_config(), torch.__version__)).encode())
+    h.update(repr((seed, steps, batch, demos, train_pairs, rlhf_config(), torch.__version__)).encode())
     h.update(repr((torch.get_num_threads(), torch.backends.cpu.get_cpu_capability())).encode())
     pkg = Path(__file__).resolve().parent.parent
     for rel in START_SOURCES:
