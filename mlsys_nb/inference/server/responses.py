@@ -38,11 +38,11 @@ def error_event(err: APIError) -> str:
 def visible_text(text: str, finished: bool, stops: list[str]) -> str:
     """The part of ``text`` that can be streamed now: all of it once finished; else without the last
     ``max(len(stop)) - 1`` characters (a stop string may be completing) and without a trailing U+FFFD (an
-    unfinished UTF-8 character)."""
+    unfinished UTF-8 character). A text shorter than that hold shows nothing yet."""
     if finished:
         return text
     hold = max((len(s) - 1 for s in stops), default=0)
-    text = text[: len(text) - hold] if hold else text
+    text = text[: max(0, len(text) - hold)] if hold else text
     return text.rstrip("\ufffd")
 
 
