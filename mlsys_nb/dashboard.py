@@ -433,14 +433,14 @@ def self_check(dash: Dashboard) -> dict:
     for key, obj in dash.tabs.items():
         spec = dash.specs[key]
         start = obj.state()
-        table0, fig0 = obj.table().to_csv(), _figure_bytes(obj.figure)
+        table0, fig0 = obj.table().to_csv(), figure_bytes(obj.figure)
         obj.set_state(spec.probe)
         dash.refresh(key)
         if obj.error:
             problems.append(f"{key}: the probe {spec.probe} was refused: {obj.error}")
         elif obj.table().to_csv() == table0:
             problems.append(f"{key}: the probe {spec.probe} did not change the numbers")
-        elif _figure_bytes(obj.figure) == fig0:
+        elif figure_bytes(obj.figure) == fig0:
             problems.append(f"{key}: the probe {spec.probe} did not change the figure")
         obj.set_state(spec.invalid)
         dash.refresh(key)
@@ -453,7 +453,7 @@ def self_check(dash: Dashboard) -> dict:
     return {"ok": not problems, "tabs": list(dash.tabs), "problems": problems}
 
 
-def _figure_bytes(fig) -> bytes:
+def figure_bytes(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=40)
     return buf.getvalue()

@@ -262,7 +262,7 @@ def test_offload_step_equals_adamw_on_device_and_counts_its_bytes():
 
 def test_offload_without_the_copy_back_does_not_train_the_device_model(monkeypatch):
     """The key check broken: the parameters never come back from the host."""
-    monkeypatch.setattr(OffloadAdamW, "_parameters_to_device", lambda self: None)
+    monkeypatch.setattr(OffloadAdamW, "parameters_to_device", lambda self: None)
     a, b = _mlp(0), _mlp(0)
     _train(a, torch.optim.AdamW(a.parameters(), lr=1e-2), 1)
     _train(b, OffloadAdamW(b.parameters(), lr=1e-2), 1)

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from mlsys_nb import plots
-from mlsys_nb.dashboard import TABS, Dashboard, _figure_bytes, self_check
+from mlsys_nb.dashboard import TABS, Dashboard, figure_bytes, self_check
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_a_dashboard_without_images_draws_the_same_figures(dash, hidden):
     for key, obj in hidden.tabs.items():
         shown = dash.tabs[key]
         assert bytes(obj.image.value) == b"" and bytes(shown.image.value).startswith(b"\x89PNG"), key
-        assert _figure_bytes(obj.figure) == _figure_bytes(shown.figure), key
+        assert figure_bytes(obj.figure) == figure_bytes(shown.figure), key
         assert obj.table().equals(shown.table()), key
 
 
@@ -66,7 +66,7 @@ def test_the_same_figure_check_fails_when_a_hidden_tab_skips_its_drawing(dash, m
 
     monkeypatch.setattr(PipelineWidget, "draw", lambda self, result: None)  # an empty figure
     hidden = Dashboard(tabs=[t for t in TABS if t.key == "pipeline"], images=False)
-    assert _figure_bytes(hidden.tabs["pipeline"].figure) != _figure_bytes(dash.tabs["pipeline"].figure)
+    assert figure_bytes(hidden.tabs["pipeline"].figure) != figure_bytes(dash.tabs["pipeline"].figure)
 
 
 def test_intro_names_every_tab(dash):

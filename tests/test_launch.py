@@ -32,7 +32,7 @@ def no_process_may_start(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("a rank process was started despite invalid arguments")
 
-    monkeypatch.setattr(launch_module, "_start_rank", refuse)
+    monkeypatch.setattr(launch_module, "start_rank", refuse)
     monkeypatch.setattr(launch_module, "prestart", refuse)  # nor the rank factory, which launch starts early
 
 

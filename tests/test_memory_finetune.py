@@ -189,7 +189,7 @@ def test_offload_check_fails_when_gradients_stay_on_the_device(monkeypatch):
             m.grad.copy_(p.grad)
             self.bytes_to_host += p.grad.numel() * p.grad.element_size()
 
-    monkeypatch.setattr(OffloadAdamW, "_gradients_to_host", keep)
+    monkeypatch.setattr(OffloadAdamW, "gradients_to_host", keep)
     cfg = tiny_config(seq_len=8)
     est = estimate(cfg, TrainConfig(precision="fp32", offload="optimizer", seq_len=8, kernels="eager", device="cpu"))
     _, device = _offload_step(cfg)

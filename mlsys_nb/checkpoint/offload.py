@@ -42,13 +42,15 @@ class OffloadAdamW:
         self.bytes_to_host = 0
         self.bytes_to_device = 0
 
-    def _gradients_to_host(self) -> None:
+    def gradients_to_host(self) -> None:
+        """Step 1 of ``step``: copy each gradient to its fp32 master's ``.grad`` on the host, free the device's."""
         for p, m in zip(self.params, self.master):
             m.grad.copy_(p.grad)  # device -> host (cast up to fp32 if the gradient is bf16/fp16)
             self.bytes_to_host += p.grad.numel() * p.grad.element_size()
             p.grad = None  # the device no longer holds it (ZeRO-Offload streams gradients out during backward)
 
-    def _parameters_to_device(self) -> None:
+    def parameters_to_device(self) -> None:
+        """Step 3 of ``step``: copy the updated fp32 masters back into the device parameters (cast down)."""
         import torch
 
         with torch.no_grad():
@@ -57,9 +59,9 @@ class OffloadAdamW:
                 self.bytes_to_device += p.numel() * p.element_size()
 
     def step(self) -> None:
-        self._gradients_to_host()
+        self.gradients_to_host()
         self.inner.step()
-        self._parameters_to_device()
+        self.parameters_to_device()
 
     def zero_grad(self) -> None:
         for p in self.params:

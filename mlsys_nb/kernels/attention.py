@@ -49,6 +49,7 @@ __all__ = [
     "tile_partial",
     "causal_mask",
     "check_shapes",
+    "row_term",
 ]
 
 
@@ -180,7 +181,7 @@ class _FlashAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         b, kvh, sk, d = k.shape
         sq, g, scale = q.shape[2], q.shape[1] // kvh, 1.0 / math.sqrt(d)
-        delta = _row_term(dout, out)
+        delta = row_term(dout, out)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for qs, ks, mask in _tiles(sq, sk, ctx.bq, ctx.bk, ctx.causal, q.device):
             qt, kt, vt, dot = q[:, :, qs], _kv_tile(k, ks, g), _kv_tile(v, ks, g), dout[:, :, qs]
@@ -197,7 +198,7 @@ class _FlashAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-def _row_term(dout, out):
+def row_term(dout, out):
     """D = rowsum(dO ∘ O): ``[..., s_q]``, the softmax Jacobian's row term."""
     return (dout * out).sum(-1)
 

@@ -326,7 +326,7 @@ def _drop_lifeline_thread(dump: str) -> str:
     return "\n\n".join(tidy)
 
 
-def _start_rank(
+def start_rank(
     ctx, rank, world_size, port, backend, payload, timeout, start_timeout, threads, lifeline_r, echo
 ) -> _Rank:
     out_r, out_w = ctx.Pipe(duplex=False)
@@ -423,7 +423,7 @@ def launch(
         with without_main_module():  # each rank: a fresh process from the forkserver, told where the store is
             for r in range(world_size):
                 job = (r, world_size, store.port, backend, payload, rank_timeout, start_timeout, threads, lifeline_r)
-                ranks.append(_start_rank(ctx, *job, echo=output == "stream"))
+                ranks.append(start_rank(ctx, *job, echo=output == "stream"))
         lifeline_r.close()
         return _supervise(ranks, timeout, start_timeout, output)
     finally:
