@@ -1,10 +1,10 @@
-"""PPO on CartPole-v1: mlsys_nb.rl.ppo.train vs stable-baselines3's PPO with rl-zoo's published settings.
+"""PPO on CartPole-v1: mlsys_nb.rl.ppo.train_ppo vs stable-baselines3's PPO with rl-zoo's published settings.
 
     .venv/bin/python benchmarks/ppo.py [--seeds 10] [--quick]
 
 Both train with the same hyper-parameters (rl-zoo, DLR-RM/rl-baselines3-zoo, CartPole-v1: 8 envs, n_steps 32,
 batch 256, 20 epochs, gamma 0.98, GAE lambda 0.8, lr lin_1e-3, clip lin_0.2, 64-64 tanh actor and critic, one
-torch thread) and the same stopping rule: a greedy evaluation over 100 episodes (``mlsys_nb.rl.evaluate``,
+torch thread) and the same stopping rule: a greedy evaluation over 100 episodes (``mlsys_nb.rl.evaluate_policy``,
 same seeds) once the last 20 training episodes average >= 380, at most every 4096 steps; stop at a mean >= 475.
 Per seed, the two run one after the other in this process (so load from other jobs falls on both alike).
 Reported: env steps and wall time (training + evaluations, and training alone) to reach 475, medians and
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mlsys_nb.rl import evaluate, ppo, sb3_train
+from mlsys_nb.rl import evaluate_policy, ppo, sb3_train
 from mlsys_nb.runtime.machine import summary as machine
 from mlsys_nb.runtime.timing import Timer, median
 
@@ -41,7 +41,7 @@ def run(seeds: list[int], total_steps: int | None):
         for name in ("mlsys_nb", "stable-baselines3"):
             with Timer() as t:
                 if name == "mlsys_nb":
-                    policy, curve = ppo.train("CartPole-v1", seed=seed, total_steps=total_steps, progress=False)
+                    policy, curve = ppo.train_ppo("CartPole-v1", seed=seed, total_steps=total_steps, progress=False)
                 else:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
@@ -49,7 +49,7 @@ def run(seeds: list[int], total_steps: int | None):
                     policy = None
             wall = t.seconds
             fresh = (
-                float(evaluate(policy, "CartPole-v1", 100, 10**7 + 1000 * seed).mean())
+                float(evaluate_policy(policy, "CartPole-v1", 100, 10**7 + 1000 * seed).mean())
                 if policy is not None and total_steps is None
                 else float("nan")
             )
@@ -127,7 +127,7 @@ def main():
     )
     (OUT / "ppo_cartpole.md").write_text(
         "# PPO on CartPole-v1, seeds 0-9: every seed reaches 475\n\n"
-        "`mlsys_nb.rl.ppo.train('CartPole-v1', seed=s)` with its defaults, one torch thread; it stops at the first\n"
+        "`mlsys_nb.rl.ppo.train_ppo('CartPole-v1', seed=s)` with its defaults, one torch thread; it stops at the first\n"
         "greedy 100-episode evaluation with mean >= 475 (`passing_eval`). `fresh_eval`: the returned policy\n"
         "evaluated again, greedily, on 100 episodes with seeds never used in training (1e7 + 1000 s + i).\n"
         "Regenerate with `benchmarks/ppo.py` (also writes ppo_cartpole.csv).\n\n"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from mlsys_nb.rl import evaluate, pg, ppo
+from mlsys_nb.rl import evaluate_policy, pg, ppo
 
 SHORT = "mlsys_nb_test/CartPoleShort-v0"  # CartPole cut at 8 steps: nearly every episode is truncated
 if SHORT not in gym.registry:
@@ -124,33 +124,33 @@ def test_policy_is_greedy_and_accepts_one_or_many_observations():
 
 def test_evaluate_seeds_episode_i_with_seed_plus_i():
     policy = ppo.Policy(model(1))  # untrained greedy policy: short episodes whose length depends on the seed
-    together = evaluate(policy, "CartPole-v1", 4, seed=20)
-    alone = np.concatenate([evaluate(policy, "CartPole-v1", 1, seed=20 + i) for i in range(4)])
+    together = evaluate_policy(policy, "CartPole-v1", 4, seed=20)
+    alone = np.concatenate([evaluate_policy(policy, "CartPole-v1", 1, seed=20 + i) for i in range(4)])
     np.testing.assert_array_equal(together, alone)
     assert len(set(together)) > 1 and together.max() < 475
 
 
 def test_bad_input_is_named():
     with pytest.raises(ValueError, match="env_id 'CartPole-v9' is not a registered gymnasium environment"):
-        ppo.train("CartPole-v9", progress=False)
+        ppo.train_ppo("CartPole-v9", progress=False)
     with pytest.raises(ValueError, match="env_id"):
-        evaluate(ppo.Policy(model()), "NoSuchEnv-v0", 3, 0)
+        evaluate_policy(ppo.Policy(model()), "NoSuchEnv-v0", 3, 0)
     with pytest.raises(TypeError, match="only Discrete"):
         ppo.make_envs("Pendulum-v1", 2)
     with pytest.raises(ValueError, match="episodes must be an int >= 1"):
-        evaluate(ppo.Policy(model()), "CartPole-v1", 0, 0)
+        evaluate_policy(ppo.Policy(model()), "CartPole-v1", 0, 0)
     with pytest.raises(ValueError, match="clip must be a finite number > 0 and < 1"):
         ppo.ppo_loss(*(torch.zeros(2),) * 6, clip=1.5)
     with pytest.raises(ValueError, match="clip must be a finite number > 0 and < 1"):
-        ppo.Config(clip=0.0)
+        ppo.PPOConfig(clip=0.0)
     with pytest.raises(ValueError, match="gamma must be a finite number >= 0 and <= 1"):
-        ppo.Config(gamma=1.2)
+        ppo.PPOConfig(gamma=1.2)
     with pytest.raises(ValueError, match="lam must be a finite number >= 0 and <= 1"):
-        ppo.Config(lam=-0.5)
+        ppo.PPOConfig(lam=-0.5)
     with pytest.raises(ValueError, match="batch_size must divide"):
-        ppo.Config(batch_size=100)
+        ppo.PPOConfig(batch_size=100)
     with pytest.raises(ValueError, match=r"total_steps \(or None\) must be an int >= 1"):
-        ppo.train(total_steps=0, progress=False)
+        ppo.train_ppo(total_steps=0, progress=False)
 
 
 def test_baselines_reduce_measured_gradient_variance():
@@ -163,7 +163,7 @@ def test_baselines_reduce_measured_gradient_variance():
 
 
 def test_a_short_run_improves_and_the_curve_has_its_columns():
-    _, curve = ppo.train(seed=0, total_steps=6144, progress=False)
+    _, curve = ppo.train_ppo(seed=0, total_steps=6144, progress=False)
     assert list(curve.columns[:3]) == ["env_steps", "wall_s", "mean_return"]
     assert curve.env_steps.iloc[-1] == 6144 and curve.wall_s.is_monotonic_increasing
     assert curve.mean_return.iloc[-1] > 2 * curve.mean_return.dropna().iloc[0]
@@ -189,7 +189,7 @@ def test_an_early_stop_ends_on_a_full_progress_bar(monkeypatch):
             super().close()
 
     monkeypatch.setattr(tqdm.auto, "tqdm", Recorded)
-    _, curve = ppo.train(seed=0, threshold=1, max_steps=100_000, progress=True)
+    _, curve = ppo.train_ppo(seed=0, threshold=1, max_steps=100_000, progress=True)
     assert curve.attrs["reached"] is not None and curve.attrs["reached"] < 100_000
     assert closed and closed[-1] == (curve.attrs["reached"], curve.attrs["reached"])
 

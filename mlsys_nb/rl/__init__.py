@@ -6,9 +6,9 @@
   variance of the gradient estimate), ``train_reinforce``, and the one-step actor-critic
   ``train_actor_critic``.
 - ``ppo``: ``ppo_loss`` (clipped surrogate, value loss, entropy bonus, advantage normalisation),
-  ``train(env_id="CartPole-v1", seed=0, total_steps=None) -> (policy, curve)`` (vector envs with
-  same-step autoreset, minibatch epochs, stops at a greedy 100-episode mean of 475), ``Config``.
-- ``evaluate(policy, env_id, episodes, seed)`` -> returns per episode (episode i seeded ``seed + i``).
+  ``train_ppo(env_id="CartPole-v1", seed=0, total_steps=None) -> (policy, curve)`` (vector envs with
+  same-step autoreset, minibatch epochs, stops at a greedy 100-episode mean of 475), ``PPOConfig``.
+- ``evaluate_policy(policy, env_id, episodes, seed)`` -> returns per episode (episode i seeded ``seed + i``).
 - ``sb3_train``: the same task with stable-baselines3's PPO (rl-zoo settings), for comparisons.
 - ``rlhf``: RLHF on a tiny language model: a hidden true reward, SFT, a Bradley-Terry reward model, PPO with
   the four models and a per-token KL penalty, GRPO, DPO, and reward hacking at KL coefficient 0.
@@ -23,7 +23,7 @@ from .gae import discounted_returns, gae
 
 __all__ = [
     "discounted_returns",
-    "evaluate",
+    "evaluate_policy",
     "gae",
     "pg",
     "placement",
@@ -31,7 +31,7 @@ __all__ = [
     "rlhf",
     "sb3_train",
     "sizing",
-    "train",
+    "train_ppo",
     "weight_sync",
 ]
 
@@ -41,7 +41,7 @@ def __getattr__(name):  # torch, gymnasium and pandas load on first use
 
     if name in ("ppo", "pg", "rlhf", "weight_sync", "placement", "sizing"):
         return importlib.import_module(f".{name}", __name__)
-    if name in ("evaluate", "train"):
+    if name in ("evaluate_policy", "train_ppo"):
         from . import ppo
 
         return getattr(ppo, name)

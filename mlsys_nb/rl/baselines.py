@@ -3,7 +3,7 @@
 ``sb3_train(env_id, seed)`` uses rl-zoo's published CartPole-v1 settings (DLR-RM/rl-baselines3-zoo,
 PPO hyper-parameters: 8 envs, n_steps 32, batch 256, gae_lambda 0.8, gamma 0.98, 20 epochs,
 ent_coef 0, learning rate lin_1e-3 and clip lin_0.2 over 1e5 steps) and the stopping protocol of
-``mlsys_nb.rl.ppo.train``: a greedy evaluation over 100 episodes (same seeds, same ``evaluate``)
+``mlsys_nb.rl.ppo.train_ppo``: a greedy evaluation over 100 episodes (same seeds, same ``evaluate_policy``)
 once the last 20 training episodes average 0.8 x threshold, at most every 4096 steps.
 """
 
@@ -28,7 +28,7 @@ def sb3_train(
     eval_trigger: float = 0.8,
     eval_every: int = 4096,
 ):
-    """Train SB3 PPO until the greedy evaluation reaches ``threshold``; returns ``(model, curve)`` like ``train``."""
+    """Train SB3 PPO until greedy evaluation reaches ``threshold``; returns ``(model, curve)`` like ``train_ppo``."""
     import pandas as pd
     import torch
     from stable_baselines3 import PPO
@@ -37,7 +37,7 @@ def sb3_train(
     from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.utils import LinearSchedule
 
-    from .ppo import check_env_id, evaluate
+    from .ppo import check_env_id, evaluate_policy
 
     spec = check_env_id(env_id)
     threshold = spec.reward_threshold if threshold is None else threshold
@@ -79,7 +79,7 @@ def sb3_train(
                 self.last_eval = steps
                 with Timer() as t:
                     eval_return = float(
-                        evaluate(policy, env_id, eval_episodes, 10**6 + 1000 * seed, stop_below=threshold).mean()
+                        evaluate_policy(policy, env_id, eval_episodes, 10**6 + 1000 * seed, stop_below=threshold).mean()
                     )
                 self.eval_s += t.seconds
             self.rows.append((steps, self.clock.elapsed(), mean_return, eval_return))

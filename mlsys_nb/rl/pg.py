@@ -198,7 +198,7 @@ def train_actor_critic(
     progress: bool = True,
 ):
     """Advantage actor-critic: per rollout, A from ``gae`` (lam = 0: one-step TD errors), and ONE step on
-    -mean(log pi * A) + 0.5 * mean((V - R)^2) - ent_coef * H. Returns ``(policy, curve)`` like ``ppo.train``."""
+    -mean(log pi * A) + 0.5 * mean((V - R)^2) - ent_coef * H. Returns ``(policy, curve)`` like ``ppo.train_ppo``."""
     import pandas as pd
     from tqdm.auto import tqdm
 

@@ -10,7 +10,7 @@ paper). Environments reset in the same step an episode ends (gymnasium's ``Autor
 so every stored transition is real; when an episode is cut by the time limit (truncated, not
 terminated) the step's reward gets ``gamma * V(final_obs)`` so the value keeps bootstrapping.
 
-``train(env_id, seed)`` runs until a greedy 100-episode evaluation reaches ``threshold`` (475 for
+``train_ppo(env_id, seed)`` runs until a greedy 100-episode evaluation reaches ``threshold`` (475 for
 CartPole-v1) or ``total_steps`` environment steps; defaults are rl-zoo's CartPole-v1 settings
 (8 envs x 32 steps, batch 256, 20 epochs, gamma 0.98, lambda 0.8, lr 1e-3 and clip 0.2 both linearly
 decayed, tanh 64-64 actor and critic).
@@ -213,14 +213,14 @@ class Rollout:
 
 
 # ------------------------------------------------------------------ evaluation
-def evaluate(
+def evaluate_policy(
     policy, env_id: str = "CartPole-v1", episodes: int = 100, seed: int = 0, stop_below: float | None = None
 ) -> np.ndarray:
     """Returns of ``episodes`` episodes of ``policy`` (greedy if it is a ``Policy``); episode i reset with
     seed ``seed + i``. All episodes run side by side in one vector env.
 
     ``stop_below``: give up early (returning what finished, padded with 0) once the mean over all
-    episodes can no longer reach that value (used by ``train`` to skip hopeless evaluations; the bound
+    episodes can no longer reach that value (used by ``train_ppo`` to skip hopeless evaluations; the bound
     assumes rewards <= 1 per step and a time limit, as in CartPole).
     """
     check_int("episodes", episodes, 1)
@@ -246,7 +246,7 @@ def evaluate(
 
 # ------------------------------------------------------------------ training
 @dataclasses.dataclass
-class Config:
+class PPOConfig:
     """PPO hyper-parameters (defaults: rl-zoo's CartPole-v1: DLR-RM/rl-baselines3-zoo, PPO hyper-parameters)."""
 
     n_envs: int = 8
@@ -280,7 +280,7 @@ class Config:
         check_number("lr", self.lr, 0, lo_open=True)
 
 
-def update(model, opt, batch: dict, cfg: Config, clip: float, generator=None) -> dict:
+def update(model, opt, batch: dict, cfg: PPOConfig, clip: float, generator=None) -> dict:
     """``cfg.epochs`` passes of minibatch PPO over one rollout (flattened over time and envs)."""
     from .gae import gae
 
@@ -319,13 +319,13 @@ def update(model, opt, batch: dict, cfg: Config, clip: float, generator=None) ->
     return parts
 
 
-def train(
+def train_ppo(
     env_id: str = "CartPole-v1",
     seed: int = 0,
     total_steps: int | None = None,
     *,
     threshold: float | None = None,
-    config: Config | None = None,
+    config: PPOConfig | None = None,
     eval_episodes: int = 100,
     max_steps: int = 500_000,
     progress: bool = True,
@@ -344,7 +344,7 @@ def train(
     from tqdm.auto import tqdm
 
     spec = check_env_id(env_id)
-    cfg = config or Config()
+    cfg = config or PPOConfig()
     if threshold is None:
         threshold = spec.reward_threshold if spec.reward_threshold is not None else math.inf
     if total_steps is not None:
@@ -382,7 +382,7 @@ def train(
                 last_eval = steps
                 with Timer() as t_eval:
                     eval_return = float(
-                        evaluate(policy, env_id, eval_episodes, 10**6 + 1000 * seed, stop_below=threshold).mean()
+                        evaluate_policy(policy, env_id, eval_episodes, 10**6 + 1000 * seed, stop_below=threshold).mean()
                     )
                 eval_s += t_eval.seconds
             rows.append((steps, clock.elapsed(), mean_return, eval_return))

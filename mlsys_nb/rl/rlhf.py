@@ -428,7 +428,7 @@ def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k1") ->
 
 
 @torch.no_grad()
-def evaluate(policy, reference, reward_model, *, n: int = 128, seed: int = 1234) -> dict:
+def evaluate_rlhf(policy, reference, reward_model, *, n: int = 128, seed: int = 1234) -> dict:
     """Sample ``n`` responses (temperature 1) and report the mean true reward, reward-model score, response
     length and KL(policy || reference) per sequence (k1 summed over tokens)."""
     gen = torch.Generator().manual_seed(seed)
@@ -514,7 +514,7 @@ def late_mean(history: pd.DataFrame, late_share: float = 0.25) -> pd.Series:
 
 
 def _history_row(it, policy, reference, rm, clock, flops, seed):
-    row = {"iteration": it, **evaluate(policy, reference, rm, seed=seed)}
+    row = {"iteration": it, **evaluate_rlhf(policy, reference, rm, seed=seed)}
     row.update(wall_s=clock.elapsed(), flops=flops)
     return row
 
