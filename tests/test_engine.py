@@ -437,14 +437,15 @@ def test_cuda_graphs_need_cuda(model):
 def _static_decode(model, seed: int, steps: int):
     """Three requests stepped ``steps`` times, then their next (decode-only) batch packed (``StepBatch``) and loaded
     into the 8-row static buffers a CUDA graph captures (``StaticDecodeBatch``, on CPU): -> (batch, io)."""
-    from mlsys_nb.inference.model_runner import StepBatch, StaticDecodeBatch
+    from mlsys_nb.inference.cuda_graphs import StaticDecodeBatch
+    from mlsys_nb.inference.model_runner import StepBatch
 
     eng = LLM(model, block_size=4).engine
     for i, p in enumerate(random_prompts(3, 5, 30, seed=seed)):
         eng.add_request(str(i), p, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     for _ in range(steps):
         eng.step()
-    scheduled = eng.scheduler.schedule()
+    scheduled = eng.scheduler.schedule().scheduled
     assert all(n == 1 for _, n in scheduled) and len(scheduled) == 3
     batch = StepBatch(eng.kv, scheduled)
     io = StaticDecodeBatch(eng.kv, 8, eng.kv.manager.blocks_needed(eng.max_model_len), "cpu")
@@ -493,7 +494,7 @@ def test_cuda_graph_forward_has_no_host_sync(model, monkeypatch):
     """What ``CUDAGraphRunner`` captures (the model over ``StaticDecodeBatch``'s buffers) runs no op that syncs with
     the host; with RoPE's device-side bound check back on (the cache not saying its positions were checked on
     the host), the same forward is caught."""
-    from mlsys_nb.inference.model_runner import StaticDecodeBatch
+    from mlsys_nb.inference.cuda_graphs import StaticDecodeBatch
 
     _, io = _static_decode(model, seed=13, steps=3)
     with torch.inference_mode():

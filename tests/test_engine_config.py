@@ -57,7 +57,7 @@ def test_keywords_and_a_config_give_the_same_engine_and_keywords_win(model):
         assert eng.kv.block_size == 4 and eng.kv.manager.num_blocks == 40
     assert LLM(model, config=c, block_size=8).engine.kv.block_size == 8  # a keyword overrides the config
     assert LLMEngine(model, None, c, max_num_seqs=5).scheduler.max_num_seqs == 5
-    sched = Scheduler(a.engine.kv, EngineConfig(max_num_seqs=7, continuous_batching=False))
+    sched = Scheduler(a.engine.kv.manager, EngineConfig(max_num_seqs=7, continuous_batching=False))
     assert sched.max_num_seqs == 7 and sched.continuous is False
 
 
@@ -153,7 +153,7 @@ def test_cuda_graphs_are_the_default_on_cuda_and_each_refusal_says_why(model):
     """Which configurations capture CUDA-graph decode (the default on CUDA; ``enforce_eager=True`` turns it off) and
     why the others do not; on this CPU the engine says why it runs eager. The captured sizes cover every decode batch
     the engine can form (each fits the next size up), 1 to ``max_num_seqs`` capped at 512."""
-    from mlsys_nb.inference.model_runner import GRAPH_BUCKETS, cuda_graph_refusal, graph_buckets
+    from mlsys_nb.inference.cuda_graphs import GRAPH_BUCKETS, cuda_graph_refusal, graph_buckets
 
     assert cuda_graph_refusal(EngineConfig(), "cuda") is None
     for kw, why in (

@@ -11,12 +11,18 @@ needs the sampled token). ``close()`` joins the thread; the engine then goes on 
 Its ``step`` is ``LLMEngine.step`` with the schedule and the batch usually taken ready from the look-ahead and
 the next look-ahead started beside the forward; scheduling, sampling, the outputs and the fault isolation are
 ``LLMEngine``'s parts (this file imports nothing of the engine: the engine imports it).
+
+No copy races a forward: the look-ahead only DECIDES (``scheduler.SchedulerOutput``; the block manager's
+bookkeeping, no tensor), and every K/V copy it decides (swap out, copy-on-write, swap in) is done by the
+runner's ``move_blocks`` on the engine's thread at the start of the step that runs it, after the previous
+forward has returned. The pool syncs with its block manager only there (``kv.sync()`` inside
+``move_blocks``), never at the end of a step: the look-ahead has already freed blocks whose K/V the next
+step copies out first.
 ``LLMEngine(..., async_scheduling=True)`` builds an ``AsyncLLMEngine``.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +31,7 @@ import torch
 
 from ..runtime.profiling import ranged
 from ..runtime.timing import Laps
+from .scheduler import SchedulerOutput
 from .sequence import RequestOutput, Sequence, SequenceStatus
 
 __all__ = ["LOOKAHEAD_TIMEOUT_S", "PLACEHOLDER", "AsyncScheduling", "LookAhead"]
@@ -40,25 +47,16 @@ class LookAhead:
     ``start(fn, *args)`` runs ``fn`` on the worker. ``result(future)`` waits for it (at most
     ``LOOKAHEAD_TIMEOUT_S`` seconds) and, if it raised, stops the worker and raises a ``RuntimeError`` from
     its exception: a look-ahead that failed half-way leaves the engine's state half-updated, so the engine
-    refuses further steps. ``wait_forward()`` (the scheduler's ``before_preempt``) lets the worker wait for
-    the forward in flight before a preemption frees or copies blocks that forward may be writing.
-    ``close()`` joins the thread; it also runs when the engine is garbage-collected."""
+    refuses further steps. ``close()`` joins the thread; it also runs when the engine is garbage-collected."""
 
     def __init__(self, owner):
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="mlsys-lookahead")
-        self.forward_done = threading.Event()
-        self.forward_done.set()  # no forward in flight
         self.next = None  # (scheduled, batch, worker seconds) prepared for the next step, or None
         self.error: BaseException | None = None
         self._finalizer = weakref.finalize(owner, self.pool.shutdown, True)  # no reference to the engine
 
     def start(self, fn, *args):
-        self.forward_done.clear()
         return self.pool.submit(fn, *args)
-
-    def wait_forward(self) -> None:
-        if not self.forward_done.wait(LOOKAHEAD_TIMEOUT_S):
-            raise TimeoutError(f"async scheduling: the forward in flight took over {LOOKAHEAD_TIMEOUT_S} s")
 
     def result(self, future):
         try:
@@ -86,7 +84,6 @@ class AsyncScheduling:
     def __init__(self, model, tokenizer=None, config=None, **options):
         super().__init__(model, tokenizer, config, **options)
         self._ahead = LookAhead(self)
-        self.scheduler.before_preempt = self._ahead.wait_forward  # no preemption under a running forward
 
     @ranged("engine.step")
     def step(self) -> list[RequestOutput]:
@@ -97,10 +94,13 @@ class AsyncScheduling:
         if ahead.error is not None:
             raise RuntimeError("async scheduling failed in an earlier step: the engine is stopped") from ahead.error
         t = Laps()  # wall seconds of the phases of this step
-        scheduled, batch, extra = self._take_prepared()  # 1. schedule: usually done by the look-ahead
-        if not scheduled:
-            scheduled = self._schedule()
+        out, batch, extra = self._take_prepared()  # 1. schedule: usually decided by the look-ahead
+        if not out.scheduled:  # nothing prepared (or all of it finished since): schedule now
+            self.runner.move_blocks(out)
+            out, batch = self._schedule(), None
+        self.runner.move_blocks(out)  # the copies it decided, here: no forward is running
         t("schedule")
+        scheduled = out.scheduled
         if not scheduled:
             return self._idle()
         batch = batch if batch is not None else self.runner.prepare(scheduled)
@@ -108,10 +108,7 @@ class AsyncScheduling:
         future = ahead.start(self._look_ahead, scheduled, list(batch.sample_seqs))  # step t+1, on the worker
         f0 = time.perf_counter()
         try:  # 2. run: this step's forward, beside the worker
-            try:
-                logits = self.runner.forward(batch)
-            finally:
-                ahead.forward_done.set()
+            logits = self.runner.forward(batch)
         except Exception as e:
             self._undo_look_ahead(future, scheduled, batch.sample_seqs)
             return self._isolate_forward(scheduled, e)
@@ -141,16 +138,17 @@ class AsyncScheduling:
             seq.output_token_ids.pop()
 
     def _look_ahead(self, scheduled, sampling: list[Sequence]):
-        """On the worker, while step t's forward runs: step t+1's schedule and batch, as if step t were done
-        (every scheduled token computed, a ``PLACEHOLDER`` token for each sequence that samples). Returns
-        (schedule, batch or None, {"lookahead": worker seconds, "span": its start and end, perf_counter})."""
+        """On the worker, while step t's forward runs: step t+1's ``SchedulerOutput`` and batch, as if step t
+        were done (every scheduled token computed, a ``PLACEHOLDER`` token for each sequence that samples); it
+        touches the block manager only, no tensor of the pool. Returns (output, batch or None, {"lookahead":
+        worker seconds, "span": its start and end, perf_counter})."""
         t0 = time.perf_counter()
         for seq, n in scheduled:
             seq.num_computed_tokens += n
         for seq in sampling:
             seq.output_token_ids.append(PLACEHOLDER)
         nxt = self._schedule()
-        batch = self.runner.prepare(nxt) if nxt else None
+        batch = self.runner.prepare(nxt.scheduled) if nxt.scheduled else None
         t1 = time.perf_counter()
         return nxt, batch, {"lookahead": t1 - t0, "span": (t0, t1)}
 
@@ -176,21 +174,23 @@ class AsyncScheduling:
             nxt[1].tokens[0, rows] = torch.tensor(toks, dtype=nxt[1].tokens.dtype, device=nxt[1].tokens.device)
 
     def _take_prepared(self):
-        """The look-ahead's schedule and batch for this step, without the sequences that finished (or were
-        aborted) since: their batch is built again. ([], None, {}) when there is none."""
+        """The look-ahead's ``SchedulerOutput`` and batch for this step, without the sequences that finished (or
+        were aborted) since: their batch is built again (its block moves stay). An empty output when there is
+        none."""
         nxt, self._ahead.next = self._ahead.next, None
         if nxt is None:
-            return [], None, {}
-        scheduled, batch, extra = nxt
-        live = [(s, n) for s, n in scheduled if s.status is SequenceStatus.RUNNING]
-        if len(live) < len(scheduled):
-            batch = self.runner.prepare(live) if live else None
-        return live, batch, extra
+            return SchedulerOutput(), None, {}
+        out, batch, extra = nxt
+        live = [(s, n) for s, n in out.scheduled if s.status is SequenceStatus.RUNNING]
+        if len(live) < len(out.scheduled):
+            out.scheduled, batch = live, self.runner.prepare(live) if live else None
+        return out, batch, extra
 
     def _undo_look_ahead(self, future, scheduled, sampling) -> None:
         """Step t's forward raised: take back what the look-ahead assumed (placeholders, their reserved
-        slots, the advanced computed counts); sequences it admitted stay admitted."""
-        self._ahead.result(future)
+        slots, the advanced computed counts); sequences it admitted stay admitted, and the block moves it
+        decided are done (a swapped-out sequence's blocks are already free)."""
+        self.runner.move_blocks(self._ahead.result(future)[0])
         self._ahead.next = None
         mgr = self.kv.manager
         for seq in sampling:
@@ -207,4 +207,6 @@ class AsyncScheduling:
         are scheduled again)."""
         if self._ahead is not None:
             self._ahead.close()
-            self._ahead, self.scheduler.before_preempt = None, None
+            if self._ahead.next is not None:  # its block moves were decided: do them
+                self.runner.move_blocks(self._ahead.next[0])
+            self._ahead = None

@@ -36,45 +36,29 @@ request whose sequences raise inside ``step()`` fails alone (``RequestOutput.err
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-import threading
 import time
-import warnings
 
 import torch
 
 from ..config import check_int
 from ..runtime.profiling import ranged
 from ..runtime.timing import Laps
-from .model_runner import ModelRunner, SwapPool, cuda_graph_refusal, graph_buckets
 from .async_engine import AsyncScheduling
 from .config import EngineConfig
+from .cuda_graphs import capture_decode_graphs
+from .inputs import InputProcessor, Prepared
+from .loading import is_hf_model, load_state_dict, resolve_eos, resolve_model, resolve_tokenizer
 from .metrics import PHASES, EngineMetrics
+from .model_runner import ModelRunner
 from .paged import allocate_kv_cache
 from .sampler import apply_mask, logprob_entry, sample
 from .sampling_params import ParamError, SamplingParams
-from .scheduler import Scheduler
-from .speculative import BatchSpeculator, SpecStats, VerifyView
+from .scheduler import Scheduler, SchedulerOutput
 from .sequence import RequestOutput, Sequence, SequenceStatus
-from .tokenizer import ByteTokenizer, decode_stream
-
-_GRAMMAR_LOCK = threading.Lock()
-
-
-@dataclasses.dataclass
-class Prepared:
-    """A validated request ready to queue (``LLMEngine.prepare``): prompt text (or None), its token ids,
-    the final ``SamplingParams`` (``max_tokens`` resolved), the compiled grammar or None, one torch
-    generator (or None) per sample, and ``budget``: the tokens it can really still produce,
-    min(max_tokens, context − prompt), the budget its grammar mask plans for."""
-
-    prompt: str | None
-    ids: list[int]
-    params: SamplingParams
-    grammar: object
-    generators: list
-    budget: int
+from .spec_batch import BatchSpeculator, split_verify, verify_feed
+from .speculative import SpecStats
+from .tokenizer import decode_stream
 
 
 class LLMEngine:
@@ -89,10 +73,9 @@ class LLMEngine:
     def __init__(self, model, tokenizer=None, config: EngineConfig | None = None, **options):
         """``config``: an ``EngineConfig``; ``options``: its fields by name, overriding ``config``'s."""
         self.config = c = EngineConfig.build(config, **options)
-        hf = _is_hf(model)
+        hf = is_hf_model(model)
         self.model = resolve_model(model, c.seed).eval()
         self.tokenizer = resolve_tokenizer(tokenizer, self.model, hf)
-        self.eos_token_ids = resolve_eos(self.tokenizer, model if hf else None)
         p = next(self.model.parameters())
         self.kv = allocate_kv_cache(self.model.cfg, c, p.dtype, p.device)  # blocks from kv_cache_memory (paged.py)
         self.max_model_len = self.kv.manager.max_seq_len  # tokens; one sequence alone always fits
@@ -102,33 +85,21 @@ class LLMEngine:
                 c.max_num_batched_tokens,
                 self.max_model_len,
             )
-        pool = SwapPool(self.kv, c.swap_blocks or self.kv.manager.num_blocks) if c.preemption_mode == "swap" else None
-        self.scheduler = Scheduler(self.kv, c, swap_pool=pool)
-        self.runner = ModelRunner(self.model, self.kv)
-        self.cuda_graphs_off = self._capture_cuda_graphs()  # why the decode step runs eager, or None
+        self.inputs = InputProcessor(  # validates and tokenises requests, compiles grammars (inputs.py)
+            self.tokenizer,
+            self.model.cfg.vocab_size,
+            self.max_model_len,
+            resolve_eos(self.tokenizer, model if hf else None),
+            c.max_grammar_states,
+        )
+        self.scheduler = Scheduler(self.kv.manager, c)  # decides: what runs, which blocks move
+        self.runner = ModelRunner(self.model, self.kv, self.scheduler.swap_blocks)  # moves bytes, runs the model
+        self.cuda_graphs_off = capture_decode_graphs(self.runner, c)  # why the decode step runs eager, or None
         self.speculator = self._build_speculator()  # speculative decoding inside the batch, or None
         self.generator = torch.Generator(device="cpu").manual_seed(c.seed)
         self.requests: dict[str, list[Sequence]] = {}
         self.metrics = EngineMetrics(c.step_times_window)  # stats, latency histograms, step_times
-        self.max_grammar_states = c.max_grammar_states
         self._ids = itertools.count()
-
-    def _capture_cuda_graphs(self) -> str | None:
-        """CUDA-graph decode (vLLM's default; ``enforce_eager=True`` turns it off): why not, or None if captured."""
-        off = cuda_graph_refusal(self.config, next(self.model.parameters()).device)
-        if off is not None:
-            return off
-        try:
-            self.runner.capture_cuda_graphs(graph_buckets(self.config.max_num_seqs))
-        except RuntimeError as e:  # a model whose forward a graph cannot hold: run eager, and say why
-            self.runner.graphs = None
-            warnings.warn(
-                f"CUDA graph capture failed, the engine runs eager ({e}); enforce_eager=True skips the capture",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            return f"capture failed: {e}"
-        return None
 
     def _build_speculator(self) -> BatchSpeculator | None:
         """``speculative_model`` (a draft model, a preset name or "ngram") as a ``BatchSpeculator``, or None."""
@@ -175,47 +146,18 @@ class LLMEngine:
     def prepare(self, prompt, params: SamplingParams | None = None, *, strict_context: bool = False) -> Prepared:
         """Validate a request fully and do its long work (tokenising, compiling its grammar) WITHOUT touching
         the engine's state: safe to call from another thread while ``step()`` runs (the server does).
+        ``InputProcessor.prepare`` (inputs.py): ``max_tokens=None`` becomes the rest of the context;
+        ``strict_context`` refuses a ``max_tokens`` beyond it. Raises ``ParamError`` naming the parameter."""
+        return self.inputs.prepare(prompt, params, strict_context=strict_context)
 
-        ``params.max_tokens=None`` becomes the rest of the context. ``strict_context``: a ``max_tokens``
-        beyond the context is an error (the server's rule, as vLLM's), else generation stops at the end of
-        the context (finish reason "length"). Raises ``ParamError`` (a ValueError) naming the parameter."""
-        params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ParamError("params", f"params must be a SamplingParams, got {type(params).__name__}")
-        ids = self.encode(prompt)
-        vocab = self.model.cfg.vocab_size
-        if not ids:
-            raise ParamError("prompt", "prompt is empty: a request needs at least one token")
-        if any(not 0 <= t < vocab for t in ids):
-            raise ParamError("prompt", f"prompt token ids must be in [0, {vocab}) (the model's vocab_size)")
-        if len(ids) >= self.max_model_len:
-            raise ParamError(
-                "prompt",
-                f"prompt of {len(ids)} tokens is too long: the context is max_model_len="
-                f"{self.max_model_len} tokens, including at least one generated token",
-            )
-        rest = self.max_model_len - len(ids)
-        if params.max_tokens is None:
-            params = dataclasses.replace(params, max_tokens=rest)
-        elif strict_context and params.max_tokens > rest:
-            raise ParamError(
-                "max_tokens",
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, {params.max_tokens} in the "
-                f"completion): max_tokens must be <= {rest}",
-            )
-        if params.logprobs is not None and params.logprobs > vocab:
-            raise ParamError("logprobs", f"logprobs={params.logprobs}: must be <= the vocabulary size {vocab}")
-        for name, toks in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias or {})):
-            if any(not 0 <= t < vocab for t in toks):
-                raise ParamError(name, f"{name}: token ids must be in [0, {vocab}) (the model's vocab_size)")
-        gens = []
-        for i in range(params.n):  # every sample's generator before anything is queued (add_request is atomic)
-            seed = params.sample_seed(i)
-            gens.append(None if seed is None else torch.Generator(device="cpu").manual_seed(seed))
-        budget = min(params.max_tokens, rest)  # generation stops at whichever comes first
-        grammar = self._grammar(params, ids, budget) if params.structured else None
-        return Prepared(prompt if isinstance(prompt, str) else None, ids, params, grammar, gens, budget)
+    @property
+    def eos_token_ids(self) -> set[int]:
+        """The end-of-sequence ids (the tokenizer's, else a transformers model's generation config's)."""
+        return self.inputs.eos_token_ids
+
+    @eos_token_ids.setter
+    def eos_token_ids(self, ids) -> None:
+        self.inputs.eos_token_ids = ids
 
     def add_request(
         self,
@@ -252,58 +194,6 @@ class LLMEngine:
         for seq in seqs:  # nothing above touched the engine's state
             self.scheduler.add(seq)
         self.requests[request_id] = seqs
-
-    def _grammar(self, params: SamplingParams, ids: list[int], budget: int):
-        """Compile a request's json_schema/regex/choice into a budget-aware token mask (structured.py);
-        ``budget``: the tokens the request can produce, so a match that cannot end within it is refused."""
-        from .structured import Grammar, GrammarError
-
-        vocab = self.model.cfg.vocab_size
-        eos = min(self.eos_token_ids, default=None)
-        if self.tokenizer is None or eos is None or not 0 <= eos < vocab:
-            raise GrammarError(
-                f"structured outputs need a tokenizer with an end-of-sequence id below vocab_size={vocab} "
-                f"(got tokenizer {type(self.tokenizer).__name__}, eos {eos}); pass LLM(model, tokenizer=...)"
-            )
-        tb, strips = self._token_bytes()
-        given = next(n for n in ("json_schema", "regex", "choice") if getattr(params, n) is not None)
-        with _GRAMMAR_LOCK:  # one compilation at a time: bounded memory however many requests bring one
-            try:
-                g = Grammar.compile(
-                    json_schema=params.json_schema,
-                    regex=params.regex,
-                    choice=params.choice,
-                    vocab_size=vocab,
-                    eos_id=eos,
-                    token_bytes=tb,
-                    no_leading_space=strips,
-                    max_states=self.max_grammar_states,
-                )
-            except GrammarError as e:
-                e.param = e.param or given  # the request parameter that brought the grammar
-                raise
-        if params.max_tokens < max(1, g.min_tokens):
-            raise GrammarError(
-                f"max_tokens={params.max_tokens} is out of range: the shortest match takes {g.min_tokens} tokens",
-                param="max_tokens",
-            )
-        if budget < g.min_tokens:  # the context, not max_tokens, is the binding limit
-            raise GrammarError(
-                f"prompt of {len(ids)} tokens + the shortest match ({g.min_tokens}) exceeds "
-                f"max_model_len={self.max_model_len}",
-                param="prompt",
-            )
-        return g
-
-    def _token_bytes(self):
-        """Each token's bytes for grammar masks (``tokenizer.token_bytes``, cached per tokenizer)."""
-        from .structured import GrammarError
-        from .tokenizer import TokenBytesError, token_bytes
-
-        try:
-            return token_bytes(self.tokenizer, self.model.cfg.vocab_size)
-        except TokenBytesError as e:
-            raise GrammarError(str(e)) from None
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now (e.g. its client went away) and free its blocks."""
@@ -349,40 +239,43 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule -> run the model on the batch -> sample -> update -> outputs.
 
-        If the forward raises, each scheduled request runs alone and those that raise fail
-        (``RequestOutput.error``); a sequence whose sampling or detokenization raises fails alone. With a
-        ``speculator``, a decode and its drafts are one verify chunk, accepted per sequence."""
+        The scheduler decides (a ``SchedulerOutput``: what runs, which K/V blocks move); the runner moves the
+        blocks, then runs the forward. If the forward raises, each scheduled request runs alone and those that
+        raise fail (``RequestOutput.error``); a sequence whose sampling or detokenization raises fails alone.
+        With a ``speculator``, a decode and its drafts are one verify chunk, accepted per sequence."""
         t = Laps()  # wall seconds of the phases of this step
-        scheduled = self._schedule()  # 1. schedule
+        out = self._schedule()  # 1. schedule: what runs, which blocks move
+        self.runner.move_blocks(out)  # swap out, copy, swap in: before the forward writes any block
         t("schedule")
-        if not scheduled:
+        if not out.scheduled:
             return self._idle()
-        drafts = self._propose(scheduled) if self.speculator is not None else {}
+        scheduled, drafts = out.scheduled, self._propose(out.scheduled) if self.speculator is not None else {}
         try:  # 2. run: the packed batch ("prepare") and the forward ("model")
-            logits, batch = self.runner.run(self._feed(scheduled, drafts), timer=t)
+            logits, batch = self.runner.run(verify_feed(scheduled, drafts), timer=t)
         except Exception as e:
             if drafts:  # give the drafted slots back
                 self.speculator.undo(drafts)
             return self._isolate_forward(scheduled, e)
-        logits, verify = self._split_verify(batch, logits, drafts)
+        logits, verify = split_verify(batch, logits, drafts)
         tokens, logprobs, failed = self._sample(logits, batch.sample_seqs)  # 3. sample
         t("sample")
         self.scheduler.update([(s, n) for s, n in scheduled if s.seq_id not in drafts])  # 4. update: K/V cached
         outputs = self._outputs(batch.sample_seqs, tokens, logprobs, verify, failed)  # 5. outputs
+        self.kv.sync()  # the pool catches up with this step's blocks (a quantized one seals the full ones)
         t("postprocess")
         self.metrics.record_step(t.times, scheduled, batch.num_decodes)
         return outputs
 
-    def _schedule(self) -> list[tuple[Sequence, int]]:
-        """The scheduler's next step; the first scheduling of each request goes into its metrics."""
-        scheduled = self.scheduler.schedule()
+    def _schedule(self) -> SchedulerOutput:
+        """The scheduler's next ``SchedulerOutput``; the first scheduling of each request goes into its metrics."""
+        out = self.scheduler.schedule()
         now = time.perf_counter()
-        for seq, _ in scheduled:
+        for seq, _ in out.scheduled:
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = now
                 if seq.index == 0:
                     self.histograms["request_queue_time_seconds"].observe(now - seq.metrics.arrival_time)
-        return scheduled
+        return out
 
     def _idle(self) -> list[RequestOutput]:
         """Nothing was scheduled: no outputs, or an error if waiting requests can never be admitted."""
@@ -393,32 +286,6 @@ class LLMEngine:
                 f"({self.kv.manager.num_free_blocks()} free blocks): the engine would hang"
             )
         return []
-
-    def _feed(self, scheduled, drafts: dict) -> list:
-        """What the forward computes: the scheduled chunks, a decode with k drafts as a (k+1)-token verify chunk."""
-        feed = []
-        for seq, n in scheduled:
-            d = drafts.get(seq.seq_id)
-            m = 1 + len(d.tokens) if d is not None else n
-            feed.append(
-                (seq if d is None else VerifyView(seq.seq_id, seq.token_ids + d.tokens, seq.num_computed_tokens, m), m)
-            )
-        return feed
-
-    def _split_verify(self, batch, logits, drafts: dict):
-        """The logits [rows, vocab] split: (one row per sampled sequence, [(draft, its k+1 rows)]); the verify
-        chunks leave ``batch.sample_seqs``."""
-        verify, rows, off = [], [], 0
-        for seq, m in zip(batch.sample_seqs, batch.num_logits):
-            if isinstance(seq, VerifyView):
-                verify.append((drafts[seq.seq_id], logits[off : off + m]))
-            else:
-                rows.append(off)
-            off += m
-        if verify:
-            logits = logits[rows]
-            batch.sample_seqs = [s for s in batch.sample_seqs if not isinstance(s, VerifyView)]
-        return logits, verify
 
     def _sample(self, logits, seqs: list[Sequence]):
         """One token per row (grammar masks, logit processors, temperature...: ``sampler.sample``), its
@@ -576,19 +443,11 @@ class LLMEngine:
 
     # ---- tokens <-> text -----------------------------------------------------------------------
     def encode(self, prompt) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("a text prompt needs a tokenizer: pass tokenizer=... or a list of token ids")
-            return list(self.tokenizer.encode(prompt))
-        if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) for t in prompt):
-            raise ValueError(f"prompt must be a string or a list of int token ids, got {type(prompt).__name__}")
-        return list(prompt)
+        """A text prompt's token ids (needs a tokenizer), or a list of token ids checked and copied."""
+        return self.inputs.encode(prompt)
 
     def decode(self, ids) -> str:
-        try:
-            return self.tokenizer.decode(ids, skip_special_tokens=True)
-        except TypeError:
-            return self.tokenizer.decode(ids)
+        return self.inputs.decode(ids)
 
     # ---- weights and state ---------------------------------------------------------------------
     def load_weights(self, state_dict) -> None:
@@ -597,18 +456,7 @@ class LLMEngine:
         ``state_dict`` uses the package's parameter names, or ``transformers``' (``model.layers.N...``, e.g.
         a trained ``LlamaForCausalLM``'s), mapped as ``models.from_hf`` does. Requests already running keep
         the K/V they computed with the old weights (as in vLLM)."""
-        if any(k.startswith("model.") for k in state_dict):
-            from ..models.hf import hf_name_map
-
-            names = hf_name_map(self.model.cfg)
-            missing = [theirs for theirs in names.values() if theirs not in state_dict]
-            if missing:
-                raise KeyError(f"transformers-style state_dict lacks {missing[:3]} ({len(missing)} missing in all)")
-            state_dict = {ours: state_dict[theirs] for ours, theirs in names.items()}
-            if self.model.cfg.tied_embeddings:  # one tensor under both names
-                state_dict["lm_head.weight"] = state_dict["embed.weight"]
-        with torch.no_grad():
-            self.model.load_state_dict(state_dict, strict=True)
+        load_state_dict(self.model, state_dict)  # loading.py
         self.kv.manager.forget_prefixes()
 
     def num_blocks_used(self) -> int:
@@ -632,53 +480,6 @@ class LLMEngine:
 class AsyncLLMEngine(AsyncScheduling, LLMEngine):
     """``LLMEngine`` with vLLM v1's async scheduling: ``AsyncScheduling`` (async_engine.py) overrides ``step``
     and reuses this class's parts. ``LLMEngine(..., async_scheduling=True)`` builds it."""
-
-
-def resolve_model(model, seed: int = 0):
-    """A package ``Transformer`` from a preset name, a ``ModelConfig``, a ``Transformer`` or a transformers model."""
-    from ..config import ModelConfig, load_model_preset
-    from ..models import Transformer
-
-    if isinstance(model, str):
-        model = load_model_preset(model)
-    if isinstance(model, ModelConfig):
-        torch.manual_seed(seed)
-        return Transformer(model)
-    if isinstance(model, Transformer):
-        return model
-    if _is_hf(model):
-        from ..models import from_hf
-
-        return from_hf(model)
-    raise TypeError(
-        f"model={type(model).__name__}: expected a preset name, a ModelConfig, a Transformer "
-        "or a transformers causal LM"
-    )
-
-
-def _is_hf(model) -> bool:
-    return hasattr(model, "config") and hasattr(model, "generate") and not hasattr(model, "cfg")
-
-
-def resolve_eos(tokenizer, hf_model=None) -> set[int]:
-    """The end-of-sequence ids: the tokenizer's, else a transformers model's generation config's (or none)."""
-    if tokenizer is not None:
-        eos = getattr(tokenizer, "eos_token_id", None)
-    else:
-        eos = getattr(getattr(hf_model, "generation_config", None), "eos_token_id", None)
-    return set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
-
-
-def resolve_tokenizer(tokenizer, model, hf: bool = False):
-    if isinstance(tokenizer, str):
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(tokenizer)
-    if tokenizer is not None:
-        return tokenizer
-    if hf:
-        return None  # a converted transformers model: token ids only unless its tokenizer is passed
-    return ByteTokenizer(model.cfg.vocab_size) if model.cfg.vocab_size >= 256 else None
 
 
 __all__ = ["PHASES", "AsyncLLMEngine", "LLMEngine", "SequenceStatus", "resolve_model", "resolve_tokenizer"]

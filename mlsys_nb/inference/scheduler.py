@@ -22,40 +22,70 @@ After the forward pass ``update(scheduled)`` advances ``num_computed_tokens`` an
 manager (``mark_computed``), which registers the blocks now holding computed K/V in the prefix cache:
 the block manager is the one truth of which blocks are hits, and a block whose chunked prefill has not
 reached it yet (or whose sequence was preempted first) is not one.
+
+**The scheduler decides; the runner moves bytes** (vLLM v1's ``SchedulerOutput``). ``schedule()`` returns a
+``SchedulerOutput``: what runs (``scheduled``: sequences and their new tokens) and which K/V blocks must move
+before that forward: ``swap_out`` (a preempted sequence's blocks, to the CPU pool), ``swap_in`` (back into
+newly allocated blocks), ``copies`` (copy-on-write of a shared last block) and ``dropped`` (CPU copies no
+longer needed). The scheduler changes only the block manager (which blocks belong to whom: a swapped-out
+sequence's blocks are free at once, their contents untouched until the runner has copied them) and counts
+the CPU pool's blocks (``swap_blocks``); the model runner owns the pool and the tensors and does every copy
+(``ModelRunner.move_blocks``) on the engine's thread before the step's forward. This file imports no torch
+and no runner.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass, field
 
+from .block_manager import BlockManager, OutOfBlocksError
 from .config import PREEMPTION_MODES, EngineConfig
-from .model_runner import SwapPool
-from .paged import OutOfBlocksError, PagedKVCache
 from .sequence import Sequence, SequenceStatus
 
-__all__ = ["PREEMPTION_MODES", "Scheduler"]
+__all__ = ["PREEMPTION_MODES", "Scheduler", "SchedulerOutput"]
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's decisions. ``scheduled``: ``[(sequence, new tokens)]`` for the forward, in order. The block
+    moves the runner does first (block ids of the block manager's pool): ``swap_out`` ``[(seq_id, blocks)]``
+    to copy to the CPU pool (already free in the manager); ``swap_in`` ``[(seq_id, blocks, first)]`` to copy
+    back into ``blocks[first:]`` (the ``first`` leading ones are prefix-cache hits); ``copies``
+    ``[(src, dst)]`` (copy-on-write); ``dropped`` ``[seq_id]`` whose CPU copies are no longer needed."""
+
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
+    swap_out: list[tuple[int, list[int]]] = field(default_factory=list)
+    swap_in: list[tuple[int, list[int], int]] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        """New tokens of the step (at most ``max_num_batched_tokens``)."""
+        return sum(n for _, n in self.scheduled)
 
 
 class Scheduler:
-    """Reads ``max_num_seqs``, ``max_num_batched_tokens``, ``enable_chunked_prefill``, ``continuous_batching``
-    and ``preemption_mode`` from an ``EngineConfig`` (``options``: fields by name, overriding it)."""
+    """Works on a ``BlockManager`` (``manager``). Reads ``max_num_seqs``, ``max_num_batched_tokens``,
+    ``enable_chunked_prefill``, ``continuous_batching``, ``preemption_mode`` and ``swap_blocks`` (CPU blocks
+    for swap; default: as many as the manager's) from an ``EngineConfig`` (``options``: fields by name,
+    overriding it)."""
 
-    def __init__(
-        self, kv: PagedKVCache, config: EngineConfig | None = None, *, swap_pool: SwapPool | None = None, **options
-    ):
+    def __init__(self, manager: BlockManager, config: EngineConfig | None = None, **options):
         c = EngineConfig.build(config, **options)
-        if c.preemption_mode == "swap" and swap_pool is None:
-            raise ValueError("preemption_mode='swap' needs a swap_pool (a CPU pool of blocks)")
-        self.kv, self.manager = kv, kv.manager
+        self.manager = manager
         self.max_num_seqs, self.max_num_batched_tokens = c.max_num_seqs, c.max_num_batched_tokens
         self.chunked, self.continuous = c.enable_chunked_prefill, c.continuous_batching
-        self.preemption_mode, self.swap_pool = c.preemption_mode, swap_pool
+        self.preemption_mode = c.preemption_mode
+        self.swap_blocks = (c.swap_blocks or manager.num_blocks) if c.preemption_mode == "swap" else 0
+        self.swap_free = self.swap_blocks  # CPU blocks not holding a swapped sequence (the runner's pool has them)
+        self.swapped_blocks: dict[int, int] = {}  # seq_id -> CPU blocks its swapped K/V take
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
         self.num_preemptions = {"recompute": 0, "swap": 0}
-        # async scheduling: called before a preemption frees or copies blocks (waits for the forward in flight)
-        self.before_preempt = None
+        self.moves = SchedulerOutput()  # block moves decided since the last schedule() (returned by the next)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -64,9 +94,10 @@ class Scheduler:
         return bool(self.waiting or self.running or self.swapped)
 
     # ---- one step ------------------------------------------------------------------------------
-    def schedule(self) -> list[tuple[Sequence, int]]:
-        """``[(sequence, new tokens)]`` for the next forward pass (see the module docstring)."""
-        budget, out, preempted = self.max_num_batched_tokens, [], False
+    def schedule(self) -> SchedulerOutput:
+        """The next step's ``SchedulerOutput`` (see the module docstring)."""
+        budget, out, preempted = self.max_num_batched_tokens, self.moves, False
+        self.moves = SchedulerOutput()
         queue, kept = list(self.running), []
         while queue:  # 1. running sequences, oldest first
             seq = queue.pop(0)
@@ -74,25 +105,25 @@ class Scheduler:
             if n == 0 or n > budget:
                 kept.append(seq)  # no budget left this step: it keeps its blocks and waits
                 continue
-            while not self._reserve(seq):  # no free slot for its token: preempt the youngest
+            while not self._reserve(seq, out):  # no free slot for its token: preempt the youngest
                 victim = queue.pop() if queue else seq
-                self._preempt(victim)
+                self._preempt(victim, out)
                 preempted = True
                 if victim is seq:
                     break
             else:
-                out.append((seq, n))
+                out.scheduled.append((seq, n))
                 budget -= n
                 kept.append(seq)
         self.running = kept
         while self.swapped and not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.swapped[0]  # 2. swapped sequences come back when their blocks fit
-            if not self._swap_in(seq) or not self._reserve(seq):
+            if not self._swap_in(seq, out) or not self._reserve(seq, out):
                 break
             self.swapped.popleft()
             self.running.append(seq)
             n = min(seq.num_uncomputed, budget)
-            out.append((seq, n))
+            out.scheduled.append((seq, n))
             budget -= n
         admit = self.continuous or not self.running  # static batching: only when the batch is done
         while admit and self.waiting and not preempted and not self.swapped and len(self.running) < self.max_num_seqs:
@@ -107,7 +138,7 @@ class Scheduler:
             self.running.append(seq)
             n = min(seq.num_uncomputed, budget) if self.chunked else seq.num_uncomputed * (seq.num_uncomputed <= budget)
             if n:
-                out.append((seq, n))
+                out.scheduled.append((seq, n))
                 budget -= n
         return out
 
@@ -126,7 +157,8 @@ class Scheduler:
             self.waiting.remove(seq)
         elif seq in self.swapped:
             self.swapped.remove(seq)
-            self.swap_pool.drop(seq.seq_id)
+            self.swap_free += self.swapped_blocks.pop(seq.seq_id)
+            self.moves.dropped.append(seq.seq_id)  # the runner drops its CPU copy before the next swap-out
         seq.status = SequenceStatus.FINISHED
 
     # ---- helpers -------------------------------------------------------------------------------
@@ -141,25 +173,31 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         return True
 
-    def _reserve(self, seq: Sequence) -> bool:
-        """Slots for every token of ``seq`` the block manager does not hold yet (a decode's last token)."""
+    def _reserve(self, seq: Sequence, out: SchedulerOutput) -> bool:
+        """Slots for every token of ``seq`` the block manager does not hold yet (a decode's last token); a
+        shared last block is copied first (copy-on-write: the runner copies it, ``out.copies``)."""
         have = self.manager.num_tokens(seq.seq_id)
         try:
             for t in seq.token_ids[have:]:
-                self.kv.append_tokens({seq.seq_id: t})
+                copy = self.manager.append_token(seq.seq_id, t)
+                if copy is not None:
+                    out.copies.append(copy)
         except OutOfBlocksError:
             return False
         return True
 
-    def _preempt(self, seq: Sequence) -> None:
-        if self.before_preempt is not None:
-            self.before_preempt()
+    def _preempt(self, seq: Sequence, out: SchedulerOutput | None = None) -> None:
+        """Take ``seq`` off the running list and free its blocks: by swap (its computed blocks go to
+        ``out.swap_out``, copied by the runner before anything overwrites them) or by recompute."""
+        out = self.moves if out is None else out
         seq.num_preemptions += 1
-        sid, pool = seq.seq_id, self.swap_pool
+        sid = seq.seq_id
         self.running.remove(seq) if seq in self.running else None
         n_blocks = self.manager.blocks_needed(seq.num_computed_tokens)
-        if self.preemption_mode == "swap" and n_blocks and pool.can_hold(n_blocks):
-            pool.swap_out(sid, self.kv, self.manager.block_table(sid)[:n_blocks])
+        if self.preemption_mode == "swap" and n_blocks and n_blocks <= self.swap_free:
+            out.swap_out.append((sid, self.manager.block_table(sid)[:n_blocks]))
+            self.swap_free -= n_blocks
+            self.swapped_blocks[sid] = n_blocks
             self.manager.free_seq(sid)
             seq.status = SequenceStatus.SWAPPED
             self.swapped.append(seq)
@@ -171,13 +209,13 @@ class Scheduler:
             self.waiting.appendleft(seq)
             self.num_preemptions["recompute"] += 1
 
-    def _swap_in(self, seq: Sequence) -> bool:
+    def _swap_in(self, seq: Sequence, out: SchedulerOutput) -> bool:
         n = seq.num_computed_tokens
         if self.manager.blocks_needed(seq.num_tokens) > self.manager.num_free_blocks():
             return False  # room for its cached tokens and for the ones it feeds next
         cached = self.manager.allocate(seq.seq_id, seq.token_ids[:n])  # prefix-cache hits need no copy
-        table = self.manager.seqs[seq.seq_id].table
-        self.swap_pool.swap_in(seq.seq_id, self.kv, table, first=cached // self.manager.block_size)
+        out.swap_in.append((seq.seq_id, self.manager.block_table(seq.seq_id), cached // self.manager.block_size))
+        self.swap_free += self.swapped_blocks.pop(seq.seq_id)
         self.manager.mark_computed(seq.seq_id, n)  # the copied-back blocks hold computed K/V again
         seq.status = SequenceStatus.RUNNING
         return True
