@@ -89,7 +89,8 @@ def main(argv=None):
             rows.append((n, kc, un, hc))
 
     # prefill vs decode tokens/s vs batch on this machine, beside the roofline model of this machine
-    from mlsys_nb.inference.roofline import decode_cost, machine_roofline, measure_throughput, prefill_cost
+    from mlsys_nb.inference.measure import machine_roofline, measure_throughput
+    from mlsys_nb.inference.roofline import decode_cost, prefill_cost
 
     small = Transformer(load_model_preset("small")).eval()
     cpu = machine_roofline(

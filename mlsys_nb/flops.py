@@ -32,7 +32,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .config import ModelConfig, as_model_config, check_choice, check_int, check_number, dtype_name
-from .runtime.timing import median, repeat
 
 
 COMPONENTS = ("qkv", "attn_scores", "attn_values", "out_proj", "mlp", "lm_head")
@@ -288,37 +287,6 @@ def hfu(
     cfg = as_model_config(model)
     per_tok = hardware_flops_per_token(cfg, seq_len or cfg.seq_len, recompute=recompute, causal=causal)
     return mfu(model, tokens_per_s, gpu=gpu, n_gpus=n_gpus, dtype=dtype, per_token_flops=per_tok)
-
-
-def measure_step(model, tokens, *, repeats: int = 5, warmup: int = 1, optimizer=None) -> dict:
-    """Time ``repeats`` training steps (forward, backward, optional optimizer step) of ``model`` on
-    ``tokens`` [batch, seq] (the loss is next-token cross-entropy on the same tokens).
-    Returns ``{"step_s": median seconds, "steps_s": [...], "tokens_per_s": ...}``."""
-
-    def one_step():
-        loss = model(tokens[:, :-1], tokens[:, 1:])
-        loss.backward()
-        if optimizer is not None:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        else:
-            model.zero_grad(set_to_none=True)
-
-    times = repeat(one_step, repeats, warmup)
-    step = median(times)
-    n_tok = tokens[:, :-1].numel()
-    return {"step_s": step, "steps_s": times, "tokens_per_s": n_tok / step, "tokens_per_step": n_tok}
-
-
-def measure_matmul_peak(n: int = 512, repeats: int = 10) -> float:
-    """Achieved FLOP/s of an ``n x n`` fp32 matmul on this CPU (its fastest of ``repeats``): a
-    practical stand-in for "peak" when computing an MFU on a CPU, which has no datasheet number here.
-    The fastest repeat, not the median: a peak is the best the machine does, and on a shared machine a
-    median taken while a neighbour runs would understate it (an MFU above 1 once came out of that)."""
-    import torch
-
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    return 2.0 * n**3 / min(repeat(lambda: a @ b, repeats, warmup=1))
 
 
 # ---- training FLOPs, time, cost ----------------------------------------------------------------

@@ -111,3 +111,58 @@ def link(name: str) -> Link:
     if name not in table:
         raise KeyError(f"unknown link {name!r}: choose one of {sorted(table)}")
     return table[name]
+
+
+# ---- the roofline of a step (Williams et al., 2009): the slower of compute and memory ----------------------
+@dataclass(frozen=True)
+class StepCost:
+    """A modelled step on a GPU's roofline (units in names): ``flops`` and ``bytes`` against the GPU's
+    ``peak_flops`` and ``bandwidth_bytes_per_s``; time = max(F / peak, B / bandwidth), the one owner of that
+    formula (``inference.roofline``'s prefill and decode, ``kernels.hierarchy.op_cost``). ``tokens`` = new
+    tokens over the batch."""
+
+    phase: str
+    batch: int
+    new_tokens_per_seq: int
+    context: int
+    flops: float
+    bytes: float
+    peak_flops: float
+    bandwidth_bytes_per_s: float
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.new_tokens_per_seq
+
+    @property
+    def intensity_flop_per_byte(self) -> float:
+        return self.flops / self.bytes
+
+    @property
+    def ridge_flop_per_byte(self) -> float:
+        return self.peak_flops / self.bandwidth_bytes_per_s
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.intensity_flop_per_byte >= self.ridge_flop_per_byte else "memory"
+
+    @property
+    def compute_time_s(self) -> float:
+        return self.flops / self.peak_flops
+
+    @property
+    def memory_time_s(self) -> float:
+        return self.bytes / self.bandwidth_bytes_per_s
+
+    @property
+    def time_s(self) -> float:
+        """Roofline time: the slower of compute and memory (no overlap loss, 100% of peak)."""
+        return max(self.compute_time_s, self.memory_time_s)
+
+    @property
+    def time_per_token_s(self) -> float:
+        return self.time_s / self.tokens
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.time_s

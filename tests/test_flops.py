@@ -6,7 +6,7 @@ import torch
 
 from mlsys_nb import flops
 from mlsys_nb.config import ModelConfig
-from mlsys_nb.models import Transformer
+from mlsys_nb.models import Transformer, measure
 
 # Published shapes (papers' tables, HF configs); built inline so the tests do not depend on data/models.yaml.
 LLAMA2_7B = ModelConfig(
@@ -192,9 +192,9 @@ def test_mfu_and_hfu_from_step_time():
     # a linear-only model with textbook full recompute: HFU / MFU = 4/3 (PaLM, arXiv:2204.02311, App. B)
     assert flops.mfu(7e9, 1000, gpu="H100-SXM") == pytest.approx(1000 * 42e9 / 989.4e12)
     m = Transformer(c, attn_impl="matmul")
-    meas = flops.measure_step(m, torch.randint(0, 50, (2, 17)), repeats=2)
+    meas = measure.measure_step(m, torch.randint(0, 50, (2, 17)), repeats=2)
     assert meas["tokens_per_step"] == 32 and meas["step_s"] > 0
-    assert flops.measure_matmul_peak(64, repeats=2) > 0
+    assert measure.measure_matmul_peak(64, repeats=2) > 0
 
 
 @pytest.mark.parametrize(

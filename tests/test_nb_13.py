@@ -67,7 +67,7 @@ class _TokenByTokenPrefill(torch.nn.Module):
 
 
 def _ratios(model, batch_sizes=(1, 8)):
-    from mlsys_nb.inference.roofline import measure_throughput
+    from mlsys_nb.inference.measure import measure_throughput
 
     rows = measure_throughput(model, batch_sizes, prompt_len=32, decode_steps=6, reps=3, progress=False)
     gain = rows[-1]["decode_tokens_per_s"] / rows[0]["decode_tokens_per_s"]

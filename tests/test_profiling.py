@@ -16,6 +16,7 @@ from mlsys_nb.config import TrainConfig, tiny_config
 from mlsys_nb.models import Transformer
 from mlsys_nb.models.measure import cpu_setting
 from mlsys_nb.runtime import Laps
+from mlsys_nb.parallel.harness import trace_ddp_step
 from mlsys_nb.runtime.profiling import (
     OVERLAP_BOUND,
     activities,
@@ -37,7 +38,6 @@ from mlsys_nb.runtime.profiling import (
     peak_in,
     ranged,
     spans,
-    trace_ddp_step,
     trace_range,
     union,
 )

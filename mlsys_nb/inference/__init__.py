@@ -15,7 +15,7 @@ Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
 - ``generate(model, tokenizer, prompts, ...)`` (``generation``): greedy/sampled decoding with the cache.
 - Roofline (``roofline``): ``step_cost``, ``prefill_cost``, ``decode_cost`` -> ``StepCost`` (FLOPs,
   bytes, arithmetic intensity, compute- or memory-bound, modelled time per token on a GPU of
-  data/hardware.yaml); ``measure_throughput`` measures tokens/s on this machine and
+  data/hardware.yaml); ``measure_throughput`` (``measure``) measures tokens/s on this machine and
   ``machine_roofline`` its matmul FLOP/s and copy bandwidth; ``decode_bytes_read`` counts the parameter and
   KV-cache bytes a real decode step reads (traced), the independent check of ``decode_cost``'s bytes.
 - Paged KV cache and prefix caching (``paged``): ``BlockManager`` (the one truth of which blocks
@@ -118,8 +118,8 @@ _LAZY = {
     "prefill_cost": ".roofline",
     "decode_cost": ".roofline",
     "decode_bytes_read": ".roofline",
-    "measure_throughput": ".roofline",
-    "machine_roofline": ".roofline",
+    "measure_throughput": ".measure",
+    "machine_roofline": ".measure",
     "matmul_params": ".roofline",
     "attention_flops": ".roofline",
     "Generation": ".generation",

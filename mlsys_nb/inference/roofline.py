@@ -1,4 +1,4 @@
-"""Prefill vs decode on the roofline (a model), and tokens/s measured on this machine.
+"""Prefill vs decode on the roofline (a model), and the bytes a real decode step reads (counted).
 
 The roofline (Williams et al., 2009, CACM 52(4)): a step that does F FLOPs and moves B bytes takes
 at least max(F / peak_flops, B / bandwidth). Its arithmetic intensity I = F / B (FLOP/byte) is
@@ -25,74 +25,21 @@ time per token ≈ weight bytes / HBM bandwidth. Prefill of hundreds of tokens r
 each weight hundreds of times and is compute-bound. Batching decode raises I linearly in batch
 until the KV-cache reads (which do not amortise across sequences) dominate.
 
-``measure_throughput`` measures prefill and decode tokens/s of the package's Transformer on this
-machine (CPU), and ``machine_roofline`` measures this machine's matmul FLOP/s and copy bandwidth so
-the same model can be drawn beside the measurement. ``decode_bytes_read`` counts the bytes a real
-decode step of the package's Transformer reads from its parameters and its KV cache, by tracing every
-operation of the step: the byte model above is checked against it (a model that forgot the cache's
-bytes misses by the cache's share). All three are labelled measured; the rest is model.
+``decode_bytes_read`` counts the bytes a real decode step of the package's Transformer reads from its
+parameters and its KV cache, by tracing every operation of the step: the byte model above is checked
+against it (a model that forgot the cache's bytes misses by the cache's share). It is labelled counted;
+the rest is model. What is timed on this machine (``measure_throughput``: prefill and decode tokens/s;
+``machine_roofline``: this machine's matmul FLOP/s and copy bandwidth, so the same model can be drawn
+beside the measurement) lives in ``inference/measure.py``: a calculator imports no timer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..config import dtype_name
 from ..config import as_model_config, check_int, dtype_bytes
 
-from ..runtime.timing import Timer, median, repeat
+from ..hardware import StepCost  # noqa: F401  (re-exported: the roofline's step, owned by hardware)
 from .kv_cache import kv_bytes_per_token
-
-
-@dataclass(frozen=True)
-class StepCost:
-    """A modelled forward step (units in names). ``tokens`` = new tokens over the batch."""
-
-    phase: str
-    batch: int
-    new_tokens_per_seq: int
-    context: int
-    flops: float
-    bytes: float
-    peak_flops: float
-    bandwidth_bytes_per_s: float
-
-    @property
-    def tokens(self) -> int:
-        return self.batch * self.new_tokens_per_seq
-
-    @property
-    def intensity_flop_per_byte(self) -> float:
-        return self.flops / self.bytes
-
-    @property
-    def ridge_flop_per_byte(self) -> float:
-        return self.peak_flops / self.bandwidth_bytes_per_s
-
-    @property
-    def bound(self) -> str:
-        return "compute" if self.intensity_flop_per_byte >= self.ridge_flop_per_byte else "memory"
-
-    @property
-    def compute_time_s(self) -> float:
-        return self.flops / self.peak_flops
-
-    @property
-    def memory_time_s(self) -> float:
-        return self.bytes / self.bandwidth_bytes_per_s
-
-    @property
-    def time_s(self) -> float:
-        """Roofline time: the slower of compute and memory (no overlap loss, 100% of peak)."""
-        return max(self.compute_time_s, self.memory_time_s)
-
-    @property
-    def time_per_token_s(self) -> float:
-        return self.time_s / self.tokens
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.time_s
 
 
 def matmul_params(model, *, active: bool = True) -> int:
@@ -170,84 +117,6 @@ def decode_cost(model, gpu, context: int, *, batch: int = 1, dtype="bf16", kv_dt
     return step_cost(
         model, gpu, batch=batch, new_tokens_per_seq=1, context=context, dtype=dtype, kv_dtype=kv_dtype, phase="decode"
     )
-
-
-# ---- measured on this machine ---------------------------------------------------------------------
-def machine_roofline(*, n: int = 1024, copy_mib: int = 256, reps: int = 5):
-    """This machine's measured fp32 matmul FLOP/s and memory-copy bandwidth, as a ``hardware.GPU``
-    (name "this-cpu") so ``step_cost`` can model it: the matmul's fastest of ``reps`` (``flops.measure_matmul_peak``),
-    the copy's median of ``reps``."""
-    import torch
-
-    from ..hardware import GPU
-
-    from ..flops import measure_matmul_peak
-
-    flops = measure_matmul_peak(n, repeats=reps)
-    src = torch.ones(copy_mib * 2**20 // 4)
-    dst = torch.empty_like(src)
-    bw = 2 * src.nbytes / median(repeat(lambda: dst.copy_(src), reps, warmup=1))  # read + write
-    return GPU(
-        "this-cpu",
-        memory_bytes=0.0,
-        hbm_bandwidth_bytes_per_s=bw,
-        peak_flops={"fp32": flops},
-        source=f"measured: {n}x{n} fp32 matmul, {copy_mib} MiB copy, median of {reps}",
-    )
-
-
-def measure_throughput(
-    model,
-    batch_sizes=(1, 2, 4, 8),
-    *,
-    prompt_len: int = 64,
-    decode_steps: int = 16,
-    reps: int = 3,
-    progress: bool = True,
-) -> list[dict]:
-    """Measured prefill and decode tokens/s of ``model`` on this machine, per batch size.
-
-    Prefill: one forward of ``batch × prompt_len`` tokens into an empty cache. Decode: ``decode_steps``
-    single-token steps after that prompt. Median over ``reps`` repetitions; ``torch.no_grad``. The
-    repetitions are interleaved (every batch size once per round, the order reversed every other
-    round), so a change of load on a shared machine hits every batch size alike."""
-    import torch
-    from tqdm.auto import tqdm
-
-    from .kv_cache import KVCache
-
-    cfg = model.cfg
-    if prompt_len + decode_steps > cfg.seq_len:
-        raise ValueError(f"prompt_len + decode_steps = {prompt_len + decode_steps} exceeds cfg.seq_len={cfg.seq_len}")
-    g = torch.Generator().manual_seed(0)
-    model.eval()
-    batch_sizes = list(batch_sizes)
-    xs = {b: torch.randint(0, cfg.vocab_size, (b, prompt_len), generator=g) for b in batch_sizes}
-    pre = {b: Timer() for b in batch_sizes}
-    dec = {b: Timer() for b in batch_sizes}
-    with torch.no_grad():
-        for r in tqdm(range(reps), desc="rounds", disable=not progress, leave=False):
-            for b in batch_sizes if r % 2 == 0 else batch_sizes[::-1]:
-                cache = KVCache(model, b, prompt_len + decode_steps)
-                with pre[b]:
-                    logits = model(xs[b], cache=cache)
-                tok = logits[:, -1:].argmax(-1)
-                with dec[b]:
-                    for _ in range(decode_steps):
-                        tok = model(tok, cache=cache)[:, -1:].argmax(-1)
-    rows = []
-    for b in batch_sizes:
-        rows.append(
-            {
-                "batch": b,
-                "prefill_tokens_per_s": b * prompt_len / median(pre[b].samples),
-                "decode_tokens_per_s": b * decode_steps / median(dec[b].samples),
-                "decode_step_s": median(dec[b].samples) / decode_steps,
-                "prompt_len": prompt_len,
-                "decode_steps": decode_steps,
-            }
-        )
-    return rows
 
 
 # ---- counted on a real step ------------------------------------------------------------------------

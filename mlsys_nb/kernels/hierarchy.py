@@ -15,7 +15,7 @@
   project's machine), so the hierarchy only shows where the kernels are vector ones.
 - ``OPS`` and ``op_cost(name, size, gpu)``: FLOPs and bytes of an elementwise add, a softmax, a layer
   norm and a square matmul (fp32, a model: each input read once, each output written once), placed on
-  the roofline of ``inference.roofline.StepCost`` (the one owner of ``max(F/peak, B/bandwidth)``).
+  the roofline of ``hardware.StepCost`` (the one owner of ``max(F/peak, B/bandwidth)``).
 - ``measure_op(name, size)``: the op's seconds here (median), for its achieved FLOP/s beside the model.
 """
 
@@ -32,7 +32,7 @@ import torch
 from ..runtime.machine import vector_kernels  # re-exported: notebook 21 reads it here
 
 from ..config import check_choice, check_int
-from ..inference.roofline import StepCost
+from ..hardware import StepCost
 from ..runtime.timing import Timer, lower_quartile, median
 
 __all__ = [

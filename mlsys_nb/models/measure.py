@@ -11,6 +11,9 @@
   and fp32 master weights after one real optimizer step, summed over the real tensors.
 - ``measured_state_bytes(model, optimizer)``: the same bytes for a model and optimizer a rank holds
   right now (DDP, ZeRO, FSDP2), used by ``mlsys_nb.parallel.harness``.
+- ``measure_step(model, tokens)``: seconds of a training step (median of repeats, ``runtime.timing``) and
+  tokens/s; ``measure_matmul_peak(n)``: this CPU's fastest ``n x n`` fp32 matmul rate, the "peak" an MFU
+  on a CPU divides by (``flops.mfu`` takes both; notebook 11).
 
 These read tensors, not the allocator: they count the distinct storages that autograd saves or that the
 model and optimizer hold, and attribute them to a layer or a state (what the memory model's terms name). The
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import ModelConfig, TrainConfig, check_choice
+from ..runtime.timing import median, repeat
 
 from .transformer import Transformer
 
@@ -43,6 +47,8 @@ __all__ = [
     "cpu_setting",
     "precision_dtype",
     "unique_bytes",
+    "measure_step",
+    "measure_matmul_peak",
 ]
 
 
@@ -232,3 +238,35 @@ def measure_model_states(
         "master_grads_at_step": master_grads,  # transient fp32 gradient copies (mixed precision)
         "held_at_step": at_step_bytes,  # every state tensor alive at opt.step(), step counters included
     }
+
+
+# ---- time: a training step of a model, and the matmul rate an MFU divides by -------------------------------
+def measure_step(model, tokens, *, repeats: int = 5, warmup: int = 1, optimizer=None) -> dict:
+    """Time ``repeats`` training steps (forward, backward, optional optimizer step) of ``model`` on
+    ``tokens`` [batch, seq] (the loss is next-token cross-entropy on the same tokens).
+    Returns ``{"step_s": median seconds, "steps_s": [...], "tokens_per_s": ...}``."""
+
+    def one_step():
+        loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        if optimizer is not None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            model.zero_grad(set_to_none=True)
+
+    times = repeat(one_step, repeats, warmup)
+    step = median(times)
+    n_tok = tokens[:, :-1].numel()
+    return {"step_s": step, "steps_s": times, "tokens_per_s": n_tok / step, "tokens_per_step": n_tok}
+
+
+def measure_matmul_peak(n: int = 512, repeats: int = 10) -> float:
+    """Achieved FLOP/s of an ``n x n`` fp32 matmul on this CPU (its fastest of ``repeats``): a
+    practical stand-in for "peak" when computing an MFU on a CPU, which has no datasheet number here.
+    The fastest repeat, not the median: a peak is the best the machine does, and on a shared machine a
+    median taken while a neighbour runs would understate it (an MFU above 1 once came out of that)."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return 2.0 * n**3 / min(repeat(lambda: a @ b, repeats, warmup=1))

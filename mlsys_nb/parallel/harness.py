@@ -17,17 +17,29 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from ..config import ModelConfig, check_choice
+from ..config import ModelConfig, check_choice, check_int, check_number
 from ..config import tiny_config as _tiny_config
 from ..models import Transformer
 from ..comm import wire
 from ..comm.counting import CommCounter
 from .ddp import DataParallel, allreduce_gradients
 from ..models.measure import measured_state_bytes
+from ..runtime.profiling import (
+    COMM_OPS,
+    activities,
+    backward_compute,
+    backward_extents,
+    in_flight,
+    load_trace,
+    overlap_fraction,
+    overlapped_all_reduces,
+    spans,
+)
 from ..runtime.timing import Timer
 from .zero import ZeRO
 
@@ -310,3 +322,106 @@ def time_ddp_steps(
         grad_bytes=4 * n_params,
         flops_per_step=6 * rows * n_params,
     )
+
+
+# ---- a DDP step traced by torch.profiler (notebook 05b) --------------------------------------------------------
+DDP_VARIANTS = ("overlap", "blocking", "no_overlap")
+
+
+def trace_ddp_step(
+    variants=DDP_VARIANTS,
+    *,
+    steps: int = 4,
+    bucket_cap_mb: float = 0.02,
+    batch: int = 4,
+    seed: int = 0,
+    trace_dir=None,
+) -> dict:
+    """Rank function (run it with ``mlsys_nb.launch(..., backend="gloo")``): one step (forward + backward,
+    gradient sync) of ``parallel.ddp.DataParallel`` over the kit's tiny transformer (``config.tiny_config``)
+    on the CPU, ``steps`` steps traced with ``torch.profiler`` for each of ``variants``, after one untraced
+    warm-up step each:
+    ``"overlap"`` launches each bucket's all-reduce from its gradient hook and waits at the end of backward (as
+    PyTorch's DDP); ``"blocking"`` launches it there too but waits for it inside the hook (a broken schedule:
+    communication during backward, none hidden); ``"no_overlap"`` launches every bucket after backward.
+
+    Returns, per variant: ``comm`` (the spans of the all-reduce events of all steps, us), ``backwards`` (per
+    step, ``backward_extents``) and ``backward`` (the first step's), ``backward_range`` and ``forward_range``
+    (the first step's ``record_function`` ranges; the backward range includes DDP's wait for the buckets),
+    ``fraction`` (``overlap_fraction(comm, backwards)``: the communication inside backward's extents),
+    ``in_flight`` and ``compute`` (``in_flight``, ``backward_compute``), ``overlapped``
+    (``overlapped_all_reduces``: the share of the all-reduces during which backward computed), ``buckets``,
+    ``steps`` and, with ``trace_dir``, the path of the exported trace (``ddp_<variant>_rank<r>.json``).
+
+    Several steps, because on a loaded machine one step can serialise by chance: when the cores are busy, the
+    call that hands an all-reduce to gloo's thread can return only once it is done."""
+    from torch.profiler import profile, record_function
+
+    check_number("bucket_cap_mb", bucket_cap_mb, 0, unit="MB")
+    batch = check_int("batch", batch, 1)
+    steps = check_int("steps", steps, 1)
+    rank = dist.get_rank()
+    cfg = _tiny_config()
+    g = torch.Generator().manual_seed(seed + 1 + rank)  # each rank its own shard
+    x = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g)
+    y = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g)
+    nets = {}
+    for variant in variants:
+        check_choice("variant", variant, DDP_VARIANTS)
+        torch.manual_seed(seed)
+        net = DataParallel(Transformer(cfg), bucket_cap_mb=bucket_cap_mb, overlap=variant != "no_overlap")
+        if variant == "blocking":  # the broken schedule: each bucket's all-reduce awaited in its hook
+            for bucket in net.buckets:
+                bucket.launch = functools.partial(_launch_and_wait, bucket, bucket.launch)
+        nets[variant] = net
+
+    def step(net):
+        with record_function("forward"):
+            loss = net(x, y)
+        with record_function("backward"):
+            loss.backward()
+        net.zero_grad(set_to_none=True)
+
+    for net in nets.values():  # warm-up: first-call costs stay out of the trace
+        step(net)
+    out = {}
+    for variant, net in nets.items():
+        dist.barrier()
+        with profile(activities=activities("cpu")) as prof:  # the model and gloo's all-reduce live on the CPU
+            dist.barrier()  # both ranks start the steps together, inside the trace
+            for _ in range(steps):
+                step(net)
+        if trace_dir is not None:
+            path = Path(trace_dir) / f"ddp_{variant}_rank{rank}.json"
+            prof.export_chrome_trace(str(path))
+            events = load_trace(path)
+        else:
+            path = None
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as tmp:
+                prof.export_chrome_trace(f"{tmp}/trace.json")
+                events = load_trace(f"{tmp}/trace.json")
+        comm = sorted(s for op in COMM_OPS for s in spans(events, prefix=op))
+        backwards = backward_extents(events)
+        out[variant] = dict(
+            comm=comm,
+            backwards=backwards,
+            backward=backwards[0],
+            backward_range=spans(events, name="backward")[0],
+            forward_range=spans(events, name="forward")[0],
+            fraction=overlap_fraction(comm, backwards),
+            in_flight=in_flight(events),
+            compute=backward_compute(events),
+            overlapped=overlapped_all_reduces(events),
+            buckets=len(net.buckets),
+            steps=steps,
+            trace=str(path) if path else None,
+        )
+    return out
+
+
+def _launch_and_wait(bucket, launch, group) -> None:
+    """The broken schedule's bucket launch: the all-reduce awaited inside the gradient hook."""
+    launch(group)
+    bucket.work.wait()

@@ -15,7 +15,7 @@
   op from ``torch.profiler``).
 - ``profiling``: a ``torch.profiler`` trace read back (``load_trace``, ``spans``, ``mm_flops``), the
   overlap fraction of communication with compute (pure interval arithmetic) and the memory timeline
-  of a step (``memory_timeline``, ``live_at``, ``peak_in``); ``trace_ddp_step`` (notebook 05b);
+  of a step (``memory_timeline``, ``live_at``, ``peak_in``);
   ``light_profile`` (a CPU profiler whose first start skips the compiler's imports), ``trace_range`` /
   ``ranged`` (a ``record_function`` range only while a profiler records: the engine's ``engine.step`` and
   ``engine.model``), and ``inner_time`` / ``host_time_mismatch`` / ``most_agree`` (a step's host time

@@ -27,7 +27,7 @@ def test_flop_counter_on_a_cuda_step_equals_the_formula(cuda, record):
 def test_training_step_mfu(cuda, record):
     from mlsys_nb import flops
     from mlsys_nb.config import ModelConfig
-    from mlsys_nb.models import Transformer
+    from mlsys_nb.models import Transformer, measure
 
     cfg = ModelConfig(n_layers=8, hidden=2048, n_heads=16, n_kv_heads=8, vocab_size=32768, seq_len=2048)
     model = Transformer(cfg, attn_impl="sdpa").to(cuda, torch.bfloat16).train()
@@ -37,7 +37,7 @@ def test_training_step_mfu(cuda, record):
 
     torch.cuda.synchronize()
     # measure_step times wall clock: _Synced makes each step end on the device
-    res = flops.measure_step(model, tokens, repeats=5, warmup=2, optimizer=_Synced(opt))
+    res = measure.measure_step(model, tokens, repeats=5, warmup=2, optimizer=_Synced(opt))
     gpu = table_gpu()
     record("bf16 training step (L8 h2048, 4 x 2048 tokens)", res["step_s"] * 1e3, "ms", "median of 5")
     record("training tokens/s", res["tokens_per_s"], "tokens/s")
