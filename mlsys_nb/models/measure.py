@@ -14,6 +14,9 @@
 - ``measure_step(model, tokens)``: seconds of a training step (median of repeats, ``runtime.timing``) and
   tokens/s; ``measure_matmul_peak(n)``: this CPU's fastest ``n x n`` fp32 matmul rate, the "peak" an MFU
   on a CPU divides by (``flops.mfu`` takes both; notebook 11).
+- ``default_units(module)``: ZeRO's units of a model (embedding, each block, final norm, LM head; ``parallel.zero``
+  re-exports it); ``unit_layout(model_cfg)``: their elements and every parameter's shape, on the meta device,
+  for ``memory.sharded_elements`` (the calculator pads exactly as the implementations do).
 
 These read tensors, not the allocator: they count the distinct storages that autograd saves or that the
 model and optimizer hold, and attribute them to a layer or a state (what the memory model's terms name). The
@@ -30,6 +33,7 @@ dropout runs with ``flash_attention=False``; compare with ``estimate`` under
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
 
@@ -49,6 +53,8 @@ __all__ = [
     "unique_bytes",
     "measure_step",
     "measure_matmul_peak",
+    "default_units",
+    "unit_layout",
 ]
 
 
@@ -270,3 +276,29 @@ def measure_matmul_peak(n: int = 512, repeats: int = 10) -> float:
 
     a, b = torch.randn(n, n), torch.randn(n, n)
     return 2.0 * n**3 / min(repeat(lambda: a @ b, repeats, warmup=1))
+
+
+# ---- ZeRO's units of a model, and the layout the memory model pads like the implementations ------------------
+def default_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Units in forward order (``parallel.zero.ZeRO`` flattens and shards each one): for ``Transformer`` the
+    embedding, each block, the final norm and the LM head; otherwise the top-level children with module lists
+    expanded."""
+    units = []
+    for child in model.children():
+        units.extend(child if isinstance(child, torch.nn.ModuleList) else [child])
+    return [u for u in units if any(True for _ in u.parameters())]
+
+
+@lru_cache(maxsize=64)
+def unit_layout(model: ModelConfig) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """(elements per ZeRO unit, shape of every parameter) of ``Transformer(model)``, built on the meta device
+    (no memory); units as ``default_units`` cuts them, a tied weight counted in its first unit only.
+    ``memory.sharded_elements`` pads these like ``parallel.zero`` and FSDP2 do."""
+    with torch.device("meta"):
+        module = Transformer(model)
+    seen, units = set(), []
+    for unit in default_units(module):
+        fresh = [p for p in unit.parameters() if id(p) not in seen]
+        seen.update(id(p) for p in fresh)
+        units.append(sum(p.numel() for p in fresh))
+    return tuple(units), tuple(tuple(p.shape) for p in module.parameters())

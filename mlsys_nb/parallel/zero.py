@@ -41,19 +41,11 @@ import torch.distributed as dist
 
 from ..comm.cost import bytes_sent_per_rank
 from ..config import check_choice, dtype_bytes
+from ..models.measure import default_units  # the model's units; memory's exact layouts read them there too
 
 from torch import nn
 
 STAGES = (1, 2, 3)
-
-
-def default_units(model: nn.Module) -> list[nn.Module]:
-    """Units in forward order: for ``mlsys_nb.models.Transformer`` the embedding, each block, the
-    final norm and the LM head; otherwise the top-level children with module lists expanded."""
-    units = []
-    for child in model.children():
-        units.extend(child if isinstance(child, nn.ModuleList) else [child])
-    return [u for u in units if any(True for _ in u.parameters())]
 
 
 class FlatUnit:
