@@ -307,7 +307,10 @@ GRIDS = {
 }
 
 
-def _objective(theta, logN, logD, logL, delta):
+def huber_objective(theta, logN, logD, logL, delta):
+    """The fit's objective and its gradient: ``(f, df/dtheta)``, ``f = sum Huber_delta(log L_pred - log L) / delta^2``
+    over the points, ``theta = (log A, log B, log E, alpha, beta)``; ``log L_pred`` is the log-sum-exp of
+    ``(log A - alpha log N, log B - beta log D, log E)``, i.e. ``L_pred = E + A/N^alpha + B/D^beta``."""
     a, b, e, alpha, beta = theta
     t = np.stack([a - alpha * logN, b - beta * logD, np.full_like(logN, e)])
     m = t.max(axis=0)
@@ -347,7 +350,7 @@ def _fit_theta(logN, logD, logL, delta, inits, options=None):
     with threadpool_limits(limits=1, user_api="blas"):
         for x0 in inits:
             res = minimize(
-                _objective,
+                huber_objective,
                 np.asarray(x0, float),
                 args=(logN, logD, logL, delta),
                 jac=True,
@@ -416,7 +419,7 @@ def fit(
     inits = [(a, b, e, al, be) for al, be, e, a, b in itertools.product(g["alpha"], g["beta"], g["e"], g["a"], g["b"])]
     logN, logD, logL = np.log(N), np.log(D), np.log(L)
     if starts != "all":  # screen the grid by objective value, run L-BFGS from the best starts
-        f0 = np.array([_objective(np.asarray(x, float), logN, logD, logL, delta)[0] for x in inits])
+        f0 = np.array([huber_objective(np.asarray(x, float), logN, logD, logL, delta)[0] for x in inits])
         inits = [inits[i] for i in np.argsort(f0)[: int(starts)]]
     scored = []
     for x0 in inits:

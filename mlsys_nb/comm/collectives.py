@@ -9,9 +9,10 @@ Algorithms (``n`` ranks, a tensor of ``S`` bytes):
 - :func:`ring_reduce_scatter`, :func:`ring_all_gather`, :func:`ring_all_reduce`: the ring.
   All-reduce *is* the reduce-scatter phase followed by the all-gather phase on one buffer
   (``2(n-1)`` steps of ``S/n`` bytes each, ``2(n-1)/n * S`` bytes sent per rank). The chunks follow
-  ``torch.tensor_split``, so sizes that ``n`` does not divide work. Each chunk is cut into pieces
-  that are sent with ``isend`` as soon as they are ready, so reducing one piece overlaps the
-  transfer of the next (pipelining), and the reduction is an in-place op on views (no copies).
+  ``torch.tensor_split``, so sizes that ``n`` does not divide work. :func:`ring_steps` is the plain
+  ring (one batched send/recv pair per step); :func:`pipelined_ring_steps`, which the three run,
+  cuts each chunk into pieces that are sent with ``isend`` as soon as they are ready, so reducing
+  one piece overlaps the transfer of the next. The reduction is an in-place op on views (no copies).
 - :func:`recursive_doubling_all_reduce`: ``log2(n)`` exchanges of the whole tensor with partner
   ``rank XOR 2^k`` (latency-optimal); non-powers of two fold the extra ranks in first.
 - :func:`tree_reduce`, :func:`tree_broadcast`, :func:`tree_all_reduce`: a binomial tree,
@@ -41,6 +42,8 @@ __all__ = [
     "ring_reduce_scatter",
     "ring_all_gather",
     "ring_all_reduce",
+    "ring_steps",
+    "pipelined_ring_steps",
     "recursive_doubling_all_reduce",
     "tree_reduce",
     "tree_broadcast",
@@ -203,22 +206,42 @@ def clear_workspace() -> None:
     _WORKSPACE.clear()
 
 
-def _ring(flat, bounds, comm, first: int, last: int, op: str, piece_bytes: int) -> None:
-    """Ring steps ``first .. last-1`` of all-reduce on the 1-D buffer ``flat`` (in place).
+def ring_steps(flat, bounds, comm, first: int, last: int, op: str = "sum") -> None:
+    """Ring steps ``first .. last-1`` of all-reduce on the 1-D buffer ``flat``, in place.
 
     Step ``t`` sends chunk ``(r-t-1) mod n`` to the right and receives chunk ``(r-t-2) mod n``
-    from the left; steps ``t < n-1`` (reduce-scatter phase) reduce what arrives into the local
-    chunk, later steps (all-gather phase) receive straight into it. After step ``n-2`` rank ``r``
-    owns the fully reduced chunk ``r``; after step ``2n-3`` every rank holds every chunk.
-    A received piece is forwarded (``isend``) the moment it is reduced: the ring is pipelined.
-    """
+    from the left (``bounds[i]`` = chunk ``i``'s ``(start, stop)`` elements); steps ``t < n-1``
+    (reduce-scatter phase) reduce what arrives into the local chunk, later steps (all-gather
+    phase) receive straight into it. After step ``n-2`` rank ``r`` owns the fully reduced chunk
+    ``r``; after step ``2n-3`` every rank holds every chunk. One batched send/recv pair per step:
+    the form NCCL needs (an ungrouped send to the right and receive from the left can block each
+    other on a GPU)."""
+    n, r = comm.world_size, comm.rank
+    reduce_ = _reduce_fn(op)
+    right, left = (r + 1) % n, (r - 1) % n
+    buf = _workspace(1, max(b - a for a, b in bounds), flat.dtype, flat.device)[0]
+    for t in range(first, last):
+        sa, sb = bounds[(r - t - 1) % n]
+        ra, rb = bounds[(r - t - 2) % n]
+        dst = buf[: rb - ra] if t < n - 1 else flat[ra:rb]  # reduce-scatter: a buffer; all-gather: in place
+        for req in comm.exchange(flat[sa:sb], right, dst, left):
+            req.wait()
+        if t < n - 1:
+            reduce_(flat[ra:rb], dst)
+
+
+def pipelined_ring_steps(flat, bounds, comm, first: int, last: int, op: str, piece_bytes: int) -> None:
+    """The steps of :func:`ring_steps`, pipelined: each chunk is cut into pieces of ``piece_bytes``
+    bytes, and a received piece is forwarded (``isend``) the moment it is reduced, so reducing one
+    piece overlaps the transfer of the next. ``piece_bytes <= 0`` or the NCCL backend run
+    :func:`ring_steps` (one batched pair per step)."""
     n, r = comm.world_size, comm.rank
     if n == 1 or first >= last:
         return
+    if piece_bytes <= 0 or dist.get_backend(comm.group) == "nccl":
+        return ring_steps(flat, bounds, comm, first, last, op)
     reduce_ = _reduce_fn(op)
     right, left = (r + 1) % n, (r - 1) % n
-    if piece_bytes <= 0 or dist.get_backend(comm.group) == "nccl":
-        return _ring_batched(flat, bounds, comm, first, last, reduce_)
     piece = max(1, piece_bytes // flat.element_size())
     maxc = max(b - a for a, b in bounds)
     bufs = _workspace(2, maxc, flat.dtype, flat.device) if first < n - 1 else [None, None]
@@ -266,22 +289,6 @@ def _ring(flat, bounds, comm, first: int, last: int, op: str, piece_bytes: int) 
             req.wait()
 
 
-def _ring_batched(flat, bounds, comm, first, last, reduce_) -> None:
-    """The same ring steps, one batched send/recv pair per step (the form NCCL needs: an
-    ungrouped send to the right and receive from the left can block each other on a GPU)."""
-    n, r = comm.world_size, comm.rank
-    right, left = (r + 1) % n, (r - 1) % n
-    buf = _workspace(1, max(b - a for a, b in bounds), flat.dtype, flat.device)[0]
-    for t in range(first, last):
-        sa, sb = bounds[(r - t - 1) % n]
-        ra, rb = bounds[(r - t - 2) % n]
-        dst = buf[: rb - ra] if t < n - 1 else flat[ra:rb]
-        for req in comm.exchange(flat[sa:sb], right, dst, left):
-            req.wait()
-        if t < n - 1:
-            reduce_(flat[ra:rb], dst)
-
-
 def _flat_work(tensor: torch.Tensor):
     """A contiguous 1-D view of ``tensor`` (or a copy, if it is not contiguous)."""
     return tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
@@ -304,7 +311,7 @@ def ring_all_reduce(
     comm = _comm(comm)
     flat = _flat_work(tensor)
     n = comm.world_size
-    _ring(flat, chunk_bounds(flat.numel(), n), comm, 0, 2 * n - 2, op, piece_bytes)
+    pipelined_ring_steps(flat, chunk_bounds(flat.numel(), n), comm, 0, 2 * n - 2, op, piece_bytes)
     _write_back(tensor, flat)
     return tensor
 
@@ -319,7 +326,7 @@ def ring_reduce_scatter(
     flat = tensor.reshape(-1).clone()
     n, r = comm.world_size, comm.rank
     bounds = chunk_bounds(flat.numel(), n)
-    _ring(flat, bounds, comm, 0, n - 1, op, piece_bytes)
+    pipelined_ring_steps(flat, bounds, comm, 0, n - 1, op, piece_bytes)
     a, b = bounds[r]
     return flat[a:b].clone()
 
@@ -345,7 +352,7 @@ def ring_all_gather(
     out = torch.empty(start, dtype=tensor.dtype, device=tensor.device)
     a, b = bounds[r]
     out[a:b].copy_(tensor.reshape(-1))
-    _ring(out, bounds, comm, n - 1, 2 * n - 2, "sum", piece_bytes)
+    pipelined_ring_steps(out, bounds, comm, n - 1, 2 * n - 2, "sum", piece_bytes)
     return out
 
 

@@ -148,7 +148,11 @@ class RingExchange:
         return self.recv
 
 
-class _RingAttention(torch.autograd.Function):
+class RingAttention(torch.autograd.Function):
+    """Ring attention's autograd function (``ring_attention`` calls it): forward circulates K|V blocks and
+    merges each block's partial output by its log-sum-exp; backward circulates them again, with each
+    block's dK|dV accumulator travelling beside it back to its owner."""
+
     @staticmethod
     def forward(ctx, q, k, v, causal, layout, seq_len, group, stats, overlap):
         r, n = dist.get_rank(group), dist.get_world_size(group)
@@ -237,7 +241,7 @@ def ring_attention(
     n = dist.get_world_size(group)
     seq_len = seq_len or q.shape[SEQ] * n
     check_cp_args(seq_len, n, layout=layout, n_heads=q.shape[1], n_kv_heads=k.shape[1])
-    return _RingAttention.apply(q, k, v, causal, layout, seq_len, group, stats, overlap)
+    return RingAttention.apply(q, k, v, causal, layout, seq_len, group, stats, overlap)
 
 
 def allgather_attention(

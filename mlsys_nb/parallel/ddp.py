@@ -110,12 +110,14 @@ class DataParallel(nn.Module):
         self.require_sync = True
         self.timeline: list[dict] = []
         self._callback_queued = False
-        self.buckets = self._make_buckets(bucket_cap_mb * 1e6)
+        self.buckets = self.make_buckets(bucket_cap_mb * 1e6)
         for bucket in self.buckets:
             for p in bucket.params:
-                p.register_post_accumulate_grad_hook(self._make_hook(bucket))
+                p.register_post_accumulate_grad_hook(self.make_hook(bucket))
 
-    def _make_buckets(self, cap_bytes: float) -> list[Bucket]:
+    def make_buckets(self, cap_bytes: float) -> list[Bucket]:
+        """Cut the parameters, in reverse registration order, into buckets of at most ``cap_bytes``
+        bytes of gradients (a parameter bigger than the cap gets a bucket of its own)."""
         params = [p for p in self.module.parameters() if p.requires_grad][::-1]
         groups, current, size = [], [], 0
         for p in params:
@@ -140,12 +142,15 @@ class DataParallel(nn.Module):
         finally:
             self.require_sync = previous
 
-    def _make_hook(self, bucket: Bucket):
+    def make_hook(self, bucket: Bucket):
+        """The ``post_accumulate_grad_hook`` of each parameter of ``bucket``: counts the bucket's
+        gradients down and, with ``overlap``, launches its all-reduce when the last one lands."""
+
         def hook(param: torch.Tensor) -> None:
             if not self.require_sync:
                 return
-            if not self._callback_queued:  # run _finish once, when the whole backward is done
-                torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            if not self._callback_queued:  # run finish_backward once, when the whole backward is done
+                torch.autograd.Variable._execution_engine.queue_callback(self.finish_backward)
                 self._callback_queued = True
             bucket.pending -= 1
             if bucket.pending == 0:
@@ -155,7 +160,9 @@ class DataParallel(nn.Module):
 
         return hook
 
-    def _finish(self) -> None:
+    def finish_backward(self) -> None:
+        """Runs once when backward ends (queued on the autograd engine): launches the buckets not yet
+        launched, waits for all of them, writes the averaged gradients back and records the timeline."""
         t_backward_end = time.perf_counter()
         for bucket in self.buckets:
             if bucket.pending:

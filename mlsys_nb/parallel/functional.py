@@ -21,7 +21,7 @@ its slice). An all-to-all is its own transpose with the splits swapped.
 
 The plain (not differentiable) collectives along a dimension, ``all_reduce``, ``all_gather`` and
 ``reduce_scatter``, are here too, for autograd functions that fuse communication with compute
-(``tensor._GatherLinear``, the vocabulary-parallel cross-entropy, ring attention's neighbours).
+(``tensor.GatherLinear``, the vocabulary-parallel cross-entropy, ring attention's neighbours).
 
 All collectives are ``torch.distributed`` functions looked up at call time, so
 ``mlsys_nb.comm.counting.CommCounter`` sees (and counts the bytes of) every message.

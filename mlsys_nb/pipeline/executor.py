@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .schedules import SCHEDULES, Schedule, dependency, schedule, validate
 
@@ -165,6 +165,137 @@ def stage_modules(sched: Schedule, spec: ModelSpec, rank: int, blocks=None) -> d
     return mods
 
 
+@dataclass
+class StepState:
+    """What one rank holds while it walks its actions through one step. Keys are ``(microbatch, stage)``."""
+
+    sched: Schedule
+    rank: int  # this rank's index in the pipeline group
+    mods: dict  # (path, stage) -> this rank's module of that stage (DualPipe: two paths, two copies)
+    x: object  # inputs [m, *shape]
+    y: object  # targets [m, *shape]
+    shape: tuple  # one micro-batch's activations (what crosses a stage boundary)
+    group: object = None  # the pipeline's process group (None: the world)
+    acts: dict = field(default_factory=dict)  # a stage's input, received or made here, awaiting its F
+    grads: dict = field(default_factory=dict)  # the gradient of a stage's output, awaiting its B (or SEND_B)
+    saved: dict = field(default_factory=dict)  # (input, output) kept for B; (input, output, grad) for W
+    sends: list = field(default_factory=list)  # isend handles, waited for at the end of the step
+    rows: list = field(default_factory=list)  # timeline: (kind, microbatch, chunk, stage, full, start_s, end_s)
+    loss: float = 0.0  # the sum of the last stage's losses
+
+    def tag(self, kind: str, mb: int, stage: int) -> int:
+        """The tag of the activation (``"F"``) entering ``stage`` or the gradient (``"B"``) of its output."""
+        return ({"F": 0, "B": 1}[kind] * self.sched.n_stages + stage) * self.sched.m + mb
+
+    def module(self, mb: int, stage: int):
+        return self.mods[(self.sched.mb_path[mb], stage)]
+
+    def recv(self, peer: int, tag: int):
+        """A blocking receive of one micro-batch's activations (or their gradient) from ``peer``."""
+        import torch
+        import torch.distributed as dist
+
+        buf = torch.empty(self.shape)
+        dist.recv(buf, group_src=peer, tag=tag, group=self.group)
+        return buf
+
+    def isend(self, t, peer: int, tag: int) -> None:
+        import torch.distributed as dist
+
+        self.sends.append(dist.isend(t, group_dst=peer, tag=tag, group=self.group))
+
+
+def forward(st: StepState, a) -> None:
+    """F: stage ``a.stage`` on micro-batch ``a.microbatch``; the last stage turns its output into the loss."""
+    import torch
+
+    j, s = a.microbatch, a.stage
+    x = st.x[j] if s == 0 else st.acts.pop((j, s))
+    x = x.detach().requires_grad_(s > 0)
+    out = st.module(j, s)(x)
+    if s == st.sched.n_stages - 1:
+        out = torch.nn.functional.mse_loss(out, st.y[j]) / st.sched.m
+        st.loss += out.item()
+    elif st.sched.rank_of(j, s + 1) == st.rank:  # the next stage is on this rank: no message
+        st.acts[(j, s + 1)] = out.detach()
+    st.saved[(j, s)] = (x, out)
+
+
+def backward(st: StepState, a) -> None:
+    """B: full (``a.full``): ``autograd.backward``, the weights' ``.grad`` accumulate too. Input-only
+    (zero bubble): ``autograd.grad`` of the stage's input alone, the graph kept for the W that follows."""
+    import torch
+
+    j, s = a.microbatch, a.stage
+    x, out = st.saved[(j, s)]
+    g = None if s == st.sched.n_stages - 1 else st.grads.pop((j, s))
+    if a.full:
+        torch.autograd.backward(out, g)
+        st.saved.pop((j, s))
+        gx = x.grad if s > 0 else None
+    else:
+        gx = torch.autograd.grad(out, x, g, retain_graph=True)[0] if s > 0 else None
+        st.saved[(j, s)] = (x, out, g)
+    if s > 0:
+        st.grads[(j, s - 1)] = gx  # sent by SEND_B, or used here if stage s−1 is on this rank
+
+
+def weight(st: StepState, a) -> None:
+    """W: the weight-gradient half of a split backward, added into the parameters' ``.grad``."""
+    import torch
+
+    j, s = a.microbatch, a.stage
+    x, out, g = st.saved.pop((j, s))
+    params = list(st.module(j, s).parameters())
+    for p, gp in zip(params, torch.autograd.grad(out, params, g)):
+        p.grad = gp if p.grad is None else p.grad + gp
+
+
+COMPUTE = {"F": forward, "B": backward, "W": weight}
+
+
+def compute(st: StepState, a) -> None:
+    """F, B, W, or FB (the forward, then the backward), each op timed into ``st.rows``."""
+    for op in a.sub if a.kind == "FB" else (a,):
+        t0 = time.perf_counter()
+        COMPUTE[op.kind](st, op)
+        st.rows.append((op.kind, op.microbatch, op.chunk, op.stage, op.full, t0, time.perf_counter()))
+
+
+def recv_activation(st: StepState, a) -> None:
+    """RECV_F: stage ``a.stage``'s input, from the rank of the stage before."""
+    st.acts[(a.microbatch, a.stage)] = st.recv(a.peer, st.tag("F", a.microbatch, a.stage))
+
+
+def recv_gradient(st: StepState, a) -> None:
+    """RECV_B: the gradient of stage ``a.stage``'s output, from the rank of the stage after."""
+    st.grads[(a.microbatch, a.stage)] = st.recv(a.peer, st.tag("B", a.microbatch, a.stage))
+
+
+def send_activation(st: StepState, a) -> None:
+    """SEND_F: stage ``a.stage``'s output, to the rank of the next stage (asynchronous)."""
+    out = st.saved[(a.microbatch, a.stage)][1].detach()
+    st.isend(out, a.peer, st.tag("F", a.microbatch, a.stage + 1))
+
+
+def send_gradient(st: StepState, a) -> None:
+    """SEND_B: the gradient of stage ``a.stage``'s input, to the rank of the stage before (asynchronous)."""
+    g = st.grads.pop((a.microbatch, a.stage - 1))
+    st.isend(g.contiguous(), a.peer, st.tag("B", a.microbatch, a.stage - 1))
+
+
+ACTIONS = {
+    "F": compute,
+    "B": compute,
+    "W": compute,
+    "FB": compute,
+    "RECV_F": recv_activation,
+    "RECV_B": recv_gradient,
+    "SEND_F": send_activation,
+    "SEND_B": send_gradient,
+}
+
+
 def run_step(sched: Schedule, spec: ModelSpec, group=None, *, mods=None, batch=None) -> dict:
     """Inside a rank: one training step of ``sched`` (no optimizer). Returns this rank's gradients
     keyed by the unpipelined model's parameter names, its loss sum and its timeline rows
@@ -174,88 +305,26 @@ def run_step(sched: Schedule, spec: ModelSpec, group=None, *, mods=None, batch=N
     ``mods``: this rank's stage modules from ``stage_modules`` (kept across steps for training;
     default: built fresh from ``spec``). ``batch``: ``(x, y)`` of shape [m, *spec.shape] (default
     ``make_batch(spec, m)``)."""
-    import torch
     import torch.distributed as dist
 
-    dev = torch.device("cpu")
-    r, m, S = dist.get_rank(group), sched.m, sched.n_stages
-    x_all, y_all = (t.to(dev) for t in (make_batch(spec, m) if batch is None else batch))
-    # (path, stage) -> module made of that stage's blocks; DualPipe's two paths hold separate copies
+    r = dist.get_rank(group)
+    x, y = (t.to("cpu") for t in (make_batch(spec, sched.m) if batch is None else batch))
     mods = stage_modules(sched, spec, r) if mods is None else mods
     for mod in mods.values():
         mod.zero_grad(set_to_none=True)
-
-    def tag(kind, mb, stage):
-        return ({"F": 0, "B": 1}[kind] * S + stage) * m + mb
-
-    def mod_of(mb, stage):
-        return mods[(sched.mb_path[mb], stage)]
-
-    acts, grads, saved, sends, rows, loss_sum = {}, {}, {}, [], [], 0.0
-    shape = spec.shape
-
-    def forward(a):
-        nonlocal loss_sum
-        j, s = a.microbatch, a.stage
-        x = x_all[j] if s == 0 else acts.pop((j, s))
-        x = x.detach().requires_grad_(s > 0)
-        out = mod_of(j, s)(x)
-        if s == S - 1:
-            out = torch.nn.functional.mse_loss(out, y_all[j]) / m
-            loss_sum += out.item()
-        elif sched.rank_of(j, s + 1) == r:
-            acts[(j, s + 1)] = out.detach()
-        saved[(j, s)] = (x, out)
-
-    def backward(a):
-        j, s = a.microbatch, a.stage
-        x, out = saved[(j, s)]
-        g = None if s == S - 1 else grads.pop((j, s))
-        if a.full:
-            torch.autograd.backward(out, g)
-            saved.pop((j, s))
-            gx = x.grad if s > 0 else None
-        else:
-            gx = torch.autograd.grad(out, x, g, retain_graph=True)[0] if s > 0 else None
-            saved[(j, s)] = (x, out, g)
-        if s > 0:
-            grads[(j, s - 1)] = gx  # sent by SEND_B, or used here if stage s−1 is on this rank
-
-    def weight(a):
-        j, s = a.microbatch, a.stage
-        x, out, g = saved.pop((j, s))
-        params = list(mod_of(j, s).parameters())
-        for p, gp in zip(params, torch.autograd.grad(out, params, g)):
-            p.grad = gp if p.grad is None else p.grad + gp
-
-    run = {"F": forward, "B": backward, "W": weight}
+    st = StepState(sched, r, mods, x, y, spec.shape, group)
     dist.barrier(group=group)
     for a in sched.actions[r]:
-        k = a.kind
-        if k == "RECV_F":
-            buf = torch.empty(shape, device=dev)
-            dist.recv(buf, group_src=a.peer, tag=tag("F", a.microbatch, a.stage), group=group)
-            acts[(a.microbatch, a.stage)] = buf
-        elif k == "RECV_B":
-            buf = torch.empty(shape, device=dev)
-            dist.recv(buf, group_src=a.peer, tag=tag("B", a.microbatch, a.stage), group=group)
-            grads[(a.microbatch, a.stage)] = buf
-        elif k == "SEND_F":
-            out = saved[(a.microbatch, a.stage)][1].detach()
-            sends.append(dist.isend(out, group_dst=a.peer, tag=tag("F", a.microbatch, a.stage + 1), group=group))
-        elif k == "SEND_B":
-            g = grads.pop((a.microbatch, a.stage - 1))
-            sends.append(
-                dist.isend(g.contiguous(), group_dst=a.peer, tag=tag("B", a.microbatch, a.stage - 1), group=group)
-            )
-        else:
-            for x in a.sub if k == "FB" else (a,):
-                t0 = time.perf_counter()
-                run[x.kind](x)
-                rows.append((x.kind, x.microbatch, x.chunk, x.stage, x.full, t0, time.perf_counter()))
-    for w in sends:
+        ACTIONS[a.kind](st, a)
+    for w in st.sends:
         w.wait()
     dist.barrier(group=group)
+    return {"rank": r, "grads": stage_grads(sched, spec, mods), "loss": st.loss, "rows": st.rows}
+
+
+def stage_grads(sched: Schedule, spec: ModelSpec, mods: dict) -> dict:
+    """The gradients of this rank's stage modules, keyed by the unpipelined model's parameter names
+    (``"{layer}.{name}"``; DualPipe's two copies of a layer on one rank are summed)."""
     out = {}
     for (_path, s), mod in mods.items():
         for i, blk in zip(layers_of(sched, spec, s), mod):
@@ -263,7 +332,7 @@ def run_step(sched: Schedule, spec: ModelSpec, group=None, *, mods=None, batch=N
                 key = f"{i}.{n}"
                 g = p.grad.detach().cpu()
                 out[key] = out[key] + g if key in out else g.clone()
-    return {"rank": r, "grads": out, "loss": loss_sum, "rows": rows}
+    return out
 
 
 def pipeline_worker(schedules: list[Schedule], spec: ModelSpec, repeats: int = 1) -> list[dict]:
