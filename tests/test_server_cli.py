@@ -11,14 +11,14 @@ import torch
 
 from mlsys_nb.config import model_presets
 from mlsys_nb.inference.config import EngineConfig
-from mlsys_nb.inference.serve import build_parser, main
+from mlsys_nb.inference.serve import build_parser, run_server
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
 
 def _exit_message(argv, capsys) -> str:
     with pytest.raises(SystemExit) as e:
-        main(argv)
+        run_server(argv)
     assert e.value.code == 2  # argparse's usage error, before any model is built
     return capsys.readouterr().err
 

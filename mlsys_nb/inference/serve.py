@@ -3,11 +3,11 @@ for a transformers checkpoint; every ``EngineConfig`` option is a flag; 127.0.0.
 
 The server itself lives in ``inference/server/`` (its ``__init__`` is the front page: the endpoints, isolation,
 back-pressure, streaming): ``protocol`` (request fields -> ``SamplingParams``), ``responses`` (OpenAI's shapes),
-``engine_thread`` (``AsyncEngine``), ``routes`` (``build_app``), ``cli`` (``build_parser``, ``main``). The names
-below are re-exported here, where the tests and benchmarks import them.
+``engine_thread`` (``AsyncEngine``), ``routes`` (``build_app``), ``cli`` (``build_parser``, ``run_server``).
+The names below are re-exported here, where the tests and benchmarks import them.
 """
 
-from .server.cli import SPEC_NGRAM, build_parser, load_model_dir, main, speculative_choices
+from .server.cli import SPEC_NGRAM, build_parser, load_model_dir, run_server, speculative_choices
 from .server.engine_thread import AsyncEngine
 from .server.protocol import COMMON_FIELDS, HONOURED, MESSAGE_ROLES, REFUSED, APIError, Limits, chat_prompt
 from .server.protocol import retry_after_seconds
@@ -27,10 +27,10 @@ __all__ = [
     "chat_prompt",
     "client_gone",
     "load_model_dir",
-    "main",
     "retry_after_seconds",
+    "run_server",
     "speculative_choices",
 ]
 
 if __name__ == "__main__":
-    main()
+    run_server()

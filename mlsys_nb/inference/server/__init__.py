@@ -50,7 +50,7 @@ too deeply nested) or an invalid value 400, an unknown model or route 404, a ful
 above ``max_request_bytes`` 413; the server keeps serving.
 """
 
-from .cli import SPEC_NGRAM, build_parser, load_model_dir, main, speculative_choices
+from .cli import SPEC_NGRAM, build_parser, load_model_dir, run_server, speculative_choices
 from .engine_thread import AsyncEngine
 from .protocol import HONOURED, MESSAGE_ROLES, REFUSED, APIError, Limits, chat_prompt, retry_after_seconds
 from .routes import ServerState, build_app, client_gone
@@ -69,7 +69,7 @@ __all__ = [
     "chat_prompt",
     "client_gone",
     "load_model_dir",
-    "main",
     "retry_after_seconds",
+    "run_server",
     "speculative_choices",
 ]

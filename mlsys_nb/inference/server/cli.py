@@ -105,7 +105,7 @@ def build_engine(ap: argparse.ArgumentParser, args, config: EngineConfig):
         ap.error(str(e))
 
 
-def main(argv=None) -> None:
+def run_server(argv=None) -> None:
     """Parse ``argv``, build the engine, serve it with uvicorn until interrupted."""
     ap = build_parser()
     args = ap.parse_args(argv)
