@@ -20,7 +20,8 @@ activations).
 
 Building blocks: ``ColumnParallelLinear``, ``RowParallelLinear``, ``TPMLP`` (SwiGLU/GELU/ReLU),
 ``TPAttention`` (heads split across ranks, grouped-query attention with ``n_kv_heads % t == 0``),
-``VocabParallelEmbedding``, ``vocab_parallel_cross_entropy`` and ``TPTransformer``, the TP version
+``VocabParallelEmbedding``, ``vocab_parallel_cross_entropy`` (its autograd function:
+``VocabParallelCE``) and ``TPTransformer``, the TP version
 of ``mlsys_nb.models.Transformer`` (same function: RoPE, GQA, tied or untied head). Every module
 loads its weights from the *full* model's state dict by slicing (``load_full_state_dict``).
 ``module.shard_map()`` says which slice of which full tensor each local tensor is: full name ->
@@ -64,12 +65,14 @@ SEQ_DIM = 1  # activations are [batch, seq, hidden]
 
 __all__ = [
     "ColumnParallelLinear",
+    "GatherLinear",
     "RowParallelLinear",
     "SEQ_DIM",
     "TPAttention",
     "TPBlock",
     "TPMLP",
     "TPTransformer",
+    "VocabParallelCE",
     "VocabParallelEmbedding",
     "compare_with_full",
     "copy_to_tp",
@@ -138,7 +141,7 @@ def exit_tp(y, sequence_parallel: bool, group=None):
     return reduce_scatter_to_sp(y, group) if sequence_parallel else reduce_from_tp(y, group)
 
 
-class _GatherLinear(torch.autograd.Function):
+class GatherLinear(torch.autograd.Function):
     """SP all-gather fused with the column-parallel matmul, as Megatron-LM does it.
 
     Saving only the local sequence shard (not the gathered input) keeps *every* activation of a
@@ -204,7 +207,7 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x):
         if self.enter and self.sequence_parallel:
-            y = _GatherLinear.apply(x, self.weight, self.bias, self.group, self.regather)
+            y = GatherLinear.apply(x, self.weight, self.bias, self.group, self.regather)
         else:
             y = F.linear(copy_to_tp(x, self.group) if self.enter else x, self.weight, self.bias)
         return gather_from_tp(y, self.group) if self.gather_output else y
@@ -386,7 +389,7 @@ class VocabParallelEmbedding(nn.Module):
         return {prefix + "weight": (self.weight, None, 0)}
 
 
-class _VocabParallelCE(torch.autograd.Function):
+class VocabParallelCE(torch.autograd.Function):
     """Mean cross-entropy over logits sharded along the vocabulary, never gathering them: three
     all-reduces of one value per token (max, target logit, sum of exponentials)."""
 
@@ -419,7 +422,7 @@ class _VocabParallelCE(torch.autograd.Function):
 def vocab_parallel_cross_entropy(local_logits, targets, group=None):
     """Mean CE of ``local_logits`` [..., V/t] (this rank's vocabulary slice) against ``targets``."""
     start = tp_rank(group) * local_logits.shape[-1]
-    return _VocabParallelCE.apply(local_logits, targets, start, group)
+    return VocabParallelCE.apply(local_logits, targets, start, group)
 
 
 # ---------------------------------------------------------------------------------------------

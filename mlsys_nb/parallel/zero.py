@@ -168,11 +168,11 @@ class ZeRO:
         if stage >= 2:
             for u in self.units:
                 for p in u.params:
-                    p.register_post_accumulate_grad_hook(self._grad_hook(u))
+                    p.register_post_accumulate_grad_hook(self.grad_hook(u))
         if stage == 3:
             for u in self.units:
-                u.module.register_forward_pre_hook(self._pre_forward(u))
-                u.module.register_forward_hook(self._post_forward(u))
+                u.module.register_forward_pre_hook(self.pre_forward_hook(u))
+                u.module.register_forward_hook(self.post_forward_hook(u))
 
     # -- hooks ----------------------------------------------------------------------------
     def _neighbour(self, unit: FlatUnit, step: int) -> FlatUnit | None:
@@ -183,7 +183,10 @@ class ZeRO:
         now = sum(u.padded_numel * u.full.element_size() for u in self.units if u.gathered)
         self.peak_gathered_bytes = max(self.peak_gathered_bytes, now)
 
-    def _pre_forward(self, unit: FlatUnit):
+    def pre_forward_hook(self, unit: FlatUnit):
+        """Stage 3: before ``unit`` runs forward, gather its parameters (and, with ``prefetch``, start the next
+        unit's all-gather)."""
+
         def hook(module, args):
             unit.gather()
             unit.wait()
@@ -194,7 +197,10 @@ class ZeRO:
 
         return hook
 
-    def _post_forward(self, unit: FlatUnit):
+    def post_forward_hook(self, unit: FlatUnit):
+        """Stage 3: after ``unit``'s forward, free its parameters and hook its outputs, so that their
+        gradient gathers the parameters again before the unit's backward."""
+
         def hook(module, args, output):
             unit.free()  # autograd's saved views point into the freed buffer; refilled before backward
             unit.backward_started = False
@@ -202,12 +208,15 @@ class ZeRO:
                 outs = output if isinstance(output, (tuple, list)) else [output]
                 for t in outs:
                     if isinstance(t, torch.Tensor) and t.requires_grad:
-                        t.register_hook(self._pre_backward(unit))
+                        t.register_hook(self.pre_backward_hook(unit))
             return output
 
         return hook
 
-    def _pre_backward(self, unit: FlatUnit):
+    def pre_backward_hook(self, unit: FlatUnit):
+        """Stage 3: a gradient hook on ``unit``'s outputs; the first one to fire gathers its parameters for the
+        backward (and, with ``prefetch``, starts the previous unit's all-gather)."""
+
         def hook(grad):
             if not unit.backward_started:
                 unit.backward_started = True
@@ -221,7 +230,11 @@ class ZeRO:
 
         return hook
 
-    def _grad_hook(self, unit: FlatUnit):
+    def grad_hook(self, unit: FlatUnit):
+        """Stages 2-3: the ``post_accumulate_grad_hook`` of each parameter of ``unit``. When the unit's last
+        gradient lands, reduce-scatter its gradients into this rank's shard and drop the full gradients
+        (stage 3 also frees the gathered parameters)."""
+
         def hook(param):
             unit.pending -= 1
             if unit.pending == 0:  # the unit's backward is done: shard its gradients now
