@@ -2,7 +2,8 @@
 
 - ``collectives``: ring / tree / recursive-doubling / pairwise collectives built from
   ``send``/``recv`` (``CountingComm`` counts what each rank sends), checked against torch's own
-  (``verify_against_torch``) and against their definitions (``check_semantics``).
+  (``verify_against_torch``) and against their definitions (``check_semantics``); ``ring_steps`` is the
+  plain ring loop, ``pipelined_ring_steps`` the same steps cut into pieces (what the ring functions run).
 - ``cost`` (its names are re-exported here, e.g. ``mlsys_nb.comm.ring_bytes_sent``): closed-form
   bytes per rank, α-β time models (``AlphaBeta``, ``collective_time``, ``cost_coefficients``),
   ``algbw``/``busbw``, ``fit_alpha_beta``, ``crossover_bytes``, and the measured ``sweep`` on real
@@ -18,8 +19,9 @@
 - ``pingpong``: fit α, β on point-to-point exchanges (γ on a local add, δ on the all-gather's copy) at 2 ranks, predict
   collectives at larger sizes from their step counts, and notebook 04's claims (what 2 ranks can tell apart: S vs
   2S per rank; the all-gather's missing local work), re-measured up to 3 times on a shared machine.
-- ``overlap``: blocking vs non-blocking send around a CPU-free wait (a blocking control interleaved), and
-  the check that the non-blocking one overlaps, re-measured up to 3 times (notebook 02).
+- ``overlap``: blocking vs non-blocking send around a CPU-free wait (a blocking control interleaved;
+  ``measure_variants``), and the check that the non-blocking one overlaps (``check_overlap``), re-measured up
+  to 3 times (notebook 02).
 
 The cost functions are light (numpy only); ``collectives``, ``counting`` (torch) and ``plots``
 (matplotlib) load when first used.
