@@ -6,8 +6,10 @@
   ``merge_partials``, the one online-softmax merge (ring attention in ``parallel/context.py`` uses it too), with
   ``merge_segments`` merging any number of partials per segment at once (the engine's varlen decode attention).
   Tested against ``scaled_dot_product_attention``: outputs and the three input gradients on random shapes.
+  ``causal_mask`` (bottom-right aligned), ``fill_splits`` (the fewest splits that fill the SMs).
 - ``io``: ``IOCounter`` counts the bytes an algorithm loads and stores; ``naive_forward_io`` and
-  ``flash_forward_io`` (the paper's Algorithm 1 with its block sizes from the SRAM size) run through it;
+  ``flash_forward_io`` (the paper's Algorithm 1 with its block sizes from the SRAM size, ``paper_block_sizes``)
+  run through it;
   ``peak_forward_bytes`` reads peak memory from the profiler's memory timeline.
 - ``triton_kernels`` (imported on its own; needs ``pip install -e .[kernels]``): vector add, fused softmax,
   tiled matmul and FlashAttention's forward in Triton, interpreted on CPU tensors.

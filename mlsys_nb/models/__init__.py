@@ -6,7 +6,8 @@
   sigmoid (DeepSeek-V3, bias-balanced) top-k gating, capacity with the pinned drop rule,
   load-balancing and z losses (``route``, ``Routing``, ``update_bias``).
 - ``measure``: memory measured on a real model: ``saved_activation_bytes``,
-  ``measure_activations``, ``measure_model_states`` and ``measured_state_bytes`` (the bytes of
+  ``measure_activations``, ``measure_model_states``, ``cpu_setting`` (the ``TrainConfig`` of these runs on
+  CPU) and ``measured_state_bytes`` (the bytes of
   parameters, gradients and optimizer states a rank holds, from its tensors), which the formulas
   of ``mlsys_nb.memory`` are tested against.
 - ``corpus``: ``MarkovLanguage``, a synthetic language with a known entropy rate (the loss floor).

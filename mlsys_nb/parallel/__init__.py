@@ -21,9 +21,10 @@
 - ``harness``: the run-and-compare harness: the same seeded model and batches under every
   data-parallel implementation (``compare_implementations``, ``train_parallel``, ``train_single``,
   ``dp_tiny_config``, ``make_batches``, ``time_ddp_steps``), compared with single-process training
-  and with PyTorch's DDP/FSDP2.
-  ``trace_ddp_step``: one DDP step under ``torch.profiler`` in three schedules (overlapped, blocking in
-  the hook, after backward), read back by ``runtime.profiling`` (notebook 05b).
+  and with PyTorch's DDP/FSDP2 (pieces: ``build_model``, the seeded ``Transformer``; ``local_slice``, a rank's
+  share of a batch; ``max_diff``, the largest difference between two ``{name: tensor}`` dicts);
+  ``trace_ddp_step``: one DDP step under ``torch.profiler`` in three
+  schedules (overlapped, blocking in the hook, after backward), read back by ``runtime.profiling`` (notebook 05b).
 - ``mesh``: a pp x dp x cp x tp device mesh (``build_mesh``, ``coordinates``, ``grid``,
   ``group_ranks``) and training that combines DDP, TP/SP and the pipeline executor on it
   (``train``, ``train_worker``, ``check_cases``; one training loop for every combination), compared

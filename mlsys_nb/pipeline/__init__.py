@@ -1,13 +1,16 @@
 """Pipeline parallelism: schedules, an event simulator, a real executor on ranks, timeline plots.
 
 - ``schedule(name, p, m, v=None)`` -> ``Schedule`` with ``.actions[rank]`` (with send/recv) and
-  ``.compute[rank]`` (F/B/W/FB only); names in ``SCHEDULES``; ``validate(schedule)``.
+  ``.compute[rank]`` (F/B/W/FB only); names in ``SCHEDULES``; ``validate(schedule)``; ``check_args(name, p,
+  m, v)`` raises ``ScheduleError`` naming the parameter for a combination a schedule does not allow.
 - ``simulate(schedule, F=1.0, B=1.0, W=None, comm=0.0, a2a=0.0)`` -> ``SimResult`` (makespan,
   bubble_fraction, bubble_ratio, peak_activations, timeline).
 - ``closed_form(name, p, m, v, ...)``: the closed-form values the simulator is tested against;
   ``peak_in_flight(name, p, m, v)``: micro-batches in flight per rank (used by ``mlsys_nb.memory``).
 - ``run_schedules(names, world_size, ...)`` (``executor``): the same schedules on real ranks,
-  gradients compared with the unpipelined model, measured timelines.
+  gradients compared with the unpipelined model, measured timelines. ``executor.run_step`` is one rank's
+  step: each action goes to the small function its kind names in ``executor.ACTIONS``.
+- ``compare.compare_schedules(p, m, ...)``: every schedule at one setting, side by side (bubble, memory, messages).
 - ``plot_timeline(result)``, ``plot_sim_vs_real`` (``plots``): Gantt charts per rank.
 - ``reference.torch_order(name, p, m, v)``: PyTorch's own op order for the same schedule.
 """

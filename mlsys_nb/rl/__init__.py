@@ -16,7 +16,8 @@
   broadcast, zero-copy shared memory), ZeRO-3 gathers bucketed to avoid the full-gather spike; one
   ``WeightSync`` interface (``send(named_tensors)`` / ``receive(handle)``) over those and Ray's object store.
 - ``placement``: co-located vs disaggregated RLHF on Ray actors, measured against the closed forms.
-- ``sizing``: per-GPU memory and step time of RLHF layouts for real model sizes (pure functions).
+- ``sizing``: per-GPU memory and step time of RLHF layouts for real model sizes (pure functions;
+  ``rlhf_estimate``: memory per GPU of PPO-RLHF's four models).
 """
 
 from .gae import discounted_returns, gae

@@ -14,7 +14,8 @@
   seconds), ``median`` / ``lower_quartile`` / ``quantile`` of repeats, and ``profile_ops(fn)`` (self CPU seconds per
   op from ``torch.profiler``).
 - ``profiling``: a ``torch.profiler`` trace read back (``load_trace``, ``spans``, ``mm_flops``), the
-  overlap fraction of communication with compute (pure interval arithmetic) and the memory timeline
+  overlap fraction of communication with compute (pure interval arithmetic: ``overlap_fraction``,
+  ``overlapped_all_reduces``, the bound ``OVERLAP_BOUND``; ``activities`` for a device) and the memory timeline
   of a step (``memory_timeline``, ``live_at``, ``peak_in``);
   ``light_profile`` (a CPU profiler whose first start skips the compiler's imports), ``trace_range`` /
   ``ranged`` (a ``record_function`` range only while a profiler records: the engine's ``engine.step`` and
