@@ -6,8 +6,9 @@
   plain ring loop, ``pipelined_ring_steps`` the same steps cut into pieces (what the ring functions run).
 - ``cost`` (its names are re-exported here, e.g. ``mlsys_nb.comm.ring_bytes_sent``): closed-form
   bytes per rank, α-β time models (``AlphaBeta``, ``collective_time``, ``cost_coefficients``),
-  ``algbw``/``busbw``, ``fit_alpha_beta``, ``crossover_bytes``, and the measured ``sweep`` on real
-  ranks and ``memcpy_bandwidth``.
+  ``algbw``/``busbw``, ``fit_alpha_beta``, ``crossover_bytes``.
+- ``measure`` (its names are re-exported here too): the measured ``sweep`` on real ranks and
+  ``memcpy_bandwidth`` (``MemcpyBandwidth``).
 - ``counting``: ``CommCounter`` wraps ``torch.distributed`` to count each op's payload and the
   bytes a rank sends (``bytes_sent``) under the ring algorithm, from ``cost``'s formulas.
 - ``wire``: ``WireCounter`` reads what this rank's TCP sockets really sent and received (Linux
@@ -23,8 +24,8 @@
   ``measure_variants``), and the check that the non-blocking one overlaps (``check_overlap``), re-measured up
   to 3 times (notebook 02).
 
-The cost functions are light (numpy only); ``collectives``, ``counting`` (torch) and ``plots``
-(matplotlib) load when first used.
+The cost functions are light (numpy only); ``collectives``, ``counting`` (torch), ``measure`` (timers and
+the launcher) and ``plots`` (matplotlib) load when first used.
 """
 
 from .cost import (
@@ -32,7 +33,6 @@ from .cost import (
     OPS,
     AlphaBeta,
     AlphaBetaFit,
-    MemcpyBandwidth,
     algbw,
     busbw,
     busbw_factor,
@@ -42,10 +42,8 @@ from .cost import (
     cost_coefficients,
     crossover_bytes,
     fit_alpha_beta,
-    memcpy_bandwidth,
     recursive_doubling_bytes_sent,
     ring_bytes_sent,
-    sweep,
     tree_bytes_sent,
 )
 
@@ -73,9 +71,13 @@ __all__ = [
 ]
 
 
-def __getattr__(name):  # torch loads on first use
+def __getattr__(name):  # torch, and the timers and launcher of the measurements, load on first use
     if name == "CommCounter":
         from .counting import CommCounter
 
         return CommCounter
+    if name in ("MemcpyBandwidth", "memcpy_bandwidth", "sweep"):
+        from . import measure
+
+        return getattr(measure, name)
     raise AttributeError(f"module 'mlsys_nb.comm' has no attribute {name!r}")
