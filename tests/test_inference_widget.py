@@ -124,3 +124,27 @@ def test_min_tp_that_fits_against_the_memory_inequality():
                 want = tp
                 break
         assert min_tp_that_fits(name, gpu, ctx, batch=batch) == want, (name, gpu.name, ctx, batch)
+
+
+def test_the_paged_pool_row_is_the_engines_pool_for_every_kv_dtype():
+    """One formula (``kv_cache.kv_block_bytes``) sizes the engine's paged pool and fills the widget's row: an
+    engine given the blocks of one ``context``-token sequence allocates exactly the bytes the widget shows, for
+    every KV dtype the widget offers (fp8 with its per-block scales). Fails if either side counts on its own
+    (fp8 without scales, or no rounding up to whole blocks: the context is not a multiple of the block)."""
+    import math
+
+    from mlsys_nb.config import load_model_preset
+    from mlsys_nb.inference import LLM
+    from mlsys_nb.models import Transformer
+    from mlsys_nb.widgets.inference import KV_DTYPES, PAGED_BLOCK_SIZE
+
+    ctx = 100
+    model = Transformer(load_model_preset("tiny")).eval()
+    w = InferenceWidget(model="tiny", context=ctx, batch=1)
+    for dt in KV_DTYPES:
+        w.set_state({"dtype": dt})
+        assert w.error is None, w.error
+        table = w.table()["value"]
+        (row,) = [q for q in table.index if q.startswith("paged KV pool per sequence")]
+        kv = LLM(model, kv_cache_dtype=dt, num_blocks=math.ceil(ctx / PAGED_BLOCK_SIZE), max_num_seqs=1).engine.kv
+        assert sum(t.nbytes for t in kv.tensors()) == table[row], dt

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from mlsys_nb.inference import LLM, SamplingParams, paged
+from mlsys_nb.inference import LLM, SamplingParams, paged, paged_kernels
 from mlsys_nb.inference.paged import paged_attention, paged_decode_attention_varlen, varlen_decode_chunks
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
@@ -107,7 +107,7 @@ def test_the_fused_cpu_kernel_and_the_plain_ops_agree():
     s = (q.double() @ k.double().transpose(-1, -2)) * 0.25 + bias.double()
     ref_out, ref_lse = torch.softmax(s, -1) @ v.double(), torch.logsumexp(s, -1)
     for fused in (True, False):
-        out, lse = paged._attention_with_lse(q, k, v, bias, 0.25, fused=fused)
+        out, lse = paged_kernels.attention_with_lse(q, k, v, bias, 0.25, fused=fused)
         assert (out.double() - ref_out).abs().max() < 1e-5 and (lse.double() - ref_lse).abs().max() < 1e-5
 
 

@@ -40,6 +40,9 @@ Sizes (units: bytes, tokens)
 GQA: Ainslie et al., 2023, arXiv:2305.13245). DeepSeek's multi-head latent attention caches one
 compressed latent and one shared RoPE key per token and layer: (kv_lora_rank + rope_head_dim) ·
 n_layers · bytes · tokens (DeepSeek-AI, 2024, arXiv:2405.04434, §2.1.4 and Table 1).
+``kv_block_bytes(model, block_size, dtype)``: one block of a paged pool, int8/fp8 with their scales (the
+engine's pool and the inference widget both use it); ``kv_residual_bytes``, ``kv_residual_blocks``: the exact K
+a quantized pool keeps for blocks not yet full.
 ``max_concurrent_sequences(model, gpu, seq_len, ...)``: how many full-length sequences fit in the
 GPU memory left after the weights.
 """
@@ -55,7 +58,18 @@ from ..config import DTYPE_BYTES, as_model_config, check_int, check_probability,
 if TYPE_CHECKING:  # torch is imported where a cache is built: the size formulas run without it
     import torch
 
-__all__ = ["DTYPE_BYTES", "KVCache", "kv_bytes_per_token", "kv_cache_bytes", "max_concurrent_sequences", "weight_bytes"]
+__all__ = [
+    "DTYPE_BYTES",
+    "KVCache",
+    "KV_QUANT_KINDS",
+    "kv_block_bytes",
+    "kv_bytes_per_token",
+    "kv_cache_bytes",
+    "kv_residual_blocks",
+    "kv_residual_bytes",
+    "max_concurrent_sequences",
+    "weight_bytes",
+]
 
 
 def _torch_dtype(dtype):
@@ -82,6 +96,46 @@ def kv_cache_bytes(model, tokens: int, dtype="bf16") -> int:
     (kv_lora_rank + rope_head_dim)·L·bytes·tokens."""
     check_int("tokens", tokens, 0)
     return math.ceil(kv_bytes_per_token(model, dtype) * tokens)
+
+
+KV_QUANT_KINDS = ("int8", "fp8")  # quantized paged pools (quant.kv, KIVI's scheme): 1-byte codes plus scales
+KV_SCALE = "fp32"  # their scales: K one per (block, KV head, channel), V one per (token, KV head)
+KV_RESIDUAL = "fp32"  # the exact K of a quantized pool's blocks not yet full and computed (the residual)
+
+
+def kv_block_bytes(model, block_size: int, dtype="bf16") -> int:
+    """Bytes of one block of a paged KV pool (``block_size`` tokens, all layers, K and V): the one formula the
+    engine sizes its pool with (``paged.allocate_kv_cache``) and the inference widget shows.
+
+    Unquantized: ``block_size · kv_bytes_per_token`` (2 · n_layers · block_size · n_kv_heads · head_dim · bytes
+    per value). "int8"/"fp8" (``KV_QUANT_KINDS``, ``quant.kv``): ``n_layers · n_kv_heads · (block_size · head_dim
+    + 4 · head_dim)`` for K (1-byte codes, one fp32 scale per channel) plus ``n_layers · n_kv_heads · block_size ·
+    (head_dim + 4)`` for V (codes, one fp32 scale per token); the residual's bytes are ``kv_residual_bytes``.
+    ``dtype``: a name in ``DTYPE_BYTES`` or a ``torch.dtype``."""
+    cfg = as_model_config(model)
+    check_int("block_size", block_size, 1)
+    if not (isinstance(dtype, str) and dtype in KV_QUANT_KINDS):
+        return math.ceil(block_size * kv_bytes_per_token(cfg, dtype))
+    if cfg.kv_lora_rank:
+        raise ValueError(f"dtype={dtype!r}: quantized KV pools are for MHA/GQA/MQA, not MLA (kv_lora_rank > 0)")
+    L, H, d = cfg.n_layers, cfg.n_kv_heads, cfg.head_dim
+    nb, sb = dtype_bytes(dtype), dtype_bytes(KV_SCALE)
+    return L * H * (block_size * d * nb + d * sb) + L * H * block_size * (d * nb + sb)
+
+
+def kv_residual_bytes(model, block_size: int, residual_blocks: int) -> int:
+    """Bytes of a quantized pool's exact K residual: ``residual_blocks · n_layers · block_size · n_kv_heads ·
+    head_dim · 4`` (fp32)."""
+    cfg = as_model_config(model)
+    return residual_blocks * cfg.n_layers * block_size * cfg.n_kv_heads * cfg.head_dim * dtype_bytes(KV_RESIDUAL)
+
+
+def kv_residual_blocks(max_num_seqs: int, block_size: int, num_speculative_tokens: int = 0) -> int:
+    """Residual blocks an engine needs: per running sequence its partly filled last block, plus the one a
+    prefill chunk or decode may start (2), or with speculation the blocks a verify chunk of k+1 tokens
+    touches beyond its first (``ceil((k + 1) / block_size)``) if that is more."""
+    extra = max(1, math.ceil((num_speculative_tokens + 1) / block_size)) if num_speculative_tokens else 1
+    return max_num_seqs * (1 + extra)
 
 
 def weight_bytes(model, dtype="bf16") -> float:

@@ -1,4 +1,4 @@
-"""A paged KV cache: fixed-size blocks, block tables, reference counts, copy-on-write, prefix hashing.
+"""The paged KV cache itself: K/V tensors in fixed-size blocks, read and written through block tables.
 
 The idea is PagedAttention's (Kwon et al., 2023, arXiv:2309.06180, §4): instead of reserving
 ``max_seq_len`` contiguous slots per request, the cache is a pool of ``num_blocks`` blocks of
@@ -6,39 +6,32 @@ The idea is PagedAttention's (Kwon et al., 2023, arXiv:2309.06180, §4): instead
 and attention gathers K/V through it. A sequence wastes at most ``block_size - 1`` slots (its last,
 partly filled block) instead of ``max_seq_len - len``.
 
-Three pieces, each readable on its own:
+Four files, each readable on its own (this one re-exports the names of the other three):
 
-- ``BlockManager``: bookkeeping only (no tensors). A free list, per-sequence block tables, a
-  reference count per block, copy-on-write when a sequence appends into a last block it shares
-  (after ``fork``, as in parallel sampling), and hash-chained prefix caching: a *full* block is keyed
-  by ``hash((parent block's hash, its token ids))`` so two prompts share blocks exactly as far as their
-  token prefixes agree (the design of nano-vllm's ``block_manager.py`` and vLLM's automatic prefix
-  caching). A block is registered under its key only once its K/V are computed
-  (``mark_computed(seq_id, n)``, called after the forward that computed the first ``n`` tokens), so
-  the prefix cache is the one truth of which blocks hold computed K/V: a block that is allocated but not
-  yet computed (a prompt in chunked prefill, a sequence preempted mid-prefill) is never a hit. Freed
-  blocks keep their key until the pool hands them out again, so a later request with the same prefix
-  can revive them. ``check_invariants()`` re-derives every count from scratch.
-- ``paged_attention(q, k_cache, v_cache, block_tables, context_lens)``: attention over K/V read
-  through block tables (grouped-query heads supported), causal relative to each sequence's length.
-- ``PagedKVCache``: K/V tensors ``[n_layers, num_blocks, block_size, n_kv_heads, head_dim]`` plus a
+- ``block_manager.py``: ``BlockManager``, bookkeeping only (no tensors, no torch): the free list, block
+  tables, reference counts, copy-on-write and hash-chained prefix caching (a block is a prefix-cache hit
+  only after ``mark_computed``).
+- ``paged_kernels.py``: ``paged_attention(q, k_cache, v_cache, block_tables, context_lens)`` and its tiled
+  and varlen-decode variants.
+- ``quant/kv.py``: ``quantize_kv`` / ``dequantize_kv``, KIVI's int8/fp8 codes and scales; the bytes per block
+  (scales included) are ``kv_cache.kv_block_bytes``.
+- here: ``PagedKVCache``, K/V tensors ``[n_layers, num_blocks, block_size, n_kv_heads, head_dim]`` plus a
   ``BlockManager``, implementing the cache protocol of ``mlsys_nb.inference.kv_cache`` (``plan``,
   ``begin``, ``attend``, ``commit``): in every layer the package's ``Transformer`` calls
   ``cache.attend(layer, q, k, v)``, which writes the new K/V into their slots and returns
-  ``paged_attention`` over the whole context.
-- KV-cache quantization (``dtype="int8"`` or ``"fp8"``, e4m3) with KIVI's scheme (Liu et al., 2024,
-  arXiv:2402.02750): K per *channel* (K has outlier channels; one fp32 scale per block, KV head and
-  channel: the group is the block) and V per token (one fp32 scale per token and KV head). A per-channel
-  scale needs the whole group, and appending a token to a partly filled block would change the block's
-  channel max, so every append would re-round its earlier tokens (the error compounds). KIVI keeps the
-  recent tokens in full precision instead; here the K of a block stays in an fp32 *residual* (a side pool
-  of ``residual_blocks`` blocks, K only) until the block is full and its tokens are computed
-  (``BlockManager.mark_computed``, after any speculative rollback), then the block is quantized per
-  channel once, from exact values. A block written whole in one forward (a prefill chunk) is quantized
-  directly; a speculative verify chunk always goes through the residual, since a rollback
-  (``BlockManager.truncate``) may un-fill the block. Copy-on-write copies the residual with the block,
-  swap carries it, freeing a block returns its residual, prefix-cache hits are full (quantized) blocks.
-  ``read`` dequantizes a layer's pool and puts the residual blocks' exact K over their codes.
+  ``paged_attention`` over the whole context; and ``allocate_kv_cache``, the engine's pool sized from a
+  memory budget.
+
+A quantized pool (``dtype="int8"`` or ``"fp8"``, e4m3) follows KIVI (Liu et al., 2024, arXiv:2402.02750): K per
+channel per block, V per token (``quant/kv.py`` says why). The K of a block stays in an fp32 *residual* (a side
+pool of ``residual_blocks`` blocks, K only) until the block is full and its tokens are computed
+(``BlockManager.mark_computed``, after any speculative rollback), then the block is quantized per channel once,
+from exact values. A block written whole in one forward (a prefill chunk) is quantized directly; a speculative
+verify chunk always goes through the residual, since a rollback (``BlockManager.truncate``) may un-fill the
+block. Copy-on-write copies the residual with the block, swap carries it, freeing a block returns its residual,
+prefix-cache hits are full (quantized) blocks. The manager calls nothing back: the cache learns which blocks
+became computed or free from the manager's event log (``sync``). ``read`` dequantizes a layer's pool and puts
+the residual blocks' exact K over their codes.
 
 Errors name the value and the limit, and a failing call changes nothing (the tests run
 ``check_invariants()`` after every failing call).
@@ -49,17 +42,27 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from ..config import check_int, torch_dtype
-from .block_manager import NO_HASH, BlockManager, OutOfBlocksError, _Seq, block_hash, fragmentation  # noqa: F401
+from ..quant.kv import KV_QUANT_DTYPES, KV_RESIDUAL_DTYPE, KV_SCALE_DTYPE, dequantize_kv, quantize_kv
+from .block_manager import NO_HASH, BlockManager, OutOfBlocksError, block_hash, fragmentation
+from .kv_cache import kv_block_bytes, kv_residual_blocks, kv_residual_bytes
+from .paged_kernels import (
+    VARLEN_CHUNK_TOKENS,
+    paged_attention,
+    paged_attention_tiled,
+    paged_decode_attention_varlen,
+    varlen_decode_chunks,
+)
 
-__all__ = [
-    "BlockManager",
-    "allocate_kv_cache",
-    "KV_QUANT_DTYPES",
-    "OutOfBlocksError",
+__all__ = [  # the cache's own names, then what the package's front pages document from here
     "PagedKVCache",
+    "allocate_kv_cache",
+    "BlockManager",
+    "KV_QUANT_DTYPES",
+    "NO_HASH",
+    "OutOfBlocksError",
+    "VARLEN_CHUNK_TOKENS",
     "block_hash",
     "dequantize_kv",
     "fragmentation",
@@ -67,241 +70,16 @@ __all__ = [
     "kv_residual_blocks",
     "kv_residual_bytes",
     "paged_attention",
+    "paged_attention_tiled",
     "paged_decode_attention_varlen",
     "quantize_kv",
     "varlen_decode_chunks",
 ]
 
-KV_QUANT_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}  # quantized pools: codes + scales
-KV_SCALE_DTYPE = torch.float32  # K: one scale per (block, KV head, channel); V: one per (token, KV head)
-KV_RESIDUAL_DTYPE = torch.float32  # the full-precision K of blocks not yet quantized (the residual)
-
-
-def quantize_kv(x: torch.Tensor, kind: str, dim: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Absmax quantization of K or V ``x`` to ``kind`` ("int8" or "fp8"), one scale per slice along ``dim``.
-
-    ``dim=-1`` (head_dim): one scale per token and KV head (V's scheme); ``dim`` = the token axis of a
-    block ``[..., block_size, n_kv_heads, head_dim]``: one scale per channel (K's scheme, KIVI).
-    Returns ``(codes, scales)``: codes shaped like ``x`` (int8, or float8_e4m3fn), scales ``x``'s shape
-    without ``dim`` (fp32), with ``x ~ codes * scales.unsqueeze(dim)``. int8 puts the slice's amax on 127
-    (``mlsys_nb.quant.quantize`` with ``group_size=-1``: error <= amax / 254); fp8 puts it on e4m3's max
-    448 (``precision.fp8.amax_scale``; relative error <= 2^-4 above the smallest normal)."""
-    dim = dim % x.ndim
-    if dim != x.ndim - 1:
-        codes, scales = quantize_kv(x.movedim(dim, -1), kind)
-        return codes.movedim(-1, dim), scales
-    if kind == "int8":
-        from ..quant.formats import quantize
-
-        qt = quantize(x, "int8", group_size=-1)
-        return qt.codes.view(x.shape), qt.scales.view(x.shape[:-1])
-    if kind == "fp8":
-        from ..precision.fp8 import amax_scale
-
-        s = amax_scale(x.float().abs().amax(dim=-1), "fp8_e4m3")  # fmax / amax (1 for an all-zero row)
-        return (x.float() * s[..., None]).to(KV_QUANT_DTYPES["fp8"]), 1 / s
-    raise ValueError(f"kind={kind!r} is not a quantized KV dtype: use one of {tuple(KV_QUANT_DTYPES)}")
-
-
-def dequantize_kv(codes: torch.Tensor, scales: torch.Tensor, dtype=torch.float32, dim: int = -1) -> torch.Tensor:
-    """``codes * scales`` (scales broadcast along ``dim``, as ``quantize_kv`` made them) in ``dtype``."""
-    return (codes.float() * scales.unsqueeze(dim % codes.ndim)).to(dtype)
-
-
-def kv_block_bytes(cfg, block_size: int, dtype) -> int:
-    """Bytes of one KV block over all layers, K and V.
-
-    Unquantized: ``2 · n_layers · block_size · n_kv_heads · head_dim · bytes per value``. "int8"/"fp8":
-    ``n_layers · n_kv_heads · (block_size · head_dim + 4 · head_dim)`` for K (codes, one fp32 scale per
-    channel) plus ``n_layers · n_kv_heads · block_size · (head_dim + 4)`` for V (codes, one fp32 scale per
-    token); the residual's bytes are ``kv_residual_bytes``. ``dtype``: a ``torch.dtype`` or a name
-    ("fp32", "bf16", "fp16", "int8", "fp8")."""
-    L, H, d = cfg.n_layers, cfg.n_kv_heads, cfg.head_dim
-    if isinstance(dtype, str) and dtype in KV_QUANT_DTYPES:
-        nb, sb = KV_QUANT_DTYPES[dtype].itemsize, KV_SCALE_DTYPE.itemsize
-        return L * H * (block_size * d * nb + d * sb) + L * H * block_size * (d * nb + sb)
-    nb = (dtype if isinstance(dtype, torch.dtype) else torch_dtype(dtype)).itemsize
-    return 2 * L * block_size * H * d * nb
-
-
-def kv_residual_bytes(cfg, block_size: int, residual_blocks: int) -> int:
-    """Bytes of the full-precision K residual: ``residual_blocks · n_layers · block_size · n_kv_heads ·
-    head_dim · 4`` (fp32)."""
-    return residual_blocks * cfg.n_layers * block_size * cfg.n_kv_heads * cfg.head_dim * KV_RESIDUAL_DTYPE.itemsize
-
-
-def kv_residual_blocks(max_num_seqs: int, block_size: int, num_speculative_tokens: int = 0) -> int:
-    """Residual blocks an engine needs: per running sequence its partly filled last block, plus the one a
-    prefill chunk or decode may start (2), or with speculation the blocks a verify chunk of k+1 tokens
-    touches beyond its first (``ceil((k + 1) / block_size)``) if that is more."""
-    extra = max(1, math.ceil((num_speculative_tokens + 1) / block_size)) if num_speculative_tokens else 1
-    return max_num_seqs * (1 + extra)
-
 
 def _raw(t: torch.Tensor) -> torch.Tensor:
     """A same-storage view that CPU indexing kernels accept (fp8 has no index_copy_ on CPU: view as uint8)."""
     return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
-
-
-def paged_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    *,
-    scale: float | None = None,
-) -> torch.Tensor:
-    """Causal attention of new queries over K/V stored in blocks.
-
-    q: [batch, n_heads, q_len, head_dim], the last ``q_len`` tokens of each sequence;
-    k_cache, v_cache: [num_blocks, block_size, n_kv_heads, head_dim] (n_heads a multiple of n_kv_heads);
-    block_tables: [batch, max_blocks] int physical block ids (entries past a sequence's end are ignored);
-    context_lens: [batch] tokens in each sequence *including* the q_len new ones.
-    Query i of sequence b sits at position ``context_lens[b] - q_len + i`` and sees keys 0..that position
-    (a row padded to q_len passes the length it would have if its padding were real tokens: its real
-    queries see exactly their causal context, its padding rows are finite and meaningless).
-    Returns [batch, n_heads, q_len, head_dim]."""
-    b, h, q_len, d = q.shape
-    n_kv = k_cache.shape[2]
-    if h % n_kv:
-        raise ValueError(f"n_heads={h} must be a multiple of n_kv_heads={n_kv}")
-    flat = block_tables.clamp(min=0).long().reshape(-1)
-    # Gather each sequence's blocks in table order: [batch * max_blocks, block_size, n_kv, d]
-    # -> [batch, n_kv, T, d] with T = max_blocks * block_size. (A GPU kernel reads the blocks in place.)
-    k = k_cache.index_select(0, flat).view(b, -1, n_kv, d).transpose(1, 2)
-    v = v_cache.index_select(0, flat).view(b, -1, n_kv, d).transpose(1, 2)
-    t = k.shape[2]
-    lens = context_lens.to(device=q.device, dtype=torch.long).view(b, 1, 1)
-    q_pos = lens - q_len + torch.arange(q_len, device=q.device).view(1, q_len, 1)
-    k_pos = torch.arange(t, device=q.device).view(1, 1, t)
-    mask = k_pos <= q_pos  # [batch, q_len, T]: causal, and nothing past the sequence's end
-    # enable_gqa: query head j reads KV head j // (n_heads // n_kv_heads), as repeat_interleave would
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1), scale=scale, enable_gqa=True)
-
-
-VARLEN_CHUNK_TOKENS = 32  # context tokens per chunk of paged_decode_attention_varlen (whole blocks: 2 of 16; larger
-# chunks gather more padding, smaller ones leave more partial results to merge)
-
-
-def varlen_decode_chunks(
-    block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, chunk_tokens: int = VARLEN_CHUNK_TOKENS
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every sequence's context cut into chunks of ``per = max(1, chunk_tokens // block_size)`` blocks, all
-    sequences' chunks packed one after another (padding only in each sequence's last chunk, never to the longest).
-
-    block_tables: [batch, max_blocks] int physical block ids (entries past a sequence's end are ignored);
-    context_lens: [batch] tokens of each sequence (each >= 1). Returns ``(blocks, seq, bias)``: ``blocks``
-    [chunks * per] the physical block of each chunk slot (a slot past the sequence's table reads its last
-    entry, masked), ``seq`` [chunks] the sequence of each chunk, ``bias`` [chunks, per * block_size] fp32,
-    0 where the token is in the context and -inf past its end. Built once per step; every layer reuses it."""
-    lens = context_lens.to(dtype=torch.long)
-    per, dev = max(1, chunk_tokens // block_size), block_tables.device
-    c_tok = per * block_size
-    n_chunks = (lens + c_tok - 1) // c_tok
-    seq = torch.repeat_interleave(torch.arange(len(lens), device=dev), n_chunks)
-    first = torch.cumsum(n_chunks, 0) - n_chunks  # first chunk of each sequence
-    chunk = torch.arange(len(seq), device=dev) - first[seq]  # index of each chunk within its sequence
-    logical = (chunk.unsqueeze(1) * per + torch.arange(per, device=dev)).clamp(max=block_tables.shape[1] - 1)
-    blocks = block_tables.long()[seq.unsqueeze(1), logical].reshape(-1)
-    pos = chunk.unsqueeze(1) * c_tok + torch.arange(c_tok, device=dev)  # token position of each chunk slot
-    bias = torch.zeros(len(seq), c_tok, device=dev).masked_fill_(pos >= lens[seq].unsqueeze(1), float("-inf"))
-    return blocks, seq, bias
-
-
-def _attention_with_lse(q, k, v, bias, scale, fused=None):
-    """softmax(q k^T * scale + bias) v and its log-sum-exp per query: q [n, H, L, d], k/v [n, H, S, d], bias
-    broadcastable to [n, H, L, S] -> ([n, H, L, d] in q's dtype, [n, H, L] fp32). ``fused`` (default: on CPU)
-    torch's fused CPU kernel (the one SDPA runs, which also returns the log-sum-exp), else ``kernels.tile_partial``."""
-    if q.device.type == "cpu" if fused is None else fused:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, False, attn_mask=bias.to(q.dtype), scale=scale
-        )
-        return out, lse.float()
-    from ..kernels.attention import tile_partial  # the one (out, lse) of a tile, as paged_attention_tiled uses
-
-    out, lse = tile_partial(q.float(), k.float(), v.float(), scale, bias == 0)  # bias: 0 visible, -inf not
-    return out.to(q.dtype), lse
-
-
-def paged_decode_attention_varlen(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    blocks: torch.Tensor,
-    seq: torch.Tensor,
-    bias: torch.Tensor,
-    *,
-    scale: float | None = None,
-) -> torch.Tensor:
-    """Decode attention of one new token per sequence over all sequences' paged K/V in a fixed number of torch
-    calls per layer, whatever the batch: the contexts packed as chunks (``varlen_decode_chunks``; FlashAttention's
-    "varlen" packing, Dao, 2023, arXiv:2307.08691) and attended split-KV as Flash-Decoding does (Dao et al., 2023).
-
-    q: [batch, n_heads, head_dim], the last token of each sequence (it sees its whole context);
-    k_cache, v_cache: [num_blocks, block_size, n_kv_heads, head_dim] (n_heads a multiple of n_kv_heads);
-    blocks, seq, bias: ``varlen_decode_chunks(block_tables, context_lens, block_size)``.
-    One gather of K and V for all chunks ([chunks, n_kv, chunk_tokens, d]), one attention call over every chunk
-    (the n_heads // n_kv_heads query heads of a KV head as its query rows: query head j reads KV head
-    j // (n_heads // n_kv_heads)) giving each chunk's output and log-sum-exp, then the chunks of a sequence merged
-    by ``kernels.merge_segments`` (a softmax over their log-sum-exps, shifted by the sequence's max so large logits
-    stay finite). Merging in fp32. Returns [batch, n_heads, head_dim] in ``q``'s dtype."""
-    b, h, d = q.shape
-    n_kv = k_cache.shape[2]
-    if h % n_kv:
-        raise ValueError(f"n_heads={h} must be a multiple of n_kv_heads={n_kv}")
-    scale = d**-0.5 if scale is None else scale
-    g, (n, c_tok) = h // n_kv, bias.shape
-    k = k_cache.index_select(0, blocks).view(n, c_tok, n_kv, d).transpose(1, 2)  # [chunks, n_kv, c_tok, d]
-    v = v_cache.index_select(0, blocks).view(n, c_tok, n_kv, d).transpose(1, 2)
-    qc = q.reshape(b, n_kv, g, d).index_select(0, seq)  # [chunks, n_kv, g, d]: its sequence's query per chunk
-    out, lse = _attention_with_lse(qc, k, v, bias.view(n, 1, 1, c_tok), scale)  # [chunks, n_kv, g, d], [.., g]
-    from ..kernels.attention import merge_segments  # the one online-softmax merge, over all of a sequence's chunks
-
-    out, _ = merge_segments(out, lse, seq, b)  # the chunks of each sequence: [batch, n_kv, g, d] in fp32
-    return out.view(b, h, d).to(q.dtype)
-
-
-def paged_attention_tiled(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    *,
-    scale: float | None = None,
-) -> torch.Tensor:
-    """``paged_attention`` block by block with the online softmax: PagedAttention's kernel idea.
-
-    Same arguments and result as ``paged_attention``, but no sequence's K/V is ever gathered into one
-    contiguous tensor: column j of the block tables (block j of every sequence) is one tile, its partial
-    ``(out, lse)`` computed by ``kernels.tile_partial`` and merged into the running one by
-    ``kernels.merge_partials`` (the one online-softmax merge, shared with FlashAttention and ring
-    attention). Blocks past every sequence's end are skipped. Memory per step: one block per sequence
-    instead of its whole context. Returns [batch, n_heads, q_len, head_dim] in ``q``'s dtype."""
-    from ..kernels.attention import merge_partials, tile_partial
-
-    b, h, q_len, d = q.shape
-    n_kv, bs = k_cache.shape[2], k_cache.shape[1]
-    if h % n_kv:
-        raise ValueError(f"n_heads={h} must be a multiple of n_kv_heads={n_kv}")
-    scale = d**-0.5 if scale is None else scale
-    lens = context_lens.to(device=q.device, dtype=torch.long).view(b, 1, 1)
-    q_pos = lens - q_len + torch.arange(q_len, device=q.device).view(1, q_len, 1)  # [b, q_len, 1]
-    out = torch.zeros(b, h, q_len, d, dtype=torch.float32, device=q.device)
-    lse = torch.full((b, h, q_len), float("-inf"), dtype=torch.float32, device=q.device)
-    qf = q.float()
-    n_blocks = min(block_tables.shape[1], -(-int(context_lens.max()) // bs))
-    for j in range(n_blocks):
-        ids = block_tables[:, j].clamp(min=0).long()
-        k = k_cache.index_select(0, ids).transpose(1, 2).float()  # [b, n_kv, bs, d]: block j of every sequence
-        v = v_cache.index_select(0, ids).transpose(1, 2).float()
-        if n_kv != h:  # query head i reads KV head i // (h // n_kv)
-            k, v = k.repeat_interleave(h // n_kv, dim=1), v.repeat_interleave(h // n_kv, dim=1)
-        k_pos = j * bs + torch.arange(bs, device=q.device).view(1, 1, bs)
-        mask = (k_pos <= q_pos).unsqueeze(1)  # [b, 1, q_len, bs]: causal and within the sequence
-        out, lse = merge_partials(out, lse, *tile_partial(qf, k, v, scale, mask))
-    return out.to(q.dtype)
 
 
 class PagedKVCache:

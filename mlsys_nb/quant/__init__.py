@@ -10,6 +10,7 @@
   (``quantize_linears``, ``target_linears``, ``linear_inputs``; ``plant_outliers`` gives a model outlier features).
 - ``lora``: ``LoRALinear`` (equal to ``peft``'s LoRA in outputs and gradients, tested), ``NF4Linear`` (QLoRA's
   frozen base), ``add_lora``, ``trainable_parameters``, ``state_bytes``.
+- ``kv``: KV-cache quantization for the paged pool, KIVI's scheme (K per channel, V per token): ``quantize_kv``.
 - ``outliers``: outlier channels (``channel_outliers``) and W8A8 int8 matmuls: naive vector-wise (``int8_matmul``),
   LLM.int8()'s decomposition (``llm_int8_matmul``), SmoothQuant (``smoothquant_matmul``).
 - ``sizing``: closed forms: ``bits_per_weight`` (tested against ``.nbytes``), ``quantized_weight_bytes``,
@@ -44,8 +45,12 @@ from .speed import (
     weight_only_decode_cost,
 )
 from .lora import LoRALinear, NF4Linear, add_lora, state_bytes, trainable_parameters
+from .kv import KV_QUANT_DTYPES, dequantize_kv, quantize_kv
 
 __all__ = [
+    "KV_QUANT_DTYPES",
+    "dequantize_kv",
+    "quantize_kv",
     "AWQResult",
     "LoRALinear",
     "NF4Linear",

@@ -1,7 +1,8 @@
 """Inference explorer: a model, a GPU, a context length, a decode batch and the cache dtype in; the
 KV-cache bytes, how many sequences fit next to the weights, and prefill vs decode on the roofline
 out (``mlsys_nb.inference``: ``kv_cache_bytes``, ``max_concurrent_sequences``, ``prefill_cost``,
-``decode_cost``, ``min_tp_that_fits``). The widget computes nothing itself.
+``decode_cost``, ``min_tp_that_fits``; ``kv_cache.kv_block_bytes`` for what the engine's paged pool holds per
+sequence, in its default 16-token blocks, fp8's per-block scales included). The widget computes nothing itself.
 
 A layout that cannot run is said so, with no throughput: weights larger than the usable memory per
 GPU give "does not fit: weights X GB > Y GB usable; needs TP >= k", and a decode batch whose KV cache
@@ -15,6 +16,8 @@ longer than the model's, tp of 0) is shown as a message in place of the chart.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
@@ -22,7 +25,8 @@ from .. import hardware
 from ..config import check_int, load_model_preset, model_presets
 
 from ..inference import kv_cache_bytes, max_concurrent_sequences, weight_bytes
-from ..inference.kv_cache import TP_CHOICES, min_tp_that_fits
+from ..inference.config import EngineConfig
+from ..inference.kv_cache import TP_CHOICES, kv_block_bytes, min_tp_that_fits
 from ..inference.roofline import decode_cost, prefill_cost
 from ..plots import PALETTE, label, style
 from .base import ControlPanel, pow10_label
@@ -38,6 +42,7 @@ DEFAULTS = {
 }
 KV_DTYPES = ("bf16", "fp16", "fp8", "fp32")
 GPU_MEMORY_UTILIZATION = 0.9  # the share of GPU memory for weights + KV cache (vLLM's default)
+PAGED_BLOCK_SIZE = EngineConfig.block_size  # tokens per block of the engine's paged pool (its default)
 BATCHES = tuple(int(x) for x in np.unique(np.logspace(0, 10, 21, base=2).astype(int)))  # decode sweep, 1..1024
 
 
@@ -98,6 +103,7 @@ class InferenceWidget(ControlPanel):
             "decode": dec,
             "kv_per_seq": kv_cache_bytes(cfg, ctx, s["dtype"]),
             "kv_batch": kv_cache_bytes(cfg, ctx * b, s["dtype"]),
+            "kv_paged_per_seq": math.ceil(ctx / PAGED_BLOCK_SIZE) * kv_block_bytes(cfg, PAGED_BLOCK_SIZE, s["dtype"]),
             "weights": weights,
             "usable": usable,
             "weights_fit": weights / tp < usable,
@@ -123,6 +129,11 @@ class InferenceWidget(ControlPanel):
         rows = [
             ("KV cache per sequence", r["kv_per_seq"], "bytes"),
             ("KV cache for the batch", r["kv_batch"], "bytes"),
+            (
+                f"paged KV pool per sequence ({PAGED_BLOCK_SIZE}-token blocks, scales included)",
+                r["kv_paged_per_seq"],
+                "bytes",
+            ),
             ("weights", r["weights"], "bytes"),
             ("weights per GPU", r["weights"] / r["state"]["tp"], "bytes"),
             ("usable memory per GPU", r["usable"], "bytes"),
