@@ -177,7 +177,6 @@ def test_async_overlap_check_fails_for_a_look_ahead_run_in_line(monkeypatch):
     assert good["outputs_equal"] and good["overlapped"] >= 0.5  # the notebook's check passes ...
 
     def in_line(self, fn, *args):
-        self.forward_done.clear()
         done = Future()
         done.set_result(fn(*args))
         return done
