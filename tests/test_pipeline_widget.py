@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from mlsys_nb.pipeline import SCHEDULES, ScheduleError, check_args, schedule, simulate
-from mlsys_nb.pipeline.compare import compare
+from mlsys_nb.pipeline.compare import compare_schedules
 from mlsys_nb.widgets.base import dim_png
 from mlsys_nb.widgets.pipeline import LIMITS, PipelineWidget, nearest_valid
 
@@ -97,6 +97,6 @@ def test_widget_updates_and_reports_errors():
 
 
 def test_compare_table_marks_invalid_schedules():
-    t = compare(3, 4, 1, 1.0, 1.0, 1.0, 0.0).set_index("schedule")
+    t = compare_schedules(3, 4, 1, 1.0, 1.0, 1.0, 0.0).set_index("schedule")
     assert "even" in t.loc["dualpipe", "note"] and "m >= 2p" in t.loc["dualpipev", "note"]
     assert t.loc["zb-h2", "bubble_ratio (idle/busy)"] < t.loc["1f1b", "bubble_ratio (idle/busy)"]

@@ -31,7 +31,7 @@ def test_split_layout_adds_the_broadcast_and_can_overlap():
 
 
 def test_bigger_models_and_bad_input():
-    rows = sizing.compare(
+    rows = sizing.compare_placements(
         n_gpus={"llama-2-7b": 8, "llama-3.1-70b": 64, "llama-3.1-405b": 256},
         rollout_tp={"llama-2-7b": 1, "llama-3.1-70b": 8, "llama-3.1-405b": 8},
     )

@@ -1,6 +1,6 @@
 """Every schedule side by side at one setting (a simulation), with per-setting caches.
 
-- ``compare(p, m, v, F, B, W, comm)`` -> DataFrame, one row per schedule of ``SCHEDULES``:
+- ``compare_schedules(p, m, v, F, B, W, comm)`` -> DataFrame, one row per schedule of ``SCHEDULES``:
   makespan, both bubble conventions, peak activations (rank 0 and max); a schedule that does not
   accept the setting keeps its row with the reason in ``note``.
 - ``cached_schedule(name, p, m, v)``, ``cached_simulation(name, p, m, v, F, B, W, comm)``: the
@@ -15,7 +15,7 @@ from functools import lru_cache
 from .schedules import SCHEDULES, ScheduleError, schedule
 from .simulate import simulate
 
-__all__ = ["compare", "cached_schedule", "cached_simulation"]
+__all__ = ["compare_schedules", "cached_schedule", "cached_simulation"]
 
 
 @lru_cache(maxsize=64)
@@ -30,7 +30,7 @@ def cached_simulation(name: str, p: int, m: int, v: int | None, F: float, B: flo
     return simulate(cached_schedule(name, p, m, v), F=F, B=B, W=W, comm=comm)
 
 
-def compare(p: int, m: int, v: int, F: float, B: float, W: float, comm: float):
+def compare_schedules(p: int, m: int, v: int, F: float, B: float, W: float, comm: float):
     """Every schedule at these settings (interleaved-1f1b uses ``v``, or 2 if v < 2; V-shaped and
     DualPipe schedules use their 2 chunks). Invalid ones keep a row with the reason. Costs are per
     micro-batch over L/p layers, as in ``simulate``; peak activations in micro-batches × L/p layers."""

@@ -20,7 +20,7 @@ disaggregated (split) layouts for real model sizes, with the weight-sync cost fr
   overlaps training of step t, one-step off-policy); ``rl.placement`` checks its Ray runs against the
   same two functions.
 
-``layout_cost(actor, placement=..., n_gpus=..., gpu=..., sync_link=...) -> LayoutCost``; ``compare(...)``
+``layout_cost(actor, placement=..., n_gpus=..., gpu=..., sync_link=...) -> LayoutCost``; ``compare_placements(...)``
 gives both layouts for a list of models. Seconds and bytes throughout.
 """
 
@@ -41,7 +41,7 @@ __all__ = [
     "LayoutCost",
     "RLHFMemory",
     "async_step_s",
-    "compare",
+    "compare_placements",
     "layout_cost",
     "rlhf_estimate",
     "sync_seconds",
@@ -304,7 +304,9 @@ def layout_cost(
     return LayoutCost(placement, n_gpus, g.name, mem, gen, train, sync, mem.per_gpu <= g.memory_bytes)
 
 
-def compare(models=("llama-2-7b", "llama-3.1-70b", "llama-3.1-405b"), *, n_gpus: dict | int = 64, **kw) -> list[dict]:
+def compare_placements(
+    models=("llama-2-7b", "llama-3.1-70b", "llama-3.1-405b"), *, n_gpus: dict | int = 64, **kw
+) -> list[dict]:
     """Both layouts for each model: rows of GB per GPU (1e9 B), fits, and modelled seconds. ``n_gpus`` and
     any keyword of ``layout_cost`` may be a dict keyed by model name (e.g. ``rollout_tp``)."""
     rows = []

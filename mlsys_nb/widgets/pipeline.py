@@ -17,7 +17,7 @@ from matplotlib import rc_context
 from matplotlib.collections import PolyCollection
 
 from ..pipeline import SCHEDULES, ScheduleError, check_args
-from ..pipeline.compare import cached_schedule, cached_simulation, compare
+from ..pipeline.compare import cached_schedule, cached_simulation, compare_schedules
 from ..pipeline.plots import plot_timeline
 from ..plots import label, style
 from .base import ControlPanel
@@ -58,7 +58,7 @@ def suggestion(near: dict[str, list[int]]) -> str:
 
 @lru_cache(maxsize=32)
 def _compare_html(*args) -> str:
-    return compare(*args).to_html(index=False, float_format=lambda x: f"{x:.3f}", na_rep="")
+    return compare_schedules(*args).to_html(index=False, float_format=lambda x: f"{x:.3f}", na_rep="")
 
 
 class PipelineWidget(ControlPanel):
@@ -132,8 +132,8 @@ class PipelineWidget(ControlPanel):
         return {"schedule": sched, "simulation": res, "compare_args": args, "color_by": s["color_by"]}
 
     def rows(self, r: dict) -> pd.DataFrame:
-        """Every schedule at these p, m, v and costs (``pipeline.compare.compare``)."""
-        return compare(*r["compare_args"])
+        """Every schedule at these p, m, v and costs (``pipeline.compare.compare_schedules``)."""
+        return compare_schedules(*r["compare_args"])
 
     def headline(self, r: dict) -> str:
         res = r["simulation"]
