@@ -11,7 +11,7 @@
   ``B_r = min(B_c, d)``; the outer loop over K/V blocks, the inner over Q blocks, which reload
   ``Q_i``, ``O_i`` and the row statistics every time: Θ(s²·d²/M) bytes (the paper's Theorem 2).
 - ``peak_forward_bytes(fn, *args)``: the peak live bytes while ``fn(*args)`` runs, read from the
-  profiler's memory timeline (``runtime.profiling.memory_timeline``).
+  profiler's memory timeline (``runtime.peak_memory``, the home of the kit's peak-memory meters).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import math
 import torch
 
 from ..config import check_int
+from ..runtime.peak_memory import peak_forward_bytes  # re-exported: notebook 21 and the tests read it here
 from .attention import merge_partials, tile_partial
 
 __all__ = [
@@ -123,15 +124,3 @@ def score_matrix_bytes(batch: int, heads: int, s_q: int, s_k: int, *, elem_bytes
     for name, v in (("batch", batch), ("heads", heads), ("s_q", s_q), ("s_k", s_k)):
         check_int(name, v, 1)
     return float(batch * heads * s_q * s_k * elem_bytes)
-
-
-def peak_forward_bytes(fn, *args, **kwargs) -> int:
-    """Peak bytes allocated (above what was live before) while ``fn(*args, **kwargs)`` runs under
-    ``torch.no_grad``, from the CPU memory timeline of a ``torch.profiler`` trace (``profile_memory=True``)."""
-    from torch.profiler import profile
-
-    from ..runtime.profiling import activities, memory_timeline
-
-    with torch.no_grad(), profile(activities=activities("cpu"), profile_memory=True) as prof:
-        fn(*args, **kwargs)
-    return max([0] + [b for _, b in memory_timeline(prof)])  # read in memory: no trace file exported

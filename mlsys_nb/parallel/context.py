@@ -49,16 +49,14 @@ each variant holds (ring: the block in use and the one arriving; all-gather: all
 from __future__ import annotations
 
 import math
-import weakref
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from ..config import check_choice, check_divides, check_int, check_multiple, dtype_bytes
 from ..kernels.attention import merge_partials  # the one online-softmax merge (FlashAttention)
+from ..runtime.peak_memory import LiveBytes  # the meter of what a call holds (one home for the peak meters)
 from ..runtime.timing import Timer
 from .functional import gather_from
 
@@ -296,40 +294,6 @@ def ring_bytes_per_layer(b: int, seq_len: int, cp: int, n_kv_heads: int, head_di
     ``(cp−1)`` K|V blocks + ``cp`` dK|dV accumulators. A K|V block is ``2·b·(s/cp)·n_kv·d`` elements."""
     blk = 2 * b * seq_len // cp * n_kv_heads * head_dim * dtype_bytes(dtype)
     return {"forward": (cp - 1) * blk, "backward": (2 * cp - 1) * blk, "kv_block": blk}
-
-
-class LiveBytes(TorchDispatchMode):
-    """Measure the memory a block of code really holds: ``with LiveBytes() as lb: ...``, then
-    ``lb.peak`` (bytes) is the largest sum, at any moment, of the distinct tensor storages created
-    inside the block that were still alive; ``lb.now`` what is still alive at the end.
-
-    Every operation passes through PyTorch's dispatcher, so every tensor it returns is seen; each
-    storage is counted once (views share it) and followed with a weak reference until its memory
-    is freed. Not seen: tensors created before the block (the inputs), and scratch space a fused
-    kernel allocates and frees internally. Works on CPU and GPU; ``tracemalloc`` cannot do this
-    (it does not see torch's allocator)."""
-
-    def __init__(self):
-        super().__init__()
-        self._live: dict[int, int] = {}
-        self.now = 0
-        self.peak = 0
-
-    def _freed(self, key):
-        self.now -= self._live.pop(key)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                st = t.untyped_storage()
-                key, nbytes = id(st), st.nbytes()
-                if nbytes and key not in self._live:
-                    self._live[key] = nbytes
-                    self.now += nbytes
-                    self.peak = max(self.peak, self.now)
-                    weakref.finalize(st, self._freed, key)
-        return out
 
 
 def nested_groups(sizes) -> dict:

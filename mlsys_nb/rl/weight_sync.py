@@ -54,6 +54,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..config import check_choice, check_int, check_multiple
+from ..runtime.peak_memory import MemoryPeak
 from ..runtime.timing import Laps
 
 __all__ = [
@@ -137,34 +138,6 @@ class SyncStats:
     peak_bytes: int | None = None
     wire_sent: int | None = None
     wire_received: int | None = None
-
-
-class MemoryPeak:
-    """Measure the memory a block of code allocates: ``with MemoryPeak() as m: ...`` then ``m.peak_bytes``
-    (the high-water mark, bytes above the level at entry) and ``m.net_bytes`` (still held at exit).
-
-    Measured, not counted by the code under test: ``torch.profiler.profile(profile_memory=True)`` records
-    every allocation and free of torch's CPU allocator made on this thread, each with its size and time
-    (``tracemalloc`` does not see that allocator); the running sum of those, in time order, is the bytes
-    held above the start (``runtime.profiling.memory_timeline`` of the finished profiler, read in memory).
-    Temporaries of a collective (gloo's staging buffers) are included. The first use in a process starts
-    the profiler (1-2 s of CPU); after that the overhead is microseconds per op."""
-
-    def __enter__(self) -> MemoryPeak:
-        from torch.profiler import ProfilerActivity, profile
-
-        self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-        self._prof.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        from ..runtime.profiling import memory_timeline
-
-        self._prof.__exit__(*exc)
-        timeline = memory_timeline(self._prof)  # CPU allocations and frees in time order, running sum
-        self.peak_bytes = max([0] + [b for _, b in timeline])
-        self.net_bytes = timeline[-1][1] if timeline else 0
-        self.n_events = len(timeline)
 
 
 def bucket_plan(shapes: list[tuple[str, torch.Size, torch.dtype]], bucket_bytes: int) -> list[list[int]]:

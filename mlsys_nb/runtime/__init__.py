@@ -21,6 +21,10 @@
   ``ranged`` (a ``record_function`` range only while a profiler records: the engine's ``engine.step`` and
   ``engine.model``), and ``inner_time`` / ``host_time_mismatch`` / ``most_agree`` (a step's host time
   from its trace against the engine's timers, notebook 15).
+- ``peak_memory``: the kit's three peak-memory meters: ``LiveBytes`` (tensor storages alive, through the
+  dispatcher), ``MemoryPeak`` (the allocator's events, via ``profiling.memory_timeline``) and
+  ``peak_forward_bytes(fn, *args)`` (``MemoryPeak`` around one call); re-exported where notebooks read them
+  (``parallel.context``, ``rl.weight_sync``, ``kernels``).
 - ``ports``: ``free_port(host)`` (a free loopback TCP port) and ``wait_http_ok(url, timeout_s, proc)`` (the
   wait for a started server's 200, with a clear error when it times out or the process dies first).
 - ``margins``: ``check_margin(label, value, op, bound)`` asserts a measured value against its bound and prints

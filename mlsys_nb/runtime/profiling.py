@@ -291,7 +291,7 @@ def memory_timeline(events, *, device_type: int = 0) -> list[tuple[float, int]]:
     itself (``torch.profiler.profile`` / ``torch.autograd.profiler.profile``), read in memory without
     exporting (the same events: its allocation nodes; timestamps then on the profiler's own clock, in
     us, not the exported trace's offset). This is the kit's one reader of the profiler's memory events
-    (``rl.weight_sync.MemoryPeak`` and ``kernels.io.peak_forward_bytes`` call it)."""
+    (``runtime.peak_memory.MemoryPeak`` calls it, and ``peak_forward_bytes`` through it)."""
     device_type = check_int("device_type", device_type, 0)
     if isinstance(events, (list, tuple)):
         rows = sorted(
