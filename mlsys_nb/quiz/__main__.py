@@ -15,7 +15,7 @@ from ..config import ArgumentError, check_int
 from . import core
 
 
-def main(argv=None) -> int:
+def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mlsys_nb.quiz", description=__doc__.splitlines()[0])
     ap.add_argument(
         "--topic", action="append", choices=list(core.TOPICS), help="topic (repeatable; default all topics)"
@@ -85,4 +85,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_main())

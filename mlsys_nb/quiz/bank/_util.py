@@ -1,13 +1,14 @@
-"""Small helpers shared by the family modules: a seeded picker, formatting for question text, and
-``ratio_family`` (a family whose answer is one calculator under two settings)."""
+"""Small helpers shared by the family modules: a seeded picker, formatting for question text, and the two
+declarations a family module uses instead of writing a family function: ``numeric_family`` (the answer is one
+calculator call with drawn inputs) and ``ratio_family`` (one calculator under two settings)."""
 
 from __future__ import annotations
 
 import sys
 
+from ...memory import GB
 from ..core import family
 
-GB = 1e9
 MB = 1e6
 
 
@@ -22,6 +23,25 @@ class LazyModule:
         import importlib
 
         return getattr(importlib.import_module(self._name), attr)
+
+
+# The kit's modules a family imports on first use (one handle each; torch only when a family needs it)
+inference = LazyModule("mlsys_nb.inference")
+paged = LazyModule("mlsys_nb.inference.paged")
+speculative = LazyModule("mlsys_nb.inference.speculative")
+inference_metrics = LazyModule("mlsys_nb.inference.metrics")
+tensor_parallel = LazyModule("mlsys_nb.parallel.tensor")
+zero = LazyModule("mlsys_nb.parallel.zero")
+expert_parallel = LazyModule("mlsys_nb.parallel.expert")
+context_parallel = LazyModule("mlsys_nb.parallel.context")
+rl_sizing = LazyModule("mlsys_nb.rl.sizing")
+rl_ppo = LazyModule("mlsys_nb.rl.ppo")
+rlhf = LazyModule("mlsys_nb.rl.rlhf")
+placement = LazyModule("mlsys_nb.rl.placement")
+quant = LazyModule("mlsys_nb.quant")
+kernels = LazyModule("mlsys_nb.kernels")
+hierarchy = LazyModule("mlsys_nb.kernels.hierarchy")
+fusion = LazyModule("mlsys_nb.kernels.fusion")
 
 
 def pick(rng, seq):
@@ -48,6 +68,60 @@ def _setting(s, p) -> dict:
     return s(p) if callable(s) else s
 
 
+def _declare(name: str, topic: str, make, registration: dict, builder: str):
+    """Register ``make`` as family ``name``, naming the module that called the builder as its own (as
+    ``collections.namedtuple`` does), so a family belongs to the topic module that declares it."""
+    make.__module__ = sys._getframe(2).f_globals["__name__"]
+    make.__qualname__ = make.__name__ = f"{builder}({name!r})"
+    return family(name, topic, **registration)(make)
+
+
+def numeric_family(
+    name: str,
+    topic: str,
+    *,
+    draw,
+    calc,
+    unit,
+    text,
+    hints,
+    solution,
+    key=None,
+    diagnostics=(),
+    tolerance: float | None = None,
+    params: tuple[str, ...] | None = None,
+    **registration,
+):
+    """Declare family ``name`` whose answer is ONE calculator call with drawn inputs: ``calc(p)``.
+
+    ``draw(rng) -> p`` draws the question's params (what the second route reads); ``calc(p)`` calls the
+    calculator that owns the formula; ``key(v)`` picks the answer out of its result when that is a record
+    (``lambda est: est.days``; default: the result itself). ``text(p)`` words the question and
+    ``solution(p, v)`` its steps; ``unit`` and ``hints`` are values or functions of ``p``; ``diagnostics``
+    is a list of (factor, hint) or ``fn(p, v)`` returning one; ``tolerance`` is relative (None: the
+    default 2 %); ``params`` names the keys of ``p`` the question keeps (None: all of them; a draw may hold
+    an input the question does not show); ``registration`` goes to ``core.family`` (difficulty, section,
+    reference)."""
+
+    def make(rng):
+        p = draw(rng)
+        v = calc(p)
+        d = dict(
+            text=text(p),
+            params=p if params is None else {k: p[k] for k in params},
+            answer=v if key is None else key(v),
+            unit=unit(p) if callable(unit) else unit,
+            hints=list(hints(p) if callable(hints) else hints),
+            solution=solution(p, v),
+            diagnostics=list(diagnostics(p, v) if callable(diagnostics) else diagnostics),
+        )
+        if tolerance is not None:
+            d["tolerance"] = tolerance
+        return d
+
+    return _declare(name, topic, make, registration, "numeric_family")
+
+
 def ratio_family(
     name: str,
     topic: str,
@@ -70,8 +144,7 @@ def ratio_family(
     ``calc``, or functions of ``p`` returning one; ``text(p)`` words the question and
     ``solution(p, num, den, ratio)`` its steps; ``diagnostics`` is a list of (factor, hint) or
     ``fn(p, num, den, ratio)`` returning one; ``registration`` goes to ``core.family`` (difficulty,
-    section, reference, kind). The family's function names the caller's module as its own (as
-    ``collections.namedtuple`` does), so a family belongs to the topic module that declares it."""
+    section, reference, kind)."""
 
     def make(rng):
         p = draw(rng)
@@ -88,9 +161,33 @@ def ratio_family(
             diagnostics=list(diagnostics(p, num, den, r) if callable(diagnostics) else diagnostics),
         )
 
-    make.__module__ = sys._getframe(1).f_globals["__name__"]
-    make.__qualname__ = make.__name__ = f"ratio_family({name!r})"
-    return family(name, topic, **registration)(make)
+    return _declare(name, topic, make, registration, "ratio_family")
 
 
-__all__ = ["GB", "MB", "pick", "gb", "us", "gbps", "ratio_family"]
+__all__ = [
+    "GB",
+    "MB",
+    "LazyModule",
+    "context_parallel",
+    "expert_parallel",
+    "fusion",
+    "gb",
+    "gbps",
+    "hierarchy",
+    "inference",
+    "inference_metrics",
+    "kernels",
+    "numeric_family",
+    "paged",
+    "pick",
+    "placement",
+    "quant",
+    "ratio_family",
+    "rl_ppo",
+    "rl_sizing",
+    "rlhf",
+    "speculative",
+    "tensor_parallel",
+    "us",
+    "zero",
+]

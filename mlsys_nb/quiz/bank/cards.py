@@ -7,11 +7,8 @@ from __future__ import annotations
 from ... import comm, flops, memory, scaling
 from ... import pipeline as pl
 from ..core import family
-from ._util import LazyModule, pick
-from .data_parallel import zero_bytes_per_step
-from .tensor import tp_bytes_per_layer
+from ._util import inference, pick, tensor_parallel, zero
 
-inference = LazyModule("mlsys_nb.inference")  # torch only when a family needs it
 
 CHOICES = ["true", "false"]
 
@@ -43,7 +40,7 @@ def card(rng, wrong: str, right: str, evidence: list[str], hint: str) -> dict:
 )
 def _c_zero3(rng):
     n = pick(rng, [8, 64, 1024])
-    r = zero_bytes_per_step(7e9, n, 3) / zero_bytes_per_step(7e9, n, 0)
+    r = zero.zero_bytes_per_step(7e9, n, 3) / zero.zero_bytes_per_step(7e9, n, 0)
     return card(
         rng,
         "ZeRO-3 sends 3× the bytes of DDP per step.",
@@ -133,7 +130,10 @@ def _c_twenty(rng):
 )
 def _c_sp(rng):
     tp = pick(rng, [2, 4, 8])
-    a, b = tp_bytes_per_layer(1, 4096, 4096, tp, False), tp_bytes_per_layer(1, 4096, 4096, tp, True)
+    a, b = (
+        tensor_parallel.tp_bytes_per_layer(1, 4096, 4096, tp, False),
+        tensor_parallel.tp_bytes_per_layer(1, 4096, 4096, tp, True),
+    )
     return card(
         rng,
         "Sequence parallelism adds communication on top of tensor parallelism.",

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from ... import comm
 from ..core import family
-from ._util import MB, gbps, pick, us
+from ._util import MB, gbps, numeric_family, pick, us
 
 REF_COMM = "docs/references.md#thakur2005 (Thakur, Rabenseifner & Gropp 2005), #patarasuk2009, #nccl-tests"
 SEC_COST = "notebooks/04_communication_cost.ipynb, §1 The α-β model"
 
 
-def link(rng):
+def draw_link(rng):
+    """(α, β) of a link: latency in seconds, bandwidth in bytes/s per direction."""
     alpha = pick(rng, [2e-6, 5e-6, 10e-6, 20e-6])
     beta = pick(rng, [25e9, 50e9, 100e9, 200e9, 450e9])
     return alpha, beta
@@ -85,7 +86,7 @@ def _time_family(name, op, algo, words):
     def f(rng):
         n = pick(rng, [2, 4, 8, 16, 32, 64] if algo != "recursive_doubling" else [3, 4, 6, 8, 12, 16])
         nbytes = pick(rng, [1, 4, 16, 64, 256, 1024]) * MB
-        alpha, beta = link(rng)
+        alpha, beta = draw_link(rng)
         t = comm.collective_time(op, nbytes, n, alpha, beta, algo)
         ka, kb = comm.cost_coefficients(op, algo, n)
         return dict(
@@ -116,106 +117,112 @@ for _spec in _TIME_FAMILIES:
     _time_family(*_spec)
 
 
-@family(
+def _bytes_case(ns, mbs):
+    """A draw of ``{"bytes": S, "n": ranks}`` with S in MB from ``mbs``."""
+    return lambda rng: {"n": pick(rng, ns), "bytes": pick(rng, mbs) * MB}
+
+
+numeric_family(
     "comm.ring_allreduce_bytes_sent",
     "comm",
     section="notebooks/03_collectives.ipynb, §4 Count the bytes, compare with the closed forms",
     reference=REF_COMM,
+    draw=_bytes_case([2, 3, 4, 8, 16, 64, 256], [100, 400, 1000, 4000]),
+    calc=lambda p: comm.bytes_sent_per_rank("all_reduce", p["bytes"], p["n"], "ring"),
+    params=("bytes", "n"),
+    unit="bytes",
+    text=lambda p: (
+        f"A ring all-reduce of a {p['bytes'] / MB:g} MB gradient buffer over {p['n']} ranks: how many bytes does "
+        f"each rank send?"
+    ),
+    hints=["Reduce-scatter then all-gather.", "Each phase sends n−1 chunks of S/n."],
+    solution=lambda p, b: [
+        f"Reduce-scatter: (n−1)·S/n = {(p['n'] - 1) / p['n'] * p['bytes']:.4g} B.",
+        f"All-gather: the same again. Total 2(n−1)/n·S = {b:.4g} B (comm.bytes_sent_per_rank).",
+    ],
+    diagnostics=lambda p, b: [
+        (p["bytes"] / b, "you sent S once: the ring does a reduce-scatter AND an all-gather"),
+        (2 * p["bytes"] / b, "2S is the large-n limit; at this n it is 2(n−1)/n·S"),
+    ],
 )
-def _ring_bytes(rng):
-    n = pick(rng, [2, 3, 4, 8, 16, 64, 256])
-    nbytes = pick(rng, [100, 400, 1000, 4000]) * MB
-    b = comm.bytes_sent_per_rank("all_reduce", nbytes, n, "ring")
-    return dict(
-        text=f"A ring all-reduce of a {nbytes / MB:g} MB gradient buffer over {n} ranks: how many bytes does "
-        f"each rank send?",
-        params={"bytes": nbytes, "n": n},
-        answer=b,
-        unit="bytes",
-        hints=["Reduce-scatter then all-gather.", "Each phase sends n−1 chunks of S/n."],
-        solution=[
-            f"Reduce-scatter: (n−1)·S/n = {(n - 1) / n * nbytes:.4g} B.",
-            f"All-gather: the same again. Total 2(n−1)/n·S = {b:.4g} B (comm.bytes_sent_per_rank).",
-        ],
-        diagnostics=[
-            (nbytes / b, "you sent S once: the ring does a reduce-scatter AND an all-gather"),
-            (2 * nbytes / b, "2S is the large-n limit; at this n it is 2(n−1)/n·S"),
-        ],
-    )
 
-
-@family(
+numeric_family(
     "comm.allgather_bytes_sent",
     "comm",
     section="notebooks/03_collectives.ipynb, §1 Semantics: who holds what, before and after",
     reference=REF_COMM,
+    draw=_bytes_case([2, 4, 8, 16, 32], [64, 256, 1024]),
+    calc=lambda p: comm.bytes_sent_per_rank("all_gather", p["bytes"], p["n"], "ring"),
+    params=("bytes", "n"),
+    unit="bytes",
+    text=lambda p: (
+        f"A ring all-gather produces a {p['bytes'] / MB:g} MB output on each of {p['n']} ranks. Bytes sent per rank?"
+    ),
+    hints=["Each rank starts with S/n and needs the other n−1 chunks.", "(n−1)/n·S."],
+    solution=lambda p, b: [f"(n−1)/n × S = {(p['n'] - 1)}/{p['n']} × {p['bytes']:.4g} B = {b:.4g} B."],
+    diagnostics=lambda p, b: [
+        (2.0 * (p["n"] - 1) / p["n"] * p["bytes"] / b, "that is an all-reduce; all-gather is one phase")
+    ],
 )
-def _ag_bytes(rng):
-    n = pick(rng, [2, 4, 8, 16, 32])
-    nbytes = pick(rng, [64, 256, 1024]) * MB
-    b = comm.bytes_sent_per_rank("all_gather", nbytes, n, "ring")
-    return dict(
-        text=f"A ring all-gather produces a {nbytes / MB:g} MB output on each of {n} ranks. Bytes sent per rank?",
-        params={"bytes": nbytes, "n": n},
-        answer=b,
-        unit="bytes",
-        hints=["Each rank starts with S/n and needs the other n−1 chunks.", "(n−1)/n·S."],
-        solution=[f"(n−1)/n × S = {(n - 1)}/{n} × {nbytes:.4g} B = {b:.4g} B."],
-        diagnostics=[(2.0 * (n - 1) / n * nbytes / b, "that is an all-reduce; all-gather is one phase")],
-    )
 
-
-@family(
+numeric_family(
     "comm.busbw",
     "comm",
     section="notebooks/04_communication_cost.ipynb, §2 algbw and busbw, as nccl-tests defines them",
     reference="docs/references.md#nccl-tests",
+    draw=lambda rng: {
+        "op": pick(rng, ["all_reduce", "all_gather", "reduce_scatter"]),
+        "n": pick(rng, [2, 4, 8, 16]),
+        "bytes": pick(rng, [256, 512, 1024]) * MB,
+        "seconds": pick(rng, [2, 5, 8, 10, 20]) * 1e-3,
+    },
+    calc=lambda p: comm.busbw(p["op"], p["bytes"], p["seconds"], p["n"]),
+    params=("op", "bytes", "n", "seconds"),
+    unit="bytes/s",
+    text=lambda p: (
+        f"nccl-tests reports a {p['op']} of {p['bytes'] / MB:g} MB on {p['n']} ranks in {p['seconds'] * 1e3:g} ms. "
+        f"What bus bandwidth (busbw) does it print?"
+    ),
+    hints=["algbw = S / t.", "busbw = algbw × factor: 2(n−1)/n for all_reduce, (n−1)/n for gathers."],
+    solution=lambda p, bb: [
+        f"algbw = {p['bytes']:.4g} / {p['seconds']:g} = {p['bytes'] / p['seconds']:.4g} B/s.",
+        f"factor({p['op']}, {p['n']}) = {comm.busbw_factor(p['op'], p['n']):.4g}; busbw = {bb:.4g} B/s (comm.busbw).",
+    ],
+    diagnostics=lambda p, bb: [(p["bytes"] / p["seconds"] / bb, "that is algbw; busbw multiplies by the op's factor")],
 )
-def _busbw(rng):
-    op = pick(rng, ["all_reduce", "all_gather", "reduce_scatter"])
-    n = pick(rng, [2, 4, 8, 16])
-    nbytes = pick(rng, [256, 512, 1024]) * MB
-    secs = pick(rng, [2, 5, 8, 10, 20]) * 1e-3
-    bb = comm.busbw(op, nbytes, secs, n)
-    f = comm.busbw_factor(op, n)
-    return dict(
-        text=f"nccl-tests reports a {op} of {nbytes / MB:g} MB on {n} ranks in {secs * 1e3:g} ms. "
-        f"What bus bandwidth (busbw) does it print?",
-        params={"op": op, "bytes": nbytes, "n": n, "seconds": secs},
-        answer=bb,
-        unit="bytes/s",
-        hints=["algbw = S / t.", "busbw = algbw × factor: 2(n−1)/n for all_reduce, (n−1)/n for gathers."],
-        solution=[
-            f"algbw = {nbytes:.4g} / {secs:g} = {nbytes / secs:.4g} B/s.",
-            f"factor({op}, {n}) = {f:.4g}; busbw = {bb:.4g} B/s (comm.busbw).",
-        ],
-        diagnostics=[(nbytes / secs / bb, "that is algbw; busbw multiplies by the op's factor")],
-    )
 
 
-@family("comm.ring_tree_crossover", "comm", difficulty=3, section=SEC_COST, reference=REF_COMM)
-def _crossover(rng):
+def _link_case(rng) -> dict:
     n = pick(rng, [8, 16, 32, 64, 128])
-    alpha, beta = link(rng)
-    s = comm.crossover_bytes(n, alpha, beta)
-    return dict(
-        text=f"Ring vs pipelined-tree all-reduce on n = {n} ranks, α = {us(alpha)}, β = {gbps(beta)}: "
-        f"at what message size do they take equal time (bytes)?",
-        params={"n": n, "alpha": alpha, "beta": beta},
-        answer=s,
-        unit="bytes",
-        hints=["Equate 2(n−1)α + 2(n−1)/n·S/β and 2⌈log2 n⌉α + 2S/β.", "S* = n(n−1−⌈log2 n⌉)·α·β."],
-        solution=[
-            "Set the two α-β times equal and solve for S.",
-            f"S* = {s:.4g} B (comm.crossover_bytes): the tree wins below, the ring above.",
-        ],
-    )
+    alpha, beta = draw_link(rng)
+    return {"n": n, "alpha": alpha, "beta": beta}
+
+
+numeric_family(
+    "comm.ring_tree_crossover",
+    "comm",
+    difficulty=3,
+    section=SEC_COST,
+    reference=REF_COMM,
+    draw=_link_case,
+    calc=lambda p: comm.crossover_bytes(p["n"], p["alpha"], p["beta"]),
+    unit="bytes",
+    text=lambda p: (
+        f"Ring vs pipelined-tree all-reduce on n = {p['n']} ranks, α = {us(p['alpha'])}, β = {gbps(p['beta'])}: "
+        f"at what message size do they take equal time (bytes)?"
+    ),
+    hints=["Equate 2(n−1)α + 2(n−1)/n·S/β and 2⌈log2 n⌉α + 2S/β.", "S* = n(n−1−⌈log2 n⌉)·α·β."],
+    solution=lambda p, s: [
+        "Set the two α-β times equal and solve for S.",
+        f"S* = {s:.4g} B (comm.crossover_bytes): the tree wins below, the ring above.",
+    ],
+)
 
 
 @family("comm.faster_allreduce", "comm", kind="choice", section=SEC_COST, reference=REF_COMM)
 def _faster(rng):
     n = pick(rng, [8, 16, 64, 256])
-    alpha, beta = link(rng)
+    alpha, beta = draw_link(rng)
     nbytes = pick(rng, [4e3, 64e3, 1e6, 16e6, 256e6])
     tr = comm.collective_time("all_reduce", nbytes, n, alpha, beta, "ring")
     tt = comm.collective_time("all_reduce", nbytes, n, alpha, beta, "tree")

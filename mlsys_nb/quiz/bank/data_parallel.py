@@ -1,91 +1,84 @@
 """Families of the topic ``data_parallel``: DDP and ZeRO traffic per step, the gradient all-reduce,
 bucketing.
 
-Answer keys: ``zero_bytes_per_step`` (from ``comm.bytes_sent_per_rank``) and ``comm.collective_time``.
+Answer keys: ``parallel.zero.zero_bytes_per_step`` (from ``comm.bytes_sent_per_rank``) and
+``comm.collective_time``.
 """
 
 from __future__ import annotations
 
 from ... import comm
-from ..core import family
-from ._util import MB, gbps, pick, ratio_family, us
-from .comm import REF_COMM, link
+from ._util import MB, gbps, numeric_family, pick, ratio_family, us, zero
+from .comm import REF_COMM, draw_link
+
 
 REF_ZERO = "docs/references.md#zero (Rajbhandari et al. 2020, arXiv:1910.02054, §7), #pytorch-ddp"
 SEC_ZERO = "notebooks/06_zero_and_fsdp.ipynb, §5 ZeRO-3 (FSDP): shard the parameters too"
+SEC_DDP = "notebooks/05_data_parallelism.ipynb, §2 Naive DDP: one all-reduce per parameter"
 
 
-def zero_bytes_per_step(n_params: float, n: int, zero: int, dtype_bytes: float = 2) -> float:
-    """Bytes one rank sends per step (ring algorithms) from ``comm.bytes_sent_per_rank``: DDP and
-    ZeRO-1/2 = one all-reduce (or reduce-scatter + all-gather) of the gradients; ZeRO-3 adds a second
-    all-gather of the parameters (forward and backward)."""
-    s = n_params * dtype_bytes
-    rs = comm.bytes_sent_per_rank("reduce_scatter", s, n)
-    ag = comm.bytes_sent_per_rank("all_gather", s, n)
-    if zero == 0:
-        return comm.bytes_sent_per_rank("all_reduce", s, n)
-    if zero in (1, 2):
-        return rs + ag
-    return rs + 2 * ag
+def _one_phase(p) -> float:
+    """Bytes one rank sends in one ring phase (reduce-scatter or all-gather) of the bf16 parameters."""
+    return comm.bytes_sent_per_rank("all_gather", 2 * p["n_params"], p["n"])
 
 
-@family(
+def _zero3_diagnostic(p, b) -> tuple[float, str]:
+    if p["zero"] == 3:
+        return 2 / 3, "stage 3 adds the backward all-gather: 3 collectives"
+    three = zero.zero_bytes_per_step(p["n_params"], p["n"], 3)
+    return three / b, "ZeRO-1/2 move the same bytes as DDP; only stage 3 adds a parameter all-gather"
+
+
+numeric_family(
     "data_parallel.ddp_bytes_per_step",
     "data_parallel",
-    section="notebooks/05_data_parallelism.ipynb, §2 Naive DDP: one all-reduce per parameter",
+    section=SEC_DDP,
     reference=REF_ZERO,
+    draw=lambda rng: {"n_params": pick(rng, [125e6, 350e6, 1.3e9, 7e9]), "n": pick(rng, [2, 4, 8, 16, 64])},
+    calc=lambda p: zero.zero_bytes_per_step(p["n_params"], p["n"], 0),
+    unit="bytes",
+    text=lambda p: (
+        f"DDP over {p['n']} ranks, {p['n_params']:.3g} parameters, bf16 gradients, ring all-reduce: bytes each "
+        f"rank sends per step?"
+    ),
+    hints=["Gradient bytes S = 2·N.", "Ring all-reduce sends 2(n−1)/n·S per rank."],
+    solution=lambda p, b: [
+        f"S = 2 × {p['n_params']:.4g} = {2 * p['n_params']:.4g} B.",
+        f"2(n−1)/n·S = {b:.4g} B (comm.bytes_sent_per_rank).",
+    ],
+    diagnostics=[
+        (0.5, "did you count only the reduce-scatter half of the all-reduce?"),
+        (2.0, "gradients are bf16 (2 B), not fp32"),
+    ],
 )
-def _ddp_bytes(rng):
-    n_params = pick(rng, [125e6, 350e6, 1.3e9, 7e9])
-    n = pick(rng, [2, 4, 8, 16, 64])
-    b = zero_bytes_per_step(n_params, n, 0)
-    return dict(
-        text=f"DDP over {n} ranks, {n_params:.3g} parameters, bf16 gradients, ring all-reduce: bytes each "
-        f"rank sends per step?",
-        params={"n_params": n_params, "n": n},
-        answer=b,
-        unit="bytes",
-        hints=["Gradient bytes S = 2·N.", "Ring all-reduce sends 2(n−1)/n·S per rank."],
-        solution=[
-            f"S = 2 × {n_params:.4g} = {2 * n_params:.4g} B.",
-            f"2(n−1)/n·S = {b:.4g} B (comm.bytes_sent_per_rank).",
-        ],
-        diagnostics=[
-            (0.5, "did you count only the reduce-scatter half of the all-reduce?"),
-            (2.0, "gradients are bf16 (2 B), not fp32"),
-        ],
-    )
 
-
-@family("data_parallel.zero_bytes_per_step", "data_parallel", difficulty=2, section=SEC_ZERO, reference=REF_ZERO)
-def _zero_bytes(rng):
-    n_params = pick(rng, [1.3e9, 7e9, 13e9, 70e9])
-    n = pick(rng, [8, 16, 64, 256])
-    z = pick(rng, [1, 2, 3])
-    b = zero_bytes_per_step(n_params, n, z)
-    return dict(
-        text=f"ZeRO stage {z} over {n} ranks, {n_params:.3g} bf16 parameters and gradients, ring collectives: "
-        f"bytes each rank sends per training step?",
-        params={"n_params": n_params, "n": n, "zero": z},
-        answer=b,
-        unit="bytes",
-        hints=[
-            "Stages 1-2: reduce-scatter the gradients, all-gather the updated parameters.",
-            "Stage 3 gathers the parameters twice (forward and backward): 3 × (n−1)/n × 2N.",
-        ],
-        solution=[
-            f"Each collective sends (n−1)/n × 2N = {comm.bytes_sent_per_rank('all_gather', 2 * n_params, n):.4g} B.",
-            f"Stage {z}: {2 if z < 3 else 3} collectives = {b:.4g} B.",
-        ],
-        diagnostics=[
-            (
-                zero_bytes_per_step(n_params, n, 3) / b if z < 3 else 2 / 3,
-                "ZeRO-1/2 move the same bytes as DDP; only stage 3 adds a parameter all-gather"
-                if z < 3
-                else "stage 3 adds the backward all-gather: 3 collectives",
-            )
-        ],
-    )
+numeric_family(
+    "data_parallel.zero_bytes_per_step",
+    "data_parallel",
+    difficulty=2,
+    section=SEC_ZERO,
+    reference=REF_ZERO,
+    draw=lambda rng: {
+        "n_params": pick(rng, [1.3e9, 7e9, 13e9, 70e9]),
+        "n": pick(rng, [8, 16, 64, 256]),
+        "zero": pick(rng, [1, 2, 3]),
+    },
+    calc=lambda p: zero.zero_bytes_per_step(p["n_params"], p["n"], p["zero"]),
+    unit="bytes",
+    text=lambda p: (
+        f"ZeRO stage {p['zero']} over {p['n']} ranks, {p['n_params']:.3g} bf16 parameters and gradients, ring "
+        f"collectives: bytes each rank sends per training step?"
+    ),
+    hints=[
+        "Stages 1-2: reduce-scatter the gradients, all-gather the updated parameters.",
+        "Stage 3 gathers the parameters twice (forward and backward): 3 × (n−1)/n × 2N.",
+    ],
+    solution=lambda p, b: [
+        f"Each collective sends (n−1)/n × 2N = {_one_phase(p):.4g} B.",
+        f"Stage {p['zero']}: {2 if p['zero'] < 3 else 3} collectives = {b:.4g} B.",
+    ],
+    diagnostics=lambda p, b: [_zero3_diagnostic(p, b)],
+)
 
 
 ratio_family(
@@ -94,9 +87,9 @@ ratio_family(
     section=SEC_ZERO,
     reference=REF_ZERO,
     draw=lambda rng: {"n": pick(rng, [4, 8, 16, 64, 512]), "n_params": pick(rng, [1e9, 7e9, 70e9])},
-    calc=lambda p, zero: zero_bytes_per_step(p["n_params"], p["n"], zero),
-    over=dict(zero=3),
-    under=dict(zero=0),
+    calc=lambda p, stage: zero.zero_bytes_per_step(p["n_params"], p["n"], stage),
+    over=dict(stage=3),
+    under=dict(stage=0),
     text=lambda p: (
         f"By what factor does ZeRO-3 multiply the bytes per rank per step compared with DDP "
         f"(n = {p['n']} ranks, ring collectives)?"
@@ -107,27 +100,28 @@ ratio_family(
 )
 
 
-@family(
+def _ddp_link_case(rng) -> dict:
+    p = {"n_params": pick(rng, [125e6, 1.3e9, 7e9, 13e9]), "n": pick(rng, [8, 16, 64, 256])}
+    p["alpha"], p["beta"] = draw_link(rng)
+    return p
+
+
+numeric_family(
     "data_parallel.grad_allreduce_time",
     "data_parallel",
-    section="notebooks/05_data_parallelism.ipynb, §2 Naive DDP: one all-reduce per parameter",
+    section=SEC_DDP,
     reference=REF_ZERO + ", " + REF_COMM,
+    draw=_ddp_link_case,
+    calc=lambda p: comm.collective_time("all_reduce", 2 * p["n_params"], p["n"], p["alpha"], p["beta"], "ring"),
+    unit="seconds",
+    text=lambda p: (
+        f"DDP over {p['n']} ranks: one ring all-reduce of the bf16 gradients of {p['n_params']:.3g} parameters, "
+        f"α = {us(p['alpha'])}, β = {gbps(p['beta'])}. Seconds (nothing overlapped)?"
+    ),
+    hints=["S = 2N bytes.", "T = 2(n−1)α + 2(n−1)/n·S/β."],
+    solution=lambda p, t: [f"S = {2 * p['n_params']:.4g} B; T = {t:.4g} s (comm.collective_time)."],
+    diagnostics=[(0.5, "a ring all-reduce moves 2(n−1)/n·S, not (n−1)/n·S")],
 )
-def _ddp_time(rng):
-    n_params = pick(rng, [125e6, 1.3e9, 7e9, 13e9])
-    n = pick(rng, [8, 16, 64, 256])
-    alpha, beta = link(rng)
-    t = comm.collective_time("all_reduce", 2 * n_params, n, alpha, beta, "ring")
-    return dict(
-        text=f"DDP over {n} ranks: one ring all-reduce of the bf16 gradients of {n_params:.3g} parameters, "
-        f"α = {us(alpha)}, β = {gbps(beta)}. Seconds (nothing overlapped)?",
-        params={"n_params": n_params, "n": n, "alpha": alpha, "beta": beta},
-        answer=t,
-        unit="seconds",
-        hints=["S = 2N bytes.", "T = 2(n−1)α + 2(n−1)/n·S/β."],
-        solution=[f"S = {2 * n_params:.4g} B; T = {t:.4g} s (comm.collective_time)."],
-        diagnostics=[(0.5, "a ring all-reduce moves 2(n−1)/n·S, not (n−1)/n·S")],
-    )
 
 
 def _bucket_case(rng):

@@ -2,8 +2,8 @@
 TP, prefill and decode on the roofline.
 
 Answer keys: ``mlsys_nb.inference`` (``kv_cache_bytes``, ``kv_bytes_per_token``, ``weight_bytes``,
-``max_concurrent_sequences``, ``prefill_cost``/``decode_cost``). ``fits_on_gpus`` is the one physical
-check every inference and serving family draws its premise through.
+``max_concurrent_sequences``, ``kv_cache.min_tp_that_fits``, ``prefill_cost``/``decode_cost``). ``fits_on_gpus``
+is the one physical check every inference and serving family draws its premise through.
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from __future__ import annotations
 from ... import hardware
 from ...config import DTYPE_BYTES
 from ..core import family
-from ._util import LazyModule, gb, pick, ratio_family
+from ._util import gb, inference, numeric_family, pick, ratio_family
 
-inference = LazyModule("mlsys_nb.inference")  # torch only when a family needs it
 
 SEC13 = "notebooks/13_inference_anatomy.ipynb"
 REF_KV = "docs/references.md#gqa (Ainslie et al. 2023, arXiv:2305.13245), #vllm"
 REF_ROOF = "docs/references.md#roofline (Williams et al. 2009), #scaling-book"
+SEC_ROOF = SEC13 + ", §4 Prefill and decode on the roofline"
 MODELS = [
     "llama-2-7b",
     "llama-2-13b",
@@ -39,96 +39,89 @@ def _shape(model):
     return c, f"{c.n_layers} layers, {c.n_heads} query heads, {c.n_kv_heads} KV heads of dim {c.head_dim}"
 
 
-@family(
+def _kv_diagnostics(p, b) -> list:
+    c = _shape(p["preset"])[0]
+    gqa = [(c.n_heads / c.n_kv_heads, "you used the query heads: GQA caches only n_kv_heads")]
+    return [(0.5, "off by a factor 2: did you count K and V?")] + (gqa if c.n_heads != c.n_kv_heads else [])
+
+
+numeric_family(
     "inference.kv_cache_bytes",
     "inference",
     section=SEC13 + ", §2 Why a KV cache, and why it is exact",
     reference=REF_KV,
+    draw=lambda rng: {
+        "preset": pick(rng, MODELS),
+        "tokens": pick(rng, [1024, 4096, 8192, 32768, 128000, 1_000_000]),
+        "dtype": pick(rng, ["bf16", "fp8", "fp32", "int8"]),
+    },
+    calc=lambda p: inference.kv_cache_bytes(p["preset"], p["tokens"], p["dtype"]),
+    unit="bytes",
+    text=lambda p: (
+        f"{p['preset']} ({_shape(p['preset'])[1]}) caches {p['tokens']} tokens in {p['dtype']}. KV-cache bytes?"
+    ),
+    hints=lambda p: [
+        "Per token per layer: K and V, each n_kv_heads × head_dim elements.",
+        f"2 × L × n_kv × d × {DTYPE_BYTES[p['dtype']]} B × tokens.",
+    ],
+    solution=lambda p, b: [
+        f"Per token: 2 × {_shape(p['preset'])[0].n_layers} × {_shape(p['preset'])[0].n_kv_heads} × "
+        f"{_shape(p['preset'])[0].head_dim} × {DTYPE_BYTES[p['dtype']]} = "
+        f"{inference.kv_bytes_per_token(p['preset'], p['dtype']):.6g} B.",
+        f"× {p['tokens']} tokens = {gb(b)} (inference.kv_cache_bytes).",
+    ],
+    diagnostics=_kv_diagnostics,
 )
-def _kv(rng):
-    model = pick(rng, MODELS)
-    tokens = pick(rng, [1024, 4096, 8192, 32768, 128000, 1_000_000])
-    dtype = pick(rng, ["bf16", "fp8", "fp32", "int8"])
-    b = inference.kv_cache_bytes(model, tokens, dtype)
-    c, shape = _shape(model)
-    return dict(
-        text=f"{model} ({shape}) caches {tokens} tokens in {dtype}. KV-cache bytes?",
-        params={"preset": model, "tokens": tokens, "dtype": dtype},
-        answer=b,
-        unit="bytes",
-        hints=[
-            "Per token per layer: K and V, each n_kv_heads × head_dim elements.",
-            f"2 × L × n_kv × d × {DTYPE_BYTES[dtype]} B × tokens.",
-        ],
-        solution=[
-            f"Per token: 2 × {c.n_layers} × {c.n_kv_heads} × {c.head_dim} × {DTYPE_BYTES[dtype]} = "
-            f"{inference.kv_bytes_per_token(model, dtype):.6g} B.",
-            f"× {tokens} tokens = {gb(b)} (inference.kv_cache_bytes).",
-        ],
-        diagnostics=[(0.5, "off by a factor 2: did you count K and V?")]
-        + (
-            [(c.n_heads / c.n_kv_heads, "you used the query heads: GQA caches only n_kv_heads")]
-            if c.n_heads != c.n_kv_heads
-            else []
-        ),
-    )
 
 
-@family(
+def _kv_shape_text(model) -> str:
+    c = _shape(model)[0]
+    if c.kv_lora_rank:
+        return f" (MLA: latent {c.kv_lora_rank} + RoPE key {c.rope_head_dim} per layer, {c.n_layers} layers)?"
+    return f" ({_shape(model)[1]})?"
+
+
+numeric_family(
     "inference.kv_bytes_per_token",
     "inference",
     section=SEC13 + ", §2 Why a KV cache, and why it is exact",
     reference=REF_KV,
+    draw=lambda rng: {"preset": pick(rng, MODELS + ["deepseek-v3"]), "dtype": "bf16"},
+    calc=lambda p: inference.kv_bytes_per_token(p["preset"], "bf16"),
+    unit="bytes",
+    text=lambda p: f"KV-cache bytes per token (all layers, bf16) of {p['preset']}" + _kv_shape_text(p["preset"]),
+    hints=["MHA/GQA: 2·L·n_kv·d·bytes.", "MLA (DeepSeek): (kv_lora_rank + rope_head_dim)·L·bytes."],
+    solution=lambda p, b: [f"{b:.6g} B per token (inference.kv_bytes_per_token)."],
+    diagnostics=lambda p, b: (
+        [] if _shape(p["preset"])[0].kv_lora_rank else [(0.5, "off by a factor 2: did you count K and V?")]
+    ),
 )
-def _kvt(rng):
-    model = pick(rng, MODELS + ["deepseek-v3"])
-    b = inference.kv_bytes_per_token(model, "bf16")
-    from ...memory import preset
-
-    c = preset(model)
-    mla = bool(c.kv_lora_rank)
-    return dict(
-        text=f"KV-cache bytes per token (all layers, bf16) of {model}"
-        + (
-            f" (MLA: latent {c.kv_lora_rank} + RoPE key {c.rope_head_dim} per layer, {c.n_layers} layers)?"
-            if mla
-            else f" ({_shape(model)[1]})?"
-        ),
-        params={"preset": model, "dtype": "bf16"},
-        answer=b,
-        unit="bytes",
-        hints=["MHA/GQA: 2·L·n_kv·d·bytes.", "MLA (DeepSeek): (kv_lora_rank + rope_head_dim)·L·bytes."],
-        solution=[f"{b:.6g} B per token (inference.kv_bytes_per_token)."],
-        diagnostics=[(0.5, "off by a factor 2: did you count K and V?")] if not mla else [],
-    )
 
 
-@family("inference.weight_bytes", "inference", section=SEC13 + ", §3 Sizing the cache of real models", reference=REF_KV)
-def _wb(rng):
-    model = pick(rng, MODELS)
-    dtype = pick(rng, ["bf16", "fp8", "int4"])
-    b = inference.weight_bytes(model, dtype)
+def _n_params(model) -> int:
     from ...memory import param_count, preset
 
-    n = int(param_count(preset(model)))
-    return dict(
-        text=f"{model} has {n:,} parameters. Bytes of weights in {dtype}?",
-        params={"preset": model, "dtype": dtype},
-        answer=b,
-        unit="bytes",
-        hints=[f"{dtype} is {DTYPE_BYTES[dtype]} B per parameter."],
-        solution=[f"{n:,} × {DTYPE_BYTES[dtype]} = {gb(b)} (inference.weight_bytes)."],
-    )
+    return int(param_count(preset(model)))
 
 
-@family(
-    "inference.max_concurrent_sequences",
+numeric_family(
+    "inference.weight_bytes",
     "inference",
-    difficulty=2,
     section=SEC13 + ", §3 Sizing the cache of real models",
     reference=REF_KV,
+    draw=lambda rng: {"preset": pick(rng, MODELS), "dtype": pick(rng, ["bf16", "fp8", "int4"])},
+    calc=lambda p: inference.weight_bytes(p["preset"], p["dtype"]),
+    unit="bytes",
+    text=lambda p: f"{p['preset']} has {_n_params(p['preset']):,} parameters. Bytes of weights in {p['dtype']}?",
+    hints=lambda p: [f"{p['dtype']} is {DTYPE_BYTES[p['dtype']]} B per parameter."],
+    solution=lambda p, b: [
+        f"{_n_params(p['preset']):,} × {DTYPE_BYTES[p['dtype']]} = {gb(b)} (inference.weight_bytes)."
+    ],
 )
-def _conc(rng):
+
+
+def _serving_case(rng) -> dict:
+    """A model, GPU, TP and length drawn until one sequence fits (``fits_on_gpus``)."""
     for _ in range(100):
         model = pick(rng, MODELS[:6])
         g = pick(rng, GPUS[:3])
@@ -136,25 +129,36 @@ def _conc(rng):
         seq = pick(rng, [2048, 4096, 8192, 32768])
         if fits_on_gpus(model, g, batch=1, context=seq, tp=tp):  # the shared physical check
             break
-    n = inference.max_concurrent_sequences(model, g, seq, tp=tp, gpu_memory_utilization=USABLE)
-    gpu = hardware.gpu(g)
-    return dict(
-        text=f"Serving {model} (bf16 weights and KV) with TP = {tp} on {g} ({gb(gpu.memory_bytes)}), 90 % of "
-        f"memory usable: how many full {seq}-token sequences fit?",
-        params={"preset": model, "gpu": g, "tp": tp, "seq_len": seq},
-        answer=n,
-        unit="count",
-        tolerance=0.0,
-        hints=[
-            "Budget per GPU = 0.9 × memory − weights / tp.",
-            "Each sequence needs kv_cache_bytes(seq) / tp (TP splits the KV heads). Round down.",
-        ],
-        solution=[
-            f"Weights per GPU {gb(inference.weight_bytes(model) / tp)}; KV per sequence per GPU "
-            f"{gb(inference.kv_cache_bytes(model, seq) / min(tp, _shape(model)[0].n_kv_heads))}.",
-            f"{n} sequences (inference.max_concurrent_sequences).",
-        ],
-    )
+    return {"preset": model, "gpu": g, "tp": tp, "seq_len": seq}
+
+
+numeric_family(
+    "inference.max_concurrent_sequences",
+    "inference",
+    difficulty=2,
+    section=SEC13 + ", §3 Sizing the cache of real models",
+    reference=REF_KV,
+    draw=_serving_case,
+    calc=lambda p: inference.max_concurrent_sequences(
+        p["preset"], p["gpu"], p["seq_len"], tp=p["tp"], gpu_memory_utilization=USABLE
+    ),
+    unit="count",
+    tolerance=0.0,
+    text=lambda p: (
+        f"Serving {p['preset']} (bf16 weights and KV) with TP = {p['tp']} on {p['gpu']} "
+        f"({gb(hardware.gpu(p['gpu']).memory_bytes)}), 90 % of memory usable: how many full {p['seq_len']}-token "
+        f"sequences fit?"
+    ),
+    hints=[
+        "Budget per GPU = 0.9 × memory − weights / tp.",
+        "Each sequence needs kv_cache_bytes(seq) / tp (TP splits the KV heads). Round down.",
+    ],
+    solution=lambda p, n: [
+        f"Weights per GPU {gb(inference.weight_bytes(p['preset']) / p['tp'])}; KV per sequence per GPU "
+        f"{gb(inference.kv_cache_bytes(p['preset'], p['seq_len']) / min(p['tp'], _shape(p['preset'])[0].n_kv_heads))}.",
+        f"{n} sequences (inference.max_concurrent_sequences).",
+    ],
+)
 
 
 USABLE = 0.9  # share of GPU memory given to weights + KV cache (vLLM's default gpu_memory_utilization)
@@ -170,11 +174,6 @@ def fits_on_gpus(model, gpu, *, batch: int, context: int, tp: int = 1) -> bool:
 TPS = (1, 2, 4, 8)
 
 
-def min_tp(model, gpu, *, batch: int, context: int) -> int | None:
-    """Smallest tensor-parallel degree in ``TPS`` (one node) at which ``fits_on_gpus``; None if none."""
-    return next((tp for tp in TPS if fits_on_gpus(model, gpu, batch=batch, context=context, tp=tp)), None)
-
-
 def roof_case(rng, batches=(1, 8, 32, 128), contexts=(2048,)):
     """(model, gpu, batch, context) drawn until the premise is physical: it fits on ONE GPU."""
     for _ in range(1000):
@@ -184,66 +183,67 @@ def roof_case(rng, batches=(1, 8, 32, 128), contexts=(2048,)):
     raise RuntimeError("no premise fits on one GPU")  # pragma: no cover
 
 
-@family(
+def _roof_params(rng, length: str) -> dict:
+    """A one-GPU premise (``roof_case``) at context or prompt length 512, 2048 or 8192."""
+    model, g, batch, n = roof_case(rng, contexts=(512, 2048, 8192))
+    return {"preset": model, "gpu": g, "batch": batch, length: n}
+
+
+numeric_family(
     "inference.decode_step_time",
     "inference",
     difficulty=2,
-    section=SEC13 + ", §4 Prefill and decode on the roofline",
+    section=SEC_ROOF,
     reference=REF_ROOF,
+    draw=lambda rng: _roof_params(rng, "context"),
+    calc=lambda p: inference.decode_cost(p["preset"], p["gpu"], p["context"], batch=p["batch"]),
+    key=lambda c: c.time_s,
+    unit="seconds",
+    text=lambda p: (
+        f"Roofline model: one decode step of {p['preset']} (bf16) on one {p['gpu']} (weights and cache fit), batch "
+        f"{p['batch']}, each sequence at context {p['context']}: time of the step (max of compute and memory time, "
+        f"100 % of peak)?"
+    ),
+    hints=[
+        "Bytes: all weights once + every sequence's KV cache.",
+        "FLOPs: 2 × matmul params × batch + attention. Take the slower of FLOPs/peak and bytes/bandwidth.",
+    ],
+    solution=lambda p, c: [
+        f"FLOPs {c.flops:.4g} → {c.compute_time_s * 1e3:.4g} ms; bytes {c.bytes:.4g} → {c.memory_time_s * 1e3:.4g} ms.",
+        f"{c.bound}-bound: {c.time_s * 1e3:.4g} ms (inference.decode_cost).",
+    ],
 )
-def _decode(rng):
-    model, g, batch, ctx = roof_case(rng, contexts=(512, 2048, 8192))
-    c = inference.decode_cost(model, g, ctx, batch=batch)
-    return dict(
-        text=f"Roofline model: one decode step of {model} (bf16) on one {g} (weights and cache fit), batch {batch}, "
-        f"each sequence at context {ctx}: time of the step (max of compute and memory time, 100 % of peak)?",
-        params={"preset": model, "gpu": g, "batch": batch, "context": ctx},
-        answer=c.time_s,
-        unit="seconds",
-        hints=[
-            "Bytes: all weights once + every sequence's KV cache.",
-            "FLOPs: 2 × matmul params × batch + attention. Take the slower of FLOPs/peak and bytes/bandwidth.",
-        ],
-        solution=[
-            f"FLOPs {c.flops:.4g} → {c.compute_time_s * 1e3:.4g} ms; bytes {c.bytes:.4g} → "
-            f"{c.memory_time_s * 1e3:.4g} ms.",
-            f"{c.bound}-bound: {c.time_s * 1e3:.4g} ms (inference.decode_cost).",
-        ],
-    )
 
-
-@family(
+numeric_family(
     "inference.prefill_time",
     "inference",
     difficulty=2,
-    section=SEC13 + ", §4 Prefill and decode on the roofline",
+    section=SEC_ROOF,
     reference=REF_ROOF,
+    draw=lambda rng: _roof_params(rng, "prompt_len"),
+    calc=lambda p: inference.prefill_cost(p["preset"], p["gpu"], p["prompt_len"], batch=p["batch"]),
+    key=lambda c: c.time_s,
+    unit="seconds",
+    text=lambda p: (
+        f"Roofline model: prefill of {p['batch']} prompt(s) of {p['prompt_len']} tokens on {p['preset']} (bf16), "
+        f"one {p['gpu']} (weights and cache fit): time?"
+    ),
+    hints=[
+        "Prefill is usually compute-bound: ≈ 2·N_matmul·tokens / peak (+ attention).",
+        "Check against the memory time (weights + KV written).",
+    ],
+    solution=lambda p, c: [
+        f"compute {c.compute_time_s * 1e3:.4g} ms, memory {c.memory_time_s * 1e3:.4g} ms → "
+        f"{c.bound}-bound, {c.time_s * 1e3:.4g} ms (inference.prefill_cost)."
+    ],
 )
-def _prefill(rng):
-    model, g, batch, n = roof_case(rng, contexts=(512, 2048, 8192))
-    c = inference.prefill_cost(model, g, n, batch=batch)
-    return dict(
-        text=f"Roofline model: prefill of {batch} prompt(s) of {n} tokens on {model} (bf16), one {g} (weights and "
-        f"cache fit): time?",
-        params={"preset": model, "gpu": g, "batch": batch, "prompt_len": n},
-        answer=c.time_s,
-        unit="seconds",
-        hints=[
-            "Prefill is usually compute-bound: ≈ 2·N_matmul·tokens / peak (+ attention).",
-            "Check against the memory time (weights + KV written).",
-        ],
-        solution=[
-            f"compute {c.compute_time_s * 1e3:.4g} ms, memory {c.memory_time_s * 1e3:.4g} ms → "
-            f"{c.bound}-bound, {c.time_s * 1e3:.4g} ms (inference.prefill_cost)."
-        ],
-    )
 
 
 @family(
     "inference.decode_bound",
     "inference",
     kind="choice",
-    section=SEC13 + ", §4 Prefill and decode on the roofline",
+    section=SEC_ROOF,
     reference=REF_ROOF,
 )
 def _bound(rng):
@@ -265,21 +265,23 @@ def _bound(rng):
     )
 
 
-@family(
-    "inference.ridge_point", "inference", section=SEC13 + ", §4 Prefill and decode on the roofline", reference=REF_ROOF
+def _peaks(g) -> str:
+    gpu = hardware.gpu(g)
+    return f"bf16 peak {gpu.peak('bf16') / 1e12:.4g} TFLOP/s, HBM {gpu.hbm_bandwidth_bytes_per_s / 1e12:.4g} TB/s"
+
+
+numeric_family(
+    "inference.ridge_point",
+    "inference",
+    section=SEC_ROOF,
+    reference=REF_ROOF,
+    draw=lambda rng: {"gpu": pick(rng, GPUS)},
+    calc=lambda p: inference.decode_cost("llama-2-7b", p["gpu"], 16).ridge_flop_per_byte,
+    unit="ratio",
+    text=lambda p: f"{p['gpu']}: {_peaks(p['gpu'])}. Ridge point (FLOP per byte)?",
+    hints=["Ridge = peak FLOP/s / bandwidth B/s."],
+    solution=lambda p, r: [f"{r:.4g} FLOP/B (StepCost.ridge_flop_per_byte)."],
 )
-def _ridge(rng):
-    g = pick(rng, GPUS)
-    c = inference.decode_cost("llama-2-7b", g, 16)
-    return dict(
-        text=f"{g}: bf16 peak {hardware.gpu(g).peak('bf16') / 1e12:.4g} TFLOP/s, HBM "
-        f"{hardware.gpu(g).hbm_bandwidth_bytes_per_s / 1e12:.4g} TB/s. Ridge point (FLOP per byte)?",
-        params={"gpu": g},
-        answer=c.ridge_flop_per_byte,
-        unit="ratio",
-        hints=["Ridge = peak FLOP/s / bandwidth B/s."],
-        solution=[f"{c.ridge_flop_per_byte:.4g} FLOP/B (StepCost.ridge_flop_per_byte)."],
-    )
 
 
 def _kv_per_token(p, mha: bool) -> float:
@@ -336,7 +338,7 @@ def _fits_tp(rng):
     g = pick(rng, GPUS)
     batch = pick(rng, [1, 8, 32, 128])
     ctx = pick(rng, [2048, 8192, 32768])
-    tp = min_tp(model, g, batch=batch, context=ctx)
+    tp = inference.kv_cache.min_tp_that_fits(model, g, ctx, batch=batch, gpu_memory_utilization=USABLE, tp_choices=TPS)
     ans = FIT_CHOICES[-1] if tp is None else f"TP = {tp}"
     gpu = hardware.gpu(g)
     rows = [

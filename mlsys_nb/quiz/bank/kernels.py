@@ -13,11 +13,8 @@ import math
 
 from ... import hardware
 from ..core import family
-from ._util import LazyModule, pick
+from ._util import fusion, hierarchy, kernels, pick
 
-kernels = LazyModule("mlsys_nb.kernels")
-hierarchy = LazyModule("mlsys_nb.kernels.hierarchy")
-fusion = LazyModule("mlsys_nb.kernels.fusion")
 
 NB = "notebooks/21_inside_one_gpu.ipynb"
 SEC_ROOF = f"{NB}, §2 Arithmetic intensity and the roofline"

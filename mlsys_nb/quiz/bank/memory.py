@@ -9,76 +9,81 @@ from __future__ import annotations
 from ... import hardware, memory
 from ...config import TrainConfig
 from ..core import family
-from ._util import gb, pick, ratio_family
+from ._util import gb, numeric_family, pick, ratio_family
 
 REF_MEM = "docs/references.md#zero (Rajbhandari et al. 2020, arXiv:1910.02054, §3), #mixed-precision"
 SEC_MEM = "notebooks/10_training_memory.ipynb"
 N_PARAMS = [125e6, 350e6, 1.3e9, 2.7e9, 7e9, 13e9, 34e9, 70e9, 175e9]
 
 
-@family(
-    "memory.model_states",
-    "memory",
-    section=SEC_MEM + ", §1 Model states: parameters, gradients, optimizer, master weights",
-    reference=REF_MEM,
-)
-def _model_states(rng):
-    n = pick(rng, N_PARAMS)
-    dp = pick(rng, [1, 2, 4, 8, 16, 64])
-    z = pick(rng, [0, 1, 2, 3])
-    s = memory.model_state_bytes(n, dp=dp, zero=z)
+SEC_STATES = SEC_MEM + ", §1 Model states: parameters, gradients, optimizer, master weights"
+
+
+def _states_diagnostics(p, s) -> list:
+    n, dp, z = p["n_params"], p["dp"], p["zero"]
     wrong12 = memory.model_state_bytes(n, dp=dp, zero=z, precision="bf16-nomaster").total
-    unsharded = memory.model_state_bytes(n, dp=1, zero=0).total
     diag = [(wrong12 / s.total, "did you forget the fp32 master copy (4 B/param)? mixed-precision Adam is 2+2+12")]
     if z and dp > 1:
-        diag.append((unsharded / s.total, f"ZeRO-{z} shards part of the states over dp = {dp}"))
-    return dict(
-        text=f"Mixed-precision Adam (bf16 params and grads, fp32 master + 2 fp32 moments), {n:.3g} parameters, "
-        f"data parallel over {dp} GPUs with ZeRO stage {z}: bytes of model states per GPU?",
-        params={"n_params": n, "dp": dp, "zero": z},
-        answer=s.total,
-        unit="bytes",
-        hints=[
-            "2 B params + 2 B grads + 12 B (master 4 + m 4 + v 4) per parameter.",
-            "Stage 1 shards the 12 B, stage 2 also the grads, stage 3 also the params.",
-        ],
-        solution=[
-            f"params {gb(s.params)}, grads {gb(s.grads)}, optimizer {gb(s.optimizer)}, master {gb(s.master)}.",
-            f"Total {gb(s.total)} per GPU (memory.model_state_bytes).",
-        ],
-        diagnostics=diag,
-    )
+        diag.append(
+            (
+                memory.model_state_bytes(n, dp=1, zero=0).total / s.total,
+                f"ZeRO-{z} shards part of the states over dp = {dp}",
+            )
+        )
+    return diag
 
 
-@family(
+numeric_family(
+    "memory.model_states",
+    "memory",
+    section=SEC_STATES,
+    reference=REF_MEM,
+    draw=lambda rng: {
+        "n_params": pick(rng, N_PARAMS),
+        "dp": pick(rng, [1, 2, 4, 8, 16, 64]),
+        "zero": pick(rng, [0, 1, 2, 3]),
+    },
+    calc=lambda p: memory.model_state_bytes(p["n_params"], dp=p["dp"], zero=p["zero"]),
+    key=lambda s: s.total,
+    unit="bytes",
+    text=lambda p: (
+        f"Mixed-precision Adam (bf16 params and grads, fp32 master + 2 fp32 moments), {p['n_params']:.3g} "
+        f"parameters, data parallel over {p['dp']} GPUs with ZeRO stage {p['zero']}: bytes of model states per GPU?"
+    ),
+    hints=[
+        "2 B params + 2 B grads + 12 B (master 4 + m 4 + v 4) per parameter.",
+        "Stage 1 shards the 12 B, stage 2 also the grads, stage 3 also the params.",
+    ],
+    solution=lambda p, s: [
+        f"params {gb(s.params)}, grads {gb(s.grads)}, optimizer {gb(s.optimizer)}, master {gb(s.master)}.",
+        f"Total {gb(s.total)} per GPU (memory.model_state_bytes).",
+    ],
+    diagnostics=_states_diagnostics,
+)
+
+RECIPES = [("bf16-mixed", "adam"), ("fp32", "adam"), ("bf16-mixed", "sgd-momentum"), ("fp32", "sgd"),
+           ("bf16-mixed", "adam-8bit")]  # fmt: skip
+
+numeric_family(
     "memory.bytes_per_param",
     "memory",
-    section=SEC_MEM + ", §1 Model states: parameters, gradients, optimizer, master weights",
+    section=SEC_STATES,
     reference=REF_MEM,
+    draw=lambda rng: dict(zip(("precision", "optimizer"), pick(rng, RECIPES))),
+    calc=lambda p: memory.model_state_bytes(1, precision=p["precision"], optimizer=p["optimizer"]).total,
+    unit="count",
+    text=lambda p: (
+        f"Bytes of model states per parameter for precision {p['precision']} with optimizer {p['optimizer']} "
+        f"(no sharding)?"
+    ),
+    hints=[
+        "params + grads + optimizer states + (mixed precision) an fp32 master copy.",
+        "Adam keeps 2 states (m, v); SGD with momentum 1; plain SGD 0.",
+    ],
+    solution=lambda p, b: [
+        f"memory.model_state_bytes(1, precision={p['precision']!r}, optimizer={p['optimizer']!r}).total = {b:g} B."
+    ],
 )
-def _bpp(rng):
-    prec, opt = pick(
-        rng,
-        [
-            ("bf16-mixed", "adam"),
-            ("fp32", "adam"),
-            ("bf16-mixed", "sgd-momentum"),
-            ("fp32", "sgd"),
-            ("bf16-mixed", "adam-8bit"),
-        ],
-    )
-    b = memory.model_state_bytes(1, precision=prec, optimizer=opt).total
-    return dict(
-        text=f"Bytes of model states per parameter for precision {prec} with optimizer {opt} (no sharding)?",
-        params={"precision": prec, "optimizer": opt},
-        answer=b,
-        unit="count",
-        hints=[
-            "params + grads + optimizer states + (mixed precision) an fp32 master copy.",
-            "Adam keeps 2 states (m, v); SGD with momentum 1; plain SGD 0.",
-        ],
-        solution=[f"memory.model_state_bytes(1, precision={prec!r}, optimizer={opt!r}).total = {b:g} B."],
-    )
 
 
 def _train_case(rng):
@@ -94,36 +99,39 @@ def _train_case(rng):
     return model, t
 
 
-@family(
+def _acts_case(rng) -> dict:
+    model = pick(rng, ["llama-2-7b", "llama-3-8b", "gpt-2-small"])
+    mb, seq = pick(rng, [1, 2, 4]), pick(rng, [1024, 2048, 4096])
+    return {"model": model, "micro_batch": mb, "seq_len": seq, "recompute": pick(rng, ["none", "selective", "full"])}
+
+
+numeric_family(
     "memory.activations_per_layer",
     "memory",
     difficulty=2,
     section=SEC_MEM + ", §2 Activations, measured on a real transformer",
     reference="docs/references.md#megatron-sp (Korthikanti et al. 2022, arXiv:2205.05198, §4)",
+    draw=_acts_case,
+    calc=lambda p: memory.estimate(
+        memory.preset(p["model"]),
+        TrainConfig(micro_batch=p["micro_batch"], seq_len=p["seq_len"], recompute=p["recompute"]),
+    ),
+    key=lambda b: b.activations_per_layer,
+    unit="bytes",
+    tolerance=0.05,
+    text=lambda p: (
+        f"Training {p['model']} (flash attention, fused kernels, bf16 activations), micro-batch "
+        f"{p['micro_batch']} × {p['seq_len']} tokens, recompute={p['recompute']}: activation bytes stored per layer?"
+    ),
+    hints=[
+        "Add the tensors each op saves for backward, per token, then × b·s.",
+        "recompute=full stores only the block input (2·h bytes per token).",
+    ],
+    solution=lambda p, b: (
+        [f"{name}: {v / 1e6:.4g} MB" for name, v in b.terms]
+        + [f"Sum = {gb(b.activations_per_layer)} (memory.estimate(...).activations_per_layer)."]
+    ),
 )
-def _acts(rng):
-    model = pick(rng, ["llama-2-7b", "llama-3-8b", "gpt-2-small"])
-    t = TrainConfig(
-        micro_batch=pick(rng, [1, 2, 4]),
-        seq_len=pick(rng, [1024, 2048, 4096]),
-        recompute=pick(rng, ["none", "selective", "full"]),
-    )
-    b = memory.estimate(memory.preset(model), t)
-    return dict(
-        text=f"Training {model} (flash attention, fused kernels, bf16 activations), micro-batch "
-        f"{t.micro_batch} × {t.seq_len} tokens, recompute={t.recompute}: "
-        f"activation bytes stored per layer?",
-        params={"model": model, "micro_batch": t.micro_batch, "seq_len": t.seq_len, "recompute": t.recompute},
-        answer=b.activations_per_layer,
-        unit="bytes",
-        tolerance=0.05,
-        hints=[
-            "Add the tensors each op saves for backward, per token, then × b·s.",
-            "recompute=full stores only the block input (2·h bytes per token).",
-        ],
-        solution=[f"{name}: {v / 1e6:.4g} MB" for name, v in b.terms]
-        + [f"Sum = {gb(b.activations_per_layer)} (memory.estimate(...).activations_per_layer)."],
-    )
 
 
 @family(

@@ -11,10 +11,8 @@ notebook 23 runs.
 from __future__ import annotations
 
 from ..core import family
-from ._util import LazyModule, gb, pick
+from ._util import gb, inference, pick, quant
 
-quant = LazyModule("mlsys_nb.quant")  # torch only when a family needs it
-inference = LazyModule("mlsys_nb.inference")
 
 NB = "notebooks/23_quantization_and_lora.ipynb"
 SEC_FORMATS = f"{NB}, §1 Weight-only quantization from scratch"

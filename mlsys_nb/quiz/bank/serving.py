@@ -8,36 +8,38 @@ Answer keys: ``mlsys_nb.inference`` (``decode_cost``, ``kv_cache_bytes``, ``page
 from __future__ import annotations
 
 from ..core import family
-from ._util import LazyModule, gb, pick, ratio_family
+from ._util import gb, inference, inference_metrics, numeric_family, paged, pick, ratio_family, speculative
 from .inference import MODELS, REF_ROOF, SEC13, fits_on_gpus, roof_case
 
-inference = LazyModule("mlsys_nb.inference")  # torch only when a family needs it
 
 SEC14 = "notebooks/14_kv_cache_management.ipynb"
 
 
-@family(
+def _throughput_case(rng) -> dict:
+    model, g, batch, ctx = roof_case(rng, batches=(1, 8, 32, 64, 128), contexts=(1024, 4096))
+    return {"preset": model, "gpu": g, "batch": batch, "context": ctx}
+
+
+numeric_family(
     "serving.decode_throughput",
     "serving",
     difficulty=2,
     section=SEC13 + ", §5 Measured on this machine",
     reference="docs/references.md#orca (Yu et al. 2022), #vllm",
+    draw=_throughput_case,
+    calc=lambda p: inference.decode_cost(p["preset"], p["gpu"], p["context"], batch=p["batch"]),
+    key=lambda c: c.tokens_per_s,
+    unit="tokens/s",
+    text=lambda p: (
+        f"Continuous batching keeps {p['batch']} sequences decoding on {p['preset']} (bf16), one {p['gpu']}, "
+        f"context ≈ {p['context']}. Roofline decode throughput (tokens/s, all sequences)?"
+    ),
+    hints=["One step emits `batch` tokens.", "Step time = max(compute, memory) on the roofline."],
+    solution=lambda p, c: [
+        f"Step {c.time_s * 1e3:.4g} ms for {p['batch']} tokens → {c.tokens_per_s:.4g} tokens/s "
+        "(inference.decode_cost(...).tokens_per_s)."
+    ],
 )
-def _tput(rng):
-    model, g, batch, ctx = roof_case(rng, batches=(1, 8, 32, 64, 128), contexts=(1024, 4096))
-    c = inference.decode_cost(model, g, ctx, batch=batch)
-    return dict(
-        text=f"Continuous batching keeps {batch} sequences decoding on {model} (bf16), one {g}, context ≈ "
-        f"{ctx}. Roofline decode throughput (tokens/s, all sequences)?",
-        params={"preset": model, "gpu": g, "batch": batch, "context": ctx},
-        answer=c.tokens_per_s,
-        unit="tokens/s",
-        hints=["One step emits `batch` tokens.", "Step time = max(compute, memory) on the roofline."],
-        solution=[
-            f"Step {c.time_s * 1e3:.4g} ms for {batch} tokens → {c.tokens_per_s:.4g} tokens/s "
-            "(inference.decode_cost(...).tokens_per_s)."
-        ],
-    )
 
 
 def _batching_case(rng):
@@ -71,122 +73,120 @@ ratio_family(
 )
 
 
-@family(
+def _paged_case(rng) -> dict:
+    bs = pick(rng, [8, 16, 32])
+    return {"lengths": [rng.randint(20, 500) for _ in range(pick(rng, [3, 4, 5]))], "block_size": bs}
+
+
+numeric_family(
     "serving.paged_utilization",
     "serving",
     difficulty=2,
     section=SEC14 + ", §1 Why blocks: what a contiguous reservation wastes",
     reference="docs/references.md#vllm (Kwon et al. 2023, arXiv:2309.06180, §4)",
+    draw=_paged_case,
+    calc=lambda p: paged.fragmentation(p["lengths"], block_size=p["block_size"], max_seq_len=512),
+    key=lambda r: r["paged_utilization"],
+    unit="fraction",
+    tolerance=0.005,
+    text=lambda p: (
+        f"Sequences of {p['lengths']} tokens in a paged KV cache with blocks of {p['block_size']} tokens: what "
+        f"fraction of the reserved slots hold tokens?"
+    ),
+    hints=["Each sequence reserves ceil(len / block) blocks.", "Utilization = Σ len / (blocks × block)."],
+    solution=lambda p, r: [
+        f"Reserved slots {r['paged_slots']}, tokens {r['tokens']} (inference.paged.fragmentation, "
+        f"a real BlockManager).",
+        f"Utilization {r['paged_utilization']:.4g}; a contiguous "
+        f"max-length allocator: {r['contiguous_utilization']:.4g}.",
+    ],
 )
-def _frag(rng):
-    from ...inference.paged import fragmentation
-
-    bs = pick(rng, [8, 16, 32])
-    lengths = [rng.randint(20, 500) for _ in range(pick(rng, [3, 4, 5]))]
-    r = fragmentation(lengths, block_size=bs, max_seq_len=512)
-    return dict(
-        text=f"Sequences of {lengths} tokens in a paged KV cache with blocks of {bs} tokens: what fraction of "
-        f"the reserved slots hold tokens?",
-        params={"lengths": lengths, "block_size": bs},
-        answer=r["paged_utilization"],
-        unit="fraction",
-        tolerance=0.005,
-        hints=["Each sequence reserves ceil(len / block) blocks.", "Utilization = Σ len / (blocks × block)."],
-        solution=[
-            f"Reserved slots {r['paged_slots']}, tokens {r['tokens']} (inference.paged.fragmentation, "
-            f"a real BlockManager).",
-            f"Utilization {r['paged_utilization']:.4g}; a contiguous "
-            f"max-length allocator: {r['contiguous_utilization']:.4g}.",
-        ],
-    )
 
 
-@family(
+def _shared_tokens(p) -> int:
+    """Prefix tokens in whole blocks: only those are shared."""
+    return (p["prefix"] // p["block_size"]) * p["block_size"]
+
+
+numeric_family(
     "serving.prefix_sharing_savings",
     "serving",
     difficulty=2,
     section=SEC14 + ", §4 Prefix caching by hash-chained blocks",
     reference="docs/references.md#sglang (Zheng et al. 2023, arXiv:2312.07104), #vllm",
+    draw=lambda rng: {
+        "preset": pick(rng, MODELS[:6]),
+        "n": pick(rng, [8, 32, 100]),
+        "prefix": pick(rng, [500, 1000, 2000]),
+        "block_size": pick(rng, [16, 32]),
+    },
+    calc=lambda p: inference.kv_cache_bytes(p["preset"], (p["n"] - 1) * _shared_tokens(p)),
+    unit="bytes",
+    text=lambda p: (
+        f"{p['n']} requests to {p['preset']} share a {p['prefix']}-token system prompt. With block-level prefix "
+        f"caching (block size {p['block_size']}; only full blocks are shared), how many bytes of bf16 KV cache are "
+        f"saved vs no sharing?"
+    ),
+    hints=lambda p: [
+        "The first request computes the prefix; the other n − 1 reuse its full blocks.",
+        f"Shared tokens per request: floor({p['prefix']}/{p['block_size']}) × {p['block_size']}.",
+    ],
+    solution=lambda p, saved: [
+        f"(n − 1) × {_shared_tokens(p)} tokens = {(p['n'] - 1) * _shared_tokens(p)} tokens.",
+        f"kv_cache_bytes → {gb(saved)} saved (inference.kv_cache_bytes).",
+    ],
+    diagnostics=lambda p, saved: [(p["n"] / (p["n"] - 1), "the first request still stores the prefix once")],
 )
-def _prefix(rng):
-    model = pick(rng, MODELS[:6])
-    n = pick(rng, [8, 32, 100])
-    prefix = pick(rng, [500, 1000, 2000])
-    bs = pick(rng, [16, 32])
-    shared = (prefix // bs) * bs  # only whole blocks are shared
-    saved = inference.kv_cache_bytes(model, (n - 1) * shared)
-    return dict(
-        text=f"{n} requests to {model} share a {prefix}-token system prompt. With block-level prefix caching "
-        f"(block size {bs}; only full blocks are shared), how many bytes of bf16 KV cache are saved vs no "
-        f"sharing?",
-        params={"preset": model, "n": n, "prefix": prefix, "block_size": bs},
-        answer=saved,
-        unit="bytes",
-        hints=[
-            "The first request computes the prefix; the other n − 1 reuse its full blocks.",
-            f"Shared tokens per request: floor({prefix}/{bs}) × {bs}.",
-        ],
-        solution=[
-            f"(n − 1) × {shared} tokens = {(n - 1) * shared} tokens.",
-            f"kv_cache_bytes → {gb(saved)} saved (inference.kv_cache_bytes).",
-        ],
-        diagnostics=[(n / (n - 1), "the first request still stores the prefix once")],
-    )
 
 
-def expected_tokens_per_step(alpha: float, k: int) -> float:
-    """Speculative decoding's closed form, from the kit (``mlsys_nb.inference.speculative``)."""
-    from mlsys_nb.inference.speculative import expected_tokens_per_step as closed_form
+SEC_SPEC = "speculative decoding (Leviathan et al. 2023)"
+REF_SPEC = "docs/references.md#speculative-leviathan (arXiv:2211.17192"
 
-    return closed_form(alpha, k)
-
-
-@family(
+numeric_family(
     "serving.speculative_tokens_per_step",
     "serving",
     difficulty=2,
-    section="speculative decoding (Leviathan et al. 2023)",
-    reference="docs/references.md#speculative-leviathan (arXiv:2211.17192, eq. 1)",
+    section=SEC_SPEC,
+    reference=REF_SPEC + ", eq. 1)",
+    draw=lambda rng: {"alpha": pick(rng, [0.5, 0.6, 0.7, 0.8, 0.9]), "k": pick(rng, [2, 3, 4, 5, 8])},
+    calc=lambda p: speculative.expected_tokens_per_step(p["alpha"], p["k"]),
+    unit="tokens",
+    text=lambda p: (
+        f"Speculative decoding drafts k = {p['k']} tokens; each is accepted with probability α = {p['alpha']} "
+        f"(independently). Expected tokens produced per target forward pass?"
+    ),
+    hints=["Accept i drafted tokens, then the target adds one more.", "(1 − α^(k+1)) / (1 − α)."],
+    solution=lambda p, e: [
+        f"Σ_{{i=0..k}} α^i = (1 − {p['alpha']}^{p['k'] + 1}) / (1 − {p['alpha']}) = {e:.4g} tokens."
+    ],
+    diagnostics=lambda p, e: [
+        (p["k"] / e, "not all k drafts are accepted"),
+        ((p["k"] + 1) / e, "k + 1 is the maximum"),
+    ],
 )
-def _spec(rng):
-    a = pick(rng, [0.5, 0.6, 0.7, 0.8, 0.9])
-    k = pick(rng, [2, 3, 4, 5, 8])
-    e = expected_tokens_per_step(a, k)
-    return dict(
-        text=f"Speculative decoding drafts k = {k} tokens; each is accepted with probability α = {a} "
-        f"(independently). Expected tokens produced per target forward pass?",
-        params={"alpha": a, "k": k},
-        answer=e,
-        unit="tokens",
-        hints=["Accept i drafted tokens, then the target adds one more.", "(1 − α^(k+1)) / (1 − α)."],
-        solution=[f"Σ_{{i=0..k}} α^i = (1 − {a}^{k + 1}) / (1 − {a}) = {e:.4g} tokens."],
-        diagnostics=[(k / e, "not all k drafts are accepted"), ((k + 1) / e, "k + 1 is the maximum")],
-    )
 
-
-@family(
+numeric_family(
     "serving.speculative_speedup",
     "serving",
     difficulty=3,
-    section="speculative decoding (Leviathan et al. 2023)",
-    reference="docs/references.md#speculative-leviathan (arXiv:2211.17192, Theorem 3.8)",
+    section=SEC_SPEC,
+    reference=REF_SPEC + ", Theorem 3.8)",
+    draw=lambda rng: {
+        "alpha": pick(rng, [0.6, 0.7, 0.8, 0.9]),
+        "k": pick(rng, [2, 3, 4, 6]),
+        "c": pick(rng, [0.02, 0.05, 0.1]),
+    },
+    calc=lambda p: speculative.expected_speedup(p["alpha"], p["k"], p["c"]),
+    unit="ratio",
+    text=lambda p: (
+        f"Draft model costs c = {p['c']} of a target forward; k = {p['k']}, α = {p['alpha']}. Expected wall-clock "
+        f"speed-up over plain decoding?"
+    ),
+    hints=["Tokens per step (1 − α^(k+1))/(1 − α).", "Cost per step: k drafts (k·c) + 1 target pass."],
+    solution=lambda p, s: [
+        f"{speculative.expected_tokens_per_step(p['alpha'], p['k']):.4g} tokens / ({p['k']} × {p['c']} + 1) = {s:.4g}×."
+    ],
 )
-def _spec2(rng):
-    a = pick(rng, [0.6, 0.7, 0.8, 0.9])
-    k = pick(rng, [2, 3, 4, 6])
-    c = pick(rng, [0.02, 0.05, 0.1])
-    from mlsys_nb.inference.speculative import expected_speedup
-
-    s = expected_speedup(a, k, c)
-    return dict(
-        text=f"Draft model costs c = {c} of a target forward; k = {k}, α = {a}. Expected wall-clock speed-up "
-        f"over plain decoding?",
-        params={"alpha": a, "k": k, "c": c},
-        answer=s,
-        unit="ratio",
-        hints=["Tokens per step (1 − α^(k+1))/(1 − α).", "Cost per step: k drafts (k·c) + 1 target pass."],
-        solution=[f"{expected_tokens_per_step(a, k):.4g} tokens / ({k} × {c} + 1) = {s:.4g}×."],
-    )
 
 
 def static_batch_utilization(lengths) -> float:
@@ -195,52 +195,56 @@ def static_batch_utilization(lengths) -> float:
     return sum(lengths) / (len(lengths) * max(lengths))
 
 
-@family(
+def _outputs(rng) -> dict:
+    """Output lengths of a static batch, not all equal."""
+    lengths = [pick(rng, [16, 32, 64, 128, 256, 512]) for _ in range(pick(rng, [4, 8]))]
+    if len(set(lengths)) == 1:
+        lengths[0] = lengths[0] // 2
+    return {"lengths": lengths}
+
+
+numeric_family(
     "serving.static_batching_utilization",
     "serving",
     section="notebooks/15_batching_and_scheduling.ipynb, §1 Static vs continuous batching",
     reference="docs/references.md#orca (Yu et al. 2022, OSDI, §2.2)",
-)
-def _static(rng):
-    lengths = [pick(rng, [16, 32, 64, 128, 256, 512]) for _ in range(pick(rng, [4, 8]))]
-    if len(set(lengths)) == 1:
-        lengths[0] = lengths[0] // 2
-    u = static_batch_utilization(lengths)
-    return dict(
-        text=f"Static batching of {len(lengths)} requests whose outputs are {lengths} tokens long: the batch "
+    draw=_outputs,
+    calc=lambda p: static_batch_utilization(p["lengths"]),
+    unit="fraction",
+    text=lambda p: (
+        f"Static batching of {len(p['lengths'])} requests whose outputs are {p['lengths']} tokens long: the batch "
         f"runs until the longest finishes. What fraction of the decode slot-steps produce a token? "
-        f"(Continuous batching refills a finished slot at once.)",
-        params={"lengths": lengths},
-        answer=u,
-        unit="fraction",
-        hints=["Steps = max length; slots = batch size.", "Useful = Σ lengths."],
-        solution=[f"Σ len = {sum(lengths)}, n × max = {len(lengths) * max(lengths)}.", f"Utilization {u:.4g}."],
-    )
+        f"(Continuous batching refills a finished slot at once.)"
+    ),
+    hints=["Steps = max length; slots = batch size.", "Useful = Σ lengths."],
+    solution=lambda p, u: [
+        f"Σ len = {sum(p['lengths'])}, n × max = {len(p['lengths']) * max(p['lengths'])}.",
+        f"Utilization {u:.4g}.",
+    ],
+)
 
-
-@family(
+numeric_family(
     "serving.overlap_scheduling_speedup",
     "serving",
     difficulty=2,
     section="notebooks/15_batching_and_scheduling.ipynb, §6 Overlap scheduling (a model, fed with the measured phases)",
     reference="docs/references.md#nano-vllm, #sglang",
+    draw=lambda rng: {
+        "cpu_s": pick(rng, [0.5, 1.0, 2.0, 3.0, 5.0]) * 1e-3,
+        "model_s": pick(rng, [2.0, 4.0, 8.0, 20.0]) * 1e-3,
+    },
+    calc=lambda p: inference_metrics.overlap_speedup(p["cpu_s"], p["model_s"]),
+    unit="ratio",
+    text=lambda p: (
+        f"A decode step spends {p['cpu_s'] * 1e3:g} ms on the CPU (scheduling, sampling, detokenizing) and "
+        f"{p['model_s'] * 1e3:g} ms in the model. Overlapping the CPU work of step N+1 with the model of step N: "
+        f"speed-up in steps per second?"
+    ),
+    hints=["Serial: cpu + model per step.", "Overlapped: the slower of the two."],
+    solution=lambda p, s: [
+        f"({p['cpu_s'] * 1e3:g} + {p['model_s'] * 1e3:g}) / max = {s:.4g} (inference.metrics.overlap_speedup)."
+    ],
 )
-def _overlap(rng):
-    from ...inference.metrics import overlap_speedup
-
-    cpu = pick(rng, [0.5, 1.0, 2.0, 3.0, 5.0]) * 1e-3
-    model = pick(rng, [2.0, 4.0, 8.0, 20.0]) * 1e-3
-    s = overlap_speedup(cpu, model)
-    return dict(
-        text=f"A decode step spends {cpu * 1e3:g} ms on the CPU (scheduling, sampling, detokenizing) and "
-        f"{model * 1e3:g} ms in the model. Overlapping the CPU work of step N+1 with the model of step N: "
-        f"speed-up in steps per second?",
-        params={"cpu_s": cpu, "model_s": model},
-        answer=s,
-        unit="ratio",
-        hints=["Serial: cpu + model per step.", "Overlapped: the slower of the two."],
-        solution=[f"({cpu * 1e3:g} + {model * 1e3:g}) / max = {s:.4g} (inference.metrics.overlap_speedup)."],
-    )
 
 
 @family(

@@ -41,6 +41,6 @@ from . import (  # noqa: F401  (each module registers its topic's routes)
     serving,
     tensor,
 )
-from .registry import ROUTES, route, second_route, worked_response
+from .registry import ROUTES, register_route, second_route, worked_response
 
-__all__ = ["ROUTES", "route", "second_route", "worked_response"]
+__all__ = ["ROUTES", "register_route", "second_route", "worked_response"]

@@ -6,7 +6,7 @@ import re
 
 from .inference import roofline
 from .model import cfg_of
-from .registry import route
+from .registry import register_route
 from .scaling import optimum
 
 
@@ -23,7 +23,7 @@ def _card(fn):
     return judge
 
 
-@route("cards.zero3_traffic")
+@register_route("cards.zero3_traffic")
 @_card
 def _(text):
     n = 8
@@ -31,13 +31,13 @@ def _(text):
     return abs(_claims_number(text, r"sends ([\d.]+)×") - ratio) < 1e-9
 
 
-@route("cards.adam_bytes_per_param")
+@register_route("cards.adam_bytes_per_param")
 @_card
 def _(text):
     return _claims_number(text, r"needs (\d+) bytes per parameter") == 2 + 2 + 4 + 4 + 4
 
 
-@route("cards.one_f_one_b_bubble")
+@register_route("cards.one_f_one_b_bubble")
 @_card
 def _(text):
     p, m = 4, 8
@@ -46,7 +46,7 @@ def _(text):
     return claims_half == (one_f_one_b <= gpipe / 2 + 1e-12)
 
 
-@route("cards.twenty_tokens_per_param")
+@register_route("cards.twenty_tokens_per_param")
 @_card
 def _(text):
     from ... import scaling
@@ -57,7 +57,7 @@ def _(text):
     return ("at every budget" in text) == constant
 
 
-@route("cards.sp_traffic")
+@register_route("cards.sp_traffic")
 @_card
 def _(text):
     n, s = 4, 1.0
@@ -65,21 +65,21 @@ def _(text):
     return ("adds communication" in text) == adds
 
 
-@route("cards.decode_bound")
+@register_route("cards.decode_bound")
 @_card
 def _(text):
     bound = roofline("llama-3-8b", "H100-SXM", 1, 1, 1024)["bound"]
     return ("compute-bound" in text) == (bound == "compute")
 
 
-@route("cards.ring_bytes_grow")
+@register_route("cards.ring_bytes_grow")
 @_card
 def _(text):
     grows = 2 * (1024 - 1) / 1024 > 2  # ring all-reduce bytes per rank 2(n−1)/n·S never exceed 2S
     return ("more bytes per rank as you add ranks" in text) == grows
 
 
-@route("cards.mfu_recompute")
+@register_route("cards.mfu_recompute")
 @_card
 def _(text):
     # MFU counts the model's FLOPs (6 per parameter per token, whatever is executed); full recompute
@@ -88,7 +88,7 @@ def _(text):
     return ("raises HFU, not MFU" in text) == (executed > model_flops)
 
 
-@route("cards.gqa_kv")
+@register_route("cards.gqa_kv")
 @_card
 def _(text):
     cfg = cfg_of("llama-2-70b")

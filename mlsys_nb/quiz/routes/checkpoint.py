@@ -4,16 +4,16 @@ read from ``data/hardware.yaml`` directly; never ``mlsys_nb.checkpoint`` or ``me
 
 from __future__ import annotations
 
-from .registry import route
+from .registry import register_route
 
 
-@route("checkpoint.write_time")
+@register_route("checkpoint.write_time")
 def _(p):
     bf16_weights, fp32_master, adam_m, adam_v = 2, 4, 4, 4  # bytes per parameter (ZeRO §3, mixed-precision Adam)
     return p["n"] * (bf16_weights + fp32_master + adam_m + adam_v) / p["bw"]
 
 
-@route("checkpoint.optimal_interval")
+@register_route("checkpoint.optimal_interval")
 def _(p):
     c, m = p["c"], p["m"]
     lo, hi = c, 50 * m
@@ -26,34 +26,34 @@ def _(p):
     return (lo + hi) / 2
 
 
-@route("checkpoint.lost_fraction")
+@register_route("checkpoint.lost_fraction")
 def _(p):
     saving = p["c"] / p["t"]
     failures_per_second = 1 / p["m"]
     return saving + failures_per_second * (p["t"] / 2 + p["r"])
 
 
-@route("checkpoint.job_mtbf")
+@register_route("checkpoint.job_mtbf")
 def _(p):
     rate = p["n"] / (p["years"] * 365 * 86400)  # failures per second, summed over GPUs
     return 1 / rate
 
 
-@route("checkpoint.restart_cost")
+@register_route("checkpoint.restart_cost")
 def _(p):
     failures_per_day = 24 * 3600 / p["m"]
     hours_each = (p["t"] / 2 + p["r"]) / 3600
     return failures_per_day * hours_each * p["n"]
 
 
-@route("checkpoint.offload_traffic")
+@register_route("checkpoint.offload_traffic")
 def _(p):
     grads_down = 2 * p["n"]
     params_up = 2 * p["n"]
     return grads_down + params_up
 
 
-@route("checkpoint.offload_break_even")
+@register_route("checkpoint.offload_break_even")
 def _(p):
     from ...config import load_yaml
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .registry import route
+from .registry import register_route
 
 
 def _ab(op, algorithm, n, S, a, b):
@@ -27,7 +27,7 @@ def _ab(op, algorithm, n, S, a, b):
     return ka * a + kb * S / b
 
 
-@route(
+@register_route(
     "comm.allreduce_time",
     "comm.allreduce_tree_time",
     "comm.allreduce_binomial_time",
@@ -43,30 +43,30 @@ def _comm_time(p):
     return _ab(p["op"], p["algorithm"], p["n"], p["bytes"], p["alpha"], p["beta"])
 
 
-@route("comm.ring_allreduce_bytes_sent")
+@register_route("comm.ring_allreduce_bytes_sent")
 def _(p):
     return 2 * (p["n"] - 1) / p["n"] * p["bytes"]
 
 
-@route("comm.allgather_bytes_sent")
+@register_route("comm.allgather_bytes_sent")
 def _(p):
     return (p["n"] - 1) / p["n"] * p["bytes"]
 
 
-@route("comm.ring_tree_crossover")
+@register_route("comm.ring_tree_crossover")
 def _(p):
     n = p["n"]
     return n * (n - 1 - math.ceil(math.log2(n))) * p["alpha"] * p["beta"]
 
 
-@route("comm.busbw")
+@register_route("comm.busbw")
 def _(p):
     n = p["n"]
     factor = 2 * (n - 1) / n if p["op"] == "all_reduce" else (n - 1) / n
     return p["bytes"] / p["seconds"] * factor
 
 
-@route("comm.faster_allreduce")
+@register_route("comm.faster_allreduce")
 def _(p):
     n, s, a, b = p["n"], p["bytes"], p["alpha"], p["beta"]
     ring = 2 * (n - 1) * a + 2 * (n - 1) / n * s / b

@@ -7,30 +7,30 @@ import dataclasses
 from functools import cache
 
 from .model import cfg_of, peak_bf16
-from .registry import route
+from .registry import register_route
 
 
-@route("flops.training_days")
+@register_route("flops.training_days")
 def _(p):
     return 6 * p["n_params"] * p["tokens"] / (p["n_gpus"] * peak_bf16(p["gpu"]) * p["mfu"]) / 86400
 
 
-@route("flops.training_flops")
+@register_route("flops.training_flops")
 def _(p):
     return 6 * p["n_params"] * p["tokens"]
 
 
-@route("flops.mfu")
+@register_route("flops.mfu")
 def _(p):
     return p["tokens_per_s"] * 6 * p["n_params"] / (p["n_gpus"] * peak_bf16(p["gpu"]))
 
 
-@route("flops.gpu_hours", "flops.cost_usd")
+@register_route("flops.gpu_hours", "flops.cost_usd")
 def _(p):
     return 6 * p["n_params"] * p["tokens"] / (peak_bf16(p["gpu"]) * p["mfu"]) / 3600 * p.get("price", 1.0)
 
 
-@route("flops.implied_mfu")
+@register_route("flops.implied_mfu")
 def _(p):
     return 6 * p["n_params"] * p["tokens"] / (p["gpu_hours"] * 3600 * peak_bf16(p["gpu"]))
 
@@ -62,7 +62,7 @@ def counted_flops_per_token(model: str, seq_len: int) -> float:
     return counted / seq_len - masked
 
 
-@route("flops.flops_per_token")
+@register_route("flops.flops_per_token")
 def _(p):
     """FLOPs counted by FlopCounterMode on the real model's graph (meta device)."""
     return counted_flops_per_token(p["model"], p["seq_len"])

@@ -4,32 +4,32 @@ from __future__ import annotations
 
 import math
 
-from .registry import route
+from .registry import register_route
 
 
-@route("data_parallel.ddp_bytes_per_step")
+@register_route("data_parallel.ddp_bytes_per_step")
 def _(p):
     return 2 * (p["n"] - 1) / p["n"] * 2 * p["n_params"]
 
 
-@route("data_parallel.zero_bytes_per_step")
+@register_route("data_parallel.zero_bytes_per_step")
 def _(p):
     return (3 if p["zero"] == 3 else 2) * (p["n"] - 1) / p["n"] * 2 * p["n_params"]
 
 
-@route("data_parallel.zero3_vs_ddp_traffic")
+@register_route("data_parallel.zero3_vs_ddp_traffic")
 def _(p):
     n = p["n"]
     return (3 * (n - 1) / n) / (2 * (n - 1) / n)  # RS + 2 AG vs RS + AG
 
 
-@route("data_parallel.grad_allreduce_time")
+@register_route("data_parallel.grad_allreduce_time")
 def _(p):
     n = p["n"]
     return 2 * (n - 1) * p["alpha"] + 2 * (n - 1) / n * 2 * p["n_params"] / p["beta"]
 
 
-@route("data_parallel.bucketing_speedup")
+@register_route("data_parallel.bucketing_speedup")
 def _(p):
     n, S, a, b = p["n"], p["bytes"], p["alpha"], p["beta"]
     k = math.ceil(S / p["bucket"])

@@ -7,7 +7,7 @@ import math
 
 from ... import hardware
 from .model import BYTES, cfg_of, gpu_bytes, kv_per_token, model_counts
-from .registry import route
+from .registry import register_route
 
 
 def roofline(model, gpu, batch, new, context) -> dict:
@@ -32,29 +32,29 @@ def sequences_that_fit(model, gpu, context, tp=1, usable=0.9) -> int:
     return max(0, math.floor(budget / per_seq))
 
 
-@route("inference.kv_cache_bytes")
+@register_route("inference.kv_cache_bytes")
 def _(p):
     return kv_per_token(cfg_of(p["preset"]), BYTES[p["dtype"]]) * p["tokens"]
 
 
-@route("inference.kv_bytes_per_token")
+@register_route("inference.kv_bytes_per_token")
 def _(p):
     return kv_per_token(cfg_of(p["preset"]))
 
 
-@route("inference.weight_bytes")
+@register_route("inference.weight_bytes")
 def _(p):
     """Parameters counted on the real model (meta device) × bytes per parameter."""
     return model_counts(p["preset"])["total"] * BYTES[p["dtype"]]
 
 
-@route("inference.max_concurrent_sequences")
+@register_route("inference.max_concurrent_sequences")
 def _(p):
     """Weights counted on the real model (meta device) + a hand KV-cache size against the GPU."""
     return sequences_that_fit(p["preset"], p["gpu"], p["seq_len"], p["tp"])
 
 
-@route("inference.fits_tp")
+@register_route("inference.fits_tp")
 def _(p):
     """Weights counted on the real model (meta device) + a hand KV-cache size, tp = 1, 2, 4, 8 in turn."""
     for tp in (1, 2, 4, 8):
@@ -63,31 +63,31 @@ def _(p):
     return "does not fit on 8 GPUs"
 
 
-@route("inference.gqa_kv_saving")
+@register_route("inference.gqa_kv_saving")
 def _(p):
     cfg = cfg_of(p["preset"])
     return kv_per_token(cfg.replace(n_kv_heads=cfg.n_heads)) / kv_per_token(cfg)
 
 
-@route("inference.ridge_point")
+@register_route("inference.ridge_point")
 def _(p):
     g = hardware.gpu(p["gpu"])
     return g.peak("bf16") / g.hbm_bandwidth_bytes_per_s
 
 
-@route("inference.decode_step_time")
+@register_route("inference.decode_step_time")
 def _(p):
     """A hand roofline on the real model's matmul weights (meta device)."""
     return roofline(p["preset"], p["gpu"], p["batch"], 1, p["context"])["time"]
 
 
-@route("inference.prefill_time")
+@register_route("inference.prefill_time")
 def _(p):
     """A hand roofline on the real model's matmul weights (meta device)."""
     return roofline(p["preset"], p["gpu"], p["batch"], p["prompt_len"], 0)["time"]
 
 
-@route("inference.decode_bound")
+@register_route("inference.decode_bound")
 def _(p):
     """A hand roofline on the real model's matmul weights (meta device)."""
     return roofline(p["preset"], p["gpu"], p["batch"], 1, 1024)["bound"]

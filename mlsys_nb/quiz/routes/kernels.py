@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from .registry import route
+from .registry import register_route
 
 # (FLOPs per output element or per matmul n³, elements moved per n²): written out from the question text
 _PER_ELEMENT = {"add": (1, 3), "softmax": (5, 2), "layernorm": (8, 2)}
@@ -21,31 +21,31 @@ def _flops_bytes(name, n, nbytes):
     return f * n * n, moved * n * n * nbytes
 
 
-@route("kernels.op_intensity")
+@register_route("kernels.op_intensity")
 def _(p):
     flops, nbytes = _flops_bytes(p["name"], p["n"], p["bytes"])
     return flops / nbytes
 
 
-@route("kernels.op_bound")
+@register_route("kernels.op_bound")
 def _(p):
     flops, nbytes = _flops_bytes(p["name"], p["n"], 2)
     return "compute" if flops / p["peak"] >= nbytes / p["bw"] else "memory"  # which roof is lower in time
 
 
-@route("kernels.op_roofline_time")
+@register_route("kernels.op_roofline_time")
 def _(p):
     flops, nbytes = _flops_bytes(p["name"], p["n"], 2)
     return max(flops / p["peak"], nbytes / p["bw"])
 
 
-@route("kernels.fusion_speedup")
+@register_route("kernels.fusion_speedup")
 def _(p):
     eager = sum(2 for _ in range(p["k"]))  # each op: one read, one write per element
     return eager / 2
 
 
-@route("kernels.flash_block_sizes")
+@register_route("kernels.flash_block_sizes")
 def _(p):
     bc = 1
     while 4 * p["d"] * bc < p["m"]:  # the smallest B with 4·B·d >= M: ceil(M / 4d)
@@ -53,7 +53,7 @@ def _(p):
     return float(bc)
 
 
-@route("kernels.flash_hbm_bytes")
+@register_route("kernels.flash_hbm_bytes")
 def _(p):
     s, d, m = p["s"], p["d"], p["m"]
     bc = -(-m // (4 * d))
@@ -68,18 +68,18 @@ def _(p):
     return float(moved * p["bytes"])
 
 
-@route("kernels.score_matrix_memory")
+@register_route("kernels.score_matrix_memory")
 def _(p):
     return float(p["b"] * p["h"] * p["s"] ** 2 * 2)
 
 
-@route("kernels.online_softmax_merge")
+@register_route("kernels.online_softmax_merge")
 def _(p):
     za, zb = math.exp(p["la"]), math.exp(p["lb"])  # the exp-sums of the two key sets
     return (za * p["oa"] + zb * p["ob"]) / (za + zb)
 
 
-@route("kernels.decode_splits")
+@register_route("kernels.decode_splits")
 def _(p):
     """flash-attn's rule from the question text, in exact fractions: every split count's wave efficiency."""
     work, sms = p["b"] * p["h"], p["sms"]

@@ -6,10 +6,10 @@ from __future__ import annotations
 from ... import hardware
 from .compute import counted_flops_per_token
 from .model import gpu_bytes, peak_bf16
-from .registry import route
+from .registry import register_route
 
 
-@route("layout.tp_within_node")
+@register_route("layout.tp_within_node")
 def _(p):
     nv = hardware.link("nvlink4")
     s, n = p["bytes"], p["tp"]
@@ -18,7 +18,7 @@ def _(p):
     return across / inside
 
 
-@route("layout.smallest_zero_stage")
+@register_route("layout.smallest_zero_stage")
 def _(p):
     n, dp = p["n_params"], p["dp"]
     cap = 0.5 * gpu_bytes(p["gpu"])
@@ -27,14 +27,14 @@ def _(p):
     return f"ZeRO-{fits[0]}" if fits else "none fits"
 
 
-@route("layout.modelled_mfu")
+@register_route("layout.modelled_mfu")
 def _(p):
     """Model FLOPs per step counted by FlopCounterMode on the real model's graph (meta device)."""
     flops_per_step = counted_flops_per_token(p["model"], 4096) * p["global_batch_tokens"]
     return flops_per_step / (p["gpus"] * peak_bf16(p["gpu"]) * p["step_s"])
 
 
-@route("layout.fastest_layout")
+@register_route("layout.fastest_layout")
 def _(p):
     """Each candidate layout through the planner's search (its enumeration, rules and memory filter)
     pinned to that layout's degrees, where the key evaluates each layout directly."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from .model import cfg_of, gpu_bytes, model_counts
-from .registry import route
+from .registry import register_route
 
 
 def acts_per_token(cfg, *, recompute="none", flash=True, seq_len=2048, tp=1, sp=False) -> float:
@@ -73,13 +73,13 @@ def train_memory(model, *, micro_batch=1, seq_len=2048, dp=1, zero=0, recompute=
     return states + acts + gathered + max(work, logits)
 
 
-@route("memory.model_states")
+@register_route("memory.model_states")
 def _(p):
     n, dp, z = p["n_params"], p["dp"], p["zero"]
     return 2 * n / (dp if z >= 3 else 1) + 2 * n / (dp if z >= 2 else 1) + 12 * n / (dp if z >= 1 else 1)
 
 
-@route("memory.bytes_per_param")
+@register_route("memory.bytes_per_param")
 def _(p):
     table = {  # params + grads + optimizer states + fp32 master
         ("bf16-mixed", "adam"): 2 + 2 + 4 + 4 + 4,
@@ -91,14 +91,14 @@ def _(p):
     return table[(p["precision"], p["optimizer"])]
 
 
-@route("memory.activations_per_layer")
+@register_route("memory.activations_per_layer")
 def _(p):
     """Each saved tensor of the block written out by hand (acts_per_token)."""
     cfg = cfg_of(p["model"])
     return p["micro_batch"] * p["seq_len"] * acts_per_token(cfg, recompute=p["recompute"], seq_len=p["seq_len"])
 
 
-@route("memory.recompute_saving")
+@register_route("memory.recompute_saving")
 def _(p):
     """Each saved tensor of the block written out by hand (acts_per_token), with and without recompute."""
     cfg = cfg_of(p["model"])
@@ -106,14 +106,14 @@ def _(p):
     return none / acts_per_token(cfg, recompute=p["recompute"], flash=False, seq_len=p["seq_len"])
 
 
-@route("memory.fits")
+@register_route("memory.fits")
 def _(p):
     """A hand sum of states, saved tensors and temporaries (train_memory) against the GPU."""
     kw = {k: p[k] for k in ("micro_batch", "seq_len", "dp", "zero", "recompute")}
     return "yes" if train_memory(p["model"], **kw) <= gpu_bytes(p["gpu"]) else "no"
 
 
-@route("memory.max_micro_batch")
+@register_route("memory.max_micro_batch")
 def _(p):
     """The largest micro-batch whose hand memory sum (train_memory) fits."""
     kw = {k: p[k] for k in ("seq_len", "dp", "zero", "recompute")}
@@ -121,7 +121,7 @@ def _(p):
     return max((b for b in range(1, 65) if train_memory(p["model"], micro_batch=b, **kw) <= cap), default=0)
 
 
-@route("memory.oom_knob")
+@register_route("memory.oom_knob")
 def _(p):
     """Each change applied to the hand memory sum (train_memory): the one that fits."""
     base = {k: p[k] for k in ("micro_batch", "seq_len", "dp", "zero")}

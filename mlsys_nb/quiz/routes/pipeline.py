@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .registry import ROUTES, route
+from .registry import ROUTES, register_route
 
 
 def _pl_bubble_time(p):
@@ -18,37 +18,37 @@ def _pl_bubble_time(p):
     return bt
 
 
-@route("pipeline.bubble_fraction")
+@register_route("pipeline.bubble_fraction")
 def _(p):
     """The schedule's closed-form bubble (the key runs the event simulator)."""
     bt = _pl_bubble_time(p)
     return bt / (3.0 * p["m"] + bt)
 
 
-@route("pipeline.makespan")
+@register_route("pipeline.makespan")
 def _(p):
     """Busy time + the schedule's closed-form bubble (the key runs the event simulator)."""
     return 3.0 * p["m"] + _pl_bubble_time(p)
 
 
-@route("pipeline.bubble_ratio")
+@register_route("pipeline.bubble_ratio")
 def _(p):
     """The schedule's closed-form bubble over the busy time (the key runs the event simulator)."""
     return _pl_bubble_time(p) / (3.0 * p["m"])
 
 
-@route("pipeline.interleaving_gain")
+@register_route("pipeline.interleaving_gain")
 def _(p):
     return p["v"]
 
 
-@route("pipeline.min_microbatches")
+@register_route("pipeline.min_microbatches")
 def _(p):
     q, t = p["p"] - 1, p["target"]
     return max(1, math.ceil(q * (1 - t) / t - 1e-9))
 
 
-@route("pipeline.best_schedule_for_memory")
+@register_route("pipeline.best_schedule_for_memory")
 def _(p):
     """Peaks and bubbles from the closed forms (the key reads them off the simulator)."""
     from ... import pipeline as pl

@@ -4,7 +4,7 @@ hand, the scaler's rule walked by hand and the recipes' byte table from the pape
 
 from __future__ import annotations
 
-from .registry import route
+from .registry import register_route
 
 _DTYPES = {
     "fp32": "float32",
@@ -16,7 +16,7 @@ _DTYPES = {
 _MANTISSA = {"fp32": 23, "tf32": 10, "bf16": 7, "fp16": 10, "fp8_e4m3": 3, "fp8_e5m2": 2}
 
 
-@route("precision.format_max")
+@register_route("precision.format_max")
 def _(p):
     e, m, bias = p["e"], p["m"], 2 ** (p["e"] - 1) - 1
     best = 0.0
@@ -30,7 +30,7 @@ def _(p):
     return best
 
 
-@route("precision.rounding_error_bound")
+@register_route("precision.rounding_error_bound")
 def _(p):
     import torch
 
@@ -40,7 +40,7 @@ def _(p):
     return 2.0 ** -(_MANTISSA[name] + 1)
 
 
-@route("precision.loss_scale_for_gradient")
+@register_route("precision.loss_scale_for_gradient")
 def _(p):
     import torch
 
@@ -51,7 +51,7 @@ def _(p):
     return s
 
 
-@route("precision.dynamic_scale_after_steps")
+@register_route("precision.dynamic_scale_after_steps")
 def _(p):
     s, good = p["init"], 0
     for k in range(p["n"]):
@@ -74,19 +74,19 @@ _RECIPE_BYTES = {
 }
 
 
-@route("precision.state_bytes_saved")
+@register_route("precision.state_bytes_saved")
 def _(p):
     return _RECIPE_BYTES[p["b"]]
 
 
-@route("precision.fp8_scale_from_amax")
+@register_route("precision.fp8_scale_from_amax")
 def _(p):
     import torch
 
     return torch.finfo(getattr(torch, _DTYPES[p["fmt"]])).max / p["amax"]
 
 
-@route("precision.cast_error")
+@register_route("precision.cast_error")
 def _(p):
     import torch
 
@@ -99,14 +99,14 @@ _ELEMENT_BITS = {"fp4_e2m1": 1 + 2 + 1, "fp8_e4m3": 1 + 4 + 3, "fp8_e5m2": 1 + 5
 _SCALE_BITS = {"e8m0": 8, "fp8_e4m3": 8, "bf16": 16, "fp32": 32}
 
 
-@route("precision.block_format_bytes")
+@register_route("precision.block_format_bytes")
 def _(p):
     n = p["rows"] * p["cols"]
     blocks = p["rows"] * (p["cols"] // p["block"])
     return (n * _ELEMENT_BITS[p["elem"]] + blocks * _SCALE_BITS[p["scale"]]) / 8
 
 
-@route("precision.mxfp4_stored_value")
+@register_route("precision.mxfp4_stored_value")
 def _(p):
     s = 1.0
     while p["amax"] / s >= 8:  # the power of two that puts amax in [4, 8): fp4's top binade

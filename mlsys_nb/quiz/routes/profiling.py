@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from itertools import accumulate
 
-from .registry import route
+from .registry import register_route
 
 
-@route("profiling.linear_backward_flops")
+@register_route("profiling.linear_backward_flops")
 def _(p):
     return 2 * (2 * p["tokens"] * p["d_out"] * p["d_in"])
 
 
-@route("profiling.overlap_fraction")
+@register_route("profiling.overlap_fraction")
 def _(p):
     end, merged = p["backward_end"], []
     for a, b in sorted(p["comm"]):
@@ -24,11 +24,11 @@ def _(p):
     return hidden / sum(b - a for a, b in merged)
 
 
-@route("profiling.step_peak_from_events")
+@register_route("profiling.step_peak_from_events")
 def _(p):
     return max(accumulate(p["mb"])) * 1e6
 
 
-@route("profiling.optimizer_state_appearance")
+@register_route("profiling.optimizer_state_appearance")
 def _(p):
     return 2 * 4 * p["n_params"]

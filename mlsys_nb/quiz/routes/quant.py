@@ -5,7 +5,7 @@ built on the meta device and its linear shapes written out by hand, without ``ml
 from __future__ import annotations
 
 from .model import cfg_of, kv_per_token, model_counts
-from .registry import route
+from .registry import register_route
 
 
 def _bits(p):
@@ -43,34 +43,34 @@ def _base_split(model):
     return block, c["total"] - block
 
 
-@route("quant.bits_per_weight")
+@register_route("quant.bits_per_weight")
 def _(p):
     return _bits(p)
 
 
-@route("quant.scale_share")
+@register_route("quant.scale_share")
 def _(p):
     code = 8 if p["scheme"] == "int8" else 4
     return 1 - code / _bits(p)
 
 
-@route("quant.model_weight_bytes")
+@register_route("quant.model_weight_bytes")
 def _(p):
     block, rest = _base_split(p["model"])
     return block * _bits(p) / 8 + 2 * rest
 
 
-@route("quant.kv_cache_int8_bytes")
+@register_route("quant.kv_cache_int8_bytes")
 def _(p):
     return kv_per_token(cfg_of(p["model"]), 1.0) * p["batch"] * p["ctx"]
 
 
-@route("quant.lora_trainable_params")
+@register_route("quant.lora_trainable_params")
 def _(p):
     return _lora(p["model"], p["r"], p["targets"])
 
 
-@route("quant.lora_state_bytes")
+@register_route("quant.lora_state_bytes")
 def _(p):
     return 12 * _lora(p["model"], p["r"], ALL)
 
@@ -80,28 +80,28 @@ def _qlora_total(model, r):
     return block * (4 + 8 / 64 + 32 / (64 * 256)) / 8 + 2 * rest + 12 * _lora(model, r, ALL)
 
 
-@route("quant.qlora_bytes")
+@register_route("quant.qlora_bytes")
 def _(p):
     return _qlora_total(p["model"], p["r"])
 
 
-@route("quant.paged_optimizer_eviction")
+@register_route("quant.paged_optimizer_eviction")
 def _(p):
     """Everything QLoRA holds (the layout's bits and the model's shapes by hand) plus the spike, minus the GPU."""
     return max(0.0, _qlora_total(p["model"], p["r"]) + p["spike_gb"] * 1e9 - p["mem"] * 1e9)
 
 
-@route("quant.full_over_qlora")
+@register_route("quant.full_over_qlora")
 def _(p):
     return 12 * model_counts(p["model"])["total"] / _qlora_total(p["model"], 64)
 
 
-@route("quant.decode_speedup_bound")
+@register_route("quant.decode_speedup_bound")
 def _(p):
     return (16 if p["dtype"] == "bf16" else 32) / _bits(p)
 
 
-@route("quant.multi_lora_adapters")
+@register_route("quant.multi_lora_adapters")
 def _(p):
     cfg = cfg_of(p["model"])
     free = p["mem"] * 1e9 - 2 * model_counts(p["model"])["total"] - kv_per_token(cfg, 2.0) * p["batch"] * p["ctx"]

@@ -1,4 +1,4 @@
-"""The registry of second routes: ``route`` registers one, ``second_route`` answers a question by it,
+"""The registry of second routes: ``register_route`` registers one, ``second_route`` answers a question by it,
 ``worked_response`` writes that answer as a learner would type it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from ..core import Question
 ROUTES: dict[str, Callable[[dict], float | str]] = {}
 
 
-def route(*names: str):
+def register_route(*names: str):
     """Register ``fn(params) -> answer`` as the second route of the families ``names``."""
 
     def deco(fn):

@@ -6,15 +6,15 @@ from __future__ import annotations
 import math
 
 from .model import kv_per_token, model_counts
-from .registry import route
+from .registry import register_route
 
 
-@route("rl.weight_sync_time")
+@register_route("rl.weight_sync_time")
 def _(p):
     return (p["n"] - 1) * p["alpha"] + 2 * p["n_params"] / p["beta"]
 
 
-@route("rl.rlhf_memory_per_gpu")
+@register_route("rl.rlhf_memory_per_gpu")
 def _(p):
     """Actor and critic (trunk + scalar head) at 16 B/param over n (ZeRO-3), reference and reward frozen
     bf16 over n, the rollout engine's full bf16 actor and the KV cache of the batch (512 + 512 tokens)."""
@@ -30,20 +30,20 @@ def _(p):
     )
 
 
-@route("rl.gae_advantage")
+@register_route("rl.gae_advantage")
 def _(p):
     r, v, g, lam = p["rewards"], p["values"], p["gamma"], p["lam"]
     vals = v + [p["last_value"]]
     return sum((g * lam) ** t * (r[t] + g * vals[t + 1] - vals[t]) for t in range(len(r)))
 
 
-@route("rl.ppo_clipped_objective")
+@register_route("rl.ppo_clipped_objective")
 def _(p):
     r, a, e = p["ratio"], p["advantage"], p["clip"]
     return min(r * a, min(max(r, 1 - e), 1 + e) * a)
 
 
-@route("rl.grpo_advantage")
+@register_route("rl.grpo_advantage")
 def _(p):
     r, i = p["rewards"], p["index"]
     mean = sum(r) / len(r)
@@ -51,13 +51,13 @@ def _(p):
     return (r[i] - mean) / (std + 1e-6)
 
 
-@route("rl.dpo_loss")
+@register_route("rl.dpo_loss")
 def _(p):
     m = p["beta"] * ((p["pc"] - p["rc"]) - (p["pr"] - p["rr"]))
     return math.log1p(math.exp(-m))
 
 
-@route("rl.kl_k3_estimate")
+@register_route("rl.kl_k3_estimate")
 def _(p):
     q = p["logp_ref"] - p["logp"]
     return math.exp(q) - q - 1
@@ -86,7 +86,7 @@ def rlhf_timeline(gen_s, train_s, sync_s, *, lag: int, steps: int = 40) -> list[
     return [sync_end[k] for k in range(steps)]
 
 
-@route("rl.async_rlhf_speedup")
+@register_route("rl.async_rlhf_speedup")
 def _(p):
     """Both schedules simulated event by event on a rollout worker and a trainer (rlhf_timeline)."""
 

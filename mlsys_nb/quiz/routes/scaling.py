@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .registry import route
+from .registry import register_route
 
 
 def optimum(law, c):
@@ -15,7 +15,7 @@ def optimum(law, c):
     return n, c / (6 * n)
 
 
-@route("scaling.chinchilla_params", "scaling.chinchilla_tokens", "scaling.tokens_per_param", "scaling.loss")
+@register_route("scaling.chinchilla_params", "scaling.chinchilla_tokens", "scaling.tokens_per_param", "scaling.loss")
 def _(p):
     from ... import scaling
 
@@ -26,12 +26,12 @@ def _(p):
     return {"scaling.chinchilla_params": n, "scaling.chinchilla_tokens": d}.get(p["_family"], d / n)
 
 
-@route("scaling.twenty_rule_params")
+@register_route("scaling.twenty_rule_params")
 def _(p):
     return math.sqrt(p["C"] / 120)
 
 
-@route("scaling.inference_optimal_shrink")
+@register_route("scaling.inference_optimal_shrink")
 def _(p):
     """Brute force along the Chinchilla iso-loss curve: the N of least 6·N·D + 2·N·D_inference
     (Sardana et al. 2023, arXiv:2401.00448, eq. 2) on a fine grid, then refined by a golden search."""

@@ -7,23 +7,23 @@ import math
 
 from .inference import roofline, sequences_that_fit
 from .model import cfg_of, kv_per_token
-from .registry import route
+from .registry import register_route
 
 
-@route("serving.decode_throughput")
+@register_route("serving.decode_throughput")
 def _(p):
     """A hand roofline on the real model's matmul weights (meta device)."""
     return p["batch"] / roofline(p["preset"], p["gpu"], p["batch"], 1, p["context"])["time"]
 
 
-@route("serving.batching_speedup")
+@register_route("serving.batching_speedup")
 def _(p):
     """A hand roofline on the real model's matmul weights (meta device)."""
     one = roofline(p["preset"], p["gpu"], 1, 1, 1024)["time"]
     return p["batch"] * one / roofline(p["preset"], p["gpu"], p["batch"], 1, 1024)["time"]
 
 
-@route("serving.gpus_for_target")
+@register_route("serving.gpus_for_target")
 def _(p):
     """A hand roofline on the real model's matmul weights (meta device), batch doubled while it meets the rate."""
     best = None
@@ -37,33 +37,33 @@ def _(p):
     return math.ceil(p["target"] / best)
 
 
-@route("serving.paged_utilization")
+@register_route("serving.paged_utilization")
 def _(p):
     L, bs = p["lengths"], p["block_size"]
     return sum(L) / sum(math.ceil(x / bs) * bs for x in L)
 
 
-@route("serving.prefix_sharing_savings")
+@register_route("serving.prefix_sharing_savings")
 def _(p):
     shared = (p["prefix"] // p["block_size"]) * p["block_size"]
     return (p["n"] - 1) * shared * kv_per_token(cfg_of(p["preset"]))
 
 
-@route("serving.speculative_tokens_per_step")
+@register_route("serving.speculative_tokens_per_step")
 def _(p):
     return sum(p["alpha"] ** i for i in range(p["k"] + 1))
 
 
-@route("serving.speculative_speedup")
+@register_route("serving.speculative_speedup")
 def _(p):
     return sum(p["alpha"] ** i for i in range(p["k"] + 1)) / (p["k"] * p["c"] + 1)
 
 
-@route("serving.static_batching_utilization")
+@register_route("serving.static_batching_utilization")
 def _(p):
     return sum(p["lengths"]) / (len(p["lengths"]) * max(p["lengths"]))
 
 
-@route("serving.overlap_scheduling_speedup")
+@register_route("serving.overlap_scheduling_speedup")
 def _(p):
     return (p["cpu_s"] + p["model_s"]) / max(p["cpu_s"], p["model_s"])

@@ -5,21 +5,21 @@ from __future__ import annotations
 
 from .memory import acts_per_token, outside_bytes
 from .model import cfg_of, model_counts
-from .registry import route
+from .registry import register_route
 
 
-@route("tensor.tp_bytes_per_layer", "tensor.sp_bytes_per_layer")
+@register_route("tensor.tp_bytes_per_layer", "tensor.sp_bytes_per_layer")
 def _(p):
     return 2 * 2 * (p["tp"] - 1) / p["tp"] * p["b"] * p["s"] * p["h"] * 2
 
 
-@route("tensor.tp_allreduce_time_per_layer")
+@register_route("tensor.tp_allreduce_time_per_layer")
 def _(p):
     n, S = p["tp"], p["b"] * p["s"] * p["h"] * 2
     return 2 * (2 * (n - 1) * p["alpha"] + 2 * (n - 1) / n * S / p["beta"])
 
 
-@route("tensor.params_per_rank")
+@register_route("tensor.params_per_rank")
 def _(p):
     """Parameters counted on the real model's modules (meta device), split as Megatron splits them."""
     m = model_counts(p["model"])
@@ -27,7 +27,7 @@ def _(p):
     return split / p["tp"] + m["norms"]
 
 
-@route("tensor.sp_activation_saving")
+@register_route("tensor.sp_activation_saving")
 def _(p):
     """Each saved tensor written out by hand, split by TP with and without SP."""
     cfg, s, tp = cfg_of(p["model"]), p["seq_len"], p["tp"]
