@@ -13,36 +13,47 @@ Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
   token's exact bytes (byte tokenizer, or a ``transformers`` byte-level BPE / SentencePiece-style
   tokenizer) for grammar masks; ``train_tokenizer(text, vocab_size, style)`` trains a small one here.
 - ``generate(model, tokenizer, prompts, ...)`` (``generation``): greedy/sampled decoding with the cache.
-- Roofline (``roofline``): ``step_cost``, ``prefill_cost``, ``decode_cost`` -> ``StepCost`` (FLOPs,
-  bytes, arithmetic intensity, compute- or memory-bound, modelled time per token on a GPU of
-  data/hardware.yaml); ``measure_throughput`` (``measure``) measures tokens/s on this machine and
+- Roofline (``roofline``; ``matmul_params``, ``attention_flops``): ``step_cost``, ``prefill_cost``,
+  ``decode_cost`` -> ``StepCost`` (FLOPs, bytes, arithmetic intensity, compute- or memory-bound, modelled
+  time per token on a GPU of data/hardware.yaml); ``measure_throughput`` (``measure``) measures tokens/s on this machine and
   ``machine_roofline`` its matmul FLOP/s and copy bandwidth; ``decode_bytes_read`` counts the parameter and
   KV-cache bytes a real decode step reads (traced), the independent check of ``decode_cost``'s bytes.
-- Paged KV cache and prefix caching (``paged``): ``BlockManager`` (the one truth of which blocks
-  hold computed K/V: a block is a prefix-cache hit only after ``mark_computed``), ``PagedKVCache``,
-  ``paged_attention``. The engine's prefix index is these hash-chained blocks.
+- Paged KV cache and prefix caching (``paged``): ``BlockManager`` (``block_manager``, no torch: the one truth
+  of which blocks hold computed K/V: a block is a prefix-cache hit only after ``mark_computed``; its keys
+  ``block_hash``; ``fragmentation`` counts paging's waste), ``PagedKVCache``, ``paged_attention``,
+  ``kv_block_bytes``. The engine's prefix index is these hash-chained blocks.
 - ``RadixCache`` (``radix``): SGLang's token-level radix tree with LRU eviction, a notebook exhibit
-  (notebook 14 measures it beside the hash-chained blocks on a multi-turn workload). The engine does
-  not use it.
+  (notebook 14 measures it beside the hash-chained blocks on a multi-turn workload, ``multi_turn_workload``).
+  The engine does not use it.
 - The serving engine, in vLLM's style (``llm``, ``engine``, ``config``, ``scheduler``, ``model_runner``, ``sampler``,
   ``sampling_params``, ``sequence``): ``LLM(model, ...).generate(prompts, SamplingParams(...))`` ->
   ``RequestOutput``s; ``LLMEngine`` (``add_request``, ``step``, ``abort_request``) with continuous
   batching, chunked prefill, preemption (recompute or swap), prefix caching; ``llm.load_weights``.
+  ``LLMEngine.step`` is five phases (``engine.PHASES`` names the timed ones); the scheduler decides
+  (``scheduler.SchedulerOutput``: what runs, which blocks to swap out, swap in or copy) and the model runner
+  moves the bytes (``model_runner.ModelRunner.move_blocks``, its ``SwapPool``) and runs the forward. Requests
+  are validated by ``inputs.InputProcessor``; models, tokenizers and weights come through ``loading``.
   Every option is a field of one ``EngineConfig`` (``config``), shared by ``LLM``, ``LLMEngine``, the
   ``Scheduler`` and the server's command line.
   ``async_scheduling=True`` builds an ``AsyncLLMEngine`` (its step: ``async_engine.py``), which prepares step t+1
   (schedule, input tensors) on a worker thread while step t's forward runs.
-  On CUDA the engine captures its decode step as CUDA graphs, one per batch size up to ``max_num_seqs``
-  (``model_runner.graph_buckets``), as vLLM does; ``enforce_eager=True`` turns that off, and
-  ``LLMEngine.cuda_graphs_off`` says why a configuration runs eager (``model_runner.cuda_graph_refusal``).
+  On CUDA the engine captures its decode step as CUDA graphs (``cuda_graphs``: ``CUDAGraphRunner`` over
+  ``StaticDecodeBatch`` buffers), one per batch size up to ``max_num_seqs`` (``cuda_graphs.graph_buckets``), as
+  vLLM does; ``enforce_eager=True`` turns that off, and ``LLMEngine.cuda_graphs_off`` says why a configuration
+  runs eager (``cuda_graphs.cuda_graph_refusal``). The sampler's ``filter_probs`` is temperature, top-k, top-p
+  and min-p on one row.
   ``attention_backend="varlen"`` attends all decodes of a step in one call per layer
   (``paged.paged_decode_attention_varlen``).
-- ``workload`` (Poisson arrivals, length distributions, shared prefixes) and ``metrics`` (TTFT,
-  TPOT, ITL, latency percentiles, throughput, CPU overhead per phase, the overlap-scheduling model).
+- ``workload`` (Poisson arrivals, length distributions, shared prefixes: ``make_workload``, ``run_workload``,
+  ``shared_prefix_tokens``) and ``metrics`` (TTFT, TPOT, ITL, latency percentiles and throughput:
+  ``summarize``; CPU overhead per phase: ``measure_decode_overhead``, ``phase_breakdown``, ``fastest_step``,
+  ``cpu_per_sequence_ratio``; the overlap-scheduling model: ``overlap_speedup``, ``simulate_overlap``,
+  ``overlap_model_error``; async scheduling measured: ``measure_async_scheduling``, ``async_step_model``).
 - ``python -m mlsys_nb.inference.serve --model tiny`` (``serve``): an OpenAI-compatible server.
 - Speculative decoding (``speculative``): ``speculative_generate(target, prompt_ids, draft=model|"ngram",
   k=...)``, the rejection rule ``verify``, closed forms ``expected_tokens_per_step``,
-  ``expected_speedup``, ``best_k``.
+  ``expected_speedup``, ``best_k`` (``spec_math``, no torch); inside the engine's batch
+  ``spec_batch.BatchSpeculator`` (re-exported by ``speculative``).
 - Structured outputs (``structured``): ``Grammar.compile(json_schema=|regex=|choice=)``, a budget-aware
   token mask over outlines-core's automaton, ``apply_mask``, ``generate_structured``.
 
@@ -53,10 +64,12 @@ one beside the other:
 - ``engine.LLMEngine``: ``vllm/v1/engine/llm_engine.py`` and ``vllm/v1/engine/core.py`` (``EngineCore``, the
   schedule -> execute -> update loop, in a process of its own there, in-process here).
 - ``scheduler.Scheduler``: ``vllm/v1/core/sched/scheduler.py`` (one token budget, chunked prefill,
-  preemption; v1 only recomputes, this one can also swap).
+  preemption; v1 only recomputes, this one can also swap); ``scheduler.SchedulerOutput``:
+  ``vllm/v1/core/sched/output.py``.
 - ``paged.BlockManager``: ``vllm/v1/core/kv_cache_manager.py``, ``vllm/v1/core/block_pool.py`` (the free
   queue, hash-chained prefix blocks) and ``vllm/v1/core/kv_cache_utils.py`` (block hashes).
-- ``model_runner``: ``vllm/v1/worker/gpu_model_runner.py`` (a step's inputs, CUDA graphs).
+- ``model_runner``: ``vllm/v1/worker/gpu_model_runner.py`` (a step's inputs); ``cuda_graphs``: its CUDA-graph
+  capture (``capture_model``). ``inputs.InputProcessor``: ``vllm/v1/engine/processor.py``.
 - ``sampler``: ``vllm/v1/sample/sampler.py`` and ``vllm/v1/sample/logits_processor/``;
   ``sampling_params``: ``vllm/sampling_params.py``.
 - ``sequence``: ``vllm/v1/request.py`` (``Request``) and ``vllm/outputs.py`` (``RequestOutput``);

@@ -2,16 +2,20 @@
 front in ``llm.py``.
 
 ``step()`` is the whole engine in one screen: schedule -> run the model on the batch -> sample -> update ->
-outputs, each phase a call into its part: ``scheduler.py`` (queues, token budget, preemption),
-``model_runner.py`` (packed batch over paged K/V), ``sampler.py`` (grammar masks, logit processors,
-temperature, top-k/top-p/min-p), ``sequence.py`` (state and outputs), ``metrics.EngineMetrics`` (stats,
-latency histograms, ``step_times``); the K/V blocks, the block manager and the pool's sizing
-(``allocate_kv_cache``) are ``paged.py``'s. Fault isolation is one ``try`` around the forward.
+outputs, each phase a call into its part. ``scheduler.py`` decides (queues, token budget, preemption) and
+returns a ``SchedulerOutput``: what runs and which K/V blocks move; ``model_runner.py`` moves the bytes (swap
+out, copy-on-write, swap in: ``ModelRunner.move_blocks``, before the forward) and runs the packed batch over
+paged K/V; ``sampler.py`` samples (grammar masks, logit processors, temperature, top-k/top-p/min-p);
+``sequence.py`` holds state and outputs; ``metrics.EngineMetrics`` counts (stats, latency histograms,
+``step_times``). The K/V blocks and the pool's sizing (``allocate_kv_cache``) are ``paged.py``'s, the block
+manager ``block_manager.py``'s. Fault isolation is one ``try`` around the forward. Around the step: requests
+are validated and prepared by ``inputs.InputProcessor``; the model, tokenizer and new weights come through
+``loading.py``; CUDA graphs of the decode step are ``cuda_graphs.py``'s.
 
 With ``speculative_model`` (a draft ``Transformer``, a preset name or ``"ngram"``) a step also drafts up to
-``num_speculative_tokens`` tokens for every running decode (``speculative.BatchSpeculator.propose``), feeds
-each as a (k+1)-token verify chunk in the same forward, accepts per sequence with the rejection rule and rolls
-the rejected slots back (``BatchSpeculator.accept``).
+``num_speculative_tokens`` tokens for every running decode (``spec_batch.BatchSpeculator.propose``), feeds
+each as a (k+1)-token verify chunk in the same forward (``spec_batch.verify_feed``), accepts per sequence
+with the rejection rule and rolls the rejected slots back (``BatchSpeculator.accept``).
 
 ``LLM(model, *, tokenizer=None, config=None, **options)`` and ``LLMEngine(model, tokenizer, config,
 **options)``: every option is a field of ``EngineConfig`` (``inference/config.py``: block size, pool
@@ -56,7 +60,7 @@ from .sampler import apply_mask, logprob_entry, sample
 from .sampling_params import ParamError, SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import RequestOutput, Sequence, SequenceStatus
-from .spec_batch import BatchSpeculator, split_verify, verify_feed
+from .spec_batch import build_speculator, split_verify, verify_feed
 from .speculative import SpecStats
 from .tokenizer import decode_stream
 
@@ -95,27 +99,11 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv.manager, c)  # decides: what runs, which blocks move
         self.runner = ModelRunner(self.model, self.kv, self.scheduler.swap_blocks)  # moves bytes, runs the model
         self.cuda_graphs_off = capture_decode_graphs(self.runner, c)  # why the decode step runs eager, or None
-        self.speculator = self._build_speculator()  # speculative decoding inside the batch, or None
+        self.speculator = build_speculator(c, self.model, self.kv, self.max_model_len)  # in the batch, or None
         self.generator = torch.Generator(device="cpu").manual_seed(c.seed)
         self.requests: dict[str, list[Sequence]] = {}
         self.metrics = EngineMetrics(c.step_times_window)  # stats, latency histograms, step_times
         self._ids = itertools.count()
-
-    def _build_speculator(self) -> BatchSpeculator | None:
-        """``speculative_model`` (a draft model, a preset name or "ngram") as a ``BatchSpeculator``, or None."""
-        c, draft = self.config, self.config.speculative_model
-        if draft is None:
-            return None
-        if draft != "ngram":
-            draft = resolve_model(draft, c.seed + 1).eval()
-            if draft.cfg.vocab_size != self.model.cfg.vocab_size:
-                raise ValueError(
-                    f"speculative_model vocab_size={draft.cfg.vocab_size} differs from the target's "
-                    f"{self.model.cfg.vocab_size}"
-                )
-        return BatchSpeculator(
-            draft, c.num_speculative_tokens, self.kv, max_model_len=self.max_model_len, max_num_seqs=c.max_num_seqs
-        )
 
     # ---- what the engine counts (metrics.EngineMetrics) ----------------------------------------
     @property
@@ -328,7 +316,7 @@ class LLMEngine:
     def close(self) -> None:
         """Release what the engine holds beside memory (``AsyncLLMEngine``: its worker thread); nothing here."""
 
-    # ---- speculative decoding in the batch (speculative.BatchSpeculator) ------------------------
+    # ---- speculative decoding in the batch (spec_batch.BatchSpeculator) --------------------------
     def _propose(self, scheduled) -> dict:
         """Drafts for this step's decodes within the token budget left (``BatchSpeculator.propose``); the
         draft state of sequences no longer running is freed first."""

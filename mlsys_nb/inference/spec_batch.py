@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import check_choice, check_int
+from .loading import resolve_model
 from .model_runner import ModelRunner
 from .paged import PagedKVCache
 from .sampler import apply_mask, filter_probs
@@ -20,6 +21,7 @@ from .speculative import SpecDecodingCounters, ngram_propose, sample_inverse_cdf
 __all__ = [
     "BatchSpeculator",
     "Draft",
+    "build_speculator",
     "VerifyView",
     "draw_uniform",
     "grammar_allows",
@@ -241,6 +243,24 @@ class BatchSpeculator:
             s.accepted += n
             s.accepted_per_step.append(n)
         return d.tokens[:n] + [int(nxt[0])]
+
+
+def build_speculator(config, model, target_kv, max_model_len: int) -> BatchSpeculator | None:
+    """The engine's speculator: ``config.speculative_model`` (an ``EngineConfig``'s: a draft model, a preset name
+    or "ngram"; a preset's random weights from ``seed + 1``) drafting ``num_speculative_tokens`` for ``model``,
+    whose pool is ``target_kv``; None without one."""
+    draft = config.speculative_model
+    if draft is None:
+        return None
+    if draft != "ngram":
+        draft = resolve_model(draft, config.seed + 1).eval()
+        if draft.cfg.vocab_size != model.cfg.vocab_size:
+            raise ValueError(
+                f"speculative_model vocab_size={draft.cfg.vocab_size} differs from the target's {model.cfg.vocab_size}"
+            )
+    return BatchSpeculator(
+        draft, config.num_speculative_tokens, target_kv, max_model_len=max_model_len, max_num_seqs=config.max_num_seqs
+    )
 
 
 def verify_feed(scheduled, drafts: dict[int, Draft]) -> list:
