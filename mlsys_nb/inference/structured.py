@@ -30,7 +30,9 @@ JSON-schema keywords the regex does not enforce (outlines-core ignores ``minimum
 naming the keyword (``enforceable_schema``; ``SCHEMA_KEYWORDS`` lists the enforced ones); formats become
 exact ASCII patterns (``FORMAT_PATTERNS``: date, time, date-time, uuid), and ``\\d``/``\\w`` mean ASCII
 as in JSON Schema (``ascii_classes``). ``schema_errors`` validates a finished answer (the server's
-post-check). ``max_states`` bounds the automaton (``GrammarError`` naming ``max_grammar_states``).
+post-check). These front ends live in ``json_schema.py`` (torch-free), re-exported here. ``max_states``
+bounds the automaton (``GrammarError`` naming ``max_grammar_states``), first by a count made before compiling
+(``regex_states.dfa_states``), then exactly.
 
 The mask (written here, not by the library):
 
@@ -56,235 +58,40 @@ generated. Outputs still always match; they only miss such continuations
 
 from __future__ import annotations
 
-import json
-import re._constants as _sre
-import re._parser as _sre_parse
 from collections import deque
 
 import torch
 
 from ..runtime.timing import Timer
+from .json_schema import (
+    FORMAT_PATTERNS,
+    SCHEMA_KEYWORDS,
+    GrammarError,
+    ascii_classes,
+    choice_regex,
+    enforceable_schema,
+    schema_errors,
+    schema_regex,
+)
+from .regex_states import dfa_states
 from .sampler import apply_mask  # the mask is applied where logits are processed; re-exported here
 
-__all__ = [
+__all__ = [  # the grammar and decoding here; the front ends (json_schema.py) and the state count re-exported
+    "FORMAT_PATTERNS",
     "Grammar",
     "GrammarError",
+    "SCHEMA_KEYWORDS",
     "apply_mask",
+    "ascii_classes",
     "choice_regex",
+    "dfa_states",
     "enforceable_schema",
     "generate_structured",
     "schema_errors",
+    "schema_regex",
 ]
 
-_META = set("\\.+*?()|[]{}^$#&-~")
 _START = -1  # the start state when the output must not begin with a space (no outlines-core state is < 0)
-
-
-class GrammarError(ValueError):
-    """An invalid schema/regex, or a grammar that admits no output (raised before generation); ``param``
-    names the request parameter at fault (None: the constraint itself)."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
-
-
-def choice_regex(choices) -> str:
-    """A regex matching exactly one of the strings in ``choices`` (metacharacters escaped), longest first:
-    outlines-core's automaton gives an alternation leftmost priority, so in ``(a|ab)`` the branch ``a``
-    wins and ``ab`` could never be generated; ``(ab|a)`` keeps both."""
-    if isinstance(choices, str) or not choices or not all(isinstance(c, str) and c for c in choices):
-        raise GrammarError(f"choice={choices!r}: allowed a non-empty list of non-empty strings")
-    ordered = sorted(dict.fromkeys(choices), key=len, reverse=True)  # stable: equal lengths keep their order
-    return "(" + "|".join("".join("\\" + ch if ch in _META else ch for ch in c) for c in ordered) + ")"
-
-
-# ---- a bounded count of states before compiling (max_grammar_states) ------------------------------------
-_MAXCHAR = 0x110000
-_SRE_CATEGORIES = {
-    _sre.CATEGORY_DIGIT: [(48, 58)],
-    _sre.CATEGORY_WORD: [(48, 58), (65, 91), (95, 96), (97, 123)],
-    _sre.CATEGORY_SPACE: [(9, 14), (32, 33)],
-}
-_SRE_CATEGORIES[_sre.CATEGORY_NOT_DIGIT] = ("not", _sre.CATEGORY_DIGIT)
-_SRE_CATEGORIES[_sre.CATEGORY_NOT_WORD] = ("not", _sre.CATEGORY_WORD)
-_SRE_CATEGORIES[_sre.CATEGORY_NOT_SPACE] = ("not", _sre.CATEGORY_SPACE)
-
-
-class _Unsupported(Exception):
-    """Regex syntax the state count does not model."""
-
-
-def _complement(ranges):
-    out, lo = [], 0
-    for a, b in sorted(ranges):
-        if a > lo:
-            out.append((lo, a))
-        lo = max(lo, b)
-    if lo < _MAXCHAR:
-        out.append((lo, _MAXCHAR))
-    return out
-
-
-def _category(cat):
-    v = _SRE_CATEGORIES.get(cat)
-    if v is None:
-        raise _Unsupported(cat)
-    return _complement(_SRE_CATEGORIES[v[1]]) if isinstance(v, tuple) else v
-
-
-def _charset(op, av):
-    if op is _sre.LITERAL:
-        return [(av, av + 1)]
-    if op is _sre.NOT_LITERAL:
-        return _complement([(av, av + 1)])
-    if op is _sre.ANY:
-        return _complement([(10, 11)])
-    if op is _sre.IN:
-        neg, rs = False, []
-        for o, a in av:
-            if o is _sre.NEGATE:
-                neg = True
-            elif o is _sre.LITERAL:
-                rs.append((a, a + 1))
-            elif o is _sre.RANGE:
-                rs.append((a[0], a[1] + 1))
-            elif o is _sre.CATEGORY:
-                rs += _category(a)
-            else:
-                raise _Unsupported(o)
-        return _complement(rs) if neg else rs
-    raise _Unsupported(op)
-
-
-def dfa_states(regex: str, limit: int, max_nfa: int = 5_000, max_work: int = 4_000_000) -> int | None:
-    """The number of states of ``regex``'s character-level DFA (subset construction over a Thompson NFA built
-    from Python's regex parser; the alphabet split into the intervals between range boundaries; ``\\d``,
-    ``\\w``, ``\\s`` as ASCII), counting no further than ``limit + 1``: a bounded compilation, so that a
-    grammar above ``max_grammar_states`` is refused before outlines-core builds its token automaton (seconds
-    to minutes for an exponential one). outlines-core's automaton over bytes has at least as many states on
-    the tests' regexes (it reports a match one byte late, which can double them), so this count refuses only
-    grammars the exact check would refuse; those between the two pass it and meet the exact check.
-
-    None (not counted: only the exact check applies) where the syntax is not modelled (look-arounds,
-    back-references); where the count would cost more than ``max_work`` machine words ORed (about a second
-    here) or the NFA more than ``max_nfa`` states (long chains of optional parts such as ``(a?b?){1200}``);
-    and for alternations of more than single characters and lazy repeats: outlines-core's automaton follows
-    leftmost-first priorities, which drop lower-priority branches once a higher one matches (``(x?|bxx1)``
-    compiles to 2 states in 0.2.14, ``(a|ab)`` never allows ``ab``), so it can have fewer states than this
-    count. Python's parser turns ``(a|b)`` into the class ``[ab]``, so such alternations are counted; JSON
-    schemas and choice lists always bring longer ones."""
-    try:
-        tree = _sre_parse.parse(regex)
-    except Exception:
-        return None
-    eps: list[list[int]] = []
-    edges: list[list] = []  # per NFA state: [(ranges, target)]
-
-    def new():
-        if len(eps) >= max_nfa:
-            raise _Unsupported("nfa too large")
-        eps.append([])
-        edges.append([])
-        return len(eps) - 1
-
-    def build(seq, start):  # returns end state
-        cur = start
-        for op, av in seq:
-            if op in (_sre.LITERAL, _sre.NOT_LITERAL, _sre.ANY, _sre.IN):
-                nxt = new()
-                edges[cur].append((_charset(op, av), nxt))
-                cur = nxt
-            elif op is _sre.SUBPATTERN:
-                cur = build(av[3], cur)
-            elif op in (_sre.MAX_REPEAT, _sre.POSSESSIVE_REPEAT):  # greedy
-                lo, hi, sub = av
-                for _ in range(lo):
-                    cur = build(sub, cur)
-                if hi is _sre.MAXREPEAT:
-                    loop = new()
-                    eps[cur].append(loop)
-                    eps[build(sub, loop)].append(loop)
-                    cur = loop
-                else:
-                    end = new()
-                    for _ in range(hi - lo):
-                        eps[cur].append(end)
-                        cur = build(sub, cur)
-                    eps[cur].append(end)
-                    cur = end
-            elif op is _sre.AT and av in (_sre.AT_BEGINNING, _sre.AT_BEGINNING_STRING, _sre.AT_END, _sre.AT_END_STRING):
-                continue  # outlines-core matches the whole output: anchors change nothing
-            elif op is _sre.ATOMIC_GROUP:
-                cur = build(av, cur)
-            else:
-                raise _Unsupported(op)
-        return cur
-
-    try:
-        start = new()
-        final = build(tree, start)
-    except (_Unsupported, RecursionError):
-        return None
-    # the alphabet split into classes: intervals between every range boundary
-    bounds = sorted({x for es in edges for rs, _ in es for a, b in rs for x in (a, b)} | {0, _MAXCHAR})
-    pos = {b: i for i, b in enumerate(bounds)}
-    n = len(eps)
-    closure = [1 << s for s in range(n)]  # epsilon closures as bit sets: a fixed point, whole sets ORed at once
-    for _ in range(64):  # one pass per nesting level of loops (their back edges); deeper: not counted
-        changed = False
-        for s in range(n - 1, -1, -1):
-            c = closure[s]
-            for t in eps[s]:
-                c |= closure[t]
-            if c != closure[s]:
-                closure[s], changed = c, True
-        if not changed:
-            break
-    else:
-        return None
-    live = sum(1 << s for s in range(n) if edges[s]) | 1 << final  # the DFA's states are sets of these
-    moves: list[dict] = [{} for _ in range(n)]  # per NFA state: {class index: the set of live states reached}
-    for s in range(n):
-        m = moves[s]
-        for rs, t in edges[s]:
-            c = closure[t] & live
-            for a, b in rs:
-                for k in range(pos[a], pos[b]):
-                    m[k] = m.get(k, 0) | c
-    chunk_cache: dict = {}  # (chunk, its 8 bits) -> {class: set reached}: a DFA step is a few dict merges
-
-    def chunk_moves(j, v):
-        out: dict = {}
-        for b in range(8):
-            if v >> b & 1:
-                for k, c in moves[8 * j + b].items():
-                    out[k] = out.get(k, 0) | c
-        chunk_cache[j, v] = out
-        return out
-
-    s0 = closure[start] & live
-    seen, todo = {s0}, [s0]
-    cost, words = 0, n // 64 + 1  # work in machine words ORed: bounded by max_work, else not counted
-    while todo:
-        mask = todo.pop()
-        out: dict = {}
-        while mask:  # over the non-zero 8-bit chunks only
-            j = ((mask & -mask).bit_length() - 1) >> 3
-            v = mask >> (8 * j) & 255
-            mask ^= v << (8 * j)
-            for k, c in (chunk_cache.get((j, v)) or chunk_moves(j, v)).items():
-                out[k] = out.get(k, 0) | c
-            cost += words
-        if cost > max_work:
-            return None
-        for t in set(out.values()):
-            if t not in seen:
-                seen.add(t)
-                if len(seen) > limit:
-                    return limit + 1
-                todo.append(t)
-    return len(seen)
 
 
 class Grammar:
@@ -454,122 +261,6 @@ class Grammar:
             return self.allowed_mask(s, max_tokens - len(key))
 
         return allowed
-
-
-# JSON-schema keywords whose every output the regex enforces (or that only annotate); any other keyword is
-# refused: outlines-core's regex ignores e.g. minimum/maximum/multipleOf/uniqueItems, and an ignored
-# restriction would let through outputs that fail the schema. Keywords that only RELAX (additionalProperties)
-# are safe to ignore: the regex then admits a subset of the valid documents.
-SCHEMA_KEYWORDS = frozenset(
-    "type properties required additionalProperties items prefixItems minItems maxItems minLength maxLength "
-    "pattern enum const anyOf $ref $defs definitions format title description default examples $schema $id "
-    "$comment deprecated readOnly writeOnly".split()
-)
-# formats as exact regexes (ASCII digits; a date's day within its month, February to 28 so every year is valid;
-# times in UTC with 'Z', as RFC 3339 requires an offset); other formats are refused
-_DATE = (
-    "[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
-    "|02-(?:0[1-9]|1[0-9]|2[0-8]))"
-)
-_TIME = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?Z"
-FORMAT_PATTERNS = {
-    "date": _DATE,
-    "time": _TIME,
-    "date-time": _DATE + "T" + _TIME,
-    "uuid": "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
-}
-
-
-def enforceable_schema(schema, path: str = "") -> dict:
-    """A copy of ``schema`` whose every keyword the regex enforces (``format`` turned into an exact
-    ``pattern``), or ``GrammarError`` naming the first keyword it would ignore (and its place)."""
-    if isinstance(schema, bool):
-        return schema
-    if not isinstance(schema, dict):
-        raise GrammarError(f"json_schema{path} must be an object")
-    out = {}
-    for key, value in schema.items():
-        where = f"json_schema{path}.{key}"
-        if key not in SCHEMA_KEYWORDS:
-            raise GrammarError(
-                f"{where}: the keyword {key!r} cannot be enforced by the token grammar, so it is refused "
-                f"(enforced keywords: {', '.join(sorted(SCHEMA_KEYWORDS))})"
-            )
-        if key == "format":
-            if value not in FORMAT_PATTERNS:
-                raise GrammarError(
-                    f"{where}: format {value!r} is refused (enforced formats: {sorted(FORMAT_PATTERNS)})"
-                )
-            if "pattern" in schema:
-                raise GrammarError(f"{where}: format together with pattern is refused (one regex per string)")
-            out["pattern"] = FORMAT_PATTERNS[value]
-        elif key in ("properties", "$defs", "definitions"):
-            if not isinstance(value, dict):
-                raise GrammarError(f"{where} must be an object")
-            out[key] = {k: enforceable_schema(v, f"{path}.{key}.{k}") for k, v in value.items()}
-        elif key in ("anyOf", "prefixItems") or (key == "items" and isinstance(value, list)):
-            if not isinstance(value, list):
-                raise GrammarError(f"{where} must be a list")
-            out[key] = [enforceable_schema(v, f"{path}.{key}[{i}]") for i, v in enumerate(value)]
-        elif key in ("items", "additionalProperties") and isinstance(value, dict):
-            out[key] = enforceable_schema(value, f"{path}.{key}")
-        else:
-            out[key] = value
-    return out
-
-
-def ascii_classes(regex: str) -> str:
-    """``regex`` with ``\\d`` and ``\\w`` turned into ASCII classes, as JSON Schema's (ECMA 262) patterns
-    mean them; the regex engine's ``\\d`` matches every Unicode digit (e.g. '٣')."""
-    out, i, in_class = [], 0, False
-    repl = {"d": ("[0-9]", "0-9"), "w": ("[A-Za-z0-9_]", "A-Za-z0-9_")}
-    while i < len(regex):
-        ch = regex[i]
-        if ch == "\\" and i + 1 < len(regex):
-            nxt = regex[i + 1]
-            out.append(repl[nxt][in_class] if nxt in repl else regex[i : i + 2])
-            i += 2
-            continue
-        if ch == "[" and not in_class:
-            in_class = True
-        elif ch == "]" and in_class:
-            in_class = False
-        out.append(ch)
-        i += 1
-    return "".join(out)
-
-
-def schema_regex(json_schema) -> str:
-    """The compact regex (no free whitespace) of a JSON schema; GrammarError if the schema is invalid or
-    uses a keyword the regex cannot enforce (``enforceable_schema``)."""
-    import jsonschema
-    from outlines_core.json_schema import build_regex_from_schema
-
-    try:
-        schema = json.loads(json_schema) if isinstance(json_schema, str) else json_schema
-        if not isinstance(schema, dict):
-            raise TypeError("a JSON schema is an object")
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except Exception as e:
-        raise GrammarError(f"json_schema is invalid: {str(e).splitlines()[0]}") from None
-    schema = enforceable_schema(schema)
-    try:
-        return ascii_classes(build_regex_from_schema(json.dumps(schema), whitespace_pattern=""))
-    except Exception as e:
-        raise GrammarError(f"json_schema is invalid or unsupported: {str(e).splitlines()[0]}") from None
-
-
-def schema_errors(text: str, json_schema) -> str | None:
-    """None if ``text`` is a JSON document valid under ``json_schema`` (formats checked too), else why not:
-    the server's post-check, so that no answer that fails its schema is ever returned."""
-    import jsonschema
-
-    try:
-        schema = json.loads(json_schema) if isinstance(json_schema, str) else json_schema
-        jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
-    except (ValueError, jsonschema.ValidationError) as e:
-        return str(e).splitlines()[0]
-    return None
 
 
 def generate_structured(
