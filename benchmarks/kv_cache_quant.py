@@ -3,8 +3,8 @@
 For each ``kv_cache_dtype`` (fp32, bf16, int8, fp8 e4m3) the engine sizes its pool from the same
 ``kv_cache_memory``. int8/fp8 follow KIVI: K per channel (one fp32 scale per block, KV head and channel),
 V per token (one fp32 scale per token and KV head), and the K of blocks not yet full kept in an fp32
-residual of ``2 · max_num_seqs`` blocks taken from the same budget (``paged.kv_block_bytes``,
-``paged.kv_residual_bytes``), so they fit fewer than 4× fp32's blocks; the table gives block sizes 4
+residual of ``2 · max_num_seqs`` blocks taken from the same budget (``kv_cache.kv_block_bytes``,
+``kv_cache.kv_residual_bytes``), so they fit fewer than 4× fp32's blocks; the table gives block sizes 4
 and 16. Then 32 seeded random prompts are decoded greedily (temperature 0) with each pool and compared
 with the fp32 pool's tokens: prompts whose output is identical, agreement of the first generated token
 (one prefill forward: the quantization error of the prompt's K/V only), tokens equal position by

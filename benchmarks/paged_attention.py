@@ -100,7 +100,7 @@ def attention_only_rows(cfg, batch, context, block_sizes, repeats):
     import torch
     import torch.nn.functional as F
 
-    from mlsys_nb.inference.paged import paged_attention
+    from mlsys_nb.inference.paged_kernels import paged_attention
 
     h, kv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     q = torch.randn(batch, h, 1, d)
@@ -168,7 +168,7 @@ def fragmentation_lines(n_requests, max_len=2048):
     """Slots reserved per token stored: paged (measured from BlockManager tables) vs max-length reservation."""
     import random
 
-    from mlsys_nb.inference.paged import fragmentation
+    from mlsys_nb.inference.block_manager import fragmentation
 
     rng = random.Random(0)
     lengths = [rng.randint(1, max_len) for _ in range(n_requests)]
