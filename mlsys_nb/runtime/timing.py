@@ -17,7 +17,7 @@
 
 Durations only; timestamps stay ``time.perf_counter()``: a request's arrival, scheduling and token
 times (``inference.sequence.RequestMetrics``, set in the engine and ``run_workload``), the server's
-token log (``inference.serve``), the event times that line up overlap (``parallel.ddp``'s bucket
+token log (``inference.server.engine_thread``), the event times that line up overlap (``parallel.ddp``'s bucket
 launch/ready/done, the ``pipeline.executor`` op log, and ``rl.placement``'s start/end, there
 ``time.monotonic``: one clock for all processes), and the deadlines of waits (``time.monotonic``).
 Code strings run inside a rank (``benchmarks/cluster.py``'s in-rank all_reduce) keep their own
