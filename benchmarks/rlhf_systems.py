@@ -3,7 +3,7 @@ placement on Ray actors, measured beside their models.
 
     .venv/bin/python benchmarks/rlhf_systems.py [--quick]
 
-1. Weight sync (``mlsys_nb.rl.weight_sync.measure``): 1 trainer + 2 rollout ranks, toy transformers of
+1. Weight sync (``mlsys_nb.rl.weight_sync.measure_weight_sync``): 1 trainer + 2 rollout ranks, toy transformers of
    growing width; per path (file, bucketed broadcast, shared memory) the median seconds per sync, the
    bytes the broadcast's root put on the wire (kernel TCP counters) and a rollout received, bit-equality
    after every sync, and the alpha-beta model of the broadcast fitted to the measured times (gloo's
@@ -41,7 +41,7 @@ def weight_sync(quick: bool) -> tuple[pd.DataFrame, str]:
     from mlsys_nb.rl import weight_sync as ws
 
     hiddens = (16,) if quick else (64, 128, 256, 512)  # quick: the smallest width, 1 trainer + 1 rollout rank
-    rows = ws.measure(hiddens, n_rollouts=1 if quick else 2, repeats=1 if quick else 5, timeout=300)
+    rows = ws.measure_weight_sync(hiddens, n_rollouts=1 if quick else 2, repeats=1 if quick else 5, timeout=300)
     df = pd.DataFrame(rows)
     df["MB"] = df.model_bytes / 1e6
     df["ms"] = df.seconds * 1e3

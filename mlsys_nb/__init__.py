@@ -29,6 +29,6 @@ def __getattr__(name):  # PEP 562: the live-rank cluster loads on first use
 
 def load_ipython_extension(ipython):
     """``%load_ext mlsys_nb`` registers the ``%%ranks`` cell magic (see ``mlsys_nb.runtime.cluster``)."""
-    from .runtime.cluster import load_ipython_extension as _load
+    from .runtime.cluster import register_ranks_magic as _load
 
     _load(ipython)

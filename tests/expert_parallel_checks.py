@@ -116,7 +116,7 @@ def wire_case():
     """Bytes this rank's sockets really received in one EP forward (``mlsys_nb.comm.wire``) vs the
     token rows the splits say crossed ranks (what a rank receives in the dispatch is what it sends
     back in the combine, and vice versa); wide tokens so the payload dwarfs the count messages."""
-    from mlsys_nb.comm.wire import WireCounter, available, calibrate
+    from mlsys_nb.comm.wire import WireCounter, available, calibrate_baseline
 
     if not available():
         return None
@@ -131,7 +131,7 @@ def wire_case():
     with torch.no_grad():
         m(x)  # gloo opens its pair connections lazily: warm every path first
         dist.barrier()
-        base = calibrate(dist.barrier)
+        base = calibrate_baseline(dist.barrier)
         with WireCounter(baseline=base) as w:
             m(x)
             dist.barrier()

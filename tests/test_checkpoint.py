@@ -37,7 +37,7 @@ from mlsys_nb.checkpoint import (
     resume_variants,
     simulate_lost_fraction,
     train_job,
-    verify,
+    verify_checkpoint,
 )
 from mlsys_nb.config import ArgumentError
 from mlsys_nb.hardware import gpu, link
@@ -213,7 +213,7 @@ def test_keep_last_k_and_a_crashed_save_is_ignored(runs):
 def test_a_corrupt_checkpoint_is_detected_on_load(runs, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(runs["start"], bad)
-    verify(bad)
+    verify_checkpoint(bad)
     victim = next(f for f in sorted(bad.iterdir()) if f.suffix == ".distcp")
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -222,7 +222,7 @@ def test_a_corrupt_checkpoint_is_detected_on_load(runs, tmp_path):
         resume_in_process(SPEC, bad, STEPS)
     os.remove(bad / "MANIFEST.json")
     with pytest.raises(CorruptCheckpointError, match="did not finish"):
-        verify(bad)
+        verify_checkpoint(bad)
 
 
 def test_from_scratch_sharded_save_equals_dcp(runs):

@@ -21,7 +21,7 @@ def _measure_all(nbytes):
     import torch
     import torch.distributed as dist
 
-    from mlsys_nb.comm.wire import WireCounter, calibrate
+    from mlsys_nb.comm.wire import WireCounter, calibrate_baseline
 
     n, r = dist.get_world_size(), dist.get_rank()
     numel = nbytes // 4
@@ -38,7 +38,7 @@ def _measure_all(nbytes):
     for op in ops.values():  # gloo opens its pair connections lazily: warm every path first
         op()
         dist.barrier()
-    base = calibrate(dist.barrier)
+    base = calibrate_baseline(dist.barrier)
     measured = {}
     for name, op in ops.items():
         with WireCounter(baseline=base) as w:

@@ -8,7 +8,7 @@
 - ``sharded``: sharded checkpoints of an FSDP2 job with ``torch.distributed.checkpoint`` on real gloo
   ranks: atomic writes, SHA-256 manifest, the newest k kept; every RNG, the sampler, the LR schedule and
   the step saved; resharding to fewer ranks or one process; a from-scratch sharded save tested equal to DCP's.
-  The toy job ``Spec`` and ``train_job``; ``latest``, ``verify`` (``CorruptCheckpointError``), ``directory_bytes``;
+  Toy job ``Spec``, ``train_job``; ``latest``, ``verify_checkpoint`` (``CorruptCheckpointError``), ``directory_bytes``;
   ``STATE_PARTS`` and ``resume_variants`` (a resume without each part), ``resume_in_process``; ``load_shards_full``
   and ``dcp_full`` (full tensors in one process); ``async_stall_job`` and ``async_stall_ratio``.
 - ``elastic``: the job under ``torchrun --max-restarts`` (``python -m mlsys_nb.checkpoint.elastic``): a rank
@@ -42,7 +42,7 @@ _SHARDED = (
     "load",
     "latest",
     "checkpoints",
-    "verify",
+    "verify_checkpoint",
     "save_shards",
     "load_shards_full",
     "dcp_full",

@@ -48,7 +48,7 @@ def join(timeout_s: float = 60.0) -> int:
     return attempt
 
 
-def main(argv=None) -> int:
+def _main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mlsys_nb.checkpoint.elastic", description=__doc__.split("\n")[0])
     parser.add_argument("root", help="checkpoint directory")
     parser.add_argument("--steps", type=int, default=6)
@@ -78,4 +78,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(_main())

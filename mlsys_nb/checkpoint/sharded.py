@@ -57,7 +57,7 @@ __all__ = [
     "load",
     "latest",
     "checkpoints",
-    "verify",
+    "verify_checkpoint",
     "save_shards",
     "load_shards_full",
     "dcp_full",
@@ -267,7 +267,7 @@ def latest(root) -> Path | None:
     return found[-1] if found else None
 
 
-def verify(path) -> dict:
+def verify_checkpoint(path) -> dict:
     """Check every file against the manifest; return the manifest or raise ``CorruptCheckpointError``."""
     path = Path(path)
     if not (path / MANIFEST).exists():
@@ -341,7 +341,7 @@ def load(trainer: Trainer, path, *, drop=()) -> dict:
 
     for part in drop:
         check_choice("drop", part, STATE_PARTS)
-    manifest = verify(path)
+    manifest = verify_checkpoint(path)
     msd, osd = get_state_dict(trainer.model, trainer.optimizer)
     state = {"model": msd, "optim": osd}
     with warnings.catch_warnings():  # DCP warns that one process without a group loads alone: intended here

@@ -13,7 +13,7 @@ out by its port) is opened through ``/proc/self/fd`` and asked for ``TCP_INFO``;
 and ``tcpi_bytes_received`` (Linux >= 4.1/4.2) count TCP payload, without headers. The difference
 between two snapshots is what this rank sent and received in between (each snapshot taken once the
 send queues are empty: an acknowledgement counts the bytes it acknowledges when it arrives), plus a
-small overhead (gloo's own framing, a barrier used to fence the region). ``calibrate()`` measures that
+small overhead (gloo's own framing, a barrier used to fence the region). ``calibrate_baseline()`` measures that
 overhead on an empty region so it can be subtracted.
 
 What gloo sends is not always the ring: its reduce_scatter is an all_reduce followed by a local slice
@@ -141,7 +141,7 @@ class WireCounter:
     """Context manager: bytes this process's TCP sockets sent and received inside the block.
 
     ``exclude_port`` (default: ``$MASTER_PORT``, the rendezvous store) leaves that connection out.
-    ``baseline`` (bytes, e.g. from ``calibrate()``) is subtracted from ``bytes_sent``/``bytes_received``;
+    ``baseline`` (bytes, e.g. from ``calibrate_baseline()``) is subtracted from ``bytes_sent``/``bytes_received``;
     ``raw_bytes_sent`` keeps the unsubtracted count. Sockets opened inside the block count from zero.
     The counter counts *acknowledged* bytes, so it settles at both ends (``settle_timeout`` seconds at
     most, typically a delayed ACK's 40 ms): on entry it waits until the bytes written *before* the block
@@ -192,7 +192,7 @@ class WireCounter:
         return self.raw_bytes_received - self.baseline[1]
 
 
-def calibrate(fence, repeats: int = 5) -> tuple[float, float]:
+def calibrate_baseline(fence, repeats: int = 5) -> tuple[float, float]:
     """Median (sent, received) bytes of an empty region closed by ``fence()`` (e.g. ``dist.barrier``).
 
     Call it inside a rank with the same fence the measured regions use; pass the result as
@@ -211,7 +211,7 @@ def calibrate(fence, repeats: int = 5) -> tuple[float, float]:
 def framing_per_message(baseline: tuple[float, float], repeats: int = 5) -> float:
     """Bytes gloo adds to every message it sends (its framing), measured inside a rank: an all_gather
     of one fp32 element per rank sends ``n - 1`` messages of 4 payload bytes each; what the sockets
-    send beyond ``baseline`` (from ``calibrate(dist.barrier)``) and the payload, per message. Median
+    send beyond ``baseline`` (from ``calibrate_baseline(dist.barrier)``) and the payload, per message. Median
     of ``repeats``. About 290 B on Linux with torch 2.13's gloo: negligible for megabyte buckets,
     several % of a tiny model's traffic."""
     import statistics

@@ -151,7 +151,7 @@ def train_parallel(
     measure_wire = wire.available()
     if measure_wire:  # bytes the kernel saw leave this rank's sockets, minus an empty barrier's
         dist.barrier()
-        base = wire.calibrate(dist.barrier)
+        base = wire.calibrate_baseline(dist.barrier)
         framing = wire.framing_per_message(base)
         counter = wire.WireCounter(baseline=base)
     else:
@@ -174,7 +174,7 @@ def train_parallel(
                 memory = measured_state_bytes(model, zero.optimizer if zero else opt, extra)
             opt.zero_grad()
         if measure_wire:
-            dist.barrier()  # the fence calibrate() measured: every byte sent is acknowledged by now
+            dist.barrier()  # the fence calibrate_baseline() measured: every byte sent is acknowledged by now
     wire_sent = counter.bytes_sent / len(batches) if measure_wire else None
     if zero is not None:
         params = zero.full_parameters()

@@ -71,7 +71,7 @@ __all__ = [
     "bucket_plan",
     "buckets",
     "make_roles",
-    "measure",
+    "measure_weight_sync",
     "sync_broadcast",
     "sync_file",
     "toy_config",
@@ -748,7 +748,7 @@ def _measure_rank(hiddens, n_layers, bucket_bytes, tmpdir, repeats):
     return rows
 
 
-def measure(
+def measure_weight_sync(
     hiddens=(64, 128, 256),
     *,
     n_rollouts: int = 1,

@@ -56,7 +56,7 @@ __all__ = [
     "RankError",
     "RankTimeoutError",
     "RankFailure",
-    "load_ipython_extension",
+    "register_ranks_magic",
     "Timer",
     "Laps",
     "repeat",
@@ -76,7 +76,7 @@ def __getattr__(name):  # the launcher and the cluster load on first use
         from .launcher import launch
 
         return launch
-    if name in ("Cluster", "current", "load_ipython_extension"):
+    if name in ("Cluster", "current", "register_ranks_magic"):
         from . import cluster
 
         return getattr(cluster, name)

@@ -83,7 +83,7 @@ from .ranks import (
 )
 from .timing import Laps
 
-__all__ = ["Cluster", "RankError", "RankTimeoutError", "current", "load_ipython_extension"]
+__all__ = ["Cluster", "RankError", "RankTimeoutError", "current", "register_ranks_magic"]
 
 _clusters: weakref.WeakSet[Cluster] = weakref.WeakSet()
 _current: weakref.ref[Cluster] | None = None
@@ -727,7 +727,7 @@ def ranks_magic(line, cell, ipython=None):
             raise UsageError(f"{err} (details: cluster.last_error)") from None
 
 
-def load_ipython_extension(ipython):
+def register_ranks_magic(ipython):
     """Register ``%%ranks`` (``%load_ext mlsys_nb``)."""
 
     def ranks(line, cell):
