@@ -202,7 +202,7 @@ def test_copy_on_write_and_swap_carry_the_scales_and_the_residual(kind, monkeypa
     def check(break_it: str) -> bool:
         kv, table = _filled_pool(kind)
         if break_it == "scales":  # a copy that moves the codes but not their scales
-            monkeypatch.setattr(kv, "tensors", lambda: [paged._raw(kv.k), paged._raw(kv.v)])
+            monkeypatch.setattr(kv, "tensors", lambda: [paged.index_view(kv.k), paged.index_view(kv.v)])
         if break_it == "residual":  # a copy that loses the exact K of the partial block
             monkeypatch.setattr(kv, "get_residual", lambda b: torch.zeros_like(kv.k_res[:, 0]))
         before = [torch.stack(kv.read(layer, torch.float32)) for layer in range(CFG.n_layers)]
@@ -335,7 +335,7 @@ def test_engine_swap_preemption_with_an_int8_pool_changes_nothing(monkeypatch):
         return out
 
     assert swapped() == ref
-    monkeypatch.setattr(PagedKVCache, "tensors", lambda self: [paged._raw(self.k), paged._raw(self.v)])
+    monkeypatch.setattr(PagedKVCache, "tensors", lambda self: [paged.index_view(self.k), paged.index_view(self.v)])
     assert swapped() != ref
 
 

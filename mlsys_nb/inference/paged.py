@@ -58,6 +58,7 @@ from .paged_kernels import (
 __all__ = [  # the cache's own names, then what the package's front pages document from here
     "PagedKVCache",
     "allocate_kv_cache",
+    "index_view",
     "BlockManager",
     "KV_QUANT_DTYPES",
     "NO_HASH",
@@ -77,7 +78,7 @@ __all__ = [  # the cache's own names, then what the package's front pages docume
 ]
 
 
-def _raw(t: torch.Tensor) -> torch.Tensor:
+def index_view(t: torch.Tensor) -> torch.Tensor:
     """A same-storage view that CPU indexing kernels accept (fp8 has no index_copy_ on CPU: view as uint8)."""
     return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
@@ -173,7 +174,7 @@ class PagedKVCache:
         """Every per-block tensor of the pool ([n_layers, num_blocks, ...]): K, V and (quantized) their
         scales, as views CPU indexing accepts. Copying blocks means copying the same rows of each."""
         extra = [self.k_scale, self.v_scale] if self.quant else []
-        return [_raw(self.k), _raw(self.v)] + extra
+        return [index_view(self.k), index_view(self.v)] + extra
 
     def copy_blocks(self, src, dst) -> None:
         """Copy block ``src`` to ``dst`` in every layer (codes, scales and, if it has one, its K residual)."""
@@ -246,7 +247,7 @@ class PagedKVCache:
         res = torch.tensor([self._res_of[b] for b in full], device=self.k.device)
         blocks = torch.tensor(full, device=self.k.device)
         codes, scales = quantize_kv(self.k_res[:, res], self.quant, dim=2)  # [L, n, bs, H, d]: over the tokens
-        _raw(self.k)[:, blocks] = _raw(codes)
+        index_view(self.k)[:, blocks] = index_view(codes)
         self.k_scale[:, blocks] = scales
         for b in full:
             self._release_residual(b)
@@ -296,14 +297,14 @@ class PagedKVCache:
             return
         self._auto_sync()
         codes, s = quantize_kv(v_new, self.quant)
-        _raw(self.v[layer_idx]).view(-1, n_kv, d).index_copy_(0, slots, _raw(codes))
+        index_view(self.v[layer_idx]).view(-1, n_kv, d).index_copy_(0, slots, index_view(codes))
         self.v_scale[layer_idx].view(-1, n_kv).index_copy_(0, slots, s)
         if layer_idx == 0 or self._write_plan is None or self._write_plan[0] is not slots:
             self._write_plan = self._plan_write(slots, tentative)
         _, direct_b, direct_i, res_i, res_s = self._write_plan
         if len(direct_b):
             codes, s = quantize_kv(k_new[direct_i], self.quant, dim=1)  # [n, bs, H, d]: per channel
-            _raw(self.k[layer_idx])[direct_b] = _raw(codes)
+            index_view(self.k[layer_idx])[direct_b] = index_view(codes)
             self.k_scale[layer_idx][direct_b] = s
         if len(res_i):
             self.k_res[layer_idx].view(-1, n_kv, d).index_copy_(0, res_s, k_new[res_i].to(KV_RESIDUAL_DTYPE))
