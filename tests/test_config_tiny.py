@@ -63,7 +63,7 @@ def _new():
 
     return {
         "harness": harness.dp_tiny_config(),
-        "mesh": mesh._config(),
+        "mesh": mesh.mesh_tiny_config(),
         "weight_sync_64": ws.toy_config(64, 2),
         "weight_sync_16_1": ws.toy_config(16, 1),
         "paged_mqa": test_paged.tiny_model(4, 1).cfg,

@@ -314,7 +314,7 @@ def nested_groups(sizes) -> dict:
     return out
 
 
-def peak_forward_bytes(fn, q, k, v, *, group=None, **kwargs) -> int:
+def cp_peak_bytes(fn, q, k, v, *, group=None, **kwargs) -> int:
     """Measured peak bytes (``LiveBytes``) that one forward of ``fn`` (``ring_attention`` or
     ``allgather_attention``, no autograd graph) holds on this rank beyond its inputs."""
     with torch.no_grad(), LiveBytes() as lb:
@@ -324,7 +324,7 @@ def peak_forward_bytes(fn, q, k, v, *, group=None, **kwargs) -> int:
 
 
 def kv_held_growth(fn, q, k, v, groups: dict, **kwargs) -> dict:
-    """Measured: ``{cp: peak_forward_bytes(...) on groups[cp]}`` for the same local q, k, v (this
+    """Measured: ``{cp: cp_peak_bytes(...) on groups[cp]}`` for the same local q, k, v (this
     rank's ``s_local`` tokens) in groups of ``cp`` ranks, so the peaks differ only by what the
     variant holds because more ranks take part. ``groups``: cp -> the process group of that size
     this rank belongs to (call on every rank of every group). Divide the differences by
@@ -332,5 +332,5 @@ def kv_held_growth(fn, q, k, v, groups: dict, **kwargs) -> dict:
     out = {}
     for cp, g in sorted(groups.items()):
         seq_len = q.shape[SEQ] * cp
-        out[cp] = peak_forward_bytes(fn, q, k, v, group=g, seq_len=seq_len, **kwargs)
+        out[cp] = cp_peak_bytes(fn, q, k, v, group=g, seq_len=seq_len, **kwargs)
     return out

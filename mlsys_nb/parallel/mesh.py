@@ -199,7 +199,7 @@ def _train_loop(run: _Setup, mesh: Mesh, steps: int, lr: float, seed: int) -> di
     return {"max_err": err, "n_tensors": n, "moved": moved, "losses": losses}
 
 
-def _config(hidden=32, n_layers=4, n_heads=8, vocab=64, seq_len=16):
+def mesh_tiny_config(hidden=32, n_layers=4, n_heads=8, vocab=64, seq_len=16):
     """``config.tiny_config`` at the mesh runs' sizes: 4 layers, 8 heads, 4 KV heads, the default SwiGLU width."""
     from ..config import tiny_config
 
@@ -233,7 +233,7 @@ def _tp_dp(mesh: Mesh, seed: int, batch: int = 4, seq: int = 16) -> _Setup:
     from .ddp import DataParallel
     from .tensor import TPTransformer, compare_with_full, load_full_state_dict, sync_sequence_parallel_grads
 
-    cfg = _config(seq_len=seq)
+    cfg = mesh_tiny_config(seq_len=seq)
     torch.manual_seed(seed)
     ref = Transformer(cfg, attn_impl="matmul")
     tp_g, dp_g = mesh.group("tp"), mesh.group("dp")
@@ -271,7 +271,7 @@ def _torch_fsdp_tp(mesh: Mesh, seed: int, batch: int = 4, seq: int = 16) -> _Set
 
     from ..models import Transformer
 
-    cfg = _config(seq_len=seq)
+    cfg = mesh_tiny_config(seq_len=seq)
     torch.manual_seed(seed)
     ref = Transformer(cfg, attn_impl="matmul")
     torch.manual_seed(seed)
