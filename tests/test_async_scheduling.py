@@ -106,7 +106,7 @@ def test_stale_token_breaks_the_equality(model, monkeypatch):
     kw = CONFIGS[next(iter(CONFIGS))]
 
     def stale_fill_in(self, sampled):
-        nxt = self._ahead.next
+        nxt = self.lookahead.next
         if nxt is None or nxt[1] is None:
             return
         for seq in sampled:  # the manager gets the right token; the batch's input ids the stale one
@@ -234,7 +234,7 @@ def test_close_mid_run_goes_on_synchronously(model):
     def step():
         calls.append(1)
         if len(calls) == 6:  # a batch prepared by the worker is waiting: dropped
-            assert eng._ahead.next is not None and eng._ahead.next[0]
+            assert eng.lookahead.next is not None and eng.lookahead.next[0]
             eng.close()
         return real_step()
 

@@ -108,7 +108,7 @@ def test_prefix_cache_hits_and_mid_prefill_preemption(model, monkeypatch):
         eng = llm.engine
         eng.add_request("a", prompt, sp)
         eng.step()  # 8 of 40 prompt tokens computed: 2 of its 10 blocks are prefix-cache hits
-        eng.scheduler._preempt(eng.requests["a"][0])
+        eng.scheduler.preempt(eng.requests["a"][0])
         outs = []
         while eng.has_unfinished_requests():
             outs += [o for o in eng.step() if o.finished]
@@ -142,7 +142,7 @@ def test_a_reused_block_is_no_hit_until_its_new_owner_computes_it(model, monkeyp
         eng.step()
         seq = eng.requests["d"][0]
         table = man.block_table(seq.seq_id)
-        eng.scheduler._preempt(seq)
+        eng.scheduler.preempt(seq)
         eng.scheduler.max_num_batched_tokens = 64
         outs = []
         while eng.has_unfinished_requests():
@@ -582,14 +582,14 @@ def test_a_failing_sequence_fails_alone(model, where, monkeypatch):
     if where == "sample":
         import mlsys_nb.inference.sampler as sampler
 
-        real = sampler._sample_row
+        real = sampler.sample_row
 
         def row(logits, seq, *a):
             if poison in seq.prompt_token_ids and len(seq.output_token_ids) >= 3:
                 raise FloatingPointError("poisoned row")
             return real(logits, seq, *a)
 
-        monkeypatch.setattr(sampler, "_sample_row", row)
+        monkeypatch.setattr(sampler, "sample_row", row)
     else:
         real = eng.runner.run
 

@@ -117,7 +117,7 @@ def test_greedy_equals_target_alone(models, monkeypatch):
     _, s = spec.speculative_generate(target, PROMPT, draft=near, k=4, max_new_tokens=32)
     assert s.target_forwards < 24  # several tokens per forward: the near copy agrees often
     # without rolling back the rejected drafts' cache entries the output changes
-    monkeypatch.setattr(spec._Model, "rollback", lambda self, n: None)
+    monkeypatch.setattr(spec.CachedModel, "rollback", lambda self, n: None)
     try:
         out, _ = spec.speculative_generate(target, PROMPT, draft=near, k=3, max_new_tokens=32)
     except ValueError as e:  # or the stale entries fill the cache

@@ -15,9 +15,10 @@ Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
 - ``generate(model, tokenizer, prompts, ...)`` (``generation``): greedy/sampled decoding with the cache.
 - Roofline (``roofline``; ``matmul_params``, ``attention_flops``): ``step_cost``, ``prefill_cost``,
   ``decode_cost`` -> ``StepCost`` (FLOPs, bytes, arithmetic intensity, compute- or memory-bound, modelled
-  time per token on a GPU of data/hardware.yaml); ``measure_throughput`` (``measure``) measures tokens/s on this machine and
-  ``machine_roofline`` its matmul FLOP/s and copy bandwidth; ``decode_bytes_read`` counts the parameter and
-  KV-cache bytes a real decode step reads (traced), the independent check of ``decode_cost``'s bytes.
+  time per token on a GPU of data/hardware.yaml); ``measure_throughput`` (``measure``) measures tokens/s on
+  this machine and ``machine_roofline`` its matmul FLOP/s and copy bandwidth; ``decode_bytes_read`` counts the
+  parameter and KV-cache bytes a real decode step reads (traced), the independent check of ``decode_cost``'s
+  bytes.
 - Paged KV cache and prefix caching (``paged``): ``BlockManager`` (``block_manager``, no torch: the one truth
   of which blocks hold computed K/V: a block is a prefix-cache hit only after ``mark_computed``; its keys
   ``block_hash``; ``fragmentation`` counts paging's waste), ``PagedKVCache``, ``paged_attention``,

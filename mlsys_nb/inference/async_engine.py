@@ -79,16 +79,18 @@ class AsyncScheduling:
     (module docstring), mixed into ``LLMEngine`` as ``AsyncLLMEngine``: it overrides ``step`` (and
     ``close``) and calls ``LLMEngine``'s parts. Its ``step_times`` gain ``lookahead`` (the worker's
     seconds, overlapped with the previous forward), ``wait`` (seconds the worker outlasted this forward)
-    and ``overlapped`` (the share of the worker's time that ran beside the forward, in [0, 1])."""
+    and ``overlapped`` (the share of the worker's time that ran beside the forward, in [0, 1]).
+    ``lookahead``: its ``LookAhead`` worker (``lookahead.next``: what it prepared for the next step), None
+    once closed."""
 
     def __init__(self, model, tokenizer=None, config=None, **options):
         super().__init__(model, tokenizer, config, **options)
-        self._ahead = LookAhead(self)
+        self.lookahead = LookAhead(self)
 
     @ranged("engine.step")
     def step(self) -> list[RequestOutput]:
         """``LLMEngine.step`` with step t+1's schedule and batch prepared on the worker during the forward."""
-        ahead = self._ahead
+        ahead = self.lookahead
         if ahead is None:  # closed: the synchronous step
             return super().step()
         if ahead.error is not None:
@@ -130,7 +132,7 @@ class AsyncScheduling:
         """Wait for the look-ahead (raises what the worker raised), keep what it prepared and the share of its
         time spent inside ``forward`` (start, end; perf_counter seconds); take its placeholders back out:
         the real tokens come from this step's sampler."""
-        ahead = self._ahead
+        ahead = self.lookahead
         ahead.next = ahead.result(future)
         (w0, w1), (f0, f1) = ahead.next[2].pop("span"), forward
         ahead.next[2]["overlapped"] = max(0.0, min(w1, f1) - max(w0, f0)) / max(w1 - w0, 1e-12)
@@ -161,7 +163,7 @@ class AsyncScheduling:
             held = seqs.get(seq.seq_id)
             if held is not None and len(held.tokens) >= seq.num_tokens:  # its slot was reserved in step t+1
                 held.tokens[seq.num_tokens - 1] = seq.output_token_ids[-1]
-        nxt = self._ahead.next
+        nxt = self.lookahead.next
         if nxt is None or nxt[1] is None:
             return
         want, rows, toks, off = {s.seq_id: s for s in live}, [], [], 0
@@ -177,7 +179,7 @@ class AsyncScheduling:
         """The look-ahead's ``SchedulerOutput`` and batch for this step, without the sequences that finished (or
         were aborted) since: their batch is built again (its block moves stay). An empty output when there is
         none."""
-        nxt, self._ahead.next = self._ahead.next, None
+        nxt, self.lookahead.next = self.lookahead.next, None
         if nxt is None:
             return SchedulerOutput(), None, {}
         out, batch, extra = nxt
@@ -190,8 +192,8 @@ class AsyncScheduling:
         """Step t's forward raised: take back what the look-ahead assumed (placeholders, their reserved
         slots, the advanced computed counts); sequences it admitted stay admitted, and the block moves it
         decided are done (a swapped-out sequence's blocks are already free)."""
-        self.runner.move_blocks(self._ahead.result(future)[0])
-        self._ahead.next = None
+        self.runner.move_blocks(self.lookahead.result(future)[0])
+        self.lookahead.next = None
         mgr = self.kv.manager
         for seq in sampling:
             seq.output_token_ids.pop()
@@ -205,8 +207,8 @@ class AsyncScheduling:
         """Join the worker thread (also done when the engine is garbage-collected); the engine goes on
         synchronously (a batch the worker prepared is dropped: its sequences keep their reserved slots and
         are scheduled again)."""
-        if self._ahead is not None:
-            self._ahead.close()
-            if self._ahead.next is not None:  # its block moves were decided: do them
-                self.runner.move_blocks(self._ahead.next[0])
-            self._ahead = None
+        if self.lookahead is not None:
+            self.lookahead.close()
+            if self.lookahead.next is not None:  # its block moves were decided: do them
+                self.runner.move_blocks(self.lookahead.next[0])
+            self.lookahead = None

@@ -90,7 +90,7 @@ def sample(
     greedy = logits.argmax(dim=-1).tolist()
     for i, seq in enumerate(seqs):
         try:
-            tok = _sample_row(logits[i], seq, greedy[i], generator, eos_token_ids)
+            tok = sample_row(logits[i], seq, greedy[i], generator, eos_token_ids)
             entry = None if seq.params.logprobs is None else logprob_entry(logp[i], tok, seq.params.logprobs, tokenizer)
         except Exception as e:
             if errors is None:
@@ -122,7 +122,10 @@ def grammar_masks(logits: torch.Tensor, seqs: list[Sequence], errors: dict | Non
     return logits
 
 
-def _sample_row(row: torch.Tensor, seq: Sequence, argmax: int, generator, eos_token_ids) -> int:
+def sample_row(row: torch.Tensor, seq: Sequence, argmax: int, generator, eos_token_ids) -> int:
+    """One sequence's next token from its logits ``row`` [V]: its logit processors, then ``argmax`` (the
+    row's argmax, computed for the batch) when greedy, else a draw from ``filter_probs`` with the sequence's
+    generator (else ``generator``)."""
     p = seq.params
     if p.processes_logits:
         row = process_logits(row, seq, eos_token_ids)

@@ -107,7 +107,7 @@ class Scheduler:
                 continue
             while not self._reserve(seq, out):  # no free slot for its token: preempt the youngest
                 victim = queue.pop() if queue else seq
-                self._preempt(victim, out)
+                self.preempt(victim, out)
                 preempted = True
                 if victim is seq:
                     break
@@ -186,7 +186,7 @@ class Scheduler:
             return False
         return True
 
-    def _preempt(self, seq: Sequence, out: SchedulerOutput | None = None) -> None:
+    def preempt(self, seq: Sequence, out: SchedulerOutput | None = None) -> None:
         """Take ``seq`` off the running list and free its blocks: by swap (its computed blocks go to
         ``out.swap_out``, copied by the runner before anything overwrites them) or by recompute."""
         out = self.moves if out is None else out

@@ -52,6 +52,7 @@ from .spec_math import best_k, expected_speedup, expected_tokens_per_step
 
 
 __all__ = [
+    "CachedModel",
     "SpecDecodingCounters",
     "SpecStats",
     "accept_prob",
@@ -217,8 +218,10 @@ class SpecDecodingCounters:
         return "".join(out)
 
 
-class _Model:
-    """A model with its own contiguous cache and the tokens not yet in it (``pending``)."""
+class CachedModel:
+    """The reference loop's view of a model: its own contiguous ``KVCache`` (batch 1), the tokens not yet in
+    it (``pending``), ``forward(tokens)`` -> fp32 logits [len(tokens), V] and ``rollback(n)``, which drops the
+    last ``n`` cached positions (rejected drafts; later writes overwrite them)."""
 
     def __init__(self, model, max_len: int):
         self.model, self.cache, self.pending = model, KVCache(model, 1, max_len), []
@@ -283,8 +286,8 @@ def speculative_generate(
                 f"exceeds the context cfg.seq_len={m.cfg.seq_len}"
             )
     gen = torch.Generator().manual_seed(seed)
-    tgt = _Model(target, max_len)
-    drf = _Model(draft, max_len) if isinstance(draft, torch.nn.Module) else None
+    tgt = CachedModel(target, max_len)
+    drf = CachedModel(draft, max_len) if isinstance(draft, torch.nn.Module) else None
     tgt.pending = list(prompt)
     if drf:
         drf.pending = list(prompt)
