@@ -59,8 +59,8 @@ def exhaustive(model, kw, sample=None, seed=0):
     """memory.estimate on every candidate (or on `sample` of them): seconds per candidate, count."""
     from mlsys_nb import memory, planner
 
-    ctx = planner._context(model, **kw)
-    cands, _ = planner._candidates(
+    ctx = planner.context.plan_context(model, **kw)
+    cands, _ = planner.layout_search.layout_candidates(
         ctx,
         None,
         None,
@@ -77,10 +77,10 @@ def exhaustive(model, kw, sample=None, seed=0):
     with Timer() as t:
         for lay in pick:
             m = ctx.sequences // (lay.dp * lay.micro_batch)
-            tm = planner._time(ctx, lay)
+            tm = planner.model.step_time(ctx, lay)
             if tm is None:
                 continue
-            b = memory.estimate(ctx.model, planner._train_config(ctx, lay, m))
+            b = memory.estimate(ctx.model, planner.context.layout_train_config(ctx, lay, m))
             if b.total <= ctx.cap:
                 fits.append((sum(tm[0].values()), lay))
         fits.sort(key=lambda x: x[0])

@@ -5,7 +5,9 @@ PyTorch model (``mlsys_nb.models.Transformer``) and feeds the calculators (``mls
 ``mlsys_nb.flops``), so a preset's published shape can be instantiated small and measured.
 
 Presets with published shapes and their sources live in ``data/models.yaml``
-(``load_model_preset(name)``, ``model_presets()``).
+(``load_model_preset(name)``, ``model_presets()``). ``ModelConfig.param_count()`` is the one exact
+parameter count (``ParamCount``); ``layer_params``, ``attention_params``, ``mlp_params``, ``norm_params``
+are its per-layer terms, TP- and EP-sharded for ``mlsys_nb.memory``.
 
 Also here, because every part of the kit uses them: the one argument validator (``check_int``,
 ``check_number``, ``check_seconds``, ``check_choice``, ``check_probability``, ``check_multiple``,
@@ -281,6 +283,12 @@ class ModelConfig:
         """Width of the concatenated key (or value) heads, n_kv_heads * head_dim."""
         return self.n_kv_heads * self.head_dim
 
+    def param_count(self) -> ParamCount:
+        """Exact parameter count (elements) as ``mlsys_nb.models.Transformer`` builds this shape (plus MLA for
+        DeepSeek presets, which the small Transformer does not build): total, active per token, embedding,
+        head, per layer. The one formula: ``memory.param_count`` and ``flops.parameter_count`` call it."""
+        return _count_params(self)
+
     def replace(self, **changes) -> ModelConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
@@ -309,6 +317,100 @@ class ModelConfig:
                 expert_ffn_hidden=max(8, int(round(hidden * self.expert_ffn_hidden / self.hidden))),
             )
         return self.replace(**changes)
+
+
+# ---- parameter counts: one formula (ModelConfig.param_count; memory shards it per TP/PP/EP rank) -------------
+@dataclass(frozen=True)
+class ParamCount:
+    """Exact parameter counts (elements). ``active``: used per token (MoE: top-k routed experts);
+    ``embedding``/``head``: the vocabulary matrices (head 0 when tied); ``per_layer``: each layer."""
+
+    total: int
+    active: int
+    embedding: int
+    head: int
+    per_layer: tuple = ()
+
+    def __int__(self):
+        return self.total
+
+    @property
+    def non_embedding(self) -> int:
+        return self.total - self.embedding - self.head
+
+
+def norm_params(m: ModelConfig) -> int:
+    """Parameters of one normalisation layer: the gain (``hidden``), plus the bias of a LayerNorm with biases."""
+    return m.hidden * (2 if (m.norm == "layernorm" and m.bias) else 1)
+
+
+def mlp_params(m: ModelConfig, width: int) -> tuple[int, int]:
+    """(TP-sharded, replicated) parameters of one MLP of this width."""
+    mats = (3 if m.activation == "swiglu" else 2) * m.hidden * width
+    if not m.bias:
+        return mats, 0
+    col_bias = (2 if m.activation == "swiglu" else 1) * width
+    return mats + col_bias, m.hidden  # the row-parallel (down) bias is replicated
+
+
+def attention_params(m: ModelConfig, tp: int = 1) -> tuple[float, int]:
+    """(per-rank sharded part, replicated part) of one attention block under TP degree ``tp``."""
+    h, a, d = m.hidden, m.n_heads, m.head_dim
+    if m.kv_lora_rank:  # DeepSeek multi-head latent attention
+        dr, qr, kvr = m.rope_head_dim, m.q_lora_rank, m.kv_lora_rank
+        rep = (h * qr + qr if qr else 0) + h * (kvr + dr) + kvr
+        q = (qr if qr else h) * a * (d + dr)
+        shard = q + kvr * a * 2 * d + a * d * h
+        return shard / tp, rep
+    kv_heads_rank = m.n_kv_heads / tp if tp <= m.n_kv_heads else 1  # KV heads replicated past n_kv
+    shard = h * m.q_dim / tp + 2 * h * d * kv_heads_rank + m.q_dim * h / tp
+    rep = 0
+    if m.bias or m.qkv_bias:
+        shard += m.q_dim / tp + 2 * d * kv_heads_rank
+    if m.bias:
+        rep += h
+    return shard, rep
+
+
+def layer_kinds(m: ModelConfig, layers: range) -> dict[int, int]:
+    """{representative layer index: how many layers of that kind} (dense-MLP vs MoE layers)."""
+    out: dict[bool, list] = {}
+    for i in layers:
+        out.setdefault(m.is_moe and i >= m.n_dense_layers, [i, 0])[1] += 1
+    return {i: n for i, n in out.values()}
+
+
+def layer_params(m: ModelConfig, i: int, *, tp: int = 1, ep: int = 1, active: bool = False) -> dict:
+    """Parameters of layer ``i`` held by one rank: ``dense`` (ZeRO over dp x cp) and ``expert``
+    (ZeRO over dp x cp / ep)."""
+    attn_shard, attn_rep = attention_params(m, tp)
+    dense = attn_shard + attn_rep + 2 * norm_params(m)
+    expert = 0.0
+    if m.is_moe and i >= m.n_dense_layers:
+        dense += m.hidden * m.n_experts  # router, replicated
+        sh, rep = mlp_params(m, m.expert_ffn_hidden)
+        dense += m.n_shared_experts * (sh / tp + rep)
+        n_exp = m.top_k if active else m.n_experts / ep
+        expert = n_exp * (sh / tp + rep)
+    else:
+        sh, rep = mlp_params(m, m.ffn_hidden)
+        dense += sh / tp + rep
+    return {"dense": dense, "expert": expert}
+
+
+@lru_cache(maxsize=256)
+def _count_params(model: ModelConfig) -> ParamCount:
+    kinds = layer_kinds(model, range(model.n_layers))
+    per = {i: layer_params(model, i) for i in kinds}
+    per_active = {i: layer_params(model, i, active=True) for i in kinds}
+    emb = model.vocab_size * model.hidden
+    head = 0 if model.tied_embeddings else emb
+    outside = emb + head + norm_params(model)
+    total = outside + sum(n * (per[i]["dense"] + per[i]["expert"]) for i, n in kinds.items())
+    active = outside + sum(n * (per_active[i]["dense"] + per_active[i]["expert"]) for i, n in kinds.items())
+    kind_of = lambda j: max(i for i in kinds if i <= j) if model.is_moe else next(iter(kinds))  # noqa: E731
+    layers = tuple(int(round(per[kind_of(j)]["dense"] + per[kind_of(j)]["expert"])) for j in range(model.n_layers))
+    return ParamCount(int(round(total)), int(round(active)), emb, head, layers)
 
 
 def load_yaml(name: str) -> dict:

@@ -53,12 +53,10 @@ def parameter_count(model, *, exclude_embedding: bool = False, active: bool = Tr
 
     ``exclude_embedding`` drops the embedding table and an untied LM head (Kaplan's N).
     ``active`` (MoE only) counts the experts a token actually uses (top_k routed + shared),
-    which is what enters ``6N``. The counts come from ``mlsys_nb.memory.param_count``."""
+    which is what enters ``6N``. The counts come from ``ModelConfig.param_count`` (as ``memory.param_count``'s)."""
     if isinstance(model, (int, float)) and not isinstance(model, bool):
         return _check_positive("model (parameter count)", model)
-    from .memory import param_count
-
-    pc = param_count(as_model_config(model))
+    pc = as_model_config(model).param_count()
     n = pc.active if active else pc.total
     return float(n - (pc.embedding + pc.head if exclude_embedding else 0))
 

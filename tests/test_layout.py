@@ -190,7 +190,7 @@ def test_memory_in_flight_micro_batches_are_the_pipeline_closed_forms(monkeypatc
         sim = simulate(schedule(name, 4, m, v), W=1.0 if name.startswith("z") else None)
         assert got == pytest.approx(sim.peak_activations), name  # the simulator agrees, independently
     # a wrong closed form shows up in the memory estimate
-    monkeypatch.setattr(memory, "peak_in_flight", lambda name, p, m, v=None: [1.0] * p)
+    monkeypatch.setattr(memory.stages, "peak_in_flight", lambda name, p, m, v=None: [1.0] * p)
     train = config.TrainConfig(pp=4, n_microbatches=8, pp_schedule="gpipe", seq_len=1024)
     assert memory.estimate(cfg, train, stage=0).in_flight == 1.0
 
@@ -217,7 +217,7 @@ def test_the_executor_checks_causality_with_the_schedules_own_dependencies(monke
 
 
 def test_presets_are_read_by_one_loader():
-    src = (PKG / "memory.py").read_text()
+    src = "".join(p.read_text() for p in sorted((PKG / "memory").glob("*.py")))  # the memory/ package
     assert 'models.yaml")' not in src and "def _presets" not in src
     assert memory.presets() == list(config.model_presets())
     assert memory.preset("llama-3.1-8b") is config.load_model_preset("llama-3.1-8b")

@@ -35,6 +35,24 @@ def test_preset_param_count_equals_the_module_on_meta(name):
         assert pc.total == pytest.approx(RAW[name]["params_published"], rel=0.01)
 
 
+def test_one_parameter_formula_on_model_config(monkeypatch):
+    """ModelConfig.param_count is the one formula: memory.param_count and flops.parameter_count return its
+    numbers for every preset, and follow it when its per-layer term changes (no second formula to drift)."""
+    from mlsys_nb import config, flops
+
+    for name in memory.presets():
+        cfg = memory.preset(name)
+        pc = cfg.param_count()
+        assert param_count(cfg) == pc and isinstance(pc, memory.ParamCount), name
+        assert flops.parameter_count(cfg, active=False) == pc.total and flops.parameter_count(cfg) == pc.active
+        assert flops.parameter_count(cfg, exclude_embedding=True) == pc.active - pc.embedding - pc.head
+    real = config.layer_params
+    monkeypatch.setattr(config, "layer_params", lambda m, i, **kw: {**real(m, i, **kw), "expert": 1e6})
+    probe = memory.preset("llama-3.1-8b").replace(name="probe: every layer holds 10^6 more")  # not in the cache
+    assert probe.param_count().total == param_count(probe).total == flops.parameter_count(probe, active=False)
+    assert probe.param_count().total == memory.preset("llama-3.1-8b").param_count().total + 32 * 10**6
+
+
 def test_deepseek_v3_mla_moe_counts_match_the_report():
     pc = param_count(memory.preset("deepseek-v3"))
     assert pc.total == pytest.approx(671e9, rel=1e-3)  # 671B total
@@ -491,7 +509,7 @@ def test_stage_layers_cache_equals_the_rule_on_random_inputs_and_is_never_stale(
         q, r = divmod(n, pp)
         order = (list(range(1, pp - 1)) + [0, pp - 1]) if pp > 2 else list(range(pp))
         want = tuple(q + (s in order[:r]) for s in range(pp))
-        assert got == want == memory._even_stage_layers.__wrapped__(n, pp), (n, pp)
+        assert got == want == memory.stages.even_stage_layers.__wrapped__(n, pp), (n, pp)
     # a changed input gets its own answer, never the cached one of a neighbour
     assert memory.stage_layers(126, 16) == (7,) + (8,) * 14 + (7,)  # Meta's split (arXiv:2407.21783, §3.3.2)
     assert memory.stage_layers(126, 18) == (7,) * 18 and memory.stage_layers(127, 16) != memory.stage_layers(126, 16)
@@ -539,11 +557,11 @@ def test_estimate_equals_a_layer_by_layer_sum_on_a_stage_with_dense_and_moe_laye
         for st in range(pp):
             b = estimate(cfg, t, stage=st)
             stages = [st, pp - 1 - st] if pp_schedule == "dualpipe" else [st]
-            per_layer = [sum(saved(i, j) for j, i in enumerate(memory._stage_range(cfg, t, s))) for s in stages]
+            per_layer = [sum(saved(i, j) for j, i in enumerate(memory.stages.stage_range(cfg, t, s))) for s in stages]
             want = sum(per_layer) / len(stages) * memory.in_flight_microbatches(t, st)
             assert b.activations_layers == pytest.approx(want, rel=1e-12), (t, st)
             if t.recompute != "none":
-                first = memory._stage_range(cfg, t, st).start
+                first = memory.stages.stage_range(cfg, t, st).start
                 work = sum(bb for _, bb in memory.layer_terms(cfg, t, layer=first, recompute="none"))
                 kept = sum(bb for _, bb in memory.layer_terms(cfg, t, layer=first))
                 want_rc = work - kept if t.recompute == "selective" else work

@@ -113,12 +113,12 @@ def test_bubble_is_the_closed_form(small):
 def test_checks_fail_when_the_idea_is_broken(monkeypatch, small):
     """The hand-formula and bubble checks catch a planner that forgets the bubble or the overlap."""
     want, _ = _hand_step_dp_only("llama-3-8b", 64, SMALL["global_batch_tokens"], 4096)
-    monkeypatch.setattr(planner, "_coll", lambda *a: 0.0)  # communication forgotten
+    monkeypatch.setattr(planner.traffic, "collective_seconds", lambda *a: 0.0)  # communication forgotten
     plan = planner.evaluate("llama-3-8b", **UNCAL, dp=64, zero=1)
     assert plan.step_s != pytest.approx(want, rel=1e-6)
     monkeypatch.undo()
     planner.bubble_ratio.cache_clear()
-    monkeypatch.setattr(planner, "bubble_ratio", lambda *a: 0.0)  # bubble forgotten
+    monkeypatch.setattr(planner.model, "bubble_ratio", lambda *a: 0.0)  # bubble forgotten
     plan = planner.evaluate("llama-3-8b", **SMALL, dp=16, pp=4, zero=1, schedule="1f1b")
     busy = plan.step_s - plan.time["bubble"] - plan.time["DP comm"]
     assert plan.time["bubble"] != pytest.approx(busy * 3 / plan.microbatches, rel=1e-6)
@@ -303,8 +303,8 @@ PRUNE_CASES = [  # (model, setup, a restriction that keeps the unpruned search t
 def _random_layouts(model, setup, n, seed):
     import random
 
-    ctx = planner._context(model, **setup)
-    cands, _ = planner._candidates(
+    ctx = planner.context.plan_context(model, **setup)
+    cands, _ = planner.layout_search.layout_candidates(
         ctx, None, None, None, None, (0, 1, 2, 3), ("none", "selective", "full"), None, planner.SCHEDULES[1:], None
     )
     return ctx, random.Random(seed).sample(cands, n)
@@ -316,7 +316,7 @@ def _estimates(ctx, lays):
     for lay in lays:
         m = ctx.sequences // (lay.dp * lay.micro_batch)
         try:
-            out.append((lay, m, memory.estimate(ctx.model, planner._train_config(ctx, lay, m)).total))
+            out.append((lay, m, memory.estimate(ctx.model, planner.context.layout_train_config(ctx, lay, m)).total))
         except ValueError:  # a schedule that does not take (pp, m, v): search never asks
             pass
     return out
@@ -330,13 +330,13 @@ def test_memory_bounds_are_below_the_estimate(model, setup, _kw):
     rows = _estimates(ctx, lays)
     assert len(rows) > 60
     for lay, m, est in rows:
-        assert planner._bound(ctx, lay, m) <= est * (1 + 1e-12), lay
-        assert planner._stage_bound(ctx, lay, m) <= est * (1 + 1e-12), lay
+        assert planner.bounds.memory_bound(ctx, lay, m) <= est * (1 + 1e-12), lay
+        assert planner.bounds.stage_memory_bound(ctx, lay, m) <= est * (1 + 1e-12), lay
 
 
 def _unpruned(monkeypatch):
-    monkeypatch.setattr(planner, "_bound", lambda *a: 0.0)
-    monkeypatch.setattr(planner, "_stage_bound", lambda *a: 0.0)
+    monkeypatch.setattr(planner.bounds, "memory_bound", lambda *a: 0.0)
+    monkeypatch.setattr(planner.bounds, "stage_memory_bound", lambda *a: 0.0)
 
 
 def test_pruned_search_returns_the_unpruned_rows(monkeypatch):
@@ -360,10 +360,12 @@ def test_pruning_check_fails_with_a_bound_above_the_estimate(monkeypatch):
     """A 'bound' 20 % above the per-rank sum (no longer a lower bound) drops layouts that fit: both
     checks above catch it."""
     model, setup, kw = PRUNE_CASES[2]
-    real = planner._stage_bound
-    monkeypatch.setattr(planner, "_stage_bound", lambda ctx, lay, m: 1.2 * real(ctx, lay, m))
+    real = planner.bounds.stage_memory_bound
+    monkeypatch.setattr(planner.bounds, "stage_memory_bound", lambda ctx, lay, m: 1.2 * real(ctx, lay, m))
     ctx, lays = _random_layouts(model, setup, 120, seed=len(model))
-    assert any(planner._stage_bound(ctx, lay, m) > est * (1 + 1e-12) for lay, m, est in _estimates(ctx, lays))
+    assert any(
+        planner.bounds.stage_memory_bound(ctx, lay, m) > est * (1 + 1e-12) for lay, m, est in _estimates(ctx, lays)
+    )
     broken = planner.search(model, **setup, **kw, top=20)
     _unpruned(monkeypatch)
     assert not planner.search(model, **setup, **kw, top=20).equals(broken)
@@ -513,7 +515,7 @@ def test_uneven_stage_check_fails_when_layers_are_dropped(monkeypatch):
     parameter check above: stage 1 would hold 7 layers, not 8."""
     cfg = memory.preset("llama-3.1-405b")
     per_layer = memory.param_count(cfg).per_layer
-    monkeypatch.setattr(memory, "stage_layers", lambda L, pp, split=None: (L // pp,) * pp)
+    monkeypatch.setattr(memory.stages, "stage_layers", lambda L, pp, split=None: (L // pp,) * pp)
     b = memory.estimate(cfg, TrainConfig(pp=16, dp=1, seq_len=8192), stage=1)
     assert not (b.layers == 8 and b.n_params_rank == pytest.approx(sum(per_layer[7:15])))
 
@@ -574,9 +576,9 @@ def test_stored_calibration_is_the_fit(fit):
 
 
 def test_fast_prediction_is_evaluate(fit):
-    """calibrate's vectorised prediction equals evaluate's step for every run (one formula, _assemble)."""
-    pieces = planner._run_pieces(FIT_RUNS)
-    pred = planner._predict(pieces, fit.calibration.as_tuple())
+    """calibrate's vectorised prediction equals evaluate's step for every run (one formula, assemble_step)."""
+    pieces = planner.fitting.run_pieces(FIT_RUNS)
+    pred = planner.fitting.predict_step_s(pieces, fit.calibration.as_tuple())
     for r, p in zip(FIT_RUNS, pred):
         if r.get("sequence_parallel", True):
             plan = planner.evaluate(r["config"], r["layout"], **r["setup"], calibration=fit.calibration)
@@ -601,13 +603,13 @@ def test_heldout_check_fails_when_a_term_is_broken(monkeypatch):
     misses by about 24 %). It does not catch every broken term: backward charged as one forward, a forgotten
     bubble, DP traffic left out or TP charged on the network are absorbed by the other parameters in the fit
     (all held-out errors stay within 20 %; the ranking test below catches TP on the network)."""
-    real = planner._assemble
+    real = planner.model.assemble_step
 
     def recompute_forgotten(p, *a):
         t = real(p, *a)
         return {**t, "recompute": 0.0 * t["recompute"]}
 
-    monkeypatch.setattr(planner, "_assemble", recompute_forgotten)
+    monkeypatch.setattr(planner.model, "assemble_step", recompute_forgotten)
     err = planner.calibrate().table.set_index("run")["heldout_error"]
     assert err.abs().max() >= 0.20
 
@@ -655,12 +657,12 @@ def test_published_layouts_in_the_top_10(ranked):
 
 def test_tp_on_the_network_pushes_the_published_layout_out(monkeypatch, ranked):
     r, _ = ranked["korthikanti-175b"]
-    real = planner._link
+    real = planner.traffic.group_link
 
     def tp_on_network(ctx, stride, size):
         return (ctx.network, *ctx.net_ab) if stride == 1 and size > 1 else real(ctx, stride, size)
 
-    monkeypatch.setattr(planner, "_link", tp_on_network)
+    monkeypatch.setattr(planner.traffic, "group_link", tp_on_network)
     rank = _distinct_rank(planner.search(r["config"], **r["setup"], top=200), r["layout"])
     assert rank is None or rank >= 10
 
@@ -729,21 +731,21 @@ def test_best_layout_close_to_published_or_wins_by_a_cited_term():
 def test_target3_fails_when_an_uncited_term_decides(monkeypatch):
     """A made-up per-stage cost with no source (0.2 s per pipeline stage) makes deep pipelines lose by
     it: the check above then fails for Llama 3's 8K stage."""
-    real = planner._assemble
+    real = planner.model.assemble_step
 
     def with_fudge(p, *a):
         t = real(p, *a)
         t["stage overhead"] = 0.2 * p.get("stages", 1)
         return t
 
-    real_pieces = planner._pieces
+    real_pieces = planner.model.step_pieces
 
     def with_stages(ctx, lay):
         p = real_pieces(ctx, lay)
         return None if p is None else {**p, "stages": lay.pp}
 
-    monkeypatch.setattr(planner, "_pieces", with_stages)
-    monkeypatch.setattr(planner, "_assemble", with_fudge)
+    monkeypatch.setattr(planner.model, "step_pieces", with_stages)
+    monkeypatch.setattr(planner.model, "assemble_step", with_fudge)
     r = next(r for r in FIT_RUNS if r["name"] == "llama3-405b-8k-16384")
     ratio, decides, source, met = _target3(r)
     assert decides == "stage overhead" and source is None and not met
@@ -796,12 +798,12 @@ def test_cp_cost_is_what_keeps_llama_8k_out(monkeypatch):
     """Charging CP 30 x its modelled all-gather traffic brings Llama 3's 8K layout (TP8 CP1 PP16 DP128) into
     the top 10 distinct layouts (it is 16th at 1 x, test_llama3_405b_layout...): what keeps it out is how cheap
     the model finds CP (Llama 3's all-gather of GQA's few K/V heads) against the bubble it saves."""
-    real = planner._pieces
+    real = planner.model.step_pieces
 
     def cp_times_30(ctx, lay):
         p = real(ctx, lay)
         return None if p is None else {**p, "cp": 30 * p["cp"]}
 
-    monkeypatch.setattr(planner, "_pieces", cp_times_30)
+    monkeypatch.setattr(planner.model, "step_pieces", cp_times_30)
     rank = _distinct_rank(planner.search("llama-3.1-405b", **LLAMA, top=400), planner.Layout(**LLAMA_PUB))
     assert rank is not None and rank < 10

@@ -15,7 +15,8 @@ Tolerances: on an H100 with torch 2.11 the saved bytes equal the model to the by
 per cent (the first run of this pack found the CUDA-specific terms: fused norms, the attention output's layout
 by kernel, the loss's backward); ``ACT_TOL`` leaves room for one per cent only: another attention kernel (another
 GPU or torch) may change whether the attention output is copied, one B·h per token and layer (about 5 %), which
-``mlsys_nb.memory._eager_attention_output_copy`` describes. Both are printed and recorded before they are asserted."""
+``mlsys_nb.memory.activations._eager_attention_output_copy`` describes. Both are printed and recorded before they
+are asserted."""
 
 import pytest
 import torch
@@ -124,7 +125,7 @@ def test_memory_model_vs_max_memory_allocated(cuda, record, size, prec, rc):
         saved,
         est.activations,
         "a difference of about one B*h per token and layer: the attention kernel's output layout "
-        "(mlsys_nb.memory._eager_attention_output_copy)",
+        "(mlsys_nb.memory.activations._eager_attention_output_copy)",
     )
     assert abs(peak / est.total - 1) <= PEAK_TOL, (peak, est.total, est.as_dict())
 
