@@ -347,7 +347,7 @@ def _pipeline_tp(mesh: Mesh, seed: int, m: int = 4) -> _Setup:
     from torch import nn
 
     from ..pipeline import schedule
-    from ..pipeline.executor import ModelSpec, build_blocks, layers_of, model_config, run_step, stage_modules
+    from ..pipeline.executor import ModelSpec, build_blocks, layers_of, run_step, stage_modules
     from .ddp import allreduce_gradients
     from .tensor import compare_with_full
 
@@ -360,7 +360,7 @@ def _pipeline_tp(mesh: Mesh, seed: int, m: int = 4) -> _Setup:
     full = build_blocks(spec)
     tp_g = mesh.group("tp")
     if tp > 1:
-        full = nn.ModuleList(_tp_stage_block(model_config(spec), b, tp_g) for b in full)
+        full = nn.ModuleList(_tp_stage_block(spec.transformer_config(), b, tp_g) for b in full)
     mods = stage_modules(sched, spec, mesh.coord("pp"), full)
 
     def step(x, y):

@@ -63,6 +63,19 @@ class ModelSpec:
             return (self.microbatch_size, self.hidden)
         return (self.microbatch_size, self.seq_len, self.hidden)
 
+    def transformer_config(self):
+        """The ``ModelConfig`` of the transformer blocks (``block="transformer"``)."""
+        from ..config import ModelConfig
+
+        return ModelConfig(
+            n_layers=self.n_layers,
+            hidden=self.hidden,
+            n_heads=self.n_heads,
+            n_kv_heads=max(1, self.n_heads // 2),
+            vocab_size=8,
+            seq_len=self.seq_len,
+        )
+
 
 def build_blocks(spec: ModelSpec):
     """The full, unpipelined model as a ``torch.nn.ModuleList`` of blocks (seeded)."""
@@ -97,22 +110,8 @@ def build_blocks(spec: ModelSpec):
     torch.manual_seed(spec.seed)
     if spec.block == "mlp":
         return nn.ModuleList(MLPBlock(spec.hidden) for _ in range(spec.n_layers))
-    cfg = model_config(spec)
+    cfg = spec.transformer_config()
     return nn.ModuleList(TransformerBlock(cfg, i) for i in range(spec.n_layers))
-
-
-def model_config(spec: ModelSpec):
-    """The ``ModelConfig`` of the transformer blocks (``block="transformer"``)."""
-    from ..config import ModelConfig
-
-    return ModelConfig(
-        n_layers=spec.n_layers,
-        hidden=spec.hidden,
-        n_heads=spec.n_heads,
-        n_kv_heads=max(1, spec.n_heads // 2),
-        vocab_size=8,
-        seq_len=spec.seq_len,
-    )
 
 
 def make_batch(spec: ModelSpec, m: int):
