@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/precision.py [--steps 40] [--out data/measured/precision.md]
 
 - Rounding error of each format: random values spread over each format's normal range, cast (torch's real cast for
-  fp32, bf16, fp16, fp8; the simulation ``mlsys_nb.precision.quantize`` for tf32 and fp4, labelled), largest and
+  fp32, bf16, fp16, fp8; the simulation ``mlsys_nb.precision.round_to_format`` for tf32 and fp4, labelled), largest and
   mean relative error against the bound 2^-(m+1).
 - FP8 matmul error on activations with outliers (``activations_with_outliers``: a model of LLM activations) times a
   weight matrix, through ``torch._scaled_mm`` (emulated numerics): one scale per tensor (current, delayed) against
@@ -41,7 +41,7 @@ from mlsys_nb.precision import (
     measure_optimizer_bytes,
     measure_recipe,
     model_state_bytes_per_param,
-    quantize,
+    round_to_format,
     relative_error,
     relative_matmul_error,
     tensor_matmul,
@@ -66,7 +66,7 @@ def format_rows(n: int) -> list[str]:
         else:
             x = x.float().double()  # fp32 inputs, as a cast from fp32 sees them
             how = "torch (real)" if f.torch_dtype else "simulated"
-            q = cast(x.float(), f.name).double() if f.torch_dtype else quantize(x, f.name)
+            q = cast(x.float(), f.name).double() if f.torch_dtype else round_to_format(x, f.name)
         err = relative_error(x, q)
         rows.append(f"| {f.name} | {how} | {float(err.max()):.3g} | {float(err.mean()):.3g} | {f.eps / 2:.3g} |")
     return rows

@@ -39,7 +39,7 @@ from mlsys_nb.precision import (
     make_format,
     measure_optimizer_bytes,
     measure_recipe,
-    quantize,
+    round_to_format,
     quantize_tensor,
     quantize_tiles,
     relative_matmul_error,
@@ -126,7 +126,7 @@ def test_quantize_equals_torchs_real_cast_bit_for_bit(name, seed):
     else:
         x = _random_inputs(name, seed=seed)
     real = x.to({**TORCH, **TORCH_FP8}[name]).float()
-    sim = quantize(x, name).float()
+    sim = round_to_format(x, name).float()
     assert torch.equal(sim.isnan(), real.isnan())
     ok = ~real.isnan()
     assert torch.equal(sim[ok].view(torch.int32), real[ok].view(torch.int32))  # bit for bit, signed zeros too
@@ -151,13 +151,13 @@ def test_fp4_simulation_is_the_nearest_value_of_the_ocp_table_ties_to_even():
     even = torch.tensor([i % 2 == 0 for i in range(8)])  # codes 0..7: an even code has mantissa bit 0
     pick = torch.where((cand & even).any(1, keepdim=True), cand & even, cand).float().argmax(1)
     ref = torch.where(x.abs() > 6, torch.full_like(x, 6.0), grid[pick]) * x.sign()
-    assert torch.equal(quantize(x, "fp4_e2m1"), ref)
+    assert torch.equal(round_to_format(x, "fp4_e2m1"), ref)
 
 
 def test_e4m3_saturates_and_e5m2_overflows_to_inf():
     big = torch.tensor([500.0, 1e6, math.inf])
-    assert cast(big, "fp8_e4m3").tolist() == [448.0] * 3 == quantize(big, "fp8_e4m3").tolist()
-    assert cast(big, "fp8_e5m2").tolist()[1:] == [math.inf] * 2 == quantize(big, "fp8_e5m2").tolist()[1:]
+    assert cast(big, "fp8_e4m3").tolist() == [448.0] * 3 == round_to_format(big, "fp8_e4m3").tolist()
+    assert cast(big, "fp8_e5m2").tolist()[1:] == [math.inf] * 2 == round_to_format(big, "fp8_e5m2").tolist()[1:]
 
 
 def _mx_reference(x, elem, block):
@@ -212,7 +212,7 @@ def test_ties_away_from_zero_would_fail_the_cast_comparison():
     away = torch.copysign(torch.floor(a / ulp + 0.5) * ulp, x.double()).float()
     ok = torch.isfinite(x) & (away.abs() <= f.max)
     assert not torch.equal(away[ok], x.to(torch.float16).float()[ok])
-    assert torch.equal(quantize(x, "fp16").float()[ok], x.to(torch.float16).float()[ok])
+    assert torch.equal(round_to_format(x, "fp16").float()[ok], x.to(torch.float16).float()[ok])
 
 
 def test_nvfp4_smaller_blocks_and_finer_scales_beat_mxfp4():
@@ -324,7 +324,7 @@ def test_stochastic_rounding_picks_a_neighbour_and_is_unbiased():
     mean = float(stochastic_round(one, "fp8_e4m3", generator=torch.Generator().manual_seed(2)).mean())
     p = 1 / 8  # P(round up); the mean's standard error is 0.125 · sqrt(p(1-p)/n)
     assert abs(mean - (1 + 2.0**-10)) < 5 * 0.125 * math.sqrt(p * (1 - p) / one.numel())
-    assert float(quantize(one, "fp8_e4m3").mean()) == 1.0  # round to nearest loses it every time
+    assert float(round_to_format(one, "fp8_e4m3").mean()) == 1.0  # round to nearest loses it every time
 
 
 # ---- the memory calculator's recipes, measured where torch builds them -----------------------------------
@@ -547,7 +547,7 @@ def test_block_format_bits_and_mx_scale_follow_the_published_layouts():
         assert math.log2(s).is_integer() and 4 <= amax / s < 8  # amax lands in e2m1's top binade [4, 8)
         block = torch.full((1, 32), amax / 3)
         block[0, 0] = amax
-        assert float(block_quantize(block, "mxfp4")[0, 0]) == float(quantize(amax / s, "fp4_e2m1")) * s
+        assert float(block_quantize(block, "mxfp4")[0, 0]) == float(round_to_format(amax / s, "fp4_e2m1")) * s
     with pytest.raises(ArgumentError, match="amax"):
         block_scale(0.0)
     with pytest.raises(ArgumentError, match="scale"):

@@ -3,7 +3,7 @@
 - ``formats``: ``format_info(name)`` derives each format's range and epsilon from its bit layout (exponent
   bits, mantissa bits, bias, special-value rule; tested against ``torch.finfo`` and every fp8 value; ``FORMATS``,
   ``BLOCK_FORMATS``, ``make_format`` for a layout of your own, ``relative_error``);
-  ``quantize(x, name)`` rounds to the format's grid (equal bit for bit to torch's real bf16/fp16/fp8 casts,
+  ``round_to_format(x, name)`` rounds to the format's grid (equal bit for bit to torch's real bf16/fp16/fp8 casts,
   tested on random inputs; the simulation of tf32 and fp4, which have no CPU cast); ``cast``;
   ``stochastic_round`` (unbiased rounding to the same grid);
   ``block_quantize`` simulates the block-scaled MXFP8 / MXFP4 (32 elements, e8m0 scale) and NVFP4
@@ -38,7 +38,7 @@ from .formats import (
     cast,
     format_info,
     make_format,
-    quantize,
+    round_to_format,
     relative_error,
     representable_values,
     stochastic_round,
@@ -105,7 +105,7 @@ __all__ = [
     "measure_optimizer_bytes",
     "measure_recipe",
     "model_state_bytes_per_param",
-    "quantize",
+    "round_to_format",
     "quantize_tensor",
     "quantize_tiles",
     "recipe_storage",

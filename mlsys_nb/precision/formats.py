@@ -15,7 +15,7 @@ Everything in ``FormatInfo`` is derived from ``(e, m, b, rule)`` by one formula 
 ``min_normal``, ``min_subnormal``, ``machine_eps``) and checked in ``tests/test_precision.py`` against
 ``torch.finfo`` and against every value of torch's real fp8 dtypes.
 
-``quantize(x, name)`` rounds to the format's grid (round to nearest, ties to even) in float64 and handles
+``round_to_format(x, name)`` rounds to the format's grid (round to nearest, ties to even) in float64 and handles
 overflow as the real cast does: inf for the IEEE rule, saturation to ``±max`` for e4m3 (torch's CPU cast
 saturates, unlike the NaN-on-overflow many texts state) and for fp4. It equals torch's casts bit for bit
 for bf16, fp16 and both fp8 formats (tested on random inputs); tf32 and fp4 have no CPU cast, so for them
@@ -149,7 +149,7 @@ def format_info(name) -> FormatInfo:
     return FORMATS[check_choice("name", name, FORMATS)]
 
 
-def quantize(x, name):
+def round_to_format(x, name):
     """``x`` (a tensor or number) rounded to format ``name``'s grid, returned as a float64 tensor.
 
     Round to nearest, ties to even, gradual underflow through the subnormals; overflow gives ``±inf`` under
@@ -174,7 +174,7 @@ def quantize(x, name):
 def stochastic_round(x, name, generator=None):
     """``x`` rounded to format ``name``'s grid **stochastically** (float64 tensor): to the upper neighbour with
     probability ``(x - lower) / (upper - lower)``, else to the lower, so the expected result is ``x`` (an
-    update below half an ulp survives on average). Overflow as in ``quantize``. ``generator``: a
+    update below half an ulp survives on average). Overflow as in ``round_to_format``. ``generator``: a
     ``torch.Generator`` for reproducible draws."""
     import torch
 
@@ -187,20 +187,20 @@ def stochastic_round(x, name, generator=None):
     up = torch.rand(a.shape, generator=generator, dtype=torch.float64) < (a / ulp - low)
     q = (low + up.to(torch.float64)) * ulp
     q = torch.where(q > f.max, torch.tensor(math.inf if f.has_inf else f.max, dtype=torch.float64), q)
-    q = torch.where(torch.isinf(a) | torch.isnan(a), quantize(a, f), q)
+    q = torch.where(torch.isinf(a) | torch.isnan(a), round_to_format(a, f), q)
     return torch.copysign(q, x)
 
 
 def cast(x, name):
     """``x`` rounded to format ``name`` and returned as float32 (float64 for fp32 inputs is kept float32):
-    torch's real cast (``x.to(dtype).float()``) when torch has the dtype, ``quantize`` otherwise (tf32, fp4)."""
+    torch's real cast (``x.to(dtype).float()``) when torch has the dtype, ``round_to_format`` otherwise (tf32, fp4)."""
     import torch
 
     f = format_info(name)
     x = torch.as_tensor(x, dtype=torch.float32)
     if f.torch_dtype is not None:
         return x.to(getattr(torch, f.torch_dtype)).float()
-    return quantize(x, f).float()
+    return round_to_format(x, f).float()
 
 
 def representable_values(name):
@@ -275,9 +275,9 @@ def block_quantize(x, name: str):
     else:
         g = float(x.abs().max()) / (format_info(scale_fmt).max * fe.max)
         g = g if g > 0 else 1.0
-        scale = quantize(amax / fe.max / g, scale_fmt) * g
+        scale = round_to_format(amax / fe.max / g, scale_fmt) * g
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return (quantize(xb / scale, fe) * scale).reshape(x.shape).float()
+    return (round_to_format(xb / scale, fe) * scale).reshape(x.shape).float()
 
 
 def relative_error(x, y):

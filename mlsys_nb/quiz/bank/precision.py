@@ -2,7 +2,7 @@
 gradient needs, the dynamic scaler's trajectory, model-state bytes per recipe, an FP8 scale from amax, the error
 of a cast.
 
-Answer keys: ``mlsys_nb.precision`` (``make_format``, ``format_info``, ``quantize``, ``LossScaler``,
+Answer keys: ``mlsys_nb.precision`` (``make_format``, ``format_info``, ``round_to_format``, ``LossScaler``,
 ``amax_scale``) and ``memory.bytes_per_param``, the functions notebook 22 runs.
 """
 
@@ -19,7 +19,7 @@ from ...precision import (
     block_scale,
     format_info,
     make_format,
-    quantize,
+    round_to_format,
 )
 from ..core import family
 from ._util import pick
@@ -168,7 +168,7 @@ def _fp8_scale(rng):
 def _cast_error(rng):
     name = pick(rng, ["bf16", "fp16", "fp8_e4m3", "fp8_e5m2"])
     x = round(rng.uniform(1, 2) * 2.0 ** pick(rng, [-3, 0, 2, 5]), 6)
-    err = abs(float(quantize(x, name)) - x)
+    err = abs(float(round_to_format(x, name)) - x)
     return dict(
         text=f"The value {x:g} is cast to {name} (round to nearest, ties to even). What is the absolute rounding "
         "error?",
@@ -183,7 +183,7 @@ def _cast_error(rng):
         solution=[
             f"{name} has {format_info(name).mantissa_bits} mantissa bits; spacing near {x:g}: "
             f"{2.0 ** (math.floor(math.log2(x)) - format_info(name).mantissa_bits):g}.",
-            f"cast({x:g}) = {float(quantize(x, name)):g}; error {err:.6g} (precision.quantize).",
+            f"cast({x:g}) = {float(round_to_format(x, name)):g}; error {err:.6g} (precision.round_to_format).",
         ],
     )
 
@@ -237,7 +237,7 @@ def _mxfp4_value(rng):
         s = block_scale(amax, "fp4_e2m1")
         grid = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
         d = sorted(abs(abs(x) / s - g) for g in grid)
-        stored = float(quantize(x / s, "fp4_e2m1")) * s
+        stored = float(round_to_format(x / s, "fp4_e2m1")) * s
         if d[1] - d[0] > 1e-9 and stored != 0:
             break
     return dict(
@@ -254,6 +254,7 @@ def _mxfp4_value(rng):
         ],
         solution=[
             f"floor(log2 {amax:g}) = {math.floor(math.log2(amax))}: scale 2^{math.floor(math.log2(amax)) - 2} = {s:g}.",
-            f"x / scale = {x / s:.4g} rounds to {stored / s:g}; stored {stored:g} (precision.block_scale, quantize).",
+            f"x / scale = {x / s:.4g} rounds to {stored / s:g}; stored {stored:g} "
+            "(precision.block_scale, round_to_format).",
         ],
     )
