@@ -164,10 +164,10 @@ def cpu_overhead_table(model, batch_sizes, steps) -> list[str]:
 PROFILE_RANGES = {  # profiler ranges put around the engine's parts for --profile-step (restored afterwards)
     "scheduling": ("mlsys_nb.inference.engine", "LLMEngine", "_schedule"),
     "prepare": ("mlsys_nb.inference.model_runner", "ModelRunner", "prepare"),
-    "attention layer (K/V write + read + paged attention)": ("mlsys_nb.inference.model_runner", "StepBatch", "attend"),
-    "paged attention (gather + SDPA)": ("mlsys_nb.inference.model_runner", None, "paged_attention"),
+    "attention layer (K/V write + read + paged attention)": ("mlsys_nb.inference.step_batch", "StepBatch", "attend"),
+    "paged attention (gather + SDPA)": ("mlsys_nb.inference.step_batch", None, "paged_attention"),
     "varlen decode attention (gather + one SDPA + merge)": (
-        "mlsys_nb.inference.model_runner",
+        "mlsys_nb.inference.step_batch",
         None,
         "paged_decode_attention_varlen",
     ),

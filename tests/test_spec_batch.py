@@ -1,4 +1,4 @@
-"""Speculative decoding inside continuous batching (``speculative.BatchSpeculator`` in ``LLMEngine``):
+"""Speculative decoding inside continuous batching (``spec_batch.BatchSpeculator`` in ``LLMEngine``):
 greedy outputs equal the target alone for a mixed batch, every block returns to both pools, the prefix
 cache never registers a rejected draft, and sampled tokens follow the target's filtered distribution
 (chi-square); the broken ideas (no rejection rule, no rollback) fail the same checks."""

@@ -54,7 +54,7 @@ Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
 - Speculative decoding (``speculative``): ``speculative_generate(target, prompt_ids, draft=model|"ngram",
   k=...)``, the rejection rule ``verify``, closed forms ``expected_tokens_per_step``,
   ``expected_speedup``, ``best_k`` (``spec_math``, no torch); inside the engine's batch
-  ``spec_batch.BatchSpeculator`` (re-exported by ``speculative``).
+  ``spec_batch.BatchSpeculator``.
 - Structured outputs (``structured``): ``Grammar.compile(json_schema=|regex=|choice=)``, a budget-aware
   token mask over outlines-core's automaton, ``apply_mask``, ``generate_structured``.
 

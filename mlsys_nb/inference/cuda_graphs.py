@@ -3,13 +3,14 @@
 ``CUDAGraphRunner`` (CUDA only, guarded by ``torch.cuda.is_available()``): decode steps replay one captured
 CUDA graph per batch-size bucket (``graph_buckets``); a batch is padded up to its bucket by repeating its first
 row (the repeated row writes the same K/V value into the same slot, so padding changes nothing). A graph's
-inputs live in static buffers (``StaticDecodeBatch``, a ``model_runner.StepBatch`` of fixed shapes) that each
+inputs live in static buffers (``StaticDecodeBatch``, a ``step_batch.StepBatch`` of fixed shapes) that each
 step's batch is copied into. A graph removes the per-kernel launch cost, CPU time spent inside the model's
 forward; on CPU there is nothing to capture, and the per-operator dispatch a graph would replace is part of the
 ``model`` phase of ``LLMEngine.step_times`` (the ``prepare`` phase stays, plus the copy into static buffers).
 
-``capture_decode_graphs(runner, config)`` is what the engine does when it is built: capture, or say why it runs
-eager (``cuda_graph_refusal``, or a capture that failed).
+``capture_decode_graphs(runner, config)`` is what the engine does when it is built: capture (on a
+``model_runner.ModelRunner``: ``runner.capture_cuda_graphs``), or say why it runs eager (``cuda_graph_refusal``,
+or a capture that failed).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import warnings
 import torch
 
 from ..config import check_int
-from .model_runner import ModelRunner, StepBatch
+from .step_batch import StepBatch
 
 __all__ = [
     "GRAPH_BUCKETS",
@@ -68,7 +69,7 @@ class CUDAGraphRunner:
     ``max_blocks_per_seq`` columns, context lengths. Capture runs a warm-up pass on a side stream
     first (as PyTorch's ``torch.cuda.graphs`` documentation requires)."""
 
-    def __init__(self, runner: ModelRunner, buckets, max_blocks_per_seq=None):
+    def __init__(self, runner, buckets, max_blocks_per_seq=None):
         kv, dev = runner.kv, runner.kv.k.device
         self.buckets = sorted(buckets)
         self.width = max_blocks_per_seq or kv.manager.blocks_needed(kv.manager.max_seq_len)
@@ -119,7 +120,7 @@ class StaticDecodeBatch(StepBatch):
         self.dec_lens.copy_(batch.dec_lens[rows])
 
 
-def capture_decode_graphs(runner: ModelRunner, config) -> str | None:
+def capture_decode_graphs(runner, config) -> str | None:
     """Capture ``runner``'s decode graphs for ``config`` (an ``EngineConfig``): None once captured, else why
     the engine runs eager (``cuda_graph_refusal``, or a model whose forward a graph cannot hold: a warning)."""
     off = cuda_graph_refusal(config, next(runner.model.parameters()).device)

@@ -2,7 +2,7 @@
 
 ``LLM(model, config=EngineConfig(...), **options).generate(prompts, SamplingParams(...))`` queues every
 prompt in the engine and steps it until all are done; with ``speculative_model`` the engine drafts and
-verifies tokens for every running decode inside the same continuous batch (``speculative.BatchSpeculator``).
+verifies tokens for every running decode inside the same continuous batch (``spec_batch.BatchSpeculator``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class LLM:
 
     ``speculative_model`` (a ``Transformer``, a preset name or ``"ngram"``) with
     ``num_speculative_tokens`` = k: the engine drafts up to k tokens for every running decode and
-    verifies them in its one batched forward (``speculative.BatchSpeculator``); temperature, top_k,
+    verifies them in its one batched forward (``spec_batch.BatchSpeculator``); temperature, top_k,
     top_p, min_p, max_tokens, seed, n, EOS, stop strings, stop token ids, logprobs and
     json_schema/regex/choice are honoured (drafted tokens are masked by the grammar too); requests with
     penalties, logit_bias or min_tokens decode one token per step in the same batch.

@@ -2,7 +2,7 @@
 drafts for every running decode (``propose``), the engine feeds each decode and its drafts as one (k+1)-token
 verify chunk (``VerifyView``, ``verify_feed``) in its one batched forward, and ``accept`` applies the
 rejection rule (``speculative.verify``) per sequence and rolls the rejected slots back. The rule and the
-reference loop at batch 1 are ``speculative.py``'s (which re-exports these names).
+reference loop at batch 1 are ``speculative.py``'s.
 """
 
 from __future__ import annotations

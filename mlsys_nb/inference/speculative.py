@@ -35,7 +35,7 @@ is the reference loop (batch 1, contiguous caches) returning tokens and statisti
 
 This file holds the rule and the reference loop. The closed forms are ``spec_math.py`` (no torch; re-exported
 here); speculation inside the engine's continuous batch (``BatchSpeculator``, ``VerifyView``, ``Draft``) is
-``spec_batch.py`` (re-exported here on first use).
+``spec_batch.py``, which builds on this one.
 """
 
 from __future__ import annotations
@@ -66,16 +66,6 @@ __all__ = [
     "to_probs",
     "verify",
 ]
-
-_BATCH = ("BatchSpeculator", "Draft", "VerifyView")  # speculation inside the engine's batch: spec_batch.py
-
-
-def __getattr__(name):  # PEP 562: spec_batch imports this module, so its names are re-exported on first use
-    if name in _BATCH:
-        from . import spec_batch
-
-        return getattr(spec_batch, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---- the acceptance rule ------------------------------------------------------------------------
