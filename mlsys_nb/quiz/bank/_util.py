@@ -76,6 +76,15 @@ def _declare(name: str, topic: str, make, registration: dict, builder: str):
     return family(name, topic, **registration)(make)
 
 
+def _worded(words, *args, names: dict):
+    """``words`` (a template, a list of templates, or a function of ``args``) filled in from ``names``."""
+    if callable(words):
+        return words(*args)
+    if isinstance(words, str):
+        return words.format(**names)
+    return [w.format(**names) for w in words]
+
+
 def numeric_family(
     name: str,
     topic: str,
@@ -86,6 +95,7 @@ def numeric_family(
     text,
     hints,
     solution,
+    fields=None,
     key=None,
     diagnostics=(),
     tolerance: float | None = None,
@@ -95,24 +105,27 @@ def numeric_family(
     """Declare family ``name`` whose answer is ONE calculator call with drawn inputs: ``calc(p)``.
 
     ``draw(rng) -> p`` draws the question's params (what the second route reads); ``calc(p)`` calls the
-    calculator that owns the formula; ``key(v)`` picks the answer out of its result when that is a record
-    (``lambda est: est.days``; default: the result itself). ``text(p)`` words the question and
-    ``solution(p, v)`` its steps; ``unit`` and ``hints`` are values or functions of ``p``; ``diagnostics``
-    is a list of (factor, hint) or ``fn(p, v)`` returning one; ``tolerance`` is relative (None: the
-    default 2 %); ``params`` names the keys of ``p`` the question keeps (None: all of them; a draw may hold
-    an input the question does not show); ``registration`` goes to ``core.family`` (difficulty, section,
-    reference)."""
+    calculator that owns the formula; ``key(result)`` picks the answer out of its result when that is a
+    record (``lambda est: est.days``; default: the result itself). The words are templates
+    (``str.format``) filled in from the params, ``result`` and ``fields(p, result)`` (a dict of derived
+    values the words show): ``text`` the question, ``hints`` and ``solution`` lists of lines; each may
+    instead be a function (``text(p)``, ``hints(p)``, ``solution(p, result)``). ``unit`` is a value or a
+    function of ``p``; ``diagnostics`` a list of (factor, hint) or ``fn(p, result)`` returning one;
+    ``tolerance`` is relative (None: the default 2 %); ``params`` names the keys of ``p`` the question
+    keeps (None: all of them; a draw may hold an input the question does not show); ``registration``
+    goes to ``core.family`` (difficulty, section, reference)."""
 
     def make(rng):
         p = draw(rng)
         v = calc(p)
+        names = {**p, **(fields(p, v) if fields else {}), "result": v}
         d = dict(
-            text=text(p),
+            text=_worded(text, p, names=names),
             params=p if params is None else {k: p[k] for k in params},
             answer=v if key is None else key(v),
             unit=unit(p) if callable(unit) else unit,
-            hints=list(hints(p) if callable(hints) else hints),
-            solution=solution(p, v),
+            hints=list(_worded(hints, p, names=names)),
+            solution=list(_worded(solution, p, v, names=names)),
             diagnostics=list(diagnostics(p, v) if callable(diagnostics) else diagnostics),
         )
         if tolerance is not None:

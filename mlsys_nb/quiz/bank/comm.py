@@ -131,14 +131,12 @@ numeric_family(
     calc=lambda p: comm.bytes_sent_per_rank("all_reduce", p["bytes"], p["n"], "ring"),
     params=("bytes", "n"),
     unit="bytes",
-    text=lambda p: (
-        f"A ring all-reduce of a {p['bytes'] / MB:g} MB gradient buffer over {p['n']} ranks: how many bytes does "
-        f"each rank send?"
-    ),
+    fields=lambda p, result: {"mb": p["bytes"] / MB, "phase": (p["n"] - 1) / p["n"] * p["bytes"]},
+    text="A ring all-reduce of a {mb:g} MB gradient buffer over {n} ranks: how many bytes does each rank send?",
     hints=["Reduce-scatter then all-gather.", "Each phase sends n−1 chunks of S/n."],
-    solution=lambda p, b: [
-        f"Reduce-scatter: (n−1)·S/n = {(p['n'] - 1) / p['n'] * p['bytes']:.4g} B.",
-        f"All-gather: the same again. Total 2(n−1)/n·S = {b:.4g} B (comm.bytes_sent_per_rank).",
+    solution=[
+        "Reduce-scatter: (n−1)·S/n = {phase:.4g} B.",
+        "All-gather: the same again. Total 2(n−1)/n·S = {result:.4g} B (comm.bytes_sent_per_rank).",
     ],
     diagnostics=lambda p, b: [
         (p["bytes"] / b, "you sent S once: the ring does a reduce-scatter AND an all-gather"),
@@ -155,11 +153,10 @@ numeric_family(
     calc=lambda p: comm.bytes_sent_per_rank("all_gather", p["bytes"], p["n"], "ring"),
     params=("bytes", "n"),
     unit="bytes",
-    text=lambda p: (
-        f"A ring all-gather produces a {p['bytes'] / MB:g} MB output on each of {p['n']} ranks. Bytes sent per rank?"
-    ),
+    fields=lambda p, result: {"mb": p["bytes"] / MB, "n1": p["n"] - 1},
+    text="A ring all-gather produces a {mb:g} MB output on each of {n} ranks. Bytes sent per rank?",
     hints=["Each rank starts with S/n and needs the other n−1 chunks.", "(n−1)/n·S."],
-    solution=lambda p, b: [f"(n−1)/n × S = {(p['n'] - 1)}/{p['n']} × {p['bytes']:.4g} B = {b:.4g} B."],
+    solution=["(n−1)/n × S = {n1}/{n} × {bytes:.4g} B = {result:.4g} B."],
     diagnostics=lambda p, b: [
         (2.0 * (p["n"] - 1) / p["n"] * p["bytes"] / b, "that is an all-reduce; all-gather is one phase")
     ],
@@ -179,14 +176,19 @@ numeric_family(
     calc=lambda p: comm.busbw(p["op"], p["bytes"], p["seconds"], p["n"]),
     params=("op", "bytes", "n", "seconds"),
     unit="bytes/s",
-    text=lambda p: (
-        f"nccl-tests reports a {p['op']} of {p['bytes'] / MB:g} MB on {p['n']} ranks in {p['seconds'] * 1e3:g} ms. "
-        f"What bus bandwidth (busbw) does it print?"
+    fields=lambda p, result: {
+        "mb": p["bytes"] / MB,
+        "ms": p["seconds"] * 1e3,
+        "algbw": p["bytes"] / p["seconds"],
+        "factor": comm.busbw_factor(p["op"], p["n"]),
+    },
+    text=(
+        "nccl-tests reports a {op} of {mb:g} MB on {n} ranks in {ms:g} ms. What bus bandwidth (busbw) does it print?"
     ),
     hints=["algbw = S / t.", "busbw = algbw × factor: 2(n−1)/n for all_reduce, (n−1)/n for gathers."],
-    solution=lambda p, bb: [
-        f"algbw = {p['bytes']:.4g} / {p['seconds']:g} = {p['bytes'] / p['seconds']:.4g} B/s.",
-        f"factor({p['op']}, {p['n']}) = {comm.busbw_factor(p['op'], p['n']):.4g}; busbw = {bb:.4g} B/s (comm.busbw).",
+    solution=[
+        "algbw = {bytes:.4g} / {seconds:g} = {algbw:.4g} B/s.",
+        "factor({op}, {n}) = {factor:.4g}; busbw = {result:.4g} B/s (comm.busbw).",
     ],
     diagnostics=lambda p, bb: [(p["bytes"] / p["seconds"] / bb, "that is algbw; busbw multiplies by the op's factor")],
 )
@@ -207,14 +209,15 @@ numeric_family(
     draw=_link_case,
     calc=lambda p: comm.crossover_bytes(p["n"], p["alpha"], p["beta"]),
     unit="bytes",
-    text=lambda p: (
-        f"Ring vs pipelined-tree all-reduce on n = {p['n']} ranks, α = {us(p['alpha'])}, β = {gbps(p['beta'])}: "
-        f"at what message size do they take equal time (bytes)?"
+    fields=lambda p, result: {"alpha_us": us(p["alpha"]), "beta_gbps": gbps(p["beta"])},
+    text=(
+        "Ring vs pipelined-tree all-reduce on n = {n} ranks, α = {alpha_us}, β = {beta_gbps}: at what message "
+        "size do they take equal time (bytes)?"
     ),
     hints=["Equate 2(n−1)α + 2(n−1)/n·S/β and 2⌈log2 n⌉α + 2S/β.", "S* = n(n−1−⌈log2 n⌉)·α·β."],
-    solution=lambda p, s: [
+    solution=[
         "Set the two α-β times equal and solve for S.",
-        f"S* = {s:.4g} B (comm.crossover_bytes): the tree wins below, the ring above.",
+        "S* = {result:.4g} B (comm.crossover_bytes): the tree wins below, the ring above.",
     ],
 )
 

@@ -44,16 +44,16 @@ numeric_family(
     calc=_time,
     key=lambda est: est.days,
     unit="days",
-    text=lambda p: (
-        f"Training a {p['n_params']:.3g}-parameter dense model on {p['tokens']:.3g} tokens with {p['n_gpus']} × "
-        f"{p['gpu']} (bf16 dense peak {_peak(p) / 1e12:.4g} TFLOP/s) at {p['mfu']:.0%} MFU: how many days "
-        f"(6·N·D FLOPs)?"
+    fields=lambda p, result: {"peak_tflops": _peak(p) / 1e12, "peak": _peak(p)},
+    text=(
+        "Training a {n_params:.3g}-parameter dense model on {tokens:.3g} tokens with {n_gpus} × {gpu} (bf16 "
+        "dense peak {peak_tflops:.4g} TFLOP/s) at {mfu:.0%} MFU: how many days (6·N·D FLOPs)?"
     ),
     hints=["C = 6·N·D FLOPs.", "T = C / (n_gpus × peak × MFU) seconds; / 86400 for days."],
-    solution=lambda p, est: [
-        f"C = 6 × {p['n_params']:.4g} × {p['tokens']:.4g} = {est.flops:.4g} FLOPs.",
-        f"Cluster rate = {p['n_gpus']} × {_peak(p):.4g} × {p['mfu']} = {est.achieved_flops_per_s:.4g} FLOP/s.",
-        f"T = {est.seconds:.4g} s = {est.days:.4g} days (flops.training_time).",
+    solution=[
+        "C = 6 × {n_params:.4g} × {tokens:.4g} = {result.flops:.4g} FLOPs.",
+        "Cluster rate = {n_gpus} × {peak:.4g} × {mfu} = {result.achieved_flops_per_s:.4g} FLOP/s.",
+        "T = {result.seconds:.4g} s = {result.days:.4g} days (flops.training_time).",
     ],
     diagnostics=lambda p, est: [
         (2 / 6, "that is 2·N·D (forward only): training is 6·N·D"),
@@ -72,12 +72,9 @@ numeric_family(
     calc=lambda p: flops.training_flops(p["n_params"], p["tokens"]),
     params=RUN[:2],
     unit="FLOPs",
-    text=lambda p: (
-        f"Training compute for N = {p['n_params']:.3g} parameters on D = {p['tokens']:.3g} tokens (the 6·N·D "
-        f"approximation)?"
-    ),
+    text=("Training compute for N = {n_params:.3g} parameters on D = {tokens:.3g} tokens (the 6·N·D approximation)?"),
     hints=["Forward 2 FLOPs per parameter per token, backward 4."],
-    solution=lambda p, c: [f"6 × {p['n_params']:.4g} × {p['tokens']:.4g} = {c:.4g} FLOPs (flops.training_flops)."],
+    solution=["6 × {n_params:.4g} × {tokens:.4g} = {result:.4g} FLOPs (flops.training_flops)."],
     diagnostics=[(1 / 3, "2ND is the forward only")],
 )
 
@@ -90,14 +87,13 @@ numeric_family(
     calc=_time,
     key=lambda est: est.gpu_hours,
     unit="GPU-hours",
-    text=lambda p: (
-        f"GPU-hours to train {p['n_params']:.3g} parameters on {p['tokens']:.3g} tokens on {p['gpu']} at "
-        f"{p['mfu']:.0%} MFU (6ND)?"
-    ),
+    text="GPU-hours to train {n_params:.3g} parameters on {tokens:.3g} tokens on {gpu} at {mfu:.0%} MFU (6ND)?",
     hints=["GPU-hours do not depend on the number of GPUs (perfect scaling).", "6ND / (peak × MFU) / 3600."],
-    solution=lambda p, est: [
-        f"{est.flops:.4g} FLOPs / ({est.peak_flops_per_s:.4g} × {p['mfu']}) / 3600 = {est.gpu_hours:.4g} "
-        "GPU-hours (flops.training_time)."
+    solution=[
+        (
+            "{result.flops:.4g} FLOPs / ({result.peak_flops_per_s:.4g} × {mfu}) / 3600 = {result.gpu_hours:.4g} "
+            "GPU-hours (flops.training_time)."
+        )
     ],
 )
 
@@ -111,14 +107,12 @@ numeric_family(
     key=lambda est: est.cost_usd,
     params=("n_params", "tokens", "gpu", "mfu", "price"),
     unit="USD",
-    text=lambda p: (
-        f"At ${p['price']}/GPU-hour, what does training {p['n_params']:.3g} parameters on {p['tokens']:.3g} tokens "
-        f"on {p['gpu']} at {p['mfu']:.0%} MFU cost (6ND)?"
+    text=(
+        "At ${price}/GPU-hour, what does training {n_params:.3g} parameters on {tokens:.3g} tokens on {gpu} "
+        "at {mfu:.0%} MFU cost (6ND)?"
     ),
     hints=["Cost = GPU-hours × price.", "GPU-hours = 6ND / (peak × MFU) / 3600."],
-    solution=lambda p, est: [
-        f"{est.gpu_hours:.4g} GPU-hours × ${p['price']} = ${est.cost_usd:.4g} (flops.training_time)."
-    ],
+    solution=["{result.gpu_hours:.4g} GPU-hours × ${price} = ${result.cost_usd:.4g} (flops.training_time)."],
 )
 
 
@@ -137,14 +131,19 @@ numeric_family(
     draw=_mfu_case,
     calc=lambda p: flops.mfu(p["n_params"], p["tokens_per_s"], gpu=p["gpu"], n_gpus=p["n_gpus"]),
     unit="fraction",
-    text=lambda p: (
-        f"A {p['n_params']:.3g}-parameter model trains at {p['tokens_per_s']:.4g} tokens/s on {p['n_gpus']} × "
-        f"{p['gpu']} (bf16 peak {_peak(p) / 1e12:.4g} TFLOP/s). MFU (6N FLOPs per token)?"
+    fields=lambda p, result: {
+        "peak_tflops": _peak(p) / 1e12,
+        "achieved": p["tokens_per_s"] * 6 * p["n_params"],
+        "peak": _peak(p),
+    },
+    text=(
+        "A {n_params:.3g}-parameter model trains at {tokens_per_s:.4g} tokens/s on {n_gpus} × {gpu} (bf16 "
+        "peak {peak_tflops:.4g} TFLOP/s). MFU (6N FLOPs per token)?"
     ),
     hints=["Achieved FLOP/s = tokens/s × 6N.", "MFU = achieved / (n_gpus × peak)."],
-    solution=lambda p, u: [
-        f"{p['tokens_per_s']:.4g} × 6 × {p['n_params']:.4g} = {p['tokens_per_s'] * 6 * p['n_params']:.4g} FLOP/s.",
-        f"/ ({p['n_gpus']} × {_peak(p):.4g}) = {u:.4g} (flops.mfu).",
+    solution=[
+        "{tokens_per_s:.4g} × 6 × {n_params:.4g} = {achieved:.4g} FLOP/s.",
+        "/ ({n_gpus} × {peak:.4g}) = {result:.4g} (flops.mfu).",
     ],
 )
 
@@ -165,15 +164,13 @@ numeric_family(
     draw=_report_case,
     calc=lambda p: flops.implied_mfu(p["n_params"], p["tokens"], p["gpu_hours"], gpu=p["gpu"]),
     unit="fraction",
-    text=lambda p: (
-        f"A report says {p['n_params']:.3g} parameters were trained on {p['tokens']:.3g} tokens in "
-        f"{p['gpu_hours']:.4g} {p['gpu']} GPU-hours. What MFU does that imply (6ND)?"
+    fields=lambda p, result: {"c": 6 * p["n_params"] * p["tokens"], "gpu_flop": p["gpu_hours"] * 3600 * _peak(p)},
+    text=(
+        "A report says {n_params:.3g} parameters were trained on {tokens:.3g} tokens in {gpu_hours:.4g} {gpu} "
+        "GPU-hours. What MFU does that imply (6ND)?"
     ),
     hints=["MFU = 6ND / (GPU-hours × 3600 × peak)."],
-    solution=lambda p, u: [
-        f"6ND = {6 * p['n_params'] * p['tokens']:.4g}; GPU-seconds × peak = {p['gpu_hours'] * 3600 * _peak(p):.4g}.",
-        f"MFU = {u:.4g} (flops.implied_mfu).",
-    ],
+    solution=["6ND = {c:.4g}; GPU-seconds × peak = {gpu_flop:.4g}.", "MFU = {result:.4g} (flops.implied_mfu)."],
 )
 
 numeric_family(
@@ -189,17 +186,16 @@ numeric_family(
     calc=lambda p: flops.flops_per_token(memory.preset(p["model"]), p["seq_len"]),
     unit="FLOPs",
     tolerance=0.02,
-    text=lambda p: (
-        f"Exact training FLOPs per token (forward + backward, causal attention counted) of {p['model']} at "
-        f"sequence length {p['seq_len']}?"
+    fields=lambda p, result: {"six_n": flops.six_n(memory.preset(p["model"]))},
+    text=(
+        "Exact training FLOPs per token (forward + backward, causal attention counted) of {model} at sequence "
+        "length {seq_len}?"
     ),
     hints=[
         "6 × (matmul parameters) + the attention score/value FLOPs.",
         "Attention adds ~ 6·L·s·d_model (causal: half of 12·L·s·d_model).",
     ],
-    solution=lambda p, f: [
-        f"6N = {flops.six_n(memory.preset(p['model'])):.4g}; exact count {f:.4g} FLOPs/token (flops.flops_per_token)."
-    ],
+    solution=["6N = {six_n:.4g}; exact count {result:.4g} FLOPs/token (flops.flops_per_token)."],
     diagnostics=lambda p, f: [
         (flops.six_n(memory.preset(p["model"])) / f, "6N ignores the attention FLOPs (and counts the embedding)")
     ],

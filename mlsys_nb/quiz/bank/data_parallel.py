@@ -37,14 +37,15 @@ numeric_family(
     draw=lambda rng: {"n_params": pick(rng, [125e6, 350e6, 1.3e9, 7e9]), "n": pick(rng, [2, 4, 8, 16, 64])},
     calc=lambda p: zero.zero_bytes_per_step(p["n_params"], p["n"], 0),
     unit="bytes",
-    text=lambda p: (
-        f"DDP over {p['n']} ranks, {p['n_params']:.3g} parameters, bf16 gradients, ring all-reduce: bytes each "
-        f"rank sends per step?"
+    fields=lambda p, result: {"grad_bytes": 2 * p["n_params"]},
+    text=(
+        "DDP over {n} ranks, {n_params:.3g} parameters, bf16 gradients, ring all-reduce: bytes each rank "
+        "sends per step?"
     ),
     hints=["Gradient bytes S = 2·N.", "Ring all-reduce sends 2(n−1)/n·S per rank."],
-    solution=lambda p, b: [
-        f"S = 2 × {p['n_params']:.4g} = {2 * p['n_params']:.4g} B.",
-        f"2(n−1)/n·S = {b:.4g} B (comm.bytes_sent_per_rank).",
+    solution=[
+        "S = 2 × {n_params:.4g} = {grad_bytes:.4g} B.",
+        "2(n−1)/n·S = {result:.4g} B (comm.bytes_sent_per_rank).",
     ],
     diagnostics=[
         (0.5, "did you count only the reduce-scatter half of the all-reduce?"),
@@ -65,17 +66,18 @@ numeric_family(
     },
     calc=lambda p: zero.zero_bytes_per_step(p["n_params"], p["n"], p["zero"]),
     unit="bytes",
-    text=lambda p: (
-        f"ZeRO stage {p['zero']} over {p['n']} ranks, {p['n_params']:.3g} bf16 parameters and gradients, ring "
-        f"collectives: bytes each rank sends per training step?"
+    fields=lambda p, result: {"phase": _one_phase(p), "collectives": 2 if p["zero"] < 3 else 3},
+    text=(
+        "ZeRO stage {zero} over {n} ranks, {n_params:.3g} bf16 parameters and gradients, ring collectives: "
+        "bytes each rank sends per training step?"
     ),
     hints=[
         "Stages 1-2: reduce-scatter the gradients, all-gather the updated parameters.",
         "Stage 3 gathers the parameters twice (forward and backward): 3 × (n−1)/n × 2N.",
     ],
-    solution=lambda p, b: [
-        f"Each collective sends (n−1)/n × 2N = {_one_phase(p):.4g} B.",
-        f"Stage {p['zero']}: {2 if p['zero'] < 3 else 3} collectives = {b:.4g} B.",
+    solution=[
+        "Each collective sends (n−1)/n × 2N = {phase:.4g} B.",
+        "Stage {zero}: {collectives} collectives = {result:.4g} B.",
     ],
     diagnostics=lambda p, b: [_zero3_diagnostic(p, b)],
 )
@@ -114,12 +116,17 @@ numeric_family(
     draw=_ddp_link_case,
     calc=lambda p: comm.collective_time("all_reduce", 2 * p["n_params"], p["n"], p["alpha"], p["beta"], "ring"),
     unit="seconds",
-    text=lambda p: (
-        f"DDP over {p['n']} ranks: one ring all-reduce of the bf16 gradients of {p['n_params']:.3g} parameters, "
-        f"α = {us(p['alpha'])}, β = {gbps(p['beta'])}. Seconds (nothing overlapped)?"
+    fields=lambda p, result: {
+        "alpha_us": us(p["alpha"]),
+        "beta_gbps": gbps(p["beta"]),
+        "grad_bytes": 2 * p["n_params"],
+    },
+    text=(
+        "DDP over {n} ranks: one ring all-reduce of the bf16 gradients of {n_params:.3g} parameters, α = "
+        "{alpha_us}, β = {beta_gbps}. Seconds (nothing overlapped)?"
     ),
     hints=["S = 2N bytes.", "T = 2(n−1)α + 2(n−1)/n·S/β."],
-    solution=lambda p, t: [f"S = {2 * p['n_params']:.4g} B; T = {t:.4g} s (comm.collective_time)."],
+    solution=["S = {grad_bytes:.4g} B; T = {result:.4g} s (comm.collective_time)."],
     diagnostics=[(0.5, "a ring all-reduce moves 2(n−1)/n·S, not (n−1)/n·S")],
 )
 

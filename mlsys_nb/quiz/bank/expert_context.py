@@ -32,18 +32,18 @@ numeric_family(
     },
     calc=lambda p: expert_parallel.ep_bytes_per_layer(p["tokens"], p["hidden"], p["top_k"], p["ep"])["step"],
     unit="bytes",
-    text=lambda p: (
-        f"Expert parallelism over ep = {p['ep']} ranks, T = {p['tokens']} tokens per rank, hidden {p['hidden']}, "
-        f"top-{p['top_k']} routing (uniform, no drops), bf16: bytes one rank sends per MoE layer per step "
-        f"(forward + backward)?"
+    fields=lambda p, result: {"one": result / 4},
+    text=(
+        "Expert parallelism over ep = {ep} ranks, T = {tokens} tokens per rank, hidden {hidden}, top-{top_k} "
+        "routing (uniform, no drops), bf16: bytes one rank sends per MoE layer per step (forward + backward)?"
     ),
     hints=[
         "Dispatch and combine are all-to-alls of k·T·h elements; (ep−1)/ep leaves the rank.",
         "Forward: dispatch + combine; backward: both again.",
     ],
-    solution=lambda p, v: [
-        f"One all-to-all: k·T·h·(ep−1)/ep·2 B = {v / 4:.4g} B.",
-        f"4 per step (dispatch, combine, and their backward) = {v:.4g} B (parallel.expert.ep_bytes_per_layer).",
+    solution=[
+        "One all-to-all: k·T·h·(ep−1)/ep·2 B = {one:.4g} B.",
+        ("4 per step (dispatch, combine, and their backward) = {result:.4g} B (parallel.expert.ep_bytes_per_layer)."),
     ],
     diagnostics=[
         (0.5, "count the backward too: its all-to-alls mirror the forward"),
@@ -69,15 +69,12 @@ numeric_family(
         / expert_parallel.tp_moe_bytes_per_layer(p["tokens"], p["hidden"], p["n"])["step"]
     ),
     unit="ratio",
-    text=lambda p: (
-        f"An MoE layer on {p['n']} ranks, top-{p['top_k']}: EP (all-to-all) vs splitting every expert over {p['n']} "
-        f"ranks (TP, one all-reduce forward and backward). Ratio of bytes per rank, EP / TP?"
+    text=(
+        "An MoE layer on {n} ranks, top-{top_k}: EP (all-to-all) vs splitting every expert over {n} ranks "
+        "(TP, one all-reduce forward and backward). Ratio of bytes per rank, EP / TP?"
     ),
     hints=["EP: 4·k·T·h·(n−1)/n per step.", "TP: 2 all-reduces of T·h: 4·T·h·(n−1)/n.", "The ratio is k."],
-    solution=lambda p, r: [
-        "EP step bytes = 4·k·T·h·(n−1)/n·2 B; TP step bytes = 2·2(n−1)/n·T·h·2 B.",
-        f"Ratio = k = {r:.3g}.",
-    ],
+    solution=["EP step bytes = 4·k·T·h·(n−1)/n·2 B; TP step bytes = 2·2(n−1)/n·T·h·2 B.", "Ratio = k = {result:.3g}."],
 )
 
 
@@ -102,18 +99,16 @@ numeric_family(
     draw=_ring_case,
     calc=lambda p: _ring_bytes(p)[p["pass"]],
     unit="bytes",
-    text=lambda p: (
-        f"Ring attention, cp = {p['cp']}, batch {p['b']} × {p['seq_len']} tokens, {p['n_kv_heads']} KV heads × "
-        f"{p['head_dim']}, bf16: bytes one rank sends per attention layer in the {p['pass']} pass?"
+    fields=lambda p, result: {"block": _ring_bytes(p)["kv_block"]},
+    text=(
+        "Ring attention, cp = {cp}, batch {b} × {seq_len} tokens, {n_kv_heads} KV heads × {head_dim}, bf16: "
+        "bytes one rank sends per attention layer in the {pass} pass?"
     ),
     hints=[
         "A K|V block is 2·b·(s/cp)·n_kv·d elements.",
         "Forward passes cp−1 blocks; backward passes cp−1 K|V blocks plus cp dK|dV accumulators.",
     ],
-    solution=lambda p, v: [
-        f"Block = {_ring_bytes(p)['kv_block']:.4g} B.",
-        f"{p['pass']}: {v:.4g} B (parallel.context.ring_bytes_per_layer).",
-    ],
+    solution=["Block = {block:.4g} B.", "{pass}: {result:.4g} B (parallel.context.ring_bytes_per_layer)."],
     diagnostics=[(0.5, "K and V both travel: 2 tensors per block")],
 )
 
@@ -127,14 +122,15 @@ numeric_family(
     calc=lambda p: context_parallel.causal_work(p["seq_len"], p["cp"], "contiguous"),
     key=lambda work: max(work) / min(work),
     unit="ratio",
-    text=lambda p: (
-        f"Causal attention split contiguously over cp = {p['cp']} ranks (fully masked blocks skipped): the "
-        f"busiest rank does how many times the work of the least busy?"
+    fields=lambda p, result: {"last": result[-1], "ratio": max(result) / min(result)},
+    text=(
+        "Causal attention split contiguously over cp = {cp} ranks (fully masked blocks skipped): the busiest "
+        "rank does how many times the work of the least busy?"
     ),
     hints=["Rank r's queries see r+1 chunks of keys.", "Busiest / least = cp."],
-    solution=lambda p, work: [
-        f"Work per rank ∝ r+1: {work[0]} ... {work[-1]} (parallel.context.causal_work).",
-        f"Ratio = {max(work) / min(work):g}; the zig-zag layout makes it 1.",
+    solution=[
+        "Work per rank ∝ r+1: {result[0]} ... {last} (parallel.context.causal_work).",
+        "Ratio = {ratio:g}; the zig-zag layout makes it 1.",
     ],
 )
 
@@ -160,15 +156,19 @@ numeric_family(
     draw=_a2a_case,
     calc=lambda p: comm.collective_time("all_to_all", _dispatch_bytes(p), p["ep"], p["alpha"], p["beta"], "pairwise"),
     unit="seconds",
-    text=lambda p: (
-        f"One MoE dispatch all-to-all: each of ep = {p['ep']} ranks sends its T = {p['tokens']} tokens × "
-        f"top-{p['top_k']} copies × hidden {p['hidden']} in bf16 (S = k·T·h·2 B per rank), pairwise, "
-        f"α = {us(p['alpha'])}, β = {gbps(p['beta'])}. Seconds?"
+    fields=lambda p, result: {
+        "alpha_us": us(p["alpha"]),
+        "beta_gbps": gbps(p["beta"]),
+        "send_bytes": _dispatch_bytes(p),
+        "result_ms": result * 1e3,
+    },
+    text=(
+        "One MoE dispatch all-to-all: each of ep = {ep} ranks sends its T = {tokens} tokens × top-{top_k} "
+        "copies × hidden {hidden} in bf16 (S = k·T·h·2 B per rank), pairwise, α = {alpha_us}, β = "
+        "{beta_gbps}. Seconds?"
     ),
     hints=["Pairwise all-to-all: (n−1) messages, (n−1)/n·S bytes.", "T = (n−1)α + (n−1)/n·S/β."],
-    solution=lambda p, t: [
-        f"S = {_dispatch_bytes(p):.4g} B; T = {t * 1e3:.4g} ms (comm.collective_time all_to_all, pairwise)."
-    ],
+    solution=["S = {send_bytes:.4g} B; T = {result_ms:.4g} ms (comm.collective_time all_to_all, pairwise)."],
 )
 
 

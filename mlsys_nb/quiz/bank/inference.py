@@ -57,18 +57,23 @@ numeric_family(
     },
     calc=lambda p: inference.kv_cache_bytes(p["preset"], p["tokens"], p["dtype"]),
     unit="bytes",
-    text=lambda p: (
-        f"{p['preset']} ({_shape(p['preset'])[1]}) caches {p['tokens']} tokens in {p['dtype']}. KV-cache bytes?"
-    ),
-    hints=lambda p: [
+    fields=lambda p, result: {
+        "shape": _shape(p["preset"])[1],
+        "dtype_bytes": DTYPE_BYTES[p["dtype"]],
+        "n_layers": _shape(p["preset"])[0].n_layers,
+        "n_kv_heads": _shape(p["preset"])[0].n_kv_heads,
+        "head_dim": _shape(p["preset"])[0].head_dim,
+        "per_token": inference.kv_bytes_per_token(p["preset"], p["dtype"]),
+        "result_gb": gb(result),
+    },
+    text="{preset} ({shape}) caches {tokens} tokens in {dtype}. KV-cache bytes?",
+    hints=[
         "Per token per layer: K and V, each n_kv_heads × head_dim elements.",
-        f"2 × L × n_kv × d × {DTYPE_BYTES[p['dtype']]} B × tokens.",
+        "2 × L × n_kv × d × {dtype_bytes} B × tokens.",
     ],
-    solution=lambda p, b: [
-        f"Per token: 2 × {_shape(p['preset'])[0].n_layers} × {_shape(p['preset'])[0].n_kv_heads} × "
-        f"{_shape(p['preset'])[0].head_dim} × {DTYPE_BYTES[p['dtype']]} = "
-        f"{inference.kv_bytes_per_token(p['preset'], p['dtype']):.6g} B.",
-        f"× {p['tokens']} tokens = {gb(b)} (inference.kv_cache_bytes).",
+    solution=[
+        "Per token: 2 × {n_layers} × {n_kv_heads} × {head_dim} × {dtype_bytes} = {per_token:.6g} B.",
+        "× {tokens} tokens = {result_gb} (inference.kv_cache_bytes).",
     ],
     diagnostics=_kv_diagnostics,
 )
@@ -89,9 +94,10 @@ numeric_family(
     draw=lambda rng: {"preset": pick(rng, MODELS + ["deepseek-v3"]), "dtype": "bf16"},
     calc=lambda p: inference.kv_bytes_per_token(p["preset"], "bf16"),
     unit="bytes",
-    text=lambda p: f"KV-cache bytes per token (all layers, bf16) of {p['preset']}" + _kv_shape_text(p["preset"]),
+    fields=lambda p, result: {"shape": _kv_shape_text(p["preset"])},
+    text="KV-cache bytes per token (all layers, bf16) of {preset}{shape}",
     hints=["MHA/GQA: 2·L·n_kv·d·bytes.", "MLA (DeepSeek): (kv_lora_rank + rope_head_dim)·L·bytes."],
-    solution=lambda p, b: [f"{b:.6g} B per token (inference.kv_bytes_per_token)."],
+    solution=["{result:.6g} B per token (inference.kv_bytes_per_token)."],
     diagnostics=lambda p, b: (
         [] if _shape(p["preset"])[0].kv_lora_rank else [(0.5, "off by a factor 2: did you count K and V?")]
     ),
@@ -112,11 +118,14 @@ numeric_family(
     draw=lambda rng: {"preset": pick(rng, MODELS), "dtype": pick(rng, ["bf16", "fp8", "int4"])},
     calc=lambda p: inference.weight_bytes(p["preset"], p["dtype"]),
     unit="bytes",
-    text=lambda p: f"{p['preset']} has {_n_params(p['preset']):,} parameters. Bytes of weights in {p['dtype']}?",
-    hints=lambda p: [f"{p['dtype']} is {DTYPE_BYTES[p['dtype']]} B per parameter."],
-    solution=lambda p, b: [
-        f"{_n_params(p['preset']):,} × {DTYPE_BYTES[p['dtype']]} = {gb(b)} (inference.weight_bytes)."
-    ],
+    fields=lambda p, result: {
+        "n_params": _n_params(p["preset"]),
+        "dtype_bytes": DTYPE_BYTES[p["dtype"]],
+        "result_gb": gb(result),
+    },
+    text="{preset} has {n_params:,} parameters. Bytes of weights in {dtype}?",
+    hints=["{dtype} is {dtype_bytes} B per parameter."],
+    solution=["{n_params:,} × {dtype_bytes} = {result_gb} (inference.weight_bytes)."],
 )
 
 
@@ -144,19 +153,24 @@ numeric_family(
     ),
     unit="count",
     tolerance=0.0,
-    text=lambda p: (
-        f"Serving {p['preset']} (bf16 weights and KV) with TP = {p['tp']} on {p['gpu']} "
-        f"({gb(hardware.gpu(p['gpu']).memory_bytes)}), 90 % of memory usable: how many full {p['seq_len']}-token "
-        f"sequences fit?"
+    fields=lambda p, result: {
+        "gpu_memory": gb(hardware.gpu(p["gpu"]).memory_bytes),
+        "weights_per_gpu": gb(inference.weight_bytes(p["preset"]) / p["tp"]),
+        "kv_per_gpu": gb(
+            inference.kv_cache_bytes(p["preset"], p["seq_len"]) / min(p["tp"], _shape(p["preset"])[0].n_kv_heads)
+        ),
+    },
+    text=(
+        "Serving {preset} (bf16 weights and KV) with TP = {tp} on {gpu} ({gpu_memory}), 90 % of memory "
+        "usable: how many full {seq_len}-token sequences fit?"
     ),
     hints=[
         "Budget per GPU = 0.9 × memory − weights / tp.",
         "Each sequence needs kv_cache_bytes(seq) / tp (TP splits the KV heads). Round down.",
     ],
-    solution=lambda p, n: [
-        f"Weights per GPU {gb(inference.weight_bytes(p['preset']) / p['tp'])}; KV per sequence per GPU "
-        f"{gb(inference.kv_cache_bytes(p['preset'], p['seq_len']) / min(p['tp'], _shape(p['preset'])[0].n_kv_heads))}.",
-        f"{n} sequences (inference.max_concurrent_sequences).",
+    solution=[
+        "Weights per GPU {weights_per_gpu}; KV per sequence per GPU {kv_per_gpu}.",
+        "{result} sequences (inference.max_concurrent_sequences).",
     ],
 )
 
@@ -199,18 +213,23 @@ numeric_family(
     calc=lambda p: inference.decode_cost(p["preset"], p["gpu"], p["context"], batch=p["batch"]),
     key=lambda c: c.time_s,
     unit="seconds",
-    text=lambda p: (
-        f"Roofline model: one decode step of {p['preset']} (bf16) on one {p['gpu']} (weights and cache fit), batch "
-        f"{p['batch']}, each sequence at context {p['context']}: time of the step (max of compute and memory time, "
-        f"100 % of peak)?"
+    fields=lambda p, result: {
+        "compute_ms": result.compute_time_s * 1e3,
+        "memory_ms": result.memory_time_s * 1e3,
+        "step_ms": result.time_s * 1e3,
+    },
+    text=(
+        "Roofline model: one decode step of {preset} (bf16) on one {gpu} (weights and cache fit), batch "
+        "{batch}, each sequence at context {context}: time of the step (max of compute and memory time, 100 % "
+        "of peak)?"
     ),
     hints=[
         "Bytes: all weights once + every sequence's KV cache.",
         "FLOPs: 2 × matmul params × batch + attention. Take the slower of FLOPs/peak and bytes/bandwidth.",
     ],
-    solution=lambda p, c: [
-        f"FLOPs {c.flops:.4g} → {c.compute_time_s * 1e3:.4g} ms; bytes {c.bytes:.4g} → {c.memory_time_s * 1e3:.4g} ms.",
-        f"{c.bound}-bound: {c.time_s * 1e3:.4g} ms (inference.decode_cost).",
+    solution=[
+        "FLOPs {result.flops:.4g} → {compute_ms:.4g} ms; bytes {result.bytes:.4g} → {memory_ms:.4g} ms.",
+        "{result.bound}-bound: {step_ms:.4g} ms (inference.decode_cost).",
     ],
 )
 
@@ -224,17 +243,24 @@ numeric_family(
     calc=lambda p: inference.prefill_cost(p["preset"], p["gpu"], p["prompt_len"], batch=p["batch"]),
     key=lambda c: c.time_s,
     unit="seconds",
-    text=lambda p: (
-        f"Roofline model: prefill of {p['batch']} prompt(s) of {p['prompt_len']} tokens on {p['preset']} (bf16), "
-        f"one {p['gpu']} (weights and cache fit): time?"
+    fields=lambda p, result: {
+        "compute_ms": result.compute_time_s * 1e3,
+        "memory_ms": result.memory_time_s * 1e3,
+        "step_ms": result.time_s * 1e3,
+    },
+    text=(
+        "Roofline model: prefill of {batch} prompt(s) of {prompt_len} tokens on {preset} (bf16), one {gpu} "
+        "(weights and cache fit): time?"
     ),
     hints=[
         "Prefill is usually compute-bound: ≈ 2·N_matmul·tokens / peak (+ attention).",
         "Check against the memory time (weights + KV written).",
     ],
-    solution=lambda p, c: [
-        f"compute {c.compute_time_s * 1e3:.4g} ms, memory {c.memory_time_s * 1e3:.4g} ms → "
-        f"{c.bound}-bound, {c.time_s * 1e3:.4g} ms (inference.prefill_cost)."
+    solution=[
+        (
+            "compute {compute_ms:.4g} ms, memory {memory_ms:.4g} ms → {result.bound}-bound, {step_ms:.4g} ms "
+            "(inference.prefill_cost)."
+        )
     ],
 )
 
@@ -278,9 +304,10 @@ numeric_family(
     draw=lambda rng: {"gpu": pick(rng, GPUS)},
     calc=lambda p: inference.decode_cost("llama-2-7b", p["gpu"], 16).ridge_flop_per_byte,
     unit="ratio",
-    text=lambda p: f"{p['gpu']}: {_peaks(p['gpu'])}. Ridge point (FLOP per byte)?",
+    fields=lambda p, result: {"peaks": _peaks(p["gpu"])},
+    text="{gpu}: {peaks}. Ridge point (FLOP per byte)?",
     hints=["Ridge = peak FLOP/s / bandwidth B/s."],
-    solution=lambda p, r: [f"{r:.4g} FLOP/B (StepCost.ridge_flop_per_byte)."],
+    solution=["{result:.4g} FLOP/B (StepCost.ridge_flop_per_byte)."],
 )
 
 

@@ -46,17 +46,24 @@ numeric_family(
     calc=lambda p: memory.model_state_bytes(p["n_params"], dp=p["dp"], zero=p["zero"]),
     key=lambda s: s.total,
     unit="bytes",
-    text=lambda p: (
-        f"Mixed-precision Adam (bf16 params and grads, fp32 master + 2 fp32 moments), {p['n_params']:.3g} "
-        f"parameters, data parallel over {p['dp']} GPUs with ZeRO stage {p['zero']}: bytes of model states per GPU?"
+    fields=lambda p, result: {
+        "params_gb": gb(result.params),
+        "grads": gb(result.grads),
+        "optimizer": gb(result.optimizer),
+        "master": gb(result.master),
+        "total": gb(result.total),
+    },
+    text=(
+        "Mixed-precision Adam (bf16 params and grads, fp32 master + 2 fp32 moments), {n_params:.3g} "
+        "parameters, data parallel over {dp} GPUs with ZeRO stage {zero}: bytes of model states per GPU?"
     ),
     hints=[
         "2 B params + 2 B grads + 12 B (master 4 + m 4 + v 4) per parameter.",
         "Stage 1 shards the 12 B, stage 2 also the grads, stage 3 also the params.",
     ],
-    solution=lambda p, s: [
-        f"params {gb(s.params)}, grads {gb(s.grads)}, optimizer {gb(s.optimizer)}, master {gb(s.master)}.",
-        f"Total {gb(s.total)} per GPU (memory.model_state_bytes).",
+    solution=[
+        "params {params_gb}, grads {grads}, optimizer {optimizer}, master {master}.",
+        "Total {total} per GPU (memory.model_state_bytes).",
     ],
     diagnostics=_states_diagnostics,
 )
@@ -72,17 +79,12 @@ numeric_family(
     draw=lambda rng: dict(zip(("precision", "optimizer"), pick(rng, RECIPES))),
     calc=lambda p: memory.model_state_bytes(1, precision=p["precision"], optimizer=p["optimizer"]).total,
     unit="count",
-    text=lambda p: (
-        f"Bytes of model states per parameter for precision {p['precision']} with optimizer {p['optimizer']} "
-        f"(no sharding)?"
-    ),
+    text=("Bytes of model states per parameter for precision {precision} with optimizer {optimizer} (no sharding)?"),
     hints=[
         "params + grads + optimizer states + (mixed precision) an fp32 master copy.",
         "Adam keeps 2 states (m, v); SGD with momentum 1; plain SGD 0.",
     ],
-    solution=lambda p, b: [
-        f"memory.model_state_bytes(1, precision={p['precision']!r}, optimizer={p['optimizer']!r}).total = {b:g} B."
-    ],
+    solution=["memory.model_state_bytes(1, precision={precision!r}, optimizer={optimizer!r}).total = {result:g} B."],
 )
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from ... import pipeline as pl
 from ..core import family
-from ._util import pick, ratio_family
+from ._util import numeric_family, pick, ratio_family
 
 SEC = "notebooks/08_pipeline_parallelism.ipynb"
+SEC_BUBBLE = SEC + ", §1 Cutting a model into stages, and the bubble"
 REF = {
     "gpipe": "docs/references.md#gpipe (Huang et al. 2019, arXiv:1811.06965)",
     "1f1b": "docs/references.md#pipedream-flush (Narayanan et al. 2021, arXiv:2006.09503)",
@@ -64,7 +65,7 @@ def _v_text(name, v):
     "pipeline.bubble_fraction",
     "pipeline",
     difficulty=2,
-    section=SEC + ", §1 Cutting a model into stages, and the bubble",
+    section=SEC_BUBBLE,
     reference=REF["1f1b"],
 )
 def _bubble_fraction(rng):
@@ -96,120 +97,125 @@ def _bubble_fraction(rng):
     )
 
 
-@family(
+def _case(rng, name=None) -> dict:
+    name, p, m, v = pipeline_case(rng, name)
+    return {"schedule": name, "p": p, "m": m, "v": v}
+
+
+def _sim(q):
+    """``pipeline.simulate`` of the case ``q`` (F = B = W = 1)."""
+    return sim(q["schedule"], q["p"], q["m"], q["v"])
+
+
+def _setup(q) -> str:
+    return f"{q['schedule']}, p = {q['p']}, m = {q['m']}{_v_text(q['schedule'], q['v'])}"
+
+
+numeric_family(
     "pipeline.bubble_ratio",
     "pipeline",
-    section=SEC + ", §1 Cutting a model into stages, and the bubble",
+    section=SEC_BUBBLE,
     reference=REF["1f1b"],
+    draw=lambda rng: _case(rng, pick(rng, ["gpipe", "1f1b", "interleaved-1f1b"])),
+    calc=_sim,
+    key=lambda r: r.bubble_ratio,
+    unit="ratio",
+    text=lambda q: f"{_setup(q)}; {COSTS}. Bubble time over busy time (the Megatron 'bubble ratio')?",
+    hints=lambda q: _hints(q["schedule"])[:1] + ["1F1B: (p−1)/m; interleaved: (p−1)/(v·m)."],
+    solution=lambda q, r: [f"bubble_ratio = Σ idle / Σ busy = {r.bubble_ratio:.4g} (pipeline.simulate)."],
+    diagnostics=lambda q, r: [(r.bubble_fraction / r.bubble_ratio, "that is the idle fraction of the whole step")],
 )
-def _bubble_ratio(rng):
-    name, p, m, v = pipeline_case(rng, pick(rng, ["gpipe", "1f1b", "interleaved-1f1b"]))
-    r = sim(name, p, m, v)
-    return dict(
-        text=f"{name}, p = {p}, m = {m}{_v_text(name, v)}; {COSTS}. Bubble time over busy time "
-        f"(the Megatron 'bubble ratio')?",
-        params={"schedule": name, "p": p, "m": m, "v": v},
-        answer=r.bubble_ratio,
-        unit="ratio",
-        hints=_hints(name)[:1] + ["1F1B: (p−1)/m; interleaved: (p−1)/(v·m)."],
-        solution=[f"bubble_ratio = Σ idle / Σ busy = {r.bubble_ratio:.4g} (pipeline.simulate)."],
-        diagnostics=[(r.bubble_fraction / r.bubble_ratio, "that is the idle fraction of the whole step")],
-    )
 
-
-@family(
+numeric_family(
     "pipeline.makespan",
     "pipeline",
-    section=SEC + ", §1 Cutting a model into stages, and the bubble",
+    section=SEC_BUBBLE,
     reference=REF["1f1b"],
+    draw=_case,
+    calc=_sim,
+    key=lambda r: r.makespan,
+    unit="F units",
+    text=lambda q: f"{_setup(q)}; {COSTS}. How long is one step (makespan, in units of F)?",
+    hints=lambda q: _hints(q["schedule"])[:1] + ["makespan = m(F + B + W) + bubble time."],
+    solution=lambda q, r: [f"Busy {r.busy[0]:g} + bubble {r.bubble_time:g} = {r.makespan:g} (pipeline.simulate)."],
 )
-def _makespan(rng):
-    name, p, m, v = pipeline_case(rng)
-    r = sim(name, p, m, v)
-    return dict(
-        text=f"{name}, p = {p}, m = {m}{_v_text(name, v)}; {COSTS}. How long is one step (makespan, in units of F)?",
-        params={"schedule": name, "p": p, "m": m, "v": v},
-        answer=r.makespan,
-        unit="F units",
-        hints=_hints(name)[:1] + ["makespan = m(F + B + W) + bubble time."],
-        solution=[f"Busy {r.busy[0]:g} + bubble {r.bubble_time:g} = {r.makespan:g} (pipeline.simulate)."],
-    )
 
+PEAK_HINTS = {
+    "gpipe": "GPipe runs all m forwards first.",
+    "1f1b": "1F1B: min(p − r, m) on rank r.",
+    "interleaved-1f1b": "Interleaved: p + (p−1)/v on rank 0 (in L/p-layer units).",
+    "zb-h1": "ZB-H1 keeps 1F1B's in-flight count.",
+    "zb-h2": "ZB-H2: 2p − 1 on rank 0.",
+    "zbv": "ZBV: p once m >= 2p − 1 (two half-size chunks).",
+}
 
-def _acts_family(name):
-    @family(
-        f"pipeline.peak_activations_{name.replace('-', '_')}",
+for _n in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv"):
+    numeric_family(
+        f"pipeline.peak_activations_{_n.replace('-', '_')}",
         "pipeline",
         difficulty=2,
         section=SEC + ", §4 1F1B and activation memory, §9 All schedules side by side",
-        reference=REF[name],
+        reference=REF[_n],
+        draw=lambda rng, name=_n: _case(rng, name),
+        calc=_sim,
+        key=lambda r: r.peak_activations[0],
+        unit="micro-batches",
+        fields=lambda p, result: {
+            "chunks": _v_text(p["schedule"], p["v"]),
+            "peak_hint": PEAK_HINTS.get(p["schedule"], "Simulate it."),
+            "peaks": [round(x, 3) for x in result.peak_activations],
+            "peak": result.peak_activations[0],
+        },
+        text=(
+            "{schedule} on p = {p} stages, m = {m} micro-batches{chunks}: how many micro-batches' activations "
+            "(each over L/p layers) does rank 0 hold at its peak?"
+        ),
+        hints=["Count forwards whose backward has not run yet.", "{peak_hint}"],
+        solution=["Peak in flight per rank: {peaks} (pipeline.simulate(...).peak_activations).", "Rank 0: {peak:g}."],
     )
-    def f(rng):
-        _, p, m, v = pipeline_case(rng, name)
-        r = sim(name, p, m, v)
-        peak = r.peak_activations[0]
-        return dict(
-            text=f"{name} on p = {p} stages, m = {m} micro-batches{_v_text(name, v)}: how many micro-batches' "
-            f"activations (each over L/p layers) does rank 0 hold at its peak?",
-            params={"schedule": name, "p": p, "m": m, "v": v},
-            answer=peak,
-            unit="micro-batches",
-            hints=[
-                "Count forwards whose backward has not run yet.",
-                {
-                    "gpipe": "GPipe runs all m forwards first.",
-                    "1f1b": "1F1B: min(p − r, m) on rank r.",
-                    "interleaved-1f1b": "Interleaved: p + (p−1)/v on rank 0 (in L/p-layer units).",
-                    "zb-h1": "ZB-H1 keeps 1F1B's in-flight count.",
-                    "zb-h2": "ZB-H2: 2p − 1 on rank 0.",
-                    "zbv": "ZBV: p once m >= 2p − 1 (two half-size chunks).",
-                }.get(name, "Simulate it."),
-            ],
-            solution=[
-                f"Peak in flight per rank: {[round(x, 3) for x in r.peak_activations]} "
-                "(pipeline.simulate(...).peak_activations).",
-                f"Rank 0: {peak:g}.",
-            ],
-        )
-
-    return f
 
 
-for _n in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv"):
-    _acts_family(_n)
+def _bubble_1f1b(p: int, m: int) -> float:
+    """1F1B's bubble fraction with F = 1, B = 2 (``pipeline.closed_form``, what the simulator is tested against)."""
+    bubble = pl.closed_form("1f1b", p, m, F=1.0, B=2.0)["bubble_time"]
+    return bubble / (bubble + 3.0 * m)
 
 
-@family(
+def _fewest_microbatches(q) -> int:
+    m = 1
+    while _bubble_1f1b(q["p"], m) > q["target"]:
+        m += 1
+    return m
+
+
+numeric_family(
     "pipeline.min_microbatches",
     "pipeline",
     difficulty=2,
-    section=SEC + ", §1 Cutting a model into stages, and the bubble",
+    section=SEC_BUBBLE,
     reference=REF["1f1b"],
+    draw=lambda rng: {"p": pick(rng, [2, 4, 8]), "target": pick(rng, [0.05, 0.1, 0.2, 0.25])},
+    calc=_fewest_microbatches,
+    unit="micro-batches",
+    tolerance=0.0,
+    fields=lambda p, result: {
+        "costs": COSTS,
+        "fraction": _bubble_1f1b(p["p"], result),
+        "m1": result - 1,
+        "fraction_before": _bubble_1f1b(p["p"], max(result - 1, 1)),
+    },
+    text=(
+        "1F1B on p = {p} stages ({costs}): the smallest number of micro-batches m that brings the bubble "
+        "fraction to at most {target:.0%}?"
+    ),
+    hints=["bubble_fraction = (p−1)/(m + p − 1) for 1F1B.", "Solve for m, round up."],
+    solution=[
+        (
+            "Scanning m with pipeline.closed_form: m = {result} gives {fraction:.4g}, m = {m1} gives "
+            "{fraction_before:.4g}."
+        )
+    ],
 )
-def _min_m(rng):
-    p = pick(rng, [2, 4, 8])
-    target = pick(rng, [0.05, 0.1, 0.2, 0.25])
-
-    def frac(m):  # the closed form the simulator is tested against (pipeline.closed_form)
-        bubble = pl.closed_form("1f1b", p, m, F=1.0, B=2.0)["bubble_time"]
-        return bubble / (bubble + 3.0 * m)
-
-    m = 1
-    while frac(m) > target:
-        m += 1
-    return dict(
-        text=f"1F1B on p = {p} stages ({COSTS}): the smallest number of micro-batches m that brings the "
-        f"bubble fraction to at most {target:.0%}?",
-        params={"p": p, "target": target},
-        answer=m,
-        unit="micro-batches",
-        tolerance=0.0,
-        hints=["bubble_fraction = (p−1)/(m + p − 1) for 1F1B.", "Solve for m, round up."],
-        solution=[
-            f"Scanning m with pipeline.closed_form: m = {m} gives {frac(m):.4g}, m = {m - 1} gives "
-            f"{frac(max(m - 1, 1)):.4g}."
-        ],
-    )
 
 
 def _interleaved_case(rng):

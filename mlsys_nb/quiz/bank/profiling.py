@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...runtime import profiling
 from ..core import family
-from ._util import MB, pick
+from ._util import MB, numeric_family, pick
 
 SEC_TRACE = "notebooks/05b_profiling.ipynb, §1 A trace of one training step"
 SEC_DDP = "notebooks/05b_profiling.ipynb, §2 A DDP step on the timeline"
@@ -23,27 +23,42 @@ def _mm_event(ts: float, m: int, k: int, n: int) -> dict:
     return {"ph": "X", "name": "aten::mm", "ts": ts, "dur": 1.0, "args": {"Input Dims": [[m, k], [k, n]]}}
 
 
-@family("profiling.linear_backward_flops", "profiling", section=SEC_TRACE, reference=REF_FLOPS)
-def _linear_backward_flops(rng):
+def _linear_case(rng) -> dict:
     tokens = pick(rng, [2048, 4096, 8192, 16384])
     d_in, d_out = pick(rng, [1024, 2048, 4096]), pick(rng, [1024, 4096, 11008, 14336])
-    # backward of y = x W^T: grad_x = grad_y [t, out] @ W [out, in]; grad_W = grad_y^T [out, t] @ x [t, in]
-    events = [_mm_event(1.0, tokens, d_out, d_in), _mm_event(3.0, d_out, tokens, d_in)]
-    calls, flops = profiling.mm_flops(events, (0.0, 10.0))
-    return dict(
-        text=f"A trace of the backward of one bias-free linear layer ({d_in} -> {d_out} features) on {tokens} "
-        f"tokens shows two aten::mm calls, with input shapes [{tokens}, {d_out}] x [{d_out}, {d_in}] and "
-        f"[{d_out}, {tokens}] x [{tokens}, {d_in}]. How many FLOPs do they do together?",
-        params={"tokens": tokens, "d_in": d_in, "d_out": d_out},
-        answer=flops,
-        unit="FLOPs",
-        hints=["An [M, K] x [K, N] matmul does M·N dot products of length K: 2·M·K·N FLOPs.", f"{calls} calls."],
-        solution=[
-            f"grad of the input: 2 × {tokens} × {d_out} × {d_in}; grad of the weight: 2 × {d_out} × {tokens} × {d_in}.",
-            f"Sum = 4 × tokens × weights = {flops:.4g} FLOPs (runtime.profiling.mm_flops): twice the forward.",
-        ],
-        diagnostics=[(0.5, "backward runs two matmuls per linear layer (input and weight gradients)")],
-    )
+    return {"tokens": tokens, "d_in": d_in, "d_out": d_out}
+
+
+def _backward_mm(p) -> tuple[int, float]:
+    """(calls, FLOPs) of the two aten::mm events of a linear layer's backward (``runtime.profiling.mm_flops``).
+
+    y = x W^T: grad_x = grad_y [t, out] @ W [out, in]; grad_W = grad_y^T [out, t] @ x [t, in]."""
+    t, d_in, d_out = p["tokens"], p["d_in"], p["d_out"]
+    return profiling.mm_flops([_mm_event(1.0, t, d_out, d_in), _mm_event(3.0, d_out, t, d_in)], (0.0, 10.0))
+
+
+numeric_family(
+    "profiling.linear_backward_flops",
+    "profiling",
+    section=SEC_TRACE,
+    reference=REF_FLOPS,
+    draw=_linear_case,
+    calc=_backward_mm,
+    key=lambda calls_flops: calls_flops[1],
+    unit="FLOPs",
+    fields=lambda p, result: {"calls": _backward_mm(p)[0]},
+    text=(
+        "A trace of the backward of one bias-free linear layer ({d_in} -> {d_out} features) on {tokens} "
+        "tokens shows two aten::mm calls, with input shapes [{tokens}, {d_out}] x [{d_out}, {d_in}] and "
+        "[{d_out}, {tokens}] x [{tokens}, {d_in}]. How many FLOPs do they do together?"
+    ),
+    hints=["An [M, K] x [K, N] matmul does M·N dot products of length K: 2·M·K·N FLOPs.", "{calls} calls."],
+    solution=[
+        ("grad of the input: 2 × {tokens} × {d_out} × {d_in}; grad of the weight: 2 × {d_out} × {tokens} × {d_in}."),
+        "Sum = 4 × tokens × weights = {result[1]:.4g} FLOPs (runtime.profiling.mm_flops): twice the forward.",
+    ],
+    diagnostics=[(0.5, "backward runs two matmuls per linear layer (input and weight gradients)")],
+)
 
 
 def _spans(rng, n, lo, hi):
@@ -78,48 +93,69 @@ def _overlap(rng):
     )
 
 
-@family("profiling.step_peak_from_events", "profiling", difficulty=2, section=SEC_MEM, reference=REF_MEM)
-def _peak(rng):
+def _step_events(rng) -> dict:
+    """A step's memory events in MB: forward saves three layers' activations, backward adds the logits' gradient,
+    frees the activations, adds the gradients, frees the logits' gradient."""
     act = [pick(rng, [40, 60, 80, 120]) for _ in range(3)]  # MB kept by forward, layer by layer
-    logits_grad = pick(rng, [30, 50, 100])
-    grads = pick(rng, [20, 40, 60])
+    logits_grad, grads = pick(rng, [30, 50, 100]), pick(rng, [20, 40, 60])
     ops = [("forward: saved activations", a) for a in act]
     ops += [("backward: logits' gradient", logits_grad)]
     ops += [("backward: activations freed", -a) for a in act[::-1]]
     ops += [("backward: gradients", grads), ("backward: logits' gradient freed", -logits_grad)]
+    return {"mb": [b for _, b in ops], "ops": ops, "act": act, "logits_grad": logits_grad}
+
+
+def _peak(p) -> float:
     events = [
-        {"name": "[memory]", "ts": float(i), "args": {"Bytes": b * MB, "Device Type": 0}}
-        for i, (_, b) in enumerate(ops)
+        {"name": "[memory]", "ts": float(i), "args": {"Bytes": b * MB, "Device Type": 0}} for i, b in enumerate(p["mb"])
     ]
-    peak = max(b for _, b in profiling.memory_timeline(events))
-    listed = "; ".join(f"{what} {b:+d} MB" for what, b in ops)
-    return dict(
-        text=f"The memory events of one step, in order (MB = 1e6 B; negative = freed): {listed}. What is the "
-        "peak of live bytes, counted from the start of the step?",
-        params={"mb": [b for _, b in ops]},
-        answer=peak,
-        unit="bytes",
-        hints=["Add the events in order and keep the running maximum.", "The peak comes early in backward."],
-        solution=[
-            f"After forward: {sum(act)} MB of activations; the logits' gradient adds {logits_grad} MB.",
-            f"Peak = {peak / MB:g} MB (runtime.profiling.memory_timeline), before backward frees anything.",
-        ],
-        diagnostics=[(sum(act) / (sum(act) + logits_grad), "the logits' gradient lives beside the activations")],
-    )
+    return max(b for _, b in profiling.memory_timeline(events))
 
 
-@family("profiling.optimizer_state_appearance", "profiling", section=SEC_MEM, reference=REF_MEM)
-def _states(rng):
-    n = pick(rng, [125e6, 350e6, 1.3e9, 7e9])
-    events = [{"name": "[memory]", "ts": 0.0, "args": {"Bytes": int(8 * n), "Device Type": 0}}]
-    jump = profiling.memory_timeline(events)[-1][1]
-    return dict(
-        text=f"A model of {n:.3g} fp32 parameters trained with AdamW. By how many bytes does live memory jump "
-        "during the *first* optimizer step of a trace (the step counters aside)?",
-        params={"n_params": n},
-        answer=jump,
-        unit="bytes",
-        hints=["AdamW allocates its states lazily, at the first step.", "Two fp32 states per parameter."],
-        solution=[f"exp_avg + exp_avg_sq: 2 × 4 B × {n:.4g} = {jump:.4g} B; the second step allocates nothing."],
-        diagnostics=[(0.5, "Adam keeps two states per parameter (first and second moments)")],
-    )
+numeric_family(
+    "profiling.step_peak_from_events",
+    "profiling",
+    difficulty=2,
+    section=SEC_MEM,
+    reference=REF_MEM,
+    draw=_step_events,
+    calc=_peak,
+    params=("mb",),
+    unit="bytes",
+    fields=lambda p, result: {
+        "events": "; ".join((f"{what} {b:+d} MB" for what, b in p["ops"])),
+        "act_mb": sum(p["act"]),
+        "result_mb": result / MB,
+    },
+    text=(
+        "The memory events of one step, in order (MB = 1e6 B; negative = freed): {events}. What is the peak "
+        "of live bytes, counted from the start of the step?"
+    ),
+    hints=["Add the events in order and keep the running maximum.", "The peak comes early in backward."],
+    solution=[
+        "After forward: {act_mb} MB of activations; the logits' gradient adds {logits_grad} MB.",
+        "Peak = {result_mb:g} MB (runtime.profiling.memory_timeline), before backward frees anything.",
+    ],
+    diagnostics=lambda p, peak: [
+        (sum(p["act"]) / (sum(p["act"]) + p["logits_grad"]), "the logits' gradient lives beside the activations")
+    ],
+)
+
+numeric_family(
+    "profiling.optimizer_state_appearance",
+    "profiling",
+    section=SEC_MEM,
+    reference=REF_MEM,
+    draw=lambda rng: {"n_params": pick(rng, [125e6, 350e6, 1.3e9, 7e9])},
+    calc=lambda p: profiling.memory_timeline(
+        [{"name": "[memory]", "ts": 0.0, "args": {"Bytes": int(8 * p["n_params"]), "Device Type": 0}}]
+    )[-1][1],
+    unit="bytes",
+    text=(
+        "A model of {n_params:.3g} fp32 parameters trained with AdamW. By how many bytes does live memory "
+        "jump during the *first* optimizer step of a trace (the step counters aside)?"
+    ),
+    hints=["AdamW allocates its states lazily, at the first step.", "Two fp32 states per parameter."],
+    solution=["exp_avg + exp_avg_sq: 2 × 4 B × {n_params:.4g} = {result:.4g} B; the second step allocates nothing."],
+    diagnostics=[(0.5, "Adam keeps two states per parameter (first and second moments)")],
+)

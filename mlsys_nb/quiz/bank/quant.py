@@ -11,7 +11,7 @@ notebook 23 runs.
 from __future__ import annotations
 
 from ..core import family
-from ._util import gb, inference, pick, quant
+from ._util import gb, inference, numeric_family, pick, quant
 
 
 NB = "notebooks/23_quantization_and_lora.ipynb"
@@ -42,172 +42,239 @@ def describe(scheme, g, dq):
     return d
 
 
-@family("quant.bits_per_weight", "quant", section=SEC_FORMATS, reference=REF_QLORA)
-def _bits(rng):
+def _format(rng) -> dict:
     scheme, g, dq = pick(rng, FORMATS)
-    bits = quant.bits_per_weight(scheme, g, dq)
-    return dict(
-        text=f"A weight matrix is stored as {describe(scheme, g, dq)}. How many bits does it store per weight, "
-        "scales and zero points included?",
-        params={"scheme": scheme, "g": g, "dq": dq},
-        answer=bits,
-        unit="ratio",
-        hints=["Code bits plus the bits of one group's constants divided by the group size."],
-        solution=[f"{describe(scheme, g, dq)}: {bits:.4g} bits per weight (quant.bits_per_weight)."],
-        diagnostics=[(4 / bits if scheme != "int8" else 8 / bits, "the scales and zero points are stored too")],
-    )
+    return {"scheme": scheme, "g": g, "dq": dq}
 
 
-@family("quant.scale_share", "quant", section=SEC_FORMATS, reference=REF_GPTQ)
-def _share(rng):
-    scheme, g, dq = pick(rng, FORMATS)
-    bits = quant.bits_per_weight(scheme, g, dq)
-    code = 8 if scheme == "int8" else 4
-    share = (bits - code) / bits
-    return dict(
-        text=f"A weight matrix is stored as {describe(scheme, g, dq)}. What fraction of its stored bytes are the "
-        "per-group constants (scales, zero points), not the codes?",
-        params={"scheme": scheme, "g": g, "dq": dq},
-        answer=share,
-        unit="fraction",
-        hints=["Bits of constants per weight over all bits per weight."],
-        solution=[
-            f"{bits:.4g} bits per weight of which {code} are the code: {bits - code:.4g} / {bits:.4g} = {share:.4f}."
-        ],
-        diagnostics=[(bits / code, "divide by all the stored bits, not by the code bits")],
-    )
+def _bits(p) -> float:
+    return quant.bits_per_weight(p["scheme"], p["g"], p["dq"])
 
 
-@family("quant.model_weight_bytes", "quant", difficulty=2, section=SEC_SPEED, reference=REF_AWQ)
-def _model_bytes(rng):
+def _code_bits(p) -> int:
+    return 8 if p["scheme"] == "int8" else 4
+
+
+def _described(p) -> str:
+    return describe(p["scheme"], p["g"], p["dq"])
+
+
+numeric_family(
+    "quant.bits_per_weight",
+    "quant",
+    section=SEC_FORMATS,
+    reference=REF_QLORA,
+    draw=_format,
+    calc=_bits,
+    unit="ratio",
+    fields=lambda p, result: {"layout": _described(p)},
+    text=(
+        "A weight matrix is stored as {layout}. How many bits does it store per weight, scales and zero "
+        "points included?"
+    ),
+    hints=["Code bits plus the bits of one group's constants divided by the group size."],
+    solution=["{layout}: {result:.4g} bits per weight (quant.bits_per_weight)."],
+    diagnostics=lambda p, bits: [(_code_bits(p) / bits, "the scales and zero points are stored too")],
+)
+
+numeric_family(
+    "quant.scale_share",
+    "quant",
+    section=SEC_FORMATS,
+    reference=REF_GPTQ,
+    draw=_format,
+    calc=lambda p: (_bits(p) - _code_bits(p)) / _bits(p),
+    unit="fraction",
+    fields=lambda p, result: {
+        "layout": _described(p),
+        "bits": _bits(p),
+        "code_bits": _code_bits(p),
+        "constant_bits": _bits(p) - _code_bits(p),
+    },
+    text=(
+        "A weight matrix is stored as {layout}. What fraction of its stored bytes are the per-group constants "
+        "(scales, zero points), not the codes?"
+    ),
+    hints=["Bits of constants per weight over all bits per weight."],
+    solution=[
+        (
+            "{bits:.4g} bits per weight of which {code_bits} are the code: {constant_bits:.4g} / {bits:.4g} = "
+            "{result:.4f}."
+        )
+    ],
+    diagnostics=lambda p, share: [(_bits(p) / _code_bits(p), "divide by all the stored bits, not by the code bits")],
+)
+
+
+def _model_case(rng) -> dict:
     model = pick(rng, MODELS)
-    scheme, g, dq = pick(rng, FORMATS)
-    nbytes = quant.quantized_weight_bytes(model, scheme, g, dq)
-    return dict(
-        text=f"{model}: the linear layers of every block are stored as {describe(scheme, g, dq)}; the embedding, "
-        "the LM head and the norms stay in bf16. How many bytes do the weights take?",
-        params={"model": model, "scheme": scheme, "g": g, "dq": dq},
-        answer=nbytes,
-        unit="bytes",
-        hints=[
-            "Block linear weights per layer: q, k, v, o, and the three SwiGLU matrices.",
-            "Everything else: total parameters minus those, at 2 bytes.",
-        ],
-        solution=[f"{gb(nbytes)} (quant.quantized_weight_bytes)."],
-    )
+    return {"model": model, **_format(rng)}
 
 
-@family("quant.kv_cache_int8_bytes", "quant", section=SEC_SPEED, reference=REF_KIVI)
-def _kv_int8(rng):
-    model = pick(rng, MODELS)
-    batch = pick(rng, [1, 8, 32, 64])
-    ctx = pick(rng, [1024, 2048, 4096])
-    nbytes = inference.kv_cache_bytes(model, batch * ctx, "int8")
-    return dict(
-        text=f"{model} serves {batch} sequences of {ctx} tokens with the KV cache in int8 (ignore the scales). "
-        "How many bytes does the cache take?",
-        params={"model": model, "batch": batch, "ctx": ctx},
-        answer=nbytes,
-        unit="bytes",
-        hints=["K and V per token and layer: n_kv_heads · head_dim values each, one byte per value in int8."],
-        solution=[f"{gb(nbytes)} (inference.kv_cache_bytes with dtype int8)."],
-        diagnostics=[(2.0, "that is the bf16 cache; int8 is one byte per value"), (0.5, "count both K and V")],
-    )
+numeric_family(
+    "quant.model_weight_bytes",
+    "quant",
+    difficulty=2,
+    section=SEC_SPEED,
+    reference=REF_AWQ,
+    draw=_model_case,
+    calc=lambda p: quant.quantized_weight_bytes(p["model"], p["scheme"], p["g"], p["dq"]),
+    unit="bytes",
+    fields=lambda p, result: {"layout": _described(p), "result_gb": gb(result)},
+    text=(
+        "{model}: the linear layers of every block are stored as {layout}; the embedding, the LM head and the "
+        "norms stay in bf16. How many bytes do the weights take?"
+    ),
+    hints=[
+        "Block linear weights per layer: q, k, v, o, and the three SwiGLU matrices.",
+        "Everything else: total parameters minus those, at 2 bytes.",
+    ],
+    solution=["{result_gb} (quant.quantized_weight_bytes)."],
+)
+
+numeric_family(
+    "quant.kv_cache_int8_bytes",
+    "quant",
+    section=SEC_SPEED,
+    reference=REF_KIVI,
+    draw=lambda rng: {
+        "model": pick(rng, MODELS),
+        "batch": pick(rng, [1, 8, 32, 64]),
+        "ctx": pick(rng, [1024, 2048, 4096]),
+    },
+    calc=lambda p: inference.kv_cache_bytes(p["model"], p["batch"] * p["ctx"], "int8"),
+    unit="bytes",
+    fields=lambda p, result: {"result_gb": gb(result)},
+    text=(
+        "{model} serves {batch} sequences of {ctx} tokens with the KV cache in int8 (ignore the scales). How "
+        "many bytes does the cache take?"
+    ),
+    hints=["K and V per token and layer: n_kv_heads · head_dim values each, one byte per value in int8."],
+    solution=["{result_gb} (inference.kv_cache_bytes with dtype int8)."],
+    diagnostics=[(2.0, "that is the bf16 cache; int8 is one byte per value"), (0.5, "count both K and V")],
+)
+
+TARGETS = [("q_proj", "v_proj"), ("q_proj", "k_proj", "v_proj", "o_proj")]  # and every linear layer of a block
+
+numeric_family(
+    "quant.lora_trainable_params",
+    "quant",
+    section=SEC_LORA,
+    reference=REF_LORA,
+    draw=lambda rng: {
+        "model": pick(rng, MODELS),
+        "r": pick(rng, [4, 8, 16, 64]),
+        "targets": list(pick(rng, [*TARGETS, quant.sizing.LINEAR_NAMES])),
+    },
+    calc=lambda p: quant.lora_params(p["model"], p["r"], tuple(p["targets"])),
+    unit="params",
+    fields=lambda p, result: {"layers": ", ".join(p["targets"])},
+    text=(
+        "LoRA with rank r = {r} on the {layers} layers of every block of {model}. How many trainable "
+        "parameters does it add?"
+    ),
+    hints=["A and B of a d_in → d_out layer hold r·d_in + r·d_out parameters.", "Mind GQA's narrower k and v."],
+    solution=["{result:,} parameters (quant.lora_params)."],
+)
 
 
-@family("quant.lora_trainable_params", "quant", section=SEC_LORA, reference=REF_LORA)
-def _lora_params(rng):
-    model = pick(rng, MODELS)
-    r = pick(rng, [4, 8, 16, 64])
-    targets = pick(rng, [("q_proj", "v_proj"), ("q_proj", "k_proj", "v_proj", "o_proj"), quant.sizing.LINEAR_NAMES])
-    n = quant.lora_params(model, r, targets)
-    return dict(
-        text=f"LoRA with rank r = {r} on the {', '.join(targets)} layers of every block of {model}. How many "
-        "trainable parameters does it add?",
-        params={"model": model, "r": r, "targets": list(targets)},
-        answer=n,
-        unit="params",
-        hints=["A and B of a d_in → d_out layer hold r·d_in + r·d_out parameters.", "Mind GQA's narrower k and v."],
-        solution=[f"{n:,} parameters (quant.lora_params)."],
-    )
+def _finetune(p, method: str, **kw) -> dict:
+    """``quant.finetune_bytes`` of ``p["model"]``."""
+    return quant.finetune_bytes(p["model"], method, **kw)
 
 
-@family("quant.lora_state_bytes", "quant", section=SEC_LORA, reference=REF_LORA)
-def _lora_state(rng):
-    model = pick(rng, MODELS)
-    r = pick(rng, [8, 16, 64])
-    f = quant.finetune_bytes(model, "lora", r=r)
-    state = f["adapters"] + f["grads"] + f["optimizer"]
-    return dict(
-        text=f"LoRA with r = {r} on every linear layer of the blocks of {model}: adapters and their gradients in "
-        "bf16, AdamW's two moments in fp32. How many bytes do the adapters, gradients and optimizer state take "
-        "(the frozen base excluded)?",
-        params={"model": model, "r": r},
-        answer=state,
-        unit="bytes",
-        hints=["2 + 2 + 4 + 4 = 12 bytes per trainable parameter."],
-        solution=[
-            f"{quant.lora_params(model, r):,} trainable parameters × 12 bytes = {gb(state)} (quant.finetune_bytes)."
-        ],
-    )
+def _trained(f) -> float:
+    """Adapters + their gradients + the optimizer state, bytes."""
+    return f["adapters"] + f["grads"] + f["optimizer"]
 
 
-@family("quant.qlora_bytes", "quant", difficulty=2, section=SEC_QLORA, reference=REF_QLORA)
-def _qlora(rng):
-    model = pick(rng, MODELS)
-    r = pick(rng, [16, 64])
-    f = quant.finetune_bytes(model, "qlora", r=r)
-    return dict(
-        text=f"QLoRA on {model}: the blocks' linear layers in NF4 (blocks of 64, double quantization: 4 + 8/64 + "
-        f"32/(64·256) bits), the rest in bf16, LoRA r = {r} on every linear layer of the blocks with bf16 adapters "
-        "and gradients and fp32 AdamW moments. How many bytes of model state (activations excluded)?",
-        params={"model": model, "r": r},
-        answer=f["total"],
-        unit="bytes",
-        hints=[
-            "Frozen base at ~0.516 bytes per quantized weight plus 2 per other weight.",
-            "12 bytes per adapter parameter.",
-        ],
-        solution=[
-            f"base {gb(f['weights'])}, adapters + gradients + AdamW {gb(f['adapters'] + f['grads'] + f['optimizer'])}: "
-            f"{gb(f['total'])} (quant.finetune_bytes)."
-        ],
-    )
+numeric_family(
+    "quant.lora_state_bytes",
+    "quant",
+    section=SEC_LORA,
+    reference=REF_LORA,
+    draw=lambda rng: {"model": pick(rng, MODELS), "r": pick(rng, [8, 16, 64])},
+    calc=lambda p: _trained(_finetune(p, "lora", r=p["r"])),
+    unit="bytes",
+    fields=lambda p, result: {"trainable": quant.lora_params(p["model"], p["r"]), "result_gb": gb(result)},
+    text=(
+        "LoRA with r = {r} on every linear layer of the blocks of {model}: adapters and their gradients in "
+        "bf16, AdamW's two moments in fp32. How many bytes do the adapters, gradients and optimizer state "
+        "take (the frozen base excluded)?"
+    ),
+    hints=["2 + 2 + 4 + 4 = 12 bytes per trainable parameter."],
+    solution=["{trainable:,} trainable parameters × 12 bytes = {result_gb} (quant.finetune_bytes)."],
+)
 
+numeric_family(
+    "quant.qlora_bytes",
+    "quant",
+    difficulty=2,
+    section=SEC_QLORA,
+    reference=REF_QLORA,
+    draw=lambda rng: {"model": pick(rng, MODELS), "r": pick(rng, [16, 64])},
+    calc=lambda p: _finetune(p, "qlora", r=p["r"]),
+    key=lambda f: f["total"],
+    unit="bytes",
+    fields=lambda p, result: {
+        "base": gb(result["weights"]),
+        "trained": gb(_trained(result)),
+        "total": gb(result["total"]),
+    },
+    text=(
+        "QLoRA on {model}: the blocks' linear layers in NF4 (blocks of 64, double quantization: 4 + 8/64 + "
+        "32/(64·256) bits), the rest in bf16, LoRA r = {r} on every linear layer of the blocks with bf16 "
+        "adapters and gradients and fp32 AdamW moments. How many bytes of model state (activations excluded)?"
+    ),
+    hints=[
+        "Frozen base at ~0.516 bytes per quantized weight plus 2 per other weight.",
+        "12 bytes per adapter parameter.",
+    ],
+    solution=["base {base}, adapters + gradients + AdamW {trained}: {total} (quant.finetune_bytes)."],
+)
 
-@family("quant.full_over_qlora", "quant", difficulty=2, section=SEC_QLORA, reference=REF_QLORA)
-def _full_over_qlora(rng):
-    model = pick(rng, MODELS)
-    full = quant.finetune_bytes(model, "full")["total"]
-    ql = quant.finetune_bytes(model, "qlora", r=64)["total"]
-    return dict(
-        text=f"{model}: full fine-tuning in 16 bits (bf16 weights and gradients, fp32 AdamW moments: 12 bytes per "
-        "parameter) against QLoRA (NF4 base with double quantization, r = 64 adapters on every block linear layer, "
-        "12 bytes per adapter parameter). How many times more model-state memory does full fine-tuning need?",
-        params={"model": model},
-        answer=full / ql,
-        unit="ratio",
-        hints=["The QLoRA paper's LLaMA-65B: more than 780 GB against under 48 GB."],
-        solution=[f"{gb(full)} / {gb(ql)} = {full / ql:.3g} (quant.finetune_bytes)."],
-    )
+numeric_family(
+    "quant.full_over_qlora",
+    "quant",
+    difficulty=2,
+    section=SEC_QLORA,
+    reference=REF_QLORA,
+    draw=lambda rng: {"model": pick(rng, MODELS)},
+    calc=lambda p: (_finetune(p, "full")["total"], _finetune(p, "qlora", r=64)["total"]),
+    key=lambda fq: fq[0] / fq[1],
+    unit="ratio",
+    fields=lambda p, result: {"full": gb(result[0]), "qlora": gb(result[1]), "ratio": result[0] / result[1]},
+    text=(
+        "{model}: full fine-tuning in 16 bits (bf16 weights and gradients, fp32 AdamW moments: 12 bytes per "
+        "parameter) against QLoRA (NF4 base with double quantization, r = 64 adapters on every block linear "
+        "layer, 12 bytes per adapter parameter). How many times more model-state memory does full fine-tuning "
+        "need?"
+    ),
+    hints=["The QLoRA paper's LLaMA-65B: more than 780 GB against under 48 GB."],
+    solution=["{full} / {qlora} = {ratio:.3g} (quant.finetune_bytes)."],
+)
 
-
-@family("quant.decode_speedup_bound", "quant", section=SEC_SPEED, reference=REF_AWQ)
-def _speedup(rng):
-    scheme, g, dq = pick(rng, FORMATS)
-    dtype = pick(rng, ["bf16", "fp32"])
-    bits = quant.bits_per_weight(scheme, g, dq)
-    bound = quant.decode_speedup_bound(bits, dtype)
-    return dict(
-        text=f"A memory-bound decode step reads only weights (tiny batch, short context). They move from {dtype} to "
-        f"{describe(scheme, g, dq)}. At most how many times faster can the step get?",
-        params={"scheme": scheme, "g": g, "dq": dq, "dtype": dtype},
-        answer=bound,
-        unit="ratio",
-        hints=["Time = bytes / bandwidth: the ratio of bits per weight, constants included."],
-        solution=[f"{8 * (2 if dtype == 'bf16' else 4)} / {bits:.4g} = {bound:.3g} (quant.decode_speedup_bound)."],
-        diagnostics=[(bits / (4 if scheme != "int8" else 8), "count the scales' bits too")],
-    )
+numeric_family(
+    "quant.decode_speedup_bound",
+    "quant",
+    section=SEC_SPEED,
+    reference=REF_AWQ,
+    draw=lambda rng: {**_format(rng), "dtype": pick(rng, ["bf16", "fp32"])},
+    calc=lambda p: quant.decode_speedup_bound(_bits(p), p["dtype"]),
+    unit="ratio",
+    fields=lambda p, result: {
+        "layout": _described(p),
+        "dtype_bits": 8 * (2 if p["dtype"] == "bf16" else 4),
+        "bits": _bits(p),
+    },
+    text=(
+        "A memory-bound decode step reads only weights (tiny batch, short context). They move from {dtype} to "
+        "{layout}. At most how many times faster can the step get?"
+    ),
+    hints=["Time = bytes / bandwidth: the ratio of bits per weight, constants included."],
+    solution=["{dtype_bits} / {bits:.4g} = {result:.3g} (quant.decode_speedup_bound)."],
+    diagnostics=lambda p, bound: [(_bits(p) / _code_bits(p), "count the scales' bits too")],
+)
 
 
 @family("quant.multi_lora_adapters", "quant", difficulty=2, section=SEC_LORA, reference=REF_SLORA)

@@ -70,14 +70,13 @@ numeric_family(
         "broadcast", 2 * p["n_params"], p["n"], p["alpha"], p["beta"], "pipelined_chain"
     ),
     unit="seconds",
-    text=lambda p: (
-        f"After each PPO step the trainer broadcasts the updated bf16 actor ({p['n_params']:.3g} params) to {p['n']} "
-        f"rollout ranks as a pipelined chain (α = 10 us, β = {gbps(p['beta'])}). Seconds?"
+    fields=lambda p, result: {"beta_gbps": gbps(p["beta"]), "grad_bytes": 2 * p["n_params"]},
+    text=(
+        "After each PPO step the trainer broadcasts the updated bf16 actor ({n_params:.3g} params) to {n} "
+        "rollout ranks as a pipelined chain (α = 10 us, β = {beta_gbps}). Seconds?"
     ),
     hints=["Bytes = 2N.", "A pipelined chain: (n−1)α + S/β."],
-    solution=lambda p, t: [
-        f"S = {2 * p['n_params']:.4g} B; T = {t:.4g} s (comm.collective_time broadcast, pipelined_chain)."
-    ],
+    solution=["S = {grad_bytes:.4g} B; T = {result:.4g} s (comm.collective_time broadcast, pipelined_chain)."],
 )
 
 
@@ -144,14 +143,15 @@ numeric_family(
     calc=_ppo_objective,
     unit="ratio",
     tolerance=0.005,
-    text=lambda p: (
-        f"PPO with clip ε = {p['clip']}: probability ratio r = {p['ratio']}, advantage A = {p['advantage']}. The "
-        f"clipped surrogate objective (to maximise) for this sample?"
+    fields=lambda p, result: {"ra": p["ratio"] * p["advantage"], "clipped": _clipped(p)},
+    text=(
+        "PPO with clip ε = {clip}: probability ratio r = {ratio}, advantage A = {advantage}. The clipped "
+        "surrogate objective (to maximise) for this sample?"
     ),
     hints=["L = min(r·A, clip(r, 1−ε, 1+ε)·A).", "For A < 0 the min picks the more negative value."],
-    solution=lambda p, obj: [
-        f"r·A = {p['ratio'] * p['advantage']:.4g}; clip(r)·A = {_clipped(p):.4g}.",
-        f"min = {obj:.4g} (rl.ppo.ppo_loss, policy part negated).",
+    solution=[
+        "r·A = {ra:.4g}; clip(r)·A = {clipped:.4g}.",
+        "min = {result:.4g} (rl.ppo.ppo_loss, policy part negated).",
     ],
 )
 
@@ -183,15 +183,17 @@ numeric_family(
     calc=_grpo_advantage,
     unit="ratio",
     tolerance=0.01,
-    text=lambda p: (
-        f"GRPO samples a group of {len(p['rewards'])} responses to one prompt with rewards {p['rewards']}. The "
-        f"advantage of response {p['index'] + 1} (group-normalised, sample standard deviation with Bessel's "
-        f"correction)?"
+    fields=lambda p, result: {
+        "g": len(p["rewards"]),
+        "response": p["index"] + 1,
+        "mean": sum(p["rewards"]) / len(p["rewards"]),
+    },
+    text=(
+        "GRPO samples a group of {g} responses to one prompt with rewards {rewards}. The advantage of "
+        "response {response} (group-normalised, sample standard deviation with Bessel's correction)?"
     ),
     hints=["A_i = (r_i − mean) / std of the group.", "std with n − 1 in the denominator."],
-    solution=lambda p, a: [
-        f"mean = {sum(p['rewards']) / len(p['rewards']):.4g}; A = {a:.4g} (rl.rlhf.grpo_advantages)."
-    ],
+    solution=["mean = {mean:.4g}; A = {result:.4g} (rl.rlhf.grpo_advantages)."],
     diagnostics=lambda p, a: [
         ((len(p["rewards"]) / (len(p["rewards"]) - 1)) ** 0.5, "use the sample std (n − 1), as torch.std does")
     ],
@@ -215,14 +217,13 @@ numeric_family(
     ),
     unit="nats/token",
     tolerance=0.01,
-    text=lambda p: (
-        f"DPO with β = {p['beta']}: sequence log-probs under the policy, chosen {p['pc']}, rejected {p['pr']}; under "
-        f"the reference, chosen {p['rc']}, rejected {p['rr']}. The loss for this pair (nats)?"
+    fields=lambda p, result: {"margin": p["beta"] * (p["pc"] - p["rc"] - (p["pr"] - p["rr"]))},
+    text=(
+        "DPO with β = {beta}: sequence log-probs under the policy, chosen {pc}, rejected {pr}; under the "
+        "reference, chosen {rc}, rejected {rr}. The loss for this pair (nats)?"
     ),
     hints=["margin = β·((π_c − ref_c) − (π_r − ref_r)).", "loss = −log σ(margin) = log(1 + e^(−margin))."],
-    solution=lambda p, v: [
-        f"margin = {p['beta'] * ((p['pc'] - p['rc']) - (p['pr'] - p['rr'])):.4g}; loss = {v:.4g} (rl.rlhf.dpo_loss)."
-    ],
+    solution=["margin = {margin:.4g}; loss = {result:.4g} (rl.rlhf.dpo_loss)."],
 )
 
 numeric_family(
@@ -234,12 +235,13 @@ numeric_family(
     calc=lambda p: float(rlhf.kl_estimate(_tensor(p["logp"]), _tensor(p["logp_ref"]), kind="k3")[0]),
     unit="nats/token",
     tolerance=0.01,
-    text=lambda p: (
-        f"A sampled token has log π = {p['logp']} under the policy and log π_ref = {p['logp_ref']} under the "
-        f"reference. Schulman's k3 estimate of KL(π‖π_ref) for this sample?"
+    fields=lambda p, result: {"q": p["logp_ref"] - p["logp"]},
+    text=(
+        "A sampled token has log π = {logp} under the policy and log π_ref = {logp_ref} under the reference. "
+        "Schulman's k3 estimate of KL(π‖π_ref) for this sample?"
     ),
     hints=["q = log π_ref − log π.", "k3 = e^q − q − 1 (never negative)."],
-    solution=lambda p, v: [f"q = {p['logp_ref'] - p['logp']:.4g}; k3 = {v:.4g} (rl.rlhf.kl_estimate(kind='k3'))."],
+    solution=["q = {q:.4g}; k3 = {result:.4g} (rl.rlhf.kl_estimate(kind='k3'))."],
     diagnostics=lambda p, v: [(abs(p["logp"] - p["logp_ref"]) / v if v else 1e9, "that is |k1|; k3 = e^q − q − 1")],
 )
 
@@ -264,16 +266,18 @@ numeric_family(
     calc=_step_times,
     key=lambda ab: ab[0] / ab[1],
     unit="ratio",
-    text=lambda p: (
-        f"Disaggregated PPO-RLHF: rollout GPUs generate a batch in {p['gen_s']:g} s, trainer GPUs train on it in "
-        f"{p['train_s']:g} s, and pushing the new weights to the rollout engines takes {p['sync_s']:g} s (nothing "
-        f"else runs meanwhile). Going from synchronous (generate, train, sync in turn) to one-step off-policy "
-        f"asynchronous (generation of step t+1 overlaps training of step t): speed-up in steps per hour (model)?"
+    fields=lambda p, result: {"ratio": result[0] / result[1]},
+    text=(
+        "Disaggregated PPO-RLHF: rollout GPUs generate a batch in {gen_s:g} s, trainer GPUs train on it in "
+        "{train_s:g} s, and pushing the new weights to the rollout engines takes {sync_s:g} s (nothing else "
+        "runs meanwhile). Going from synchronous (generate, train, sync in turn) to one-step off-policy "
+        "asynchronous (generation of step t+1 overlaps training of step t): speed-up in steps per hour "
+        "(model)?"
     ),
     hints=["Synchronous step: gen + train + sync.", "Asynchronous: max(gen, train) + sync (the sync cannot hide)."],
-    solution=lambda p, ab: [
-        f"sync {ab[0]:g} s, async {ab[1]:g} s per step (rl.placement.sync_step_s, async_step_s).",
-        f"Speed-up {ab[0] / ab[1]:.4g}×; the price is data one policy version old.",
+    solution=[
+        "sync {result[0]:g} s, async {result[1]:g} s per step (rl.placement.sync_step_s, async_step_s).",
+        "Speed-up {ratio:.4g}×; the price is data one policy version old.",
     ],
     diagnostics=lambda p, ab: [
         (

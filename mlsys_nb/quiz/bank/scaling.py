@@ -39,14 +39,13 @@ numeric_family(
     key=lambda nd: nd[0],
     unit="params",
     tolerance=0.02,
-    text=lambda p: (
-        f"Under the '{p['law']}' fit of L(N, D) = E + A/N^α + B/D^β, what model size is compute-optimal "
-        f"for C = {p['C']:.3g} FLOPs (C = 6ND)?"
+    fields=lambda p, result: {"ratio": result[1] / result[0]},
+    text=(
+        "Under the '{law}' fit of L(N, D) = E + A/N^α + B/D^β, what model size is compute-optimal for C = "
+        "{C:.3g} FLOPs (C = 6ND)?"
     ),
     hints=["N* = G·(C/6)^(β/(α+β)), G = (αA/(βB))^(1/(α+β)).", "D* = C/(6N*)."],
-    solution=lambda p, nd: [
-        f"N* = {nd[0]:.4g}, D* = {nd[1]:.4g}, D*/N* = {nd[1] / nd[0]:.3g} (scaling.law(...).compute_optimal)."
-    ],
+    solution=["N* = {result[0]:.4g}, D* = {result[1]:.4g}, D*/N* = {ratio:.3g} (scaling.law(...).compute_optimal)."],
 )
 
 numeric_family(
@@ -59,11 +58,9 @@ numeric_family(
     calc=_optimum,
     key=lambda nd: nd[1],
     unit="tokens",
-    text=lambda p: (
-        f"Under the '{p['law']}' law, how many training tokens are compute-optimal for C = {p['C']:.3g} FLOPs?"
-    ),
+    text="Under the '{law}' law, how many training tokens are compute-optimal for C = {C:.3g} FLOPs?",
     hints=["First N*, then D* = C / (6N*)."],
-    solution=lambda p, nd: [f"N* = {nd[0]:.4g}; D* = C/(6N*) = {nd[1]:.4g} tokens."],
+    solution=["N* = {result[0]:.4g}; D* = C/(6N*) = {result[1]:.4g} tokens."],
 )
 
 numeric_family(
@@ -74,9 +71,9 @@ numeric_family(
     draw=_law_budget,
     calc=lambda p: float(scaling.law(p["law"]).tokens_per_parameter(p["C"])),
     unit="ratio",
-    text=lambda p: f"At C = {p['C']:.3g} FLOPs, the '{p['law']}' law's compute-optimal D*/N* (tokens per parameter)?",
+    text="At C = {C:.3g} FLOPs, the '{law}' law's compute-optimal D*/N* (tokens per parameter)?",
     hints=["It is not a constant: it drifts with C unless α = β.", "Compute N*, D*, divide."],
-    solution=lambda p, r: [f"D*/N* = {r:.4g} (scaling.law(...).tokens_per_parameter)."],
+    solution=["D*/N* = {result:.4g} (scaling.law(...).tokens_per_parameter)."],
 )
 
 numeric_family(
@@ -88,9 +85,10 @@ numeric_family(
     calc=lambda p: scaling.twenty_tokens_per_param(p["C"]),
     key=lambda nd: float(nd[0]),
     unit="params",
-    text=lambda p: f"With the '20 tokens per parameter' heuristic and C = 6ND, what N fits C = {p['C']:.3g} FLOPs?",
+    fields=lambda p, result: {"n_opt": float(result[0]), "d_opt": float(result[1])},
+    text="With the '20 tokens per parameter' heuristic and C = 6ND, what N fits C = {C:.3g} FLOPs?",
     hints=["C = 6·N·(20N) = 120 N²."],
-    solution=lambda p, nd: [f"N = sqrt(C/120) = {float(nd[0]):.4g}; D = 20N = {float(nd[1]):.4g}."],
+    solution=["N = sqrt(C/120) = {n_opt:.4g}; D = 20N = {d_opt:.4g}."],
     diagnostics=[(20.0**0.5, "N = sqrt(C/120), not sqrt(C/6)")],
 )
 
@@ -114,12 +112,13 @@ numeric_family(
     calc=lambda p: float(scaling.law(p["law"]).loss(p["N"], p["D"])),
     unit="nats/token",
     tolerance=0.005,
-    text=lambda p: (
-        f"Predicted loss (nats/token) of N = {p['N']:.3g} parameters trained on D = {p['D']:.3g} tokens under the "
-        f"'{p['law']}' fit ({_fit(p['law'])})?"
+    fields=lambda p, result: {"fit": _fit(p["law"])},
+    text=(
+        "Predicted loss (nats/token) of N = {N:.3g} parameters trained on D = {D:.3g} tokens under the "
+        "'{law}' fit ({fit})?"
     ),
     hints=["L = E + A/N^α + B/D^β."],
-    solution=lambda p, v: [f"L = {v:.4f} (scaling.law(...).loss)."],
+    solution=["L = {result:.4f} (scaling.law(...).loss)."],
 )
 
 
@@ -142,15 +141,15 @@ numeric_family(
     key=lambda r: r["chinchilla_N"] / r["N"],
     unit="ratio",
     tolerance=0.02,
-    text=lambda p: (
-        f"Budget C = {p['C']:.3g} FLOPs, Chinchilla law. The model will then serve {p['inference_multiple']}× its "
-        f"Chinchilla-optimal training tokens at inference (2N FLOPs per token). "
-        f"Reaching the same loss with the least lifetime compute, by what factor is the model "
-        f"smaller than Chinchilla-optimal?"
+    fields=lambda p, result: {"factor": result["chinchilla_N"] / result["N"]},
+    text=(
+        "Budget C = {C:.3g} FLOPs, Chinchilla law. The model will then serve {inference_multiple}× its "
+        "Chinchilla-optimal training tokens at inference (2N FLOPs per token). Reaching the same loss with "
+        "the least lifetime compute, by what factor is the model smaller than Chinchilla-optimal?"
     ),
     hints=["Lifetime = 6·N·D_train + 2·N·D_inference.", "Along the iso-loss curve, trade N for D."],
-    solution=lambda p, r: [
-        f"Chinchilla N* = {r['N0']:.4g}; inference-aware N = {r['N']:.4g} trained on {r['D']:.4g} tokens.",
-        f"Factor {r['chinchilla_N'] / r['N']:.4g} (scaling.law('chinchilla').inference_optimal).",
+    solution=[
+        ("Chinchilla N* = {result[N0]:.4g}; inference-aware N = {result[N]:.4g} trained on {result[D]:.4g} tokens."),
+        "Factor {factor:.4g} (scaling.law('chinchilla').inference_optimal).",
     ],
 )

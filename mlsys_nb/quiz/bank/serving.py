@@ -30,14 +30,17 @@ numeric_family(
     calc=lambda p: inference.decode_cost(p["preset"], p["gpu"], p["context"], batch=p["batch"]),
     key=lambda c: c.tokens_per_s,
     unit="tokens/s",
-    text=lambda p: (
-        f"Continuous batching keeps {p['batch']} sequences decoding on {p['preset']} (bf16), one {p['gpu']}, "
-        f"context ≈ {p['context']}. Roofline decode throughput (tokens/s, all sequences)?"
+    fields=lambda p, result: {"step_ms": result.time_s * 1e3},
+    text=(
+        "Continuous batching keeps {batch} sequences decoding on {preset} (bf16), one {gpu}, context ≈ "
+        "{context}. Roofline decode throughput (tokens/s, all sequences)?"
     ),
     hints=["One step emits `batch` tokens.", "Step time = max(compute, memory) on the roofline."],
-    solution=lambda p, c: [
-        f"Step {c.time_s * 1e3:.4g} ms for {p['batch']} tokens → {c.tokens_per_s:.4g} tokens/s "
-        "(inference.decode_cost(...).tokens_per_s)."
+    solution=[
+        (
+            "Step {step_ms:.4g} ms for {batch} tokens → {result.tokens_per_s:.4g} tokens/s "
+            "(inference.decode_cost(...).tokens_per_s)."
+        )
     ],
 )
 
@@ -89,16 +92,20 @@ numeric_family(
     key=lambda r: r["paged_utilization"],
     unit="fraction",
     tolerance=0.005,
-    text=lambda p: (
-        f"Sequences of {p['lengths']} tokens in a paged KV cache with blocks of {p['block_size']} tokens: what "
-        f"fraction of the reserved slots hold tokens?"
+    text=(
+        "Sequences of {lengths} tokens in a paged KV cache with blocks of {block_size} tokens: what fraction "
+        "of the reserved slots hold tokens?"
     ),
     hints=["Each sequence reserves ceil(len / block) blocks.", "Utilization = Σ len / (blocks × block)."],
-    solution=lambda p, r: [
-        f"Reserved slots {r['paged_slots']}, tokens {r['tokens']} (inference.paged.fragmentation, "
-        f"a real BlockManager).",
-        f"Utilization {r['paged_utilization']:.4g}; a contiguous "
-        f"max-length allocator: {r['contiguous_utilization']:.4g}.",
+    solution=[
+        (
+            "Reserved slots {result[paged_slots]}, tokens {result[tokens]} (inference.paged.fragmentation, a real "
+            "BlockManager)."
+        ),
+        (
+            "Utilization {result[paged_utilization]:.4g}; a contiguous max-length allocator: "
+            "{result[contiguous_utilization]:.4g}."
+        ),
     ],
 )
 
@@ -122,18 +129,23 @@ numeric_family(
     },
     calc=lambda p: inference.kv_cache_bytes(p["preset"], (p["n"] - 1) * _shared_tokens(p)),
     unit="bytes",
-    text=lambda p: (
-        f"{p['n']} requests to {p['preset']} share a {p['prefix']}-token system prompt. With block-level prefix "
-        f"caching (block size {p['block_size']}; only full blocks are shared), how many bytes of bf16 KV cache are "
-        f"saved vs no sharing?"
+    fields=lambda p, result: {
+        "shared": _shared_tokens(p),
+        "reused": (p["n"] - 1) * _shared_tokens(p),
+        "result_gb": gb(result),
+    },
+    text=(
+        "{n} requests to {preset} share a {prefix}-token system prompt. With block-level prefix caching "
+        "(block size {block_size}; only full blocks are shared), how many bytes of bf16 KV cache are saved vs "
+        "no sharing?"
     ),
-    hints=lambda p: [
+    hints=[
         "The first request computes the prefix; the other n − 1 reuse its full blocks.",
-        f"Shared tokens per request: floor({p['prefix']}/{p['block_size']}) × {p['block_size']}.",
+        "Shared tokens per request: floor({prefix}/{block_size}) × {block_size}.",
     ],
-    solution=lambda p, saved: [
-        f"(n − 1) × {_shared_tokens(p)} tokens = {(p['n'] - 1) * _shared_tokens(p)} tokens.",
-        f"kv_cache_bytes → {gb(saved)} saved (inference.kv_cache_bytes).",
+    solution=[
+        "(n − 1) × {shared} tokens = {reused} tokens.",
+        "kv_cache_bytes → {result_gb} saved (inference.kv_cache_bytes).",
     ],
     diagnostics=lambda p, saved: [(p["n"] / (p["n"] - 1), "the first request still stores the prefix once")],
 )
@@ -151,14 +163,13 @@ numeric_family(
     draw=lambda rng: {"alpha": pick(rng, [0.5, 0.6, 0.7, 0.8, 0.9]), "k": pick(rng, [2, 3, 4, 5, 8])},
     calc=lambda p: speculative.expected_tokens_per_step(p["alpha"], p["k"]),
     unit="tokens",
-    text=lambda p: (
-        f"Speculative decoding drafts k = {p['k']} tokens; each is accepted with probability α = {p['alpha']} "
-        f"(independently). Expected tokens produced per target forward pass?"
+    fields=lambda p, result: {"k1": p["k"] + 1},
+    text=(
+        "Speculative decoding drafts k = {k} tokens; each is accepted with probability α = {alpha} "
+        "(independently). Expected tokens produced per target forward pass?"
     ),
     hints=["Accept i drafted tokens, then the target adds one more.", "(1 − α^(k+1)) / (1 − α)."],
-    solution=lambda p, e: [
-        f"Σ_{{i=0..k}} α^i = (1 − {p['alpha']}^{p['k'] + 1}) / (1 − {p['alpha']}) = {e:.4g} tokens."
-    ],
+    solution=["Σ_{{i=0..k}} α^i = (1 − {alpha}^{k1}) / (1 − {alpha}) = {result:.4g} tokens."],
     diagnostics=lambda p, e: [
         (p["k"] / e, "not all k drafts are accepted"),
         ((p["k"] + 1) / e, "k + 1 is the maximum"),
@@ -178,14 +189,13 @@ numeric_family(
     },
     calc=lambda p: speculative.expected_speedup(p["alpha"], p["k"], p["c"]),
     unit="ratio",
-    text=lambda p: (
-        f"Draft model costs c = {p['c']} of a target forward; k = {p['k']}, α = {p['alpha']}. Expected wall-clock "
-        f"speed-up over plain decoding?"
+    fields=lambda p, result: {"tokens": speculative.expected_tokens_per_step(p["alpha"], p["k"])},
+    text=(
+        "Draft model costs c = {c} of a target forward; k = {k}, α = {alpha}. Expected wall-clock speed-up "
+        "over plain decoding?"
     ),
     hints=["Tokens per step (1 − α^(k+1))/(1 − α).", "Cost per step: k drafts (k·c) + 1 target pass."],
-    solution=lambda p, s: [
-        f"{speculative.expected_tokens_per_step(p['alpha'], p['k']):.4g} tokens / ({p['k']} × {p['c']} + 1) = {s:.4g}×."
-    ],
+    solution=["{tokens:.4g} tokens / ({k} × {c} + 1) = {result:.4g}×."],
 )
 
 
@@ -211,16 +221,18 @@ numeric_family(
     draw=_outputs,
     calc=lambda p: static_batch_utilization(p["lengths"]),
     unit="fraction",
-    text=lambda p: (
-        f"Static batching of {len(p['lengths'])} requests whose outputs are {p['lengths']} tokens long: the batch "
-        f"runs until the longest finishes. What fraction of the decode slot-steps produce a token? "
-        f"(Continuous batching refills a finished slot at once.)"
+    fields=lambda p, result: {
+        "n": len(p["lengths"]),
+        "useful": sum(p["lengths"]),
+        "slots": len(p["lengths"]) * max(p["lengths"]),
+    },
+    text=(
+        "Static batching of {n} requests whose outputs are {lengths} tokens long: the batch runs until the "
+        "longest finishes. What fraction of the decode slot-steps produce a token? (Continuous batching "
+        "refills a finished slot at once.)"
     ),
     hints=["Steps = max length; slots = batch size.", "Useful = Σ lengths."],
-    solution=lambda p, u: [
-        f"Σ len = {sum(p['lengths'])}, n × max = {len(p['lengths']) * max(p['lengths'])}.",
-        f"Utilization {u:.4g}.",
-    ],
+    solution=["Σ len = {useful}, n × max = {slots}.", "Utilization {result:.4g}."],
 )
 
 numeric_family(
@@ -235,15 +247,14 @@ numeric_family(
     },
     calc=lambda p: inference_metrics.overlap_speedup(p["cpu_s"], p["model_s"]),
     unit="ratio",
-    text=lambda p: (
-        f"A decode step spends {p['cpu_s'] * 1e3:g} ms on the CPU (scheduling, sampling, detokenizing) and "
-        f"{p['model_s'] * 1e3:g} ms in the model. Overlapping the CPU work of step N+1 with the model of step N: "
-        f"speed-up in steps per second?"
+    fields=lambda p, result: {"cpu_ms": p["cpu_s"] * 1e3, "model_ms": p["model_s"] * 1e3},
+    text=(
+        "A decode step spends {cpu_ms:g} ms on the CPU (scheduling, sampling, detokenizing) and {model_ms:g} "
+        "ms in the model. Overlapping the CPU work of step N+1 with the model of step N: speed-up in steps "
+        "per second?"
     ),
     hints=["Serial: cpu + model per step.", "Overlapped: the slower of the two."],
-    solution=lambda p, s: [
-        f"({p['cpu_s'] * 1e3:g} + {p['model_s'] * 1e3:g}) / max = {s:.4g} (inference.metrics.overlap_speedup)."
-    ],
+    solution=["({cpu_ms:g} + {model_ms:g}) / max = {result:.4g} (inference.metrics.overlap_speedup)."],
 )
 
 

@@ -34,15 +34,14 @@ numeric_family(
     draw=_tp_params,
     calc=lambda p: tensor_parallel.tp_bytes_per_layer(p["b"], p["s"], p["h"], p["tp"], False),
     unit="bytes",
-    text=lambda p: (
-        f"Megatron tensor parallelism, tp = {p['tp']}, micro-batch {p['b']} × {p['s']} tokens, hidden {p['h']}, "
-        f"bf16: bytes one rank sends per layer in the FORWARD pass (ring all-reduce)?"
-    ),
+    text="Megatron tensor parallelism, tp = {tp}, micro-batch {b} × {s} tokens, hidden {h}, bf16: bytes one rank sends "
+    "per layer in the FORWARD pass (ring all-reduce)?",
     hints=[
         "Two all-reduces per layer in the forward: after attention and after the MLP.",
         "Each all-reduce of b·s·h·2 B sends 2(tp−1)/tp of it.",
     ],
-    solution=lambda p, v: [f"Activation X = b·s·h·2 = {_x(p):.4g} B.", f"2 all-reduces × 2(tp−1)/tp × X = {v:.4g} B."],
+    fields=lambda p, v: {"x": _x(p)},
+    solution=["Activation X = b·s·h·2 = {x:.4g} B.", "2 all-reduces × 2(tp−1)/tp × X = {result:.4g} B."],
     diagnostics=[(0.5, "there are TWO all-reduces per layer (attention and MLP)")],
 )
 
@@ -55,16 +54,15 @@ numeric_family(
     draw=_tp_params,
     calc=lambda p: tensor_parallel.tp_bytes_per_layer(p["b"], p["s"], p["h"], p["tp"], True),
     unit="bytes",
-    text=lambda p: (
-        f"Sequence parallelism on top of TP = {p['tp']} (micro-batch {p['b']} × {p['s']} tokens, hidden {p['h']}, "
-        f"bf16): bytes one rank sends per layer in the forward pass?"
-    ),
+    text="Sequence parallelism on top of TP = {tp} (micro-batch {b} × {s} tokens, hidden {h}, bf16): bytes one rank "
+    "sends per layer in the forward pass?",
     hints=[
         "Each all-reduce becomes a reduce-scatter + an all-gather.",
         "A ring all-reduce IS a reduce-scatter + an all-gather: same bytes.",
     ],
-    solution=lambda p, v: [
-        f"2 × (reduce-scatter + all-gather) of {_x(p):.4g} B = {v:.4g} B,",
+    fields=lambda p, v: {"x": _x(p)},
+    solution=[
+        "2 × (reduce-scatter + all-gather) of {x:.4g} B = {result:.4g} B,",
         "exactly what TP's two all-reduces send (SP saves activation memory, not traffic).",
     ],
 )
@@ -83,15 +81,16 @@ numeric_family(
     draw=_tp_time_case,
     calc=lambda p: 2 * comm.collective_time("all_reduce", _x(p), p["tp"], p["alpha"], p["beta"], "ring"),
     unit="seconds",
-    text=lambda p: (
-        f"TP = {p['tp']} over NVLink (assumed α = {us(p['alpha'])}, β = {gbps(p['beta'])}), micro-batch {p['b']} × "
-        f"{p['s']} tokens, hidden {p['h']}, bf16: time of one layer's forward all-reduces (two ring all-reduces)?"
-    ),
+    fields=lambda p, t: {
+        "link": f"α = {us(p['alpha'])}, β = {gbps(p['beta'])}",
+        "x": _x(p),
+        "one_ms": t / 2 * 1e3,
+        "ms": t * 1e3,
+    },
+    text="TP = {tp} over NVLink (assumed {link}), micro-batch {b} × {s} tokens, hidden {h}, bf16: time of one layer's "
+    "forward all-reduces (two ring all-reduces)?",
     hints=["S = b·s·h·2 bytes per all-reduce.", "T = 2(tp−1)α + 2(tp−1)/tp·S/β, twice."],
-    solution=lambda p, t: [
-        f"S = {_x(p):.4g} B; one all-reduce {t / 2 * 1e3:.4g} ms (comm.collective_time).",
-        f"Two per layer: {t * 1e3:.4g} ms.",
-    ],
+    solution=["S = {x:.4g} B; one all-reduce {one_ms:.4g} ms (comm.collective_time).", "Two per layer: {ms:.4g} ms."],
     diagnostics=[(0.5, "two all-reduces per layer in the forward")],
 )
 
@@ -107,16 +106,14 @@ numeric_family(
     calc=lambda p: memory.estimate(memory.preset(p["model"]), TrainConfig(tp=p["tp"])),
     key=lambda b: b.n_params_rank,
     unit="params",
-    text=lambda p: (
-        f"{p['model']} under tensor parallelism tp = {p['tp']} (vocab-parallel embedding and head, norms "
-        f"replicated): parameters held per rank?"
-    ),
+    text="{model} under tensor parallelism tp = {tp} (vocab-parallel embedding and head, norms replicated): "
+    "parameters held per rank?",
     hints=[
         "Attention and MLP weight matrices and the vocabulary are split tp ways.",
         "Norm weights are replicated on every rank.",
     ],
-    solution=lambda p, b: [
-        f"Total {b.n_params_total:.4g}; per rank {b.n_params_rank:.4g} (memory.estimate(...).n_params_rank)."
+    solution=[
+        "Total {result.n_params_total:.4g}; per rank {result.n_params_rank:.4g} (memory.estimate(...).n_params_rank)."
     ],
     diagnostics=lambda p, b: [(b.n_params_total / p["tp"] / b.n_params_rank, "close: the norms are not split")],
 )
