@@ -39,6 +39,8 @@ def _eager_attention_output_copy(t: TrainConfig) -> bool:
 
 
 def _norm_terms(m: ModelConfig, B: int, eager: bool, where: str) -> list:
+    """What one norm saves, per token: its input and statistics (fused kernels), or PyTorch's decomposed
+    RMSNorm's fp32 upcast, rstd and normalized input (``eager``); ``B``: activation bytes per element."""
     h = m.hidden
     if m.norm == "layernorm":  # native_layer_norm: input + mean + rstd (activation dtype on CPU)
         stats = 2 * (B if eager else 4)

@@ -16,6 +16,7 @@ from .units import PRECISION_BYTES
 
 
 def _playbook_data() -> dict:
+    """The widget's presets and initial page (``data/playbook_memory.yaml``)."""
     from ..config import load_yaml
 
     return load_yaml("playbook_memory.yaml")
@@ -138,6 +139,7 @@ def playbook_inputs(model: ModelConfig, train: TrainConfig) -> dict:
 
 
 def playbook_breakdown(model: ModelConfig, train: TrainConfig) -> Breakdown:
+    """``estimate(model, train, compat="playbook")``: the widget's numbers for this pair as a ``Breakdown``."""
     from .. import hardware
 
     r = playbook_estimate(**playbook_inputs(model, train))

@@ -57,6 +57,7 @@ def even_stage_layers(n_layers: int, pp: int) -> tuple[int, ...]:
 
 
 def stage_range(m: ModelConfig, t: TrainConfig, stage: int) -> range:
+    """The transformer layers (0-based indices) of pipeline stage ``stage``."""
     sizes = stage_layers(m.n_layers, t.pp, t.pp_layers)
     start = sum(sizes[:stage])
     return range(start, start + sizes[stage])

@@ -50,6 +50,8 @@ def _states_bound(ctx: PlanContext, lay: Layout) -> float:
 
 @memoised(1 << 14)
 def _states_bytes(model, precision, tp, pp, ep, dual, zg, zero) -> float:
+    """Model-state bytes per GPU of the heaviest stage, ZeRO stage ``zero`` over ``zg`` ranks (experts over
+    ``zg / ep``), bf16-mixed Adam as ``memory.bytes_per_param`` counts it."""
     d, e = heaviest_stage_params(model, tp, pp, ep, dual)
     b = memory.bytes_per_param(precision, "adam", False, None)
     eg = zg // ep
@@ -70,6 +72,7 @@ def _act_layer(model: ModelConfig, seq_len: int, precision: str, tp: int, cp: in
 
 @memoised(4096)
 def _in_flight_last(schedule: str, pp: int, m: int, v: int) -> float:
+    """Micro-batches in flight on the last pipeline stage (``memory.in_flight_microbatches``)."""
     t = TrainConfig(
         pp=pp,
         n_microbatches=m,
@@ -80,11 +83,13 @@ def _in_flight_last(schedule: str, pp: int, m: int, v: int) -> float:
 
 @memoised(1024)
 def _min_layers(n_layers: int, pp: int) -> int:
+    """Layers of the lightest pipeline stage (``memory.stage_layers``)."""
     return min(memory.stage_layers(n_layers, pp))
 
 
 @memoised(1024)
 def max_stage_layers(n_layers: int, pp: int) -> int:
+    """Layers of the heaviest pipeline stage (``memory.stage_layers``)."""
     return max(memory.stage_layers(n_layers, pp))
 
 
@@ -170,6 +175,7 @@ def _rank_states(model, precision, tp, pp, ep, dual, zg, zero) -> tuple:
 
 @memoised(4096)
 def _in_flight_all(schedule: str, pp: int, m: int, v: int) -> tuple:
+    """Micro-batches in flight on every pipeline stage (``memory.in_flight_microbatches``)."""
     if pp == 1:
         return (1.0,)
     t = TrainConfig(

@@ -84,6 +84,7 @@ class Calibration:
 
 
 def _runs_file():
+    """``data/published_runs.yaml``: the runs, the stored calibration and the goodput table."""
     from pathlib import Path
 
     return Path(__file__).resolve().parent.parent.parent / "data" / "published_runs.yaml"
@@ -91,6 +92,7 @@ def _runs_file():
 
 @lru_cache(maxsize=1)
 def _runs_raw() -> dict:
+    """``data/published_runs.yaml`` as read (once)."""
     import yaml
 
     return yaml.safe_load(_runs_file().read_text())

@@ -26,11 +26,13 @@ def _degrees(name, value, default):
 
 
 def _divisors(n: int) -> list[int]:
+    """Every divisor of ``n``, ascending."""
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
 @memoised(1024)
 def _max_chunks(n_layers: int, pp: int) -> int:
+    """``memory.max_chunks`` without a published split, memoised (asked per candidate)."""
     return memory.max_chunks(n_layers, pp)
 
 
