@@ -13,18 +13,29 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .runtime.launcher import device, launch  # noqa: E402
-from .runtime.notebook import check_parameters, passed  # noqa: E402
-
 __all__ = ["__version__", "launch", "device", "Cluster", "load_ipython_extension", "check_parameters", "passed"]
 
+# PEP 562: each top-level name loads its module on first use, so ``import mlsys_nb.memory`` (a calculator) loads
+# neither the runtime nor torch
+_LAZY = {
+    "launch": "runtime.launcher",
+    "device": "runtime.launcher",
+    "Cluster": "runtime.cluster",
+    "check_parameters": "runtime.notebook",
+    "passed": "runtime.notebook",
+}
 
-def __getattr__(name):  # PEP 562: the live-rank cluster loads on first use
-    if name == "Cluster":
-        from .runtime.cluster import Cluster
 
-        return Cluster
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'mlsys_nb' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def load_ipython_extension(ipython):
