@@ -32,11 +32,10 @@ import os
 import time
 
 from ..config import check_int
-from ..runtime.timing import Timer, median
+from ..runtime.timing import ATTEMPTS, Timer, median
 
 
 OVERLAP_LIMIT = 0.8  # non-blocking <= 0.8 x blocking when compute ~ comm (perfect overlap: 0.5)
-ATTEMPTS = 3  # measurements before the check gives up (a blocking variant fails all of them)
 
 
 def overlap_timings(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import check_int, check_multiple, check_number
-from ..runtime.timing import Timer, lower_quartile
+from ..runtime.timing import ATTEMPTS, Timer, lower_quartile
 from .cost import cost_coefficients, fit_alpha_beta
 
 
@@ -289,9 +289,6 @@ def check_all_gather(rows, shortfall: float, min_share: float) -> tuple[float, f
         f"claimed; with δ the error is {with_copy:+.0%}, without {pure:+.0%})"
     )
     return pure, share
-
-
-ATTEMPTS = 3  # measurements notebook 04 makes before its claims count as refuted
 
 
 def check_claims(rows, stated_error: float, min_copy_share: float) -> dict:

@@ -29,11 +29,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..config import ModelConfig, check_choice, check_int
+from ..config import RECOMPUTE, ModelConfig, check_choice, check_int
 
 from .routing import check_router_args, load_balancing_loss, load_balancing_terms, route, update_bias, z_loss_sum
 
-RECOMPUTE_MODES = ("none", "selective", "full")
 ATTN_IMPLS = ("sdpa", "matmul")
 
 
@@ -215,7 +214,7 @@ class Transformer(nn.Module):
 
     def __init__(self, cfg: ModelConfig, *, recompute: str = "none", attn_impl: str = "sdpa"):
         super().__init__()
-        check_choice("recompute", recompute, RECOMPUTE_MODES)
+        check_choice("recompute", recompute, RECOMPUTE)
         check_choice("attn_impl", attn_impl, ATTN_IMPLS)
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden)
@@ -239,7 +238,7 @@ class Transformer(nn.Module):
             nn.init.zeros_(m.bias)
 
     def set_recompute(self, mode: str) -> None:
-        check_choice("mode", mode, RECOMPUTE_MODES)
+        check_choice("mode", mode, RECOMPUTE)
         self.recompute = mode
         for blk in self.blocks:
             blk.attn.selective_recompute = mode == "selective"

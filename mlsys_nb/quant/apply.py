@@ -15,12 +15,12 @@ import copy
 import torch
 from torch import nn
 
-from ..config import check_choice
+from ..config import LORA_TARGETS, check_choice
 from .awq import awq
 from .gptq import gptq, rtn
 
 METHODS = ("rtn", "gptq", "awq")
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TARGETS = LORA_TARGETS  # every linear layer of a block
 
 
 def target_linears(model: nn.Module, targets=TARGETS) -> dict:

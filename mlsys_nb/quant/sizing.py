@@ -19,7 +19,7 @@
 
 from __future__ import annotations
 
-from ..config import LORA_TARGETS, TrainConfig, as_model_config, check_choice, check_int, dtype_bytes
+from ..config import FINETUNES, LORA_TARGETS, TrainConfig, as_model_config, check_choice, check_int, dtype_bytes
 from ..memory import block_linear_shapes, block_linear_weights, estimate, lora_layer_params, param_count
 from .formats import bits_per_weight
 
@@ -27,7 +27,7 @@ __all__ = ["bits_per_weight", "linear_shapes", "block_linear_params", "quantized
 __all__ += ["finetune_bytes", "LINEAR_NAMES", "METHODS"]
 
 LINEAR_NAMES = LORA_TARGETS
-METHODS = ("full", "lora", "qlora")
+METHODS = FINETUNES  # full, LoRA, QLoRA: config's fine-tuning methods
 
 
 def linear_shapes(model) -> dict:

@@ -14,6 +14,8 @@
   is a tail (p90), and ``method="nearest"`` picks a measured value instead of interpolating.
 - ``profile_ops(fn)``: run ``fn()`` under ``torch.profiler`` and return the self CPU seconds per op
   (``aten::mm``, ...), largest first.
+- ``ATTEMPTS``: how many measurements a timed check makes before its claim counts as refuted (one more
+  try is a fresh measurement, never a looser bound; ``comm.overlap`` and ``comm.pingpong`` use it).
 
 Durations only; timestamps stay ``time.perf_counter()``: a request's arrival, scheduling and token
 times (``inference.sequence.RequestMetrics``, set in the engine and ``run_workload``), the server's
@@ -34,7 +36,9 @@ import time
 
 from ..config import check_choice, check_int, check_number
 
-__all__ = ["Timer", "Laps", "repeat", "median", "lower_quartile", "quantile", "profile_ops"]
+__all__ = ["ATTEMPTS", "Timer", "Laps", "repeat", "median", "lower_quartile", "quantile", "profile_ops"]
+
+ATTEMPTS = 3  # measurements a timed check makes before its claim counts as refuted
 
 
 class Timer(contextlib.ContextDecorator):
