@@ -53,7 +53,13 @@ def _states_bytes(model, precision, tp, pp, ep, dual, zg, zero) -> float:
     """Model-state bytes per GPU of the heaviest stage, ZeRO stage ``zero`` over ``zg`` ranks (experts over
     ``zg / ep``), bf16-mixed Adam as ``memory.bytes_per_param`` counts it."""
     d, e = heaviest_stage_params(model, tp, pp, ep, dual)
-    b = memory.bytes_per_param(precision, "adam", False, None)
+    return _zero_state_bytes(memory.bytes_per_param(precision, "adam", False, None), d, e, zg, ep, zero)
+
+
+def _zero_state_bytes(b: dict, d: float, e: float, zg: int, ep: int, zero: int) -> float:
+    """Model-state bytes of ``d`` dense and ``e`` expert parameters at ``b`` bytes per parameter and state
+    (``memory.bytes_per_param``), ZeRO stage ``zero`` sharding the dense ones over ``zg`` ranks, the experts
+    over ``zg / ep`` (``memory.model_state_bytes``' rule, without its padding)."""
     eg = zg // ep
     tot = 0.0
     for key, zmin in (("param", 3), ("grad", 2), ("optimizer", 1), ("master", 1)):
@@ -155,21 +161,16 @@ def _rank_layers(model: ModelConfig, pp: int, dualpipe: bool) -> tuple:
 
 @memoised(1 << 14)
 def _rank_states(model, precision, tp, pp, ep, dual, zg, zero) -> tuple:
-    """Model-state bytes of every pipeline rank (the ``_states_bytes`` formula, stage by stage)."""
+    """Model-state bytes of every pipeline rank (``_zero_state_bytes``, stage by stage)."""
     t = TrainConfig(tp=tp, pp=pp, ep=ep, dp=ep, pp_schedule="dualpipe" if dual else "1f1b")
     b = memory.bytes_per_param(precision, "adam", False, None)
-    eg = zg // ep
     out = []
     for st in range(pp):
         d, e, _, _ = memory.stage_params(model, t, st)
         if dual and pp > 1:
             d2, e2, _, _ = memory.stage_params(model, t, pp - 1 - st)
             d, e = d + d2, e + e2
-        tot = 0.0
-        for key, zmin in (("param", 3), ("grad", 2), ("optimizer", 1), ("master", 1)):
-            tot += b[key] * (d / zg if (zero >= zmin and zg > 1) else d)
-            tot += b[key] * (e / eg if (zero >= zmin and eg > 1) else e)
-        out.append(tot)
+        out.append(_zero_state_bytes(b, d, e, zg, ep, zero))
     return tuple(out)
 
 
