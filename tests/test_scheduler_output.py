@@ -88,6 +88,22 @@ def test_finishing_a_swapped_sequence_drops_its_cpu_copy_at_the_next_step():
     assert s.schedule().dropped == [b.seq_id]
 
 
+def test_a_sequence_swapped_out_and_finished_before_the_next_step_is_neither_copied_nor_dropped():
+    """``preempt`` outside ``schedule()`` puts its swap-out in the next output; finishing the sequence first
+    takes it back out (a drop after it would run first and leave the copy held in the CPU pool forever)."""
+    m = BlockManager(3, 2, prefix_caching=False)
+    s = Scheduler(m, EngineConfig(block_size=2, num_blocks=3, preemption_mode="swap", max_num_seqs=2))
+    a, b = _seq(0, [1, 2]), _seq(1, [3, 4])
+    s.add(a)
+    s.add(b)
+    s.update(s.schedule().scheduled)
+    s.preempt(b)
+    assert b.status is SequenceStatus.SWAPPED and s.swap_free == 2
+    s.finish(b)
+    out = s.schedule()
+    assert not out.swap_out and not out.dropped and s.swap_free == s.swap_blocks
+
+
 def _swap_run(model, monkeypatch, break_it: str = ""):
     """A swapping engine whose runner's ``move_blocks`` is watched: per swapped sequence, the pool's blocks as
     the scheduler freed them (before the runner copies them out) and as the runner wrote them back. Returns

@@ -60,11 +60,6 @@ class SchedulerOutput:
     copies: list[tuple[int, int]] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)
 
-    @property
-    def num_tokens(self) -> int:
-        """New tokens of the step (at most ``max_num_batched_tokens``)."""
-        return sum(n for _, n in self.scheduled)
-
 
 class Scheduler:
     """Works on a ``BlockManager`` (``manager``). Reads ``max_num_seqs``, ``max_num_batched_tokens``,
@@ -158,7 +153,11 @@ class Scheduler:
         elif seq in self.swapped:
             self.swapped.remove(seq)
             self.swap_free += self.swapped_blocks.pop(seq.seq_id)
-            self.moves.dropped.append(seq.seq_id)  # the runner drops its CPU copy before the next swap-out
+            out = [m for m in self.moves.swap_out if m[0] == seq.seq_id]  # swapped out since the last schedule()
+            if out:
+                self.moves.swap_out.remove(out[0])  # nothing to copy: no CPU copy was made
+            else:
+                self.moves.dropped.append(seq.seq_id)  # the runner drops its CPU copy before the next swap-outs
         seq.status = SequenceStatus.FINISHED
 
     # ---- helpers -------------------------------------------------------------------------------
