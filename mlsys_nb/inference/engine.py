@@ -237,7 +237,8 @@ class LLMEngine:
         t("schedule")
         if not out.scheduled:
             return self._idle()
-        scheduled, drafts = out.scheduled, self._propose(out.scheduled) if self.speculator is not None else {}
+        scheduled = out.scheduled
+        drafts = self._propose(scheduled) if self.speculator is not None else {}  # k drafts per decode, or none
         try:  # 2. run: the packed batch ("prepare") and the forward ("model")
             logits, batch = self.runner.run(verify_feed(scheduled, drafts), timer=t)
         except Exception as e:
