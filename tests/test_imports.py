@@ -2,7 +2,8 @@
 
 An AST pass over every module of ``mlsys_nb`` reads module- and function-level imports (relative
 imports resolved) and fails on any cycle between modules and on any ``from X import _name`` or
-``X._name`` where X is another module of the package. No allow-list."""
+``X._name`` where X is another module of the package. No allow-list. Which module may import which is
+``tests/test_layers.py``'s job (docs/architecture.md's Layers table, read with ``scan`` below)."""
 
 import ast
 from pathlib import Path
