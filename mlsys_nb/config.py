@@ -468,8 +468,10 @@ def as_model_config(model) -> ModelConfig:
 PRECISIONS = ("fp32", "bf16-mixed", "bf16-nomaster", "fp8-te", "fp8-dsv3")
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adam-8bit")
 RECOMPUTE = ("none", "selective", "full")
-# the names of mlsys_nb.pipeline.SCHEDULES whose activation memory mlsys_nb.memory models
-PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipe")
+# every pipeline schedule the kit builds, the one list of their names (mlsys_nb.pipeline.SCHEDULES is this tuple)
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipe", "dualpipev")
+# those whose activation memory mlsys_nb.memory models (all but DualPipeV)
+PP_SCHEDULES = tuple(s for s in PIPELINE_SCHEDULES if s != "dualpipev")
 ZERO_LAYOUTS = ("flat", "units", "fsdp2")
 KERNELS = ("fused", "eager")
 DEVICES = ("cuda", "cpu")

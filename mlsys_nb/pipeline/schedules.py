@@ -38,9 +38,9 @@ import gc
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ..config import PIPELINE_SCHEDULES as SCHEDULES  # every schedule's name: config holds the one list
 from ..config import ArgumentError, check_choice, check_int
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipe", "dualpipev")
 COMPUTE_KINDS = ("F", "B", "W", "FB")
 COMM_KINDS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 
