@@ -356,14 +356,14 @@ def test_a_non_streaming_client_that_leaves_while_tokens_flow_is_aborted(local_s
 
 def test_a_failing_request_gets_an_error_event_and_the_others_finish(local_server, offline):
     u, engine = local_server()
-    real = engine._append_token
+    real = engine.append_token
 
     def append(seq, tok, lp, now):  # requests whose prompt starts with "POISON" raise after 3 tokens
         if bytes(seq.prompt_token_ids[:6]) == b"POISON" and len(seq.output_token_ids) >= 3:
             raise FloatingPointError("poisoned")
         return real(seq, tok, lp, now)
 
-    engine._append_token = append
+    engine.append_token = append
     client = openai.OpenAI(base_url=u + "/v1", api_key="unused", timeout=120, max_retries=0)
     prompts = [f"good {i}" for i in range(8)]
     want = offline(prompts, 40)

@@ -303,7 +303,7 @@ class LLMEngine:
             if seq.request_id in failed or seq.finished:
                 continue
             try:
-                self._append_token(seq, tok, lp, now)
+                self.append_token(seq, tok, lp, now)
             except Exception as e:
                 failed.setdefault(seq.request_id, e)
         for d, rows_k in verify:  # speculation: accept per sequence, roll back the rejected slots
@@ -350,7 +350,7 @@ class LLMEngine:
                     row = apply_mask(row, mask)
                 lp = logprob_entry(torch.log_softmax(row.float(), -1), tok, seq.params.logprobs, self.tokenizer)
             try:
-                self._append_token(seq, tok, lp, now)
+                self.append_token(seq, tok, lp, now)
             except Exception as e:
                 failed.setdefault(seq.request_id, e)
                 return
@@ -381,7 +381,10 @@ class LLMEngine:
         culprits = culprits or dict.fromkeys(by_request, error)
         return [o for rid, e in culprits.items() if (o := self.fail_request(rid, e)) is not None]
 
-    def _append_token(self, seq: Sequence, tok: int, lp, now: float) -> None:
+    def append_token(self, seq: Sequence, tok: int, lp, now: float) -> None:
+        """Append one sampled token ``tok`` to ``seq`` (its logprobs ``lp`` or None; ``now`` in perf_counter
+        seconds): metrics, incremental detokenization, the stop rules; a finished sequence frees its blocks.
+        The step calls it per sequence inside its fault isolation (an exception fails that request alone)."""
         p, m = seq.params, seq.metrics
         if seq.num_preemptions == 0 and not seq.output_token_ids:
             self.metrics.first_token(len(seq.prompt_token_ids), seq.num_cached_tokens)
