@@ -2,23 +2,9 @@
 cards; importing this package registers them all in ``quiz.core.REGISTRY``. A family's topic is the
 name of the module that declares it (``tests/test_quiz.py`` checks it for every family)."""
 
-from . import (  # noqa: F401
-    cards,
-    checkpoint,
-    comm,
-    compute,
-    data_parallel,
-    expert_context,
-    inference,
-    kernels,
-    layout,
-    memory,
-    pipeline,
-    precision,
-    profiling,
-    quant,
-    rl,
-    scaling,
-    serving,
-    tensor,
-)
+import importlib
+
+from ..core import TOPICS
+
+for _module in (*TOPICS, "cards"):  # each module registers its topic's families
+    importlib.import_module(f"{__name__}.{_module}")

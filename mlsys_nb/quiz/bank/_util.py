@@ -146,6 +146,7 @@ def ratio_family(
     text,
     hints: list[str],
     solution,
+    fields=None,
     diagnostics=(),
     unit: str = "ratio",
     **registration,
@@ -154,9 +155,11 @@ def ratio_family(
     ``calc(p, **over) / calc(p, **under)``.
 
     ``draw(rng) -> p`` draws the question's params; ``over`` and ``under`` are keyword dicts for
-    ``calc``, or functions of ``p`` returning one; ``text(p)`` words the question and
-    ``solution(p, num, den, ratio)`` its steps; ``diagnostics`` is a list of (factor, hint) or
-    ``fn(p, num, den, ratio)`` returning one; ``registration`` goes to ``core.family`` (difficulty,
+    ``calc``, or functions of ``p`` returning one. The words are templates as ``numeric_family``'s, filled
+    in from the params, ``over``, ``under`` and ``ratio`` (the two results and their ratio) and
+    ``fields(p, over, under, ratio)``; ``text`` may instead be ``text(p)`` and ``solution``
+    ``solution(p, over, under, ratio)``. ``diagnostics`` is a list of (factor, hint) or
+    ``fn(p, over, under, ratio)`` returning one; ``registration`` goes to ``core.family`` (difficulty,
     section, reference, kind)."""
 
     def make(rng):
@@ -164,13 +167,14 @@ def ratio_family(
         num = calc(p, **_setting(over, p))
         den = calc(p, **_setting(under, p))
         r = num / den
+        names = {**p, **(fields(p, num, den, r) if fields else {}), "over": num, "under": den, "ratio": r}
         return dict(
-            text=text(p),
+            text=_worded(text, p, names=names),
             params=p,
             answer=r,
             unit=unit,
-            hints=list(hints),
-            solution=solution(p, num, den, r),
+            hints=list(_worded(hints, p, names=names)),
+            solution=list(_worded(solution, p, num, den, r, names=names)),
             diagnostics=list(diagnostics(p, num, den, r) if callable(diagnostics) else diagnostics),
         )
 

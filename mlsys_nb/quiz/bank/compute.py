@@ -35,14 +35,14 @@ def _peak(p) -> float:
     return hardware.gpu(p["gpu"]).peak("bf16")
 
 
-numeric_family(
+def _training_time_family(name: str, key, **words):
+    """A question on ``flops.training_time`` of a drawn run; ``key`` reads the answer off its estimate."""
+    numeric_family(name, "compute", section=SEC_TIME, reference=REF_FLOPS, draw=_run, calc=_time, key=key, **words)
+
+
+_training_time_family(
     "flops.training_days",
-    "compute",
-    section=SEC_TIME,
-    reference=REF_FLOPS,
-    draw=_run,
-    calc=_time,
-    key=lambda est: est.days,
+    lambda est: est.days,
     unit="days",
     fields=lambda p, result: {"peak_tflops": _peak(p) / 1e12, "peak": _peak(p)},
     text=(
@@ -78,14 +78,9 @@ numeric_family(
     diagnostics=[(1 / 3, "2ND is the forward only")],
 )
 
-numeric_family(
+_training_time_family(
     "flops.gpu_hours",
-    "compute",
-    section=SEC_TIME,
-    reference=REF_FLOPS,
-    draw=_run,
-    calc=_time,
-    key=lambda est: est.gpu_hours,
+    lambda est: est.gpu_hours,
     unit="GPU-hours",
     text="GPU-hours to train {n_params:.3g} parameters on {tokens:.3g} tokens on {gpu} at {mfu:.0%} MFU (6ND)?",
     hints=["GPU-hours do not depend on the number of GPUs (perfect scaling).", "6ND / (peak × MFU) / 3600."],

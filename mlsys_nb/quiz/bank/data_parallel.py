@@ -92,12 +92,12 @@ ratio_family(
     calc=lambda p, stage: zero.zero_bytes_per_step(p["n_params"], p["n"], stage),
     over=dict(stage=3),
     under=dict(stage=0),
-    text=lambda p: (
-        f"By what factor does ZeRO-3 multiply the bytes per rank per step compared with DDP "
-        f"(n = {p['n']} ranks, ring collectives)?"
+    text=(
+        "By what factor does ZeRO-3 multiply the bytes per rank per step compared with DDP (n = {n} ranks, "
+        "ring collectives)?"
     ),
     hints=["DDP: reduce-scatter + all-gather of the gradients.", "ZeRO-3: one more all-gather."],
-    solution=lambda p, z3, ddp, r: ["DDP: 2 × (n−1)/n × S; ZeRO-3: 3 × (n−1)/n × S.", f"Ratio = {r:.3g}."],
+    solution=["DDP: 2 × (n−1)/n × S; ZeRO-3: 3 × (n−1)/n × S.", "Ratio = {ratio:.3g}."],
     diagnostics=[(2.0, "3× is the common misconception: DDP's all-reduce is already two phases")],
 )
 
@@ -161,18 +161,29 @@ ratio_family(
     calc=_all_reduce_in_pieces,
     over=lambda p: dict(pieces=p["tensors"]),
     under=lambda p: dict(pieces=_n_buckets(p)),
-    text=lambda p: (
-        f"{p['bytes'] / MB:g} MB of gradients in {p['tensors']} equal tensors, {p['n']} ranks, "
-        f"α = {us(p['alpha'])}, β = {gbps(p['beta'])}: how many times faster is all-reducing them in "
-        f"⌈S/{p['bucket'] / MB:g} MB⌉ equal buckets than one ring all-reduce per tensor?"
+    fields=lambda p, over, under, ratio: {
+        "mb": p["bytes"] / MB,
+        "alpha_us": us(p["alpha"]),
+        "beta_gbps": gbps(p["beta"]),
+        "bucket_mb": p["bucket"] / MB,
+        "over_ms": over * 1e3,
+        "n_buckets": _n_buckets(p),
+        "under_ms": under * 1e3,
+    },
+    text=(
+        "{mb:g} MB of gradients in {tensors} equal tensors, {n} ranks, α = {alpha_us}, β = {beta_gbps}: how "
+        "many times faster is all-reducing them in ⌈S/{bucket_mb:g} MB⌉ equal buckets than one ring "
+        "all-reduce per tensor?"
     ),
     hints=[
         "The bandwidth term is the same: only the number of messages changes.",
         "Each all-reduce costs 2(n−1)α in latency.",
     ],
-    solution=lambda p, naive, bucketed, r: [
-        f"per tensor: {p['tensors']} × ... = {naive * 1e3:.4g} ms; {_n_buckets(p)} buckets: "
-        f"{bucketed * 1e3:.4g} ms (comm.collective_time).",
-        f"Speed-up {r:.4g}×.",
+    solution=[
+        (
+            "per tensor: {tensors} × ... = {over_ms:.4g} ms; {n_buckets} buckets: {under_ms:.4g} ms "
+            "(comm.collective_time)."
+        ),
+        "Speed-up {ratio:.4g}×.",
     ],
 )

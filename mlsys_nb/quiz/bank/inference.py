@@ -197,27 +197,43 @@ def roof_case(rng, batches=(1, 8, 32, 128), contexts=(2048,)):
     raise RuntimeError("no premise fits on one GPU")  # pragma: no cover
 
 
+def times_ms(p, cost) -> dict:
+    """A roofline cost's compute, memory and step time in ms, for the words of a question."""
+    return {
+        "compute_ms": cost.compute_time_s * 1e3,
+        "memory_ms": cost.memory_time_s * 1e3,
+        "step_ms": cost.time_s * 1e3,
+    }
+
+
 def _roof_params(rng, length: str) -> dict:
     """A one-GPU premise (``roof_case``) at context or prompt length 512, 2048 or 8192."""
     model, g, batch, n = roof_case(rng, contexts=(512, 2048, 8192))
     return {"preset": model, "gpu": g, "batch": batch, length: n}
 
 
-numeric_family(
+def _roofline_time_family(name: str, cost: str, length: str, **words):
+    """The roofline time of a decode step or a prefill (``inference.decode_cost`` / ``prefill_cost``) on one GPU,
+    at a drawn context or prompt ``length``."""
+    numeric_family(
+        name,
+        "inference",
+        difficulty=2,
+        section=SEC_ROOF,
+        reference=REF_ROOF,
+        draw=lambda rng: _roof_params(rng, length),
+        calc=lambda p: getattr(inference, cost)(p["preset"], p["gpu"], p[length], batch=p["batch"]),
+        key=lambda c: c.time_s,
+        unit="seconds",
+        fields=times_ms,
+        **words,
+    )
+
+
+_roofline_time_family(
     "inference.decode_step_time",
-    "inference",
-    difficulty=2,
-    section=SEC_ROOF,
-    reference=REF_ROOF,
-    draw=lambda rng: _roof_params(rng, "context"),
-    calc=lambda p: inference.decode_cost(p["preset"], p["gpu"], p["context"], batch=p["batch"]),
-    key=lambda c: c.time_s,
-    unit="seconds",
-    fields=lambda p, result: {
-        "compute_ms": result.compute_time_s * 1e3,
-        "memory_ms": result.memory_time_s * 1e3,
-        "step_ms": result.time_s * 1e3,
-    },
+    "decode_cost",
+    "context",
     text=(
         "Roofline model: one decode step of {preset} (bf16) on one {gpu} (weights and cache fit), batch "
         "{batch}, each sequence at context {context}: time of the step (max of compute and memory time, 100 % "
@@ -233,21 +249,10 @@ numeric_family(
     ],
 )
 
-numeric_family(
+_roofline_time_family(
     "inference.prefill_time",
-    "inference",
-    difficulty=2,
-    section=SEC_ROOF,
-    reference=REF_ROOF,
-    draw=lambda rng: _roof_params(rng, "prompt_len"),
-    calc=lambda p: inference.prefill_cost(p["preset"], p["gpu"], p["prompt_len"], batch=p["batch"]),
-    key=lambda c: c.time_s,
-    unit="seconds",
-    fields=lambda p, result: {
-        "compute_ms": result.compute_time_s * 1e3,
-        "memory_ms": result.memory_time_s * 1e3,
-        "step_ms": result.time_s * 1e3,
-    },
+    "prefill_cost",
+    "prompt_len",
     text=(
         "Roofline model: prefill of {batch} prompt(s) of {prompt_len} tokens on {preset} (bf16), one {gpu} "
         "(weights and cache fit): time?"
@@ -340,12 +345,13 @@ ratio_family(
     calc=_kv_per_token,
     over=dict(mha=True),
     under=dict(mha=False),
-    text=lambda p: (
-        f"{p['preset']} has {_heads(p)}. By what factor is its KV cache smaller than the same model "
-        f"with full multi-head attention?"
+    fields=lambda p, over, under, ratio: {"heads": _heads(p)},
+    text=(
+        "{preset} has {heads}. By what factor is its KV cache smaller than the same model with full "
+        "multi-head attention?"
     ),
     hints=["The cache stores K and V per KV head; head_dim is unchanged."],
-    solution=lambda p, mha, gqa, r: [f"{mha:.6g} vs {gqa:.6g} B/token: {r:g}× (inference.kv_bytes_per_token)."],
+    solution=["{over:.6g} vs {under:.6g} B/token: {ratio:g}× (inference.kv_bytes_per_token)."],
 )
 
 

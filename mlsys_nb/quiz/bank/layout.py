@@ -57,16 +57,23 @@ ratio_family(
     calc=lambda p, alpha, beta: comm.collective_time("all_reduce", p["bytes"], p["tp"], alpha, beta),
     over=lambda p: dict(alpha=NETWORK_ALPHA, beta=p["beta_inter"]),
     under=dict(alpha=NVLINK.latency_s, beta=NVLINK.per_direction_bytes_per_s),
-    text=lambda p: (
-        f"One TP all-reduce of {p['bytes'] / 1e6:.4g} MB over tp = 8: how many times slower across nodes "
-        f"(β = {gbps(p['beta_inter'])}, α = 10 us) than inside an NVLink4 node "
-        f"(β = {gbps(NVLINK.per_direction_bytes_per_s)} from the datasheet,"
-        f" α = {NVLINK.latency_s * 1e6:g} us)? (Both α are assumed defaults, not datasheet values.)"
+    fields=lambda p, over, under, ratio: {
+        "mb": p["bytes"] / 1e6,
+        "beta_gbps": gbps(p["beta_inter"]),
+        "nvlink_beta": gbps(NVLINK.per_direction_bytes_per_s),
+        "nvlink_alpha_us": NVLINK.latency_s * 1e6,
+        "under_us": under * 1e6,
+        "over_us": over * 1e6,
+    },
+    text=(
+        "One TP all-reduce of {mb:.4g} MB over tp = 8: how many times slower across nodes (β = {beta_gbps}, α "
+        "= 10 us) than inside an NVLink4 node (β = {nvlink_beta} from the datasheet, α = {nvlink_alpha_us:g} "
+        "us)? (Both α are assumed defaults, not datasheet values.)"
     ),
     hints=["Both are ring all-reduces: compare α-β times.", "Bandwidth dominates at this size."],
-    solution=lambda p, t_ib, t_nv, r: [
-        f"NVLink: {t_nv * 1e6:.4g} us; network: {t_ib * 1e6:.4g} us (comm.collective_time).",
-        f"Ratio {r:.3g}: keep TP inside a node, put PP/DP across nodes.",
+    solution=[
+        "NVLink: {under_us:.4g} us; network: {over_us:.4g} us (comm.collective_time).",
+        "Ratio {ratio:.3g}: keep TP inside a node, put PP/DP across nodes.",
     ],
 )
 

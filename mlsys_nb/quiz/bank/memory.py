@@ -243,17 +243,18 @@ ratio_family(
     ),
     over=dict(recompute="none"),
     under=lambda p: dict(recompute=p["recompute"]),
-    text=lambda p: (
-        f"{p['model']}, micro-batch 1 × {p['seq_len']}, WITHOUT flash attention (scores stored): by what "
-        f"factor does {p['recompute']} recomputation divide the activations stored by the transformer layers?"
+    fields=lambda p, over, under, ratio: {"over_gb": gb(over), "under_gb": gb(under)},
+    text=(
+        "{model}, micro-batch 1 × {seq_len}, WITHOUT flash attention (scores stored): by what factor does "
+        "{recompute} recomputation divide the activations stored by the transformer layers?"
     ),
     hints=[
         "Selective drops the s²-sized attention tensors; full keeps only each block's input.",
         "Full: 2·h bytes per token per layer remain.",
     ],
-    solution=lambda p, a, b, r: [
-        f"none {gb(a)}, {p['recompute']} {gb(b)} (memory.estimate(...).activations_layers).",
-        f"Factor {r:.4g}.",
+    solution=[
+        "none {over_gb}, {recompute} {under_gb} (memory.estimate(...).activations_layers).",
+        "Factor {ratio:.4g}.",
     ],
 )
 

@@ -111,33 +111,39 @@ def _setup(q) -> str:
     return f"{q['schedule']}, p = {q['p']}, m = {q['m']}{_v_text(q['schedule'], q['v'])}"
 
 
-numeric_family(
+def _simulated_family(name: str, key, *, draw=_case, **words):
+    """A question on ``pipeline.simulate`` of a drawn schedule; ``key`` reads the answer off its result."""
+    numeric_family(
+        name,
+        "pipeline",
+        section=SEC_BUBBLE,
+        reference=REF["1f1b"],
+        draw=draw,
+        calc=_sim,
+        key=key,
+        fields=lambda q, r: {"setup": _setup(q), "costs": COSTS},
+        **words,
+    )
+
+
+_simulated_family(
     "pipeline.bubble_ratio",
-    "pipeline",
-    section=SEC_BUBBLE,
-    reference=REF["1f1b"],
+    lambda r: r.bubble_ratio,
     draw=lambda rng: _case(rng, pick(rng, ["gpipe", "1f1b", "interleaved-1f1b"])),
-    calc=_sim,
-    key=lambda r: r.bubble_ratio,
     unit="ratio",
-    text=lambda q: f"{_setup(q)}; {COSTS}. Bubble time over busy time (the Megatron 'bubble ratio')?",
+    text="{setup}; {costs}. Bubble time over busy time (the Megatron 'bubble ratio')?",
     hints=lambda q: _hints(q["schedule"])[:1] + ["1F1B: (p−1)/m; interleaved: (p−1)/(v·m)."],
-    solution=lambda q, r: [f"bubble_ratio = Σ idle / Σ busy = {r.bubble_ratio:.4g} (pipeline.simulate)."],
+    solution=["bubble_ratio = Σ idle / Σ busy = {result.bubble_ratio:.4g} (pipeline.simulate)."],
     diagnostics=lambda q, r: [(r.bubble_fraction / r.bubble_ratio, "that is the idle fraction of the whole step")],
 )
 
-numeric_family(
+_simulated_family(
     "pipeline.makespan",
-    "pipeline",
-    section=SEC_BUBBLE,
-    reference=REF["1f1b"],
-    draw=_case,
-    calc=_sim,
-    key=lambda r: r.makespan,
+    lambda r: r.makespan,
     unit="F units",
-    text=lambda q: f"{_setup(q)}; {COSTS}. How long is one step (makespan, in units of F)?",
+    text="{setup}; {costs}. How long is one step (makespan, in units of F)?",
     hints=lambda q: _hints(q["schedule"])[:1] + ["makespan = m(F + B + W) + bubble time."],
-    solution=lambda q, r: [f"Busy {r.busy[0]:g} + bubble {r.bubble_time:g} = {r.makespan:g} (pipeline.simulate)."],
+    solution=["Busy {result.busy[0]:g} + bubble {result.bubble_time:g} = {result.makespan:g} (pipeline.simulate)."],
 )
 
 PEAK_HINTS = {
@@ -232,12 +238,13 @@ ratio_family(
     calc=lambda q, schedule, v: sim(schedule, q["p"], q["m"], v).bubble_time,
     over=dict(schedule="1f1b", v=None),
     under=lambda q: dict(schedule="interleaved-1f1b", v=q["v"]),
-    text=lambda q: (
-        f"p = {q['p']}, m = {q['m']}: by what factor does interleaved 1F1B with v = {q['v']} chunks per "
-        f"rank shrink the bubble TIME of plain 1F1B? ({COSTS})"
+    fields=lambda p, over, under, ratio: {"costs": COSTS},
+    text=(
+        "p = {p}, m = {m}: by what factor does interleaved 1F1B with v = {v} chunks per rank shrink the "
+        "bubble TIME of plain 1F1B? ({costs})"
     ),
     hints=["Each chunk is 1/v of the layers: the ramp is v times shorter.", "Cost: v× more P2P messages."],
-    solution=lambda q, a, b, r: [f"1F1B bubble {a:g}, interleaved {b:g} (pipeline.simulate).", f"Ratio = {r:g}."],
+    solution=["1F1B bubble {over:g}, interleaved {under:g} (pipeline.simulate).", "Ratio = {ratio:g}."],
 )
 
 

@@ -28,15 +28,24 @@ def _optimum(p) -> tuple[float, float]:
     return scaling.law(p["law"]).compute_optimal(p["C"])
 
 
-numeric_family(
+def _optimum_family(name: str, which: int, **words):
+    """A question on a fitted law's compute-optimal (N*, D*) at a drawn budget: ``which`` 0 asks N*, 1 D*."""
+    numeric_family(
+        name,
+        "scaling",
+        difficulty=2,
+        section=SEC_LAWS,
+        reference=REF_CHIN,
+        draw=_law_budget,
+        calc=_optimum,
+        key=lambda nd: nd[which],
+        **words,
+    )
+
+
+_optimum_family(
     "scaling.chinchilla_params",
-    "scaling",
-    difficulty=2,
-    section=SEC_LAWS,
-    reference=REF_CHIN,
-    draw=_law_budget,
-    calc=_optimum,
-    key=lambda nd: nd[0],
+    0,
     unit="params",
     tolerance=0.02,
     fields=lambda p, result: {"ratio": result[1] / result[0]},
@@ -48,15 +57,9 @@ numeric_family(
     solution=["N* = {result[0]:.4g}, D* = {result[1]:.4g}, D*/N* = {ratio:.3g} (scaling.law(...).compute_optimal)."],
 )
 
-numeric_family(
+_optimum_family(
     "scaling.chinchilla_tokens",
-    "scaling",
-    difficulty=2,
-    section=SEC_LAWS,
-    reference=REF_CHIN,
-    draw=_law_budget,
-    calc=_optimum,
-    key=lambda nd: nd[1],
+    1,
     unit="tokens",
     text="Under the '{law}' law, how many training tokens are compute-optimal for C = {C:.3g} FLOPs?",
     hints=["First N*, then D* = C / (6N*)."],

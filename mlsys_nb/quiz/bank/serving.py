@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..core import family
 from ._util import gb, inference, inference_metrics, numeric_family, paged, pick, ratio_family, speculative
-from .inference import MODELS, REF_ROOF, SEC13, fits_on_gpus, roof_case
+from .inference import MODELS, REF_ROOF, SEC13, fits_on_gpus, roof_case, times_ms
 
 
 SEC14 = "notebooks/14_kv_cache_management.ipynb"
@@ -30,7 +30,7 @@ numeric_family(
     calc=lambda p: inference.decode_cost(p["preset"], p["gpu"], p["context"], batch=p["batch"]),
     key=lambda c: c.tokens_per_s,
     unit="tokens/s",
-    fields=lambda p, result: {"step_ms": result.time_s * 1e3},
+    fields=times_ms,
     text=(
         "Continuous batching keeps {batch} sequences decoding on {preset} (bf16), one {gpu}, context ≈ "
         "{context}. Roofline decode throughput (tokens/s, all sequences)?"
@@ -60,17 +60,17 @@ ratio_family(
     calc=lambda p, batch: inference.decode_cost(p["preset"], p["gpu"], 1024, batch=batch).tokens_per_s,
     over=lambda p: dict(batch=p["batch"]),
     under=dict(batch=1),
-    text=lambda p: (
-        f"{p['preset']} on {p['gpu']}, context 1024: how many times more decode tokens/s at batch "
-        f"{p['batch']} than at batch 1 (roofline)?"
+    text=(
+        "{preset} on {gpu}, context 1024: how many times more decode tokens/s at batch {batch} than at batch "
+        "1 (roofline)?"
     ),
     hints=[
         "Memory-bound decode reads the weights once per step whatever the batch.",
         "But each sequence adds its own KV-cache reads.",
     ],
-    solution=lambda p, many, one, r: [
-        f"batch 1: {one:.4g} tok/s; batch {p['batch']}: {many:.4g} tok/s.",
-        f"Ratio {r:.4g} (below {p['batch']} because of the KV reads).",
+    solution=[
+        "batch 1: {under:.4g} tok/s; batch {batch}: {over:.4g} tok/s.",
+        "Ratio {ratio:.4g} (below {batch} because of the KV reads).",
     ],
     diagnostics=lambda p, many, one, r: [(p["batch"] / r, "not ×batch: the KV-cache reads grow with the batch")],
 )

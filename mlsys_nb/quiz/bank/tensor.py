@@ -26,41 +26,45 @@ def _x(p) -> float:
     return p["b"] * p["s"] * p["h"] * 2
 
 
-numeric_family(
+def _layer_bytes_family(name: str, sp: bool, **words):
+    """Bytes one rank sends per layer in the forward of a drawn layer, under TP (``sp`` False) or TP + SP
+    (``parallel.tensor.tp_bytes_per_layer``)."""
+    numeric_family(
+        name,
+        "tensor",
+        section=SEC_TP,
+        reference=REF_TP,
+        draw=_tp_params,
+        calc=lambda p: tensor_parallel.tp_bytes_per_layer(p["b"], p["s"], p["h"], p["tp"], sp),
+        unit="bytes",
+        fields=lambda p, result: {"x": _x(p)},
+        **words,
+    )
+
+
+_layer_bytes_family(
     "tensor.tp_bytes_per_layer",
-    "tensor",
-    section=SEC_TP,
-    reference=REF_TP,
-    draw=_tp_params,
-    calc=lambda p: tensor_parallel.tp_bytes_per_layer(p["b"], p["s"], p["h"], p["tp"], False),
-    unit="bytes",
+    False,
     text="Megatron tensor parallelism, tp = {tp}, micro-batch {b} × {s} tokens, hidden {h}, bf16: bytes one rank sends "
     "per layer in the FORWARD pass (ring all-reduce)?",
     hints=[
         "Two all-reduces per layer in the forward: after attention and after the MLP.",
         "Each all-reduce of b·s·h·2 B sends 2(tp−1)/tp of it.",
     ],
-    fields=lambda p, v: {"x": _x(p)},
     solution=["Activation X = b·s·h·2 = {x:.4g} B.", "2 all-reduces × 2(tp−1)/tp × X = {result:.4g} B."],
     diagnostics=[(0.5, "there are TWO all-reduces per layer (attention and MLP)")],
 )
 
-numeric_family(
+_layer_bytes_family(
     "tensor.sp_bytes_per_layer",
-    "tensor",
+    True,
     difficulty=2,
-    section=SEC_TP,
-    reference=REF_TP,
-    draw=_tp_params,
-    calc=lambda p: tensor_parallel.tp_bytes_per_layer(p["b"], p["s"], p["h"], p["tp"], True),
-    unit="bytes",
     text="Sequence parallelism on top of TP = {tp} (micro-batch {b} × {s} tokens, hidden {h}, bf16): bytes one rank "
     "sends per layer in the forward pass?",
     hints=[
         "Each all-reduce becomes a reduce-scatter + an all-gather.",
         "A ring all-reduce IS a reduce-scatter + an all-gather: same bytes.",
     ],
-    fields=lambda p, v: {"x": _x(p)},
     solution=[
         "2 × (reduce-scatter + all-gather) of {x:.4g} B = {result:.4g} B,",
         "exactly what TP's two all-reduces send (SP saves activation memory, not traffic).",
@@ -135,13 +139,14 @@ ratio_family(
     ),
     over=dict(sp=False),
     under=dict(sp=True),
-    text=lambda p: (
-        f"{p['model']}, tp = {p['tp']}, micro-batch 1 × {p['seq_len']}, flash attention: by what factor "
-        f"does turning on sequence parallelism divide the stored activations?"
+    fields=lambda p, over, under, ratio: {"over_gb": gb(over), "under_gb": gb(under)},
+    text=(
+        "{model}, tp = {tp}, micro-batch 1 × {seq_len}, flash attention: by what factor does turning on "
+        "sequence parallelism divide the stored activations?"
     ),
     hints=[
         "Without SP the norm and dropout inputs (h-wide) are replicated on every TP rank.",
         "SP splits them along the sequence: everything is then divided by tp.",
     ],
-    solution=lambda p, a, b, r: [f"Without SP {gb(a)}, with SP {gb(b)} (memory.estimate).", f"Factor {r:.4g}."],
+    solution=["Without SP {over_gb}, with SP {under_gb} (memory.estimate).", "Factor {ratio:.4g}."],
 )
