@@ -60,6 +60,7 @@ if TYPE_CHECKING:  # torch is imported where a cache is built: the size formulas
 
 __all__ = [
     "DTYPE_BYTES",
+    "GPU_MEMORY_UTILIZATION",
     "KVCache",
     "KV_QUANT_KINDS",
     "kv_block_bytes",
@@ -101,6 +102,7 @@ def kv_cache_bytes(model, tokens: int, dtype="bf16") -> int:
 KV_QUANT_KINDS = ("int8", "fp8")  # quantized paged pools (quant.kv, KIVI's scheme): 1-byte codes plus scales
 KV_SCALE = "fp32"  # their scales: K one per (block, KV head, channel), V one per (token, KV head)
 KV_RESIDUAL = "fp32"  # the exact K of a quantized pool's blocks not yet full and computed (the residual)
+GPU_MEMORY_UTILIZATION = 0.9  # the share of GPU memory for weights + KV cache (vLLM's default)
 
 
 def kv_block_bytes(model, block_size: int, dtype="bf16") -> int:
@@ -146,7 +148,14 @@ def weight_bytes(model, dtype="bf16") -> float:
 
 
 def max_concurrent_sequences(
-    model, gpu, seq_len: int, *, dtype="bf16", weight_dtype="bf16", tp: int = 1, gpu_memory_utilization: float = 0.9
+    model,
+    gpu,
+    seq_len: int,
+    *,
+    dtype="bf16",
+    weight_dtype="bf16",
+    tp: int = 1,
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
 ) -> int:
     """Full-length sequences of ``seq_len`` tokens whose KV cache fits next to the weights.
 
@@ -181,7 +190,7 @@ def min_tp_that_fits(
     batch: int = 1,
     dtype="bf16",
     weight_dtype="bf16",
-    gpu_memory_utilization: float = 0.9,
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
     tp_choices=TP_CHOICES,
 ) -> int | None:
     """The smallest TP degree in ``tp_choices`` at which ``batch`` sequences of ``seq_len`` tokens

@@ -26,7 +26,7 @@ from ..config import check_int, load_model_preset, model_presets
 
 from ..inference import kv_cache_bytes, max_concurrent_sequences, weight_bytes
 from ..inference.config import EngineConfig
-from ..inference.kv_cache import TP_CHOICES, kv_block_bytes, min_tp_that_fits
+from ..inference.kv_cache import GPU_MEMORY_UTILIZATION, TP_CHOICES, kv_block_bytes, min_tp_that_fits
 from ..inference.roofline import decode_cost, prefill_cost
 from ..plots import PALETTE, label, style
 from .base import ControlPanel, pow10_label
@@ -41,7 +41,6 @@ DEFAULTS = {
     "tp": 1,
 }
 KV_DTYPES = ("bf16", "fp16", "fp8", "fp32")
-GPU_MEMORY_UTILIZATION = 0.9  # the share of GPU memory for weights + KV cache (vLLM's default)
 PAGED_BLOCK_SIZE = EngineConfig.block_size  # tokens per block of the engine's paged pool (its default)
 BATCHES = tuple(int(x) for x in np.unique(np.logspace(0, 10, 21, base=2).astype(int)))  # decode sweep, 1..1024
 
