@@ -11,15 +11,18 @@
   the family's key (hand formulas, the real model on the meta device, FlopCounterMode, brute force); the
   worked solutions of notebook 20 answer with it, so a wrong key fails its check.
 - Inference premises are physical: ``bank.inference.fits_on_gpus`` (weights / tp + KV cache within 90 % of
-  each GPU) is the one check every inference family draws through; ``inference.fits_tp`` asks the TP.
+  each GPU) is the one check every inference family draws through; ``inference.fits_tp`` asks the TP
+  (``inference.kv_cache.min_tp_that_fits``).
 - ``units.parse``: ``"3.2 GB"``, ``"3.2GiB"``, ``"3.2e9"``, ``"3,200 MB"``, ``"12 ms"``, ``"45%"``; a unit
   of the wrong dimension raises ``UnitError`` (``check`` reports it, never converts it).
 - ``python -m mlsys_nb.quiz --topic pipeline -n 10``: practice in a terminal; ``html.write_worksheets``:
   printable sheets and a separate answer key (``make worksheets``).
 - Families live in ``quiz.bank``, one module per topic named after it (``bank.memory`` holds the
-  ``memory`` families; ``bank._util.ratio_family`` declares a family whose answer is one calculator
-  under two settings); spot-the-error cards in ``bank.cards``. Second routes: ``quiz.routes``, the same
-  split by topic.
+  ``memory`` families); spot-the-error cards in ``bank.cards``. A family whose answer is one calculator
+  call is a declaration: ``bank._util.numeric_family`` (draw the params, call the calculator that owns
+  the formula, word the question, hints and solution as ``str.format`` templates) or ``ratio_family``
+  (one calculator under two settings); choice questions and searches stay functions. Second routes:
+  ``quiz.routes``, the same split by topic.
 """
 
 from .core import TOPICS, CheckResult, Question, Worksheet, draw, families, family_info, make, topics, worksheet
