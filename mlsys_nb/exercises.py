@@ -3,11 +3,12 @@
 Every exercise in notebooks 01-20 has three cells: a stub the learner fills in, a hidden worked
 solution that runs only ``if solutions:``, and a check. The check reads::
 
+    from mlsys_nb import passed
     from mlsys_nb.exercises import exercise
 
     if exercise(1, my_sync, hint="write my_sync above, or run with solutions=True"):
         ...  # assertions against an independent reference
-        print("check passed: exercise 1, ...")
+        passed("exercise 1, ...")  # prints "check passed: exercise 1, ..." and records it for the tests
 
 ``exercise(1, my_sync, hint=...)`` returns True when ``my_sync`` has been written; while it is still
 the stub it prints ``exercise 1: not attempted (write my_sync above, or run with solutions=True)``

@@ -7,11 +7,11 @@ defaults): the launch's timeout counts from the moment every rank has joined, an
 
 import pytest
 
-from nbrun import assert_exercises_passed, printed_text, run_notebook
+from nbrun import assert_exercises_passed, run_notebook
 
 
 @pytest.mark.notebook
 @pytest.mark.slow
 def test_first_distributed_program_odd_world_size():
     nb = run_notebook("01_first_distributed_program.ipynb", world_size=3, quick=True, hang_timeout=2.0, solutions=True)
-    assert_exercises_passed(printed_text(nb), 2)
+    assert_exercises_passed(nb, 2)
