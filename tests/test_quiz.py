@@ -427,3 +427,29 @@ def test_readme_states_the_number_of_question_families():
     assert int(stated.group(1)) == len(quiz.families()), (
         f"README says {stated.group(1)}, the bank has {len(quiz.families())}"
     )
+
+
+def test_numeric_family_fills_its_templates_from_params_result_and_fields(monkeypatch):
+    """``bank._util.numeric_family``: draw -> calc -> key; the words are ``str.format`` templates over the
+    params, ``result`` (the calculator's record) and ``fields``; ``params`` keeps only the keys it names.
+    Catches words left unformatted, the record given as the answer instead of its key, and a hidden input
+    of the draw leaking into the question's params."""
+    from mlsys_nb.quiz import core
+    from mlsys_nb.quiz.bank._util import numeric_family
+
+    monkeypatch.setattr(core, "REGISTRY", dict(core.REGISTRY))
+    numeric_family(
+        "comm.zz_declared",
+        "comm",
+        draw=lambda rng: {"a": 3, "hidden": 4},
+        calc=lambda p: {"v": p["a"] * p["hidden"]},
+        key=lambda r: r["v"],
+        params=("a",),
+        unit="count",
+        fields=lambda p, r: {"twice": 2 * r["v"]},
+        text="a = {a}?",
+        hints=["hidden {hidden}"],
+        solution=["{result[v]}, twice {twice}"],
+    )
+    q = core.make("comm.zz_declared", 0)
+    assert (q.text, q.hints, q.solution, q.params, q.answer) == ("a = 3?", ["hidden 4"], ["12, twice 24"], {"a": 3}, 12)
