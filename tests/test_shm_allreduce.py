@@ -1,0 +1,171 @@
+"""The shared-memory all-reduce (``mlsys_nb.comm.shm``) on real gloo ranks.
+
+Equal to ``dist.all_reduce`` (exact on integer-valued inputs; bit for bit the stated order, ranks 0..n-1 summed
+in float32, on random ones), odd sizes, sizes larger than the buffer, three dtypes, both synchronisations; no
+segment name left once set up, nor after a rank is killed mid-call (its peers get ``ShmTimeoutError`` naming
+it); refused across hosts; and the mutation: with the flag stored before the (delayed) data, sums are wrong.
+"""
+
+import json
+import os
+import signal
+from multiprocessing import shared_memory
+
+import pytest
+
+import mlsys_nb
+from mlsys_nb.comm.shm import ShmAllReduce
+from mlsys_nb.runtime import RankError
+
+BUFFER = 4096  # bytes: small, so the larger sizes below go through in several chunks
+NUMELS = (1, 3, 1001, 3 * 1024 + 5)  # odd sizes; the last is 12 KiB of float32 (3+ chunks), 6 KiB of bf16
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _gone(name: str) -> bool:
+    """True when no segment of that name exists (the shared_memory API: macOS has no /dev/shm to list)."""
+    try:
+        shm = shared_memory.SharedMemory(name=name)
+    except FileNotFoundError:
+        return True
+    shm.close()
+    return False
+
+
+def _equality_checks(numels, dtypes, buffer_bytes):
+    """On every rank: for each (sync, dtype, numel, inputs) the checks that must hold (True)."""
+    import torch
+    import torch.distributed as dist
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out, names = {}, []
+    for sync in ("flags", "barrier"):
+        shm = ShmAllReduce(sync=sync, buffer_bytes=buffer_bytes, timeout=30)
+        names += shm.names
+        for dtype in (getattr(torch, d) for d in dtypes):
+            for numel in numels:
+                g = torch.Generator().manual_seed(1000 * rank + numel)
+                ints = torch.randint(-50, 50, (numel,), generator=g).to(dtype)
+                rand = torch.randn(numel, generator=g).to(dtype)
+                for kind, x in (("integers", ints), ("random", rand)):
+                    ref = x.clone()
+                    dist.all_reduce(ref)
+                    peers = [torch.empty(numel) for _ in range(n)]
+                    dist.all_gather(peers, x.float())  # every rank's input (exact in float32)
+                    stated = sum(peers[1:], peers[0]).to(dtype)  # ((x0 + x1) + x2) + x3 in float32, rounded once
+                    y = x.clone()
+                    assert shm(y) is y  # in place
+                    key = (sync, str(dtype), numel, kind)
+                    out[key + ("stated order, bit for bit",)] = bool(torch.equal(y, stated))
+                    if kind == "integers":
+                        out[key + ("equal to dist.all_reduce",)] = bool(torch.equal(y, ref))
+                    else:  # gloo sums in another order: within a few roundings of the dtype
+                        tol = 1e-5 if dtype == torch.float32 else 4e-2
+                        out[key + ("close to dist.all_reduce",)] = bool(torch.allclose(y, ref, rtol=tol, atol=tol * n))
+        x = torch.arange(12.0).reshape(3, 4).t() + rank  # not contiguous, averaged
+        shm(x, "avg")
+        out[(sync, "avg, non-contiguous")] = bool(torch.equal(x, torch.arange(12.0).reshape(3, 4).t() + (n - 1) / 2))
+        shm.close()
+    return out, names
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def equality(request):
+    return request.param, mlsys_nb.launch(
+        _equality_checks, request.param, args=(NUMELS, DTYPES, BUFFER), backend="gloo", timeout=120
+    )
+
+
+def test_equal_to_dist_all_reduce_and_to_the_stated_order(equality):
+    n, per_rank = equality
+    for rank, (checks, _) in enumerate(per_rank):
+        failed = [k for k, ok in checks.items() if not ok]
+        assert not failed, f"{n} ranks, rank {rank}: {failed}"
+        assert len(checks) == 2 * (len(DTYPES) * len(NUMELS) * 4 + 1)
+
+
+def test_no_segment_name_is_left(equality):
+    _, per_rank = equality
+    names = per_rank[0][1]
+    assert len(set(names)) == len(names) == 2 * len(per_rank)  # one segment per rank, per group
+    assert all(_gone(name) for name in names), "a shared-memory segment outlived its setup"
+
+
+def test_a_rank_killed_mid_call_leaves_no_segment_and_its_peers_time_out(tmp_path):
+    record = tmp_path / "names.json"
+
+    def body():
+        import torch
+        import torch.distributed as dist
+
+        class DiesWhileStaging(ShmAllReduce):
+            def publish(self, dst, src, flag):
+                if dist.get_rank() == 2 and self.calls == 2:
+                    os.kill(os.getpid(), signal.SIGKILL)  # data half written, flag never raised
+                super().publish(dst, src, flag)
+
+        shm = DiesWhileStaging(timeout=1.0)
+        if dist.get_rank() == 0:
+            record.write_text(json.dumps(shm.names))
+        shm(torch.ones(100))
+        shm(torch.ones(100))
+
+    with pytest.raises(RankError) as err:
+        mlsys_nb.launch(body, 3, backend="gloo", timeout=60, output="quiet")
+    text = str(err.value)
+    assert "ShmTimeoutError" in text and "rank 2 of 3" in text and "has not staged its input within 1 s" in text
+    names = json.loads(record.read_text())
+    assert len(names) == 3 and all(_gone(name) for name in names)
+
+
+def test_ranks_on_two_hosts_are_refused():
+    def body():
+        import socket
+
+        import torch.distributed as dist
+
+        if dist.get_rank() == 1:
+            socket.gethostname = lambda: "elsewhere"  # what another host would report
+        ShmAllReduce()
+
+    with pytest.raises(RankError, match="needs every rank on one host: the ranks run on 2 hosts"):
+        mlsys_nb.launch(body, 2, backend="gloo", timeout=60, output="quiet")
+
+
+def test_the_flag_before_the_data_gives_wrong_sums():
+    """The mutation: rank 0 raises its flag first and writes its data late. Rank 1 reads what rank 0's buffer
+    held before (zeros, or rank 0's input where the sum belongs), so both ranks get wrong sums (rank 0 gathers
+    rank 1's wrong slice); the correct order, same inputs, is right."""
+
+    def body():
+        import time
+
+        import torch
+        import torch.distributed as dist
+
+        class FlagFirst(ShmAllReduce):
+            def publish(self, dst, src, flag):
+                if self.rank != 0:
+                    return super().publish(dst, src, flag)
+                self.post_flag(flag)  # rank 0 stores its flag first ...
+                time.sleep(0.5)
+                dst.copy_(src)  # ... and its data late
+
+        rank, n = dist.get_rank(), dist.get_world_size()
+        want = torch.full((64,), float(sum(range(1, n + 1))))
+        sums = {}
+        for cls in (ShmAllReduce, FlagFirst):
+            with cls(sync="flags") as shm:
+                sums[cls.__name__] = [bool(torch.equal(shm(torch.full((64,), rank + 1.0)), want)) for _ in range(2)]
+        return sums
+
+    per_rank = mlsys_nb.launch(body, 2, backend="gloo", timeout=60)
+    assert all(s["ShmAllReduce"] == [True, True] for s in per_rank)
+    assert all(not all(s["FlagFirst"]) for s in per_rank), per_rank  # every rank got a wrong sum
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="sync='fast' is not allowed"):
+        ShmAllReduce(sync="fast")
+    with pytest.raises(ValueError, match="buffer_bytes"):
+        ShmAllReduce(buffer_bytes=8)
