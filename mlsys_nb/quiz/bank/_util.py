@@ -49,6 +49,12 @@ def pick(rng, seq):
     return seq[rng.randrange(len(seq))]
 
 
+def picks(rng, **choices) -> dict:
+    """A question's params, each keyword drawn by ``rng`` from its list (or tuple) of choices in the order
+    given; any other value is taken as it is: ``picks(rng, n=[2, 4, 8], alpha=5e-6)``."""
+    return {k: pick(rng, v) if isinstance(v, list | tuple) else v for k, v in choices.items()}
+
+
 def gb(x: float) -> str:
     """Bytes written in GB (1e9 B)."""
     return f"{x / GB:.4g} GB"
@@ -197,6 +203,7 @@ __all__ = [
     "numeric_family",
     "paged",
     "pick",
+    "picks",
     "placement",
     "quant",
     "ratio_family",

@@ -17,7 +17,7 @@ from ...checkpoint import (
     offload_bytes_per_step,
     optimal_interval,
 )
-from ._util import numeric_family, pick
+from ._util import numeric_family, pick, picks
 
 NB = "notebooks/24_checkpoints_and_failures.ipynb"
 SEC_INTERVAL = f"{NB}, §1 How often to checkpoint"
@@ -42,7 +42,7 @@ numeric_family(
     "checkpoint",
     section=SEC_SHARDED,
     reference=REF_ZERO,
-    draw=lambda rng: {"n": pick(rng, [7e9, 13e9, 70e9, 405e9]), "bw": pick(rng, [10e9, 50e9, 200e9])},
+    draw=lambda rng: picks(rng, n=[7e9, 13e9, 70e9, 405e9], bw=[10e9, 50e9, 200e9]),
     calc=lambda p: p["n"] * _saved_bytes_per_param() / p["bw"],
     unit="seconds",
     fields=lambda p, result: {
@@ -125,7 +125,7 @@ numeric_family(
     "checkpoint",
     section=SEC_FAILURE,
     reference=REF_LLAMA3,
-    draw=lambda rng: {"years": pick(rng, [3.0, 5.0, 10.0]), "n": pick(rng, [1024, 4096, 16384, 100000])},
+    draw=lambda rng: picks(rng, years=[3.0, 5.0, 10.0], n=[1024, 4096, 16384, 100000]),
     calc=lambda p: job_mtbf(p["years"] * 365 * 86400, p["n"]),
     unit="seconds",
     fields=lambda p, result: {"result_h": result / HOUR},
@@ -181,7 +181,7 @@ numeric_family(
     "checkpoint",
     section=SEC_OFFLOAD,
     reference=REF_OFFLOAD,
-    draw=lambda rng: {"n": pick(rng, [1.3e9, 7e9, 13e9, 30e9])},
+    draw=lambda rng: picks(rng, n=[1.3e9, 7e9, 13e9, 30e9]),
     calc=lambda p: offload_bytes_per_step(int(p["n"]))["total"],
     unit="bytes",
     fields=lambda p, result: {"n_b": p["n"] / 1e9},

@@ -8,7 +8,7 @@ Answer keys: ``mlsys_nb.flops`` (``training_flops``, ``training_time``, ``mfu``,
 from __future__ import annotations
 
 from ... import flops, hardware, memory
-from ._util import numeric_family, pick
+from ._util import numeric_family, pick, picks
 
 REF_FLOPS = "docs/references.md#kaplan (Kaplan et al. 2020, arXiv:2001.08361, §2.1), #palm (MFU, Appendix B)"
 SEC_FLOPS = "notebooks/11_compute_and_scaling_laws.ipynb"
@@ -174,10 +174,9 @@ numeric_family(
     difficulty=2,
     section=SEC_FLOPS + ", §2 Counting FLOPs with FlopCounterMode",
     reference=REF_FLOPS,
-    draw=lambda rng: {
-        "model": pick(rng, ["gpt-2-small", "llama-2-7b", "llama-3-8b", "llama-3.2-1b"]),
-        "seq_len": pick(rng, [1024, 2048, 4096, 8192]),
-    },
+    draw=lambda rng: picks(
+        rng, model=["gpt-2-small", "llama-2-7b", "llama-3-8b", "llama-3.2-1b"], seq_len=[1024, 2048, 4096, 8192]
+    ),
     calc=lambda p: flops.flops_per_token(memory.preset(p["model"]), p["seq_len"]),
     unit="FLOPs",
     tolerance=0.02,

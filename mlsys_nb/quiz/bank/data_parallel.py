@@ -8,7 +8,7 @@ Answer keys: ``parallel.zero.zero_bytes_per_step`` (from ``comm.bytes_sent_per_r
 from __future__ import annotations
 
 from ... import comm
-from ._util import MB, gbps, numeric_family, pick, ratio_family, us, zero
+from ._util import MB, gbps, numeric_family, pick, picks, ratio_family, us, zero
 from .comm import REF_COMM, draw_link
 
 
@@ -34,7 +34,7 @@ numeric_family(
     "data_parallel",
     section=SEC_DDP,
     reference=REF_ZERO,
-    draw=lambda rng: {"n_params": pick(rng, [125e6, 350e6, 1.3e9, 7e9]), "n": pick(rng, [2, 4, 8, 16, 64])},
+    draw=lambda rng: picks(rng, n_params=[125e6, 350e6, 1.3e9, 7e9], n=[2, 4, 8, 16, 64]),
     calc=lambda p: zero.zero_bytes_per_step(p["n_params"], p["n"], 0),
     unit="bytes",
     fields=lambda p, result: {"grad_bytes": 2 * p["n_params"]},
@@ -59,11 +59,7 @@ numeric_family(
     difficulty=2,
     section=SEC_ZERO,
     reference=REF_ZERO,
-    draw=lambda rng: {
-        "n_params": pick(rng, [1.3e9, 7e9, 13e9, 70e9]),
-        "n": pick(rng, [8, 16, 64, 256]),
-        "zero": pick(rng, [1, 2, 3]),
-    },
+    draw=lambda rng: picks(rng, n_params=[1.3e9, 7e9, 13e9, 70e9], n=[8, 16, 64, 256], zero=[1, 2, 3]),
     calc=lambda p: zero.zero_bytes_per_step(p["n_params"], p["n"], p["zero"]),
     unit="bytes",
     fields=lambda p, result: {"phase": _one_phase(p), "collectives": 2 if p["zero"] < 3 else 3},
@@ -88,7 +84,7 @@ ratio_family(
     "data_parallel",
     section=SEC_ZERO,
     reference=REF_ZERO,
-    draw=lambda rng: {"n": pick(rng, [4, 8, 16, 64, 512]), "n_params": pick(rng, [1e9, 7e9, 70e9])},
+    draw=lambda rng: picks(rng, n=[4, 8, 16, 64, 512], n_params=[1e9, 7e9, 70e9]),
     calc=lambda p, stage: zero.zero_bytes_per_step(p["n_params"], p["n"], stage),
     over=dict(stage=3),
     under=dict(stage=0),

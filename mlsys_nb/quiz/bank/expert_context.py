@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ... import comm, memory
 from ..core import family
-from ._util import context_parallel, expert_parallel, gb, gbps, numeric_family, pick, us
+from ._util import context_parallel, expert_parallel, gb, gbps, numeric_family, pick, picks, us
 from .comm import REF_COMM, draw_link
 
 REF_EP = "docs/references.md#gshard (Lepikhin et al. 2020, arXiv:2006.16668), #switch"
@@ -24,12 +24,9 @@ numeric_family(
     difficulty=2,
     section=SEC_EC + ", §3 Expert parallelism: two all-to-alls on real ranks",
     reference=REF_EP,
-    draw=lambda rng: {
-        "tokens": pick(rng, [2048, 4096, 8192, 16384]),
-        "hidden": pick(rng, [2048, 4096, 7168]),
-        "top_k": pick(rng, [1, 2, 8]),
-        "ep": pick(rng, [4, 8, 16, 64]),
-    },
+    draw=lambda rng: picks(
+        rng, tokens=[2048, 4096, 8192, 16384], hidden=[2048, 4096, 7168], top_k=[1, 2, 8], ep=[4, 8, 16, 64]
+    ),
     calc=lambda p: expert_parallel.ep_bytes_per_layer(p["tokens"], p["hidden"], p["top_k"], p["ep"])["step"],
     unit="bytes",
     fields=lambda p, result: {"one": result / 4},

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ... import hardware
 from ...config import DTYPE_BYTES
 from ..core import family
-from ._util import gb, inference, numeric_family, pick, ratio_family
+from ._util import gb, inference, numeric_family, pick, picks, ratio_family
 
 
 SEC13 = "notebooks/13_inference_anatomy.ipynb"
@@ -50,11 +50,9 @@ numeric_family(
     "inference",
     section=SEC13 + ", §2 Why a KV cache, and why it is exact",
     reference=REF_KV,
-    draw=lambda rng: {
-        "preset": pick(rng, MODELS),
-        "tokens": pick(rng, [1024, 4096, 8192, 32768, 128000, 1_000_000]),
-        "dtype": pick(rng, ["bf16", "fp8", "fp32", "int8"]),
-    },
+    draw=lambda rng: picks(
+        rng, preset=MODELS, tokens=[1024, 4096, 8192, 32768, 128000, 1_000_000], dtype=["bf16", "fp8", "fp32", "int8"]
+    ),
     calc=lambda p: inference.kv_cache_bytes(p["preset"], p["tokens"], p["dtype"]),
     unit="bytes",
     fields=lambda p, result: {
@@ -91,7 +89,7 @@ numeric_family(
     "inference",
     section=SEC13 + ", §2 Why a KV cache, and why it is exact",
     reference=REF_KV,
-    draw=lambda rng: {"preset": pick(rng, MODELS + ["deepseek-v3"]), "dtype": "bf16"},
+    draw=lambda rng: picks(rng, preset=MODELS + ["deepseek-v3"], dtype="bf16"),
     calc=lambda p: inference.kv_bytes_per_token(p["preset"], "bf16"),
     unit="bytes",
     fields=lambda p, result: {"shape": _kv_shape_text(p["preset"])},
@@ -115,7 +113,7 @@ numeric_family(
     "inference",
     section=SEC13 + ", §3 Sizing the cache of real models",
     reference=REF_KV,
-    draw=lambda rng: {"preset": pick(rng, MODELS), "dtype": pick(rng, ["bf16", "fp8", "int4"])},
+    draw=lambda rng: picks(rng, preset=MODELS, dtype=["bf16", "fp8", "int4"]),
     calc=lambda p: inference.weight_bytes(p["preset"], p["dtype"]),
     unit="bytes",
     fields=lambda p, result: {
@@ -306,7 +304,7 @@ numeric_family(
     "inference",
     section=SEC_ROOF,
     reference=REF_ROOF,
-    draw=lambda rng: {"gpu": pick(rng, GPUS)},
+    draw=lambda rng: picks(rng, gpu=GPUS),
     calc=lambda p: inference.decode_cost("llama-2-7b", p["gpu"], 16).ridge_flop_per_byte,
     unit="ratio",
     fields=lambda p, result: {"peaks": _peaks(p["gpu"])},
@@ -337,11 +335,9 @@ ratio_family(
     "inference",
     section=SEC13 + ", §2 Why a KV cache, and why it is exact",
     reference=REF_KV,
-    draw=lambda rng: {
-        "preset": pick(
-            rng, ["llama-2-70b", "llama-3-8b", "llama-3-70b", "mixtral-8x7b", "llama-3.1-405b", "llama-3.2-1b"]
-        )
-    },
+    draw=lambda rng: picks(
+        rng, preset=["llama-2-70b", "llama-3-8b", "llama-3-70b", "mixtral-8x7b", "llama-3.1-405b", "llama-3.2-1b"]
+    ),
     calc=_kv_per_token,
     over=dict(mha=True),
     under=dict(mha=False),

@@ -13,7 +13,7 @@ import math
 
 from ... import hardware
 from ..core import family
-from ._util import fusion, hierarchy, kernels, numeric_family, pick
+from ._util import fusion, hierarchy, kernels, numeric_family, pick, picks
 
 
 NB = "notebooks/21_inside_one_gpu.ipynb"
@@ -127,7 +127,7 @@ numeric_family(
     "kernels",
     section=SEC_FUSION,
     reference=REF_ROOF,
-    draw=lambda rng: {"k": pick(rng, [2, 3, 4, 5, 6]), "numel": pick(rng, [2**24, 2**26, 2**28])},
+    draw=lambda rng: picks(rng, k=[2, 3, 4, 5, 6], numel=[2**24, 2**26, 2**28]),
     calc=_chain_bytes,
     key=lambda ef: ef[0] / ef[1],
     unit="ratio",
@@ -149,7 +149,7 @@ numeric_family(
     "kernels",
     section=SEC_FLASH,
     reference=REF_FA,
-    draw=lambda rng: {"m": pick(rng, [16384, 24576, 32768, 49152]), "d": pick(rng, [64, 128, 256])},
+    draw=lambda rng: picks(rng, m=[16384, 24576, 32768, 49152], d=[64, 128, 256]),
     calc=lambda p: kernels.paper_block_sizes(p["m"], p["d"]),
     key=lambda brc: float(brc[1]),
     unit="count",
@@ -168,12 +168,7 @@ numeric_family(
     difficulty=3,
     section=SEC_FLASH,
     reference=REF_FA,
-    draw=lambda rng: {
-        "s": pick(rng, [1024, 2048, 4096, 8192]),
-        "d": pick(rng, [64, 128]),
-        "m": pick(rng, [16384, 32768]),
-        "bytes": 2,
-    },
+    draw=lambda rng: picks(rng, s=[1024, 2048, 4096, 8192], d=[64, 128], m=[16384, 32768], bytes=2),
     calc=lambda p: kernels.flash_io_bytes(p["s"], p["d"], p["m"], elem_bytes=2),
     unit="bytes",
     text=(
@@ -194,7 +189,7 @@ numeric_family(
     "kernels",
     section=SEC_FLASH,
     reference=REF_FA,
-    draw=lambda rng: {"b": pick(rng, [1, 4, 8]), "h": pick(rng, [16, 32, 64]), "s": pick(rng, [2048, 8192, 32768])},
+    draw=lambda rng: picks(rng, b=[1, 4, 8], h=[16, 32, 64], s=[2048, 8192, 32768]),
     calc=lambda p: kernels.score_matrix_bytes(p["b"], p["h"], p["s"], p["s"], elem_bytes=2),
     unit="bytes",
     text=(
@@ -224,12 +219,9 @@ numeric_family(
     difficulty=2,
     section=SEC_FLASH,
     reference=REF_FA,
-    draw=lambda rng: {
-        "la": pick(rng, [0.5, 1.0, 2.0, 3.0]),
-        "lb": pick(rng, [-1.0, 0.0, 1.5, 4.0]),
-        "oa": pick(rng, [1.0, 2.0, -1.0]),
-        "ob": pick(rng, [3.0, 0.5, -2.0]),
-    },
+    draw=lambda rng: picks(
+        rng, la=[0.5, 1.0, 2.0, 3.0], lb=[-1.0, 0.0, 1.5, 4.0], oa=[1.0, 2.0, -1.0], ob=[3.0, 0.5, -2.0]
+    ),
     calc=_merged,
     unit="ratio",
     fields=lambda p, result: {"lse": math.log(math.exp(p["la"]) + math.exp(p["lb"]))},

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ... import hardware, memory
 from ...config import TrainConfig
 from ..core import family
-from ._util import gb, numeric_family, pick, ratio_family
+from ._util import gb, numeric_family, pick, picks, ratio_family
 
 REF_MEM = "docs/references.md#zero (Rajbhandari et al. 2020, arXiv:1910.02054, §3), #mixed-precision"
 SEC_MEM = "notebooks/10_training_memory.ipynb"
@@ -38,11 +38,7 @@ numeric_family(
     "memory",
     section=SEC_STATES,
     reference=REF_MEM,
-    draw=lambda rng: {
-        "n_params": pick(rng, N_PARAMS),
-        "dp": pick(rng, [1, 2, 4, 8, 16, 64]),
-        "zero": pick(rng, [0, 1, 2, 3]),
-    },
+    draw=lambda rng: picks(rng, n_params=N_PARAMS, dp=[1, 2, 4, 8, 16, 64], zero=[0, 1, 2, 3]),
     calc=lambda p: memory.model_state_bytes(p["n_params"], dp=p["dp"], zero=p["zero"]),
     key=lambda s: s.total,
     unit="bytes",
@@ -231,11 +227,9 @@ ratio_family(
     difficulty=2,
     section=SEC_MEM + ", §3 Recomputation: memory against extra FLOPs",
     reference="docs/references.md#activation-checkpointing (Chen et al. 2016), #megatron-sp",
-    draw=lambda rng: {
-        "model": pick(rng, ["llama-2-7b", "llama-3-8b", "gpt-2-small"]),
-        "recompute": pick(rng, ["selective", "full"]),
-        "seq_len": pick(rng, [2048, 4096]),
-    },
+    draw=lambda rng: picks(
+        rng, model=["llama-2-7b", "llama-3-8b", "gpt-2-small"], recompute=["selective", "full"], seq_len=[2048, 4096]
+    ),
     calc=lambda p, recompute: (
         memory.estimate(
             memory.preset(p["model"]), TrainConfig(recompute=recompute, seq_len=p["seq_len"], flash_attention=False)

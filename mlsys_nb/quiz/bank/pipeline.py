@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ... import pipeline as pl
 from ..core import family
-from ._util import numeric_family, pick, ratio_family
+from ._util import numeric_family, pick, picks, ratio_family
 
 SEC = "notebooks/08_pipeline_parallelism.ipynb"
 SEC_BUBBLE = SEC + ", §1 Cutting a model into stages, and the bubble"
@@ -200,7 +200,7 @@ numeric_family(
     difficulty=2,
     section=SEC_BUBBLE,
     reference=REF["1f1b"],
-    draw=lambda rng: {"p": pick(rng, [2, 4, 8]), "target": pick(rng, [0.05, 0.1, 0.2, 0.25])},
+    draw=lambda rng: picks(rng, p=[2, 4, 8], target=[0.05, 0.1, 0.2, 0.25]),
     calc=_fewest_microbatches,
     unit="micro-batches",
     tolerance=0.0,

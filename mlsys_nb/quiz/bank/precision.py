@@ -22,7 +22,7 @@ from ...precision import (
     round_to_format,
 )
 from ..core import family
-from ._util import numeric_family, pick
+from ._util import numeric_family, pick, picks
 
 SEC_FORMATS = "notebooks/22_number_formats_and_mixed_precision.ipynb, §1 A format is its bit layout"
 SEC_WRONG = "notebooks/22_number_formats_and_mixed_precision.ipynb, §2 Where it goes wrong"
@@ -117,7 +117,7 @@ numeric_family(
     difficulty=2,
     section=SEC_WRONG,
     reference=REF_MP,
-    draw=lambda rng: {"g": pick(rng, [3e-7, 1e-6, 4e-6, 2e-8, 5e-9, 1.5e-5])},
+    draw=lambda rng: picks(rng, g=[3e-7, 1e-6, 4e-6, 2e-8, 5e-9, 1.5e-5]),
     calc=lambda p: _loss_scale(p["g"]),
     unit="ratio",
     fields=lambda p, result: {
@@ -223,10 +223,7 @@ numeric_family(
     "precision",
     section=SEC_FP8,
     reference=REF_FP8,
-    draw=lambda rng: {
-        "fmt": pick(rng, ["fp8_e4m3", "fp8_e5m2"]),
-        "amax": pick(rng, [0.02, 0.7, 3.5, 12.0, 250.0, 1900.0]),
-    },
+    draw=lambda rng: picks(rng, fmt=["fp8_e4m3", "fp8_e5m2"], amax=[0.02, 0.7, 3.5, 12.0, 250.0, 1900.0]),
     calc=lambda p: float(amax_scale(p["amax"], p["fmt"])),
     unit="ratio",
     fields=lambda p, result: {"fmax": format_info(p["fmt"]).max},

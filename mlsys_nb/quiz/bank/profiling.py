@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...runtime import profiling
 from ..core import family
-from ._util import MB, numeric_family, pick
+from ._util import MB, numeric_family, pick, picks
 
 SEC_TRACE = "notebooks/05b_profiling.ipynb, §1 A trace of one training step"
 SEC_DDP = "notebooks/05b_profiling.ipynb, §2 A DDP step on the timeline"
@@ -146,7 +146,7 @@ numeric_family(
     "profiling",
     section=SEC_MEM,
     reference=REF_MEM,
-    draw=lambda rng: {"n_params": pick(rng, [125e6, 350e6, 1.3e9, 7e9])},
+    draw=lambda rng: picks(rng, n_params=[125e6, 350e6, 1.3e9, 7e9]),
     calc=lambda p: profiling.memory_timeline(
         [{"name": "[memory]", "ts": 0.0, "args": {"Bytes": int(8 * p["n_params"]), "Device Type": 0}}]
     )[-1][1],

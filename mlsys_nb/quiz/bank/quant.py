@@ -11,7 +11,7 @@ notebook 23 runs.
 from __future__ import annotations
 
 from ..core import family
-from ._util import gb, inference, numeric_family, pick, quant
+from ._util import gb, inference, numeric_family, pick, picks, quant
 
 
 NB = "notebooks/23_quantization_and_lora.ipynb"
@@ -137,11 +137,7 @@ numeric_family(
     "quant",
     section=SEC_SPEED,
     reference=REF_KIVI,
-    draw=lambda rng: {
-        "model": pick(rng, MODELS),
-        "batch": pick(rng, [1, 8, 32, 64]),
-        "ctx": pick(rng, [1024, 2048, 4096]),
-    },
+    draw=lambda rng: picks(rng, model=MODELS, batch=[1, 8, 32, 64], ctx=[1024, 2048, 4096]),
     calc=lambda p: inference.kv_cache_bytes(p["model"], p["batch"] * p["ctx"], "int8"),
     unit="bytes",
     fields=lambda p, result: {"result_gb": gb(result)},
@@ -193,7 +189,7 @@ numeric_family(
     "quant",
     section=SEC_LORA,
     reference=REF_LORA,
-    draw=lambda rng: {"model": pick(rng, MODELS), "r": pick(rng, [8, 16, 64])},
+    draw=lambda rng: picks(rng, model=MODELS, r=[8, 16, 64]),
     calc=lambda p: _trained(_finetune(p, "lora", r=p["r"])),
     unit="bytes",
     fields=lambda p, result: {"trainable": quant.lora_params(p["model"], p["r"]), "result_gb": gb(result)},
@@ -212,7 +208,7 @@ numeric_family(
     difficulty=2,
     section=SEC_QLORA,
     reference=REF_QLORA,
-    draw=lambda rng: {"model": pick(rng, MODELS), "r": pick(rng, [16, 64])},
+    draw=lambda rng: picks(rng, model=MODELS, r=[16, 64]),
     calc=lambda p: _finetune(p, "qlora", r=p["r"]),
     key=lambda f: f["total"],
     unit="bytes",
@@ -239,7 +235,7 @@ numeric_family(
     difficulty=2,
     section=SEC_QLORA,
     reference=REF_QLORA,
-    draw=lambda rng: {"model": pick(rng, MODELS)},
+    draw=lambda rng: picks(rng, model=MODELS),
     calc=lambda p: (_finetune(p, "full")["total"], _finetune(p, "qlora", r=64)["total"]),
     key=lambda fq: fq[0] / fq[1],
     unit="ratio",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ... import comm
 from ..core import family
-from ._util import gb, gbps, numeric_family, pick, placement, rl_ppo, rl_sizing, rlhf
+from ._util import gb, gbps, numeric_family, pick, picks, placement, rl_ppo, rl_sizing, rlhf
 
 
 REF_RLHF = "docs/references.md#instructgpt (Ouyang et al. 2022, arXiv:2203.02155), #openrlhf"
@@ -28,11 +28,9 @@ numeric_family(
     difficulty=3,
     section=SEC18 + ", §8 The memory of RLHF at scale",
     reference=REF_RLHF,
-    draw=lambda rng: {
-        "actor": pick(rng, ["llama-2-7b", "llama-3-8b", "llama-2-13b"]),
-        "n_gpus": pick(rng, [8, 16, 32]),
-        "rollout_batch": pick(rng, [64, 128, 256]),
-    },
+    draw=lambda rng: picks(
+        rng, actor=["llama-2-7b", "llama-3-8b", "llama-2-13b"], n_gpus=[8, 16, 32], rollout_batch=[64, 128, 256]
+    ),
     calc=lambda p: rl_sizing.rlhf_estimate(
         p["actor"], n_gpus=p["n_gpus"], rollout_batch=p["rollout_batch"], prompt_len=512, response_len=512
     ),
@@ -60,12 +58,7 @@ numeric_family(
     difficulty=2,
     section="notebooks/04_communication_cost.ipynb, §1 The α-β model (applied to RLHF weight sync)",
     reference=REF_RLHF,
-    draw=lambda rng: {
-        "n_params": pick(rng, [7e9, 13e9, 70e9]),
-        "n": pick(rng, [4, 8, 16]),
-        "beta": pick(rng, [25e9, 50e9, 450e9]),
-        "alpha": 10e-6,
-    },
+    draw=lambda rng: picks(rng, n_params=[7e9, 13e9, 70e9], n=[4, 8, 16], beta=[25e9, 50e9, 450e9], alpha=10e-6),
     calc=lambda p: comm.collective_time(
         "broadcast", 2 * p["n_params"], p["n"], p["alpha"], p["beta"], "pipelined_chain"
     ),
@@ -135,11 +128,9 @@ numeric_family(
     difficulty=2,
     section="notebooks/17_rl_fundamentals.ipynb, §5 PPO's clipped objective",
     reference="docs/references.md#ppo (Schulman et al. 2017, arXiv:1707.06347, eq. 7)",
-    draw=lambda rng: {
-        "ratio": pick(rng, [0.5, 0.7, 0.9, 1.1, 1.3, 1.6]),
-        "advantage": pick(rng, [-2.0, -1.0, 1.0, 2.0]),
-        "clip": pick(rng, [0.1, 0.2]),
-    },
+    draw=lambda rng: picks(
+        rng, ratio=[0.5, 0.7, 0.9, 1.1, 1.3, 1.6], advantage=[-2.0, -1.0, 1.0, 2.0], clip=[0.1, 0.2]
+    ),
     calc=_ppo_objective,
     unit="ratio",
     tolerance=0.005,
@@ -205,13 +196,14 @@ numeric_family(
     difficulty=2,
     section=SEC18 + ", §6 DPO: the same preferences, offline, no reward model",
     reference="docs/references.md#dpo (Rafailov et al. 2023, arXiv:2305.18290, eq. 7)",
-    draw=lambda rng: {
-        "pc": pick(rng, [-10.0, -12.0, -15.0]),
-        "pr": pick(rng, [-11.0, -14.0, -18.0]),
-        "rc": pick(rng, [-12.0, -13.0]),
-        "rr": pick(rng, [-12.0, -13.0]),
-        "beta": pick(rng, [0.1, 0.5, 1.0]),
-    },
+    draw=lambda rng: picks(
+        rng,
+        pc=[-10.0, -12.0, -15.0],
+        pr=[-11.0, -14.0, -18.0],
+        rc=[-12.0, -13.0],
+        rr=[-12.0, -13.0],
+        beta=[0.1, 0.5, 1.0],
+    ),
     calc=lambda p: float(
         rlhf.dpo_loss(_tensor(p["pc"]), _tensor(p["pr"]), _tensor(p["rc"]), _tensor(p["rr"]), beta=p["beta"])
     ),
@@ -231,7 +223,7 @@ numeric_family(
     "rl",
     section=SEC18 + ", §3 PPO with a per-token KL penalty",
     reference="docs/references.md#kl-approx (Schulman 2020)",
-    draw=lambda rng: {"logp": pick(rng, [-1.0, -2.0, -0.5]), "logp_ref": pick(rng, [-1.5, -2.5, -0.2, -3.0])},
+    draw=lambda rng: picks(rng, logp=[-1.0, -2.0, -0.5], logp_ref=[-1.5, -2.5, -0.2, -3.0]),
     calc=lambda p: float(rlhf.kl_estimate(_tensor(p["logp"]), _tensor(p["logp_ref"]), kind="k3")[0]),
     unit="nats/token",
     tolerance=0.01,
@@ -258,11 +250,9 @@ numeric_family(
     difficulty=2,
     section="notebooks/19_rlhf_systems.ipynb, §3 Placement on Ray: co-located, disaggregated, one step off-policy",
     reference="docs/references.md#openrlhf (Hu et al. 2024, arXiv:2405.11143; Sheng et al. 2024, arXiv:2409.19256)",
-    draw=lambda rng: {
-        "gen_s": pick(rng, [20.0, 40.0, 60.0, 90.0]),
-        "train_s": pick(rng, [15.0, 30.0, 45.0, 80.0]),
-        "sync_s": pick(rng, [0.5, 2.0, 5.0, 10.0]),
-    },
+    draw=lambda rng: picks(
+        rng, gen_s=[20.0, 40.0, 60.0, 90.0], train_s=[15.0, 30.0, 45.0, 80.0], sync_s=[0.5, 2.0, 5.0, 10.0]
+    ),
     calc=_step_times,
     key=lambda ab: ab[0] / ab[1],
     unit="ratio",

@@ -7,7 +7,7 @@ Answer keys: ``mlsys_nb.scaling`` (``law``, ``twenty_tokens_per_param``).
 from __future__ import annotations
 
 from ... import scaling
-from ._util import numeric_family, pick
+from ._util import numeric_family, pick, picks
 from .compute import SEC_FLOPS
 
 REF_CHIN = "docs/references.md#chinchilla (Hoffmann et al. 2022, arXiv:2203.15556), #epoch-chinchilla"
@@ -139,7 +139,7 @@ numeric_family(
     difficulty=3,
     section=SEC_LAWS,
     reference="docs/references.md#sardana2023 (Sardana et al. 2023, arXiv:2401.00448)",
-    draw=lambda rng: {"C": pick(rng, [1e22, 1e23, 1e24]), "inference_multiple": pick(rng, [1, 3, 10])},
+    draw=lambda rng: picks(rng, C=[1e22, 1e23, 1e24], inference_multiple=[1, 3, 10]),
     calc=_lifetime_optimum,
     key=lambda r: r["chinchilla_N"] / r["N"],
     unit="ratio",

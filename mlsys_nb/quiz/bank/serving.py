@@ -8,7 +8,7 @@ Answer keys: ``mlsys_nb.inference`` (``decode_cost``, ``kv_cache_bytes``, ``page
 from __future__ import annotations
 
 from ..core import family
-from ._util import gb, inference, inference_metrics, numeric_family, paged, pick, ratio_family, speculative
+from ._util import gb, inference, inference_metrics, numeric_family, paged, pick, picks, ratio_family, speculative
 from .inference import MODELS, REF_ROOF, SEC13, fits_on_gpus, roof_case, times_ms
 
 
@@ -121,12 +121,7 @@ numeric_family(
     difficulty=2,
     section=SEC14 + ", §4 Prefix caching by hash-chained blocks",
     reference="docs/references.md#sglang (Zheng et al. 2023, arXiv:2312.07104), #vllm",
-    draw=lambda rng: {
-        "preset": pick(rng, MODELS[:6]),
-        "n": pick(rng, [8, 32, 100]),
-        "prefix": pick(rng, [500, 1000, 2000]),
-        "block_size": pick(rng, [16, 32]),
-    },
+    draw=lambda rng: picks(rng, preset=MODELS[:6], n=[8, 32, 100], prefix=[500, 1000, 2000], block_size=[16, 32]),
     calc=lambda p: inference.kv_cache_bytes(p["preset"], (p["n"] - 1) * _shared_tokens(p)),
     unit="bytes",
     fields=lambda p, result: {
@@ -160,7 +155,7 @@ numeric_family(
     difficulty=2,
     section=SEC_SPEC,
     reference=REF_SPEC + ", eq. 1)",
-    draw=lambda rng: {"alpha": pick(rng, [0.5, 0.6, 0.7, 0.8, 0.9]), "k": pick(rng, [2, 3, 4, 5, 8])},
+    draw=lambda rng: picks(rng, alpha=[0.5, 0.6, 0.7, 0.8, 0.9], k=[2, 3, 4, 5, 8]),
     calc=lambda p: speculative.expected_tokens_per_step(p["alpha"], p["k"]),
     unit="tokens",
     fields=lambda p, result: {"k1": p["k"] + 1},
@@ -182,11 +177,7 @@ numeric_family(
     difficulty=3,
     section=SEC_SPEC,
     reference=REF_SPEC + ", Theorem 3.8)",
-    draw=lambda rng: {
-        "alpha": pick(rng, [0.6, 0.7, 0.8, 0.9]),
-        "k": pick(rng, [2, 3, 4, 6]),
-        "c": pick(rng, [0.02, 0.05, 0.1]),
-    },
+    draw=lambda rng: picks(rng, alpha=[0.6, 0.7, 0.8, 0.9], k=[2, 3, 4, 6], c=[0.02, 0.05, 0.1]),
     calc=lambda p: speculative.expected_speedup(p["alpha"], p["k"], p["c"]),
     unit="ratio",
     fields=lambda p, result: {"tokens": speculative.expected_tokens_per_step(p["alpha"], p["k"])},

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ... import comm, memory
 from ...config import TrainConfig
-from ._util import gb, gbps, numeric_family, pick, ratio_family, tensor_parallel, us
+from ._util import gb, gbps, numeric_family, pick, picks, ratio_family, tensor_parallel, us
 
 
 REF_TP = "docs/references.md#megatron (Shoeybi et al. 2019, arXiv:1909.08053), #megatron-sp (Korthikanti et al. 2022)"
@@ -103,10 +103,7 @@ numeric_family(
     "tensor",
     section=SEC_TP,
     reference="docs/references.md#megatron (arXiv:1909.08053)",
-    draw=lambda rng: {
-        "model": pick(rng, ["llama-2-7b", "llama-3-8b", "llama-2-13b", "llama-3-70b"]),
-        "tp": pick(rng, [2, 4, 8]),
-    },
+    draw=lambda rng: picks(rng, model=["llama-2-7b", "llama-3-8b", "llama-2-13b", "llama-3-70b"], tp=[2, 4, 8]),
     calc=lambda p: memory.estimate(memory.preset(p["model"]), TrainConfig(tp=p["tp"])),
     key=lambda b: b.n_params_rank,
     unit="params",
@@ -129,11 +126,7 @@ ratio_family(
     difficulty=2,
     section="notebooks/07_tensor_parallelism.ipynb, §5 Sequence parallelism",
     reference="docs/references.md#megatron-sp (arXiv:2205.05198, Table 2)",
-    draw=lambda rng: {
-        "model": pick(rng, ["llama-2-7b", "llama-3-8b", "llama-2-13b"]),
-        "tp": pick(rng, [2, 4, 8]),
-        "seq_len": pick(rng, [2048, 4096]),
-    },
+    draw=lambda rng: picks(rng, model=["llama-2-7b", "llama-3-8b", "llama-2-13b"], tp=[2, 4, 8], seq_len=[2048, 4096]),
     calc=lambda p, sp: (
         memory.estimate(memory.preset(p["model"]), TrainConfig(tp=p["tp"], sp=sp, seq_len=p["seq_len"])).activations
     ),
