@@ -169,3 +169,56 @@ def test_bad_arguments_are_named():
         ShmAllReduce(sync="fast")
     with pytest.raises(ValueError, match="buffer_bytes"):
         ShmAllReduce(buffer_bytes=8)
+
+
+def _kit_checks():
+    """DDP buckets and a TP MLP, each run with dist.all_reduce then with the shared-memory one (2 ranks: a
+    sum of two is the same in any order, so the results must be equal bit for bit)."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from mlsys_nb.config import tiny_config
+    from mlsys_nb.parallel import functional as pf
+    from mlsys_nb.parallel import tensor as tp
+    from mlsys_nb.parallel.ddp import DataParallel
+
+    rank, out = dist.get_rank(), {}
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(rank))  # each rank's shard of the batch
+    grads = {}
+    for impl in (None, "shm"):
+        torch.manual_seed(0)  # the same replicas; buckets of 300 bytes: several all-reduces per backward
+        net = DataParallel(
+            nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)), bucket_cap_mb=3e-4, all_reduce=impl
+        )
+        net(x).square().sum().backward()
+        grads[impl] = [p.grad.clone() for p in net.parameters()]
+    out["ddp: buckets"], out["ddp: shm calls"] = len(net.buckets), net.all_reduce.calls
+    net.close()
+    out["ddp: grads equal"] = all(torch.equal(a, b) for a, b in zip(grads[None], grads["shm"]))
+
+    cfg = tiny_config()
+    torch.manual_seed(0)
+    mlp = tp.TPMLP(cfg)
+    h = torch.randn(2, 16, cfg.hidden, generator=torch.Generator().manual_seed(7), requires_grad=True)
+    runs = []
+    for impl in (None, ShmAllReduce()):
+        previous = pf.set_all_reduce(impl)
+        h.grad = None
+        mlp.zero_grad()
+        y = mlp(h)
+        y.square().sum().backward()
+        runs.append([y.detach().clone(), h.grad.clone()] + [p.grad.clone() for p in mlp.parameters()])
+        pf.set_all_reduce(previous)
+        if impl is not None:
+            out["tp: shm calls"] = impl.calls
+            impl.close()
+    out["tp: equal"] = all(torch.equal(a, b) for a, b in zip(*runs))
+    return out
+
+
+def test_the_kit_all_reduces_through_shared_memory_with_the_same_results():
+    for rank, out in enumerate(mlsys_nb.launch(_kit_checks, 2, backend="gloo", timeout=120)):
+        assert out["ddp: buckets"] >= 2 and out["ddp: shm calls"] == out["ddp: buckets"], (rank, out)
+        assert out["ddp: grads equal"], (rank, out)
+        assert out["tp: shm calls"] == 2 and out["tp: equal"], (rank, out)  # g forward, f backward

@@ -20,11 +20,15 @@
 - ``pingpong``: fit α, β on point-to-point exchanges (γ on a local add, δ on the all-gather's copy) at 2 ranks, predict
   collectives at larger sizes from their step counts, and notebook 04's claims (what 2 ranks can tell apart: S vs
   2S per rank; the all-gather's missing local work), re-measured up to 3 times on a shared machine.
+- ``shm``: ``ShmAllReduce``, an all-reduce over POSIX shared memory among the ranks of one machine (a
+  reduce-scatter then an all-gather through every rank's shared buffer, synchronised by sequence-number flags
+  or, for comparison, a barrier), equal to ``dist.all_reduce``; the kit's DDP buckets
+  (``DataParallel(all_reduce="shm")``) and tensor parallelism (``parallel.functional.set_all_reduce``) can use it.
 - ``overlap``: blocking vs non-blocking send around a CPU-free wait (a blocking control interleaved;
   ``measure_variants``), and the check that the non-blocking one overlaps (``check_overlap``), re-measured up
   to 3 times (notebook 02).
 
-The cost functions are light (numpy only); ``collectives``, ``counting`` (torch), ``measure`` (timers and
+The cost functions are light (numpy only); ``collectives``, ``counting``, ``shm`` (torch), ``measure`` (timers and
 the launcher) and ``plots`` (matplotlib) load when first used.
 """
 
@@ -68,6 +72,7 @@ __all__ = [
     "sweep",
     "tree_bytes_sent",
     "CommCounter",
+    "ShmAllReduce",
 ]
 
 
@@ -76,6 +81,10 @@ def __getattr__(name):  # torch, and the timers and launcher of the measurements
         from .counting import CommCounter
 
         return CommCounter
+    if name == "ShmAllReduce":
+        from .shm import ShmAllReduce
+
+        return ShmAllReduce
     if name in ("MemcpyBandwidth", "memcpy_bandwidth", "sweep"):
         from . import measure
 

@@ -16,6 +16,11 @@ Three versions, each a refinement of the previous one:
    of late layers overlaps with the backward of early layers. Like PyTorch's DDP, the end of
    ``loss.backward()`` waits for the buckets, so the grads are averaged when backward returns.
 
+The bucket all-reduce is ``dist.all_reduce`` (asynchronous) unless ``DataParallel(..., all_reduce=...)``
+names another: ``"shm"`` (``mlsys_nb.comm.shm.ShmAllReduce`` over the group: shared memory among the ranks of
+one host, blocking, so a bucket's all-reduce then runs inside the hook instead of overlapping) or any
+callable that sums a flat tensor over the group in place. The averaged gradients are the same.
+
 Gradient accumulation: inside ``with ddp.no_sync():`` backward only accumulates local gradients;
 the next backward outside the context all-reduces the accumulated sum (one all-reduce for k
 micro-batches). Divide each micro-batch loss by k, as in single-process accumulation.
@@ -67,10 +72,17 @@ class Bucket:
         self.work = None  # async work handle of the in-flight all-reduce
         self.t_ready = self.t_launch = self.t_done = None
 
-    def launch(self, group) -> None:
-        """Pack the gradients into one flat tensor and start its all-reduce without waiting."""
+    def launch(self, group, all_reduce=None) -> None:
+        """Pack the gradients into one flat tensor and start its all-reduce without waiting (``all_reduce``:
+        a blocking in-place sum of the kit's own, e.g. ``comm.shm.ShmAllReduce``, done when it returns)."""
         self.t_launch = time.perf_counter()
         self.flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        if all_reduce is not None:
+            all_reduce(self.flat)
+            self.t_done = time.perf_counter()
+            self.work = torch.futures.Future()
+            self.work.set_result(self.flat)  # a finished handle: finish() waits on it like on gloo's
+            return
         self.work = dist.all_reduce(self.flat, op=dist.ReduceOp.SUM, group=group, async_op=True)
         self.work.get_future().then(self._mark_done)
 
@@ -98,12 +110,23 @@ class DataParallel(nn.Module):
     bucket. ``overlap``: launch each bucket's all-reduce from a gradient hook during backward
     (True) or all of them after backward (False). Parameters are assigned to buckets in reverse
     registration order, which is roughly the order backward produces their gradients. Every
-    parameter must receive a gradient in every backward (no unused parameters).
+    parameter must receive a gradient in every backward (no unused parameters). ``all_reduce``: ``None``
+    (``dist.all_reduce``), ``"shm"`` (a ``comm.shm.ShmAllReduce`` of the group, made here: a collective call;
+    ``close()`` releases it) or a callable summing a flat tensor over the group in place.
     """
 
-    def __init__(self, module: nn.Module, *, bucket_cap_mb: float = 25.0, overlap: bool = True, group=None):
+    def __init__(
+        self, module: nn.Module, *, bucket_cap_mb: float = 25.0, overlap: bool = True, group=None, all_reduce=None
+    ):
         super().__init__()
         check_number("bucket_cap_mb", bucket_cap_mb, 0, unit="MB")
+        if not (all_reduce is None or all_reduce == "shm" or callable(all_reduce)):
+            raise ValueError(f"all_reduce={all_reduce!r}: None (dist.all_reduce), 'shm' or a callable")
+        if all_reduce == "shm":
+            from ..comm.shm import ShmAllReduce
+
+            all_reduce = ShmAllReduce(group)
+        self.all_reduce = all_reduce
         self.module, self.overlap, self.group = module, overlap, group
         self.world = dist.get_world_size(group)
         broadcast_parameters(module, src=dist.get_global_rank(group, 0) if group else 0, group=group)
@@ -156,7 +179,7 @@ class DataParallel(nn.Module):
             if bucket.pending == 0:
                 bucket.t_ready = time.perf_counter()
                 if self.overlap:
-                    bucket.launch(self.group)
+                    bucket.launch(self.group, self.all_reduce)
 
         return hook
 
@@ -171,7 +194,7 @@ class DataParallel(nn.Module):
                     "DataParallel requires every parameter to be used"
                 )
             if bucket.work is None:  # overlap=False: communicate now, after backward
-                bucket.launch(self.group)
+                bucket.launch(self.group, self.all_reduce)
         for bucket in self.buckets:
             bucket.finish(self.world)
         self.timeline = [
@@ -186,3 +209,8 @@ class DataParallel(nn.Module):
             for b in self.buckets
         ]
         self._callback_queued = False
+
+    def close(self) -> None:
+        """Release the shared-memory all-reduce made for ``all_reduce="shm"`` (nothing else to release)."""
+        if hasattr(self.all_reduce, "close"):
+            self.all_reduce.close()

@@ -25,7 +25,10 @@ The plain (not differentiable) collectives along a dimension, ``all_reduce``, ``
 
 All collectives are ``torch.distributed`` functions looked up at call time, so
 ``mlsys_nb.comm.counting.CommCounter`` sees (and counts the bytes of) every message.
-``group=None`` means the world group.
+``group=None`` means the world group. ``set_all_reduce(impl, group)`` makes every SUM all-reduce of that group
+here (``f``'s backward, ``g``'s forward, the vocabulary-parallel cross-entropy's sums) call ``impl(x)``
+instead, e.g. a ``mlsys_nb.comm.shm.ShmAllReduce`` (shared memory within one host; not counted by
+``CommCounter``); ``set_all_reduce(None, group)`` restores ``dist.all_reduce``.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ __all__ = [
     "reduce_from",
     "reduce_scatter",
     "reduce_scatter_to",
+    "set_all_reduce",
     "shard",
 ]
 
@@ -74,10 +78,28 @@ def shard(full: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
     return full.narrow(dim, rank * n, n)
 
 
+_ALL_REDUCE = {}  # group -> the in-place SUM all-reduce used instead of dist.all_reduce (set_all_reduce)
+
+
+def set_all_reduce(impl, group=None):
+    """Sum over ``group`` with ``impl(x)`` (in place, e.g. ``comm.shm.ShmAllReduce(group)``) in every
+    ``all_reduce`` of this module; ``None`` restores ``dist.all_reduce``. Returns the previous ``impl``."""
+    if impl is not None and not callable(impl):
+        raise TypeError(f"impl={impl!r}: a callable summing a tensor in place over the group, or None")
+    previous = _ALL_REDUCE.pop(group, None)
+    if impl is not None:
+        _ALL_REDUCE[group] = impl
+    return previous
+
+
 def all_reduce(x: torch.Tensor, group=None, op=dist.ReduceOp.SUM) -> torch.Tensor:
     """Reduce ``x`` over the ranks of ``group`` in place (``x`` made contiguous first); returns it."""
     x = x.contiguous()
-    dist.all_reduce(x, op=op, group=group)
+    impl = _ALL_REDUCE.get(group)
+    if impl is not None and op == dist.ReduceOp.SUM:
+        impl(x)
+    else:
+        dist.all_reduce(x, op=op, group=group)
     return x
 
 
