@@ -146,9 +146,7 @@ numeric_family(
     section=SEC13 + ", §3 Sizing the cache of real models",
     reference=REF_KV,
     draw=_serving_case,
-    calc=lambda p: inference.max_concurrent_sequences(
-        p["preset"], p["gpu"], p["seq_len"], tp=p["tp"], gpu_memory_utilization=USABLE
-    ),
+    calc=lambda p: inference.max_concurrent_sequences(p["preset"], p["gpu"], p["seq_len"], tp=p["tp"]),
     unit="count",
     tolerance=0.0,
     fields=lambda p, result: {
@@ -173,14 +171,12 @@ numeric_family(
 )
 
 
-USABLE = 0.9  # share of GPU memory given to weights + KV cache (vLLM's default gpu_memory_utilization)
-
-
 def fits_on_gpus(model, gpu, *, batch: int, context: int, tp: int = 1) -> bool:
     """The one physical check of every inference family: do the bf16 weights (split over ``tp``
-    GPUs) and the bf16 KV cache of ``batch`` sequences of ``context`` tokens fit in ``USABLE`` of
+    GPUs) and the bf16 KV cache of ``batch`` sequences of ``context`` tokens fit in
+    ``inference.kv_cache.GPU_MEMORY_UTILIZATION`` (90 %, vLLM's default) of
     each GPU's memory? (``inference.max_concurrent_sequences`` >= batch; a model, no activations.)"""
-    return inference.max_concurrent_sequences(model, gpu, context, tp=tp, gpu_memory_utilization=USABLE) >= batch
+    return inference.max_concurrent_sequences(model, gpu, context, tp=tp) >= batch
 
 
 TPS = (1, 2, 4, 8)
@@ -363,20 +359,21 @@ FIT_CHOICES = [f"TP = {tp}" for tp in TPS] + ["does not fit on 8 GPUs"]
     reference=REF_KV,
 )
 def _fits_tp(rng):
+    usable = inference.kv_cache.GPU_MEMORY_UTILIZATION  # vLLM's default share for weights + KV cache
     model = pick(rng, MODELS)
     g = pick(rng, GPUS)
     batch = pick(rng, [1, 8, 32, 128])
     ctx = pick(rng, [2048, 8192, 32768])
-    tp = inference.kv_cache.min_tp_that_fits(model, g, ctx, batch=batch, gpu_memory_utilization=USABLE, tp_choices=TPS)
+    tp = inference.kv_cache.min_tp_that_fits(model, g, ctx, batch=batch, tp_choices=TPS)
     ans = FIT_CHOICES[-1] if tp is None else f"TP = {tp}"
     gpu = hardware.gpu(g)
     rows = [
         f"TP = {t}: weights {gb(inference.weight_bytes(model) / t)} + KV room for "
-        f"{inference.max_concurrent_sequences(model, g, ctx, tp=t, gpu_memory_utilization=USABLE)} sequences"
+        f"{inference.max_concurrent_sequences(model, g, ctx, tp=t)} sequences"
         for t in TPS
     ]
     return dict(
-        text=f"Serve {model} (bf16 weights and KV cache) on {g} ({gb(gpu.memory_bytes)} each, {USABLE:.0%} usable "
+        text=f"Serve {model} (bf16 weights and KV cache) on {g} ({gb(gpu.memory_bytes)} each, {usable:.0%} usable "
         f"for weights + cache) with {batch} sequences of {ctx} tokens in flight. Does it fit, and with what "
         f"smallest tensor-parallel degree (1, 2, 4 or 8 GPUs of one node)?",
         params={"preset": model, "gpu": g, "batch": batch, "context": ctx},

@@ -8,6 +8,7 @@ W = 1 weight gradient, the zero-bubble papers' equal-cost setting), no communica
 from __future__ import annotations
 
 from ... import pipeline as pl
+from ...config import PIPELINE_SCHEDULES
 from ..core import family
 from ._util import numeric_family, pick, picks, ratio_family
 
@@ -155,7 +156,7 @@ PEAK_HINTS = {
     "zbv": "ZBV: p once m >= 2p − 1 (two half-size chunks).",
 }
 
-for _n in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv"):
+for _n in (n for n in PIPELINE_SCHEDULES if not n.startswith("dualpipe")):
     numeric_family(
         f"pipeline.peak_activations_{_n.replace('-', '_')}",
         "pipeline",
