@@ -63,8 +63,9 @@ def broadcast_parameters(model: nn.Module, src: int = 0, group=None) -> None:
 class Bucket:
     """A group of parameters whose gradients are all-reduced together as one flat tensor."""
 
-    def __init__(self, index: int, params: list[nn.Parameter]):
+    def __init__(self, index: int, params: list[nn.Parameter], all_reduce=None):
         self.index = index
+        self.all_reduce = all_reduce  # None: dist.all_reduce, asynchronous; else a blocking in-place sum
         self.params = params
         self.numel = sum(p.numel() for p in params)
         self.pending = len(params)  # gradients not yet ready in this backward
@@ -72,13 +73,13 @@ class Bucket:
         self.work = None  # async work handle of the in-flight all-reduce
         self.t_ready = self.t_launch = self.t_done = None
 
-    def launch(self, group, all_reduce=None) -> None:
-        """Pack the gradients into one flat tensor and start its all-reduce without waiting (``all_reduce``:
-        a blocking in-place sum of the kit's own, e.g. ``comm.shm.ShmAllReduce``, done when it returns)."""
+    def launch(self, group) -> None:
+        """Pack the gradients into one flat tensor and start its all-reduce without waiting (with
+        ``self.all_reduce``, e.g. ``comm.shm.ShmAllReduce``: blocking, done when it returns)."""
         self.t_launch = time.perf_counter()
         self.flat = torch.cat([p.grad.reshape(-1) for p in self.params])
-        if all_reduce is not None:
-            all_reduce(self.flat)
+        if self.all_reduce is not None:
+            self.all_reduce(self.flat)
             self.t_done = time.perf_counter()
             self.work = torch.futures.Future()
             self.work.set_result(self.flat)  # a finished handle: finish() waits on it like on gloo's
@@ -151,7 +152,7 @@ class DataParallel(nn.Module):
             size += p.numel() * p.element_size()
         if current:
             groups.append(current)
-        return [Bucket(i, g) for i, g in enumerate(groups)]
+        return [Bucket(i, g, self.all_reduce) for i, g in enumerate(groups)]
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -179,7 +180,7 @@ class DataParallel(nn.Module):
             if bucket.pending == 0:
                 bucket.t_ready = time.perf_counter()
                 if self.overlap:
-                    bucket.launch(self.group, self.all_reduce)
+                    bucket.launch(self.group)
 
         return hook
 
@@ -194,7 +195,7 @@ class DataParallel(nn.Module):
                     "DataParallel requires every parameter to be used"
                 )
             if bucket.work is None:  # overlap=False: communicate now, after backward
-                bucket.launch(self.group, self.all_reduce)
+                bucket.launch(self.group)
         for bucket in self.buckets:
             bucket.finish(self.world)
         self.timeline = [
