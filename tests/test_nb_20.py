@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from nbrun import other_capability, printed_text, run_notebook
+from nbrun import other_capability, passed_labels, printed_text, run_notebook
 
 from mlsys_nb import quiz
 
@@ -17,10 +17,10 @@ def _cells():
     return json.loads(NOTEBOOK.read_text())["cells"]
 
 
-def topics_missing(text: str, n: int) -> list[str]:
-    """The bank's topics (``quiz.topics()``, never a list written here) whose worksheet the printed text
-    does not show as answered and checked: ``check passed: <topic> worksheet, n/n answered correctly``."""
-    return [t for t in quiz.topics() if f"check passed: {t} worksheet, {n}/{n} answered correctly" not in text]
+def topics_missing(labels: list[str], n: int) -> list[str]:
+    """The bank's topics (``quiz.topics()``, never a list written here) whose worksheet the recorded checks
+    (``passed_labels``) do not show as answered and checked: ``<topic> worksheet, n/n answered correctly``."""
+    return [t for t in quiz.topics() if f"{t} worksheet, {n}/{n} answered correctly" not in labels]
 
 
 @pytest.mark.notebook
@@ -28,21 +28,22 @@ def test_notebook_20_solutions_pass_for_another_seed():
     seed, n = 7, 2
     nb = run_notebook("20_interview_worksheets.ipynb", capability=other_capability(), seed=seed, n=n, solutions=True)
     text = printed_text(nb)
+    labels = passed_labels(nb)
     assert f"seed={seed}, n={n}: {n * len(quiz.topics())} questions over {len(quiz.topics())} topics" in text
-    assert topics_missing(text, n) == [], "topics drawn but never answered and checked in notebook 20"
-    assert f"check passed: all {len(quiz.topics())} topics of the bank shown, answered" in text
-    assert text.count("check passed") == len(quiz.topics()) + 3, text  # + the demo, the coverage, the mock interview
+    assert topics_missing(labels, n) == [], "topics drawn but never answered and checked in notebook 20"
+    assert any(label.startswith(f"all {len(quiz.topics())} topics of the bank shown, answered") for label in labels)
+    assert len(labels) == len(quiz.topics()) + 3, labels  # + the demo, the coverage, the mock interview
     assert "not attempted" not in text
 
 
 def test_a_missing_topic_is_caught():
-    """The coverage check bites: printed text that lacks one topic's checked worksheet names that topic (here
+    """The coverage check bites: recorded checks that lack one topic's checked worksheet name that topic (here
     the last of the bank's list), and every topic of the bank has its section (show, stub, solution, check)."""
     n = 2
-    full = "\n".join(f"check passed: {t} worksheet, {n}/{n} answered correctly" for t in quiz.topics())
+    full = [f"{t} worksheet, {n}/{n} answered correctly" for t in quiz.topics()]
     assert topics_missing(full, n) == []
     last = quiz.topics()[-1]
-    cut = full.replace(f"check passed: {last} worksheet", f"{last}: not attempted")
+    cut = [label for label in full if not label.startswith(f"{last} worksheet")]
     assert topics_missing(cut, n) == [last]
     sources = ["".join(c["source"]) for c in _cells() if c["cell_type"] == "code"]
     for t in quiz.topics():
