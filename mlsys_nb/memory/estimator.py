@@ -19,7 +19,7 @@ from .states import bytes_per_param, exact_zero_layout, offload_states, param_co
 from .units import PRECISION_BYTES
 
 GATHERED = "ZeRO-3 gathered layers (2 x largest)"
-RECOMPUTE = "recompute working set (one layer)"
+RECOMPUTE_WORKING_SET = "recompute working set (one layer)"
 LOGITS = "logits + their gradient"
 
 
@@ -76,7 +76,7 @@ def _stage_breakdown(
     acts_layers, acts_out, outside = _activations(model, t, held, fl, layer_bytes)
     temp = _temporary_buffers(model, t, held, largest, bpp, layer_bytes)
     # ZeRO-3's gathered layers are alive beside the larger of the recompute working set and the logits
-    temporary = temp.get(GATHERED, 0.0) + max(temp.get(RECOMPUTE, 0.0), temp.get(LOGITS, 0.0))
+    temporary = temp.get(GATHERED, 0.0) + max(temp.get(RECOMPUTE_WORKING_SET, 0.0), temp.get(LOGITS, 0.0))
     acts = acts_layers + acts_out
     return Breakdown(
         params=states["param"],
@@ -132,7 +132,7 @@ def _temporary_buffers(
         first_layer = stage_range(model, t, held[0]).start
         work = layer_bytes(first_layer, "none")
         kept = layer_bytes(first_layer)
-        temp[RECOMPUTE] = work - kept if t.recompute == "selective" else work
+        temp[RECOMPUTE_WORKING_SET] = work - kept if t.recompute == "selective" else work
     if t.pp - 1 in held:
         vp = t.tp if (t.vocab_parallel and t.tp > 1) else 1
         B = PRECISION_BYTES[t.precision]["act"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..config import PP_SCHEDULES
+
 COLUMNS = [
     "dp",
     "tp",
@@ -24,7 +26,7 @@ COLUMNS = [
     "bottleneck",
 ]
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipe")
+SCHEDULES = tuple(s for s in PP_SCHEDULES if s not in ("zb-h2", "zbv"))  # the schedules bubble_ratio prices
 
 _PLAIN = frozenset((int, str))
 
