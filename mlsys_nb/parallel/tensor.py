@@ -251,12 +251,18 @@ class RowParallelLinear(nn.Module):
 # ---------------------------------------------------------------------------------------------
 # 3. Megatron MLP and attention
 # ---------------------------------------------------------------------------------------------
-def _fused_rows(sizes: list[int]) -> list[slice]:
-    """Row ranges of the parts of a fused (concatenated) column-parallel weight, e.g. q | k | v."""
-    edges = [0]
-    for n in sizes:
-        edges.append(edges[-1] + n)
-    return [slice(a, b) for a, b in zip(edges[:-1], edges[1:])]
+def _fused_shard_map(linear: ColumnParallelLinear, names: list[str], sizes: list[int], prefix: str) -> dict:
+    """The shard map of a fused (concatenated) column-parallel ``linear``, e.g. q | k | v: its local rows
+    hold the parts ``names`` of ``sizes`` rows each, and each part is this rank's slice of a separate full
+    tensor ``{prefix}{name}.weight`` (and ``.bias``). Returns full name -> (local tensor, its rows, dim 0)."""
+    m, start = {}, 0
+    for name, n in zip(names, sizes):
+        rows = slice(start, start + n)
+        start += n
+        m[f"{prefix}{name}.weight"] = (linear.weight, rows, 0)
+        if linear.bias is not None:
+            m[f"{prefix}{name}.bias"] = (linear.bias, rows, 0)
+    return m
 
 
 class TPMLP(nn.Module):
@@ -294,12 +300,7 @@ class TPMLP(nn.Module):
 
     def shard_map(self, prefix=""):
         names = ["gate_proj", "up_proj"] if self.cfg.activation == "swiglu" else ["up_proj"]
-        sizes = [self.ffn_local] * len(names)
-        m = {}
-        for n, rows in zip(names, _fused_rows(sizes)):
-            m[f"{prefix}{n}.weight"] = (self.fc1.weight, rows, 0)
-            if self.fc1.bias is not None:
-                m[f"{prefix}{n}.bias"] = (self.fc1.bias, rows, 0)
+        m = _fused_shard_map(self.fc1, names, [self.ffn_local] * len(names), prefix)
         m.update(self.down_proj.shard_map(prefix + "down_proj."))
         return m
 
@@ -351,11 +352,7 @@ class TPAttention(nn.Module):
         return F.dropout(self.o_proj(y), p=self.cfg.dropout, training=self.training)
 
     def shard_map(self, prefix=""):
-        m = {}
-        for n, rows in zip(["q_proj", "k_proj", "v_proj"], _fused_rows(self.sizes)):
-            m[f"{prefix}{n}.weight"] = (self.qkv.weight, rows, 0)
-            if self.qkv.bias is not None:
-                m[f"{prefix}{n}.bias"] = (self.qkv.bias, rows, 0)
+        m = _fused_shard_map(self.qkv, ["q_proj", "k_proj", "v_proj"], self.sizes, prefix)
         m.update(self.o_proj.shard_map(prefix + "o_proj."))
         return m
 
