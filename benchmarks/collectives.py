@@ -1,13 +1,18 @@
-"""Benchmark: the from-scratch ring all-reduce vs torch.distributed.all_reduce, as busbw.
+"""Benchmark: all-reduce at the speed of memory? gloo vs the kit's ring vs shared memory vs memcpy, as busbw.
 
-    .venv/bin/python benchmarks/collectives.py [--ranks 4] [--repeats 7] [--out data/measured/collectives.md]
+    .venv/bin/python benchmarks/collectives.py [--ranks 2,4] [--repeats 7] [--out data/measured/collectives.md]
 
-On ``--ranks`` ranks (gloo on CPU; NCCL with ``--backend nccl`` on GPUs) it times, interleaved in
-one launch, ``mlsys_nb.comm.collectives.ring_all_reduce`` (isend/irecv, pipelined pieces, in-place adds)
-and ``dist.all_reduce`` at 1, 16 and 64 MiB, and measures memcpy bandwidth in the same run.
-Prints a table of medians, busbw (nccl-tests: algbw x 2(n-1)/n), busbw as a fraction of memcpy
-bandwidth and the ratio ring / torch. Target: ring >= 0.5x torch's busbw at >= 16 MiB.
-With ``--out`` it also writes the table with the machine description (markdown).
+On each world size of ``--ranks`` (gloo CPU ranks of this machine) it times, interleaved round-robin in one
+launch (``comm.sweep``: a barrier before each timed call, the slowest rank's time), at 4 KiB .. 64 MiB:
+``dist.all_reduce`` (gloo: loopback TCP), the kit's ``ring_all_reduce`` (send/recv), and
+``comm.shm.ShmAllReduce`` with sequence-number flags (``shm``) and with a barrier per wait (``shm_barrier``);
+and ``dst.copy_(src)`` of the same sizes in this process (memcpy, the ceiling). Prints medians with
+interquartile ranges, busbw (nccl-tests: algbw x 2(n-1)/n), the α-β fit of each (``comm.fit_alpha_beta``,
+ring coefficients, so β reads as a busbw), and where the shared-memory all-reduce spends its time at the
+largest sizes (``ShmAllReduce.phase_s``: the three copies and the two waits).
+Goals (issue 51): shm >= 30 % of memcpy's bandwidth and >= 5x gloo's busbw at >= 16 MiB, shm's 4 KiB latency
+below gloo's; the ring stays >= 0.5x gloo at >= 16 MiB. With ``--out`` it writes the markdown record and a
+.csv beside it (every row), keeping the record's "Earlier runs" section.
 """
 
 from __future__ import annotations
@@ -18,99 +23,194 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np  # noqa: E402
+
 from mlsys_nb import comm  # noqa: E402
-from mlsys_nb.runtime.machine import info as machine
+from mlsys_nb.runtime.machine import info as machine  # noqa: E402
 
-MiB = 1 << 20
-SIZES = (1 * MiB, 16 * MiB, 64 * MiB)
-TARGET = 0.5
+KiB, MiB = 1 << 10, 1 << 20
+SIZES = tuple(4 * KiB * 4**k for k in range(8))  # 4 KiB .. 64 MiB
+IMPLS = ("torch", "ring", "shm", "shm_barrier")
+HISTORY = "## Earlier runs"
+GOAL_MEMCPY, GOAL_GLOO, RING_TARGET, BIG = 0.30, 5.0, 0.5, 16 * MiB
 
 
-def run(ranks: int, repeats: int, backend: str, sizes=SIZES, memcpy_bytes=64 * MiB, memcpy_repeats=9):
-    mem = comm.memcpy_bandwidth(nbytes=memcpy_bytes, repeats=memcpy_repeats)
-    df = comm.sweep(
-        ops=("all_reduce",),
-        sizes=sizes,
-        world_sizes=(ranks,),
-        impls=("torch", "ring"),
-        backend=backend,
-        warmup=1,
-        repeats=repeats,
-        timeout=600,
-    )
-    mem_after = comm.memcpy_bandwidth(nbytes=memcpy_bytes, repeats=memcpy_repeats)
-    memcpy = (mem.median_bytes_per_s + mem_after.median_bytes_per_s) / 2
-    rows = []
-    for size in sizes:
-        t = df[(df["bytes"] == size) & (df["impl"] == "torch")].iloc[0]
-        r = df[(df["bytes"] == size) & (df["impl"] == "ring")].iloc[0]
-        rows.append(
-            {
-                "size (MiB)": size // MiB,
-                f"{t['backend']} all_reduce median (ms)": t["median_s"] * 1e3,
-                f"{t['backend']} IQR (ms)": f"{t['q25_s'] * 1e3:.1f}-{t['q75_s'] * 1e3:.1f}",
-                "ring median (ms)": r["median_s"] * 1e3,
-                "ring IQR (ms)": f"{r['q25_s'] * 1e3:.1f}-{r['q75_s'] * 1e3:.1f}",
-                f"{t['backend']} busbw (GB/s)": t["busbw_Bps"] / 1e9,
-                "ring busbw (GB/s)": r["busbw_Bps"] / 1e9,
-                f"{t['backend']} / memcpy": t["busbw_Bps"] / memcpy,
-                "ring / memcpy": r["busbw_Bps"] / memcpy,
-                f"ring / {t['backend']}": r["busbw_Bps"] / t["busbw_Bps"],
-            }
-        )
+def phases(nbytes: int, repeats: int) -> dict:
+    """On every rank: seconds per call in each phase of ``ShmAllReduce`` (flags) at ``nbytes`` of float32."""
+    import torch
+
+    from mlsys_nb.comm.shm import ShmAllReduce
+
+    x = torch.ones(nbytes // 4)
+    with ShmAllReduce(sync="flags") as shm:
+        shm(x), shm(x)  # warm: every page of every buffer mapped
+        shm.phase_s = dict.fromkeys(shm.phase_s, 0.0)
+        for _ in range(repeats):
+            shm(x)
+        return {k: v / repeats for k, v in shm.phase_s.items()}
+
+
+def run(world_sizes, repeats: int, sizes=SIZES, memcpy_repeats: int = 9, warmup: int = 1):
+    """The sweep (a DataFrame, memcpy rows included as impl ``memcpy``), memcpy's 64 MiB bandwidth (mean of
+    before and after), the α-β fits and the phase breakdown {world size: {size: mean over ranks}}."""
     import pandas as pd
 
-    return pd.DataFrame(rows), memcpy, (mem, mem_after)
+    import mlsys_nb
+
+    big = min(64 * MiB, max(sizes))
+    before = comm.memcpy_bandwidth(nbytes=big, repeats=memcpy_repeats)
+    df = comm.sweep(
+        ops=("all_reduce",), sizes=sizes, world_sizes=world_sizes, impls=IMPLS, backend="gloo",
+        warmup=warmup, repeats=repeats, timeout=900, progress=False,
+    )  # fmt: skip
+    per_size = [comm.memcpy_bandwidth(nbytes=s, repeats=max(memcpy_repeats, 3)) for s in sizes]
+    after = comm.memcpy_bandwidth(nbytes=big, repeats=memcpy_repeats)
+    memcpy = (before.median_bytes_per_s + after.median_bytes_per_s) / 2
+    mem_rows = [
+        dict(op="memcpy", impl="memcpy", backend="", world_size=1, bytes=m.nbytes, median_s=m.nbytes / m.median_bytes_per_s,
+             q25_s=m.nbytes / m.q75_bytes_per_s, q75_s=m.nbytes / m.q25_bytes_per_s, min_s=np.nan,
+             algbw_Bps=m.median_bytes_per_s, busbw_Bps=m.median_bytes_per_s, repeats=m.repeats)
+        for m in per_size
+    ]  # fmt: skip
+    df = pd.concat([df, pd.DataFrame(mem_rows)], ignore_index=True)
+    fits = []
+    for (ws, impl), g in df[df.impl != "memcpy"].groupby(["world_size", "impl"]):
+        f = comm.fit_alpha_beta(g.bytes.values, g.median_s.values, "all_reduce", int(ws), "ring")
+        fits.append(dict(world_size=int(ws), impl=impl, alpha_us=f.alpha_s * 1e6, beta_GBps=f.beta_bytes_per_s / 1e9,
+                         median_rel_error=f.median_rel_error))  # fmt: skip
+    m = df[df.impl == "memcpy"]
+    f = comm.fit_alpha_beta(m.bytes.values, m.median_s.values, "broadcast", 2, "binomial_tree")  # T = α + S/β
+    fits.append(dict(world_size=1, impl="memcpy", alpha_us=f.alpha_s * 1e6, beta_GBps=f.beta_bytes_per_s / 1e9,
+                     median_rel_error=f.median_rel_error))  # fmt: skip
+    breakdown = {}
+    for ws in world_sizes:
+        at = [s for s in sizes if s >= BIG] or [max(sizes)]
+        per_rank = mlsys_nb.launch(phases, ws, args=(max(at), max(repeats, 3)), backend="gloo", output="quiet")
+        breakdown[ws] = {k: float(np.mean([r[k] for r in per_rank])) for k in per_rank[0]}
+    return df, memcpy, (before, after), pd.DataFrame(fits), breakdown
+
+
+def table(df, ws: int, memcpy: float):
+    """One world size: a row per size with every implementation's median, IQR and busbw, and the ratios."""
+    import pandas as pd
+
+    rows = []
+    for size, g in df[(df.world_size == ws)].groupby("bytes"):
+        r = {k: v for k, v in g.set_index("impl").iterrows()}
+        mem = df[(df.impl == "memcpy") & (df.bytes == size)].iloc[0]
+        row = {"size": _size(size)}
+        for impl in IMPLS:
+            row[f"{_name(impl)} ms"] = (
+                f"{r[impl].median_s * 1e3:.3g} ({r[impl].q25_s * 1e3:.3g}-{r[impl].q75_s * 1e3:.3g})"
+            )
+        row["memcpy ms"] = f"{mem.median_s * 1e3:.3g}"
+        for impl in IMPLS:
+            row[f"{_name(impl)} busbw GB/s"] = r[impl].busbw_Bps / 1e9
+        row["shm / memcpy"] = r["shm"].busbw_Bps / memcpy
+        row["shm / gloo"] = r["shm"].busbw_Bps / r["torch"].busbw_Bps
+        row["flags / barrier (time)"] = r["shm"].median_s / r["shm_barrier"].median_s
+        row["ring / gloo"] = r["ring"].busbw_Bps / r["torch"].busbw_Bps
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _size(b: int) -> str:
+    return f"{b // MiB} MiB" if b >= MiB else f"{b // KiB} KiB"
+
+
+def _name(impl: str) -> str:
+    return {"torch": "gloo", "shm": "shm flags", "shm_barrier": "shm barrier"}.get(impl, impl)
+
+
+def verdicts(df, world_sizes, memcpy: float) -> list[tuple[str, bool]]:
+    """The goals, per world size: (sentence, met)."""
+    out = []
+    for ws in world_sizes:
+        g = df[df.world_size == ws].pivot(index="bytes", columns="impl", values="busbw_Bps")
+        t = df[df.world_size == ws].pivot(index="bytes", columns="impl", values="median_s")
+        big = g[g.index >= BIG] if (g.index >= BIG).any() else g.tail(1)
+        out += [
+            (f"{ws} ranks: shm >= {GOAL_MEMCPY:.0%} of memcpy at >= 16 MiB (got {(big.shm / memcpy).min():.1%})",
+             bool((big.shm >= GOAL_MEMCPY * memcpy).all())),
+            (f"{ws} ranks: shm >= {GOAL_GLOO:g}x gloo busbw at >= 16 MiB (got {(big.shm / big.torch).min():.2f}x)",
+             bool((big.shm >= GOAL_GLOO * big.torch).all())),
+            (f"{ws} ranks: shm latency below gloo's at {_size(t.index.min())} "
+             f"({t.shm.iloc[0] * 1e6:.0f} vs {t.torch.iloc[0] * 1e6:.0f} µs)", bool(t.shm.iloc[0] < t.torch.iloc[0])),
+            (f"{ws} ranks: ring >= {RING_TARGET}x gloo busbw at >= 16 MiB (got {(big.ring / big.torch).min():.2f}x)",
+             bool((big.ring >= RING_TARGET * big.torch).all())),
+        ]  # fmt: skip
+    return out
+
+
+def breakdown_text(breakdown: dict, size: int) -> str:
+    lines = [f"Where the shared-memory all-reduce (flags) spends one call of {_size(size)} (ms, mean over ranks):", ""]
+    lines += ["| ranks | " + " | ".join(next(iter(breakdown.values()))) + " | copies / total |", "|---" * 7 + "|"]
+    for ws, ph in breakdown.items():
+        copies = ph["stage"] + ph["reduce"] + ph["gather"]
+        lines.append(
+            f"| {ws} | " + " | ".join(f"{v * 1e3:.2f}" for v in ph.values()) + f" | {copies / sum(ph.values()):.0%} |"
+        )
+    return "\n".join(lines)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--ranks", default="2,4", help="world sizes, comma-separated")
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--backend", default="auto")
-    ap.add_argument("--out", type=Path, default=None, help="write a markdown record here")
-    ap.add_argument("--quick", action="store_true", help="seconds: 2 ranks, 1 MiB only, 1 repeat; no target, no record")
-    a = ap.parse_args(argv)
-    info = machine()
-    if a.quick:
-        a.ranks, a.repeats, a.out = 2, 1, None
-    if a.quick:  # a smoke test of every code path: the smallest size, one memcpy of it before and after
-        table, memcpy, (m0, m1) = run(a.ranks, a.repeats, a.backend, (1 * MiB,), memcpy_bytes=MiB, memcpy_repeats=1)
-    else:
-        table, memcpy, (m0, m1) = run(a.ranks, a.repeats, a.backend)
-    text = table.to_markdown(index=False, floatfmt=".3g")
-    ratio_col = [c for c in table.columns if c.startswith("ring / ") and c != "ring / memcpy"][0]
-    ok = bool((table[table["size (MiB)"] >= 16][ratio_col] >= TARGET).all())
-    verdict = f"target ring >= {TARGET}x busbw at >= 16 MiB: {'MET' if ok else 'NOT MET'}"
-    print(text)
-    print(
-        f"memcpy bandwidth (copy into a preallocated {m0.nbytes // MiB} MiB tensor, median; before/after the run): "
-        f"{m0.median_bytes_per_s / 1e9:.2f} / {m1.median_bytes_per_s / 1e9:.2f} GB/s"
+    ap.add_argument("--out", type=Path, default=None, help="write a markdown record here (and a .csv beside it)")
+    ap.add_argument(
+        "--quick", action="store_true", help="seconds: 2 ranks, 4 KiB and 1 MiB, 1 repeat; no goals, no record"
     )
-    print(verdict)
+    a = ap.parse_args(argv)
+    world_sizes = [int(w) for w in str(a.ranks).split(",")]
+    sizes = SIZES
+    if a.quick:  # a smoke test of every code path
+        world_sizes, sizes, a.repeats, a.out = [2], (4 * KiB, MiB), 1, None
+    info = machine()
+    df, memcpy, (m0, m1), fits, breakdown = run(world_sizes, a.repeats, sizes, memcpy_repeats=1 if a.quick else 9)
+    tables = {ws: table(df, ws, memcpy).to_markdown(index=False, floatfmt=".3g") for ws in world_sizes}
+    fit_text = fits.to_markdown(index=False, floatfmt=".3g")
+    checks = verdicts(df, world_sizes, memcpy)
+    big = max(s for s in sizes if s >= BIG) if max(sizes) >= BIG else max(sizes)
+    lines = [
+        f"memcpy bandwidth (copy into a preallocated {m0.nbytes // MiB} MiB tensor, median; before/after the run): "
+        f"{m0.median_bytes_per_s / 1e9:.2f} / {m1.median_bytes_per_s / 1e9:.2f} GB/s; "
+        f"1-minute load average at the start: {info['load average (1 min)']} on {info['nproc']} cores",
+        "",
+    ]
+    for ws in world_sizes:
+        lines += [f"### {ws} ranks", "", "Times: median (IQR). busbw = size / time x 2(n-1)/n.", "", tables[ws], ""]
+    lines += ["### α-β fits (ring coefficients: T = 2(n-1)·α + 2(n-1)/n·S/β; memcpy T = α + S/β)", "", fit_text, ""]
+    lines += [breakdown_text(breakdown, big), ""]
+    lines += [f"- {text}: {'MET' if ok else 'NOT MET'}" for text, ok in checks]
+    print("\n".join(lines))
     if a.out:
-        lines = [
-            "# Collectives benchmark: from-scratch ring all-reduce vs torch.distributed",
-            "",
-            f"Regenerate: `.venv/bin/python benchmarks/collectives.py --ranks {a.ranks} "
-            f"--repeats {a.repeats} --out {a.out}`",
-            "",
-            "Machine: " + "; ".join(f"{k}: {v}" for k, v in info.items()) + ".",
-            "The machine was **shared with other agents' jobs** while this ran: absolute numbers are "
-            "noisy; the ratios come from one launch with the two implementations interleaved.",
-            "",
-            f"{a.ranks} ranks, float32, {a.repeats} timed repeats after 1 warm-up, time of a call = slowest "
-            "rank, median and interquartile range (IQR). busbw = size / time x 2(n-1)/n (nccl-tests). "
-            f"memcpy = {memcpy / 1e9:.2f} GB/s (mean of the medians before and after the sweep).",
-            "",
-            text,
-            "",
-            verdict,
-            "",
-        ]
-        a.out.write_text("\n".join(lines))
-        print("wrote", a.out)
-    return 0 if (ok or a.quick) else 1
+        write_record(a, info, lines)
+        df.to_csv(a.out.with_suffix(".csv"), index=False, float_format="%.6g")
+        print("wrote", a.out, "and", a.out.with_suffix(".csv"))
+    return 0 if (a.quick or all(ok for _, ok in checks)) else 1
+
+
+def write_record(a, info: dict, lines: list[str]) -> None:
+    """The markdown record: how to regenerate, the machine and its load, the results; earlier runs kept."""
+    old = a.out.read_text() if a.out.exists() else ""
+    history = old[old.index(HISTORY) :] if HISTORY in old else ""
+    head = [
+        "# Collectives benchmark: gloo vs the kit's ring vs a shared-memory all-reduce vs memcpy",
+        "",
+        f"Regenerate: `.venv/bin/python benchmarks/collectives.py --ranks {a.ranks} --repeats {a.repeats} --out {a.out}`",
+        "",
+        "Machine: " + "; ".join(f"{k}: {v}" for k, v in info.items()) + ".",
+        f"The machine was **shared with other jobs** while this ran (load average {info['load average (1 min)']} on "
+        f"{info['nproc']} cores): the ranks wait for cores as well as for each other, so absolute numbers are noisy "
+        "and the waits inflated; the ratios come from one launch per world size with the implementations "
+        "interleaved round-robin.",
+        "",
+        f"float32, {a.repeats} timed repeats after 1 warm-up, time of a call = slowest rank. memcpy = `dst.copy_(src)` "
+        "in the driver process (one core).",
+        "",
+    ]
+    a.out.write_text("\n".join(head + lines) + "\n\n" + history)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
   bytes/s), the physical ceiling for moving bytes between ranks on one machine.
 - ``sweep(ops, sizes, world_sizes, impls)``: every (collective, implementation, size) timed on real ranks, one
   ``mlsys_nb.launch`` per world size (``torch.distributed``'s own and the from-scratch algorithms of
-  ``collectives``, see ``IMPLEMENTATIONS``); a DataFrame with algbw and busbw from ``cost``.
+  ``collectives``, see ``IMPLEMENTATIONS``; ``shm`` / ``shm_barrier``: ``comm.shm.ShmAllReduce`` with flags /
+  barriers, CPU ranks of one host); a DataFrame with algbw and busbw from ``cost``.
 
 Both are re-exported by ``mlsys_nb.comm`` (``comm.sweep``, ``comm.memcpy_bandwidth``; notebook 04). Seconds come
 from ``runtime.timing``; ``cost`` holds the closed forms they are compared with.
@@ -58,7 +59,7 @@ def memcpy_bandwidth(nbytes: int = 64 << 20, repeats: int = 9, warmup: int = 2, 
 
 
 IMPLEMENTATIONS = {
-    "all_reduce": ("torch", "ring", "tree", "recursive_doubling"),
+    "all_reduce": ("torch", "ring", "tree", "recursive_doubling", "shm", "shm_barrier"),
     "all_gather": ("torch", "ring"),
     "reduce_scatter": ("torch", "ring"),
     "all_to_all": ("torch", "pairwise"),
@@ -66,9 +67,10 @@ IMPLEMENTATIONS = {
 }
 
 
-def _make_call(op, impl, nbytes, n, device, dtype, comm):
+def _make_call(op, impl, nbytes, n, device, dtype, comm, shm=None):
     """A zero-argument callable doing one collective of ``nbytes`` (nccl-tests' S) and the bytes
-    actually used (rounded to whole elements divisible by n where the op needs it)."""
+    actually used (rounded to whole elements divisible by n where the op needs it). ``shm``: a dict in which
+    the shared-memory all-reduces are made once per sweep (a collective call: every rank makes the same)."""
     import torch
     import torch.distributed as dist
 
@@ -89,6 +91,12 @@ def _make_call(op, impl, nbytes, n, device, dtype, comm):
             "tree": lambda: C.tree_all_reduce(x, comm),
             "recursive_doubling": lambda: C.recursive_doubling_all_reduce(x, comm),
         }
+        if impl in ("shm", "shm_barrier") and shm is not None:
+            from .shm import ShmAllReduce
+
+            sync = "flags" if impl == "shm" else "barrier"
+            reduce = shm[impl] = shm.get(impl) or ShmAllReduce(sync=sync)
+            fns[impl] = lambda: reduce(x)
     elif op == "all_gather":
         inp = torch.zeros(numel // n, dtype=dtype, device=device)
         fns = {"torch": lambda: _all_gather_single(x, inp), "ring": lambda: C.ring_all_gather(inp, comm)}
@@ -124,7 +132,8 @@ def _sweep_worker(cases, warmup: int, repeats: int, dtype_name: str):
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     comm = C.CountingComm(count=False)
     n = dist.get_world_size()
-    calls = [_make_call(op, impl, nbytes, n, dev, dtype, comm) for op, impl, nbytes in cases]
+    shm = {}  # the shared-memory all-reduces, made on first use and closed at the end
+    calls = [_make_call(op, impl, nbytes, n, dev, dtype, comm, shm) for op, impl, nbytes in cases]
     for fn, _ in calls:
         for _ in range(warmup):
             fn()
@@ -137,6 +146,8 @@ def _sweep_worker(cases, warmup: int, repeats: int, dtype_name: str):
                 fn()
                 sync()
             times[i].append(t.seconds)
+    for reduce in shm.values():
+        reduce.close()
     return [(op, impl, int(nbytes), used, t) for (op, impl, nbytes), (_, used), t in zip(cases, calls, times)]
 
 
