@@ -251,6 +251,17 @@ class RowParallelLinear(nn.Module):
 # ---------------------------------------------------------------------------------------------
 # 3. Megatron MLP and attention
 # ---------------------------------------------------------------------------------------------
+def _enter_exit_pair(cfg: ModelConfig, fused_out: int, inner: int, sequence_parallel, regather, group):
+    """Megatron's pair around a TP region: a column-parallel ``cfg.hidden -> fused_out`` linear (the
+    ``enter_tp``; several projections fused into one matmul) and a row-parallel ``inner -> cfg.hidden`` linear
+    (the ``exit_tp``), both with ``cfg.bias``. Returns ``(column, row)``."""
+    column = ColumnParallelLinear(
+        cfg.hidden, fused_out, bias=cfg.bias, sequence_parallel=sequence_parallel, regather=regather, group=group
+    )
+    row = RowParallelLinear(inner, cfg.hidden, bias=cfg.bias, sequence_parallel=sequence_parallel, group=group)
+    return column, row
+
+
 def _fused_shard_map(linear: ColumnParallelLinear, names: list[str], sizes: list[int], prefix: str) -> dict:
     """The shard map of a fused (concatenated) column-parallel ``linear``, e.g. q | k | v: its local rows
     hold the parts ``names`` of ``sizes`` rows each, and each part is this rank's slice of a separate full
@@ -276,16 +287,8 @@ class TPMLP(nn.Module):
             raise ValueError(f"ffn_hidden={cfg.ffn_hidden} must be divisible by tp={t}")
         self.cfg, self.group, self.ffn_local = cfg, group, cfg.ffn_hidden // t
         n_in = 2 if cfg.activation == "swiglu" else 1  # gate and up share one gathered input
-        self.fc1 = ColumnParallelLinear(
-            cfg.hidden,
-            n_in * cfg.ffn_hidden,
-            bias=cfg.bias,
-            sequence_parallel=sequence_parallel,
-            regather=regather,
-            group=group,
-        )
-        self.down_proj = RowParallelLinear(
-            cfg.ffn_hidden, cfg.hidden, bias=cfg.bias, sequence_parallel=sequence_parallel, group=group
+        self.fc1, self.down_proj = _enter_exit_pair(
+            cfg, n_in * cfg.ffn_hidden, cfg.ffn_hidden, sequence_parallel, regather, group
         )
 
     def forward(self, x):
@@ -322,16 +325,8 @@ class TPAttention(nn.Module):
         self.cfg, self.attn_impl, self.group = cfg, attn_impl, group
         self.heads, self.kv_heads = cfg.n_heads // t, cfg.n_kv_heads // t
         self.sizes = [self.heads * cfg.head_dim, self.kv_heads * cfg.head_dim, self.kv_heads * cfg.head_dim]
-        self.qkv = ColumnParallelLinear(
-            cfg.hidden,
-            cfg.q_dim + 2 * cfg.kv_dim,
-            bias=cfg.bias,
-            sequence_parallel=sequence_parallel,
-            regather=regather,
-            group=group,
-        )
-        self.o_proj = RowParallelLinear(
-            cfg.q_dim, cfg.hidden, bias=cfg.bias, sequence_parallel=sequence_parallel, group=group
+        self.qkv, self.o_proj = _enter_exit_pair(
+            cfg, cfg.q_dim + 2 * cfg.kv_dim, cfg.q_dim, sequence_parallel, regather, group
         )
 
     def forward(self, x, cos, sin):
