@@ -214,15 +214,18 @@ def mesh_tiny_config(hidden=32, n_layers=4, n_heads=8, vocab=64, seq_len=16):
     )
 
 
-def _token_batches(cfg, rows: int, dp: int, seq: int):
-    """``batch(generator)``: random tokens [rows·dp, seq + 1] split into inputs and next-token targets."""
+def _token_setup(model, ref, step, max_err, cfg, mesh: Mesh, rows: int, seq: int) -> _Setup:
+    """The ``_Setup`` of a language model on random tokens: ``model``'s parameters trained by ``step``, the
+    single-process ``ref`` (a ``Transformer``: called with targets it returns its loss) the reference and its loss;
+    ``batch(generator)``: random tokens [rows·dp, seq + 1] split into inputs and next-token targets."""
     import torch
 
     def batch(g):
-        tokens = torch.randint(0, cfg.vocab_size, (rows * dp, seq + 1), generator=g)
+        tokens = torch.randint(0, cfg.vocab_size, (rows * mesh.size("dp"), seq + 1), generator=g)
         return tokens[:, :-1], tokens[:, 1:]
 
-    return batch
+    params = list(model.parameters())
+    return _Setup(params, ref, step, ref_loss=ref, batch=batch, rows=rows, max_err=max_err)
 
 
 def _tp_dp(mesh: Mesh, seed: int, batch: int = 4, seq: int = 16) -> _Setup:
@@ -251,15 +254,7 @@ def _tp_dp(mesh: Mesh, seed: int, batch: int = 4, seq: int = 16) -> _Setup:
         errs = compare_with_full(model, {n: p.detach() for n, p in ref.named_parameters()}, grads=False, group=tp_g)
         return max(errs.values()), len(errs)
 
-    return _Setup(
-        params=list(model.parameters()),
-        ref=ref,
-        step=step,
-        ref_loss=ref,
-        batch=_token_batches(cfg, batch, mesh.size("dp"), seq),
-        rows=batch,
-        max_err=max_err,
-    )
+    return _token_setup(model, ref, step, max_err, cfg, mesh, batch, seq)
 
 
 def _torch_fsdp_tp(mesh: Mesh, seed: int, batch: int = 4, seq: int = 16) -> _Setup:
@@ -304,15 +299,7 @@ def _torch_fsdp_tp(mesh: Mesh, seed: int, batch: int = 4, seq: int = 16) -> _Set
             err = max(err, (full.detach() - ref_params[n].detach()).abs().max().item())
         return err, len(ref_params)
 
-    return _Setup(
-        params=list(model.parameters()),
-        ref=ref,
-        step=step,
-        ref_loss=ref,
-        batch=_token_batches(cfg, batch, mesh.size("dp"), seq),
-        rows=batch,
-        max_err=max_err,
-    )
+    return _token_setup(model, ref, step, max_err, cfg, mesh, batch, seq)
 
 
 def _tp_stage_block(cfg, full_block, tp_group):
