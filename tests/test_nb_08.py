@@ -18,7 +18,7 @@ def test_pipeline_notebook_three_ranks():
     assert [line for line in text.splitlines() if line.startswith("skipping")] == [
         "skipping dualpipe: dualpipe needs an even number of ranks p, got p=3"
     ]
-    assert_exercises_passed(text, 1)
+    assert_exercises_passed(nb, 1)
 
 
 @pytest.mark.notebook
