@@ -20,6 +20,8 @@ from mlsys_nb.runtime import RankError
 BUFFER = 4096  # bytes: small, so the larger sizes below go through in several chunks
 NUMELS = (1, 3, 1001, 3 * 1024 + 5)  # odd sizes; the last is 12 KiB of float32 (3+ chunks), 6 KiB of bf16
 DTYPES = ("float32", "bfloat16", "float16")
+VARIANTS = (("flags", 0), ("barrier", 0), ("flags", 1024))  # (sync, one_shot_bytes): two-shot, and one-shot
+# for chunks up to 1 KiB (the 1-, 3- and 1001-element bf16/fp16 ones; odd-sized two-shot slices otherwise)
 
 
 def _gone(name: str) -> bool:
@@ -39,8 +41,8 @@ def _equality_checks(numels, dtypes, buffer_bytes):
 
     rank, n = dist.get_rank(), dist.get_world_size()
     out, names = {}, []
-    for sync in ("flags", "barrier"):
-        shm = ShmAllReduce(sync=sync, buffer_bytes=buffer_bytes, timeout=30)
+    for sync, one_shot in VARIANTS:
+        shm = ShmAllReduce(sync=sync, buffer_bytes=buffer_bytes, one_shot_bytes=one_shot, timeout=30)
         names += shm.names
         for dtype in (getattr(torch, d) for d in dtypes):
             for numel in numels:
@@ -55,7 +57,7 @@ def _equality_checks(numels, dtypes, buffer_bytes):
                     stated = sum(peers[1:], peers[0]).to(dtype)  # ((x0 + x1) + x2) + x3 in float32, rounded once
                     y = x.clone()
                     assert shm(y) is y  # in place
-                    key = (sync, str(dtype), numel, kind)
+                    key = (sync, one_shot, str(dtype), numel, kind)
                     out[key + ("stated order, bit for bit",)] = bool(torch.equal(y, stated))
                     if kind == "integers":
                         out[key + ("equal to dist.all_reduce",)] = bool(torch.equal(y, ref))
@@ -64,7 +66,9 @@ def _equality_checks(numels, dtypes, buffer_bytes):
                         out[key + ("close to dist.all_reduce",)] = bool(torch.allclose(y, ref, rtol=tol, atol=tol * n))
         x = torch.arange(12.0).reshape(3, 4).t() + rank  # not contiguous, averaged
         shm(x, "avg")
-        out[(sync, "avg, non-contiguous")] = bool(torch.equal(x, torch.arange(12.0).reshape(3, 4).t() + (n - 1) / 2))
+        out[(sync, one_shot, "avg, non-contiguous")] = bool(
+            torch.equal(x, torch.arange(12.0).reshape(3, 4).t() + (n - 1) / 2)
+        )
         shm.close()
     return out, names
 
@@ -81,13 +85,13 @@ def test_equal_to_dist_all_reduce_and_to_the_stated_order(equality):
     for rank, (checks, _) in enumerate(per_rank):
         failed = [k for k, ok in checks.items() if not ok]
         assert not failed, f"{n} ranks, rank {rank}: {failed}"
-        assert len(checks) == 2 * (len(DTYPES) * len(NUMELS) * 4 + 1)
+        assert len(checks) == len(VARIANTS) * (len(DTYPES) * len(NUMELS) * 4 + 1)
 
 
 def test_no_segment_name_is_left(equality):
     _, per_rank = equality
     names = per_rank[0][1]
-    assert len(set(names)) == len(names) == 2 * len(per_rank)  # one segment per rank, per group
+    assert len(set(names)) == len(names) == len(VARIANTS) * len(per_rank)  # one segment per rank, per group
     assert all(_gone(name) for name in names), "a shared-memory segment outlived its setup"
 
 
@@ -155,7 +159,7 @@ def test_the_flag_before_the_data_gives_wrong_sums():
         want = torch.full((64,), float(sum(range(1, n + 1))))
         sums = {}
         for cls in (ShmAllReduce, FlagFirst):
-            with cls(sync="flags") as shm:
+            with cls(sync="flags", one_shot_bytes=0) as shm:  # two-shot: rank 0 reads rank 1's wrong slice
                 sums[cls.__name__] = [bool(torch.equal(shm(torch.full((64,), rank + 1.0)), want)) for _ in range(2)]
         return sums
 
