@@ -186,42 +186,30 @@ def _simulate(sched, F, B, W, comm, FB, imbalance, a2a=0.0) -> SimResult:
         while i < n:
             dur, key, dep, lat, key2, dep2, lat2 = ops[i]
             st = t
-            if dep >= 0:
-                e = end[dep]
-                if e < 0:
-                    if waiting[dep] is None:
-                        waiting[dep] = [r]
-                    else:
-                        waiting[dep].append(r)
-                    break
-                e += lat * comm
-                if e > st:
-                    st = e
-            if dep2 >= 0:
-                e = end[dep2]
-                if e < 0:
-                    if waiting[dep2] is None:
-                        waiting[dep2] = [r]
-                    else:
-                        waiting[dep2].append(r)
-                    break
-                e += lat2 * comm
-                if e > st:
-                    st = e
-            t = st + dur
-            st_r.append(st)
-            end[key] = t
-            w = waiting[key]
-            if w is not None:
-                ready.extend(w)
-                waiting[key] = None
-            if key2 >= 0:
-                end[key2] = t
-                w = waiting[key2]
-                if w is not None:
-                    ready.extend(w)
-                    waiting[key2] = None
-            i += 1
+            for d, cross in ((dep, lat), (dep2, lat2)):  # the op's dependencies (-1: none)
+                if d >= 0:
+                    e = end[d]
+                    if e < 0:  # not finished yet: rank r waits for it
+                        if waiting[d] is None:
+                            waiting[d] = []
+                        waiting[d].append(r)
+                        break
+                    e += cross * comm
+                    if e > st:
+                        st = e
+            else:  # all dependencies finished: the op runs (an FB pair ends two ops: key, key2), its waiters wake
+                t = st + dur
+                st_r.append(st)
+                for k in (key, key2):
+                    if k >= 0:
+                        end[k] = t
+                        w = waiting[k]
+                        if w is not None:
+                            ready.extend(w)
+                            waiting[k] = None
+                i += 1
+                continue
+            break
         ptr[r], free[r] = i, t
     stuck = {r: str(sched.compute[r][ptr[r]]) for r in range(sched.p) if ptr[r] < len(rows[r])}
     if stuck:
