@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 from test_notebook_imports import NOTEBOOKS, _python
 
+import mlsys_nb.kernels  # noqa: F401  (at collection: sets TRITON_INTERPRET before any test imports triton)
+
 MAX_LINES = 60
 KIT = ("mlsys_nb",)
 
