@@ -4,7 +4,7 @@ kernels of another capability (the quick ladder trains there)."""
 
 import pytest
 
-from nbrun import assert_exercises_passed, other_capability, printed_text, run_notebook
+from nbrun import assert_exercises_passed, other_capability, passed_labels, printed_text, recorded_checks, run_notebook
 
 
 @pytest.mark.notebook
@@ -25,7 +25,8 @@ def test_compute_and_scaling_laws_notebook_other_preset_three_ranks():
     assert "llama-3.1-8b: 8,030,261,248 parameters" in text  # Llama Team 2024 Table 3 shape, exact count
     assert "FlopCounterMode == formula, exactly, forward and backward" in text
     assert "runs on 3 ranks" in text
-    assert_exercises_passed(text, 2)
+    assert_exercises_passed(nb, 2)
     assert "closed form OK" in text
-    assert "check passed: all 4 fresh runs (seed 2) fall inside the stored fit's prediction band" in text
-    assert text.count("margin: fresh run") == 4, text
+    assert "all 4 fresh runs (seed 2) fall inside the stored fit's prediction band" in passed_labels(nb)
+    margins = [m["label"] for m in recorded_checks(nb, "margin")]
+    assert sum(label.startswith("fresh run") for label in margins) == 4, margins
