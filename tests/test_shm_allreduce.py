@@ -226,3 +226,36 @@ def test_the_kit_all_reduces_through_shared_memory_with_the_same_results():
         assert out["ddp: buckets"] >= 2 and out["ddp: shm calls"] == out["ddp: buckets"], (rank, out)
         assert out["ddp: grads equal"], (rank, out)
         assert out["tp: shm calls"] == 2 and out["tp: equal"], (rank, out)  # g forward, f backward
+
+
+def test_a_peer_one_chunk_ahead_is_fine_and_different_sizes_are_refused():
+    """One-shot chunks have one wait, so a fast peer may stage the next chunk (other buffer, other size) while
+    this rank still checks the sizes of the current one: that is no mismatch. Ranks passing different sizes
+    are refused with a ValueError naming both sizes."""
+
+    def body():
+        import time
+
+        import torch
+        import torch.distributed as dist
+
+        class SlowAfterWaits(ShmAllReduce):
+            def wait(self, flag, what):
+                super().wait(flag, what)
+                if self.rank == 0:
+                    time.sleep(0.2)  # rank 1 runs ahead into the next call meanwhile
+
+        rank, out = dist.get_rank(), {}
+        with SlowAfterWaits(sync="flags") as shm:
+            sums = [shm(torch.ones(numel)) for numel in (10, 20, 30, 40)]
+            out["ahead"] = [bool(torch.equal(s, torch.full_like(s, 2.0))) for s in sums]
+        with ShmAllReduce(sync="flags") as shm:
+            try:
+                shm(torch.ones(10 + 10 * rank))
+            except ValueError as e:
+                out["mismatch"] = str(e)
+        return out
+
+    for out in mlsys_nb.launch(body, 2, backend="gloo", timeout=60):
+        assert out["ahead"] == [True] * 4
+        assert "all-reduces a chunk of" in out["mismatch"] and "every rank must pass the same numel" in out["mismatch"]

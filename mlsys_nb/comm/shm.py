@@ -81,7 +81,7 @@ __all__ = ["ShmAllReduce", "ShmTimeoutError", "SYNCS", "DTYPES", "shm_all_reduce
 
 SYNCS = ("auto", "flags", "barrier")
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64)
-HEADER = 4096  # bytes before the data buffers: int64 slots FLAG, NONCE, PID, NUMEL
+HEADER = 4096  # bytes before the data buffers: int64 slots FLAG, NONCE, PID, NUMEL (+0, +1: one per buffer)
 FLAG, NONCE, PID, NUMEL = 0, 1, 2, 3
 SPIN_S, POLL_S = 50e-6, 20e-6  # a wait spins this long, then polls at this period (seconds)
 PHASES = ("stage", "wait staged", "reduce", "wait reduced", "gather")
@@ -150,8 +150,8 @@ class ShmAllReduce:
         mine = shared_memory.SharedMemory(create=True, size=HEADER + 2 * self.buffer_bytes)
         try:
             nonce = secrets.randbits(62)
-            header = np.ndarray((4,), np.int64, buffer=mine.buf)
-            header[:] = (0, nonce, os.getpid(), 0)
+            header = np.ndarray((5,), np.int64, buffer=mine.buf)
+            header[:] = (0, nonce, os.getpid(), 0, 0)
             del header
             me = (socket.gethostname(), _boot_id(), mine.name, nonce)
             peers = [None] * self.world
@@ -172,7 +172,7 @@ class ShmAllReduce:
         finally:
             mine.unlink()  # the name goes now; the mappings live on until the last process unmaps or dies
         self._segments = segments
-        self._flags = [np.ndarray((4,), np.int64, buffer=s.buf) for s in segments]
+        self._flags = [np.ndarray((5,), np.int64, buffer=s.buf) for s in segments]
         self._raw = [
             torch.frombuffer(s.buf, dtype=torch.uint8, count=2 * self.buffer_bytes, offset=HEADER) for s in segments
         ]
@@ -241,13 +241,15 @@ class ShmAllReduce:
         n, me, m = self.world, self.rank, chunk.numel()
         if n == 1:
             return
-        bufs = [v[:m] for v in self._buffers(chunk.dtype, self.chunks % 2)]
+        which = self.chunks % 2
+        bufs = [v[:m] for v in self._buffers(chunk.dtype, which)]
         self.chunks += 1
         clock = _Clock(self.phase_s)
-        self._flags[me][NUMEL] = m
+        self._flags[me][NUMEL + which] = m  # one slot per buffer: a peer may be one chunk ahead
         self.publish(bufs[me], chunk, self.seq + 1)  # 1. stage: my data, then my flag
         clock("stage")
-        self.wait(self.seq + 1, "staged its input", m)
+        self.wait(self.seq + 1, "staged its input")
+        self._check_numel(NUMEL + which, m)
         clock("wait staged")
         if m * chunk.element_size() <= self.one_shot_bytes:  # one-shot: I sum the whole chunk myself
             chunk.copy_(self._sum(bufs, 0, m))
@@ -302,7 +304,7 @@ class ShmAllReduce:
         """Store ``flag`` in my header (one aligned 8-byte store, seen whole by the peers)."""
         self._flags[self.rank][FLAG] = flag
 
-    def wait(self, flag: int, what: str, numel: int | None = None) -> None:
+    def wait(self, flag: int, what: str) -> None:
         """Until every peer's flag reads ``>= flag`` (or a barrier, with ``sync="barrier"``); else a timeout."""
         if self.sync == "barrier":
             dist.barrier(group=self.group)
@@ -319,13 +321,15 @@ class ShmAllReduce:
                             f"{self.rank} waits for {flag}): it died, hangs, or skipped this all-reduce"
                         )
                     _pause(waited)
-        if numel is not None:
-            for r in range(self.world):
-                if int(self._flags[r][NUMEL]) != numel:
-                    raise ValueError(
-                        f"ShmAllReduce: rank {r} all-reduces a chunk of {int(self._flags[r][NUMEL])} elements, rank "
-                        f"{self.rank} one of {numel}: every rank must pass the same numel and dtype"
-                    )
+
+    def _check_numel(self, slot: int, numel: int) -> None:
+        """Every peer staged a chunk of ``numel`` elements too (else the ranks called with different tensors)."""
+        for r in range(self.world):
+            if int(self._flags[r][slot]) != numel:
+                raise ValueError(
+                    f"ShmAllReduce: rank {r} all-reduces a chunk of {int(self._flags[r][slot])} elements, rank "
+                    f"{self.rank} one of {numel}: every rank must pass the same numel and dtype"
+                )
 
 
 class _Clock:
