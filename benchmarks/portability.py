@@ -224,7 +224,9 @@ def quick() -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--notebooks", nargs="+", default=["05b", "09", "11", "17", "18", "19", "21", "22", "23", "24"])
+    ap.add_argument(
+        "--notebooks", nargs="+", default=["05b", "09", "11", "17", "18", "19", "21", "22", "23", "24", "25"]
+    )
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3])
     ap.add_argument("--capabilities", nargs="+", default=list(CPU_CAPABILITIES), choices=CPU_CAPABILITIES)
     ap.add_argument("--quick", action="store_true", help="one synthetic notebook under 'default'; writes nothing")
