@@ -45,7 +45,7 @@ def _exec_file(src: str, ns: dict, path: Path) -> dict:
 def _exercise(nb_name: str, k: int) -> tuple[str, str, str]:
     """(stub, solution, check) sources of exercise k of a notebook."""
     cells = _cells(ROOT / "notebooks" / nb_name)
-    i = next(i for i, c in enumerate(cells) if f"check passed: exercise {k}" in _src(c))
+    i = next(i for i, c in enumerate(cells) if re.search(rf'passed\(\s*f?"exercise {k}\b', _src(c)))
     assert "solution" in cells[i - 1]["metadata"].get("tags", []), (nb_name, k)
     return _src(cells[i - 2]), _src(cells[i - 1]), _src(cells[i])
 
@@ -179,7 +179,9 @@ def _run_check(check: str, ns: dict) -> str:
 
 
 def _namespace(nb_name: str, tmp_path: Path) -> dict:
-    ns = {"np": np, "seed": 3, "solutions": True, "exercise": exercise, "attempted": attempted}
+    from mlsys_nb import passed
+
+    ns = {"np": np, "seed": 3, "solutions": True, "exercise": exercise, "attempted": attempted, "passed": passed}
     if nb_name.startswith("11"):
         from mlsys_nb import flops, scaling
 
