@@ -50,7 +50,10 @@ def test_same_seed_same_question_and_settings_are_validated():
 def test_rule_shown_and_no_empty_axes_before_an_answer(w):
     assert "first" in w.rule.value and "Check" in w.rule.value  # the scoring rule is on the tab
     assert w.image.layout.display == "none" and "after your first answer" in w.placeholder.value
-    w.answer("no such answer")
+    w.answer("no such answer")  # unreadable: not an attempt (issue 53), so still no score to draw
+    assert w.image.layout.display == "none" and not w.results
+    q = w.question
+    w.answer(q.choices[1 - q.choices.index(q.answer)] if q.is_choice else q.answer * 3)
     assert w.image.layout.display is None and w.placeholder.layout.display == "none"
     assert w.clock.value == "" and not w.ticker.playing  # no clock outside a mock interview
 
@@ -85,3 +88,18 @@ def test_mock_interview_clock_and_summary_by_topic(monkeypatch):
         a, c = want.get(r["topic"], (0, 0))
         want[r["topic"]] = (a + 1, c + ok)
     assert summary == {t: f"{c}/{a}" for t, (a, c) in want.items()}
+
+
+@pytest.mark.parametrize("unreadable", ["banana", "12 ms", ""])
+def test_an_unreadable_answer_does_not_use_up_the_first_attempt(unreadable):
+    """ "banana" (or a time for a question in bytes) is refused with the reason and can be entered again:
+    the answer after it is the first attempt the score counts."""
+    w = PracticeWidget(topic="memory", seed=3)
+    q = w.question
+    assert not q.is_choice and q.unit == "bytes"
+    r = w.answer(unreadable)
+    assert not r.ok and r.value is None
+    assert "Not counted" in w.feedback.value and "enter your answer again" in w.feedback.value
+    assert w.results == [] and "0/0" in w.stats.value
+    assert w.answer(q.answer_response()).ok
+    assert "1/1" in w.stats.value and w.table().loc["memory", "correct"] == 1

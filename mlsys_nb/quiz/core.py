@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..config import check_choice, check_int
-from .units import UNITS, UnitError, fmt, parse
+from .units import UNITS, UnitError, fmt, readings
 
 TOPICS = {  # topic -> (title, notebook that teaches it)
     "comm": ("Collectives and the α-β model", "notebooks/03_collectives.ipynb, 04_communication_cost.ipynb"),
@@ -109,12 +109,14 @@ class Question:
         if self.is_choice:
             return self._check_choice(response)
         try:
-            value = parse(response, self.unit)
+            values = readings(response, self.unit)
         except UnitError as e:
             return CheckResult(False, None, str(e))
         ans = float(self.answer)
-        if _close(value, ans, self.tolerance):
-            return CheckResult(True, value, f"correct: {fmt(ans, self.unit)}")
+        for value in values:  # an ambiguous "10 B" in a count question: billions, or bytes counted
+            if _close(value, ans, self.tolerance):
+                return CheckResult(True, value, f"correct: {fmt(ans, self.unit)}")
+        value = values[0]
         ratio = value / ans if ans else math.inf
         for factor, hint in (*self.diagnostics, *_GENERIC):
             if _close(ratio, factor, self.tolerance):

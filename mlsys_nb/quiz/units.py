@@ -3,6 +3,11 @@
 ``parse(text, unit)`` returns the number in the question's ``unit`` (one of ``UNITS``). A response
 without a unit is read in the question's unit; a unit of another dimension (``"12 ms"`` for a
 question in bytes) raises ``UnitError`` with a message, it is never converted silently.
+
+Everything a key prints reads back: ``fmt``'s ``"28 GB (2.8e+10 B = 26.08 GiB)"`` (the part before
+the parenthesis is read), ``"0.35 (35%)"``, ``"10 count"``. In a count question a bare ``B`` is
+ambiguous: ``"7 B"`` parameters is 7 billion, but the bytes-per-parameter key prints ``"10 B"``
+(ten bytes); ``readings`` returns both, and ``Question.check`` accepts either.
 """
 
 from __future__ import annotations
@@ -81,17 +86,27 @@ UNITS = {
 _NUM = re.compile(r"^\s*([+-]?(?:\d[\d,_]*\.?\d*|\.\d+)(?:e[+-]?\d+)?)\s*(.*?)\s*$", re.IGNORECASE)
 
 
+_PAREN = re.compile(r"\s+\([^()]*\)\s*$")  # a trailing " (...)" after a value
+
+
 class UnitError(ValueError):
     """The response's unit does not measure what the question asks (or cannot be read)."""
 
 
 def parse(text, unit: str) -> float:
     """The number ``text`` means, expressed in ``unit`` (a key of ``UNITS``)."""
+    return readings(text, unit)[0]
+
+
+def readings(text, unit: str) -> list[float]:
+    """Every number ``text`` can mean in ``unit``, the usual reading first: one, except a count
+    written with a bare ``B`` (``"10 B"``: 10 billion, or 10 counted bytes as a key prints them)."""
     check_choice("unit", unit, UNITS)
     dim, base = UNITS[unit]
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return float(text)
+        return [float(text)]
     s = str(text).strip().replace("\u2009", " ").replace("\u00a0", " ")
+    s = _PAREN.sub("", s)  # a key's "28 GB (2.8e+10 B = 26.08 GiB)": the part before the parenthesis
     if s.startswith("$"):
         s = s[1:] + " $"
     m = _NUM.match(s)
@@ -100,10 +115,12 @@ def parse(text, unit: str) -> float:
     value = float(m.group(1).replace(",", "").replace("_", ""))
     suffix = m.group(2).strip()
     if not suffix:
-        return value
+        return [value]
     key = suffix.lower().replace(" ", "")
     if key == unit.lower().replace(" ", ""):  # the question's own unit name ("62 count", "3 micro-batches")
-        return value
+        return [value]
+    if dim == "count" and key == "b":  # "7 B" parameters, or a key's "10 B" (bytes per parameter)
+        return [value * 1e9 / base, value / base]
     if dim == "count" and key[:1] in _COUNT_SUFFIX and key[1:] in ("", "tokens", "params"):
         rdim, f = dim, _COUNT_SUFFIX[key[:1]]  # "7B" parameters, "1.4T tokens"
     elif key in UNIT_TABLE:
@@ -121,7 +138,7 @@ def parse(text, unit: str) -> float:
             f"{text!r} is in {suffix!r} ({rdim}), but this question asks for {unit} ({dim}): "
             f"not converted, answer in {unit}"
         )
-    return value * f / base
+    return [value * f / base]
 
 
 def fmt(value: float, unit: str) -> str:

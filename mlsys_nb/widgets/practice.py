@@ -4,7 +4,8 @@ then a table by topic). The widget computes nothing itself: questions, keys and 
 ``mlsys_nb.quiz``.
 
 Scoring rule (shown on the tab): only the first Check of each question counts; a Reveal before it
-counts as wrong; later Checks give feedback but leave the score alone.
+counts as wrong; later Checks give feedback but leave the score alone. A Check the checker cannot read
+(no number, a unit of another quantity, not an option) is not an attempt: the feedback says why.
 
 ``PracticeWidget().widget`` is the ipywidgets container; ``state()``/``set_state()``, ``figure``
 (correct / attempted per topic), ``table()`` and ``error`` follow the dashboard protocol
@@ -27,7 +28,8 @@ from .base import Panel
 DEFAULTS = {"topic": "any", "difficulty": "any", "seed": 0, "mode": "practice", "mock_n": 5}
 RULE = (
     "<small><b>Scoring:</b> only your <b>first</b> Check of each question counts (a Reveal before it counts "
-    "as wrong); later Checks show feedback but do not change the score.</small>"
+    "as wrong); later Checks show feedback but do not change the score. An answer that cannot be read "
+    "(no number, a unit of another quantity) is not counted: enter it again.</small>"
 )
 NO_ANSWER_YET = "<i>The score by topic appears here after your first answer.</i>"
 
@@ -295,11 +297,19 @@ class PracticeWidget(Panel):
             self.results.append(cur)
 
     def answer(self, text: str):
-        """Check ``text`` against the current question; the first check is what the score counts."""
+        """Check ``text`` against the current question; the first check the checker can read is what the
+        score counts (an unreadable answer, e.g. ``"banana"`` or a unit of another quantity, is refused with
+        the reason and can be entered again)."""
         if self.error is not None or self.question is None:
             return None
         self.answer_box.value = str(text)
         r = self.question.check(text)
+        if r.value is None:  # unreadable ("banana", "12 ms" for bytes, not an option): not an attempt
+            self.feedback.value = (
+                f"<b style='color:#D55E00'>?</b> {html.escape(r.feedback)}<br><i>Not counted as an attempt: "
+                "enter your answer again.</i>"
+            )
+            return r
         if self._current is not None and not self._current["checked"]:
             self._current["ok"] = r.ok and not self._current["revealed"]
             self._record()
