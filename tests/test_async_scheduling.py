@@ -119,7 +119,7 @@ def test_stale_token_breaks_the_equality(model, monkeypatch):
                 nxt[1].tokens[0, off] = seq.token_ids[-2]
             off += n
 
-    monkeypatch.setattr(AsyncLLMEngine, "_fill_in", stale_fill_in)
+    monkeypatch.setattr(AsyncLLMEngine, "fill_in", stale_fill_in)
     sync, asy, eng = both(model, reqs, **kw)
     assert asy != sync, "feeding the stale token should have changed the outputs"
     eng.close()

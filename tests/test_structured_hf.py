@@ -105,7 +105,7 @@ def test_token_bytes_match_the_tokenizer(setup):
         assert tok.decode(ids).encode() == got.removeprefix(b" " if strips else b"")
         rng.shuffle(ids)  # any sequence that is valid UTF-8: decode gives exactly the concatenated bytes
         got = b"".join(tb[i] for i in ids)
-        if tk._utf8(got) is not None:
+        if tk.utf8_text(got) is not None:
             assert tok.decode(ids).encode() == (got.removeprefix(b" ") if strips else got)
     if kind != "byte_level":
         assert tb[tok.convert_tokens_to_ids("<0x0A>")] == b"\n"
@@ -162,7 +162,7 @@ def test_wrong_byte_derivation_is_caught(monkeypatch):
     disagree with decode: the verification rejects it, and unverified the outputs stop matching."""
     tok = byte_level_bpe()
     model = hf_model("qwen2", len(tok), tok.eos_token_id)
-    monkeypatch.setattr(tk, "_bytes_rule", lambda t: lambda s: s.encode("utf-8"))
+    monkeypatch.setattr(tk, "bytes_rule", lambda t: lambda s: s.encode("utf-8"))
     with pytest.raises(tk.TokenBytesError, match=type(tok).__name__ + ": token .* decodes to"):
         tk.token_bytes(tok, len(tok))
     monkeypatch.setattr(tk, "token_bytes", functools.partial(tk.token_bytes, verify=False))

@@ -4,7 +4,7 @@
 While step t's forward runs on the caller's thread, a worker thread (``LookAhead``) schedules step t+1 and
 builds its input tensors, as if each sequence that samples at step t already had its token (a
 ``PLACEHOLDER``); when step t has sampled, the real tokens are written where the placeholders are
-(``_fill_in``). A sequence that finished at step t loses the slot reserved for it and its prepared batch is
+(``fill_in``). A sequence that finished at step t loses the slot reserved for it and its prepared batch is
 built again without it. Outputs are those of the synchronous engine. Not with ``speculative_model`` (drafting
 needs the sampled token). ``close()`` joins the thread; the engine then goes on synchronously.
 
@@ -123,7 +123,7 @@ class AsyncScheduling:
             if seq.status is SequenceStatus.RUNNING:
                 self.manager_mark(seq)
         outputs = self._outputs(batch.sample_seqs, tokens, logprobs, [], failed)  # 5. outputs
-        self._fill_in(batch.sample_seqs)
+        self.fill_in(batch.sample_seqs)
         t("postprocess")
         self.metrics.record_step(t.times, scheduled, batch.num_decodes, **extra)
         return outputs
@@ -154,7 +154,7 @@ class AsyncScheduling:
         t1 = time.perf_counter()
         return nxt, batch, {"lookahead": t1 - t0, "span": (t0, t1)}
 
-    def _fill_in(self, sampled: list[Sequence]) -> None:
+    def fill_in(self, sampled: list[Sequence]) -> None:
         """After step t: its sampled tokens replace the placeholders in the block manager's token lists
         (their block hashes are computed from them) and in the prepared batch's input ids."""
         live = [s for s in sampled if not s.finished]

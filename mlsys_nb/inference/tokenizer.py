@@ -129,7 +129,7 @@ def _decoder_types(tok) -> tuple[list[dict], str]:
     return flat, (spec.get("model") or {}).get("type", "")
 
 
-def _bytes_rule(tok):
+def bytes_rule(tok):
     """``rule(token_string) -> bytes`` from the decoder of a ``transformers`` fast tokenizer, or None:
     ByteLevel (GPT-2/Llama 3/Qwen: invert ``bytes_to_unicode``) or SentencePiece style (Metaspace or
     Replace '▁'->' ', with ByteFallback tokens ``<0xNN>``: Llama 2/Mistral)."""
@@ -164,7 +164,7 @@ def token_bytes(tok, vocab_size: int, *, verify: bool = True) -> tuple[dict[int,
     """``({token_id: the exact bytes it writes}, strips_leading_space)`` for a grammar vocabulary.
 
     ``ByteTokenizer``: ids 0-255 are bytes. A ``transformers`` fast tokenizer: each vocabulary token's
-    string turned into bytes by its decoder's rule (``_bytes_rule``); special and added tokens (BOS,
+    string turned into bytes by its decoder's rule (``bytes_rule``); special and added tokens (BOS,
     EOS, pad, chat markers) and ids >= ``vocab_size`` (the model's) are left out: a grammar never
     emits them (EOS is handled by the grammar). ``strips_leading_space``: the tokenizer's ``decode``
     drops the first space of a text (SentencePiece's ``Strip``/``Metaspace`` decoders), so a grammar
@@ -181,7 +181,7 @@ def token_bytes(tok, vocab_size: int, *, verify: bool = True) -> tuple[dict[int,
     if (vocab_size, verify) in cache:
         return cache[vocab_size, verify]
     name = type(tok).__name__
-    rule = _bytes_rule(tok) if hasattr(tok, "get_vocab") else None
+    rule = bytes_rule(tok) if hasattr(tok, "get_vocab") else None
     if rule is None:
         decs, model = _decoder_types(tok)
         raise TokenBytesError(
@@ -203,7 +203,7 @@ def token_bytes(tok, vocab_size: int, *, verify: bool = True) -> tuple[dict[int,
             out[i] = b
     strips = False
     if verify:
-        ids = [i for i, b in out.items() if _utf8(b) is not None]
+        ids = [i for i, b in out.items() if utf8_text(b) is not None]
         texts = tok.batch_decode([[i] for i in ids], skip_special_tokens=True)
         for i, text in zip(ids, texts):
             want = out[i].decode("utf-8")
@@ -219,7 +219,8 @@ def token_bytes(tok, vocab_size: int, *, verify: bool = True) -> tuple[dict[int,
     return out, strips
 
 
-def _utf8(b: bytes):
+def utf8_text(b: bytes):
+    """``b`` decoded as UTF-8, or None where it is not valid UTF-8 (a token cut inside a character)."""
     try:
         return b.decode("utf-8")
     except UnicodeDecodeError:
