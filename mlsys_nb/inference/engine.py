@@ -197,18 +197,8 @@ class LLMEngine:
             return None
         self.abort_request(request_id)
         self.stats["requests_failed"] += 1
-        s0 = seqs[0]
         msg = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        return RequestOutput(
-            request_id,
-            s0.prompt,
-            list(s0.prompt_token_ids),
-            [s.completion() for s in seqs],
-            True,
-            s0.metrics,
-            s0.num_cached_tokens,
-            error=msg,
-        )
+        return RequestOutput.from_sequences(request_id, seqs, True, error=msg)
 
     def fail_all(self, error: BaseException | str) -> list[RequestOutput]:
         """Fail every unfinished request (the last resort when a step fails as a whole)."""
@@ -422,16 +412,7 @@ class LLMEngine:
         if done:
             del self.requests[request_id]
             self.metrics.request_finished(seqs[0].metrics)
-        s0 = seqs[0]
-        return RequestOutput(
-            request_id,
-            s0.prompt,
-            list(s0.prompt_token_ids),
-            [s.completion() for s in seqs],
-            done,
-            s0.metrics,
-            s0.num_cached_tokens,
-        )
+        return RequestOutput.from_sequences(request_id, seqs, done)
 
     # ---- tokens <-> text -----------------------------------------------------------------------
     def encode(self, prompt) -> list[int]:

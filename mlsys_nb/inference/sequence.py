@@ -165,6 +165,15 @@ class RequestOutput:
     num_cached_tokens: int = 0
     error: str | None = None  # set when the engine failed this request (its sequences raised); finished
 
+    @classmethod
+    def from_sequences(cls, request_id: str, seqs: list[Sequence], finished: bool, error: str | None = None):
+        """The output of a request from its ``Sequence`` objects, one per sample (``SamplingParams.n``): the
+        first holds the prompt, the request's metrics and its prefix-cached tokens."""
+        s0 = seqs[0]
+        outputs = [s.completion() for s in seqs]
+        prompt_ids = list(s0.prompt_token_ids)
+        return cls(request_id, s0.prompt, prompt_ids, outputs, finished, s0.metrics, s0.num_cached_tokens, error)
+
 
 class Sequence:
     def __init__(
