@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from ..config import ArgumentError, check_int
-from . import core
+from . import core, units
 
 
 def _main(argv=None) -> int:
@@ -52,7 +52,7 @@ def _main(argv=None) -> int:
         if q.is_choice:
             print("    options: " + ", ".join(f"{'abcdefgh'[j]}) {c}" for j, c in enumerate(q.choices)))
         else:
-            print(f"    answer in {q.unit} (units accepted, e.g. 3.2 GB, 12 ms, 45%)")
+            print(f"    answer in {q.unit} (accepted: {units.accepted(q.unit)})")
         if a.show_solutions:
             print("    " + q.solution_text().replace("\n", "\n    "))
             continue

@@ -274,8 +274,10 @@ class Worksheet:
 def worksheet(topics=None, n: int = 5, seed=0) -> Worksheet:
     """``n`` questions per topic (all topics if ``topics`` is None). A topic's families are taken in
     rendezvous order for ``seed`` (``rendezvous``), each once before any repeats; the k-th repeat of
-    family f is ``make(f, f"{seed}:{k}")``. So a question depends only on (seed, family, k): adding a
-    family to the bank leaves the question of every family that stays selected unchanged."""
+    family f is ``make(f, f"{seed}:{k}")``, or, if that question's text was already asked by f on this
+    sheet, the first of ``make(f, f"{seed}:{k}+{j}")`` (j = 1, 2, ...) that was not (``sheet_question``). So a
+    question depends only on (seed, family, k): adding a family to the bank leaves the question of
+    every family that stays selected unchanged, and no question appears twice on a sheet."""
     _load()
     check_int("n", n, 1)
     if topics is None:
@@ -285,5 +287,18 @@ def worksheet(topics=None, n: int = 5, seed=0) -> Worksheet:
     ws = Worksheet(seed)
     for t in topics:
         order = rendezvous(families(t), seed, "worksheet")
-        ws.questions[t] = [make(order[i % len(order)], f"{seed}:{i // len(order)}") for i in range(n)]
+        ws.questions[t] = [sheet_question(order[i % len(order)], seed, i // len(order)) for i in range(n)]
     return ws
+
+
+def sheet_question(name: str, seed, k: int, tries: int = 50) -> Question:
+    """The k-th question (k = 0, 1, ...) of family ``name`` on a worksheet of ``seed``: a text that none
+    of its k earlier questions has (a family with few distinct questions, e.g. a choice between two
+    layouts, may run out after ``tries`` draws: then the k-th draw is kept)."""
+    seen = {sheet_question(name, seed, j, tries).text for j in range(k)}
+    first = make(name, f"{seed}:{k}")
+    for j in range(tries):
+        q = first if j == 0 else make(name, f"{seed}:{k}+{j}")
+        if q.text not in seen:
+            return q
+    return first

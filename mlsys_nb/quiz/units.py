@@ -165,3 +165,24 @@ def fmt(value: float, unit: str) -> str:
     if abs(v) >= 1e4 or (v != 0 and abs(v) < 1e-3):
         return f"{v:.4g} {unit}"
     return f"{v:.4g} {unit}" if not math.isnan(v) else "nan"
+
+
+# what a learner may write, by the dimension of the question's unit (a worksheet's header lists them)
+_ACCEPTED = {
+    "bytes": "B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024); 3.2e9 is in bytes",
+    "seconds": "ns, us, ms, s, min, h, days",
+    "flops": "FLOPs, with k/M/G/T/P/E prefixes (3e21 FLOPs = 3,000 EFLOPs)",
+    "flop/s": "FLOP/s, with k/M/G/T/P prefixes (989 TFLOP/s)",
+    "bytes/s": "B/s, MB/s, GB/s, TB/s (450 GB/s), GiB/s",
+    "ratio": "a number (0.45), a percentage (45%) or a factor (1.5x)",
+    "count": "a number, with k/M/B/T for thousand/million/billion/trillion (7B, 1.4T)",
+    "gpu-hours": "GPU-hours (a number, or h)",
+    "usd": "dollars ($1,000 or 1000)",
+    "count/s": "tokens/s (a number)",
+}
+
+
+def accepted(unit: str) -> str:
+    """What an answer in ``unit`` may be written in, in words (e.g. for bytes: ``"B, KB, MB, ..."``)."""
+    check_choice("unit", unit, UNITS)
+    return _ACCEPTED[UNITS[unit][0]]
