@@ -54,9 +54,12 @@ def run(world_sizes, repeats: int, sizes=SIZES, memcpy_repeats: int = 9, warmup:
     """The sweep (a DataFrame, memcpy rows included as impl ``memcpy``), memcpy's 64 MiB bandwidth (mean of
     before and after), the α-β fits and the phase breakdown {world size: {size: mean over ranks}}."""
     import pandas as pd
+    import torch
 
     import mlsys_nb
 
+    torch.set_num_threads(1)  # memcpy as one rank does it (each rank runs one thread); parallel copies under load
+    # wait for the slowest of their threads (measured: ~32 ms for any copy >= 256 KiB at load 11 on 2 cores)
     big = min(64 * MiB, max(sizes))
     before = comm.memcpy_bandwidth(nbytes=big, repeats=memcpy_repeats)
     df = comm.sweep(
@@ -150,6 +153,13 @@ def breakdown_text(breakdown: dict, size: int) -> str:
         lines.append(
             f"| {ws} | " + " | ".join(f"{v * 1e3:.2f}" for v in ph.values()) + f" | {copies / sum(ph.values()):.0%} |"
         )
+    lines += [
+        "",
+        "stage, reduce and gather are the copies (my chunk in; my slice summed over every rank's buffer and written "
+        "back; every reduced slice out: about 2 + 2(n-1)/n copies of S per rank); the two waits last until every "
+        "peer has raised its flag, so they include the peers' own copies and, with more runnable processes than "
+        "cores, the time the peers spend descheduled.",
+    ]
     return "\n".join(lines)
 
 
@@ -207,7 +217,7 @@ def write_record(a, info: dict, lines: list[str]) -> None:
         "interleaved round-robin.",
         "",
         f"float32, {a.repeats} timed repeats after 1 warm-up, time of a call = slowest rank. memcpy = `dst.copy_(src)` "
-        "in the driver process (one core).",
+        "in the driver process with one thread, as in a rank.",
         "",
     ]
     a.out.write_text("\n".join(head + lines) + "\n\n" + history)
