@@ -8,9 +8,11 @@
 - ``random_search(objective, space, n_trials, seed)``: each trial's ``objective(**config)`` (a held-out loss,
   lower is better), the trials in order and the best one. The objective seeds its own training, so a trial
   re-run gives the same loss.
-- ``lr_range_test(make_model, data, ...)`` (Smith 2017): one short run whose learning rate grows
-  geometrically from ``lr_min`` to ``lr_max``; the loss falls, flattens, then blows up. ``pick_lr`` takes the
-  learning rate where the smoothed loss was lowest, divided by ``margin`` (10): safely below the blow-up.
+- ``lr_range_test(make_model, data, ...)``: one short run whose learning rate grows geometrically from ``lr_min``
+  to ``lr_max`` (fastai's learning-rate finder; Smith 2017 grows it linearly and watches the accuracy); the loss
+  falls, flattens, then blows up. ``pick_lr`` takes the learning rate where the smoothed loss was lowest, divided
+  by ``margin`` (10 by default, fastai's rule of thumb; notebook 25 uses 3 for its short runs): below the blow-up
+  (``blow_up_lr``).
 """
 
 from __future__ import annotations
