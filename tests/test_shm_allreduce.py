@@ -122,18 +122,35 @@ def test_a_rank_killed_mid_call_leaves_no_segment_and_its_peers_time_out(tmp_pat
     assert len(names) == 3 and all(_gone(name) for name in names)
 
 
-def test_ranks_on_two_hosts_are_refused():
+def test_ranks_on_two_hosts_and_a_full_dev_shm_are_refused_on_every_rank():
     def body():
         import socket
 
         import torch.distributed as dist
 
+        from mlsys_nb.comm import shm
+
+        errors = []
+        free = shm.dev_shm_free_bytes
+        shm.dev_shm_free_bytes = lambda: 20 << 20  # 20 MiB free: less than two segments of 16 MiB
+        try:
+            shm.ShmAllReduce()
+        except RuntimeError as e:
+            errors.append(str(e))
+        shm.dev_shm_free_bytes = free
         if dist.get_rank() == 1:
             socket.gethostname = lambda: "elsewhere"  # what another host would report
-        ShmAllReduce()
+        try:
+            shm.ShmAllReduce()
+        except RuntimeError as e:
+            errors.append(str(e))
+        return errors
 
-    with pytest.raises(RankError, match="needs every rank on one host: the ranks run on 2 hosts"):
-        mlsys_nb.launch(body, 2, backend="gloo", timeout=60, output="quiet")
+    for space, hosts in mlsys_nb.launch(body, 2, backend="gloo", timeout=60):
+        assert "needs 32 MiB of /dev/shm (2 segments of 16.0 MiB), 20 MiB free" in space and "--shm-size" in space
+        assert (
+            "needs every rank on one host: the ranks run on 2 hosts (rank 0: " in hosts and "rank 1: elsewhere" in hosts
+        )
 
 
 def test_the_flag_before_the_data_gives_wrong_sums():

@@ -56,6 +56,10 @@ between reads), then polls them every ``POLL_S`` (20 µs) asleep: when ranks out
 rank takes the core from the very peer it waits for (measured with 4 ranks on 2 busy cores, 16 MiB: pure spin
 173 ms, yield-spin 30-43 ms, sleep-poll 11 ms, gloo 50-160 ms).
 
+Space: the segments live in the tmpfs behind ``/dev/shm`` (Linux), whose pages are allocated when first touched;
+setup refuses, on every rank, a group whose segments would not fit (``dev_shm_free_bytes``; Docker's default is
+64 MB: ``--shm-size``) instead of letting a rank die of SIGBUS mid-call.
+
 Every wait has a timeout (``timeout`` seconds; ``ShmTimeoutError`` names the rank that did not arrive, in
 which phase and call). A rank that dies mid-call leaves its peers waiting: they raise within their timeout
 and nothing is left in ``/dev/shm`` (step 4 above). Sizes: bytes; times: seconds. Binds nothing to the network.
@@ -77,7 +81,7 @@ import torch.distributed as dist
 
 from ..config import check_choice, check_int, check_seconds
 
-__all__ = ["ShmAllReduce", "ShmTimeoutError", "SYNCS", "DTYPES", "shm_all_reduce"]
+__all__ = ["ShmAllReduce", "ShmTimeoutError", "SYNCS", "DTYPES", "dev_shm_free_bytes", "shm_all_reduce"]
 
 SYNCS = ("auto", "flags", "barrier")
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64)
@@ -153,11 +157,11 @@ class ShmAllReduce:
             header = np.ndarray((5,), np.int64, buffer=mine.buf)
             header[:] = (0, nonce, os.getpid(), 0, 0)
             del header
-            me = (socket.gethostname(), _boot_id(), mine.name, nonce)
+            me = (socket.gethostname(), _boot_id(), mine.name, nonce, dev_shm_free_bytes())
             peers = [None] * self.world
             dist.all_gather_object(peers, me, group=self.group)
             self.names = [p[2] for p in peers]
-            error = _host_error(peers)
+            error = _host_error(peers) or _space_error(peers, mine.size)
             segments = [mine if r == self.rank else None for r in range(self.world)]
             if error is None:
                 error = self._map_peers(peers, segments)
@@ -168,7 +172,7 @@ class ShmAllReduce:
                 for s in segments:
                     if s is not None and s is not mine:
                         s.close()
-                raise RuntimeError("ShmAllReduce needs every rank on one host: " + "; ".join(e for _, e in failed))
+                raise RuntimeError("ShmAllReduce " + "; ".join(dict.fromkeys(e for _, e in failed)))
         finally:
             mine.unlink()  # the name goes now; the mappings live on until the last process unmaps or dies
         self._segments = segments
@@ -179,15 +183,17 @@ class ShmAllReduce:
 
     def _map_peers(self, peers, segments) -> str | None:
         """Map every peer's segment into ``segments``; an error string if one is missing or not the peer's."""
-        for r, (_, _, name, nonce) in enumerate(peers):
+        for r, (_, _, name, nonce, _) in enumerate(peers):
             if r == self.rank:
                 continue
             try:
                 segments[r] = _attach(name)
             except FileNotFoundError:
-                return f"rank {self.rank} cannot open rank {r}'s segment {name!r} (not on this host?)"
+                return f"needs every rank on one host: rank {self.rank} cannot open rank {r}'s segment {name!r}"
             if int(np.ndarray((2,), np.int64, buffer=segments[r].buf)[NONCE]) != nonce:
-                return f"rank {self.rank} opened a segment {name!r} that is not rank {r}'s (another host's?)"
+                return (
+                    f"needs every rank on one host: rank {self.rank} opened a segment {name!r} that is not rank {r}'s"
+                )
         return None
 
     def close(self) -> None:
@@ -364,11 +370,34 @@ def _boot_id() -> str:
 
 def _host_error(peers) -> str | None:
     """An error string if the ranks do not all report the same (hostname, boot id)."""
-    hosts = {(h, b) for h, b, _, _ in peers}
+    hosts = {(h, b) for h, b, _, _, _ in peers}
     if len(hosts) == 1:
         return None
-    where = ", ".join(f"rank {r}: {h}" for r, (h, _, _, _) in enumerate(peers))
-    return f"the ranks run on {len(hosts)} hosts ({where})"
+    where = ", ".join(f"rank {r}: {h}" for r, (h, _, _, _, _) in enumerate(peers))
+    return f"needs every rank on one host: the ranks run on {len(hosts)} hosts ({where})"
+
+
+def dev_shm_free_bytes() -> int | None:
+    """Free bytes of the tmpfs behind POSIX shared memory (Linux ``/dev/shm``); None where there is none."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except (OSError, AttributeError):
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _space_error(peers, segment_bytes: int) -> str | None:
+    """An error string if ``/dev/shm`` cannot hold every rank's segment: the pages are allocated when first
+    touched, so a full tmpfs would kill a rank with SIGBUS in the middle of a call instead."""
+    free = [p[4] for p in peers if p[4] is not None]
+    need = len(peers) * segment_bytes
+    if not free or min(free) >= need:
+        return None
+    return (
+        f"needs {need / 2**20:.0f} MiB of /dev/shm ({len(peers)} segments of {segment_bytes / 2**20:.1f} MiB), "
+        f"{min(free) / 2**20:.0f} MiB free: pass a smaller buffer_bytes or enlarge /dev/shm "
+        "(docker run --shm-size=1g)"
+    )
 
 
 def shm_all_reduce(x: torch.Tensor, op="sum", group=None, **kwargs) -> torch.Tensor:
