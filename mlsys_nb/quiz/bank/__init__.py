@@ -6,5 +6,5 @@ import importlib
 
 from ..core import TOPICS
 
-for _module in (*TOPICS, "cards"):  # each module registers its topic's families
+for _module in (*TOPICS, "cards", "cards_training", "cards_serving"):  # each module registers its topic's families
     importlib.import_module(f"{__name__}.{_module}")

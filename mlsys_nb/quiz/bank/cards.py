@@ -13,12 +13,13 @@ from ._util import inference, pick, tensor_parallel, zero
 CHOICES = ["true", "false"]
 
 
-def card(rng, wrong: str, right: str, evidence: list[str], hint: str) -> dict:
-    """Show ``wrong`` (answer false) or ``right`` (answer true) with equal odds."""
+def card(rng, wrong: str, right: str, evidence: list[str], hint: str, params: dict | None = None) -> dict:
+    """Show ``wrong`` (answer false) or ``right`` (answer true) with equal odds; ``params``: the drawn
+    inputs a second route needs (kept beside ``shown``)."""
     shown_wrong = rng.random() < 0.5
     return dict(
         text=f"True or false? \u201c{wrong if shown_wrong else right}\u201d",
-        params={"shown": "misconception" if shown_wrong else "correction"},
+        params={**(params or {}), "shown": "misconception" if shown_wrong else "correction"},
         answer="false" if shown_wrong else "true",
         choices=CHOICES,
         hints=[hint],

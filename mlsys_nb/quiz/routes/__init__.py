@@ -26,7 +26,7 @@ import importlib
 from ..core import TOPICS
 from .registry import ROUTES, register_route, second_route, worked_response
 
-for _module in (*TOPICS, "cards"):  # each module registers its topic's second routes
+for _module in (*TOPICS, "cards", "cards_training", "cards_serving"):  # each module registers its topic's second routes
     importlib.import_module(f"{__name__}.{_module}")
 
 __all__ = ["ROUTES", "register_route", "second_route", "worked_response"]
