@@ -132,7 +132,7 @@ def test_ranks_on_two_hosts_and_a_full_dev_shm_are_refused_on_every_rank():
 
         errors = []
         free = shm.dev_shm_free_bytes
-        shm.dev_shm_free_bytes = lambda: 20 << 20  # 20 MiB free: less than two segments of 16 MiB
+        shm.dev_shm_free_bytes = lambda: 10 << 20  # 10 MiB free: less than two segments of 8 MiB
         try:
             shm.ShmAllReduce()
         except RuntimeError as e:
@@ -147,7 +147,7 @@ def test_ranks_on_two_hosts_and_a_full_dev_shm_are_refused_on_every_rank():
         return errors
 
     for space, hosts in mlsys_nb.launch(body, 2, backend="gloo", timeout=60):
-        assert "needs 32 MiB of /dev/shm (2 segments of 16.0 MiB), 20 MiB free" in space and "--shm-size" in space
+        assert "needs 16 MiB of /dev/shm (2 segments of 8.0 MiB), 10 MiB free" in space and "--shm-size" in space
         assert (
             "needs every rank on one host: the ranks run on 2 hosts (rank 0: " in hosts and "rank 1: elsewhere" in hosts
         )

@@ -58,7 +58,7 @@ rank takes the core from the very peer it waits for (measured with 4 ranks on 2 
 
 Space: the segments live in the tmpfs behind ``/dev/shm`` (Linux), whose pages are allocated when first touched;
 setup refuses, on every rank, a group whose segments would not fit (``dev_shm_free_bytes``; Docker's default is
-64 MB: ``--shm-size``) instead of letting a rank die of SIGBUS mid-call.
+64 MiB: ``--shm-size``) instead of letting a rank die of SIGBUS mid-call.
 
 Every wait has a timeout (``timeout`` seconds; ``ShmTimeoutError`` names the rank that did not arrive, in
 which phase and call). A rank that dies mid-call leaves its peers waiting: they raise within their timeout
@@ -115,8 +115,9 @@ class ShmAllReduce:
 
     ``sync``: ``"flags"`` (sequence numbers in shared memory, x86-64 only), ``"barrier"`` (a ``dist.barrier``
     per wait) or ``"auto"`` (flags on x86-64). ``buffer_bytes``: size of each of the two buffers per rank
-    (larger tensors go through in chunks). ``one_shot_bytes``: chunks up to this size are summed whole by
-    every rank after one wait (one-shot) instead of reduce-scatter + all-gather with two waits (two-shot).
+    (larger tensors go through in chunks; 4 MiB: 7 ranks' segments fit Docker's default 64 MiB ``/dev/shm``).
+    ``one_shot_bytes``: chunks up to this size are summed whole by every rank after one wait (one-shot) instead
+    of reduce-scatter + all-gather with two waits (two-shot).
     ``timeout``: seconds a wait may take before ``ShmTimeoutError``.
     Creating it is a collective call of the group; so is every call. ``close()`` (or ``with``) unmaps.
     """
@@ -126,7 +127,7 @@ class ShmAllReduce:
         group=None,
         *,
         sync: str = "auto",
-        buffer_bytes: int = 8 << 20,
+        buffer_bytes: int = 4 << 20,
         one_shot_bytes: int = 256 << 10,
         timeout: float = 30.0,
     ):
