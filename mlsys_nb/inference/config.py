@@ -27,8 +27,10 @@ __all__ = ["ATTENTION_BACKENDS", "EngineConfig", "KV_CACHE_DTYPES", "PREEMPTION_
 PREEMPTION_MODES = ("recompute", "swap")
 # "gather": each sequence's blocks gathered, then SDPA (paged.paged_attention); "tiled": block by block with
 # the online softmax, nothing gathered (paged.paged_attention_tiled, PagedAttention's kernel idea); "varlen": all
-# decodes in one call, their contexts packed without padding (paged.paged_decode_attention_varlen), chunks as "gather"
-ATTENTION_BACKENDS = ("gather", "tiled", "varlen")
+# decodes in one call, their contexts packed without padding (paged.paged_decode_attention_varlen), chunks as "gather";
+# "flex": FlexAttention reads the blocks in place through a block mask from the block tables, all decodes in one call
+# (flex_paged.paged_attention_flex; fused only compiled: ``compile=True``)
+ATTENTION_BACKENDS = ("gather", "tiled", "varlen", "flex")
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "fp8")  # "auto": the model's parameter dtype;
 # "int8"/"fp8" (e4m3): codes plus fp32 scales, K per channel per block (its K exact in an fp32 residual until the
 # block is full) and V per token (``paged.quantize_kv``, KIVI's scheme)

@@ -13,6 +13,8 @@ object passed to the model as ``cache`` is a ``StepBatch``; every attention laye
    gathers every row's blocks padded to the longest row: on CPU that copy is the step's largest
    cost), each prefill chunk in its own call. ``attention_backend="varlen"``: all decode rows in ONE call per layer
    (``paged_decode_attention_varlen``: contexts packed as 32-token chunks, mapped once per step, split-KV merge).
+   ``attention_backend="flex"``: every call reads the blocks in place (``flex_paged.paged_attention_flex``, its
+   block mask built once per step per call group), all decode rows in one call.
 
 Storage and bookkeeping are ``paged.PagedKVCache``'s (its ``k``/``v`` pools, its ``BlockManager``,
 ``append_tokens`` with copy-on-write); its own ``plan``/``begin`` path pads every row to the longest
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from .flex_paged import FlexPagedAttention
 from .paged import (
     PagedKVCache,
     paged_attention,
@@ -113,10 +116,12 @@ class StepBatch:
             self.dec_lens = torch.tensor(dec_lens, device=dev)
             if kv.attention_backend == "varlen":  # one chunk mapping per step, reused by every layer
                 self.dec_varlen = varlen_decode_chunks(self.dec_tables, self.dec_lens, bs)
-            # one attention call per group of DECODE_GROUP rows, each padded only to its own longest table
+            # one attention call per group of DECODE_GROUP rows, each padded only to its own longest table ("flex":
+            # one group, its blocks read in place)
             self.dec_groups = []
-            for lo in range(0, len(dec_tables), DECODE_GROUP):
-                group = dec_tables[lo : lo + DECODE_GROUP]
+            per = len(dec_tables) if kv.attention_backend == "flex" else DECODE_GROUP
+            for lo in range(0, len(dec_tables), per):
+                group = dec_tables[lo : lo + per]
                 w = max(map(len, group))
                 self.dec_groups.append(
                     (
@@ -127,6 +132,7 @@ class StepBatch:
                     )
                 )
         self.scheduled = [(s, n) for s, n in (scheduled[i] for i in order)]
+        self.flex = FlexPagedAttention() if kv.attention_backend == "flex" else None  # block masks built once per step
 
     def begin(self, b: int, s: int) -> torch.Tensor:
         """The model's cache protocol: positions of the new tokens ([1, T], packed)."""
@@ -141,7 +147,7 @@ class StepBatch:
         # [num_blocks, block_size, n_kv, d] in the model's dtype (a pool in another dtype, or int8/fp8
         # codes with their scales, is converted / dequantized: kv_cache_dtype)
         kc, vc = self.kv.read(layer_idx, q.dtype)
-        attend = paged_attention_tiled if self.kv.attention_backend == "tiled" else paged_attention
+        attend = self.flex or (paged_attention_tiled if self.kv.attention_backend == "tiled" else paged_attention)
         outs, D = [], self.num_decodes
         if D and self.dec_varlen is not None:  # every decode in one call: a fixed number of ops per layer
             qd = q[0, :, :D].transpose(0, 1)  # [rows, heads, d]
