@@ -34,6 +34,9 @@ SEED_CARDS = [
     "cards.rlhf_adam_states",
     "cards.gae_weight",
     "cards.kernel_launch",
+    "cards.fp8_kv_capacity",
+    "cards.kv_requests_fit",
+    "cards.gb_vs_gib",
 ]
 
 
@@ -157,6 +160,23 @@ def test_serving_cards_refuting_numbers_a_second_way():
     r[10] = 1
     adv, _ = gae(r, torch.zeros_like(r), torch.zeros_like(r), torch.tensor(0.0, dtype=torch.float64), 0.99, 0.95)
     assert float(adv[0]) == pytest.approx((0.99 * 0.95) ** 10) == pytest.approx(0.5415, abs=1e-4)
+    # kv_requests_fit: 480e9 B / (327,680 B x tokens): 357 / 178 / 44 requests, not the tutorial's 375 / 187 / 46
+    per_token = _kv(memory.preset("llama-2-70b"))
+    assert [int(480e9 // (per_token * c)) for c in (4096, 8192, 32768)] == [357, 178, 44]
+    assert [int(480e9 // inference.kv_cache_bytes("llama-2-70b", c)) for c in (4096, 8192, 32768)] == [357, 178, 44]
+    # fp8_kv_capacity: KIVI's per-channel K and per-token V fp32 scales: 1.75x bf16's tokens at Llama-2-7B's shape
+    from mlsys_nb.inference.kv_cache import kv_block_bytes
+
+    L, H, d, b = 32, 32, 128, 16
+    hand = (2 * L * H * d * b * 2) / (L * H * (b * d + 4 * d) + L * H * b * (d + 4))
+    assert kv_block_bytes("llama-2-7b", 16) / kv_block_bytes("llama-2-7b", 16, "fp8") == pytest.approx(hand)
+    assert 1.7 < hand < 1.8
+    # gb_vs_gib (the playbook's "140GB (=133GiB)"): 140e9 B is 130.4 GiB
+    assert (
+        memory.model_state_bytes(70e9).params / memory.GiB
+        == pytest.approx(140e9 / 1024**3)
+        == pytest.approx(130.39, abs=0.01)
+    )
     # kernel_launch: the GPU record (JSON) and its Markdown table agree, ~10 us, about 5x below 50 us
     rec = lookup("test_kernel_launch_latency", "launch cost per tiny kernel")[0]["value"]
     assert rec == pytest.approx(recorded_launch_us(), rel=1e-3) and 50 / rec > 4

@@ -9,6 +9,7 @@ from ..core import family
 from ._util import inference, pick, rl_sizing, speculative
 from .cards import card
 from .inference import SEC13
+from .quant import SEC_SPEED
 
 SEC_SIZES = SEC13 + ", §3 Sizing the cache of real models"
 REF_KV = "docs/references.md#gqa (arXiv:2305.13245), #llama2"
@@ -224,4 +225,51 @@ def _c_launch(rng):
             "50 µs is about 5× the measured cost; CUDA graphs remove most of what remains.",
         ],
         "What did the GPU pack measure?",
+    )
+
+
+@family(
+    "cards.fp8_kv_capacity",
+    "quant",
+    kind="card",
+    section=SEC_SPEED,
+    reference="docs/references.md#kivi (arXiv:2402.02750), #fp8",
+)
+def _c_fp8_kv(rng):
+    from ...inference import kv_cache
+
+    model = pick(rng, ["llama-2-7b", "llama-3-8b"])
+    bf16, fp8 = kv_cache.kv_block_bytes(model, 16, "bf16"), kv_cache.kv_block_bytes(model, 16, "fp8")
+    return card(
+        rng,
+        "Storing the KV cache in FP8 instead of bf16 fits exactly twice the tokens in the same memory.",
+        f"Storing the KV cache in FP8 with per-channel K and per-token V scales fits about {bf16 / fp8:.2f}× the "
+        "tokens of bf16 in the same memory, not 2×.",
+        [
+            f"{model}, blocks of 16 tokens (inference.kv_cache.kv_block_bytes): bf16 {bf16:,} B, fp8 with fp32 scales "
+            f"{fp8:,} B → {bf16 / fp8:.3g}× (the fp32 residual of blocks not yet full costs more).",
+            "Exactly 2× holds only with one scale per tensor; finer scales cost bytes: say which scheme.",
+        ],
+        "Count the scales' bytes.",
+        params={"model": model},
+    )
+
+
+@family("cards.kv_requests_fit", "inference", kind="card", section=SEC_SIZES, reference=REF_KV)
+def _c_requests(rng):
+    ctx = pick(rng, [4096, 8192, 32768])
+    per_request = inference.kv_cache_bytes("llama-2-70b", ctx)
+    n = int(480e9 // per_request)
+    claimed = {4096: 375, 8192: 187, 32768: 46}[ctx]  # the tutorial's figures
+    return card(
+        rng,
+        f"With 480 GB free for the KV cache, Llama-2-70B holds {claimed} requests of {ctx // 1024}K tokens.",
+        f"With 480 GB free for the KV cache, Llama-2-70B holds {n} requests of {ctx // 1024}K tokens.",
+        [
+            f"inference.kv_cache_bytes('llama-2-70b', {ctx}) = {per_request:,} B per request; "
+            f"480e9 B ÷ that = {480e9 / per_request:.4g} → {n} whole requests ({int(480 * 2**30 // per_request)} "
+            "if the 480 were GiB).",
+        ],
+        "Bytes per token × tokens per request, then divide.",
+        params={"ctx": ctx},
     )

@@ -297,3 +297,27 @@ def _c_nvswitch(rng):
         ],
         "What cable leaves an 8-GPU node?",
     )
+
+
+@family(
+    "cards.gb_vs_gib",
+    "memory",
+    kind="card",
+    section=SEC_MEM + ", §1 Model states: parameters, gradients, optimizer, master weights",
+    reference="docs/references.md#playbook, #playbook-memory-widget",
+)
+def _c_gib(rng):
+    n = pick(rng, [70e9, 8e9])
+    b = memory.model_state_bytes(n).params
+    return card(
+        rng,
+        f"{n / 1e9:g}B parameters in bf16 take {b / 1e9:g} GB, which is {b / 1e9 * 0.95:.3g} GiB.",
+        f"{n / 1e9:g}B parameters in bf16 take {b / 1e9:g} GB, which is {b / memory.GiB:.4g} GiB.",
+        [
+            f"memory.model_state_bytes({n:.3g}).params = {b:.4g} B; ÷ memory.GiB (2^30) = {b / memory.GiB:.4g} GiB "
+            f"(GiB is {memory.GiB / 1e9:.4g} GB, so the GiB figure is {1e9 / memory.GiB:.1%} of the GB one).",
+            'Plots and widgets that divide by 1024³ and print "GB" show GiB.',
+        ],
+        "2^30 = 1.074e9.",
+        params={"n": n},
+    )

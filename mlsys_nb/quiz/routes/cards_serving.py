@@ -92,3 +92,25 @@ def recorded_launch_us() -> float:
 def _(text):
     us = recorded_launch_us()
     return abs(_claims_number(text, r"about ([\d.]+) µs") - us) < 0.1 * us
+
+
+@register_route("cards.fp8_kv_capacity")
+def _(p):
+    cfg = cfg_of(p["model"])
+    L, H, d, b = cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, 16
+    bf16 = 2 * L * H * d * b * 2
+    fp8 = L * H * (b * d + 4 * d) + L * H * b * (d + 4)  # K: codes + fp32 scale per channel; V: + per token
+    ratio = bf16 / fp8
+
+    def judge(text):
+        if "exactly twice" in text:
+            return ratio == 2
+        return abs(_claims_number(text, r"about ([\d.]+)× the tokens") - ratio) < 0.01
+
+    return _card(judge)(p)
+
+
+@register_route("cards.kv_requests_fit")
+def _(p):
+    n = int(480e9 // (kv_per_token(cfg_of("llama-2-70b")) * p["ctx"]))
+    return _card(lambda text: _claims_number(text, r"holds (\d+) requests") == n)(p)

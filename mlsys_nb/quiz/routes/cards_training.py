@@ -96,3 +96,9 @@ def _(p):
 @_card
 def _(text):
     return ("nodes at NVLink speed" in text) == (NDR >= NVLINK4)
+
+
+@register_route("cards.gb_vs_gib")
+def _(p):
+    gib = 2 * p["n"] / 1024**3
+    return _card(lambda text: abs(_claims_number(text, r"which is ([\d.]+) GiB") - gib) < 1e-3 * gib)(p)
