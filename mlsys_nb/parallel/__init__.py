@@ -25,6 +25,11 @@
   share of a batch; ``max_diff``, the largest difference between two ``{name: tensor}`` dicts);
   ``trace_ddp_step``: one DDP step under ``torch.profiler`` in three
   schedules (overlapped, blocking in the hook, after backward), read back by ``runtime.profiling`` (notebook 05b).
+- ``data``: per-rank data and the batch recipe as closed forms (no torch): ``shard_indices`` (the shard
+  ``DistributedSampler`` gives a rank from one epoch's order), ``samples_per_rank`` (⌈N/W⌉, ⌊N/W⌋ with
+  ``drop_last``), ``sampler_problems`` (overlap beyond padding, samples missed, an epoch repeating the last: no
+  ``set_epoch``), ``decompose_batch`` / ``BatchRecipe`` (global batch = DP x accumulation x micro-batch),
+  ``critical_batch_tradeoff`` and ``noise_scale_from_two_batches`` (McCandlish et al. 2018's model).
 - ``mesh``: a pp x dp x cp x tp device mesh (``build_mesh``, ``coordinates``, ``grid``,
   ``group_ranks``) and training that combines DDP, TP/SP and the pipeline executor on it
   (``train``, ``train_worker``, ``check_cases``; one training loop for every combination), compared
@@ -38,6 +43,6 @@ and ZeRO, ``mesh.train_worker``); those only the tests launch live in the ``test
 is done there, on the test side (a notebook that shows it does the same in its own cell): the
 library has no switch for it.
 
-Every module imports torch; import the one you need (``from mlsys_nb.parallel import ddp``).
+Every module but ``data`` imports torch; import the one you need (``from mlsys_nb.parallel import ddp``).
 Bytes on the wire are counted by ``mlsys_nb.comm.counting.CommCounter``.
 """
