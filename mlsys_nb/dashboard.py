@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import ipywidgets as W
 
 from .config import check_choice
+from .plots import human_number
 from .widgets.base import Widget, without_images
 
 
@@ -145,10 +146,8 @@ def _html_table(df) -> str:
     if df is None or len(df) == 0:
         return "<i>no numbers for this setting</i>"
 
-    def fmt(x: float) -> str:
-        return f"{x:,.0f}" if abs(x) >= 1e5 and float(x).is_integer() else f"{x:,.4g}"
-
-    return df.to_html(classes="mlsys-numbers", border=0, float_format=fmt)
+    # 1e23 FLOPs as "1e23", never "100,000,000,000,000,008,388,608"; 1,234,567 GPU-hours with commas
+    return df.to_html(classes="mlsys-numbers", border=0, float_format=human_number)
 
 
 def intro_html(tabs) -> str:

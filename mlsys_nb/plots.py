@@ -41,6 +41,70 @@ STYLE = {
 # Colour-blind-safe palette (Okabe–Ito), in a fixed order so a rank or a schedule keeps its colour.
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
 
+# One colour per quantity, the same in every dashboard tab and figure (widgets take them from here,
+# by name or through ``quantity_color``): memory in blue/orange/green/vermillion, time in sky blue
+# (compute), reddish purple (communication, a shade per parallelism) and grey (the pipeline bubble).
+QUANTITY_COLORS = {
+    "params": PALETTE[0],  # parameters
+    "grads": PALETTE[1],  # gradients
+    "optimizer": PALETTE[2],  # optimizer states
+    "master": "#7CC6A9",  # fp32 master weights (the optimizer's copy: a light green)
+    "activations": PALETTE[3],
+    "activations_outside": "#F2A37A",  # embedding, head and loss activations (a light vermillion)
+    "temporary": PALETTE[6],  # temporary buffers
+    "overhead": "#CCCCCC",  # CUDA context, allocator
+    "compute": PALETTE[5],
+    "recompute": "#A8D8F2",  # recomputed forward (a light compute)
+    "non_matmul": "#2C8DC4",  # norms, activations functions, softmax (a darker compute)
+    "fixed_per_layer": "#D3ECFA",  # per-layer fixed costs (kernel launches; the lightest compute)
+    "generation": "#1F5F8B",  # RLHF rollout generation (decode-bound compute, a dark blue)
+    "communication": PALETTE[4],
+    "tp_comm": PALETTE[4],
+    "dp_comm": "#8C4A72",
+    "pp_comm": "#E3B1CD",
+    "cp_comm": "#A85E8C",
+    "ep_comm": "#F0D2E3",
+    "bubble": "#999999",  # idle time of a pipeline
+}
+_QUANTITY_WORDS = (  # words in a label -> the quantity (first match wins)
+    ("bubble", "bubble"),
+    ("idle", "bubble"),
+    ("recompute", "recompute"),
+    ("tp comm", "tp_comm"),
+    ("dp comm", "dp_comm"),
+    ("pp comm", "pp_comm"),
+    ("cp comm", "cp_comm"),
+    ("ep comm", "ep_comm"),
+    ("sync", "communication"),
+    ("comm", "communication"),
+    ("master", "master"),
+    ("param", "params"),
+    ("grad", "grads"),
+    ("optimizer", "optimizer"),
+    ("outside", "activations_outside"),
+    ("activation", "activations"),
+    ("temporary", "temporary"),
+    ("overhead", "overhead"),
+    ("gen", "generation"),
+    ("compute", "compute"),
+    ("train", "compute"),
+    ("non-matmul", "non_matmul"),
+    ("fixed per layer", "fixed_per_layer"),
+)
+
+
+def quantity_color(name: str) -> str:
+    """The colour of the quantity a label names (``QUANTITY_COLORS``): ``"TP comm"`` -> the TP shade of
+    communication, ``"optimizer states"`` -> optimizer green, ``"bubble"`` -> grey. Raises ``KeyError``
+    for a label that names none of them."""
+    low = name.lower().replace("_", " ")
+    if low.replace(" ", "_") in QUANTITY_COLORS:
+        return QUANTITY_COLORS[low.replace(" ", "_")]
+    for words, quantity in _QUANTITY_WORDS:
+        if words in low:
+            return QUANTITY_COLORS[quantity]
+    raise KeyError(f"no colour for {name!r}: name one of {sorted(QUANTITY_COLORS)}")
+
 
 def style():
     """A context manager applying the package style: ``with plots.style(): ...``."""
@@ -249,6 +313,20 @@ def table(df, *, percent=PERCENT_COLUMNS, digits: int = 3):
     return styler.set_table_styles(
         [{"selector": "td", "props": "text-align: right; font-variant-numeric: tabular-nums"}]
     )
+
+
+def human_number(x: float) -> str:
+    """A number as a reader takes it in: ``1e23 -> '1e23'``, ``8.39e23 -> '8.39e23'`` (from 1e12 on, never
+    ``'100,000,000,000,000,008,388,608'``), ``1234567.4 -> '1,234,567'``, ``0.1234 -> '0.1234'``."""
+    x = float(x)
+    if x != x or x in (float("inf"), float("-inf")):
+        return str(x)
+    if abs(x) >= 1e12 or (x != 0 and abs(x) < 1e-4):
+        mant, exp = f"{x:.3g}".split("e") if "e" in f"{x:.3g}" else (f"{x:.3g}", "0")
+        return f"{mant}e{int(exp)}"
+    if abs(x) >= 1e5:
+        return f"{x:,.0f}"
+    return f"{x:,.4g}"
 
 
 def human_bytes(n: float, binary: bool = True) -> str:

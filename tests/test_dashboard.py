@@ -172,3 +172,41 @@ def test_the_short_link_check_fails_on_the_full_configuration(dash):
         full = urllib.parse.urlencode({"config": json.dumps(d.state(), separators=(",", ":"))})
     with pytest.raises(AssertionError):
         _check_short_link(full, {"memory": {"tp": 4}})
+
+
+def test_large_numbers_read_as_powers_of_ten(hidden):
+    """The Scaling tab's numbers view shows a 1e23 FLOPs budget as "1e23", never as the float's 24 digits
+    "100,000,000,000,000,008,388,608" (issue 53); counts below 1e12 keep their thousands separators."""
+    with restored(hidden) as d:
+        d.tabs["scaling"].set_state({"compute": 1e23})
+        view = d.numbers_html("scaling")
+        assert ">1e23<" in view and "000,000,000,000" not in view
+    assert [plots.human_number(x) for x in (1e23, 8.39e23, 1234567.0, 0.25, 2.5e-7)] == [
+        "1e23",
+        "8.39e23",
+        "1,234,567",
+        "0.25",
+        "2.5e-7",
+    ]
+
+
+def test_one_colour_per_quantity_in_every_tab(hidden):
+    """Parameters, gradients, optimizer states, activations, compute, communication and the bubble are drawn
+    in one colour each wherever they appear (plots.QUANTITY_COLORS): the Memory and Planner tabs' parameter
+    segments share one colour, the RLHF tab's sync is communication's, and no two quantities share one."""
+    import matplotlib.colors as mc
+
+    c = plots.QUANTITY_COLORS
+    seven = [c[q] for q in ("params", "grads", "optimizer", "activations", "compute", "communication", "bubble")]
+    assert len(set(seven)) == 7
+
+    def colours(ax):
+        return {k.get_label(): mc.to_hex(k.patches[0].get_facecolor()) for k in ax.containers if k.patches}
+
+    mem = colours(hidden.tabs["memory"].figure.axes[0])
+    planner_t, planner_m = (colours(ax) for ax in hidden.tabs["planner"].figure.axes[:2])
+    rlhf = colours(hidden.tabs["rlhf"].figure.axes[1])
+    assert mem["parameters"] == planner_m["parameters"] == c["params"].lower()
+    assert mem["optimizer states"] == planner_m["optimizer"] == c["optimizer"].lower()
+    assert planner_t["compute"] == rlhf["train"] == c["compute"].lower()
+    assert rlhf["sync"] == c["communication"].lower()

@@ -148,3 +148,13 @@ def test_the_paged_pool_row_is_the_engines_pool_for_every_kv_dtype():
         (row,) = [q for q in table.index if q.startswith("paged KV pool per sequence")]
         kv = LLM(model, kv_cache_dtype=dt, num_blocks=math.ceil(ctx / PAGED_BLOCK_SIZE), max_num_seqs=1).engine.kv
         assert sum(t.nbytes for t in kv.tensors()) == table[row], dt
+
+
+def test_a_tp_degree_that_does_not_divide_the_heads_is_refused():
+    """llama-3-70b has 64 attention heads and 8 KV heads: TP 3 splits neither, refused as the memory model
+    refuses it (issue 53); TP 8 splits both, TP 16 splits the query heads and replicates the KV heads."""
+    w = InferenceWidget(model="llama-3-70b", tp=3)
+    assert w.error and "TP degree 3" in w.error and "attention heads" in w.error and w.table().empty
+    for tp in (8, 16):
+        w.set_state({"tp": tp})
+        assert w.error is None, (tp, w.error)

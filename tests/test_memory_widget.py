@@ -31,12 +31,13 @@ def test_widget_follows_the_calculator_and_redraws():
 def test_invalid_combination_is_shown_in_place():
     w = MemoryWidget()
     w.set_state({"tp": 64})
-    assert w.error and "tp" in w.error and "Invalid" in w.message.value
+    assert w.error and "TP 64" in w.error and "Invalid" in w.message.value
+    assert "tp=" not in w.error and "n_heads" not in w.error  # said in words (issue 53)
     assert w.table().empty
     w.set_state({"tp": 8})
     assert w.error is None and not w.table().empty
     w.set_state({"model": "llama-3.2-1b", "pp": 32})  # 16 layers: a stage would get none
-    assert "pp" in w.error
+    assert "PP" in w.error and "virtual stages" in w.error and "virtual_stages" not in w.error
 
 
 def test_playbook_toggle_and_fit_verdict():
@@ -96,19 +97,24 @@ def test_playbook_byte_labels_past_a_petabyte():
 
 def _check_sweep_bars(w, want: dict):
     """The bars: one per swept value, each labelled with its total (``want``: value -> Breakdown by
-    hand), the legend in stack order with the Numbers table's names, the GPU line with its capacity,
-    "OOM" over the first value that does not fit and nowhere else."""
+    hand) and each tall segment with its value, the legend in stack order with the Numbers table's names,
+    the GPU line with its capacity, "OOM" over every value that does not fit and nowhere else."""
+    from mlsys_nb.widgets.memory import COMPONENTS, SEGMENT_LABEL_MIN
+
     ax = w.figure.axes[0]
     ticks = [t.get_text() for t in ax.get_xticklabels()]
     assert ticks == [str(v) for v in want], ticks
-    texts = [t.get_text() for t in ax.texts]
+    texts = [t.get_text() for t in ax.texts if t.get_gid() == "total"]
     totals = [f"{b.total / memory.GiB:,.1f}" for b in want.values()]
-    assert [t for t in texts if t != "OOM"] == totals, (texts, totals)
+    assert texts == totals, (texts, totals)
     oom = [i for i, b in enumerate(want.values()) if not b.fits]
-    assert texts.count("OOM") == (1 if oom else 0)
-    if oom:  # the mark sits over the first bar that does not fit
-        mark = [t for t in ax.texts if t.get_text() == "OOM"][0]
-        assert mark.get_position()[0] == oom[0]
+    marks = [t.get_position()[0] for t in ax.texts if t.get_text() == "OOM"]
+    assert marks == oom, (marks, oom)  # over every bar that does not fit (issue 53), and no other
+    top = ax.get_ylim()[1]
+    for i, b in enumerate(want.values()):  # the segments' values, bottom to top
+        seg = [t.get_text() for t in ax.texts if t.get_gid() == "segment" and t.get_position()[0] == i]
+        parts = [getattr(b, f) / memory.GiB for f, *_ in COMPONENTS]
+        assert seg == [f"{v:,.1f}" for v in parts if v > 0 and v >= SEGMENT_LABEL_MIN * top], (i, seg)
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     table = [n for n in w.table().index if n != "total" and w.table().loc[n, "bytes per rank"] > 0]
     assert legend[:-1] == table[::-1], (legend, table)  # top of the stack first, as the bars read
@@ -155,3 +161,15 @@ def test_a_swept_value_that_is_invalid_has_no_bar():
     ticks = [t.get_text() for t in w.figure.axes[0].get_xticklabels()]
     assert ticks == ["1", "2", "4", "8", "16", "32", "64"]
     assert "invalid" in [t.get_text() for t in w.figure.axes[0].texts]
+
+
+def test_every_bar_over_the_limit_is_marked_oom_and_segments_show_values():
+    """A 70B model on DP 1 without ZeRO runs out of memory at every sequence length: every bar gets its OOM
+    mark (the first one only, before issue 53), and the parameters' segment shows its value."""
+    w = MemoryWidget(model="llama-3-70b", dp=1, zero=0)
+    ax = w.figure.axes[0]
+    n_bars = len(ax.get_xticklabels())
+    assert not w.breakdown.fits and n_bars > 1
+    assert [t.get_position()[0] for t in ax.texts if t.get_text() == "OOM"] == list(range(n_bars))
+    params = w.breakdown.params / memory.GiB
+    assert f"{params:,.1f}" in [t.get_text() for t in ax.texts if t.get_gid() == "segment"]

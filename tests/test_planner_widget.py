@@ -52,11 +52,45 @@ def test_widget_shows_the_planner_and_redraws():
 
 
 @pytest.mark.parametrize(
-    "bad, word", [({"sequences": 0}, "sequences"), ({"gpus": 0}, "gpus"), ({"gpus_per_node": 0}, "gpus_per_node")]
+    "bad, word",
+    [({"sequences": 0}, "sequences per step"), ({"gpus": 0}, "GPUs"), ({"gpus_per_node": 0}, "GPUs per node")],
 )
 def test_invalid_input_is_shown_in_place(bad, word):
     w = PlannerWidget(**SMALL)
     w.set_state(bad)
     assert w.error and word in w.error and w.table().empty
+    assert f"{next(iter(bad))} must" not in w.error  # said in words, not the variable (issue 53)
     w.set_state(SMALL | {"gpus": 16, "gpus_per_node": 8})
     assert w.error is None
+
+
+def test_no_layout_message_says_the_closest_layout_in_words():
+    """3 GPUs cannot hold a 70B model: the message describes the closest layout in words, not as a raw
+    ``Layout(dp=1, ...)`` repr (issue 53)."""
+    w = PlannerWidget(model="llama-3-70b", gpus=3, sequences=8)
+    assert w.error and "No layout" in w.message.value
+    assert "Layout(" not in w.error and "micro_batch" not in w.error and "overhead_bytes" not in w.error
+    assert re.search(r"DP \d+ × TP \d+ × PP \d+", w.error) and "recomputation" in w.error
+
+
+def test_time_parts_have_their_own_colours_compute_and_bubble_differ():
+    from mlsys_nb.plots import QUANTITY_COLORS, quantity_color
+
+    colours = [quantity_color(k) for k in TIME_PARTS]
+    assert len(set(colours)) == len(colours)
+    assert quantity_color("compute") == QUANTITY_COLORS["compute"] != QUANTITY_COLORS["bubble"]
+    w = PlannerWidget(**SMALL)
+    import matplotlib.colors as mc
+
+    drawn = {c.get_label(): mc.to_hex(c.patches[0].get_facecolor()) for c in w.figure.axes[0].containers}
+    assert "compute" in drawn and len(drawn) > 1
+    for name, colour in drawn.items():
+        assert colour == quantity_color(name).lower(), name
+
+
+def test_the_layouts_table_scrolls_instead_of_cutting_its_last_column():
+    w = PlannerWidget(**SMALL)
+    html = w.details_html.value
+    assert "<div class='mlsys-planner-scroll'>" in html and "overflow-x:auto" in html
+    assert "white-space:normal" in html  # long headings wrap onto two lines
+    assert "<th>bottleneck</th>" in html  # the last column is in the table

@@ -42,16 +42,18 @@ def test_out_of_memory_names_the_role():
 @pytest.mark.parametrize(
     "bad, word",
     [
-        ({"n_gpus": 0}, "n_gpus"),
-        ({"rollout_tp": 3}, "rollout_tp"),
-        ({"mfu": 1.5}, "mfu"),
-        ({"rollout_batch": 0}, "rollout_batch"),
+        ({"n_gpus": 0}, "GPUs"),
+        ({"rollout_tp": 3}, "rollout TP 3"),
+        ({"mfu": 1.5}, "training MFU"),
+        ({"rollout_batch": 0}, "rollout batch"),
     ],
 )
 def test_invalid_input_is_shown_in_place(bad, word):
+    """The message names the setting in the words of its label, not its variable (``mfu``, ``n_gpus``)."""
     w = RLHFSizingWidget()
     w.set_state(bad)
     assert w.error and word in w.error and w.table().empty and "Invalid" in w.message.value
+    assert next(iter(bad)) not in w.error and "must be an int" not in w.error
     w.set_state({"n_gpus": 16, "rollout_tp": 1, "mfu": 0.4, "rollout_batch": 256})
     assert w.error is None
 
@@ -80,3 +82,20 @@ def test_every_control_at_its_extremes_draws_or_explains():
         w.set_state(defaults | {name: value})
         assert (w.error, w.message.value, w.stats.value) == (fresh.error, fresh.message.value, fresh.stats.value)
         assert w.table().equals(fresh.table()), (name, value)
+
+
+def test_an_out_of_memory_layout_shows_no_step_time():
+    """A layout that does not fit does not run: no step time in the table, the headline or the figure (issue
+    53), and the co-located layout's verdict reads in words ("every GPU holds all the models", not "the all
+    GPUs")."""
+    w = RLHFSizingWidget(model="llama-3.1-405b", n_gpus=64, rollout_tp=8)
+    t = w.table()
+    assert not t["fits"].any()
+    assert t[["gen s", "sync s", "train s", "step (sync) s", "step (async) s"]].isna().all().all()
+    assert w.stats.value.count("no step time") == 2 and "synchronous" not in w.stats.value
+    assert "the all" not in w.stats.value and "every GPU holds all the models" in w.stats.value
+    time_ax = w.figure.axes[1]
+    assert not time_ax.patches and [t.get_text() for t in time_ax.texts] == ["out of\nmemory"] * 3
+    fits = RLHFSizingWidget(model="llama-2-7b", n_gpus=16)
+    assert fits.table()["fits"].all() and not fits.table().isna().any().any()
+    assert "no step time" not in fits.stats.value and len(fits.figure.axes[1].patches) > 0

@@ -39,12 +39,14 @@ def test_inference_demand_and_custom_fit():
 
 @pytest.mark.parametrize(
     "bad, word",
-    [({"mfu": 0.0}, "mfu"), ({"mfu": 1.5}, "mfu"), ({"n_gpus": 0}, "n_gpus"), ({"price_per_gpu_hour": -1.0}, "price")],
+    [({"mfu": 0.0}, "MFU"), ({"mfu": 1.5}, "MFU"), ({"n_gpus": 0}, "GPUs"), ({"price_per_gpu_hour": -1.0}, "GPU-hour")],
 )
 def test_invalid_input_is_shown_in_place(bad, word):
+    """The message names the setting in the words of its label, not its variable (``mfu``, ``n_gpus``)."""
     w = ScalingWidget()
     w.set_state(bad)
     assert w.error and word in w.error and "Invalid" in w.message.value
+    assert next(iter(bad)) not in w.error
     assert w.table().empty
     w.set_state({"mfu": 0.4, "n_gpus": 8, "price_per_gpu_hour": 2.0})
     assert w.error is None and not w.table().empty

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import re
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -84,6 +85,60 @@ def error_text(error: BaseException) -> str:
     if isinstance(error, KeyError) and len(error.args) == 1:
         return str(error.args[0])
     return str(error)
+
+
+# parameter names the calculators' messages use, in the words a learner reads on the tabs
+WORDS = {
+    "n_heads": "attention heads",
+    "n_kv_heads": "KV heads",
+    "n_layers": "layers",
+    "n_experts": "experts",
+    "ffn_hidden": "FFN width",
+    "virtual_stages": "virtual stages",
+    "micro_batch": "micro-batch",
+    "n_microbatches": "micro-batches per step",
+    "seq_len": "sequence length",
+    "overhead_bytes": "overhead",
+    "recompute_layers": "recomputed layers",
+}
+_JARGON = (("must be an int", "must be a whole number"), ("a finite number", "a number"))
+_LAYOUT = re.compile(r"Layout\(([^()]*)\)")
+
+
+def layout_words(fields: str) -> str:
+    """A ``Layout(dp=1, tp=1, pp=3, ..., zero=0, recompute='full', micro_batch=1, schedule='1f1b', v=1,
+    recompute_layers=0)`` repr's fields as words: ``"DP 1 × TP 1 × PP 3 × CP 1 × EP 1, ZeRO-0, full
+    recomputation, micro-batch 1, 1f1b schedule"`` (``v`` when above 1)."""
+    f = dict(kv.split("=", 1) for kv in re.split(r",\s*", fields.strip()) if "=" in kv)
+    f = {k.strip(): v.strip().strip("'\"") for k, v in f.items()}
+    dims = " × ".join(f"{k.upper()} {f[k]}" for k in ("dp", "tp", "pp", "cp", "ep") if k in f)
+    parts = [dims] if dims else []
+    if "zero" in f:
+        parts.append(f"ZeRO-{f['zero']}")
+    if "recompute" in f:
+        parts.append("no recomputation" if f["recompute"] == "none" else f"{f['recompute']} recomputation")
+    if "micro_batch" in f:
+        parts.append(f"micro-batch {f['micro_batch']}")
+    if "schedule" in f:
+        parts.append(f"{f['schedule']} schedule" + (f" (v = {f['v']})" if f.get("v", "1") != "1" else ""))
+    return ", ".join(parts)
+
+
+def in_words(message: str, words: dict) -> str:
+    """``message`` with parameter names said in words: ``words`` (a widget's control names -> their labels)
+    and ``WORDS``; ``name=value`` becomes ``label value``; a raw ``Layout(...)`` becomes ``layout_words``;
+    "must be an int" becomes "must be a whole number"."""
+    message = _LAYOUT.sub(lambda m: f"the layout ({layout_words(m.group(1))})", message)
+    table = WORDS | dict(words)
+    for name in sorted(table, key=len, reverse=True):
+        message = re.sub(
+            rf"(?<![\w.]){re.escape(name)}(?:=|\b)(?![(])",
+            lambda m, n=name: table[n] + (" " if m.group(0).endswith("=") else ""),
+            message,
+        )
+    for old, new in _JARGON:
+        message = message.replace(old, new)
+    return message
 
 
 _IMAGES = contextvars.ContextVar("mlsys_widget_images", default=True)
@@ -224,6 +279,7 @@ class ControlPanel(Panel):
     controls and figure with ``_build``, and never overrides ``update()``."""
 
     error_label = "Invalid input"  # the bold word(s) before an error message
+    words: dict = {}  # control name -> the words an error message says for it (``in_words``)
     errors: tuple = (ValueError, KeyError, TypeError)  # what compute() raises for bad input
     result = None  # the last compute() result; None while an error is shown
     details_html = None  # ipywidgets HTML below the figure, when the subclass has ``details``
@@ -246,6 +302,12 @@ class ControlPanel(Panel):
         raise NotImplementedError
 
     details = None  # optional: ``details(result) -> str``, HTML shown below the figure
+
+    def error_words(self) -> dict:
+        """Parameter name -> words, for the error messages: every snake_case control (``n_gpus``) by its label
+        without the unit in parentheses ("GPUs"), then the widget's own ``words`` (abbreviations: ``tp``)."""
+        labels = {n: re.sub(r"\s*\(.*\)$", "", c.description) for n, c in self.controls.items() if "_" in n}
+        return {n: w for n, w in labels.items() if w} | dict(self.words)
 
     # ---- what the base does --------------------------------------------------------------------
     def _build(
@@ -292,7 +354,7 @@ class ControlPanel(Panel):
             self.result = None
             if self.details_html is not None:
                 self.details_html.value = ""
-            self._show_error(error_text(e), self.error_label)
+            self._show_error(in_words(error_text(e), self.error_words()), self.error_label)
             return
         self.error = None
         self.result = result

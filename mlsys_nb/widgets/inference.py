@@ -21,8 +21,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from .. import hardware
-from ..config import check_int, load_model_preset, model_presets
+from .. import hardware, memory
+from ..config import TrainConfig, check_int, load_model_preset, model_presets
 
 from ..inference import kv_cache_bytes, max_concurrent_sequences, weight_bytes
 from ..inference.config import EngineConfig
@@ -48,6 +48,8 @@ BATCHES = tuple(int(x) for x in np.unique(np.logspace(0, 10, 21, base=2).astype(
 class InferenceWidget(ControlPanel):
     """Controls: model preset, GPU, context (tokens per sequence), decode batch (sequences), KV-cache
     dtype, weight dtype, tensor-parallel degree."""
+
+    words = {"tp": "TP degree", "batch": "decode batch"}  # the error messages' names in words (``base.in_words``)
 
     def __init__(self, **state):
         import ipywidgets as w
@@ -82,6 +84,7 @@ class InferenceWidget(ControlPanel):
         check_int(f"context (for {s['model']})", ctx, 1, cfg.seq_len)
         check_int("batch", b, 1)
         check_int("tp", tp, 1)
+        memory.check(cfg, TrainConfig(tp=tp))  # TP splits the heads: as the memory model refuses it (TP 3, 64 heads)
         gpu = hardware.gpu(s["gpu"])
         peak_dtype = s["weight_dtype"] if s["weight_dtype"] in gpu.peak_flops else "fp32"
         if peak_dtype not in gpu.peak_flops:

@@ -6,8 +6,9 @@ heads, more stages than layers, ...) are shown as a message in place of the char
 
 The figure sweeps one setting the learner picks (``sweep``: sequence length, micro-batch, TP, ZeRO
 stage or recomputation) and draws one stacked bar per value side by side, each labelled with its
-total, the components named as in the Numbers table, the GPU's capacity as a line and the first
-value that runs out of memory marked "OOM". A swept value that is an invalid combination has no bar.
+total and each component's value inside its segment, the components named as in the Numbers table,
+the GPU's capacity as a line and every value that runs out of memory marked "OOM". A swept value
+that is an invalid combination has no bar.
 
 ``MemoryWidget().widget`` is the ipywidgets container; ``state()``/``set_state()``, ``figure``,
 ``table()`` and ``error`` follow the dashboard protocol.
@@ -19,7 +20,7 @@ import pandas as pd
 
 from .. import hardware, memory
 from ..config import OPTIMIZERS, PP_SCHEDULES, PRECISIONS, RECOMPUTE, TrainConfig
-from ..plots import PALETTE, label, style
+from ..plots import QUANTITY_COLORS, label, style
 from .base import ControlPanel
 
 POW2 = lambda lo, hi: [2**i for i in range(lo, hi + 1)]  # noqa: E731
@@ -57,15 +58,21 @@ SWEEPS = {  # the sweep control's choices: setting -> its label
 }
 SWEEP_BARS = 6  # bars of a sweep over a long list of values (a window around the current value)
 COMPONENTS = [  # (Breakdown field, label (the Numbers table's and the legend's), colour, short label)
-    ("params", "parameters", PALETTE[0], "params"),
-    ("grads", "gradients", PALETTE[1], "grads"),
-    ("optimizer", "optimizer states", PALETTE[2], "optimizer"),
-    ("master", "fp32 master weights", PALETTE[5], "master"),
-    ("activations_layers", "activations (layers)", PALETTE[3], "act. layers"),
-    ("activations_outside", "activations (embedding, head, loss)", PALETTE[4], "act. outside"),
-    ("temporary", "temporary buffers", PALETTE[6], "temporary"),
-    ("overhead", "overhead", "#999999", "overhead"),
+    ("params", "parameters", QUANTITY_COLORS["params"], "params"),
+    ("grads", "gradients", QUANTITY_COLORS["grads"], "grads"),
+    ("optimizer", "optimizer states", QUANTITY_COLORS["optimizer"], "optimizer"),
+    ("master", "fp32 master weights", QUANTITY_COLORS["master"], "master"),
+    ("activations_layers", "activations (layers)", QUANTITY_COLORS["activations"], "act. layers"),
+    (
+        "activations_outside",
+        "activations (embedding, head, loss)",
+        QUANTITY_COLORS["activations_outside"],
+        "act. outside",
+    ),
+    ("temporary", "temporary buffers", QUANTITY_COLORS["temporary"], "temporary"),
+    ("overhead", "overhead", QUANTITY_COLORS["overhead"], "overhead"),
 ]
+SEGMENT_LABEL_MIN = 0.06  # a segment shows its value when it is at least this fraction of the axis height
 UNITS = {"GiB": memory.GiB, "GB": memory.GB}
 
 
@@ -101,6 +108,14 @@ def train_config(state: dict) -> TrainConfig:
 class MemoryWidget(ControlPanel):
     """Controls for every ``TrainConfig`` input, a model preset, the GPU, the unit (GiB/GB) and a
     Playbook-compatibility toggle. Shows a stacked bar per rank with the GPU memory line."""
+
+    words = {
+        "dp": "DP",
+        "tp": "TP",
+        "pp": "PP",
+        "cp": "CP",
+        "ep": "EP",
+    }  # the error messages' names in words (``base.in_words``)
 
     error_label = "Invalid combination"
 
@@ -209,8 +224,9 @@ class MemoryWidget(ControlPanel):
         )
 
     def draw(self, r: dict) -> None:
-        """One stacked bar per swept value, its total on top; the GPU line with its capacity; the
-        first value that does not fit marked OOM; the current value's tick in bold."""
+        """One stacked bar per swept value, its total on top and each segment's value inside it (when the
+        segment is tall enough to hold the text); the GPU line with its capacity; every value that does not
+        fit marked OOM; the current value's tick in bold."""
         b, s, bars = r["breakdown"], r["state"], r["bars"]
         unit, scale = s["unit"], UNITS[s["unit"]]
         ax = self._ax
@@ -221,20 +237,25 @@ class MemoryWidget(ControlPanel):
         with style():
             bottoms = [0.0] * len(bars)
             handles = {}
+            segments = []  # (x, bottom, height) of every drawn segment, for its value label
             for f, lab, col, _ in COMPONENTS:
                 heights = [getattr(bd, f) / scale if bd is not None else 0.0 for _, bd in bars]
                 if not any(h > 0 for h in heights):
                     continue
                 handles[lab] = ax.bar(xs, heights, bottom=bottoms, width=0.62, color=col, label=lab)
+                segments += [(x, lo, h) for x, lo, h in zip(xs, bottoms, heights) if h > 0]
                 bottoms = [lo + h for lo, h in zip(bottoms, heights)]
             top = max([cap, *bottoms])
-            oom_marked = False
+            for x, lo, h in segments:  # each segment's value, where the segment is tall enough to hold it
+                if h >= SEGMENT_LABEL_MIN * top * 1.2:  # clear of the GPU line and its OOM cross
+                    y = max((lo + f * h for f in (0.5, 0.3, 0.7)), key=lambda y: min(abs(y - cap), 0.05 * top))
+                    ax.text(x, y, f"{h:,.1f}", ha="center", va="center", fontsize=7, gid="segment")
             for x, (_v, bd), total in zip(xs, bars, bottoms):
                 if bd is None:
                     ax.text(x, top * 0.02, "invalid", ha="center", va="bottom", fontsize=8, color="grey", rotation=90)
                     continue
-                ax.text(x, total + top * 0.01, f"{total:,.1f}", ha="center", va="bottom", fontsize=8)
-                if not bd.fits and not oom_marked:  # the first value that runs out of memory
+                ax.text(x, total + top * 0.01, f"{total:,.1f}", ha="center", va="bottom", fontsize=8, gid="total")
+                if not bd.fits:  # every value that runs out of memory
                     ax.plot([x], [cap], marker="X", color="#D55E00", ms=10, mec="black", zorder=5)
                     ax.text(
                         x,
@@ -245,8 +266,8 @@ class MemoryWidget(ControlPanel):
                         color="#D55E00",
                         fontsize=9,
                         fontweight="bold",
+                        gid="oom",
                     )
-                    oom_marked = True
             gpu_line = ax.axhline(cap, color="black", ls="--", lw=1.2)
             ax.set_xticks(xs)
             ax.set_xticklabels([str(v) for v, _ in bars])

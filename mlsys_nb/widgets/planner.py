@@ -16,7 +16,7 @@ import pandas as pd
 from .. import hardware, memory, planner
 from ..config import check_int
 
-from ..plots import PALETTE, style
+from ..plots import quantity_color, style
 from .base import ControlPanel
 
 DEFAULTS = {
@@ -60,9 +60,13 @@ TABLE_COLUMNS = {
     "memory_GB": ("memory (GB)", "{:.1f}"),
     "bottleneck": ("bottleneck", "{}"),
 }
+# every column in view: headings wrap (a long one takes two lines, not the table's width), numbers stay on
+# one line, and a page narrower than the table scrolls it sideways instead of cutting its last column
 TABLE_STYLE = (
     "<style>.mlsys-planner-layouts td,.mlsys-planner-layouts th{padding:1px 6px;text-align:right;"
-    "font-variant-numeric:tabular-nums;white-space:nowrap}.mlsys-planner-layouts td.text{text-align:left}</style>"
+    "font-variant-numeric:tabular-nums;white-space:nowrap}.mlsys-planner-layouts td.text{text-align:left}"
+    ".mlsys-planner-layouts tr:first-child th{white-space:normal;max-width:7em;vertical-align:bottom}"
+    ".mlsys-planner-scroll{overflow-x:auto;max-width:100%}</style>"
 )
 MEM_PARTS = (
     ("parameters", "params"),
@@ -87,6 +91,12 @@ def best_layouts(model: str, **kw):
 class PlannerWidget(ControlPanel):
     """Controls: model preset, GPU, number of GPUs, GPUs per node, sequence length, sequences per
     step (the global batch is sequences x seq_len tokens) and which of the best layouts to break down."""
+
+    words = {
+        "gpus": "GPUs",
+        "gpu": "GPU",
+        "sequences": "sequences per step",
+    }  # the error messages' names in words (``base.in_words``)
 
     error_label = "No layout"
 
@@ -170,8 +180,8 @@ class PlannerWidget(ControlPanel):
                 cells.append(f"<td{' class=text' if text else ''}>{shown}</td>")
             body.append(f"<tr><th>{i}</th>{''.join(cells)}</tr>")
         return (
-            f"{TABLE_STYLE}<small><table class='mlsys-planner-layouts'><tr><th>#</th>{head}</tr>"
-            f"{''.join(body)}</table></small>"
+            f"{TABLE_STYLE}<div class='mlsys-planner-scroll'><small><table class='mlsys-planner-layouts'><tr><th>#</th>"
+            f"{head}</tr>{''.join(body)}</table></small></div>"
         )
 
     def draw(self, r: dict) -> None:
@@ -181,18 +191,18 @@ class PlannerWidget(ControlPanel):
             ax.clear()
         with style():
             left = 0.0
-            for i, k in enumerate(TIME_PARTS):
+            for k in TIME_PARTS:
                 v = plan.time.get(k, 0.0)
                 if v > 0:
-                    ax_t.barh(0, v, left=left, color=PALETTE[i % len(PALETTE)], label=k)
+                    ax_t.barh(0, v, left=left, color=quantity_color(k), label=k)
                     left += v
             ax_t.set_title("modelled step time (s)", fontsize=10)
             b = plan.memory
             left = 0.0
-            for i, (name, attr) in enumerate(MEM_PARTS):
+            for name, attr in MEM_PARTS:
                 v = getattr(b, attr) / 1e9
                 if v > 0:
-                    ax_m.barh(0, v, left=left, color=PALETTE[i % len(PALETTE)], label=name)
+                    ax_m.barh(0, v, left=left, color=quantity_color(attr), label=name)
                     left += v
             ax_m.axvline(plan.gpu_memory_bytes / 1e9, color="black", ls="--", lw=1)
             ax_m.set_title("memory of the heaviest stage (GB; dashed: GPU)", fontsize=10)

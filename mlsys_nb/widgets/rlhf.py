@@ -15,7 +15,7 @@ import pandas as pd
 from .. import hardware
 from ..config import check_int, model_presets
 
-from ..plots import PALETTE, style
+from ..plots import QUANTITY_COLORS, style
 from .base import ControlPanel
 
 DEFAULTS = {
@@ -31,12 +31,20 @@ DEFAULTS = {
 }
 PLACEMENTS = ("colocated", "split")
 PHASES = ("gen", "sync", "train")
+PHASE_COLORS = {  # generation, training (compute), weight sync (communication): plots.QUANTITY_COLORS
+    "gen": QUANTITY_COLORS["generation"],
+    "train": QUANTITY_COLORS["compute"],
+    "sync": QUANTITY_COLORS["communication"],
+    "gen ‖ train": "#8FB8D6",  # generation and training overlapped (one step off-policy)
+}
 
 
 class RLHFSizingWidget(ControlPanel):
     """Controls: actor model preset, GPU, GPUs in total, rollout batch (sequences per step), prompt and
     response lengths (tokens), rollout tensor-parallel degree, training MFU, the link between the
     trainer and rollout GPUs of a split layout."""
+
+    words = {"mfu": "training MFU", "n_gpus": "GPUs"}  # the error messages' names in words (``base.in_words``)
 
     errors = (*ControlPanel.errors, ZeroDivisionError)
 
@@ -87,19 +95,14 @@ class RLHFSizingWidget(ControlPanel):
         return {"layouts": costs, "gpu_memory_bytes": hardware.gpu(s["gpu"]).memory_bytes}
 
     def rows(self, r: dict) -> pd.DataFrame:
+        """One row per layout; a layout that runs out of memory has no step time (NaN): it does not run."""
         rows = []
+        nan = float("nan")
         for p, c in r["layouts"].items():
+            times = (c.gen_s, c.sync_s, c.train_s, c.step_sync_s, c.step_async_s) if c.fits else (nan,) * 5
             rows.append(
-                {
-                    "layout": p,
-                    "GB per GPU (heaviest)": c.per_gpu_bytes / 1e9,
-                    "fits": c.fits,
-                    "gen s": c.gen_s,
-                    "sync s": c.sync_s,
-                    "train s": c.train_s,
-                    "step (sync) s": c.step_sync_s,
-                    "step (async) s": c.step_async_s,
-                }
+                {"layout": p, "GB per GPU (heaviest)": c.per_gpu_bytes / 1e9, "fits": c.fits}
+                | dict(zip(("gen s", "sync s", "train s", "step (sync) s", "step (async) s"), times))
             )
         return pd.DataFrame(rows).set_index("layout")
 
@@ -107,11 +110,14 @@ class RLHFSizingWidget(ControlPanel):
         cap = r["gpu_memory_bytes"]
         parts = []
         for p, c in r["layouts"].items():
-            heavy = max(c.memory.roles, key=lambda role: sum(c.memory.roles[role][1].values()))
-            verdict = "fits" if c.fits else f"<b style='color:#D55E00'>out of memory</b> (the {heavy} GPUs)"
+            head = f"<b>{p}</b>: {c.per_gpu_bytes / 1e9:.3g} GB per GPU of {cap / 1e9:.3g} GB, "
+            if not c.fits:
+                heavy = max(c.memory.roles, key=lambda role: sum(c.memory.roles[role][1].values()))
+                where = "every GPU holds all the models" if heavy == "all" else f"on the {heavy} GPUs"
+                parts.append(f"{head}<b style='color:#D55E00'>out of memory</b> ({where}): no step time")
+                continue
             parts.append(
-                f"<b>{p}</b>: {c.per_gpu_bytes / 1e9:.3g} GB per GPU of {cap / 1e9:.3g} GB, {verdict}; "
-                f"step {c.step_sync_s:.3g} s synchronous, {c.step_async_s:.3g} s one step off-policy "
+                f"{head}fits; step {c.step_sync_s:.3g} s synchronous, {c.step_async_s:.3g} s one step off-policy "
                 f"(weight sync {c.sync_s:.3g} s)"
             )
         return "<br>".join(parts) + "<br><i>Models: roofline generation, training at the MFU set, α-β sync.</i>"
@@ -123,7 +129,9 @@ class RLHFSizingWidget(ControlPanel):
             for ax in self._axes:
                 ax.clear()
             names = list(costs)
-            mem_ax.bar(names, [costs[p].per_gpu_bytes / 1e9 for p in names], color=[PALETTE[0], PALETTE[1]])
+            mem_ax.bar(
+                names, [costs[p].per_gpu_bytes / 1e9 for p in names], color="#4D4D4D"
+            )  # a total, no one quantity
             mem_ax.axhline(cap / 1e9, color="black", lw=1, ls="--", label="GPU memory")
             mem_ax.set_ylabel("GB per GPU, heaviest role (GB)")
             mem_ax.legend(fontsize=8, loc="upper right")
@@ -131,16 +139,19 @@ class RLHFSizingWidget(ControlPanel):
             bars = [(f"{p}\nsync", costs[p], False) for p in names] + [("split\nasync", costs["split"], True)]
             seen = set()
             for i, (_, c, overlap) in enumerate(bars):
+                if not c.fits:  # it does not run: no step time to draw
+                    time_ax.text(i, 0, "out of\nmemory", ha="center", va="bottom", color="#D55E00", fontsize=8)
+                    continue
                 segs = (
                     [("gen ‖ train", max(c.gen_s, c.train_s))] if overlap else [("gen", c.gen_s), ("train", c.train_s)]
                 )
                 bottom = 0.0
                 for seg, v in [*segs, ("sync", c.sync_s)]:
-                    color = {"gen": PALETTE[0], "train": PALETTE[1], "sync": PALETTE[2], "gen ‖ train": PALETTE[3]}[seg]
-                    time_ax.bar(i, v, bottom=bottom, color=color, label=None if seg in seen else seg)
+                    time_ax.bar(i, v, bottom=bottom, color=PHASE_COLORS[seg], label=None if seg in seen else seg)
                     seen.add(seg)
                     bottom += v
             time_ax.set_xticks(range(len(bars)), [b[0] for b in bars])
             time_ax.set_ylabel("RLHF step, model (s)")
-            time_ax.legend(fontsize=8, loc="upper right")
+            if seen:
+                time_ax.legend(fontsize=8, loc="upper right")
             time_ax.set_title("step time", fontsize=10)

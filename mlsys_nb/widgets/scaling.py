@@ -41,6 +41,8 @@ class ScalingWidget(ControlPanel):
     """Controls: law, compute budget (FLOPs, log slider), inference demand (tokens served), GPU,
     cluster size, MFU and a price per GPU-hour (your assumption, USD)."""
 
+    words = {"mfu": "MFU", "n_gpus": "GPUs"}  # the error messages' names in words (``base.in_words``)
+
     def __init__(self, laws: dict | None = None, **state):
         import ipywidgets as w
         from matplotlib.figure import Figure
