@@ -37,6 +37,8 @@ SEED_CARDS = [
     "cards.fp8_kv_capacity",
     "cards.kv_requests_fit",
     "cards.gb_vs_gib",
+    "cards.zero2_traffic",
+    "cards.tp_allreduces",
 ]
 
 
@@ -118,6 +120,16 @@ def test_training_cards_refuting_numbers_a_second_way():
     # gpu_days: days are wall clock; GPU-days = days x GPUs
     est = flops.training_time("llama-2-70b", 2e12, gpu="H100-SXM", n_gpus=1024, mfu=0.4)
     assert est.gpu_hours / 24 == pytest.approx(est.days * 1024)
+    # zero2_traffic: reduce-scatter (n-1)/n S + all-gather (n-1)/n S = DDP's 2(n-1)/n S, not half of it
+    from mlsys_nb.parallel import tensor as tp
+    from mlsys_nb.parallel import zero
+
+    for n in (8, 64):
+        assert zero.zero_bytes_per_step(70e9, n, 2) == pytest.approx(2 * (n - 1) / n * 140e9)
+        assert zero.zero_bytes_per_step(70e9, n, 2) == pytest.approx(zero.zero_bytes_per_step(70e9, n, 0))
+    # tp_allreduces: a layer's forward sends two ring all-reduces of [b, s, h] (backward two more, the conjugates)
+    for t in (2, 4, 8):
+        assert tp.tp_bytes_per_layer(1, 4096, 8192, t, False) == pytest.approx(2 * 2 * (t - 1) / t * 4096 * 8192 * 2)
     # nvswitch_nodes: a 16-rank group on 8-GPU nodes leaves NVLink
     from mlsys_nb.planner.context import plan_context
     from mlsys_nb.planner.traffic import group_link

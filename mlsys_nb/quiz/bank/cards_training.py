@@ -8,7 +8,7 @@ from ... import comm, flops, hardware, memory
 from ... import pipeline as pl
 from ...config import TrainConfig
 from ..core import family
-from ._util import pick
+from ._util import pick, tensor_parallel, zero
 from .cards import card
 from .comm import SEC_COST
 from .memory import SEC_MEM
@@ -320,4 +320,57 @@ def _c_gib(rng):
         ],
         "2^30 = 1.074e9.",
         params={"n": n},
+    )
+
+
+@family(
+    "cards.zero2_traffic",
+    "data_parallel",
+    kind="card",
+    section="notebooks/06_zero_and_fsdp.ipynb, §4 ZeRO-2: shard the gradients too",
+    reference="docs/references.md#zero (arXiv:1910.02054, §7.2.1)",
+)
+def _c_zero2_traffic(rng):
+    n = pick(rng, [8, 64])
+    z2, ddp = zero.zero_bytes_per_step(70e9, n, 2), zero.zero_bytes_per_step(70e9, n, 0)
+    return card(
+        rng,
+        "ZeRO-2 sends about half the bytes of DDP per step: it only reduce-scatters the gradients.",
+        "ZeRO-2 sends the same bytes as DDP per step: a reduce-scatter of the gradients, then an all-gather of "
+        "the updated parameters.",
+        [
+            f"70B in bf16 over {n} ranks: ZeRO-2 {z2 / 1e9:.4g} GB, DDP {ddp / 1e9:.4g} GB per rank and step "
+            "(parallel.zero.zero_bytes_per_step).",
+            "Each rank updates only its shard, so the others need the new values: the all-gather is half the cost.",
+        ],
+        "After the step, who holds the updated parameters?",
+        params={"n": n},
+    )
+
+
+@family(
+    "cards.tp_allreduces",
+    "tensor",
+    kind="card",
+    section="notebooks/07_tensor_parallelism.ipynb, §3 The Megatron MLP and attention",
+    reference="docs/references.md#megatron (arXiv:1909.08053, §3)",
+)
+def _c_tp(rng):
+    tp = pick(rng, [2, 4, 8])
+    b, s, h = 1, 4096, 8192
+    fwd = tensor_parallel.tp_bytes_per_layer(b, s, h, tp, False) / comm.bytes_sent_per_rank(
+        "all_reduce", 2 * b * s * h, tp
+    )
+    return card(
+        rng,
+        "Megatron tensor parallelism needs one all-reduce per MLP per training step.",
+        "Megatron tensor parallelism all-reduces twice per layer in forward (after attention and after the MLP) "
+        "and twice in backward: 4 per layer per step.",
+        [
+            f"tp = {tp}: one layer's forward sends {fwd:g} all-reduces' worth of [b, s, h] "
+            "(parallel.tensor.tp_bytes_per_layer ÷ comm.bytes_sent_per_rank).",
+            "Backward runs the conjugate operator f at each block's input: 2 more all-reduces of the input gradients.",
+        ],
+        "Count g in forward and f in backward for attention and for the MLP.",
+        params={"tp": tp},
     )

@@ -102,3 +102,17 @@ def _(text):
 def _(p):
     gib = 2 * p["n"] / 1024**3
     return _card(lambda text: abs(_claims_number(text, r"which is ([\d.]+) GiB") - gib) < 1e-3 * gib)(p)
+
+
+@register_route("cards.zero2_traffic")
+def _(p):
+    n = p["n"]
+    z2, ddp = (n - 1) / n + (n - 1) / n, 2 * (n - 1) / n  # RS of grads + AG of params vs ring all-reduce
+    return _card(lambda text: ("about half the bytes" in text) == (abs(z2 / ddp - 0.5) < 0.1))(p)
+
+
+@register_route("cards.tp_allreduces")
+@_card
+def _(text):
+    per_layer = 2 * 2  # attention and MLP: g (all-reduce) in forward, f's conjugate in backward
+    return ("one all-reduce per MLP per training step" in text) == (per_layer == 1)
