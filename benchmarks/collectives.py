@@ -50,6 +50,52 @@ def phases(nbytes: int, repeats: int) -> dict:
         return {k: v / repeats for k, v in shm.phase_s.items()}
 
 
+def steps(repeats: int) -> dict:
+    """On every rank: seconds per training step with ``dist.all_reduce`` (gloo) and with the shared-memory one
+    (interleaved): a DDP step of a 2-layer MLP (hidden 1024: 8 MiB of gradients, one bucket) and a forward +
+    backward of a tensor-parallel SwiGLU MLP (hidden 512, 2 x 128 tokens: a 512 KiB all-reduce each way)."""
+    import time
+
+    import torch
+    from torch import nn
+
+    from mlsys_nb.comm.shm import ShmAllReduce
+    from mlsys_nb.config import tiny_config
+    from mlsys_nb.parallel import functional as pf
+    from mlsys_nb.parallel import tensor as tp
+    from mlsys_nb.parallel.ddp import DataParallel
+
+    torch.manual_seed(0)
+    nets = {impl: DataParallel(nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024)), all_reduce=impl)
+            for impl in (None, "shm")}  # fmt: skip
+    x = torch.randn(8, 1024)
+    mlp = tp.TPMLP(tiny_config(hidden=512, ffn_hidden=2048, n_heads=8, n_kv_heads=8))
+    h = torch.randn(2, 128, 512, requires_grad=True)
+    shm = ShmAllReduce()
+
+    def ddp(impl):
+        nets[impl](x).square().mean().backward()
+
+    def tp_mlp(impl):
+        previous = pf.set_all_reduce(shm if impl else None)
+        mlp(h).square().mean().backward()
+        pf.set_all_reduce(previous)
+
+    out = {(name, impl): [] for name in ("DDP step", "TP MLP fwd+bwd") for impl in (None, "shm")}
+    for i in range(repeats + 1):  # the first round warms up
+        for name, fn in (("DDP step", ddp), ("TP MLP fwd+bwd", tp_mlp)):
+            for impl in (None, "shm"):
+                torch.distributed.barrier()
+                t = time.perf_counter()
+                fn(impl)
+                if i:
+                    out[(name, impl)].append(time.perf_counter() - t)
+    for net in nets.values():
+        net.close()
+    shm.close()
+    return out
+
+
 def run(world_sizes, repeats: int, sizes=SIZES, memcpy_repeats: int = 9, warmup: int = 1):
     """The sweep (a DataFrame, memcpy rows included as impl ``memcpy``), memcpy's 64 MiB bandwidth (mean of
     before and after), the α-β fits and the phase breakdown {world size: {size: mean over ranks}}."""
@@ -85,12 +131,17 @@ def run(world_sizes, repeats: int, sizes=SIZES, memcpy_repeats: int = 9, warmup:
     f = comm.fit_alpha_beta(m.bytes.values, m.median_s.values, "broadcast", 2, "binomial_tree")  # T = α + S/β
     fits.append(dict(world_size=1, impl="memcpy", alpha_us=f.alpha_s * 1e6, beta_GBps=f.beta_bytes_per_s / 1e9,
                      median_rel_error=f.median_rel_error))  # fmt: skip
-    breakdown = {}
+    breakdown, step_rows = {}, []
     for ws in world_sizes:
         at = [s for s in sizes if s >= BIG] or [max(sizes)]
         per_rank = mlsys_nb.launch(phases, ws, args=(max(at), max(repeats, 3)), backend="gloo", output="quiet")
         breakdown[ws] = {k: float(np.mean([r[k] for r in per_rank])) for k in per_rank[0]}
-    return df, memcpy, (before, after), pd.DataFrame(fits), breakdown
+        per_rank = mlsys_nb.launch(steps, ws, args=(repeats,), backend="gloo", output="quiet", timeout=300)
+        for name in ("DDP step", "TP MLP fwd+bwd"):
+            t = {impl: np.max([r[(name, impl)] for r in per_rank], axis=0) for impl in (None, "shm")}
+            step_rows.append({"ranks": ws, "step": name, "gloo ms": np.median(t[None]) * 1e3,
+                              "shm ms": np.median(t["shm"]) * 1e3, "gloo / shm": np.median(t[None] / t["shm"])})  # fmt: skip
+    return df, memcpy, (before, after), pd.DataFrame(fits), breakdown, pd.DataFrame(step_rows)
 
 
 def table(df, ws: int, memcpy: float):
@@ -163,6 +214,26 @@ def breakdown_text(breakdown: dict, size: int) -> str:
     return "\n".join(lines)
 
 
+def reading(breakdown: dict, size: int, memcpy: float, df, cores: int) -> list[str]:
+    """Which copy or wait costs the time: the copy-only floor from the phases, and the ceiling any all-reduce
+    that copies its data in and out reaches here (about 3 S of copies per rank, ranks sharing ``cores``)."""
+    lines = ["### Reading: which copy or wait costs the time", ""]
+    for ws, ph in breakdown.items():
+        copies = ph["stage"] + ph["reduce"] + ph["gather"]
+        waits = sum(ph.values()) - copies
+        floor = comm.busbw("all_reduce", size, copies * max(1.0, ws / cores), ws)  # ranks take turns on the cores
+        ceiling = 2 * (ws - 1) / ws / 3 * min(1.0, cores / ws)
+        gloo = df[(df.world_size == ws) & (df.impl == "torch") & (df.bytes >= min(BIG, size))].busbw_Bps.median()
+        lines.append(
+            f"- {ws} ranks, {_size(size)}: the copies take {copies * 1e3:.1f} ms of a call and the waits "
+            f"{waits * 1e3:.1f} ms; with free waits (and the ranks taking turns on the cores) busbw would be "
+            f"{floor / 1e9:.2f} GB/s ({floor / memcpy:.0%} of memcpy). Ceiling here for any all-reduce copying about 3 S per rank with {ws} ranks on {cores} cores: "
+            f"{ceiling:.0%} of memcpy = {ceiling * memcpy / 1e9:.2f} GB/s, {ceiling * memcpy / gloo:.1f}x gloo's "
+            f"{gloo / 1e9:.2f} GB/s at >= 16 MiB."
+        )
+    return lines + [""]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", default="2,4", help="world sizes, comma-separated")
@@ -177,7 +248,9 @@ def main(argv=None):
     if a.quick:  # a smoke test of every code path
         world_sizes, sizes, a.repeats, a.out = [2], (4 * KiB, MiB), 1, None
     info = machine()
-    df, memcpy, (m0, m1), fits, breakdown = run(world_sizes, a.repeats, sizes, memcpy_repeats=1 if a.quick else 9)
+    df, memcpy, (m0, m1), fits, breakdown, step_table = run(
+        world_sizes, a.repeats, sizes, memcpy_repeats=1 if a.quick else 9
+    )
     tables = {ws: table(df, ws, memcpy).to_markdown(index=False, floatfmt=".3g") for ws in world_sizes}
     fit_text = fits.to_markdown(index=False, floatfmt=".3g")
     checks = verdicts(df, world_sizes, memcpy)
@@ -192,6 +265,16 @@ def main(argv=None):
         lines += [f"### {ws} ranks", "", "Times: median (IQR). busbw = size / time x 2(n-1)/n.", "", tables[ws], ""]
     lines += ["### α-β fits (ring coefficients: T = 2(n-1)·α + 2(n-1)/n·S/β; memcpy T = α + S/β)", "", fit_text, ""]
     lines += [breakdown_text(breakdown, big), ""]
+    lines += reading(breakdown, big, memcpy, df, int(info["nproc"] or 1))
+    lines += [
+        "### Training steps with each all-reduce (median over rounds of the slowest rank; interleaved)",
+        "",
+        "DDP: a 2-layer MLP, hidden 1024 (8 MiB of float32 gradients in one bucket), batch 8 per rank. TP: the kit's "
+        "`TPMLP` (SwiGLU, hidden 512, 2048 wide), 2 x 128 tokens: one 512 KiB all-reduce forward, one backward.",
+        "",
+        step_table.to_markdown(index=False, floatfmt=".3g"),
+        "",
+    ]
     lines += [f"- {text}: {'MET' if ok else 'NOT MET'}" for text, ok in checks]
     print("\n".join(lines))
     if a.out:
