@@ -8,10 +8,10 @@ custom all-reduce do for tensor-parallel decode, and what DeepSpeed's shared-mem
 Setup, once per process group (``ShmAllReduce(group)``, a collective call):
 
 1. every rank creates one POSIX shared-memory segment (``multiprocessing.shared_memory``): a 4 KiB header
-   (its flag, a nonce, its pid, the length of its current chunk) and two data buffers of ``buffer_bytes``;
-2. the ranks exchange (host, segment name, nonce) with one ``all_gather_object`` over the group; a rank on
-   another host, or a segment that cannot be opened or holds another nonce, is refused with an error on every
-   rank (shared memory only exists within one machine);
+   (its flag, a nonce, its pid, the length of the chunk in each buffer) and two data buffers of ``buffer_bytes``;
+2. the ranks exchange (host, segment name, nonce, free ``/dev/shm``) with one ``all_gather_object`` over the
+   group; ranks on two hosts, a segment that cannot be opened or holds another nonce, or too little room are
+   refused with an error on every rank (shared memory only exists within one machine);
 3. each rank maps every peer's segment and makes torch views onto them (no copy: ``torch.frombuffer``);
 4. after a barrier (everyone has mapped everyone), each rank **unlinks its segment name at once**. The
    mappings stay valid, like an open file whose name was deleted, and the memory is freed when the last
@@ -35,9 +35,9 @@ cost more than the bytes.
 
 Two-shot, every rank reads ``(n-1)/n`` of the chunk from its peers twice and copies its chunk in and the
 result out: about ``2 + 2(n-1)/n`` memory copies of ``S`` bytes per rank, against nccl-tests' bus bytes
-``2(n-1)/n . S``. Either way, results equal ``dist.all_reduce``'s exactly for integer-valued inputs and differ only by
-rounding otherwise (gloo sums in another order); the order above is the same on every rank, so all ranks get
-bit-identical results.
+``2(n-1)/n . S``. Either way, results equal ``dist.all_reduce``'s exactly for integer-valued inputs and
+differ only by rounding otherwise (gloo sums in another order); the order above is the same on every rank, so
+all ranks get bit-identical results.
 
 Two buffers instead of a third wait: chunk ``k+2`` overwrites the buffer of chunk ``k`` only after this rank
 saw every peer's stage flag of chunk ``k+1``, which each peer raised after it finished reading chunk ``k``.
