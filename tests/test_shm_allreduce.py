@@ -70,6 +70,13 @@ def _equality_checks(numels, dtypes, buffer_bytes):
             torch.equal(x, torch.arange(12.0).reshape(3, 4).t() + (n - 1) / 2)
         )
         shm.close()
+    if n == 4:  # two groups of two ranks, each with its own segments
+        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        with ShmAllReduce(pairs[rank // 2]) as shm:
+            names += shm.names
+            x = torch.full((5,), rank + 1.0)
+            pair = rank // 2 * 2
+            out[("sub-group", rank // 2)] = bool(torch.equal(shm(x), torch.full((5,), pair + 1.0 + pair + 2.0)))
     return out, names
 
 
@@ -85,13 +92,14 @@ def test_equal_to_dist_all_reduce_and_to_the_stated_order(equality):
     for rank, (checks, _) in enumerate(per_rank):
         failed = [k for k, ok in checks.items() if not ok]
         assert not failed, f"{n} ranks, rank {rank}: {failed}"
-        assert len(checks) == len(VARIANTS) * (len(DTYPES) * len(NUMELS) * 4 + 1)
+        assert len(checks) == len(VARIANTS) * (len(DTYPES) * len(NUMELS) * 4 + 1) + (n == 4)
 
 
 def test_no_segment_name_is_left(equality):
     _, per_rank = equality
     names = per_rank[0][1]
-    assert len(set(names)) == len(names) == len(VARIANTS) * len(per_rank)  # one segment per rank, per group
+    pairs = 2 if len(per_rank) == 4 else 0  # the 4-rank run adds two groups of two
+    assert len(set(names)) == len(names) == len(VARIANTS) * len(per_rank) + pairs  # one segment per rank, per group
     assert all(_gone(name) for name in names), "a shared-memory segment outlived its setup"
 
 
