@@ -72,9 +72,16 @@ format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# Voila starts one kernel (~180 MiB) per page load; a kernel idle for DASHBOARD_CULL_IDLE_S seconds with no
+# page connected is shut down, checked every DASHBOARD_CULL_INTERVAL_S seconds (an open page keeps its kernel:
+# cull_connected=False). tests/test_dashboard_culling.py runs these flags with short times.
+DASHBOARD_CULL_IDLE_S ?= 120
+DASHBOARD_CULL_INTERVAL_S ?= 30
 dashboard: setup
 	@echo "Dashboard: http://$(HOST):$(DASHBOARD_PORT)/  (Ctrl-C to stop)"
-	$(VENV)/bin/voila notebooks/00_dashboard.ipynb --no-browser --Voila.ip=$(HOST) --port=$(DASHBOARD_PORT)
+	$(VENV)/bin/voila notebooks/00_dashboard.ipynb --no-browser --Voila.ip=$(HOST) --port=$(DASHBOARD_PORT) \
+		--MappingKernelManager.cull_idle_timeout=$(DASHBOARD_CULL_IDLE_S) \
+		--MappingKernelManager.cull_interval=$(DASHBOARD_CULL_INTERVAL_S) --MappingKernelManager.cull_connected=False
 
 serve: setup
 	$(PY) -m mlsys_nb.inference.serve --model $(MODEL) --host $(HOST) --port $(SERVE_PORT)

@@ -39,13 +39,14 @@ def chromium_available() -> bool:
 
 
 @contextlib.contextmanager
-def voila_server(notebook: str = "00_dashboard.ipynb", log_path: Path | None = None):
-    """Start Voilà on 127.0.0.1:<free port>; yield the base URL; always stop it."""
+def voila_server(notebook: str = "00_dashboard.ipynb", log_path: Path | None = None, args=()):
+    """Start Voilà on 127.0.0.1:<free port> (with the extra command-line ``args``); yield the base URL; always
+    stop it."""
     port = free_port()
     voila = Path(sys.executable).with_name("voila")
     log = open(log_path or os.devnull, "w")
     proc = subprocess.Popen(
-        [str(voila), notebook, "--no-browser", "--Voila.ip=127.0.0.1", f"--port={port}"],
+        [str(voila), notebook, "--no-browser", "--Voila.ip=127.0.0.1", f"--port={port}", *args],
         cwd=ROOT / "notebooks",
         stdout=log,
         stderr=subprocess.STDOUT,
