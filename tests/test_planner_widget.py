@@ -94,3 +94,11 @@ def test_the_layouts_table_scrolls_instead_of_cutting_its_last_column():
     assert "<div class='mlsys-planner-scroll'>" in html and "overflow-x:auto" in html
     assert "white-space:normal" in html  # long headings wrap onto two lines
     assert "<th>bottleneck</th>" in html  # the last column is in the table
+
+
+def test_a_gpu_without_nvlink_is_explained_with_the_gpus_to_choose():
+    """The L4 has no NVLink: the message says so and lists the GPUs the planner can use, instead of the
+    calculator's advice to "pass nvlink=", which the tab has no control for (issue 53)."""
+    w = PlannerWidget(**SMALL)
+    w.set_state({"gpu": "L4"})
+    assert w.error and "L4 has no NVLink" in w.error and "H100-SXM" in w.error and "nvlink=" not in w.error

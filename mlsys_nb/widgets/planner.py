@@ -135,6 +135,12 @@ class PlannerWidget(ControlPanel):
             gpus_per_node=s["gpus_per_node"],
         )
         check_int("sequences", s["sequences"], 1)
+        if hardware.gpu(s["gpu"]).nvlink is None:  # the planner's node is NVLink-connected; the widget has no link
+            with_nvlink = [g for g in hardware.gpus() if hardware.gpu(g).nvlink is not None]
+            raise ValueError(
+                f"{s['gpu']} has no NVLink: the planner models the GPUs of a node joined by NVLink; choose one of "
+                f"{', '.join(with_nvlink)}"
+            )
 
         df = best_layouts(s["model"], **kw)
         row = df.iloc[min(s["show"], len(df) - 1)]
