@@ -173,3 +173,24 @@ def test_every_bar_over_the_limit_is_marked_oom_and_segments_show_values():
     assert [t.get_position()[0] for t in ax.texts if t.get_text() == "OOM"] == list(range(n_bars))
     params = w.breakdown.params / memory.GiB
     assert f"{params:,.1f}" in [t.get_text() for t in ax.texts if t.get_gid() == "segment"]
+
+
+def test_the_verdict_and_the_change_that_fixes_an_oom_are_inside_the_figure():
+    """llama-3.1-8b at 8192 tokens, ZeRO-1 on 8 H100s runs 5.4 GiB over; ZeRO-2 is the first single change
+    that fits (checked by hand with memory.estimate): the figure and the headline say so (issue 53)."""
+    w = MemoryWidget(seq_len=8192)
+    model = memory.preset("llama-3.1-8b")
+    assert not memory.estimate(model, TrainConfig(dp=8, zero=1, n_microbatches=8, seq_len=8192)).fits
+    fixed = memory.estimate(model, TrainConfig(dp=8, zero=2, n_microbatches=8, seq_len=8192))
+    assert fixed.fits
+    verdict = [t.get_text() for t in w.figure.axes[0].texts if t.get_gid() == "verdict"]
+    assert verdict == [
+        f"does not fit on H100-SXM: {(w.breakdown.total - w.breakdown.gpu_memory) / memory.GiB:,.1f} GiB too much"
+        f"\nfix: ZeRO-2 ({fixed.total / memory.GiB:,.1f} GiB)"
+    ]
+    assert "fix: ZeRO-2" in w.stats.value
+    w.set_state({"seq_len": 4096})
+    verdict = [t.get_text() for t in w.figure.axes[0].texts if t.get_gid() == "verdict"]
+    assert verdict[0].startswith("fits on H100-SXM:") and "free" in verdict[0] and "fix" not in w.stats.value
+    w.set_state({"model": "llama-3-70b", "dp": 1, "zero": 0})  # nothing single fixes 1.1 TiB on one GPU
+    assert "no single change" in [t.get_text() for t in w.figure.axes[0].texts if t.get_gid() == "verdict"][0]

@@ -73,6 +73,7 @@ COMPONENTS = [  # (Breakdown field, label (the Numbers table's and the legend's)
     ("overhead", "overhead", QUANTITY_COLORS["overhead"], "overhead"),
 ]
 SEGMENT_LABEL_MIN = 0.06  # a segment shows its value when it is at least this fraction of the axis height
+HEADROOM = 1.35  # the y axis runs to 1.35 x the tallest bar: room for the totals, OOM marks and the verdict
 UNITS = {"GiB": memory.GiB, "GB": memory.GB}
 
 
@@ -196,7 +197,8 @@ class MemoryWidget(ControlPanel):
                 )
             except (ValueError, KeyError, TypeError):
                 bars.append((v, None))
-        return {"breakdown": b, "train": train, "state": state, "bars": bars}
+        fix = None if b.fits else first_fix(model, state, compat)
+        return {"breakdown": b, "train": train, "state": state, "bars": bars, "fix": fix}
 
     def rows(self, r: dict) -> pd.DataFrame:
         b, unit = r["breakdown"], r["state"]["unit"]
@@ -209,6 +211,8 @@ class MemoryWidget(ControlPanel):
         b, s = r["breakdown"], r["state"]
         unit, scale = s["unit"], UNITS[s["unit"]]
         verdict = "fits" if b.fits else "does NOT fit"
+        fix = r["fix"]
+        fix = f"; fix: {fix_words(fix[0])} ({fix[1].total / scale:,.1f} {unit})" if fix is not None else ""
         extra = ""
         if s["playbook"]:
             pb = b.detail["playbook"]
@@ -219,7 +223,7 @@ class MemoryWidget(ControlPanel):
         return (
             f"{b.total / scale:,.2f} {unit} per rank on stage {b.stage} ({b.layers} layers, "
             f"{b.in_flight:g} micro-batches in flight): <b>{verdict}</b> on {s['gpu']} "
-            f"({b.gpu_memory / scale:,.1f} {unit}); parameters: {b.n_params_total / 1e9:,.2f} B total, "
+            f"({b.gpu_memory / scale:,.1f} {unit}){fix}; parameters: {b.n_params_total / 1e9:,.2f} B total, "
             f"{b.n_params_active / 1e9:,.2f} B active, {b.n_params_rank / 1e9:,.3f} B on this rank" + extra
         )
 
@@ -247,8 +251,9 @@ class MemoryWidget(ControlPanel):
                 bottoms = [lo + h for lo, h in zip(bottoms, heights)]
             top = max([cap, *bottoms])
             for x, lo, h in segments:  # each segment's value, where the segment is tall enough to hold it
-                if h >= SEGMENT_LABEL_MIN * top * 1.2:  # clear of the GPU line and its OOM cross
-                    y = max((lo + f * h for f in (0.5, 0.3, 0.7)), key=lambda y: min(abs(y - cap), 0.05 * top))
+                if h >= SEGMENT_LABEL_MIN * top * HEADROOM:  # clear of the GPU line and its OOM cross
+                    ys = (lo + f * h for f in (0.5, 0.35, 0.65, 0.2, 0.8))
+                    y = max(ys, key=lambda y: min(abs(y - cap), 0.08 * top))
                     ax.text(x, y, f"{h:,.1f}", ha="center", va="center", fontsize=7, gid="segment")
             for x, (_v, bd), total in zip(xs, bars, bottoms):
                 if bd is None:
@@ -275,8 +280,19 @@ class MemoryWidget(ControlPanel):
                 if v == s[s["sweep"]]:
                     tick.set_fontweight("bold")
             ax.set_xlim(-0.6, len(bars) - 0.4)
-            ax.set_ylim(0, top * 1.2)
+            ax.set_ylim(0, top * HEADROOM)
             ax.grid(axis="x", visible=False)
+            ax.text(  # the verdict, and the one change that fixes an OOM, inside the figure
+                0.01,
+                0.98,
+                verdict_text(b, r["fix"], s["gpu"], unit, scale),
+                transform=ax.transAxes,
+                ha="left",
+                va="top",
+                fontsize=8,
+                color="#009E73" if b.fits else "#D55E00",
+                gid="verdict",
+            )
             where = "Playbook widget's numbers" if s["playbook"] else "per rank"
             label(
                 ax,
@@ -305,3 +321,67 @@ def sweep_values(name: str, current, options) -> list:
     i = opts.index(current)
     lo = min(max(i - SWEEP_BARS // 2, 0), len(opts) - SWEEP_BARS)
     return opts[lo : lo + SWEEP_BARS]
+
+
+# the single changes tried, in order, when a configuration runs out of memory: (setting, value)
+FIXES = (
+    ("zero", 1),
+    ("zero", 2),
+    ("zero", 3),
+    ("recompute", "selective"),
+    ("recompute", "full"),
+    ("tp", 2),
+    ("tp", 4),
+    ("tp", 8),
+    ("micro_batch", 0.5),  # half the micro-batch
+    ("pp", 2),  # twice the pipeline stages
+)
+
+
+def fix_words(change: tuple) -> str:
+    """``("zero", 3)`` -> ``"ZeRO-3"``, ``("tp", 4)`` -> ``"TP 4"``, ``("micro_batch", 2)`` -> ``"micro-batch 2"``."""
+    name, value = change
+    return {
+        "zero": f"ZeRO-{value}",
+        "recompute": f"{value} recomputation",
+        "tp": f"TP {value}",
+        "micro_batch": f"micro-batch {value}",
+        "pp": f"PP {value}",
+    }[name]
+
+
+def first_fix(model, state: dict, compat=None):
+    """The first single change of ``FIXES`` (only those that raise the setting: a higher ZeRO stage, more
+    recomputation, more TP or PP, a smaller micro-batch) under which ``state`` fits: ``((setting, value),
+    Breakdown)``, or None when no single change does."""
+    order = {"none": 0, "selective": 1, "full": 2}
+    for name, value in FIXES:
+        cur = state[name]
+        if name == "micro_batch":
+            value = cur // 2
+            if value < 1:
+                continue
+        elif name == "pp":
+            value = cur * 2
+        elif name == "recompute":
+            if order[value] <= order[cur]:
+                continue
+        elif value <= cur or (name == "zero" and state["dp"] == 1):
+            continue
+        try:
+            b = memory.estimate(model, train_config(state | {name: value}), compat=compat)
+        except (ValueError, KeyError, TypeError):
+            continue
+        if b.fits:
+            return (name, value), b
+    return None
+
+
+def verdict_text(b, fix, gpu: str, unit: str, scale: float) -> str:
+    """The figure's verdict: fits with the room left, or does not fit and the one change that would."""
+    if b.fits:
+        return f"fits on {gpu}: {(b.gpu_memory - b.total) / scale:,.1f} {unit} free"
+    over = f"does not fit on {gpu}: {(b.total - b.gpu_memory) / scale:,.1f} {unit} too much"
+    if fix is None:
+        return over + "\nno single change (ZeRO, recomputation, TP <= 8, half the micro-batch, 2x PP) fits"
+    return over + f"\nfix: {fix_words(fix[0])} ({fix[1].total / scale:,.1f} {unit})"
