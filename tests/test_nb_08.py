@@ -4,7 +4,7 @@ may skip, and only because ``allowed_skips`` names it; any other skip fails the 
 
 import pytest
 
-from nbrun import assert_exercises_passed, printed_text, run_notebook
+from nbrun import assert_exercises_passed, passed_labels, printed_text, run_notebook
 
 
 @pytest.mark.notebook
@@ -19,6 +19,9 @@ def test_pipeline_notebook_three_ranks():
         "skipping dualpipe: dualpipe needs an even number of ranks p, got p=3"
     ]
     assert_exercises_passed(nb, 1)
+    labels = passed_labels(nb)  # section 10: bytes per boundary counted on the ranks, and beside TP and ZeRO-3
+    assert "counted on 3 ranks for gpipe, 1f1b, interleaved-1f1b: each micro-batch sends 2,048 B" in " ".join(labels)
+    assert any(label.startswith("405B at degree 8: PP sends 8.6 GB per rank per step") for label in labels)
 
 
 @pytest.mark.notebook

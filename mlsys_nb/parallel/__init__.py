@@ -3,7 +3,8 @@
 - ``ddp``: data parallelism from scratch: ``allreduce_gradients(model)`` and
   ``DataParallel(model, bucket_cap_mb=25, overlap=True)`` (buckets, overlap, ``no_sync``).
 - ``zero``: ZeRO stages 1-3 (``ZeRO(model, make_optimizer, stage=3, prefetch=True)``, ``FlatUnit``,
-  ``default_units``) with reduce-scatter and all-gather.
+  ``default_units``) with reduce-scatter and all-gather; ``zero_bytes_per_step`` (bytes a rank sends per step
+  under DDP and ZeRO-1..3).
 - ``functional``: the differentiable collectives the strategies are built from, headed by the table
   of each one's forward and backward: ``copy_to`` / ``reduce_from`` (f and g), ``gather_from`` /
   ``reduce_scatter_to`` along a dimension, ``gather_replicated``, ``all_to_all``, and the plain
@@ -11,7 +12,8 @@
   ``expert`` use them (``tensor.copy_to_tp``, ``tensor.gather_from_sp``, ``expert.all_to_all``, ...
   are the same operators under their strategy's names).
 - ``tensor``: Megatron-style tensor and sequence parallelism (``ColumnParallelLinear``,
-  ``RowParallelLinear``, ``TPMLP``, ``TPAttention``, ``TPTransformer``, ...).
+  ``RowParallelLinear``, ``TPMLP``, ``TPAttention``, ``TPTransformer``, ...; ``tp_bytes_per_layer``, the bytes
+  a rank sends per layer in forward).
 - ``expert``: expert parallelism for mixture-of-experts layers (``EPMoE``: all_to_all dispatch with
   the counts exchanged first, local experts, all_to_all combine; capacity and drops as the dense
   ``mlsys_nb.models.MoE``), ``check_ep_args``, ``ep_bytes_per_layer``, ``tp_moe_bytes_per_layer``.

@@ -6,10 +6,13 @@
 - ``simulate(schedule, F=1.0, B=1.0, W=None, comm=0.0, a2a=0.0)`` -> ``SimResult`` (makespan,
   bubble_fraction, bubble_ratio, peak_activations, timeline).
 - ``closed_form(name, p, m, v, ...)``: the closed-form values the simulator is tested against;
-  ``peak_in_flight(name, p, m, v)``: micro-batches in flight per rank (used by ``mlsys_nb.memory``).
+  ``peak_in_flight(name, p, m, v)``: micro-batches in flight per rank (used by ``mlsys_nb.memory``);
+  ``boundary_bytes(mbs, seq_len, hidden)``: one micro-batch's activations across a stage boundary, mbs·seq·h·bytes
+  each way; ``pp_bytes_per_step(p, m, mbs, seq_len, hidden, v)``: the bytes each rank sends per step.
 - ``run_schedules(names, world_size, ...)`` (``executor``): the same schedules on real ranks,
   gradients compared with the unpipelined model, measured timelines. ``executor.run_step`` is one rank's
-  step: each action goes to the small function its kind names in ``executor.ACTIONS``.
+  step: each action goes to the small function its kind names in ``executor.ACTIONS``; ``executor.ModelSpec``
+  is the toy model and batch (MLP or transformer blocks, micro-batch shape).
 - ``compare.compare_schedules(p, m, ...)``: every schedule at one setting, side by side (bubble, memory, messages).
 - ``plot_timeline(result)``, ``plot_sim_vs_real`` (``plots``): Gantt charts per rank.
 - ``reference.torch_order(name, p, m, v)``: PyTorch's own op order for the same schedule.
@@ -26,7 +29,7 @@ from .schedules import (
     schedule,
     validate,
 )
-from .closed_forms import closed_form, peak_in_flight
+from .closed_forms import boundary_bytes, closed_form, peak_in_flight, pp_bytes_per_step
 from .simulate import SimResult, simulate
 
 __all__ = [
@@ -43,6 +46,8 @@ __all__ = [
     "SimResult",
     "closed_form",
     "peak_in_flight",
+    "boundary_bytes",
+    "pp_bytes_per_step",
     "run_schedules",
     "plot_timeline",
 ]

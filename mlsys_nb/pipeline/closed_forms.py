@@ -10,11 +10,15 @@ micro-batches × L/p layers). Keys that a formula does not cover for these input
   ``bubble_fraction`` = bubble_time / makespan (idle fraction, the zero-bubble README: (p−1)/(m+p−1)).
 - ``internal_idle`` = idle time inside each rank's busy span (0 for ZB-H2 and ZBV at equal costs).
 - ``peak_activations`` = per rank, max in-flight activations.
+
+And what crosses the stage boundaries: ``boundary_bytes(mbs, seq_len, hidden)`` = mbs·seq·h·bytes, one micro-batch's
+activations forward (its gradient backward is the same size, so a round trip is 2·mbs·seq·h·bytes), and
+``pp_bytes_per_step(p, m, ...)``, the bytes each rank sends per step.
 """
 
 from __future__ import annotations
 
-from ..config import check_int
+from ..config import check_int, dtype_bytes
 from .schedules import ScheduleError, check_args
 
 
@@ -94,3 +98,23 @@ def closed_form(
     out["bubble_ratio"] = None if bt is None else bt / busy
     out["bubble_fraction"] = None if bt is None else bt / (busy + bt)
     return out
+
+
+def boundary_bytes(mbs: int, seq_len: int, hidden: int, dtype="bf16") -> float:
+    """Bytes one micro-batch sends across one stage boundary in ONE direction: its activations
+    [mbs, seq_len, hidden] forward, mbs·seq_len·hidden·bytes (the gradient of the same tensor comes back in the
+    backward: the same bytes, so a round trip is 2·mbs·seq_len·hidden·bytes). ``dtype``: a name in
+    ``config.DTYPE_BYTES``, the activations' element type. No collective: one point-to-point send per boundary."""
+    mbs, seq_len, hidden = (check_int(n, x, 1) for n, x in (("mbs", mbs), ("seq_len", seq_len), ("hidden", hidden)))
+    return float(mbs * seq_len * hidden * dtype_bytes(dtype))
+
+
+def pp_bytes_per_step(p: int, m: int, mbs: int, seq_len: int, hidden: int, v: int = 1, dtype="bf16") -> list[float]:
+    """Bytes each of ``p`` pipeline ranks sends per step of ``m`` micro-batches, ``v`` chunks per rank (stages
+    r, r+p, ...; v = 1: GPipe, 1F1B, ZB-H1/H2): every stage but the last sends each micro-batch's activations
+    forward, every stage but the first sends their gradient backward, ``boundary_bytes`` each. So rank r sends
+    m·(v − [r = p−1] + v − [r = 0])·boundary_bytes: a middle rank 2·m·v·mbs·seq·h·bytes; independent of the
+    number of layers and of the parameters."""
+    p, m, v = check_int("p", p, 1), check_int("m", m, 1), check_int("v", v, 1)
+    x = boundary_bytes(mbs, seq_len, hidden, dtype)
+    return [m * ((v - (r == p - 1)) + (v - (r == 0))) * x for r in range(p)]
