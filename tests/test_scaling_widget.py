@@ -50,3 +50,10 @@ def test_invalid_input_is_shown_in_place(bad, word):
     assert w.table().empty
     w.set_state({"mfu": 0.4, "n_gpus": 8, "price_per_gpu_hour": 2.0})
     assert w.error is None and not w.table().empty
+
+
+def test_both_panels_have_a_title():
+    """Every figure of the dashboard has a title and human units (issue 53): the scaling tab's two panels."""
+    w = ScalingWidget()
+    titles = [ax.get_title() for ax in w.figure.axes[:2]]
+    assert all(titles) and "iso-FLOP" in titles[0], titles

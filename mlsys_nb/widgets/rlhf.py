@@ -135,7 +135,7 @@ class RLHFSizingWidget(ControlPanel):
             mem_ax.axhline(cap / 1e9, color="black", lw=1, ls="--", label="GPU memory")
             mem_ax.set_ylabel("GB per GPU, heaviest role (GB)")
             mem_ax.legend(fontsize=8, loc="upper right")
-            mem_ax.set_title("memory (model)", fontsize=10)
+            mem_ax.set_title("memory per GPU (model)", fontsize=10)
             bars = [(f"{p}\nsync", costs[p], False) for p in names] + [("split\nasync", costs["split"], True)]
             seen = set()
             for i, (_, c, overlap) in enumerate(bars):
@@ -154,4 +154,4 @@ class RLHFSizingWidget(ControlPanel):
             time_ax.set_ylabel("RLHF step, model (s)")
             if seen:
                 time_ax.legend(fontsize=8, loc="upper right")
-            time_ax.set_title("step time", fontsize=10)
+            time_ax.set_title("PPO step time (model)", fontsize=10)

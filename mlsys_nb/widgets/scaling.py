@@ -191,6 +191,7 @@ class ScalingWidget(ControlPanel):
             inf = ax1.plot([], [], "D", color=PALETTE[3], ms=7, label="inference-aware")[0]
             ax1.set_xscale("log")
             label(ax1, "parameters N (count)", "loss (nats/token)")
+            ax1.set_title("Loss at a fixed compute budget (iso-FLOP curves)", fontsize=10)
             cs = np.logspace(np.log10(C_RANGE[0]), np.log10(C_RANGE[1]), 60)
             n_line = ax2.plot([], [], color=PALETTE[0], label="N*")[0]
             d_line = ax2.plot([], [], color=PALETTE[1], label="D*")[0]
@@ -203,6 +204,7 @@ class ScalingWidget(ControlPanel):
             ax2.set_xlim(C_RANGE)
             ax2.set_ylim(1e7, 1e15)
             label(ax2, "compute C (FLOPs)", "N* (params), D* (tokens)")
+            ax2.set_title("Compute-optimal model and data size", fontsize=10)
             from matplotlib.ticker import FuncFormatter, LogLocator
 
             for axis in (ax1.xaxis, ax2.xaxis, ax2.yaxis):
