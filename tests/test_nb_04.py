@@ -21,5 +21,6 @@ def test_notebook_04_runs_with_other_parameters():
     )
     text = printed_text(nb)
     assert any(label.startswith("α, β from point-to-point exchanges") for label in passed_labels(nb))
+    assert any(label.startswith("the shared-memory all-reduce equals dist.all_reduce") for label in passed_labels(nb))
     assert "of the memory-copy bandwidth" in text
     assert_exercises_passed(nb, 1)

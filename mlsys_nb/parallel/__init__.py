@@ -1,7 +1,8 @@
 """Parallelism on real ranks, one readable file per strategy, each checked against a reference.
 
 - ``ddp``: data parallelism from scratch: ``allreduce_gradients(model)`` and
-  ``DataParallel(model, bucket_cap_mb=25, overlap=True)`` (buckets, overlap, ``no_sync``).
+  ``DataParallel(model, bucket_cap_mb=25, overlap=True)`` (buckets, overlap, ``no_sync``;
+  ``all_reduce="shm"``: the buckets over ``comm.shm.ShmAllReduce``).
 - ``zero``: ZeRO stages 1-3 (``ZeRO(model, make_optimizer, stage=3, prefetch=True)``, ``FlatUnit``,
   ``default_units``) with reduce-scatter and all-gather; ``zero_bytes_per_step`` (bytes a rank sends per step
   under DDP and ZeRO-1..3).
