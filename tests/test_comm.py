@@ -148,6 +148,21 @@ def test_memcpy_bandwidth_on_this_machine_is_consistent():
     assert m.q25_bytes_per_s <= m.median_bytes_per_s <= m.q75_bytes_per_s
 
 
+def test_memcpy_bandwidth_copies_on_the_threads_asked_and_restores_them(monkeypatch):
+    import torch
+
+    before, seen = torch.get_num_threads(), []
+    real_copy = torch.Tensor.copy_
+    monkeypatch.setattr(
+        torch.Tensor, "copy_", lambda dst, src: seen.append(torch.get_num_threads()) or real_copy(dst, src)
+    )
+    comm.memcpy_bandwidth(nbytes=1 << 16, repeats=2, warmup=1, threads=1)
+    assert seen and set(seen) == {1}  # every copy (warm-up and timed) ran on one thread
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="threads must be an int"):
+        comm.memcpy_bandwidth(nbytes=1 << 16, threads=0)
+
+
 @pytest.mark.slow
 def test_sweep_on_real_ranks_returns_consistent_frame():
     df = comm.sweep(

@@ -35,14 +35,20 @@ class MemcpyBandwidth:
     repeats: int
 
 
-def memcpy_bandwidth(nbytes: int = 64 << 20, repeats: int = 9, warmup: int = 2, device=None) -> MemcpyBandwidth:
+def memcpy_bandwidth(
+    nbytes: int = 64 << 20, repeats: int = 9, warmup: int = 2, device=None, threads: int | None = None
+) -> MemcpyBandwidth:
     """Measure ``dst.copy_(src)`` into a preallocated tensor of ``nbytes`` bytes (median of
     ``repeats``). This is the physical ceiling for moving bytes between ranks on one machine:
-    every shared-memory or loopback transfer is at least one such copy."""
+    every shared-memory or loopback transfer is at least one such copy. ``threads``: torch's intra-op
+    threads for the copy (None: as they are). On a busy machine a copy split over all threads waits for
+    the slowest, which another process may have descheduled; one thread measures what one rank's copy does."""
     import torch
 
     check_int("nbytes", nbytes, 1)
     check_int("repeats", repeats, 1)
+    if threads is not None:
+        check_int("threads", threads, 1)
     device = torch.device(device) if device is not None else torch.device("cpu")
     src = torch.ones(nbytes // 4 or 1, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
@@ -53,8 +59,13 @@ def memcpy_bandwidth(nbytes: int = 64 << 20, repeats: int = 9, warmup: int = 2, 
         dst.copy_(src)
         sync()
 
-    sync()  # nothing queued before the first copy; each copy ends synchronized
-    bw = size / np.asarray(repeat(copy, repeats, warmup))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        sync()  # nothing queued before the first copy; each copy ends synchronized
+        bw = size / np.asarray(repeat(copy, repeats, warmup))
+    finally:
+        torch.set_num_threads(before)
     return MemcpyBandwidth(size, median(bw), lower_quartile(bw), float(np.percentile(bw, 75)), repeats)
 
 
