@@ -16,7 +16,7 @@ response token (Ouyang et al. 2022, InstructGPT, trains its SFT model this way).
 
 from __future__ import annotations
 
-from ..config import ArgumentError
+from ..config import ArgumentError, check_choice
 
 IGNORE = -100  # the target id F.cross_entropy skips (its default ignore_index)
 ROLES = ("system", "user", "assistant")
@@ -68,9 +68,8 @@ def to_messages(record: dict) -> list[dict]:
         msgs = [{"role": "user", "content": prompt}, {"role": "assistant", "content": record["output"]}]
     else:
         raise ArgumentError(f"record must hold 'messages' or 'instruction' and 'output', got keys {sorted(record)}")
-    for m in msgs:
-        if m.get("role") not in ROLES:
-            raise ArgumentError(f"each message's role must be one of {ROLES}, got {m.get('role')!r}")
+    for i, m in enumerate(msgs):
+        check_choice(f"messages[{i}].role", m.get("role"), ROLES)
     return msgs
 
 
