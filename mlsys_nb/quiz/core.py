@@ -38,6 +38,7 @@ TOPICS = {  # topic -> (title, notebook that teaches it)
     "precision": ("Number formats and mixed precision", "notebooks/22_number_formats_and_mixed_precision.ipynb"),
     "quant": ("Quantization, LoRA and QLoRA", "notebooks/23_quantization_and_lora.ipynb"),
     "checkpoint": ("Checkpoints, failures and offload", "notebooks/24_checkpoints_and_failures.ipynb"),
+    "training": ("Data, evaluation and compression", "notebooks/25_data_evaluation_and_compression.ipynb"),
 }
 
 
