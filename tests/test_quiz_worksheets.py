@@ -67,3 +67,21 @@ def test_every_unit_has_words_for_what_it_accepts():
         assert units.accepted(u)
     q = core.make("memory.model_states", 0)
     assert q.check("28.84 GB").value is not None  # the header's "GB" is read by the checker
+
+
+def test_the_terminal_worksheet_starts_each_topic_with_its_header():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "mlsys_nb.quiz", "--topic", "profiling", "-n", "6", "--show-solutions"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    qs = quiz.worksheet("profiling", 6, seed="0").questions["profiling"]
+    minutes = sum(html.MINUTES[q.difficulty] for q in qs)
+    head = out.strip().splitlines()[0]
+    assert head.startswith("== Profiling: traces, overlap, memory over time (profiling): 6 questions")
+    assert f"about {minutes} minutes" in head and "asked again with other numbers" in head

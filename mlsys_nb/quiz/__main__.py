@@ -15,6 +15,18 @@ from ..config import ArgumentError, check_int
 from . import core, units
 
 
+def _header(topic: str, questions) -> str:
+    """A topic's header line: its title, the number of questions, the time suggested (``html.MINUTES``), the
+    notebook that teaches it, and a note when the topic has fewer families than questions."""
+    from .html import MINUTES
+
+    title, nb = core.TOPICS[topic]
+    n_fam = len(core.families(topic))
+    minutes = sum(MINUTES[q.difficulty] for q in questions)
+    again = f"; {n_fam} families, so some are asked again with other numbers" if len(questions) > n_fam else ""
+    return f"== {title} ({topic}): {len(questions)} questions, about {minutes} minutes{again}; taught in {nb}"
+
+
 def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mlsys_nb.quiz", description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -47,7 +59,13 @@ def _main(argv=None) -> int:
         with open(a.answers_file) as fh:
             answers = [line.strip() for line in fh]
     score = 0
+    heads, i = {}, 1  # the index of each topic's first question -> the topic's header
+    for topic, qs in ws.questions.items():
+        heads[i] = _header(topic, qs)
+        i += len(qs)
     for i, q in enumerate(ws, 1):
+        if i in heads:
+            print(f"\n{heads[i]}")
         print(f"\n[{i}] ({q.topic}, {q.family}) {q.text}")
         if q.is_choice:
             print("    options: " + ", ".join(f"{'abcdefgh'[j]}) {c}" for j, c in enumerate(q.choices)))
