@@ -103,3 +103,9 @@ def test_an_unreadable_answer_does_not_use_up_the_first_attempt(unreadable):
     assert w.results == [] and "0/0" in w.stats.value
     assert w.answer(q.answer_response()).ok
     assert "1/1" in w.stats.value and w.table().loc["memory", "correct"] == 1
+
+
+def test_the_question_says_which_units_are_accepted():
+    w = PracticeWidget(topic="memory", seed=3)  # a question in bytes
+    assert w.question.unit == "bytes"
+    assert "Answer in bytes" in w.question_html.value and "KiB, MiB, GiB" in w.question_html.value

@@ -20,6 +20,7 @@ import time
 import pandas as pd
 
 from .. import quiz
+from ..quiz.units import accepted
 from ..config import check_int
 
 from ..plots import PALETTE, label, style
@@ -188,7 +189,8 @@ class PracticeWidget(Panel):
         opts = (
             "<br>Options: " + ", ".join(f"{'abcdefgh'[i]}) {html.escape(c)}" for i, c in enumerate(q.choices))
             if q.is_choice
-            else f"<br><i>Answer in {html.escape(q.unit)}.</i>"
+            else f"<br><i>Answer in {html.escape(q.unit)}</i> <small>(accepted: {html.escape(accepted(q.unit))})"
+            "</small>"
         )
         mock = (
             f"<b>Mock interview, question {self._round + 1} of {s['mock_n']}.</b> "
