@@ -59,6 +59,7 @@ class EngineConfig:
     num_speculative_tokens: int = 4  # draft tokens per step (k)
     async_scheduling: bool = False  # prepare step t+1 on a worker thread while step t's forward runs
     enforce_eager: bool = False  # True: never capture CUDA graphs (on CUDA the decode step is captured by default)
+    compile: bool = False  # True: the model's forward compiled with torch.compile (inductor; compiled.py)
 
     def __post_init__(self):
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "step_times_window", "max_grammar_states"):
@@ -79,6 +80,7 @@ class EngineConfig:
             "continuous_batching",
             "async_scheduling",
             "enforce_eager",
+            "compile",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")

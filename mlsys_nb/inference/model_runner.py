@@ -84,6 +84,7 @@ class ModelRunner:
         kv.auto_sync = False  # the pool syncs with its block manager at the runner's points only (move_blocks)
         self.swap_pool = SwapPool(kv, swap_blocks) if swap_blocks else None
         self.graphs = None  # cuda_graphs.CUDAGraphRunner once captured
+        self.compiled = None  # compiled.CompiledModel (EngineConfig.compile): the forward compiled, same call
 
     def move_blocks(self, out) -> None:
         """The K/V moves of ``out`` (a ``scheduler.SchedulerOutput``), on the engine's thread while no forward
@@ -122,7 +123,8 @@ class ModelRunner:
             if self.graphs is not None and not batch.prefills and self.graphs.fits(batch):
                 logits = self.graphs.run(batch)
             else:
-                logits = self.model(batch.tokens, positions=batch.positions, cache=batch)[0, batch.sample_rows]
+                model = self.compiled or self.model
+                logits = model(batch.tokens, positions=batch.positions, cache=batch)[0, batch.sample_rows]
         if timer:
             timer("model")
         return logits.float()

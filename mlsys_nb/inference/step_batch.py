@@ -55,6 +55,7 @@ class StepBatch:
     # positions are built here from token counts the engine bounds by max_model_len <= cfg.seq_len, so the
     # model skips its device-side bound check (a host sync per step, and refused inside a CUDA graph's capture)
     positions_checked = True
+    flex = None  # attention_backend="flex": a flex_paged.FlexPagedAttention (block masks built once per step)
 
     def __init__(self, kv: PagedKVCache, scheduled: list[tuple[Sequence, int]]):
         self.kv = kv
@@ -132,7 +133,8 @@ class StepBatch:
                     )
                 )
         self.scheduled = [(s, n) for s, n in (scheduled[i] for i in order)]
-        self.flex = FlexPagedAttention() if kv.attention_backend == "flex" else None  # block masks built once per step
+        if kv.attention_backend == "flex":
+            self.flex = FlexPagedAttention()
 
     def begin(self, b: int, s: int) -> torch.Tensor:
         """The model's cache protocol: positions of the new tokens ([1, T], packed)."""
