@@ -10,12 +10,15 @@ from .registry import register_route
 from .scaling import optimum
 
 
-def _claims_number(text, pattern) -> float | None:
+def claimed_number(text, pattern) -> float | None:
+    """The number a card's statement claims: group 1 of ``pattern`` in ``text`` (None if absent)."""
     m = re.search(pattern, text)
     return float(m.group(1)) if m else None
 
 
-def _card(fn):
+def judge_card(fn):
+    """A card's second route from ``fn(text) -> bool``: is the statement shown true?"""
+
     def judge(p):
         """The statement shown judged against a number computed here (never which one was drawn)."""
         return "true" if fn(p["_text"]) else "false"
@@ -24,21 +27,21 @@ def _card(fn):
 
 
 @register_route("cards.zero3_traffic")
-@_card
+@judge_card
 def _(text):
     n = 8
     ratio = (3 * (n - 1) / n) / (2 * (n - 1) / n)  # ZeRO-3: RS + 2 AG; DDP: RS + AG (ring)
-    return abs(_claims_number(text, r"sends ([\d.]+)×") - ratio) < 1e-9
+    return abs(claimed_number(text, r"sends ([\d.]+)×") - ratio) < 1e-9
 
 
 @register_route("cards.adam_bytes_per_param")
-@_card
+@judge_card
 def _(text):
-    return _claims_number(text, r"needs (\d+) bytes per parameter") == 2 + 2 + 4 + 4 + 4
+    return claimed_number(text, r"needs (\d+) bytes per parameter") == 2 + 2 + 4 + 4 + 4
 
 
 @register_route("cards.one_f_one_b_bubble")
-@_card
+@judge_card
 def _(text):
     p, m = 4, 8
     gpipe = one_f_one_b = (p - 1) / (m + p - 1)  # both ramp up and down once (Narayanan et al. 2021)
@@ -47,7 +50,7 @@ def _(text):
 
 
 @register_route("cards.twenty_tokens_per_param")
-@_card
+@judge_card
 def _(text):
     from ... import scaling
 
@@ -58,7 +61,7 @@ def _(text):
 
 
 @register_route("cards.sp_traffic")
-@_card
+@judge_card
 def _(text):
     n, s = 4, 1.0
     adds = (n - 1) / n * s * 2 > 2 * (n - 1) / n * s  # RS + AG vs one ring all-reduce
@@ -66,21 +69,21 @@ def _(text):
 
 
 @register_route("cards.decode_bound")
-@_card
+@judge_card
 def _(text):
     bound = roofline("llama-3-8b", "H100-SXM", 1, 1, 1024)["bound"]
     return ("compute-bound" in text) == (bound == "compute")
 
 
 @register_route("cards.ring_bytes_grow")
-@_card
+@judge_card
 def _(text):
     grows = 2 * (1024 - 1) / 1024 > 2  # ring all-reduce bytes per rank 2(n−1)/n·S never exceed 2S
     return ("more bytes per rank as you add ranks" in text) == grows
 
 
 @register_route("cards.mfu_recompute")
-@_card
+@judge_card
 def _(text):
     # MFU counts the model's FLOPs (6 per parameter per token, whatever is executed); full recompute
     # executes the forward twice (8 per parameter): hardware FLOPs rise, the model's do not
@@ -89,7 +92,7 @@ def _(text):
 
 
 @register_route("cards.gqa_kv")
-@_card
+@judge_card
 def _(text):
     cfg = cfg_of("llama-2-70b")
     heads_smaller = cfg.head_dim < cfg.hidden // cfg.n_heads  # GQA keeps head_dim; it caches fewer heads

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .cards import _card, _claims_number
+from .cards import judge_card, claimed_number
 from .inference import roofline
 from .model import cfg_of, kv_per_token, model_counts
 from .registry import register_route
@@ -17,27 +17,27 @@ from .rl import rlhf_timeline
 @register_route("cards.prefill_bound")
 def _(p):
     bound = roofline("llama-2-70b", "H100-SXM", 1, p["tokens"], 0)["bound"]
-    return _card(lambda text: ("is compute-bound" in text) == (bound == "compute"))(p)
+    return judge_card(lambda text: ("is compute-bound" in text) == (bound == "compute"))(p)
 
 
 @register_route("cards.kv_per_token")
-@_card
+@judge_card
 def _(text):
     kib = kv_per_token(cfg_of("llama-3-8b")) / 1024
     if "whatever the model" in text:
         sizes = [kv_per_token(cfg_of(m)) for m in ("llama-3-8b", "llama-2-70b", "llama-2-7b")]
         return all(abs(s - 1e6) < 0.2e6 for s in sizes)
-    return _claims_number(text, r"(\d+) KiB for Llama-3-8B") == kib
+    return claimed_number(text, r"(\d+) KiB for Llama-3-8B") == kib
 
 
 @register_route("cards.kv_long_request")
 def _(p):
     gb = kv_per_token(cfg_of("llama-2-70b")) * p["tokens"] / 1e9
-    return _card(lambda text: abs(_claims_number(text, r"about ([\d.]+) GB") - gb) < 0.02 * gb)(p)
+    return judge_card(lambda text: abs(claimed_number(text, r"about ([\d.]+) GB") - gb) < 0.02 * gb)(p)
 
 
 @register_route("cards.seventy_b_one_gpu")
-@_card
+@judge_card
 def _(text):
     fits = 2 * model_counts("llama-2-70b")["total"] <= 80e9  # bf16 weights alone against 80 GB
     return ("can be served from one" in text) == fits
@@ -46,7 +46,7 @@ def _(text):
 @register_route("cards.speculative_tokens")
 def _(p):
     tokens = sum(p["alpha"] ** i for i in range(p["k"] + 1))  # α^0 … α^k (Leviathan et al. 2023, Eq. 1)
-    return _card(lambda text: abs(_claims_number(text, r"yields ([\d.]+) tokens") - tokens) < 2e-3 * tokens)(p)
+    return judge_card(lambda text: abs(claimed_number(text, r"yields ([\d.]+) tokens") - tokens) < 2e-3 * tokens)(p)
 
 
 @register_route("cards.async_rlhf")
@@ -60,21 +60,21 @@ def _(p):
     def judge(text):
         if "1.5–2× faster" in text:
             return 1.5 <= speedup <= 2
-        return abs(_claims_number(text, r": ([\d.]+)×\.") - speedup) < 0.01 * speedup
+        return abs(claimed_number(text, r": ([\d.]+)×\.") - speedup) < 0.01 * speedup
 
-    return _card(judge)(p)
+    return judge_card(judge)(p)
 
 
 @register_route("cards.rlhf_adam_states")
 def _(p):
     gb = 2 * 70e9 / p["tp"] * (4 + 4) / 1e9  # actor and critic, each with fp32 m and v
-    return _card(lambda text: abs(_claims_number(text, r"hold ([\d.]+) GB of Adam") - gb) < 0.01 * gb)(p)
+    return judge_card(lambda text: abs(claimed_number(text, r"hold ([\d.]+) GB of Adam") - gb) < 0.01 * gb)(p)
 
 
 @register_route("cards.gae_weight")
 def _(p):
     w = (0.99 * 0.95) ** p["t"]
-    return _card(lambda text: abs(_claims_number(text, r"has weight (\d+\.\d+)") - w) < 1e-3)(p)
+    return judge_card(lambda text: abs(claimed_number(text, r"has weight (\d+\.\d+)") - w) < 1e-3)(p)
 
 
 def recorded_launch_us() -> float:
@@ -88,10 +88,10 @@ def recorded_launch_us() -> float:
 
 
 @register_route("cards.kernel_launch")
-@_card
+@judge_card
 def _(text):
     us = recorded_launch_us()
-    return abs(_claims_number(text, r"about ([\d.]+) µs") - us) < 0.1 * us
+    return abs(claimed_number(text, r"about ([\d.]+) µs") - us) < 0.1 * us
 
 
 @register_route("cards.fp8_kv_capacity")
@@ -105,12 +105,12 @@ def _(p):
     def judge(text):
         if "exactly twice" in text:
             return ratio == 2
-        return abs(_claims_number(text, r"about ([\d.]+)× the tokens") - ratio) < 0.01
+        return abs(claimed_number(text, r"about ([\d.]+)× the tokens") - ratio) < 0.01
 
-    return _card(judge)(p)
+    return judge_card(judge)(p)
 
 
 @register_route("cards.kv_requests_fit")
 def _(p):
     n = int(480e9 // (kv_per_token(cfg_of("llama-2-70b")) * p["ctx"]))
-    return _card(lambda text: _claims_number(text, r"holds (\d+) requests") == n)(p)
+    return judge_card(lambda text: claimed_number(text, r"holds (\d+) requests") == n)(p)

@@ -3,7 +3,7 @@ worked out here from the papers' and datasheets' own figures, or read off the re
 
 from __future__ import annotations
 
-from .cards import _card, _claims_number
+from .cards import judge_card, claimed_number
 from .model import cfg_of, model_counts
 from .registry import register_route
 
@@ -14,48 +14,48 @@ NDR = 400e9 / 8  # B/s per direction: 400 Gb/s per port
 @register_route("cards.allreduce_time")
 def _(p):
     ms = 2 * (p["n"] - 1) / p["n"] * 1e9 / NVLINK4 * 1e3  # ring: reduce-scatter + all-gather (Patarasuk 2009)
-    return _card(lambda text: abs(_claims_number(text, r"(?:=|at least) ([\d.]+) ms") - ms) < 0.01 * ms)(p)
+    return judge_card(lambda text: abs(claimed_number(text, r"(?:=|at least) ([\d.]+) ms") - ms) < 0.01 * ms)(p)
 
 
 @register_route("cards.nvlink_h100")
-@_card
+@judge_card
 def _(text):
-    return _claims_number(text, r"moves (\d+) GB/s") == 2 * NVLINK4 / 1e9
+    return claimed_number(text, r"moves (\d+) GB/s") == 2 * NVLINK4 / 1e9
 
 
 @register_route("cards.infiniband_bytes")
-@_card
+@judge_card
 def _(text):
-    return _claims_number(text, r"(\d+) GB/s") == NDR / 1e9
+    return claimed_number(text, r"(\d+) GB/s") == NDR / 1e9
 
 
 @register_route("cards.zero2_states")
 def _(p):
     n, dp = 70e9, p["dp"]
     gb = (2 * n + 2 * n / dp + 8 * n / dp) / 1e9  # bf16 params; grads and two fp32 moments sharded
-    return _card(lambda text: abs(_claims_number(text, r"holds ([\d.]+) GB") - gb) < 0.01 * gb)(p)
+    return judge_card(lambda text: abs(claimed_number(text, r"holds ([\d.]+) GB") - gb) < 0.01 * gb)(p)
 
 
 @register_route("cards.gpipe_bubble")
 def _(p):
     idle = 100 * (p["p"] - 1) / (p["m"] + p["p"] - 1)  # fill + drain: p − 1 slots of m + p − 1
-    return _card(lambda text: abs(_claims_number(text, r"idle ([\d.]+)%") - idle) < 0.06)(p)
+    return judge_card(lambda text: abs(claimed_number(text, r"idle ([\d.]+)%") - idle) < 0.06)(p)
 
 
 @register_route("cards.interleaved_memory")
 def _(p):
     first_stage = p["p"] + (p["p"] - 1) / p["v"]  # micro-batches held (Narayanan et al. 2021, §2.2); 1F1B: p
-    return _card(lambda text: ("at no cost" in text) == (first_stage <= p["p"] and p["v"] == 1))(p)
+    return judge_card(lambda text: ("at no cost" in text) == (first_stage <= p["p"] and p["v"] == 1))(p)
 
 
 @register_route("cards.mixtral_params")
-@_card
+@judge_card
 def _(text):
     m = model_counts("mixtral-8x7b")
     cfg = m["cfg"]
     active = m["total"] - m["n_moe"] * (cfg.n_experts - cfg.top_k) * m["expert"]
-    total_b = _claims_number(text, r"has ([\d.]+)B parameters")
-    active_b = _claims_number(text, r", ([\d.]+)B of them active")
+    total_b = claimed_number(text, r"has ([\d.]+)B parameters")
+    active_b = claimed_number(text, r", ([\d.]+)B of them active")
     return abs(total_b * 1e9 - m["total"]) < 1e-3 * m["total"] and abs(active_b * 1e9 - active) < 5e-3 * active
 
 
@@ -67,18 +67,18 @@ def _(p):
     def judge(text):
         return ("as many bytes" in text) == (ratio == 1) and ("half the bytes" in text) == (ratio == 0.5)
 
-    return _card(judge)(p)
+    return judge_card(judge)(p)
 
 
 @register_route("cards.recompute_cost")
-@_card
+@judge_card
 def _(text):
     extra = 2 / (2 + 4)  # one more forward (2 FLOPs per parameter per token) on top of forward + backward (6)
     return ("33 % to 100 %" in text) == (extra >= 1.0)
 
 
 @register_route("cards.memory_per_param")
-@_card
+@judge_card
 def _(text):
     cfg = cfg_of("llama-2-7b")
     h, a = cfg.hidden, cfg.n_heads
@@ -89,11 +89,11 @@ def _(text):
 @register_route("cards.gpu_days")
 def _(p):
     # C / (N·peak·MFU) seconds pass on the wall clock while all N GPUs run: GPU-time is N times that
-    return _card(lambda text: ("is the number of GPU-days" in text) == (p["n"] == 1))(p)
+    return judge_card(lambda text: ("is the number of GPU-days" in text) == (p["n"] == 1))(p)
 
 
 @register_route("cards.nvswitch_nodes")
-@_card
+@judge_card
 def _(text):
     return ("nodes at NVLink speed" in text) == (NDR >= NVLINK4)
 
@@ -101,18 +101,18 @@ def _(text):
 @register_route("cards.gb_vs_gib")
 def _(p):
     gib = 2 * p["n"] / 1024**3
-    return _card(lambda text: abs(_claims_number(text, r"which is ([\d.]+) GiB") - gib) < 1e-3 * gib)(p)
+    return judge_card(lambda text: abs(claimed_number(text, r"which is ([\d.]+) GiB") - gib) < 1e-3 * gib)(p)
 
 
 @register_route("cards.zero2_traffic")
 def _(p):
     n = p["n"]
     z2, ddp = (n - 1) / n + (n - 1) / n, 2 * (n - 1) / n  # RS of grads + AG of params vs ring all-reduce
-    return _card(lambda text: ("about half the bytes" in text) == (abs(z2 / ddp - 0.5) < 0.1))(p)
+    return judge_card(lambda text: ("about half the bytes" in text) == (abs(z2 / ddp - 0.5) < 0.1))(p)
 
 
 @register_route("cards.tp_allreduces")
-@_card
+@judge_card
 def _(text):
     per_layer = 2 * 2  # attention and MLP: g (all-reduce) in forward, f's conjugate in backward
     return ("one all-reduce per MLP per training step" in text) == (per_layer == 1)
