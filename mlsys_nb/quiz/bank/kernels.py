@@ -13,7 +13,7 @@ import math
 
 from ... import hardware
 from ..core import family
-from ._util import fusion, hierarchy, kernels, numeric_family, pick, picks
+from ._util import fusion, hierarchy, kernels, numeric_family, pick, picks, ratio_family
 
 
 NB = "notebooks/21_inside_one_gpu.ipynb"
@@ -117,28 +117,22 @@ numeric_family(
 )
 
 
-def _chain_bytes(p) -> tuple[float, float]:
-    """(eager, fused) bytes of the chain (``kernels.fusion.unary_chain_bytes``, bf16)."""
-    return tuple(fusion.unary_chain_bytes(p["numel"], p["k"], fused=f, elem_bytes=2) for f in (False, True))
-
-
-numeric_family(
+ratio_family(
     "kernels.fusion_speedup",
     "kernels",
     section=SEC_FUSION,
     reference=REF_ROOF,
     draw=lambda rng: picks(rng, k=[2, 3, 4, 5, 6], numel=[2**24, 2**26, 2**28]),
-    calc=_chain_bytes,
-    key=lambda ef: ef[0] / ef[1],
-    unit="ratio",
-    fields=lambda p, result: {"ratio": result[0] / result[1]},
+    calc=lambda p, fused: fusion.unary_chain_bytes(p["numel"], p["k"], fused=fused, elem_bytes=2),
+    over=dict(fused=False),
+    under=dict(fused=True),
     text=(
         "A chain of {k} unary elementwise ops runs over {numel} bf16 elements, memory-bound. Eager, each op "
         "is its own kernel; fused, one kernel. By what factor does fusion cut the time, by the bytes model?"
     ),
     hints=["Eager: each op reads its input and writes its output.", "Fused: read once, write once."],
     solution=[
-        "Eager {result[0]:.4g} bytes, fused {result[1]:.4g} bytes (kernels.fusion.unary_chain_bytes).",
+        "Eager {over:.4g} bytes, fused {under:.4g} bytes (kernels.fusion.unary_chain_bytes).",
         "Speed-up {ratio:.4g}x when both run at the same bandwidth.",
     ],
     diagnostics=[(2.0, "each eager op reads AND writes")],

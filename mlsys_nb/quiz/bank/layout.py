@@ -21,23 +21,22 @@ from .memory import N_PARAMS, REF_MEM, SEC_MEM
     reference=REF_MEM,
 )
 def _zstage(rng):
-    for _ in range(200):
-        n = pick(rng, N_PARAMS[3:])
-        dp = pick(rng, [8, 16, 64, 256])
-        g = pick(rng, ["H100-SXM", "A100-80GB-SXM", "A100-40GB-SXM"])
-        cap = hardware.gpu(g).memory_bytes * 0.5  # half the GPU left for activations
-        stages = [z for z in range(4) if memory.model_state_bytes(n, dp=dp, zero=z).total <= cap]
-        ans = f"ZeRO-{stages[0]}" if stages else "none fits"
-        return dict(
-            text=f"{n:.3g} parameters, bf16-mixed Adam, dp = {dp} on {g}. Keeping model states under half of "
-            f"the GPU ({gb(cap)}), what is the smallest ZeRO stage that does it?",
-            params={"n_params": n, "dp": dp, "gpu": g},
-            answer=ans,
-            choices=["ZeRO-0", "ZeRO-1", "ZeRO-2", "ZeRO-3", "none fits"],
-            hints=["16 B/param unsharded; stage 1 shards 12 of them, 2 also the grads, 3 everything."],
-            solution=[f"ZeRO-{z}: {gb(memory.model_state_bytes(n, dp=dp, zero=z).total)}" for z in range(4)]
-            + [f"Smallest under {gb(cap)}: {ans} (memory.model_state_bytes)."],
-        )
+    n = pick(rng, N_PARAMS[3:])
+    dp = pick(rng, [8, 16, 64, 256])
+    g = pick(rng, ["H100-SXM", "A100-80GB-SXM", "A100-40GB-SXM"])
+    cap = hardware.gpu(g).memory_bytes * 0.5  # half the GPU left for activations
+    stages = [z for z in range(4) if memory.model_state_bytes(n, dp=dp, zero=z).total <= cap]
+    ans = f"ZeRO-{stages[0]}" if stages else "none fits"
+    return dict(
+        text=f"{n:.3g} parameters, bf16-mixed Adam, dp = {dp} on {g}. Keeping model states under half of "
+        f"the GPU ({gb(cap)}), what is the smallest ZeRO stage that does it?",
+        params={"n_params": n, "dp": dp, "gpu": g},
+        answer=ans,
+        choices=["ZeRO-0", "ZeRO-1", "ZeRO-2", "ZeRO-3", "none fits"],
+        hints=["16 B/param unsharded; stage 1 shards 12 of them, 2 also the grads, 3 everything."],
+        solution=[f"ZeRO-{z}: {gb(memory.model_state_bytes(n, dp=dp, zero=z).total)}" for z in range(4)]
+        + [f"Smallest under {gb(cap)}: {ans} (memory.model_state_bytes)."],
+    )
 
 
 def _tp_node_case(rng):
