@@ -102,3 +102,12 @@ def test_a_gpu_without_nvlink_is_explained_with_the_gpus_to_choose():
     w = PlannerWidget(**SMALL)
     w.set_state({"gpu": "L4"})
     assert w.error and "L4 has no NVLink" in w.error and "H100-SXM" in w.error and "nvlink=" not in w.error
+
+
+def test_the_figure_titles_carry_the_verdict():
+    """The step time, MFU and the memory against the GPU are inside the figure, not only in the text above."""
+    w = PlannerWidget(**SMALL)
+    plan = w.result["plan"]
+    t, m = (ax.get_title() for ax in w.figure.axes[:2])
+    assert f"{plan.step_s:.2f} s" in t and f"MFU {plan.mfu:.0%}" in t
+    assert f"{plan.memory_bytes / 1e9:.1f} of {plan.gpu_memory_bytes / 1e9:.0f} GB" in m and "fits" in m

@@ -202,7 +202,7 @@ class PlannerWidget(ControlPanel):
                 if v > 0:
                     ax_t.barh(0, v, left=left, color=quantity_color(k), label=k)
                     left += v
-            ax_t.set_title("modelled step time (s)", fontsize=10)
+            ax_t.set_title(f"modelled step time (s): {plan.step_s:.2f} s, MFU {plan.mfu:.0%}", fontsize=10)
             b = plan.memory
             left = 0.0
             for name, attr in MEM_PARTS:
@@ -211,7 +211,11 @@ class PlannerWidget(ControlPanel):
                     ax_m.barh(0, v, left=left, color=quantity_color(attr), label=name)
                     left += v
             ax_m.axvline(plan.gpu_memory_bytes / 1e9, color="black", ls="--", lw=1)
-            ax_m.set_title("memory of the heaviest stage (GB; dashed: GPU)", fontsize=10)
+            ax_m.set_title(
+                f"memory, heaviest stage (GB): {plan.memory_bytes / 1e9:.1f} of {plan.gpu_memory_bytes / 1e9:.0f} GB "
+                "(dashed), fits",
+                fontsize=10,
+            )
             for ax in (ax_t, ax_m):
                 ax.set_yticks([])
                 ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize=7, frameon=False)
