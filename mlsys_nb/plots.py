@@ -315,13 +315,14 @@ def table(df, *, percent=PERCENT_COLUMNS, digits: int = 3):
     )
 
 
-def human_number(x: float) -> str:
-    """A number as a reader takes it in: ``1e23 -> '1e23'``, ``8.39e23 -> '8.39e23'`` (from 1e12 on, never
-    ``'100,000,000,000,000,008,388,608'``), ``1234567.4 -> '1,234,567'``, ``0.1234 -> '0.1234'``."""
+def human_number(x: float, sci_from: float = 1e12) -> str:
+    """A number as a reader takes it in: ``1e23 -> '1e23'``, ``8.39e23 -> '8.39e23'`` (from ``sci_from`` on,
+    never ``'100,000,000,000,000,008,388,608'``), ``1234567.4 -> '1,234,567'``, ``0.1234 -> '0.1234'``;
+    ``human_number(14.6e9, sci_from=1e5) -> '1.46e10'``."""
     x = float(x)
     if x != x or x in (float("inf"), float("-inf")):
         return str(x)
-    if abs(x) >= 1e12 or (x != 0 and abs(x) < 1e-4):
+    if abs(x) >= sci_from or (x != 0 and abs(x) < 1e-4):
         mant, exp = f"{x:.3g}".split("e") if "e" in f"{x:.3g}" else (f"{x:.3g}", "0")
         return f"{mant}e{int(exp)}"
     if abs(x) >= 1e5:

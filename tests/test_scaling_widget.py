@@ -57,3 +57,9 @@ def test_both_panels_have_a_title():
     w = ScalingWidget()
     titles = [ax.get_title() for ax in w.figure.axes[:2]]
     assert all(titles) and "iso-FLOP" in titles[0], titles
+
+
+def test_the_headline_writes_large_numbers_as_powers_of_ten():
+    w = ScalingWidget(compute=1e23)
+    assert "C = 1e23 FLOPs" in w.stats.value and "e+" not in w.stats.value
+    assert f"N* = {w.result['N']:.3g}".replace("e+", "e") in w.stats.value

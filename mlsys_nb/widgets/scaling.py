@@ -15,7 +15,7 @@ import pandas as pd
 
 from .. import flops, hardware, scaling
 from ..config import check_number
-from ..plots import PALETTE, label, style
+from ..plots import PALETTE, human_number, label, style
 from .base import ControlPanel, pow10_label
 
 DEFAULTS = {
@@ -30,6 +30,11 @@ DEFAULTS = {
 }
 C_RANGE = (1e18, 1e27)
 DECADES = (-2, -1, 0, 1, 2)  # iso-FLOP curves at C x 10^k
+
+
+def sci(x: float) -> str:
+    """A large count in the headline as a power of ten with 3 digits: 1.46e10 (``plots.human_number``)."""
+    return human_number(x, sci_from=1e5)
 
 
 def _dtype(gpu: str) -> str:
@@ -160,12 +165,14 @@ class ScalingWidget(ControlPanel):
     def headline(self, r: dict) -> str:
         s, est, inf = r["state"], r["estimate"], r["inference"]
         return (
-            f"{r['law'].label}: C = {r['C']:.2e} FLOPs &rarr; N* = {r['N']:.3g} params, D* = {r['D']:.3g} tokens "
+            f"{r['law'].label}: C = {sci(r['C'])} FLOPs &rarr; N* = {sci(r['N'])} params, "
+            f"D* = {sci(r['D'])} tokens "
             f"({r['D'] / r['N']:.1f} tokens/param), L* = {r['loss']:.3f} nats/token. "
             f"On {s['n_gpus']} &times; {s['gpu']} at MFU {s['mfu']:.2f}: <b>{est.days:,.1f} days</b>, "
             f"{est.gpu_hours:,.0f} GPU-hours, ${est.cost_usd:,.0f} at ${s['price_per_gpu_hour']:.2f}/GPU-hour."
             + (
-                f" With {s['inference_tokens']:.1e} tokens served: N = {inf['N']:.3g}, D = {inf['D']:.3g} "
+                f" With {sci(s['inference_tokens'])} tokens served: N = {sci(inf['N'])}, "
+                f"D = {sci(inf['D'])} "
                 f"saves {(1 - inf['total_flops'] / inf['chinchilla_total_flops']) * 100:.0f}% of lifetime compute."
                 if inf is not None
                 else ""
