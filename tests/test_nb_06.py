@@ -19,3 +19,4 @@ def test_notebook_06_runs_on_five_ranks_with_padding():
         label.startswith("FSDP2 bf16 params, fp32 reduce-scatter (4 B vs 2 B per element) = autocast bf16 within")
         for label in labels
     )
+    assert any(label.startswith("the FSDP recipe's three breaks fixed") for label in labels)
