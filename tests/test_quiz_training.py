@@ -19,7 +19,9 @@ def _worked_ok(name) -> list[bool]:
 
 
 def test_the_topic_has_its_families():
+    """The families and the one card of the topic (a family added or dropped shows here by name)."""
     assert quiz.families("training") == [
+        "cards.magnitude_pruning",
         "training.bits_per_token",
         "training.distill_loss",
         "training.lsh_probability",
@@ -30,7 +32,7 @@ def test_the_topic_has_its_families():
     ]
 
 
-@pytest.mark.parametrize("name", quiz.families("training"))
+@pytest.mark.parametrize("name", [f for f in quiz.families("training") if f.startswith("training.")])
 def test_training_families_by_their_worked_routes(name):
     assert all(_worked_ok(name)), name
 
@@ -93,3 +95,31 @@ def test_the_threshold_is_where_one_band_is_expected_to_agree():
         assert bands * t**rows == pytest.approx(1)
         assert float(lsh_probability(t, rows, bands)) == pytest.approx(1 - (1 - 1 / bands) ** bands)
         assert abs(float(lsh_probability(t, rows, bands)) - (1 - 1 / math.e)) < 0.03  # (1 − 1/b)^b → 1/e; b >= 8 here
+
+
+def test_the_pruning_card_reads_the_record_and_its_route_judges_both_statements():
+    """cards.magnitude_pruning: the bank's ratios (portability.csv) span what portability.md's table prints, and
+    the route (which reads the table) says "false" of the misconception and "true" of the correction."""
+    from mlsys_nb.quiz.bank import cards
+
+    ratios = cards.recorded_pruning_ratios()
+    assert len(ratios) >= 4 and max(ratios) < 0.5  # notebook 25's own check, held by every recorded run
+    shown = set()
+    for seed in range(16):
+        q = quiz.make("cards.magnitude_pruning", seed)
+        shown.add(q.params["shown"])
+        assert routes.second_route(q) == q.answer == ("true" if q.params["shown"] == "correction" else "false")
+    assert shown == {"misconception", "correction"}
+    q = next(q for s in range(16) if (q := quiz.make("cards.magnitude_pruning", s)).answer == "true")
+    assert f"{min(ratios):.3g} to {max(ratios):.3g}" in " ".join(q.solution)
+
+
+def test_the_pruning_route_rejects_a_bound_the_record_breaks():
+    """A correction claiming less than 1 % (below the recorded worst run) is judged false by the route."""
+    from mlsys_nb.quiz.routes.registry import ROUTES
+
+    q = next(q for s in range(16) if (q := quiz.make("cards.magnitude_pruning", s)).answer == "true")
+    judge = ROUTES["cards.magnitude_pruning"]
+    assert judge(dict(q.params, _text=q.text)) == "true"
+    tighter = q.text.replace("less than 10%", "less than 1%")
+    assert tighter != q.text and judge(dict(q.params, _text=tighter)) == "false"

@@ -237,3 +237,42 @@ def _c_gqa(rng):
         ],
         "Compare n_kv_heads with n_heads; head_dim is unchanged.",
     )
+
+
+PRUNING_CHECK = "50 % pruning: magnitude's loss increase / random's"  # notebook 25's check, as recorded
+
+
+def recorded_pruning_ratios() -> list[float]:
+    """Every recorded run of notebook 25's pruning check: magnitude pruning's held-out loss increase over random
+    pruning's at 50 % sparsity (``data/measured/portability.csv``, written by ``benchmarks/portability.py``)."""
+    import csv
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "data" / "measured" / "portability.csv"
+    with path.open(newline="") as f:
+        return [float(r["value"]) for r in csv.DictReader(f) if r["notebook"] == "25" and r["check"] == PRUNING_CHECK]
+
+
+@family(
+    "cards.magnitude_pruning",
+    "training",
+    kind="card",
+    section="notebooks/25_data_evaluation_and_compression.ipynb, §6 Compression: pruning and distillation",
+    reference="docs/references.md#han2015 (Han et al. 2015, arXiv:1506.02626)",
+)
+def _c_pruning(rng):
+    ratios = recorded_pruning_ratios()
+    bound = next(b for b in (0.1, 0.25, 0.5, 1.0) if max(ratios) < b)
+    return card(
+        rng,
+        "Magnitude pruning is no better than random pruning: at 50 % sparsity both remove half the weights, so "
+        "the held-out loss rises about as much.",
+        f"At 50 % sparsity, magnitude pruning raises the held-out loss by less than {bound:.0%} of what random "
+        "pruning of as many weights does.",
+        [
+            f"Notebook 25, {len(ratios)} recorded runs (seeds × CPU capabilities, data/measured/portability.csv): "
+            f"magnitude's loss increase / random's = {min(ratios):.3g} to {max(ratios):.3g}.",
+            "Small weights add little to any product; random pruning removes large ones as often as small ones.",
+        ],
+        "Which weights does each method remove, and what do they contribute?",
+    )

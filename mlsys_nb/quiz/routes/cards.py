@@ -97,3 +97,18 @@ def _(text):
     cfg = cfg_of("llama-2-70b")
     heads_smaller = cfg.head_dim < cfg.hidden // cfg.n_heads  # GQA keeps head_dim; it caches fewer heads
     return ("making each head smaller" in text) == heads_smaller
+
+
+@register_route("cards.magnitude_pruning")
+@judge_card
+def _(text):
+    """The recorded range read off data/measured/portability.md's notebook-25 table (the bank reads the CSV)."""
+    from pathlib import Path
+
+    md = (Path(__file__).resolve().parents[3] / "data" / "measured" / "portability.md").read_text()
+    table = md.split("## Notebook 25", 1)[1]
+    row = r"\| 50 % pruning: magnitude's loss increase / random's \|.*?\| ([\d.e+-]+) - ([\d.e+-]+) \|"
+    worst = float(re.search(row, table).group(2))  # the column "values (min - max)"
+    if "no better than random" in text:
+        return worst > 0.5  # "about as much": a ratio near 1
+    return worst < claimed_number(text, r"by less than (\d+)%") / 100
