@@ -100,3 +100,27 @@ def test_compare_table_marks_invalid_schedules():
     t = compare_schedules(3, 4, 1, 1.0, 1.0, 1.0, 0.0).set_index("schedule")
     assert "even" in t.loc["dualpipe", "note"] and "m >= 2p" in t.loc["dualpipev", "note"]
     assert t.loc["zb-h2", "bubble_ratio (idle/busy)"] < t.loc["1f1b", "bubble_ratio (idle/busy)"]
+
+
+def test_idle_time_is_drawn_as_blocks_and_later_chunks_are_hatched():
+    """The bubble is explicit: grey blocks whose widths add up, per rank, to the simulation's idle time; an
+    interleaved schedule hatches its second chunk's boxes; the peak-activation bars are the activations'
+    colour (issue 53)."""
+    import matplotlib.colors as mc
+
+    from mlsys_nb.plots import QUANTITY_COLORS
+    from mlsys_nb.widgets.pipeline import idle_blocks
+
+    w = PipelineWidget(schedule="1f1b", p=4, m=8)
+    res = w.result["simulation"]
+    blocks = idle_blocks(res.timeline, res.makespan)
+    for rank in range(4):
+        assert sum(e - s for r, s, e in blocks if r == rank) == pytest.approx(res.idle[rank])
+    gids = [c.get_gid() for c in w.figure.axes[0].collections]
+    assert "idle" in gids and "chunks" not in gids and "idle" in w.figure.axes[0].get_title()
+    mem = w.figure.axes[1].collections[0]
+    assert mc.to_hex(mem.get_facecolor()[0]) == QUANTITY_COLORS["activations"].lower()
+    w.set_state({"schedule": "interleaved-1f1b", "v": 2})
+    hatched = [c for c in w.figure.axes[0].collections if c.get_gid() == "chunks"]
+    ops = w.result["simulation"].timeline
+    assert len(hatched) == 1 and len(hatched[0].get_paths()) == int((ops.chunk % 2 == 1).sum()) > 0
