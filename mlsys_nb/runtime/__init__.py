@@ -12,7 +12,7 @@
 - ``timing``: the one way to time things: ``Timer`` (wall seconds, ``time.perf_counter``; a context
   manager or decorator), ``Laps`` (seconds of consecutive phases), ``repeat(fn, n, warmup)`` (list of
   seconds), ``median`` / ``lower_quartile`` / ``quantile`` of repeats, and ``profile_ops(fn)`` (self CPU seconds per
-  op from ``torch.profiler``).
+  op from ``torch.profiler``); ``ATTEMPTS``: how many times a timed check measures again on a busy machine.
 - ``profiling``: a ``torch.profiler`` trace read back (``load_trace``, ``spans``, ``mm_flops``), the
   overlap fraction of communication with compute (pure interval arithmetic: ``overlap_fraction``,
   ``overlapped_all_reduces``, the bound ``OVERLAP_BOUND``; ``activities`` for a device) and the memory timeline
