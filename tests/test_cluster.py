@@ -287,3 +287,21 @@ def test_shutdown_and_context_manager_leave_no_processes():
     with pytest.raises(RuntimeError, match="shut down"):
         c.run(_all_reduce_ranks)
     c.shutdown()  # idempotent
+
+
+def test_shared_memory_all_reduce_from_a_ranks_cell(cluster, shell, capsys):
+    """Issue 51: the shared-memory all-reduce is selectable in ``%%ranks`` cells (live ranks, their default group),
+    equal to ``dist.all_reduce`` on integer-valued inputs, and closed with its segments."""
+    shell.run_cell_magic(
+        "ranks",
+        "",
+        "import torch, torch.distributed as dist\n"
+        "from mlsys_nb.comm import ShmAllReduce\n"
+        "shm = ShmAllReduce(timeout=20)\n"
+        "x = torch.arange(1001, dtype=torch.float32) * (rank + 1)\n"
+        "ref = x.clone(); dist.all_reduce(ref)\n"
+        "shm(x); shm.close()\n"
+        "same = bool(torch.equal(x, ref))",
+    )
+    capsys.readouterr()
+    assert cluster.pull("same") == [True] * WORLD
