@@ -1,13 +1,14 @@
 """Families of the topic ``data_parallel``: DDP and ZeRO traffic per step, the gradient all-reduce,
 bucketing.
 
-Answer keys: ``parallel.zero.zero_bytes_per_step`` (from ``comm.bytes_sent_per_rank``) and
-``comm.collective_time``.
+Answer keys: ``parallel.zero.zero_bytes_per_step`` (from ``comm.bytes_sent_per_rank``),
+``comm.collective_time``, and ``parallel.data``'s sampler shards, batch recipe and critical-batch model.
 """
 
 from __future__ import annotations
 
 from ... import comm
+from ...parallel import data as pdata
 from ._util import MB, gbps, numeric_family, pick, picks, ratio_family, us, zero
 from .comm import REF_COMM, draw_link
 
@@ -181,5 +182,151 @@ ratio_family(
             "(comm.collective_time)."
         ),
         "Speed-up {ratio:.4g}×.",
+    ],
+)
+
+
+# ---- notebook 05 §8-9: per-rank data and the batch-size recipe (answer keys: parallel.data) ----------
+SEC_SAMPLER = "notebooks/05_data_parallelism.ipynb, §8 Per-rank data loading: DistributedSampler"
+SEC_RECIPE = "notebooks/05_data_parallelism.ipynb, §9 The batch-size recipe"
+REF_SAMPLER = "docs/references.md#pytorch-ddp, #pytorch-distributed (torch.utils.data.DistributedSampler)"
+REF_RECIPE = "docs/references.md#megatron-ptdp (global batch = DP × accumulation × micro-batch), #llama3"
+REF_CRITICAL = "docs/references.md#critical-batch (McCandlish et al. 2018, arXiv:1812.06162)"
+DATASETS = [999, 4_097, 10_007, 50_001]  # odd sizes; per rank < 10^4, so the printed 4-digit key is exact
+
+
+def _drop_words(p) -> str:
+    return "drop_last=True" if p["drop_last"] else "drop_last=False (the default)"
+
+
+numeric_family(
+    "data_parallel.samples_per_rank",
+    "data_parallel",
+    section=SEC_SAMPLER,
+    reference=REF_SAMPLER,
+    draw=lambda rng: picks(rng, n=DATASETS, world=[6, 8, 16, 24, 64], drop_last=[False, True]),
+    calc=lambda p: pdata.samples_per_rank(p["n"], p["world"], p["drop_last"]),
+    unit="count",
+    tolerance=0.0,
+    fields=lambda p, result: {"drop": _drop_words(p), "rule": "⌊N/W⌋" if p["drop_last"] else "⌈N/W⌉"},
+    text=(
+        "DistributedSampler over a dataset of {n} samples on W = {world} ranks, {drop}: how many samples "
+        "does each rank read per epoch?"
+    ),
+    hints=["Every rank reads the same number of samples.", "Without drop_last the tail is padded up; with it, cut."],
+    solution=["{rule} = {result} samples per rank (parallel.data.samples_per_rank)."],
+)
+
+numeric_family(
+    "data_parallel.sampler_padding",
+    "data_parallel",
+    section=SEC_SAMPLER,
+    reference=REF_SAMPLER,
+    draw=lambda rng: picks(rng, n=DATASETS, world=[6, 8, 16, 24, 64], drop_last=[False, True]),
+    calc=lambda p: abs(p["world"] * pdata.samples_per_rank(p["n"], p["world"], p["drop_last"]) - p["n"]),
+    unit="count",
+    tolerance=0.0,
+    fields=lambda p, result: {
+        "drop": _drop_words(p),
+        "what": "read by no rank (dropped)" if p["drop_last"] else "read twice (the padding repeats)",
+        "per_rank": pdata.samples_per_rank(p["n"], p["world"], p["drop_last"]),
+    },
+    text=("DistributedSampler over {n} samples on W = {world} ranks, {drop}: how many samples per epoch are {what}?"),
+    hints=[
+        "Each rank reads ⌈N/W⌉ samples (⌊N/W⌋ with drop_last).",
+        "Compare W × samples per rank with N.",
+    ],
+    solution=["W × {per_rank} = {world} × {per_rank} vs N = {n}: {result} sample(s) {what}."],
+)
+
+
+def _recipe_case(rng) -> dict:
+    p = picks(rng, dp=[8, 16, 32, 64, 128], micro_batch=[1, 2, 4], accumulation=[1, 2, 4, 8, 16])
+    p["seq_len"] = pick(rng, [2048, 4096, 8192])
+    p["tokens"] = p["dp"] * p["micro_batch"] * p["accumulation"] * p["seq_len"]
+    return p
+
+
+numeric_family(
+    "data_parallel.accumulation_steps",
+    "data_parallel",
+    section=SEC_RECIPE,
+    reference=REF_RECIPE,
+    draw=_recipe_case,
+    calc=lambda p: pdata.decompose_batch(p["tokens"] // p["seq_len"], p["dp"], p["micro_batch"], p["seq_len"]),
+    key=lambda recipe: recipe.accumulation,
+    params=("tokens", "seq_len", "dp", "micro_batch"),
+    unit="micro-batches",
+    tolerance=0.0,
+    fields=lambda p, result: {"sequences": result.global_batch},
+    text=(
+        "A global batch of {tokens:,} tokens per optimizer step in sequences of {seq_len} tokens, on {dp} "
+        "data-parallel ranks with micro-batches of {micro_batch} sequences: how many micro-batches does each "
+        "rank accumulate per step?"
+    ),
+    hints=["Global batch (sequences) = tokens / seq_len.", "global batch = DP × accumulation × micro-batch."],
+    solution=[
+        "{tokens:,} / {seq_len} = {sequences} sequences.",
+        "accumulation = {sequences} / ({dp} × {micro_batch}) = {result.accumulation} (parallel.data.decompose_batch).",
+    ],
+    diagnostics=lambda p, r: [(p["seq_len"], "the global batch was given in tokens: divide by seq_len first")],
+)
+
+numeric_family(
+    "data_parallel.tokens_per_step",
+    "data_parallel",
+    section=SEC_RECIPE,
+    reference=REF_RECIPE,
+    draw=_recipe_case,
+    calc=lambda p: pdata.BatchRecipe(p["dp"], p["accumulation"], p["micro_batch"], p["seq_len"]),
+    key=lambda recipe: recipe.tokens,
+    params=("dp", "accumulation", "micro_batch", "seq_len"),
+    unit="tokens",
+    text=(
+        "{dp} data-parallel ranks, each accumulating {accumulation} micro-batches of {micro_batch} sequence(s) of "
+        "{seq_len} tokens per optimizer step: tokens per step?"
+    ),
+    hints=["Sequences per step = DP × accumulation × micro-batch.", "Times the sequence length."],
+    solution=[
+        "{dp} × {accumulation} × {micro_batch} = {result.global_batch} sequences.",
+        "× {seq_len} = {result.tokens:,} tokens (parallel.data.BatchRecipe.tokens).",
+    ],
+    diagnostics=lambda p, r: [(1 / p["dp"], "that is one rank's share: all DP replicas add to the step")],
+)
+
+
+def _critical_case(rng) -> dict:
+    p = picks(rng, noise_scale=[0.25e6, 1e6, 4e6], factor=[0.25, 0.5, 1, 2, 4, 8], ask=["steps", "tokens"])
+    p["batch"] = p["factor"] * p["noise_scale"]
+    return p
+
+
+numeric_family(
+    "data_parallel.critical_batch_cost",
+    "data_parallel",
+    difficulty=2,
+    section=SEC_RECIPE,
+    reference=REF_CRITICAL,
+    draw=_critical_case,
+    calc=lambda p: pdata.critical_batch_tradeoff(p["batch"], p["noise_scale"])[p["ask"] == "tokens"],
+    params=("batch", "noise_scale", "ask"),
+    unit="ratio",
+    diagnostics=lambda p, r: [(1 / (r - 1), "that is the other cost: steps and tokens trade off")] * (r != 2),
+    fields=lambda p, r: dict(
+        zip(("steps", "tokens"), pdata.critical_batch_tradeoff(p["batch"], p["noise_scale"])),
+        mins="S_min" if p["ask"] == "steps" else "E_min",
+    ),
+    text=(
+        "McCandlish et al.'s model, gradient noise scale B_noise = {noise_scale:.3g} tokens, batch B = "
+        "{batch:.3g} tokens: how many times the fewest possible {ask} ({mins}) does training to a given loss "
+        "take?"
+    ),
+    hints=[
+        "Steps: S/S_min = 1 + B_noise/B.",
+        "Data: E/E_min = 1 + B/B_noise (E in tokens here); both are 2 at B = B_noise.",
+    ],
+    solution=[
+        "S/S_min = {steps:.4g}, E/E_min = {tokens:.4g} (parallel.data.critical_batch_tradeoff).",
+        "Asked: {ask}, {result:.4g}× the fewest.",
     ],
 )

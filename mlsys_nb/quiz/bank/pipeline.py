@@ -1,16 +1,18 @@
-"""Families on pipeline parallelism: bubble and activations for each schedule.
+"""Families on pipeline parallelism: bubble and activations for each schedule, bytes across stage boundaries.
 
 Answer keys: ``mlsys_nb.pipeline.simulate`` (the event simulator, itself tested against the closed
-forms and against real ranks). Costs: a forward F = 1 and a full backward 2 (B = 1 input gradient +
-W = 1 weight gradient, the zero-bubble papers' equal-cost setting), no communication latency.
+forms and against real ranks); ``pipeline.boundary_bytes`` and ``pp_bytes_per_step`` (beside TP's
+``parallel.tensor.tp_bytes_per_layer``, imported only when that family draws). Costs of the schedules: a
+forward F = 1 and a full backward 2 (B = 1 input gradient + W = 1 weight gradient, the zero-bubble papers'
+equal-cost setting), no communication latency.
 """
 
 from __future__ import annotations
 
 from ... import pipeline as pl
-from ...config import PIPELINE_SCHEDULES
+from ...config import PIPELINE_SCHEDULES, load_model_preset
 from ..core import family
-from ._util import numeric_family, pick, picks, ratio_family
+from ._util import numeric_family, pick, picks, ratio_family, tensor_parallel
 
 SEC = "notebooks/08_pipeline_parallelism.ipynb"
 SEC_BUBBLE = SEC + ", §1 Cutting a model into stages, and the bubble"
@@ -272,3 +274,121 @@ def _best(rng):
         hints=["GPipe holds all m; 1F1B at most p; ZB-H2 about 2p − 1."],
         solution=[f"{n}: peak {peaks[n]:g}, bubble {bubbles[n]:.3g}" for n in peaks] + [f"Answer: {ans}."],
     )
+
+
+# ---- §10: bytes across stage boundaries (answer keys: pipeline.boundary_bytes, pp_bytes_per_step) ------
+SEC_BOUNDARY = SEC + ", §10 Pipeline communication, measured"
+REF_BOUNDARY = REF["interleaved-1f1b"] + ", #llama3"
+MODELS = {"Llama-3.1-8B": "llama-3.1-8b", "Llama-3.1-70B": "llama-3.1-70b", "Llama-3.1-405B": "llama-3.1-405b"}
+
+
+def _shape(model: str) -> dict:
+    """Hidden size and layers of ``model`` (its preset in data/models.yaml)."""
+    cfg = load_model_preset(MODELS[model])
+    return {"hidden": cfg.hidden, "layers": cfg.n_layers}
+
+
+def _boundary_case(rng) -> dict:
+    p = picks(rng, model=list(MODELS), mbs=[1, 2, 4], seq_len=[2048, 4096, 8192], dtype=["bf16", "fp32"])
+    return {**p, "hidden": _shape(p["model"])["hidden"]}
+
+
+numeric_family(
+    "pipeline.boundary_bytes",
+    "pipeline",
+    section=SEC_BOUNDARY,
+    reference=REF_BOUNDARY,
+    draw=_boundary_case,
+    calc=lambda q: pl.boundary_bytes(q["mbs"], q["seq_len"], q["hidden"], q["dtype"]),
+    unit="bytes",
+    text=(
+        "{model} (hidden {hidden}) cut into pipeline stages; micro-batches of {mbs} sequence(s) of {seq_len} "
+        "tokens, {dtype} activations: bytes one micro-batch sends across one stage boundary in the forward pass?"
+    ),
+    hints=["A stage hands on its output activations [mbs, seq, h]: one tensor, one point-to-point send."],
+    solution=["{mbs} × {seq_len} × {hidden} × bytes({dtype}) = {result:.4g} B (pipeline.boundary_bytes)."],
+    diagnostics=[(2.0, "one direction only: the gradient coming back in the backward is another send")],
+)
+
+
+def _rank_case(rng) -> dict:
+    q = {**_boundary_case(rng), "dtype": "bf16", **picks(rng, p=[4, 8], m=[8, 16, 32], v=[1, 2])}
+    q["rank"] = pick(rng, [0, 1, q["p"] - 1])
+    return q
+
+
+def _per_rank(q) -> list[float]:
+    """Bytes each pipeline rank sends per step (``pipeline.pp_bytes_per_step``)."""
+    return pl.pp_bytes_per_step(q["p"], q["m"], q["mbs"], q["seq_len"], q["hidden"], q["v"], q["dtype"])
+
+
+def _chunks(q) -> str:
+    return " (one stage per rank)" if q["v"] == 1 else f", interleaved: v = {q['v']} chunks per rank (stages r, r + p)"
+
+
+numeric_family(
+    "pipeline.pp_bytes_per_rank",
+    "pipeline",
+    difficulty=2,
+    section=SEC_BOUNDARY,
+    reference=REF_BOUNDARY,
+    draw=_rank_case,
+    calc=lambda q: _per_rank(q)[q["rank"]],
+    unit="bytes",
+    text=lambda q: (
+        f"{q['model']} (hidden {q['hidden']}) on p = {q['p']} pipeline ranks{_chunks(q)}; m = {q['m']} "
+        f"micro-batches of {q['mbs']} sequence(s) of {q['seq_len']} tokens, bf16 activations. Bytes rank "
+        f"{q['rank']} sends per step (activations forward and their gradients backward)?"
+    ),
+    hints=[
+        "Every stage but the last sends each micro-batch's activations forward (mbs·seq·h·2 bytes).",
+        "Every stage but the first sends their gradient backward: the same bytes.",
+    ],
+    solution=lambda q, result: [
+        f"One message: {q['mbs']} × {q['seq_len']} × {q['hidden']} × 2 B = "
+        f"{pl.boundary_bytes(q['mbs'], q['seq_len'], q['hidden']):.4g} B.",
+        f"Per rank: {', '.join(f'{b:.4g}' for b in _per_rank(q))} B (pipeline.pp_bytes_per_step); rank {q['rank']}: "
+        f"{result:.4g} B.",
+    ],
+    diagnostics=[(0.5, "count both directions: the gradients come back through every boundary")],
+)
+
+
+def _tp_over_pp(q) -> float:
+    """TP's bytes per rank per step (``parallel.tensor.tp_bytes_per_layer``, forward and backward, every layer,
+    every micro-batch) over a middle PP rank's (``pipeline.pp_bytes_per_step``), each alone at degree ``d``."""
+    tp = 2 * q["layers"] * q["m"] * tensor_parallel.tp_bytes_per_layer(1, q["seq_len"], q["hidden"], q["d"], sp=False)
+    return tp / pl.pp_bytes_per_step(q["d"], q["m"], 1, q["seq_len"], q["hidden"])[1]
+
+
+def _strategy_case(rng) -> dict:
+    q = picks(rng, model=list(MODELS), d=[4, 8], m=[8, 16, 32], seq_len=[4096, 8192])
+    return {**q, **_shape(q["model"])}
+
+
+numeric_family(
+    "pipeline.tp_over_pp_bytes",
+    "pipeline",
+    difficulty=2,
+    section=SEC_BOUNDARY,
+    reference=REF_BOUNDARY + ", #megatron",
+    draw=_strategy_case,
+    calc=_tp_over_pp,
+    unit="ratio",
+    text=(
+        "{model} ({layers} layers, hidden {hidden}), m = {m} micro-batches of one {seq_len}-token sequence, bf16. "
+        "Either TP alone at degree {d} (Megatron: two all-reduces of the activations per layer in the forward, "
+        "two in the backward, ring) or PP alone on {d} stages: how many times more bytes per step does a TP rank "
+        "send than a middle PP rank?"
+    ),
+    hints=[
+        "PP middle rank: 2·m boundary messages of s·h·2 bytes.",
+        "TP: 4 all-reduces per layer per micro-batch, each 2(d−1)/d·s·h·2 bytes per rank.",
+    ],
+    solution=[
+        "TP / PP = 2·L·m·2·2(d−1)/d·x / (2·m·x) = 4·L·(d−1)/d = {result:.4g} "
+        "(parallel.tensor.tp_bytes_per_layer, pipeline.pp_bytes_per_step).",
+        "Independent of m, s and h: why PP crosses nodes and TP stays inside one.",
+    ],
+    diagnostics=[(0.5, "TP all-reduces in the backward too: 4 per layer, not 2")],
+)

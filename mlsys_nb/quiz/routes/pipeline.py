@@ -76,3 +76,39 @@ def _peak_acts(p):
 
 for _name in ("gpipe", "1f1b", "zb_h1", "interleaved_1f1b", "zb_h2", "zbv", "dualpipe", "dualpipev"):
     ROUTES[f"pipeline.peak_activations_{_name}"] = _peak_acts
+
+
+def _message_bytes(p) -> int:
+    """One micro-batch's activations [mbs, seq, h], sized by torch on the meta device (no memory used)."""
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[p.get("dtype", "bf16")]
+    t = torch.empty(p.get("mbs", 1), p["seq_len"], p["hidden"], dtype=dtype, device="meta")
+    return t.numel() * t.element_size()
+
+
+@register_route("pipeline.boundary_bytes")
+def _(p):
+    return _message_bytes(p)
+
+
+def _sends(stages: int, rank: int, p: int, m: int) -> int:
+    """Messages rank ``rank`` sends per step, counted stage by stage over the ``stages`` = p·v model chunks it
+    holds (stage s on rank s mod p): each micro-batch goes forward out of every stage but the last and its
+    gradient backward out of every stage but the first."""
+    own = [s for s in range(stages) if s % p == rank]
+    return m * sum((s + 1 < stages) + (s > 0) for s in own)
+
+
+@register_route("pipeline.pp_bytes_per_rank")
+def _(p):
+    return _sends(p["p"] * p["v"], p["rank"], p["p"], p["m"]) * _message_bytes(p)
+
+
+@register_route("pipeline.tp_over_pp_bytes")
+def _(p):
+    """Ring all-reduce bytes per rank, 2(d−1)/d·S (Patarasuk & Yuan), 4 per layer per micro-batch (Megatron's f
+    and g in forward and backward), over a middle PP rank's 2 sends per micro-batch."""
+    d, x = p["d"], _message_bytes(p)
+    tp = p["layers"] * p["m"] * 4 * 2 * (d - 1) / d * x
+    return tp / (_sends(d, 1, d, p["m"]) * x)
