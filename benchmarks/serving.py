@@ -43,6 +43,9 @@ layers and sampling (``profile_ranges``), and transformers' own decode step at t
 ``--attention-ab``: only the engine's decode step with ``attention_backend="gather"`` (decodes in groups of
 ``DECODE_GROUP``) and ``"varlen"`` (all decodes in one call per layer) side by side, at 4, 16 and 64 running
 sequences (``--sizes``, ``tiny`` allowed here), steps of the two engines interleaved, process CPU time.
+``--compile``: two more offline rows, the engine with ``EngineConfig.compile=True`` (the forward compiled by
+``torch.compile``/inductor, attention one opaque op: ``inference/compiled.py``) at ``--batch`` and 4x, in the same
+round-robin; its one compile is paid in a warm-up run before the timed runs and reported with the graph count.
 ``--quick``: 4 short requests on ``tiny`` (offline systems, step profile, HF profile, overhead table), no servers,
 no record.
 """
@@ -317,19 +320,22 @@ def profile_engine_step(
     return lines
 
 
-def attention_ab(model, batch_sizes, steps: int, prompt_len: int) -> list[str]:
-    """Decode steps of two engines on the same weights and prompts, ``attention_backend`` "gather" and "varlen",
-    one step of each in turn (``steps`` each, after every prompt is prefilled; prompts of ``prompt_len`` minus
-    0-6 times ``prompt_len // 12`` tokens, so context lengths differ), process CPU time per step. -> markdown lines (a table)."""
+def attention_ab(model, batch_sizes, steps: int, prompt_len: int, variants=None) -> list[str]:
+    """Decode steps of two engines on the same weights and prompts, ``attention_backend`` "gather" and "varlen"
+    (``variants``: another pair, {name: engine options}, e.g. eager vs ``compile=True``), one step of each in turn
+    (``steps`` each, after every prompt is prefilled; prompts of ``prompt_len`` minus 0-6 times ``prompt_len // 12``
+    tokens, so context lengths differ), process CPU time per step. -> markdown lines (a table)."""
     from statistics import median
 
     from mlsys_nb.inference.engine import LLMEngine
     from mlsys_nb.inference.sampling_params import SamplingParams
 
+    variants = variants or {"gather": {"attention_backend": "gather"}, "varlen": {"attention_backend": "varlen"}}
+    a, b = variants
     lines = [
         "",
-        "| running sequences | context tokens per sequence | `gather` step, CPU ms (median) | `varlen` step, CPU ms "
-        "(median) | gather / varlen |",
+        f"| running sequences | context tokens per sequence | `{a}` step, CPU ms (median) | `{b}` step, CPU ms "
+        f"(median) | {a} / {b} |",
         "|---|---|---|---|---|",
     ]
     for batch in batch_sizes:
@@ -337,8 +343,8 @@ def attention_ab(model, batch_sizes, steps: int, prompt_len: int) -> list[str]:
         prompts = [
             [(7 * i + j) % 200 + 1 for j in range(prompt_len - (i % 7) * (prompt_len // 12))] for i in range(batch)
         ]
-        for backend in ("gather", "varlen"):
-            eng = LLMEngine(model, max_num_seqs=batch, max_num_batched_tokens=512, attention_backend=backend)
+        for backend, options in variants.items():
+            eng = LLMEngine(model, max_num_seqs=batch, max_num_batched_tokens=512, **options)
             sp = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
             for i, p in enumerate(prompts):
                 eng.add_request(f"p{i}", p, sp)
@@ -351,7 +357,7 @@ def attention_ab(model, batch_sizes, steps: int, prompt_len: int) -> list[str]:
                 c = time.process_time()
                 eng.step()
                 cpu[k].append(time.process_time() - c)
-        g, v = (1e3 * median(cpu[k]) for k in ("gather", "varlen"))
+        g, v = (1e3 * median(cpu[k]) for k in (a, b))
         ctx = f"{min(map(len, prompts))}-{max(map(len, prompts)) + steps + 2}"
         lines.append(f"| {batch} | {ctx} | {g:.2f} | {v:.2f} | {g / v:.2f}x |")
     return lines
@@ -370,6 +376,7 @@ def offline_section(
     stack,
     cb_batches=None,
     attention_backend="gather",
+    compile=False,
 ) -> tuple[list[str], dict, dict]:
     """Every offline system round-robin ``repeats`` times on ``reqs``; -> (markdown lines, rows by name).
     ``cb_batches``: the sequences per batch of the transformers continuous-batching rows (default ``batch`` and 4x);
@@ -392,6 +399,21 @@ def offline_section(
         ]
     if attention_backend != "gather":  # the same engine with another attention backend, in the same round-robin
         systems.append((f"engine, {big} in flight, {attention_backend}", big, {"attention_backend": attention_backend}))
+    warm = []
+    if compile:  # EngineConfig.compile: the compiled engine beside eager in the same round-robin, compiled first
+        from mlsys_nb.inference.compiled import compiled_model
+
+        systems += [
+            ("engine, compiled", batch, {"compile": True}),
+            (f"engine, {big} in flight, compiled", big, {"compile": True}),
+        ]
+        t0 = time.perf_counter()
+        run_engine(model, reqs[:2], batch, compile=True)  # warm-up: the one compile (one graph for every batch size)
+        st = dict(compiled_model(model).stats)
+        warm.append(
+            f"Compiled engine: {st['graphs']} graph(s), compile {st['compile_seconds']:.1f} s "
+            f"(warm-up run {time.perf_counter() - t0:.1f} s), paid once before the timed runs."
+        )
     hf_name = f"transformers generate (static), batches of {batch}"
     runs = [(name, lambda b=b, kw=kw: run_engine(model, reqs, b, **kw)) for name, b, kw in systems]
     runs += [
@@ -411,6 +433,9 @@ def offline_section(
     rows, outputs = {}, {}
     for name, res in results.items():  # the run with the median duration
         rows[name], outputs[name] = sorted(res, key=lambda x: x[0]["duration_s"])[len(res) // 2]
+    if compile:
+        st = compiled_model(model).stats
+        warm.append(f"Graphs after the timed runs: {st['graphs']} (every batch size ran on the graph(s) above).")
     base = rows[hf_name]["output_tokens_per_s"]
     useful = sum(r.max_tokens for r in reqs)
     lo_p, hi_p = min(len(r.prompt_token_ids) for r in reqs), max(len(r.prompt_token_ids) for r in reqs)
@@ -442,6 +467,7 @@ def offline_section(
     lines += [
         "",
         "Greedy outputs identical to the engine's: " + "; ".join(f"{k} {v}/{len(reqs)}" for k, v in same.items()) + ".",
+        *(["", *warm] if warm else []),
     ]
     return lines, rows, managers
 
@@ -608,8 +634,14 @@ def main() -> None:
     ap.add_argument(
         "--attention-backend",
         default="gather",
-        choices=("gather", "tiled", "varlen"),
+        choices=("gather", "tiled", "varlen", "flex"),
         help="the engine's attention_backend in --profile-step; offline: an extra engine row with it (not gather)",
+    )
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="offline: the engine with EngineConfig.compile (torch.compile, inductor) beside eager, at --batch and 4x; "
+        "with --attention-ab: the decode step eager vs compiled instead of gather vs varlen",
     )
     ap.add_argument("--profile-batch", type=int, default=64, help="running sequences of --profile-step")
     ap.add_argument("--profile-steps", type=int, default=10, help="decode steps timed, then profiled (--profile-step)")
@@ -665,8 +697,9 @@ def main() -> None:
             t0, managers = time.perf_counter(), {}
             lines += ["", f"### `{size}`"]
             if a.attention_ab:
-                b_sizes, plen = ((4, 16, 64), 64) if size != "135m" else ((64,), 16)
-                lines += attention_ab(model, b_sizes, a.profile_steps, plen)
+                b_sizes, plen = (((8, 32, 64) if a.compile else (4, 16, 64)), 64) if size != "135m" else ((64,), 16)
+                pair = {"eager": {}, "compiled": {"compile": True}} if a.compile else None
+                lines += attention_ab(model, b_sizes, a.profile_steps, plen, pair)
                 lines.append(f"(attention A/B: {time.perf_counter() - t0:.0f} s)")
                 continue
             if a.profile_step or a.quick:  # the engine's decode step (in --quick: 4 sequences of tiny, 2 steps)
@@ -693,6 +726,7 @@ def main() -> None:
                     stack,
                     cb_batches,
                     a.attention_backend,
+                    a.compile,
                 )
                 lines += ["", *sec, *ratio_lines(size, rows, a.batch)]
                 lines.append(f"(offline section: {time.perf_counter() - t0:.0f} s)")

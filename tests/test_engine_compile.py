@@ -50,6 +50,8 @@ def test_no_recompilation_across_batch_sizes_after_warm_up(compiled_llm):
     warm = dict(compiled_llm.engine.status()["compile"])  # warmed up by the test above
     decode_batches(compiled_llm)  # decode steps of T = 1..8 tokens (T = 1: a lone decode), prefills of 2..16
     assert compiled_llm.engine.status()["compile"] == warm == {"graphs": 1, "compile_seconds": warm["compile_seconds"]}
+    again = LLM(compiled_llm.engine.model, compile=True, **OPTS)  # a second engine on the same weights: no compile
+    assert again.engine.runner.compiled is compiled_llm.engine.runner.compiled
 
 
 @pytest.mark.parametrize("dynamic", [True, False])

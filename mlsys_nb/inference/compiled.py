@@ -17,16 +17,18 @@ restarts counts once), and
 ``stats["compile_seconds"]`` the wall time of the calls that compiled (paid once; the first requests' latency).
 With ``dynamic=False`` every new T is a new graph (the test's mutation). Dynamo keeps at most
 ``torch._dynamo.config.recompile_limit`` (8) graphs per code object, shared by every ``CompiledModel`` of a process
-(each needs 1); past it, calls run eager.
+(each needs 1); past it, calls run eager. So the engine shares one ``CompiledModel`` per model (``compiled_model``):
+engines built one after another on the same weights (a benchmark's repeats) compile once.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 
-__all__ = ["CompiledModel", "PagedAttendProxy"]
+__all__ = ["CompiledModel", "PagedAttendProxy", "compiled_model"]
 
 _STEP: list = [None]  # the StepBatch of the forward in progress (the op's "forward context", as in vLLM)
 
@@ -104,3 +106,14 @@ class CompiledModel:
         if self.stats["graphs"] > graphs:  # this call compiled: its wall time is the compile's
             self.stats["compile_seconds"] += time.perf_counter() - t0
         return out
+
+
+_BY_MODEL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its CompiledModel
+
+
+def compiled_model(model) -> CompiledModel:
+    """The one ``CompiledModel`` of ``model`` in this process (made at the first call): what ``EngineConfig.compile``
+    uses, so every engine on the same model shares its graph, its compile time and its ``stats``."""
+    if model not in _BY_MODEL:
+        _BY_MODEL[model] = CompiledModel(model)
+    return _BY_MODEL[model]

@@ -49,7 +49,7 @@ from ..config import check_int
 from ..runtime.profiling import ranged
 from ..runtime.timing import Laps
 from .async_engine import AsyncScheduling
-from .compiled import CompiledModel
+from .compiled import compiled_model
 from .config import EngineConfig
 from .cuda_graphs import capture_decode_graphs
 from .inputs import InputProcessor, Prepared
@@ -99,7 +99,7 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(self.kv.manager, c)  # decides: what runs, which blocks move
         self.runner = ModelRunner(self.model, self.kv, self.scheduler.swap_blocks)  # moves bytes, runs the model
-        self.runner.compiled = CompiledModel(self.model) if c.compile else None  # torch.compile'd (compiled.py)
+        self.runner.compiled = compiled_model(self.model) if c.compile else None  # torch.compile'd, one per model
         self.cuda_graphs_off = capture_decode_graphs(self.runner, c)  # why the decode step runs eager, or None
         self.speculator = build_speculator(c, self.model, self.kv, self.max_model_len)  # in the batch, or None
         self.generator = torch.Generator(device="cpu").manual_seed(c.seed)
