@@ -230,13 +230,15 @@ numeric_family(
         "drop": _drop_words(p),
         "what": "read by no rank (dropped)" if p["drop_last"] else "read twice (the padding repeats)",
         "per_rank": pdata.samples_per_rank(p["n"], p["world"], p["drop_last"]),
+        "covered": p["world"] * pdata.samples_per_rank(p["n"], p["world"], p["drop_last"]),
+        "rule": "⌊N/W⌋" if p["drop_last"] else "⌈N/W⌉",
     },
     text=("DistributedSampler over {n} samples on W = {world} ranks, {drop}: how many samples per epoch are {what}?"),
     hints=[
         "Each rank reads ⌈N/W⌉ samples (⌊N/W⌋ with drop_last).",
         "Compare W × samples per rank with N.",
     ],
-    solution=["W × {per_rank} = {world} × {per_rank} vs N = {n}: {result} sample(s) {what}."],
+    solution=["W × {rule} = {world} × {per_rank} = {covered} vs N = {n}: {result} sample(s) {what}."],
 )
 
 

@@ -322,6 +322,11 @@ def _per_rank(q) -> list[float]:
     return pl.pp_bytes_per_step(q["p"], q["m"], q["mbs"], q["seq_len"], q["hidden"], q["v"], q["dtype"])
 
 
+def _sends_per_microbatch(q) -> int:
+    """Messages rank ``q["rank"]`` sends per micro-batch (forward: not from the last stage; backward: not the first)."""
+    return (q["v"] - (q["rank"] == q["p"] - 1)) + (q["v"] - (q["rank"] == 0))
+
+
 def _chunks(q) -> str:
     return " (one stage per rank)" if q["v"] == 1 else f", interleaved: v = {q['v']} chunks per rank (stages r, r + p)"
 
@@ -347,8 +352,9 @@ numeric_family(
     solution=lambda q, result: [
         f"One message: {q['mbs']} × {q['seq_len']} × {q['hidden']} × 2 B = "
         f"{pl.boundary_bytes(q['mbs'], q['seq_len'], q['hidden']):.4g} B.",
-        f"Per rank: {', '.join(f'{b:.4g}' for b in _per_rank(q))} B (pipeline.pp_bytes_per_step); rank {q['rank']}: "
-        f"{result:.4g} B.",
+        f"Rank {q['rank']} sends m × (v − [r = p−1] + v − [r = 0]) = {q['m']} × "
+        f"{_sends_per_microbatch(q)} messages = {result:.4g} B.",
+        f"Per rank: {', '.join(f'{b:.4g}' for b in _per_rank(q))} B (pipeline.pp_bytes_per_step).",
     ],
     diagnostics=[(0.5, "count both directions: the gradients come back through every boundary")],
 )
@@ -375,18 +381,16 @@ numeric_family(
     draw=_strategy_case,
     calc=_tp_over_pp,
     unit="ratio",
+    fields=lambda q, result: {"d_minus_1": q["d"] - 1},
     text=(
         "{model} ({layers} layers, hidden {hidden}), m = {m} micro-batches of one {seq_len}-token sequence, bf16. "
         "Either TP alone at degree {d} (Megatron: two all-reduces of the activations per layer in the forward, "
         "two in the backward, ring) or PP alone on {d} stages: how many times more bytes per step does a TP rank "
         "send than a middle PP rank?"
     ),
-    hints=[
-        "PP middle rank: 2·m boundary messages of s·h·2 bytes.",
-        "TP: 4 all-reduces per layer per micro-batch, each 2(d−1)/d·s·h·2 bytes per rank.",
-    ],
+    hints=["PP middle rank: 2·m boundary messages of s·h·2 bytes.", "TP: 4 ring all-reduces a layer a micro-batch."],
     solution=[
-        "TP / PP = 2·L·m·2·2(d−1)/d·x / (2·m·x) = 4·L·(d−1)/d = {result:.4g} "
+        "TP / PP = 2·L·m·2·2(d−1)/d·x / (2·m·x) = 4·L·(d−1)/d = 4 × {layers} × {d_minus_1}/{d} = {result:.4g} "
         "(parallel.tensor.tp_bytes_per_layer, pipeline.pp_bytes_per_step).",
         "Independent of m, s and h: why PP crosses nodes and TP stays inside one.",
     ],
