@@ -54,6 +54,27 @@ def test_no_recompilation_across_batch_sizes_after_warm_up(compiled_llm):
     assert again.engine.runner.compiled is compiled_llm.engine.runner.compiled
 
 
+def test_flex_attention_compiled_in_the_engine_generates_the_same_tokens(engine_test_model, compiled_llm):
+    """``attention_backend="flex"`` with ``compile=True``: decodes through FlexAttention's fused kernel, one compile per
+    power-of-two decode batch (here 1 and 2), chunks through gather; greedy tokens equal eager gather's."""
+    from torch._dynamo.utils import counters
+
+    g = torch.Generator().manual_seed(5)
+    ps = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (3, 19, 9)]
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0)
+    opts = dict(OPTS, max_num_seqs=2)
+    a = LLM(engine_test_model, **opts).generate(ps, sp, use_tqdm=False)
+    flex = LLM(engine_test_model, compile=True, attention_backend="flex", **opts)
+    b = flex.generate(ps, sp, use_tqdm=False)
+    graphs = counters["stats"]["unique_graphs"]
+    b2 = flex.generate(ps, sp, use_tqdm=False)  # the same batches again: nothing new to compile
+    for x, y, z in zip(a, b, b2):
+        assert x.outputs[0].token_ids == y.outputs[0].token_ids == z.outputs[0].token_ids
+        assert abs(x.outputs[0].cumulative_logprob - y.outputs[0].cumulative_logprob) < 1e-3
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert flex.engine.runner.compiled is compiled_llm.engine.runner.compiled  # the model's one graph, shared
+
+
 @pytest.mark.parametrize("dynamic", [True, False])
 def test_a_token_count_not_marked_dynamic_recompiles(engine_test_model, dynamic):
     torch._dynamo.reset()  # graphs per code object are capped (recompile_limit): start from none

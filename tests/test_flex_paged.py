@@ -3,7 +3,7 @@ block tables (``flex_paged.py``). Checked against float64 softmax attention over
 against ``paged_attention`` (the gather backend) on random block tables, lengths, query lengths (decodes and prefill
 chunks) and GQA ratios; a page table off by one block fails the check; the engine with ``attention_backend="flex"``
 generates the default backend's greedy tokens. Eager FlexAttention (PyTorch's unfused reference) for the random cases,
-one compiled case (inductor, compiled once for this module)."""
+one compiled decode shape (inductor, one compile for this module) for the engine's compiled path."""
 
 import random
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mlsys_nb.inference import LLM, SamplingParams
-from mlsys_nb.inference.flex_paged import compiled_flex_attention, flex_block_mask, paged_attention_flex
+from mlsys_nb.inference.flex_paged import FlexPagedAttention, decode_bucket, flex_block_mask, paged_attention_flex
 from mlsys_nb.inference.paged import paged_attention
 
 TOL = 2e-5  # fp32 attention vs the float64 reference, times (1 + max |reference|); measured 2.5e-7 (and 6e-7 vs gather)
@@ -52,9 +52,9 @@ def reference(q, k, v):
     return torch.einsum("hqn,nhd->hqd", torch.softmax(s, dim=-1), vv)
 
 
-def check_case(case, tables=None, compiled=False):
+def check_case(case, tables=None, attend=paged_attention_flex):
     q, kc, vc, good_tables, lens, contig = case
-    out = paged_attention_flex(q, kc, vc, good_tables if tables is None else tables, lens, compiled=compiled)
+    out = attend(q, kc, vc, good_tables if tables is None else tables, lens)
     assert out.shape == q.shape and out.dtype == q.dtype and torch.isfinite(out).all()
     ref = torch.stack([reference(q[i], *contig[i]) for i in range(len(lens))])
     assert (out.double() - ref).abs().max().item() < TOL * (1 + ref.abs().max().item())
@@ -82,10 +82,12 @@ def test_a_page_table_off_by_one_block_fails():
 
 
 def test_the_block_mask_lists_each_sequences_blocks_in_table_order():
+    """Blocks wholly before the query are "full" (no mask_mod), the rest (the last, partly filled one) partial."""
     tables, lens = torch.tensor([[5, 2, 0], [3, 9, 4]]), torch.tensor([5, 9])  # 2 and 3 blocks of 4 tokens
     mask = flex_block_mask(tables, lens, q_len=1, num_blocks=10, block_size=4)
-    assert mask.kv_num_blocks.view(-1).tolist() == [2, 3]
-    assert mask.kv_indices[0, 0, 0, :2].tolist() == [5, 2] and mask.kv_indices[1, 0, 0, :3].tolist() == [3, 9, 4]
+    assert mask.full_kv_num_blocks.view(-1).tolist() == [1, 2] and mask.kv_num_blocks.view(-1).tolist() == [1, 1]
+    assert mask.full_kv_indices[0, 0, 0, :1].tolist() == [5] and mask.full_kv_indices[1, 0, 0, :2].tolist() == [3, 9]
+    assert mask.kv_indices[0, 0, 0, :1].tolist() == [2] and mask.kv_indices[1, 0, 0, :1].tolist() == [4]
 
 
 def test_bad_head_counts_are_refused():
@@ -94,17 +96,26 @@ def test_bad_head_counts_are_refused():
         paged_attention_flex(q, kc, kc, torch.tensor([[0]]), torch.tensor([3]))
 
 
-@pytest.fixture(scope="module")
-def compiled_flex():
-    """``torch.compile(flex_attention)`` compiled once for the module (several seconds on CPU)."""
-    return compiled_flex_attention()
+def test_the_compiled_kernel_gives_the_same_attention_on_one_graph_per_bucket():
+    """``FlexPagedAttention(compiled=True)`` (the engine's ``compile=True`` path) runs the fused kernel inductor builds
+    on decode calls padded to ``decode_bucket`` rows: 3 and 4 running sequences share one compiled graph (one compile,
+    several seconds on CPU) and both equal float64 attention and the gather backend; prefill chunks go to gather."""
+    from torch._dynamo.utils import counters
 
-
-def test_the_compiled_kernel_gives_the_same_attention(compiled_flex):
-    """The fused kernel inductor builds (what ``paged_attention_flex(..., compiled=True)`` runs) is checked like the
-    eager one, on a decode case with GQA (one shape: one compile)."""
+    assert [decode_bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 64)] == [1, 2, 4, 4, 8, 8, 16, 64]
     rng = random.Random(7)
-    check_case(random_case(rng, q_len=1), compiled=True)
+    q, kc, vc, tables, lens, contig = random_case(rng, q_len=1)
+    while len(lens) < 4:
+        q, kc, vc, tables, lens, contig = random_case(rng, q_len=1)
+    graphs = None
+    for b in (4, 3):  # the same pool, 4 rows then 3 (padded to 4)
+        case = (q[:b], kc, vc, tables[:b], lens[:b], contig[:b])
+        attend = FlexPagedAttention(compiled=True)
+        check_case(case, attend=attend)
+        graphs = counters["stats"]["unique_graphs"] if graphs is None else graphs
+    assert counters["stats"]["unique_graphs"] == graphs, "3 rows padded to 4 reuse the graph of 4"
+    chunk = random_case(rng, q_len=3)
+    check_case(chunk, attend=FlexPagedAttention(compiled=True))  # chunks: the gather backend
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])

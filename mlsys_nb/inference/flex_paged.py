@@ -32,7 +32,14 @@ import warnings
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-__all__ = ["FLEX_Q_BLOCK", "FlexPagedAttention", "compiled_flex_attention", "flex_block_mask", "paged_attention_flex"]
+__all__ = [
+    "FLEX_Q_BLOCK",
+    "FlexPagedAttention",
+    "compiled_flex_attention",
+    "decode_bucket",
+    "flex_block_mask",
+    "paged_attention_flex",
+]
 
 FLEX_Q_BLOCK = 128  # query rows per row of the block mask (FlexAttention's default Q block)
 
@@ -50,10 +57,12 @@ def flex_block_mask(
 
     block_tables: [batch, max_blocks] physical block ids (entries past a sequence's end ignored); context_lens:
     [batch] tokens including the ``q_len`` new ones (query i of row b sits at ``context_lens[b] - q_len + i``);
-    ``num_blocks``, ``block_size``: the pool's. ``kv_indices`` [batch, 1, rows, num_blocks] lists each row's blocks
-    in table order (padded with block 0, not visited: ``kv_num_blocks`` says how many are real) and ``mask_mod``
-    maps a physical slot to its logical position through the inverted table ([batch, num_blocks], -1 where the
-    block is not the row's)."""
+    ``num_blocks``, ``block_size``: the pool's. Each row's blocks in table order, split in two lists
+    [batch, 1, rows, num_blocks] (padded with block 0, not visited: the counts say how many are real): the "full"
+    blocks, wholly before the row's first query (read without ``mask_mod``), then the partial ones up to the end,
+    where ``mask_mod`` maps a physical slot to its logical position through the inverted table ([batch, num_blocks],
+    -1 where the block is not the row's) for causality. (The CPU decoding kernel in torch 2.13 also needs the full
+    lists to exist.)"""
     b, dev = block_tables.shape[0], block_tables.device
     lens = context_lens.to(device=dev, dtype=torch.long)
     n_blk = torch.minimum((lens + block_size - 1) // block_size, torch.tensor(block_tables.shape[1], device=dev))
@@ -64,11 +73,26 @@ def flex_block_mask(
     inv = torch.full((b, num_blocks + 1), -1, dtype=torch.long, device=dev)
     inv.scatter_(1, torch.where(live, tables, num_blocks), torch.where(live, logical, -1))
     phys_to_logical = inv[:, :num_blocks]
-    rows = -(-q_len // FLEX_Q_BLOCK)
-    kv_indices = torch.zeros(b, 1, rows, num_blocks, dtype=torch.int32, device=dev)
-    kv_indices[..., : tables.shape[1]] = torch.where(live, tables, 0).to(torch.int32)[:, None, None, :]
-    kv_num_blocks = n_blk.to(torch.int32).view(b, 1, 1).expand(b, 1, rows).contiguous()
     first_q = lens - q_len  # position of query 0 of each row
+    rows = -(-q_len // FLEX_Q_BLOCK)
+    # mask row r (queries r*FLEX_Q_BLOCK..) sees the blocks before its first query's whole ("full": no mask_mod) and
+    # the rest up to the end masked ("partial")
+    row_first = first_q[:, None] + torch.arange(rows, device=dev) * FLEX_Q_BLOCK  # [b, rows]
+    n_full = torch.minimum((row_first + 1) // block_size, n_blk[:, None])
+    width = tables.shape[1]
+
+    def listed(first, count):  # [b, 1, rows, num_blocks] int32: tables[b, first:first+count], then block 0
+        idx = (first[..., None] + torch.arange(width, device=dev)).clamp(max=width - 1)
+        ids = torch.gather(tables[:, None, :].expand(b, rows, width), 2, idx)
+        ids = torch.where(torch.arange(width, device=dev) < count[..., None], ids, 0)
+        out = torch.zeros(b, 1, rows, num_blocks, dtype=torch.int32, device=dev)
+        out[:, 0, :, :width] = ids.to(torch.int32)
+        return out
+
+    full_idx = listed(torch.zeros_like(n_full), n_full)
+    kv_indices = listed(n_full, n_blk[:, None] - n_full)
+    kv_num_blocks = (n_blk[:, None] - n_full).to(torch.int32)[:, None]
+    full_num_blocks = n_full.to(torch.int32)[:, None]
 
     def mask_mod(bi, h, q_idx, kv_idx):
         blk = phys_to_logical[bi, kv_idx // block_size]
@@ -78,6 +102,8 @@ def flex_block_mask(
     return BlockMask.from_kv_blocks(
         kv_num_blocks,
         kv_indices,
+        full_num_blocks,
+        full_idx,
         BLOCK_SIZE=(FLEX_Q_BLOCK, block_size),
         mask_mod=mask_mod,
         seq_lengths=(q_len, num_blocks * block_size),
@@ -118,27 +144,46 @@ def paged_attention_flex(
         return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
 
 
+def decode_bucket(batch: int) -> int:
+    """The batch a compiled decode call is padded to: the next power of two (1, 2, 4, ..., so at most
+    log2(max_num_seqs) + 1 compiled shapes)."""
+    return 1 << (batch - 1).bit_length()
+
+
 class FlexPagedAttention:
     """``paged_attention_flex`` for one engine step, called like ``paged_attention``: the block mask of each block
     table tensor (one per attention group of ``step_batch.StepBatch``) is built at its first layer and reused by
-    every other layer of the step."""
+    every other layer of the step.
+
+    ``compiled`` (``EngineConfig.compile`` with ``attention_backend="flex"``): decode calls run the fused kernel
+    (``compiled_flex_attention``), their batch padded to ``decode_bucket`` rows (padding rows read block 0 and are
+    dropped), so a new batch size compiles at most once per power of two; prefill chunks, whose lengths vary
+    freely, go to ``paged_attention`` (gather): each new (rows, length) would be a new compile."""
 
     def __init__(self, compiled: bool = False):
         self.compiled = compiled
-        self.masks: dict[tuple[int, int], tuple[torch.Tensor, BlockMask]] = {}  # (id(tables), q_len) -> mask
+        self.masks: dict[tuple[int, int], tuple] = {}  # (id(tables), q_len) -> (tables, mask, padded tables, lens)
 
     def __call__(self, q, k_cache, v_cache, block_tables, context_lens, *, scale=None):
-        key = (id(block_tables), q.shape[2])
+        b, q_len = q.shape[0], q.shape[2]
+        if self.compiled and q_len > 1:
+            from .paged_kernels import paged_attention
+
+            return paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale=scale)
+        key = (id(block_tables), q_len)
         if key not in self.masks:  # the tables are kept with their mask, so their id stays theirs for the step
-            mask = flex_block_mask(block_tables, context_lens, q.shape[2], k_cache.shape[0], k_cache.shape[1])
-            self.masks[key] = (block_tables, mask)
-        return paged_attention_flex(
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            context_lens,
-            scale=scale,
-            block_mask=self.masks[key][1],
-            compiled=self.compiled,
+            tables, lens, pad = block_tables, context_lens, decode_bucket(b) - b if self.compiled else 0
+            if pad:  # padding rows: context 1 token in block 0, dropped after the call
+                tables = torch.cat([tables, tables.new_zeros((pad, tables.shape[1]))])
+                lens = torch.cat([lens, lens.new_ones(pad)])
+            mask = flex_block_mask(tables, lens, q_len, k_cache.shape[0], k_cache.shape[1])
+            self.masks[key] = (block_tables, mask, tables, lens)
+        _, mask, tables, lens = self.masks[key]
+        if tables.shape[0] > b:
+            q = torch.cat([q, q.new_zeros((tables.shape[0] - b,) + q.shape[1:])])
+        elif self.compiled:
+            q = q.contiguous()  # one memory layout per bucket (the compiled kernel is specialized on strides)
+        out = paged_attention_flex(
+            q, k_cache, v_cache, tables, lens, scale=scale, block_mask=mask, compiled=self.compiled
         )
+        return out[:b]

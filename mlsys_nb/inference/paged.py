@@ -135,6 +135,7 @@ class PagedKVCache:
             check_int(f"max_seq_len (cfg.seq_len={cfg.seq_len})", max_seq_len, 1, cfg.seq_len)
         self.cfg, self.block_size = cfg, block_size
         self.attention_backend = "gather"  # or "tiled" (paged_attention_tiled); the engine sets EngineConfig's
+        self.compile_attention = False  # EngineConfig.compile: "flex" decodes run FlexAttention's fused kernel
         self.quant = dtype if isinstance(dtype, str) and dtype in KV_QUANT_DTYPES else None
         self.manager = BlockManager(  # a quantized pool reads the manager's events (``sync``)
             num_blocks,
@@ -484,5 +485,5 @@ def allocate_kv_cache(cfg, config, dtype, device) -> PagedKVCache:
         max_seq_len=min(cfg.seq_len, num_blocks * block_size),
         residual_blocks=residual,
     )
-    kv.attention_backend = c.attention_backend
+    kv.attention_backend, kv.compile_attention = c.attention_backend, c.compile
     return kv

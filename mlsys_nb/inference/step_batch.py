@@ -134,7 +134,7 @@ class StepBatch:
                 )
         self.scheduled = [(s, n) for s, n in (scheduled[i] for i in order)]
         if kv.attention_backend == "flex":
-            self.flex = FlexPagedAttention()
+            self.flex = FlexPagedAttention(compiled=kv.compile_attention)
 
     def begin(self, b: int, s: int) -> torch.Tensor:
         """The model's cache protocol: positions of the new tokens ([1, T], packed)."""
