@@ -641,7 +641,8 @@ def main() -> None:
         "--compile",
         action="store_true",
         help="offline: the engine with EngineConfig.compile (torch.compile, inductor) beside eager, at --batch and 4x; "
-        "with --attention-ab: the decode step eager vs compiled instead of gather vs varlen",
+        "with --attention-ab: the decode step eager (gather) vs compiled (with --attention-backend) instead of gather "
+        "vs varlen",
     )
     ap.add_argument("--profile-batch", type=int, default=64, help="running sequences of --profile-step")
     ap.add_argument("--profile-steps", type=int, default=10, help="decode steps timed, then profiled (--profile-step)")
@@ -698,7 +699,9 @@ def main() -> None:
             lines += ["", f"### `{size}`"]
             if a.attention_ab:
                 b_sizes, plen = (((8, 32, 64) if a.compile else (4, 16, 64)), 64) if size != "135m" else ((64,), 16)
-                pair = {"eager": {}, "compiled": {"compile": True}} if a.compile else None
+                backend = a.attention_backend
+                name = "compiled" if backend == "gather" else f"compiled, {backend}"
+                pair = {"eager": {}, name: {"compile": True, "attention_backend": backend}} if a.compile else None
                 lines += attention_ab(model, b_sizes, a.profile_steps, plen, pair)
                 lines.append(f"(attention A/B: {time.perf_counter() - t0:.0f} s)")
                 continue

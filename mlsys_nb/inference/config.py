@@ -29,7 +29,7 @@ PREEMPTION_MODES = ("recompute", "swap")
 # the online softmax, nothing gathered (paged.paged_attention_tiled, PagedAttention's kernel idea); "varlen": all
 # decodes in one call, their contexts packed without padding (paged.paged_decode_attention_varlen), chunks as "gather";
 # "flex": FlexAttention reads the blocks in place through a block mask from the block tables, all decodes in one call
-# (flex_paged.paged_attention_flex; fused only compiled: ``compile=True``)
+# (flex_paged.paged_attention_flex; its fused kernel with ``compile=True``, decodes only: chunks then gather)
 ATTENTION_BACKENDS = ("gather", "tiled", "varlen", "flex")
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "fp8")  # "auto": the model's parameter dtype;
 # "int8"/"fp8" (e4m3): codes plus fp32 scales, K per channel per block (its K exact in an fp32 residual until the

@@ -13,10 +13,11 @@ causality. This is PyTorch's own paged-attention recipe
 
 Fast only compiled: ``torch.compile`` turns ``flex_attention`` into one fused kernel that visits only the listed
 blocks; eager, PyTorch runs an unfused reference that materializes the scores over the whole pool
-([batch, heads, q_len, num_blocks * block_size]; correct, slow, and it warns). The engine calls the eager op,
-which ``EngineConfig.compile=True`` (the model's forward compiled) turns into the fused kernel; the standalone
-``paged_attention_flex(..., compiled=True)`` compiles the op itself (static shapes: one compile per new
-batch/query-length shape; ``dynamic=True`` fails to build its C++ kernel on CPU in torch 2.13).
+([batch, heads, q_len, num_blocks * block_size]; correct, slow, and it warns). ``paged_attention_flex(...,
+compiled=True)`` runs ``compiled_flex_attention()`` (static shapes: one compile per new batch/query-length shape;
+``dynamic=True`` fails to build its C++ kernel on CPU in torch 2.13). The engine (``FlexPagedAttention``) runs the
+eager op, or with ``EngineConfig.compile=True`` the compiled one on decodes, their batch padded to a power of two
+(a bounded number of compiles), and prefill chunks through ``paged_attention`` (gather).
 
 An int8/fp8 pool works as with every backend (``PagedKVCache.read`` dequantizes the layer's pool first), but
 then the blocks are read from that dequantized copy, not in place.
