@@ -364,8 +364,8 @@ def test_bad_input_is_shown_in_place_of_the_figure():
     assert bytes(toy.image.value).startswith(b"\x89PNG") and toy.image.layout.display is None
     png = toy.image.value
     toy.set_state({"n": 0})
-    assert toy.error == "n must be an int in [1, 10], got 0"
-    assert "Invalid input:</b> n must be an int in [1, 10], got 0" in toy.message.value
+    assert toy.error == "n must be a whole number in [1, 10], got 0"
+    assert "Invalid input:</b> n must be a whole number in [1, 10], got 0" in toy.message.value
     assert toy.image.layout.display == "none" and toy.table().empty and toy.stats.value == "" and toy.result is None
     toy.set_state({"n": 3})
     assert toy.error is None and toy.message.value == "" and toy.image.layout.display is None
