@@ -377,7 +377,7 @@ def test_bad_input_is_shown_in_place_of_the_figure():
     with pytest.raises(ArgumentError, match="mfu"):
         sw.compute(sw.state() | {"mfu": 1.5})
     sw.set_state({"mfu": 1.5})
-    assert sw.error.startswith("mfu must be") and sw.error in sw.message.value
+    assert sw.error.startswith("MFU must be") and sw.error in sw.message.value
     assert sw.image.layout.display == "none" and sw.table().empty
 
 
