@@ -10,17 +10,8 @@ one constant imported from its owner. No allow-list."""
 
 import ast
 from collections import defaultdict
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PKG = ROOT / "mlsys_nb"
-
-
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(parts)
+from test_imports import PKG, module_name  # one module walk for both tests
 
 
 def is_constant(name: str) -> bool:
