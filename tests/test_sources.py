@@ -37,6 +37,7 @@ EXTERNAL = {
     "out.ipynb": "the output file of a papermill command line in the README",
     "block_manager.py": "GeeeekExplorer/nano-vllm (nanovllm/engine/block_manager.py)",
     "transformer_engine/pytorch/quantization.py": "NVIDIA/TransformerEngine (quantized_model_init's docstring)",
+    "torch/_inductor/codegen/cpp_flex_attention_template.py": "pytorch/pytorch (the CPU flex-decoding kernel)",
 }
 # folders of other repositories, cited by path under them (no such folder is tracked here)
 EXTERNAL_TREES = {
