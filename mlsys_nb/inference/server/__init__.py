@@ -52,10 +52,12 @@ above ``max_request_bytes`` 413; the server keeps serving.
 
 from .cli import SPEC_NGRAM, build_parser, load_model_dir, run_server, speculative_choices
 from .engine_thread import AsyncEngine
-from .protocol import HONOURED, MESSAGE_ROLES, REFUSED, APIError, Limits, chat_prompt, retry_after_seconds
+from .protocol import COMMON_FIELDS, HONOURED, MESSAGE_ROLES, REFUSED, APIError, Limits, chat_prompt
+from .protocol import retry_after_seconds
 from .routes import ServerState, build_app, client_gone
 
 __all__ = [
+    "COMMON_FIELDS",
     "HONOURED",
     "MESSAGE_ROLES",
     "REFUSED",
