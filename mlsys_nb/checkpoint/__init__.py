@@ -19,70 +19,25 @@
   offload hides under compute (a model: ``offload_time``, ``offload_break_even_tokens``).
 """
 
-from .interval import (
-    best_interval,
-    daly_interval,
-    exact_lost_fraction,
-    expected_lost_fraction,
-    job_mtbf,
-    llama3_interruptions,
-    lost_gpu_hours_per_day,
-    optimal_interval,
-    simulate_lost_fraction,
-)
-from .offload import OffloadAdamW, OffloadTime, offload_break_even_tokens, offload_bytes_per_step, offload_time
+import importlib
 
-_SHARDED = (
-    "Spec",
-    "Trainer",
-    "ShuffledSampler",
-    "CorruptCheckpointError",
-    "STATE_PARTS",
-    "save",
-    "load",
-    "latest",
-    "checkpoints",
-    "verify_checkpoint",
-    "save_shards",
-    "load_shards_full",
-    "dcp_full",
-    "directory_bytes",
-    "train_job",
-    "resume_variants",
-    "resume_in_process",
-    "async_stall_job",
-    "async_stall_ratio",
-)
-_ASYNC = ("ThreadedSaver",)
+from . import interval, offload
+from .interval import *  # noqa: F403 (its __all__: the interval formulas and the simulation)
+from .offload import *  # noqa: F403 (its __all__: OffloadAdamW and its bytes and time)
+
+# torch.distributed's checkpoint and FSDP load on first use (the quiz needs only formulas): name -> its module
+_LAZY = dict.fromkeys(
+    "Spec Trainer ShuffledSampler CorruptCheckpointError STATE_PARTS save load latest checkpoints verify_checkpoint"
+    " save_shards load_shards_full dcp_full directory_bytes train_job resume_variants resume_in_process"
+    " async_stall_job async_stall_ratio".split(),
+    "sharded",
+) | {"ThreadedSaver": "asyncsave"}
 
 
-def __getattr__(name):  # torch.distributed's checkpoint and FSDP load on first use (the quiz needs only formulas)
-    if name in _SHARDED:
-        from . import sharded
-
-        return getattr(sharded, name)
-    if name in _ASYNC:
-        from . import asyncsave
-
-        return getattr(asyncsave, name)
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'mlsys_nb.checkpoint' has no attribute {name!r}")
 
 
-__all__ = [
-    "optimal_interval",
-    "daly_interval",
-    "expected_lost_fraction",
-    "exact_lost_fraction",
-    "simulate_lost_fraction",
-    "best_interval",
-    "job_mtbf",
-    "lost_gpu_hours_per_day",
-    "llama3_interruptions",
-    *_SHARDED,
-    *_ASYNC,
-    "OffloadAdamW",
-    "OffloadTime",
-    "offload_bytes_per_step",
-    "offload_time",
-    "offload_break_even_tokens",
-]
+__all__ = [*interval.__all__, *_LAZY, *offload.__all__]
