@@ -1,9 +1,9 @@
 """``EngineConfig.compile=True``: the model's forward compiled with ``torch.compile`` (``compiled.CompiledModel``,
 attention one opaque op). Its greedy tokens equal eager's; after the first step compiled one graph (symbolic in the
-packed token count T; a lone decode padded to T = 2) no batch size 1..8 recompiles (a compile-counting backend counts
-the graphs); with the token count not marked dynamic every new batch size is a new graph (the mutation). One inductor
-compile for the module (tens of seconds on a busy CPU); the recompile counts of the mutation use dynamo's graphs
-without code generation (backend "eager")."""
+packed token count T; a lone decode padded to T = 2) no batch size 1..64 recompiles (a compile-counting backend
+counts the graphs; a sweep 1, 2, 3, 7, 8, 16, 33, 64 on an engine of 64 sequences); with the token count not marked
+dynamic every new batch size is a new graph (the mutation). One inductor compile for the module (tens of seconds on
+a busy CPU); the recompile counts of the mutation use dynamo's graphs without code generation (backend "eager")."""
 
 import pytest
 import torch
@@ -12,6 +12,8 @@ from mlsys_nb.inference import LLM, EngineConfig, SamplingParams
 from mlsys_nb.inference.compiled import CompiledModel
 
 OPTS = dict(block_size=4, max_num_batched_tokens=16, max_num_seqs=8)
+WIDE = dict(block_size=4, max_num_batched_tokens=128, max_num_seqs=64)  # every 2-token prompt of 64 in one step
+SWEEP = (1, 2, 3, 7, 8, 16, 33, 64)  # batch sizes: 1 (a lone decode, padded), odd, powers of two, 64
 SP = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
 
 
@@ -50,8 +52,12 @@ def test_no_recompilation_across_batch_sizes_after_warm_up(compiled_llm):
     warm = dict(compiled_llm.engine.status()["compile"])  # warmed up by the test above
     decode_batches(compiled_llm)  # decode steps of T = 1..8 tokens (T = 1: a lone decode), prefills of 2..16
     assert compiled_llm.engine.status()["compile"] == warm == {"graphs": 1, "compile_seconds": warm["compile_seconds"]}
-    again = LLM(compiled_llm.engine.model, compile=True, **OPTS)  # a second engine on the same weights: no compile
-    assert again.engine.runner.compiled is compiled_llm.engine.runner.compiled
+    wide = LLM(compiled_llm.engine.model, compile=True, **WIDE)  # a second engine on the same weights: no compile
+    assert wide.engine.runner.compiled is compiled_llm.engine.runner.compiled
+    decode_batches(wide, SWEEP)  # decode steps of T = 1..64 tokens, prefills of 2..128 tokens in one step
+    steps = {st["num_tokens"] for st in wide.engine.step_times}
+    assert {1, 7, 33, 64, 66, 128} <= steps, steps  # those batch sizes really ran as steps of that many tokens
+    assert wide.engine.status()["compile"] == warm
 
 
 def test_flex_attention_compiled_in_the_engine_generates_the_same_tokens(engine_test_model, compiled_llm):
