@@ -110,13 +110,8 @@ class MemoryWidget(ControlPanel):
     """Controls for every ``TrainConfig`` input, a model preset, the GPU, the unit (GiB/GB) and a
     Playbook-compatibility toggle. Shows a stacked bar per rank with the GPU memory line."""
 
-    words = {
-        "dp": "DP",
-        "tp": "TP",
-        "pp": "PP",
-        "cp": "CP",
-        "ep": "EP",
-    }  # the error messages' names in words (``base.in_words``)
+    # the error messages' names in words (``base.in_words``)
+    words = {"dp": "DP", "tp": "TP", "pp": "PP", "cp": "CP", "ep": "EP"}
 
     error_label = "Invalid combination"
 

@@ -92,11 +92,8 @@ class PlannerWidget(ControlPanel):
     """Controls: model preset, GPU, number of GPUs, GPUs per node, sequence length, sequences per
     step (the global batch is sequences x seq_len tokens) and which of the best layouts to break down."""
 
-    words = {
-        "gpus": "GPUs",
-        "gpu": "GPU",
-        "sequences": "sequences per step",
-    }  # the error messages' names in words (``base.in_words``)
+    # the error messages' names in words (``base.in_words``)
+    words = {"gpus": "GPUs", "gpu": "GPU", "sequences": "sequences per step"}
 
     error_label = "No layout"
 
