@@ -174,15 +174,27 @@ class Family:
 REGISTRY: dict[str, Family] = {}
 
 
-def family(name: str, topic: str, *, difficulty: int = 1, section: str = "", reference: str = "", kind: str = "number"):
+def family(
+    name: str,
+    topic: str | None = None,
+    *,
+    difficulty: int = 1,
+    section: str = "",
+    reference: str = "",
+    kind: str = "number",
+):
     """Register ``fn(rng) -> dict`` as question family ``name``. The dict holds Question fields
-    (text, params, answer, unit, solution, hints, optional choices/tolerance/diagnostics)."""
-    check_choice("topic", topic, TOPICS)
+    (text, params, answer, unit, solution, hints, optional choices/tolerance/diagnostics). The topic is
+    the name of the module that defines ``fn`` (``quiz/bank/<topic>.py``) unless ``topic`` names one."""
+    if topic is not None:
+        check_choice("topic", topic, TOPICS)
 
     def deco(fn):
+        t = topic if topic is not None else fn.__module__.rpartition(".")[2]
+        check_choice(f"the topic of family {name} (its module's name)", t, TOPICS)
         if name in REGISTRY:
             raise ValueError(f"family {name!r} registered twice")
-        REGISTRY[name] = Family(name, topic, fn, difficulty, section, reference, kind)
+        REGISTRY[name] = Family(name, t, fn, difficulty, section, reference, kind)
         return fn
 
     return deco

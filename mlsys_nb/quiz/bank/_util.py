@@ -74,9 +74,10 @@ def _setting(s, p) -> dict:
     return s(p) if callable(s) else s
 
 
-def _declare(name: str, topic: str, make, registration: dict, builder: str):
+def _declare(name: str, topic: str | None, make, registration: dict, builder: str):
     """Register ``make`` as family ``name``, naming the module that called the builder as its own (as
-    ``collections.namedtuple`` does), so a family belongs to the topic module that declares it."""
+    ``collections.namedtuple`` does), so a family belongs to the topic module that declares it; its topic
+    is that module's name unless ``topic`` says otherwise."""
     make.__module__ = sys._getframe(2).f_globals["__name__"]
     make.__qualname__ = make.__name__ = f"{builder}({name!r})"
     return family(name, topic, **registration)(make)
@@ -93,7 +94,7 @@ def _worded(words, *args, names: dict):
 
 def numeric_family(
     name: str,
-    topic: str,
+    topic: str | None = None,
     *,
     draw,
     calc,
@@ -119,7 +120,8 @@ def numeric_family(
     function of ``p``; ``diagnostics`` a list of (factor, hint) or ``fn(p, result)`` returning one;
     ``tolerance`` is relative (None: the default 2 %); ``params`` names the keys of ``p`` the question
     keeps (None: all of them; a draw may hold an input the question does not show); ``registration``
-    goes to ``core.family`` (difficulty, section, reference)."""
+    goes to ``core.family`` (difficulty, section, reference). The topic is the name of the bank module
+    that declares the family unless ``topic`` names one."""
 
     def make(rng):
         p = draw(rng)
@@ -143,7 +145,7 @@ def numeric_family(
 
 def ratio_family(
     name: str,
-    topic: str,
+    topic: str | None = None,
     *,
     draw,
     calc,
@@ -166,7 +168,7 @@ def ratio_family(
     ``fields(p, over, under, ratio)``; ``text`` may instead be ``text(p)`` and ``solution``
     ``solution(p, over, under, ratio)``. ``diagnostics`` is a list of (factor, hint) or
     ``fn(p, over, under, ratio)`` returning one; ``registration`` goes to ``core.family`` (difficulty,
-    section, reference, kind)."""
+    section, reference, kind). The topic is the declaring module's name, as for ``numeric_family``."""
 
     def make(rng):
         p = draw(rng)

@@ -39,7 +39,6 @@ def _saved_bytes_per_param() -> float:
 
 numeric_family(
     "checkpoint.write_time",
-    "checkpoint",
     section=SEC_SHARDED,
     reference=REF_ZERO,
     draw=lambda rng: picks(rng, n=[7e9, 13e9, 70e9, 405e9], bw=[10e9, 50e9, 200e9]),
@@ -72,7 +71,6 @@ def _stall_case(rng) -> dict:
 
 numeric_family(
     "checkpoint.optimal_interval",
-    "checkpoint",
     section=SEC_INTERVAL,
     reference=REF_YOUNG,
     draw=_stall_case,
@@ -97,7 +95,6 @@ def _failure_case(rng) -> dict:
 
 numeric_family(
     "checkpoint.lost_fraction",
-    "checkpoint",
     difficulty=2,
     section=SEC_INTERVAL,
     reference=REF_YOUNG,
@@ -122,7 +119,6 @@ numeric_family(
 
 numeric_family(
     "checkpoint.job_mtbf",
-    "checkpoint",
     section=SEC_FAILURE,
     reference=REF_LLAMA3,
     draw=lambda rng: picks(rng, years=[3.0, 5.0, 10.0], n=[1024, 4096, 16384, 100000]),
@@ -146,7 +142,6 @@ def _restart_case(rng) -> dict:
 
 numeric_family(
     "checkpoint.restart_cost",
-    "checkpoint",
     difficulty=2,
     section=SEC_FAILURE,
     reference=REF_LLAMA3,
@@ -178,7 +173,6 @@ numeric_family(
 
 numeric_family(
     "checkpoint.offload_traffic",
-    "checkpoint",
     section=SEC_OFFLOAD,
     reference=REF_OFFLOAD,
     draw=lambda rng: picks(rng, n=[1.3e9, 7e9, 13e9, 30e9]),
@@ -202,7 +196,6 @@ def _pcie_case(rng) -> dict:
 
 numeric_family(
     "checkpoint.offload_break_even",
-    "checkpoint",
     difficulty=3,
     section=SEC_OFFLOAD,
     reference=REF_OFFLOAD,

@@ -80,9 +80,7 @@ _HINTS = {
 
 
 def _time_family(name, op, algo, words):
-    @family(
-        name, "comm", difficulty=1 if (op, algo) == ("all_reduce", "ring") else 2, section=SEC_COST, reference=REF_COMM
-    )
+    @family(name, difficulty=1 if (op, algo) == ("all_reduce", "ring") else 2, section=SEC_COST, reference=REF_COMM)
     def f(rng):
         n = pick(rng, [2, 4, 8, 16, 32, 64] if algo != "recursive_doubling" else [3, 4, 6, 8, 12, 16])
         nbytes = pick(rng, [1, 4, 16, 64, 256, 1024]) * MB
@@ -124,7 +122,6 @@ def _bytes_case(ns, mbs):
 
 numeric_family(
     "comm.ring_allreduce_bytes_sent",
-    "comm",
     section="notebooks/03_collectives.ipynb, §4 Count the bytes, compare with the closed forms",
     reference=REF_COMM,
     draw=_bytes_case([2, 3, 4, 8, 16, 64, 256], [100, 400, 1000, 4000]),
@@ -146,7 +143,6 @@ numeric_family(
 
 numeric_family(
     "comm.allgather_bytes_sent",
-    "comm",
     section="notebooks/03_collectives.ipynb, §1 Semantics: who holds what, before and after",
     reference=REF_COMM,
     draw=_bytes_case([2, 4, 8, 16, 32], [64, 256, 1024]),
@@ -164,7 +160,6 @@ numeric_family(
 
 numeric_family(
     "comm.busbw",
-    "comm",
     section="notebooks/04_communication_cost.ipynb, §2 algbw and busbw, as nccl-tests defines them",
     reference="docs/references.md#nccl-tests",
     draw=lambda rng: {
@@ -202,7 +197,6 @@ def _link_case(rng) -> dict:
 
 numeric_family(
     "comm.ring_tree_crossover",
-    "comm",
     difficulty=3,
     section=SEC_COST,
     reference=REF_COMM,
@@ -222,7 +216,7 @@ numeric_family(
 )
 
 
-@family("comm.faster_allreduce", "comm", kind="choice", section=SEC_COST, reference=REF_COMM)
+@family("comm.faster_allreduce", kind="choice", section=SEC_COST, reference=REF_COMM)
 def _faster(rng):
     n = pick(rng, [8, 16, 64, 256])
     alpha, beta = draw_link(rng)

@@ -37,7 +37,7 @@ def _peak(p) -> float:
 
 def _training_time_family(name: str, key, **words):
     """A question on ``flops.training_time`` of a drawn run; ``key`` reads the answer off its estimate."""
-    numeric_family(name, "compute", section=SEC_TIME, reference=REF_FLOPS, draw=_run, calc=_time, key=key, **words)
+    numeric_family(name, section=SEC_TIME, reference=REF_FLOPS, draw=_run, calc=_time, key=key, **words)
 
 
 _training_time_family(
@@ -65,7 +65,6 @@ _training_time_family(
 
 numeric_family(
     "flops.training_flops",
-    "compute",
     section=SEC_FLOPS + ", §1 FLOPs per token from first principles",
     reference=REF_FLOPS,
     draw=_run,
@@ -94,7 +93,6 @@ _training_time_family(
 
 numeric_family(
     "flops.cost_usd",
-    "compute",
     section=SEC_TIME,
     reference=REF_FLOPS,
     draw=lambda rng: {**_run(rng), "price": pick(rng, [1.5, 2.0, 2.5, 3.0, 4.0])},
@@ -120,7 +118,6 @@ def _mfu_case(rng) -> dict:
 
 numeric_family(
     "flops.mfu",
-    "compute",
     section=SEC_MFU,
     reference=REF_FLOPS,
     draw=_mfu_case,
@@ -152,7 +149,6 @@ def _report_case(rng) -> dict:
 
 numeric_family(
     "flops.implied_mfu",
-    "compute",
     difficulty=2,
     section=SEC_MFU,
     reference=REF_FLOPS,
@@ -170,7 +166,6 @@ numeric_family(
 
 numeric_family(
     "flops.flops_per_token",
-    "compute",
     difficulty=2,
     section=SEC_FLOPS + ", §2 Counting FLOPs with FlopCounterMode",
     reference=REF_FLOPS,

@@ -32,7 +32,6 @@ def _zero3_diagnostic(p, b) -> tuple[float, str]:
 
 numeric_family(
     "data_parallel.ddp_bytes_per_step",
-    "data_parallel",
     section=SEC_DDP,
     reference=REF_ZERO,
     draw=lambda rng: picks(rng, n_params=[125e6, 350e6, 1.3e9, 7e9], n=[2, 4, 8, 16, 64]),
@@ -56,7 +55,6 @@ numeric_family(
 
 numeric_family(
     "data_parallel.zero_bytes_per_step",
-    "data_parallel",
     difficulty=2,
     section=SEC_ZERO,
     reference=REF_ZERO,
@@ -82,7 +80,6 @@ numeric_family(
 
 ratio_family(
     "data_parallel.zero3_vs_ddp_traffic",
-    "data_parallel",
     section=SEC_ZERO,
     reference=REF_ZERO,
     draw=lambda rng: picks(rng, n=[4, 8, 16, 64, 512], n_params=[1e9, 7e9, 70e9]),
@@ -107,7 +104,6 @@ def _ddp_link_case(rng) -> dict:
 
 numeric_family(
     "data_parallel.grad_allreduce_time",
-    "data_parallel",
     section=SEC_DDP,
     reference=REF_ZERO + ", " + REF_COMM,
     draw=_ddp_link_case,
@@ -150,7 +146,6 @@ def _n_buckets(p) -> int:
 
 ratio_family(
     "data_parallel.bucketing_speedup",
-    "data_parallel",
     difficulty=2,
     section="notebooks/05_data_parallelism.ipynb, §3 Bucketing: fewer, larger messages",
     reference=REF_ZERO,
@@ -201,7 +196,6 @@ def _drop_words(p) -> str:
 
 numeric_family(
     "data_parallel.samples_per_rank",
-    "data_parallel",
     section=SEC_SAMPLER,
     reference=REF_SAMPLER,
     draw=lambda rng: picks(rng, n=DATASETS, world=[6, 8, 16, 24, 64], drop_last=[False, True]),
@@ -219,7 +213,6 @@ numeric_family(
 
 numeric_family(
     "data_parallel.sampler_padding",
-    "data_parallel",
     section=SEC_SAMPLER,
     reference=REF_SAMPLER,
     draw=lambda rng: picks(rng, n=DATASETS, world=[6, 8, 16, 24, 64], drop_last=[False, True]),
@@ -251,7 +244,6 @@ def _recipe_case(rng) -> dict:
 
 numeric_family(
     "data_parallel.accumulation_steps",
-    "data_parallel",
     section=SEC_RECIPE,
     reference=REF_RECIPE,
     draw=_recipe_case,
@@ -276,7 +268,6 @@ numeric_family(
 
 numeric_family(
     "data_parallel.tokens_per_step",
-    "data_parallel",
     section=SEC_RECIPE,
     reference=REF_RECIPE,
     draw=_recipe_case,
@@ -305,7 +296,6 @@ def _critical_case(rng) -> dict:
 
 numeric_family(
     "data_parallel.critical_batch_cost",
-    "data_parallel",
     difficulty=2,
     section=SEC_RECIPE,
     reference=REF_CRITICAL,

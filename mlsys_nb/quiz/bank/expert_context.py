@@ -20,7 +20,6 @@ SEC_RING = SEC_EC + ", §6 Ring attention and zig-zag chunks on real ranks"
 
 numeric_family(
     "expert_context.ep_bytes_per_layer",
-    "expert_context",
     difficulty=2,
     section=SEC_EC + ", §3 Expert parallelism: two all-to-alls on real ranks",
     reference=REF_EP,
@@ -56,7 +55,6 @@ def _moe_case(rng) -> dict:
 
 numeric_family(
     "expert_context.ep_vs_tp_moe",
-    "expert_context",
     difficulty=3,
     section=SEC_EC + ", §4 EP or TP for the experts? Bytes and memory per rank",
     reference=REF_EP,
@@ -89,7 +87,6 @@ def _ring_bytes(p) -> dict:
 
 numeric_family(
     "expert_context.cp_ring_bytes",
-    "expert_context",
     difficulty=2,
     section=SEC_RING,
     reference=REF_CP,
@@ -111,7 +108,6 @@ numeric_family(
 
 numeric_family(
     "expert_context.cp_causal_imbalance",
-    "expert_context",
     difficulty=2,
     section=SEC_RING,
     reference=REF_CP,
@@ -146,7 +142,6 @@ def _dispatch_bytes(p) -> int:
 
 numeric_family(
     "expert_context.ep_all_to_all_time",
-    "expert_context",
     difficulty=2,
     section=SEC_EC + ", §3 Expert parallelism: two all-to-alls on real ranks",
     reference=REF_EP + ", " + REF_COMM,
@@ -174,7 +169,6 @@ MOE_ASKS = ("total parameters", "active parameters per token", "bf16 weight byte
 
 @family(
     "expert_context.moe_params",
-    "expert_context",
     difficulty=2,
     section="notebooks/09_experts_and_context.ipynb, §4 EP or TP for the experts? Bytes and memory per rank",
     reference="docs/references.md#mixtral (Jiang et al. 2024, arXiv:2401.04088), #switch",

@@ -47,7 +47,6 @@ def _kv_diagnostics(p, b) -> list:
 
 numeric_family(
     "inference.kv_cache_bytes",
-    "inference",
     section=SEC13 + ", §2 Why a KV cache, and why it is exact",
     reference=REF_KV,
     draw=lambda rng: picks(
@@ -86,7 +85,6 @@ def _kv_shape_text(model) -> str:
 
 numeric_family(
     "inference.kv_bytes_per_token",
-    "inference",
     section=SEC13 + ", §2 Why a KV cache, and why it is exact",
     reference=REF_KV,
     draw=lambda rng: picks(rng, preset=MODELS + ["deepseek-v3"], dtype="bf16"),
@@ -110,7 +108,6 @@ def _n_params(model) -> int:
 
 numeric_family(
     "inference.weight_bytes",
-    "inference",
     section=SEC13 + ", §3 Sizing the cache of real models",
     reference=REF_KV,
     draw=lambda rng: picks(rng, preset=MODELS, dtype=["bf16", "fp8", "int4"]),
@@ -141,7 +138,6 @@ def _serving_case(rng) -> dict:
 
 numeric_family(
     "inference.max_concurrent_sequences",
-    "inference",
     difficulty=2,
     section=SEC13 + ", §3 Sizing the cache of real models",
     reference=REF_KV,
@@ -211,7 +207,6 @@ def _roofline_time_family(name: str, cost: str, length: str, **words):
     at a drawn context or prompt ``length``."""
     numeric_family(
         name,
-        "inference",
         difficulty=2,
         section=SEC_ROOF,
         reference=REF_ROOF,
@@ -266,7 +261,6 @@ _roofline_time_family(
 
 @family(
     "inference.decode_bound",
-    "inference",
     kind="choice",
     section=SEC_ROOF,
     reference=REF_ROOF,
@@ -297,7 +291,6 @@ def _peaks(g) -> str:
 
 numeric_family(
     "inference.ridge_point",
-    "inference",
     section=SEC_ROOF,
     reference=REF_ROOF,
     draw=lambda rng: picks(rng, gpu=GPUS),
@@ -328,7 +321,6 @@ def _heads(p) -> str:
 
 ratio_family(
     "inference.gqa_kv_saving",
-    "inference",
     section=SEC13 + ", §2 Why a KV cache, and why it is exact",
     reference=REF_KV,
     draw=lambda rng: picks(
@@ -352,7 +344,6 @@ FIT_CHOICES = [f"TP = {tp}" for tp in TPS] + ["does not fit on 8 GPUs"]
 
 @family(
     "inference.fits_tp",
-    "inference",
     kind="choice",
     difficulty=2,
     section=SEC13 + ", §3 Sizing the cache of real models",

@@ -44,7 +44,6 @@ def _intensity_case(rng) -> dict:
 
 numeric_family(
     "kernels.op_intensity",
-    "kernels",
     section=SEC_ROOF,
     reference=REF_ROOF,
     draw=_intensity_case,
@@ -66,7 +65,7 @@ numeric_family(
 )
 
 
-@family("kernels.op_bound", "kernels", kind="choice", section=SEC_ROOF, reference=REF_ROOF)
+@family("kernels.op_bound", kind="choice", section=SEC_ROOF, reference=REF_ROOF)
 def _op_bound(rng):
     name = pick(rng, ["add", "softmax", "layernorm", "matmul", "matmul"])
     n = pick(rng, [64, 128, 512, 4096])
@@ -96,7 +95,6 @@ def _op_case(rng) -> dict:
 
 numeric_family(
     "kernels.op_roofline_time",
-    "kernels",
     difficulty=2,
     section=SEC_ROOF,
     reference=REF_ROOF,
@@ -119,7 +117,6 @@ numeric_family(
 
 ratio_family(
     "kernels.fusion_speedup",
-    "kernels",
     section=SEC_FUSION,
     reference=REF_ROOF,
     draw=lambda rng: picks(rng, k=[2, 3, 4, 5, 6], numel=[2**24, 2**26, 2**28]),
@@ -140,7 +137,6 @@ ratio_family(
 
 numeric_family(
     "kernels.flash_block_sizes",
-    "kernels",
     section=SEC_FLASH,
     reference=REF_FA,
     draw=lambda rng: picks(rng, m=[16384, 24576, 32768, 49152], d=[64, 128, 256]),
@@ -158,7 +154,6 @@ numeric_family(
 
 numeric_family(
     "kernels.flash_hbm_bytes",
-    "kernels",
     difficulty=3,
     section=SEC_FLASH,
     reference=REF_FA,
@@ -180,7 +175,6 @@ numeric_family(
 
 numeric_family(
     "kernels.score_matrix_memory",
-    "kernels",
     section=SEC_FLASH,
     reference=REF_FA,
     draw=lambda rng: picks(rng, b=[1, 4, 8], h=[16, 32, 64], s=[2048, 8192, 32768]),
@@ -209,7 +203,6 @@ def _merged(p) -> float:
 
 numeric_family(
     "kernels.online_softmax_merge",
-    "kernels",
     difficulty=2,
     section=SEC_FLASH,
     reference=REF_FA,
@@ -270,7 +263,6 @@ def _splits_diagnostics(p, n) -> list:
 
 numeric_family(
     "kernels.decode_splits",
-    "kernels",
     difficulty=2,
     section=SEC_DECODE,
     reference=REF_DECODE,

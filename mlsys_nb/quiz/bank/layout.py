@@ -14,7 +14,6 @@ from .memory import N_PARAMS, REF_MEM, SEC_MEM
 
 @family(
     "layout.smallest_zero_stage",
-    "layout",
     kind="choice",
     difficulty=2,
     section=SEC_MEM + ", §1 Model states, §5 How each parallelism divides each term",
@@ -49,7 +48,6 @@ NETWORK_ALPHA = 10e-6  # an assumed default between nodes, not a datasheet value
 
 ratio_family(
     "layout.tp_within_node",
-    "layout",
     section="notebooks/07_tensor_parallelism.ipynb, §7 What TP costs at scale, and why it stays inside a node",
     reference="docs/references.md#megatron-ptdp (Narayanan et al. 2021, arXiv:2104.04473, §3)",
     draw=_tp_node_case,
@@ -108,7 +106,7 @@ def _evaluate(model, lay, gpus, gpu, tokens):
         return None
 
 
-@family("layout.fastest_layout", "layout", kind="choice", difficulty=3, section=SEC12, reference=REF_PLAN)
+@family("layout.fastest_layout", kind="choice", difficulty=3, section=SEC12, reference=REF_PLAN)
 def _fastest(rng):
     model, gpus, gpu, tokens = _plan_case(rng)
     plans = {k: _evaluate(model, v, gpus, gpu, tokens) for k, v in LAYOUTS.items()}
@@ -138,7 +136,7 @@ def _fastest(rng):
     )
 
 
-@family("layout.modelled_mfu", "layout", difficulty=3, section=SEC12, reference=REF_PLAN)
+@family("layout.modelled_mfu", difficulty=3, section=SEC12, reference=REF_PLAN)
 def _plan_mfu(rng):
     for _ in range(50):
         model, gpus, gpu, tokens = _plan_case(rng)

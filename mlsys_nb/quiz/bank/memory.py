@@ -35,7 +35,6 @@ def _states_diagnostics(p, s) -> list:
 
 numeric_family(
     "memory.model_states",
-    "memory",
     section=SEC_STATES,
     reference=REF_MEM,
     draw=lambda rng: picks(rng, n_params=N_PARAMS, dp=[1, 2, 4, 8, 16, 64], zero=[0, 1, 2, 3]),
@@ -69,7 +68,6 @@ RECIPES = [("bf16-mixed", "adam"), ("fp32", "adam"), ("bf16-mixed", "sgd-momentu
 
 numeric_family(
     "memory.bytes_per_param",
-    "memory",
     section=SEC_STATES,
     reference=REF_MEM,
     draw=lambda rng: dict(zip(("precision", "optimizer"), pick(rng, RECIPES))),
@@ -105,7 +103,6 @@ def _acts_case(rng) -> dict:
 
 numeric_family(
     "memory.activations_per_layer",
-    "memory",
     difficulty=2,
     section=SEC_MEM + ", §2 Activations, measured on a real transformer",
     reference="docs/references.md#megatron-sp (Korthikanti et al. 2022, arXiv:2205.05198, §4)",
@@ -134,7 +131,6 @@ numeric_family(
 
 @family(
     "memory.fits",
-    "memory",
     kind="choice",
     section=SEC_MEM + ", §4 The whole GPU: one rank of a real model, §8 Sweeps",
     reference=REF_MEM,
@@ -165,7 +161,6 @@ def _fits(rng):
 
 @family(
     "memory.oom_knob",
-    "memory",
     kind="choice",
     difficulty=3,
     section=SEC_MEM + ", §5 How each parallelism divides each term, §8 Sweeps",
@@ -223,7 +218,6 @@ def _oom(rng):
 
 ratio_family(
     "memory.recompute_saving",
-    "memory",
     difficulty=2,
     section=SEC_MEM + ", §3 Recomputation: memory against extra FLOPs",
     reference="docs/references.md#activation-checkpointing (Chen et al. 2016), #megatron-sp",
@@ -255,7 +249,6 @@ ratio_family(
 
 @family(
     "memory.max_micro_batch",
-    "memory",
     difficulty=2,
     section=SEC_MEM + ", §4 The whole GPU: one rank of a real model, §8 Sweeps",
     reference=REF_MEM,

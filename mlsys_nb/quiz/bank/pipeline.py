@@ -66,7 +66,6 @@ def _v_text(name, v):
 
 @family(
     "pipeline.bubble_fraction",
-    "pipeline",
     difficulty=2,
     section=SEC_BUBBLE,
     reference=REF["1f1b"],
@@ -118,7 +117,6 @@ def _simulated_family(name: str, key, *, draw=_case, **words):
     """A question on ``pipeline.simulate`` of a drawn schedule; ``key`` reads the answer off its result."""
     numeric_family(
         name,
-        "pipeline",
         section=SEC_BUBBLE,
         reference=REF["1f1b"],
         draw=draw,
@@ -161,7 +159,6 @@ PEAK_HINTS = {
 for _n in (n for n in PIPELINE_SCHEDULES if not n.startswith("dualpipe")):
     numeric_family(
         f"pipeline.peak_activations_{_n.replace('-', '_')}",
-        "pipeline",
         difficulty=2,
         section=SEC + ", §4 1F1B and activation memory, §9 All schedules side by side",
         reference=REF[_n],
@@ -199,7 +196,6 @@ def _fewest_microbatches(q) -> int:
 
 numeric_family(
     "pipeline.min_microbatches",
-    "pipeline",
     difficulty=2,
     section=SEC_BUBBLE,
     reference=REF["1f1b"],
@@ -234,7 +230,6 @@ def _interleaved_case(rng):
 
 ratio_family(
     "pipeline.interleaving_gain",
-    "pipeline",
     section=SEC + ", §5 Interleaving: v chunks per rank",
     reference=REF["interleaved-1f1b"],
     draw=_interleaved_case,
@@ -253,7 +248,6 @@ ratio_family(
 
 @family(
     "pipeline.best_schedule_for_memory",
-    "pipeline",
     kind="choice",
     difficulty=2,
     section=SEC + ", §4 1F1B and activation memory, §9 All schedules side by side",
@@ -295,7 +289,6 @@ def _boundary_case(rng) -> dict:
 
 numeric_family(
     "pipeline.boundary_bytes",
-    "pipeline",
     section=SEC_BOUNDARY,
     reference=REF_BOUNDARY,
     draw=_boundary_case,
@@ -333,7 +326,6 @@ def _chunks(q) -> str:
 
 numeric_family(
     "pipeline.pp_bytes_per_rank",
-    "pipeline",
     difficulty=2,
     section=SEC_BOUNDARY,
     reference=REF_BOUNDARY,
@@ -374,7 +366,6 @@ def _strategy_case(rng) -> dict:
 
 numeric_family(
     "pipeline.tp_over_pp_bytes",
-    "pipeline",
     difficulty=2,
     section=SEC_BOUNDARY,
     reference=REF_BOUNDARY + ", #megatron",

@@ -48,7 +48,6 @@ def _made(p):
 
 numeric_family(
     "precision.format_max",
-    "precision",
     section=SEC_FORMATS,
     reference=REF_FP8,
     draw=_layout,
@@ -86,7 +85,6 @@ def _named_format(rng) -> dict:
 
 numeric_family(
     "precision.rounding_error_bound",
-    "precision",
     section=SEC_FORMATS,
     reference=REF_BF16,
     draw=_named_format,
@@ -113,7 +111,6 @@ def _loss_scale(g: float) -> float:
 
 numeric_family(
     "precision.loss_scale_for_gradient",
-    "precision",
     difficulty=2,
     section=SEC_WRONG,
     reference=REF_MP,
@@ -152,7 +149,6 @@ def _scale_after(p) -> float:
 
 numeric_family(
     "precision.dynamic_scale_after_steps",
-    "precision",
     difficulty=2,
     section=SEC_MIXED,
     reference=REF_MP,
@@ -189,7 +185,6 @@ def _state_total(recipe: str) -> float:
 
 numeric_family(
     "precision.state_bytes_saved",
-    "precision",
     section=SEC_MIXED,
     reference=REF_DSV3,
     draw=lambda rng: dict(
@@ -220,7 +215,6 @@ numeric_family(
 
 numeric_family(
     "precision.fp8_scale_from_amax",
-    "precision",
     section=SEC_FP8,
     reference=REF_FP8,
     draw=lambda rng: picks(rng, fmt=["fp8_e4m3", "fp8_e5m2"], amax=[0.02, 0.7, 3.5, 12.0, 250.0, 1900.0]),
@@ -255,7 +249,6 @@ def _spacing(p) -> float:
 
 numeric_family(
     "precision.cast_error",
-    "precision",
     difficulty=2,
     section=SEC_FORMATS,
     reference=REF_BF16,
@@ -312,7 +305,6 @@ def _block_words(p) -> str:
 
 numeric_family(
     "precision.block_format_bytes",
-    "precision",
     section=SEC_FORMATS,
     reference=REF_MX,
     draw=_block_case,
@@ -341,7 +333,7 @@ numeric_family(
 )
 
 
-@family("precision.mxfp4_stored_value", "precision", difficulty=2, section=SEC_FORMATS, reference=REF_MX)
+@family("precision.mxfp4_stored_value", difficulty=2, section=SEC_FORMATS, reference=REF_MX)
 def _mxfp4_value(rng):
     while True:  # a draw that is not a tie (the hand route then needs no tie rule) and is not stored as 0
         amax = round(rng.uniform(0.1, 40.0), 3)

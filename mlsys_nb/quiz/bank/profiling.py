@@ -39,7 +39,6 @@ def _backward_mm(p) -> tuple[int, float]:
 
 numeric_family(
     "profiling.linear_backward_flops",
-    "profiling",
     section=SEC_TRACE,
     reference=REF_FLOPS,
     draw=_linear_case,
@@ -66,7 +65,7 @@ def _spans(rng, n, lo, hi):
     return [(round(a, 1), round(a + rng.uniform(0.5, 4.0), 1)) for a in starts]
 
 
-@family("profiling.overlap_fraction", "profiling", difficulty=2, section=SEC_DDP, reference=REF_DDP)
+@family("profiling.overlap_fraction", difficulty=2, section=SEC_DDP, reference=REF_DDP)
 def _overlap(rng):
     bwd_end = pick(rng, [20.0, 30.0, 40.0])
     comm = _spans(rng, pick(rng, [3, 4, 5]), 5.0, bwd_end + 8.0)
@@ -114,7 +113,6 @@ def _peak(p) -> float:
 
 numeric_family(
     "profiling.step_peak_from_events",
-    "profiling",
     difficulty=2,
     section=SEC_MEM,
     reference=REF_MEM,
@@ -143,7 +141,6 @@ numeric_family(
 
 numeric_family(
     "profiling.optimizer_state_appearance",
-    "profiling",
     section=SEC_MEM,
     reference=REF_MEM,
     draw=lambda rng: picks(rng, n_params=[125e6, 350e6, 1.3e9, 7e9]),

@@ -61,7 +61,6 @@ def _described(p) -> str:
 
 numeric_family(
     "quant.bits_per_weight",
-    "quant",
     section=SEC_FORMATS,
     reference=REF_QLORA,
     draw=_format,
@@ -79,7 +78,6 @@ numeric_family(
 
 numeric_family(
     "quant.scale_share",
-    "quant",
     section=SEC_FORMATS,
     reference=REF_GPTQ,
     draw=_format,
@@ -113,7 +111,6 @@ def _model_case(rng) -> dict:
 
 numeric_family(
     "quant.model_weight_bytes",
-    "quant",
     difficulty=2,
     section=SEC_SPEED,
     reference=REF_AWQ,
@@ -134,7 +131,6 @@ numeric_family(
 
 numeric_family(
     "quant.kv_cache_int8_bytes",
-    "quant",
     section=SEC_SPEED,
     reference=REF_KIVI,
     draw=lambda rng: picks(rng, model=MODELS, batch=[1, 8, 32, 64], ctx=[1024, 2048, 4096]),
@@ -154,7 +150,6 @@ TARGETS = [("q_proj", "v_proj"), ("q_proj", "k_proj", "v_proj", "o_proj")]  # an
 
 numeric_family(
     "quant.lora_trainable_params",
-    "quant",
     section=SEC_LORA,
     reference=REF_LORA,
     draw=lambda rng: {
@@ -186,7 +181,6 @@ def _trained(f) -> float:
 
 numeric_family(
     "quant.lora_state_bytes",
-    "quant",
     section=SEC_LORA,
     reference=REF_LORA,
     draw=lambda rng: picks(rng, model=MODELS, r=[8, 16, 64]),
@@ -204,7 +198,6 @@ numeric_family(
 
 numeric_family(
     "quant.qlora_bytes",
-    "quant",
     difficulty=2,
     section=SEC_QLORA,
     reference=REF_QLORA,
@@ -231,7 +224,6 @@ numeric_family(
 
 numeric_family(
     "quant.full_over_qlora",
-    "quant",
     difficulty=2,
     section=SEC_QLORA,
     reference=REF_QLORA,
@@ -252,7 +244,6 @@ numeric_family(
 
 numeric_family(
     "quant.decode_speedup_bound",
-    "quant",
     section=SEC_SPEED,
     reference=REF_AWQ,
     draw=lambda rng: {**_format(rng), "dtype": pick(rng, ["bf16", "fp32"])},
@@ -273,7 +264,7 @@ numeric_family(
 )
 
 
-@family("quant.multi_lora_adapters", "quant", difficulty=2, section=SEC_LORA, reference=REF_SLORA)
+@family("quant.multi_lora_adapters", difficulty=2, section=SEC_LORA, reference=REF_SLORA)
 def _multi_lora(rng):
     model = pick(rng, ["llama-2-7b", "llama-3-8b", "llama-2-13b"])
     mem = pick(rng, [80, 141])  # GB: an H100, an H200
@@ -308,7 +299,7 @@ def _multi_lora(rng):
     )
 
 
-@family("quant.paged_optimizer_eviction", "quant", difficulty=2, section=SEC_QLORA, reference=REF_QLORA)
+@family("quant.paged_optimizer_eviction", difficulty=2, section=SEC_QLORA, reference=REF_QLORA)
 def _paged(rng):
     model = pick(rng, ["llama-2-7b", "llama-3-8b", "llama-2-13b"])
     r = pick(rng, [16, 64])

@@ -24,7 +24,6 @@ def _tensor(x):
 
 numeric_family(
     "rl.rlhf_memory_per_gpu",
-    "rl",
     difficulty=3,
     section=SEC18 + ", §8 The memory of RLHF at scale",
     reference=REF_RLHF,
@@ -54,7 +53,6 @@ numeric_family(
 
 numeric_family(
     "rl.weight_sync_time",
-    "rl",
     difficulty=2,
     section="notebooks/04_communication_cost.ipynb, §1 The α-β model (applied to RLHF weight sync)",
     reference=REF_RLHF,
@@ -75,7 +73,6 @@ numeric_family(
 
 @family(
     "rl.gae_advantage",
-    "rl",
     difficulty=2,
     section="notebooks/17_rl_fundamentals.ipynb, §3 Generalised advantage estimation",
     reference="docs/references.md#gae (Schulman et al. 2015, arXiv:1506.02438, eq. 16)",
@@ -124,7 +121,6 @@ def _clipped(p) -> float:
 
 numeric_family(
     "rl.ppo_clipped_objective",
-    "rl",
     difficulty=2,
     section="notebooks/17_rl_fundamentals.ipynb, §5 PPO's clipped objective",
     reference="docs/references.md#ppo (Schulman et al. 2017, arXiv:1707.06347, eq. 7)",
@@ -166,7 +162,6 @@ def _grpo_advantage(p) -> float:
 
 numeric_family(
     "rl.grpo_advantage",
-    "rl",
     difficulty=2,
     section=SEC18 + ", §5 GRPO: group-relative advantages, no critic",
     reference="docs/references.md#grpo (Shao et al. 2024, arXiv:2402.03300, §4.1.2)",
@@ -192,7 +187,6 @@ numeric_family(
 
 numeric_family(
     "rl.dpo_loss",
-    "rl",
     difficulty=2,
     section=SEC18 + ", §6 DPO: the same preferences, offline, no reward model",
     reference="docs/references.md#dpo (Rafailov et al. 2023, arXiv:2305.18290, eq. 7)",
@@ -220,7 +214,6 @@ numeric_family(
 
 numeric_family(
     "rl.kl_k3_estimate",
-    "rl",
     section=SEC18 + ", §3 PPO with a per-token KL penalty",
     reference="docs/references.md#kl-approx (Schulman 2020)",
     draw=lambda rng: picks(rng, logp=[-1.0, -2.0, -0.5], logp_ref=[-1.5, -2.5, -0.2, -3.0]),
@@ -246,7 +239,6 @@ def _step_times(p) -> tuple[float, float]:
 
 numeric_family(
     "rl.async_rlhf_speedup",
-    "rl",
     difficulty=2,
     section="notebooks/19_rlhf_systems.ipynb, §3 Placement on Ray: co-located, disaggregated, one step off-policy",
     reference="docs/references.md#openrlhf (Hu et al. 2024, arXiv:2405.11143; Sheng et al. 2024, arXiv:2409.19256)",

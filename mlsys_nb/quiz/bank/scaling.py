@@ -32,7 +32,6 @@ def _optimum_family(name: str, which: int, **words):
     """A question on a fitted law's compute-optimal (N*, D*) at a drawn budget: ``which`` 0 asks N*, 1 D*."""
     numeric_family(
         name,
-        "scaling",
         difficulty=2,
         section=SEC_LAWS,
         reference=REF_CHIN,
@@ -68,7 +67,6 @@ _optimum_family(
 
 numeric_family(
     "scaling.tokens_per_param",
-    "scaling",
     section=SEC_LAWS,
     reference=REF_CHIN,
     draw=_law_budget,
@@ -81,7 +79,6 @@ numeric_family(
 
 numeric_family(
     "scaling.twenty_rule_params",
-    "scaling",
     section=SEC_LAWS,
     reference=REF_CHIN,
     draw=lambda rng: {"C": _budget(rng)},
@@ -108,7 +105,6 @@ def _fit(law_name: str) -> str:
 
 numeric_family(
     "scaling.loss",
-    "scaling",
     section=SEC_LAWS,
     reference=REF_CHIN,
     draw=_loss_case,
@@ -135,7 +131,6 @@ def _lifetime_optimum(p) -> dict:
 
 numeric_family(
     "scaling.inference_optimal_shrink",
-    "scaling",
     difficulty=3,
     section=SEC_LAWS,
     reference="docs/references.md#sardana2023 (Sardana et al. 2023, arXiv:2401.00448)",

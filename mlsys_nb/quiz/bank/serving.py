@@ -22,7 +22,6 @@ def _throughput_case(rng) -> dict:
 
 numeric_family(
     "serving.decode_throughput",
-    "serving",
     difficulty=2,
     section=SEC13 + ", §5 Measured on this machine",
     reference="docs/references.md#orca (Yu et al. 2022), #vllm",
@@ -52,7 +51,6 @@ def _batching_case(rng):
 
 ratio_family(
     "serving.batching_speedup",
-    "serving",
     difficulty=2,
     section=SEC13 + ", §4 Prefill and decode on the roofline",
     reference="docs/references.md#orca (Yu et al. 2022)",
@@ -83,7 +81,6 @@ def _paged_case(rng) -> dict:
 
 numeric_family(
     "serving.paged_utilization",
-    "serving",
     difficulty=2,
     section=SEC14 + ", §1 Why blocks: what a contiguous reservation wastes",
     reference="docs/references.md#vllm (Kwon et al. 2023, arXiv:2309.06180, §4)",
@@ -117,7 +114,6 @@ def _shared_tokens(p) -> int:
 
 numeric_family(
     "serving.prefix_sharing_savings",
-    "serving",
     difficulty=2,
     section=SEC14 + ", §4 Prefix caching by hash-chained blocks",
     reference="docs/references.md#sglang (Zheng et al. 2023, arXiv:2312.07104), #vllm",
@@ -151,7 +147,6 @@ REF_SPEC = "docs/references.md#speculative-leviathan (arXiv:2211.17192"
 
 numeric_family(
     "serving.speculative_tokens_per_step",
-    "serving",
     difficulty=2,
     section=SEC_SPEC,
     reference=REF_SPEC + ", eq. 1)",
@@ -173,7 +168,6 @@ numeric_family(
 
 numeric_family(
     "serving.speculative_speedup",
-    "serving",
     difficulty=3,
     section=SEC_SPEC,
     reference=REF_SPEC + ", Theorem 3.8)",
@@ -206,7 +200,6 @@ def _outputs(rng) -> dict:
 
 numeric_family(
     "serving.static_batching_utilization",
-    "serving",
     section="notebooks/15_batching_and_scheduling.ipynb, §1 Static vs continuous batching",
     reference="docs/references.md#orca (Yu et al. 2022, OSDI, §2.2)",
     draw=_outputs,
@@ -228,7 +221,6 @@ numeric_family(
 
 numeric_family(
     "serving.overlap_scheduling_speedup",
-    "serving",
     difficulty=2,
     section="notebooks/15_batching_and_scheduling.ipynb, §6 Overlap scheduling (a model, fed with the measured phases)",
     reference="docs/references.md#nano-vllm, #sglang",
@@ -251,7 +243,6 @@ numeric_family(
 
 @family(
     "serving.gpus_for_target",
-    "serving",
     difficulty=3,
     section=SEC13 + ", §4 Prefill and decode on the roofline",
     reference=REF_ROOF + ", #vllm",

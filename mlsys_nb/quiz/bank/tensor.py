@@ -31,7 +31,6 @@ def _layer_bytes_family(name: str, sp: bool, **words):
     (``parallel.tensor.tp_bytes_per_layer``)."""
     numeric_family(
         name,
-        "tensor",
         section=SEC_TP,
         reference=REF_TP,
         draw=_tp_params,
@@ -78,7 +77,6 @@ def _tp_time_case(rng) -> dict:
 
 numeric_family(
     "tensor.tp_allreduce_time_per_layer",
-    "tensor",
     difficulty=2,
     section=SEC_TP,
     reference=REF_TP,
@@ -100,7 +98,6 @@ numeric_family(
 
 numeric_family(
     "tensor.params_per_rank",
-    "tensor",
     section=SEC_TP,
     reference="docs/references.md#megatron (arXiv:1909.08053)",
     draw=lambda rng: picks(rng, model=["llama-2-7b", "llama-3-8b", "llama-2-13b", "llama-3-70b"], tp=[2, 4, 8]),
@@ -122,7 +119,6 @@ numeric_family(
 
 ratio_family(
     "tensor.sp_activation_saving",
-    "tensor",
     difficulty=2,
     section="notebooks/07_tensor_parallelism.ipynb, §5 Sequence parallelism",
     reference="docs/references.md#megatron-sp (arXiv:2205.05198, Table 2)",

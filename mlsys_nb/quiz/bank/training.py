@@ -26,7 +26,6 @@ BANDS = [(4, 32), (8, 16), (16, 8), (5, 20), (10, 10)]  # (rows, bands) of a Min
 
 numeric_family(
     "training.perplexity",
-    "training",
     section=SEC_EVAL,
     reference="docs/references.md#kaplan (losses in nats per token)",
     draw=lambda rng: picks(rng, loss=[1.2, 1.9, 2.3, 2.7, 3.1, 3.5, 4.2]),
@@ -40,7 +39,6 @@ numeric_family(
 
 numeric_family(
     "training.bits_per_token",
-    "training",
     section=SEC_EVAL,
     reference="docs/references.md#kaplan (losses in nats per token)",
     draw=lambda rng: picks(rng, ppl=[6.0, 12.0, 20.0, 45.0, 100.0, 300.0]),
@@ -77,7 +75,6 @@ def _near_threshold(rng) -> dict:
 
 numeric_family(
     "training.lsh_probability",
-    "training",
     difficulty=2,
     section=SEC_DEDUP,
     reference=REF_DEDUP,
@@ -107,7 +104,6 @@ numeric_family(
 
 numeric_family(
     "training.lsh_threshold",
-    "training",
     difficulty=2,
     section=SEC_DEDUP,
     reference=REF_DEDUP,
@@ -149,7 +145,6 @@ def _with_system(p) -> str:
 
 numeric_family(
     "training.response_share",
-    "training",
     section=SEC_SFT,
     reference="docs/references.md#instructgpt (Ouyang et al. 2022, arXiv:2203.02155)",
     draw=lambda rng: picks(rng, system=[0, 30, 80], prompt=[20, 45, 120], reply=[10, 60, 200]),
@@ -189,7 +184,6 @@ def _packed_fill(p) -> float:
 
 numeric_family(
     "training.packing_fill",
-    "training",
     difficulty=2,
     section=SEC_PACK,
     reference="docs/references.md#krell2021 (arXiv:2107.02027)",
@@ -236,7 +230,6 @@ def _distill(p) -> float:
 
 numeric_family(
     "training.distill_loss",
-    "training",
     difficulty=3,
     section=SEC_COMPRESS,
     reference="docs/references.md#hinton2015 (Hinton, Vinyals & Dean 2015, arXiv:1503.02531, §2)",
