@@ -177,35 +177,14 @@ def train_rows(
 
 
 def run_ladder(
-    budgets=BUDGETS,
-    sizes=SIZES,
-    *,
-    seq_len: int = 32,
-    batch: int = BATCH,
-    seed: int = 0,
-    language: dict | None = None,
-    eval_seqs: int = 512,
-    threads: int | None = 1,
-    min_steps: int = 20,
-    max_steps: int = 800,
-    progress: bool = True,
+    budgets=BUDGETS, sizes=SIZES, *, min_steps: int = 20, max_steps: int = 800, progress: bool = True, **train
 ):
-    """Plan and train a whole ladder in this process (see ``plan`` and ``train_rows``);
-    ``run_ladder(**QUICK)`` is the seconds-long version."""
-    lang = MarkovLanguage(**(language or LANGUAGE))
-    runs = plan(
-        budgets, sizes, seq_len=seq_len, batch=batch, vocab=lang.vocab, min_steps=min_steps, max_steps=max_steps
-    )
-    return train_rows(
-        runs,
-        seq_len=seq_len,
-        batch=batch,
-        seed=seed,
-        language=language,
-        eval_seqs=eval_seqs,
-        threads=threads,
-        progress=progress,
-    )
+    """Plan and train a whole ladder in this process: ``plan`` the runs, then ``train_rows`` them (``train``: its
+    keywords, ``seq_len`` and ``batch`` passed to both); ``run_ladder(**QUICK)`` is the seconds-long version."""
+    vocab = MarkovLanguage(**(train.get("language") or LANGUAGE)).vocab
+    shape = {k: train[k] for k in ("seq_len", "batch") if k in train}  # the runs' shape: planned as trained
+    runs = plan(budgets, sizes, vocab=vocab, min_steps=min_steps, max_steps=max_steps, **shape)
+    return train_rows(runs, progress=progress, **train)
 
 
 def load_measured(path=None):
