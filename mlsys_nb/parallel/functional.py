@@ -177,14 +177,9 @@ class ReduceScatterTo(torch.autograd.Function):
         return all_gather(dy, ctx.dim, ctx.group), None, None
 
 
-class GatherReplicated(torch.autograd.Function):
-    """All-gather along ``dim`` into an output every rank uses alike; backward keeps this rank's
-    slice of the (identical) gradient."""
-
-    @staticmethod
-    def forward(ctx, x, dim, group):
-        ctx.dim, ctx.group = dim, group
-        return all_gather(x, dim, group)
+class GatherReplicated(GatherFrom):
+    """``GatherFrom``'s all-gather along ``dim``, into an output every rank uses alike: backward keeps this
+    rank's slice of the (identical) gradient."""
 
     @staticmethod
     def backward(ctx, dy):
