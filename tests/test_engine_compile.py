@@ -60,6 +60,20 @@ def test_no_recompilation_across_batch_sizes_after_warm_up(compiled_llm):
     assert wide.engine.status()["compile"] == warm
 
 
+def test_the_generated_code_fuses_rmsnorm_rope_and_swiglu(compiled_llm):
+    """Inductor's code for the compiled forward: the attention op once per layer, the matmuls as library calls,
+    and the elementwise work in fused C++ loops: RMSNorm (mean, rsqrt, mul) with the residual add, SwiGLU (silu,
+    mul), RoPE (index, mul, sub). A forward not compiled by inductor has no such code (``{}``)."""
+    from mlsys_nb.inference.compiled import generated_kernels
+
+    code = generated_kernels()
+    assert code["attention_calls"] == compiled_llm.engine.model.cfg.n_layers
+    assert code["extern"]["mm"] >= 4 * code["attention_calls"]  # q/k/v/o (or fused qkv) and the MLP, per layer
+    names = " ".join(code["fused"])
+    for ops in (("add", "mean", "rsqrt"), ("silu", "mul"), ("index", "mul", "sub")):
+        assert any(all(op in k for op in ops) for k in code["fused"]), (ops, names)
+
+
 def test_flex_attention_compiled_in_the_engine_generates_the_same_tokens(engine_test_model, compiled_llm):
     """``attention_backend="flex"`` with ``compile=True``: decodes through FlexAttention's fused kernel, one compile per
     power-of-two decode batch (here 1 and 2), chunks through gather; greedy tokens equal eager gather's."""

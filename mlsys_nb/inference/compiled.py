@@ -25,12 +25,14 @@ engines built one after another on the same weights (a benchmark's repeats) comp
 
 from __future__ import annotations
 
+import re
 import time
 import weakref
+from collections import Counter
 
 import torch
 
-__all__ = ["CompiledModel", "PagedAttendProxy", "compiled_model"]
+__all__ = ["CompiledModel", "PagedAttendProxy", "compiled_model", "generated_kernels"]
 
 _STEP: list = [None]  # the StepBatch of the forward in progress (the op's "forward context", as in vLLM)
 
@@ -119,3 +121,27 @@ def compiled_model(model) -> CompiledModel:
     if model not in _BY_MODEL:
         _BY_MODEL[model] = CompiledModel(model)
     return _BY_MODEL[model]
+
+
+def generated_kernels() -> dict:
+    """What inductor generated for the compiled forward last loaded in this process (the newest Python module it
+    wrote that calls ``mlsys_nb.paged_attend``; ``{}`` if none): ``"fused"``, the names of its generated C++ (or
+    Triton) kernels, each name listing the ops fused into that one loop (``cpp_fused_add_mean_mul_pow_rsqrt_0``:
+    a residual add and an RMSNorm); ``"extern"``, {library call: count} (``mm``: the BLAS matmuls);
+    ``"attention_calls"``, the opaque attention op's calls (one per layer); ``"path"``, the module's file."""
+    from torch._inductor.codecache import PyCodeCache
+
+    for mod in reversed(PyCodeCache.modules):
+        with open(mod.__file__) as f:
+            src = f.read()
+        calls = src.count("torch.ops.mlsys_nb.paged_attend.default(")
+        if calls:
+            fused = re.findall(r"\b(cpp_fused_\w+|triton_(?:poi|red|per)_fused_\w+)\(", src)
+            return {
+                "fused": sorted(set(fused)),
+                "fused_calls": len(fused) - len(set(fused)),  # each kernel is defined once, then called
+                "extern": dict(Counter(re.findall(r"extern_kernels\.(\w+)\(", src))),
+                "attention_calls": calls,
+                "path": mod.__file__,
+            }
+    return {}
