@@ -16,6 +16,8 @@ REF_EP = "docs/references.md#gshard (Lepikhin et al. 2020, arXiv:2006.16668), #s
 REF_CP = "docs/references.md#ring-attention (Liu et al. 2023, arXiv:2310.01889)"
 SEC_EC = "notebooks/09_experts_and_context.ipynb"
 SEC_RING = SEC_EC + ", §6 Ring attention and zig-zag chunks on real ranks"
+SEC_EP_OR_TP = SEC_EC + ", §4 EP or TP for the experts? Bytes and memory per rank"
+REF_MOE = "docs/references.md#mixtral (Jiang et al. 2024, arXiv:2401.04088), #switch"
 
 
 numeric_family(
@@ -167,12 +169,7 @@ numeric_family(
 MOE_ASKS = ("total parameters", "active parameters per token", "bf16 weight bytes to serve it")
 
 
-@family(
-    "expert_context.moe_params",
-    difficulty=2,
-    section="notebooks/09_experts_and_context.ipynb, §4 EP or TP for the experts? Bytes and memory per rank",
-    reference="docs/references.md#mixtral (Jiang et al. 2024, arXiv:2401.04088), #switch",
-)
+@family("expert_context.moe_params", difficulty=2, section=SEC_EP_OR_TP, reference=REF_MOE)
 def _moe(rng):
     base = memory.preset("mixtral-8x7b")
     e = pick(rng, [8, 16, 32])

@@ -18,6 +18,8 @@ SEC13 = "notebooks/13_inference_anatomy.ipynb"
 REF_KV = "docs/references.md#gqa (Ainslie et al. 2023, arXiv:2305.13245), #vllm"
 REF_ROOF = "docs/references.md#roofline (Williams et al. 2009), #scaling-book"
 SEC_ROOF = SEC13 + ", §4 Prefill and decode on the roofline"
+SEC_KV = SEC13 + ", §2 Why a KV cache, and why it is exact"
+SEC_SIZING = SEC13 + ", §3 Sizing the cache of real models"
 MODELS = [
     "llama-2-7b",
     "llama-2-13b",
@@ -47,7 +49,7 @@ def _kv_diagnostics(p, b) -> list:
 
 numeric_family(
     "inference.kv_cache_bytes",
-    section=SEC13 + ", §2 Why a KV cache, and why it is exact",
+    section=SEC_KV,
     reference=REF_KV,
     draw=lambda rng: picks(
         rng, preset=MODELS, tokens=[1024, 4096, 8192, 32768, 128000, 1_000_000], dtype=["bf16", "fp8", "fp32", "int8"]
@@ -85,7 +87,7 @@ def _kv_shape_text(model) -> str:
 
 numeric_family(
     "inference.kv_bytes_per_token",
-    section=SEC13 + ", §2 Why a KV cache, and why it is exact",
+    section=SEC_KV,
     reference=REF_KV,
     draw=lambda rng: picks(rng, preset=MODELS + ["deepseek-v3"], dtype="bf16"),
     calc=lambda p: inference.kv_bytes_per_token(p["preset"], "bf16"),
@@ -108,7 +110,7 @@ def _n_params(model) -> int:
 
 numeric_family(
     "inference.weight_bytes",
-    section=SEC13 + ", §3 Sizing the cache of real models",
+    section=SEC_SIZING,
     reference=REF_KV,
     draw=lambda rng: picks(rng, preset=MODELS, dtype=["bf16", "fp8", "int4"]),
     calc=lambda p: inference.weight_bytes(p["preset"], p["dtype"]),
@@ -139,7 +141,7 @@ def _serving_case(rng) -> dict:
 numeric_family(
     "inference.max_concurrent_sequences",
     difficulty=2,
-    section=SEC13 + ", §3 Sizing the cache of real models",
+    section=SEC_SIZING,
     reference=REF_KV,
     draw=_serving_case,
     calc=lambda p: inference.max_concurrent_sequences(p["preset"], p["gpu"], p["seq_len"], tp=p["tp"]),
@@ -259,12 +261,7 @@ _roofline_time_family(
 )
 
 
-@family(
-    "inference.decode_bound",
-    kind="choice",
-    section=SEC_ROOF,
-    reference=REF_ROOF,
-)
+@family("inference.decode_bound", kind="choice", section=SEC_ROOF, reference=REF_ROOF)
 def _bound(rng):
     model, g, batch, _ = roof_case(rng, batches=(1, 4, 64, 256, 1024), contexts=(1024,))
     c = inference.decode_cost(model, g, 1024, batch=batch)
@@ -321,7 +318,7 @@ def _heads(p) -> str:
 
 ratio_family(
     "inference.gqa_kv_saving",
-    section=SEC13 + ", §2 Why a KV cache, and why it is exact",
+    section=SEC_KV,
     reference=REF_KV,
     draw=lambda rng: picks(
         rng, preset=["llama-2-70b", "llama-3-8b", "llama-3-70b", "mixtral-8x7b", "llama-3.1-405b", "llama-3.2-1b"]
@@ -342,13 +339,7 @@ ratio_family(
 FIT_CHOICES = [f"TP = {tp}" for tp in TPS] + ["does not fit on 8 GPUs"]
 
 
-@family(
-    "inference.fits_tp",
-    kind="choice",
-    difficulty=2,
-    section=SEC13 + ", §3 Sizing the cache of real models",
-    reference=REF_KV,
-)
+@family("inference.fits_tp", kind="choice", difficulty=2, section=SEC_SIZING, reference=REF_KV)
 def _fits_tp(rng):
     usable = inference.kv_cache.GPU_MEMORY_UTILIZATION  # vLLM's default share for weights + KV cache
     model = pick(rng, MODELS)

@@ -11,14 +11,10 @@ from ..core import family
 from ._util import gb, gbps, pick, ratio_family
 from .memory import N_PARAMS, REF_MEM, SEC_MEM
 
+SEC_STAGES = SEC_MEM + ", §1 Model states, §5 How each parallelism divides each term"
 
-@family(
-    "layout.smallest_zero_stage",
-    kind="choice",
-    difficulty=2,
-    section=SEC_MEM + ", §1 Model states, §5 How each parallelism divides each term",
-    reference=REF_MEM,
-)
+
+@family("layout.smallest_zero_stage", kind="choice", difficulty=2, section=SEC_STAGES, reference=REF_MEM)
 def _zstage(rng):
     n = pick(rng, N_PARAMS[3:])
     dp = pick(rng, [8, 16, 64, 256])

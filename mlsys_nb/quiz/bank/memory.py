@@ -17,6 +17,8 @@ N_PARAMS = [125e6, 350e6, 1.3e9, 2.7e9, 7e9, 13e9, 34e9, 70e9, 175e9]
 
 
 SEC_STATES = SEC_MEM + ", §1 Model states: parameters, gradients, optimizer, master weights"
+SEC_WHOLE_GPU = SEC_MEM + ", §4 The whole GPU: one rank of a real model, §8 Sweeps"
+SEC_DIVIDED = SEC_MEM + ", §5 How each parallelism divides each term, §8 Sweeps"
 
 
 def _states_diagnostics(p, s) -> list:
@@ -129,12 +131,7 @@ numeric_family(
 )
 
 
-@family(
-    "memory.fits",
-    kind="choice",
-    section=SEC_MEM + ", §4 The whole GPU: one rank of a real model, §8 Sweeps",
-    reference=REF_MEM,
-)
+@family("memory.fits", kind="choice", section=SEC_WHOLE_GPU, reference=REF_MEM)
 def _fits(rng):
     model, t = _train_case(rng)
     b = memory.estimate(memory.preset(model), t)
@@ -159,13 +156,7 @@ def _fits(rng):
     )
 
 
-@family(
-    "memory.oom_knob",
-    kind="choice",
-    difficulty=3,
-    section=SEC_MEM + ", §5 How each parallelism divides each term, §8 Sweeps",
-    reference=REF_MEM,
-)
+@family("memory.oom_knob", kind="choice", difficulty=3, section=SEC_DIVIDED, reference=REF_MEM)
 def _oom(rng):
     for _ in range(200):
         model = pick(rng, ["llama-2-7b", "llama-3-8b", "llama-2-13b", "llama-3-70b"])
@@ -247,12 +238,7 @@ ratio_family(
 )
 
 
-@family(
-    "memory.max_micro_batch",
-    difficulty=2,
-    section=SEC_MEM + ", §4 The whole GPU: one rank of a real model, §8 Sweeps",
-    reference=REF_MEM,
-)
+@family("memory.max_micro_batch", difficulty=2, section=SEC_WHOLE_GPU, reference=REF_MEM)
 def _max_mb(rng):
     for _ in range(100):
         model = pick(rng, ["llama-2-7b", "llama-3-8b", "llama-3.2-3b", "llama-2-13b"])

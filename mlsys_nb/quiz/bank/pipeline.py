@@ -16,6 +16,7 @@ from ._util import numeric_family, pick, picks, ratio_family, tensor_parallel
 
 SEC = "notebooks/08_pipeline_parallelism.ipynb"
 SEC_BUBBLE = SEC + ", §1 Cutting a model into stages, and the bubble"
+SEC_SCHEDULES = SEC + ", §4 1F1B and activation memory, §9 All schedules side by side"
 REF = {
     "gpipe": "docs/references.md#gpipe (Huang et al. 2019, arXiv:1811.06965)",
     "1f1b": "docs/references.md#pipedream-flush (Narayanan et al. 2021, arXiv:2006.09503)",
@@ -64,12 +65,7 @@ def _v_text(name, v):
     return f", v = {v} chunks per rank" if name == "interleaved-1f1b" else ""
 
 
-@family(
-    "pipeline.bubble_fraction",
-    difficulty=2,
-    section=SEC_BUBBLE,
-    reference=REF["1f1b"],
-)
+@family("pipeline.bubble_fraction", difficulty=2, section=SEC_BUBBLE, reference=REF["1f1b"])
 def _bubble_fraction(rng):
     for _ in range(50):  # a zero bubble cannot be checked relatively: draw again
         name, p, m, v = pipeline_case(rng)
@@ -160,7 +156,7 @@ for _n in (n for n in PIPELINE_SCHEDULES if not n.startswith("dualpipe")):
     numeric_family(
         f"pipeline.peak_activations_{_n.replace('-', '_')}",
         difficulty=2,
-        section=SEC + ", §4 1F1B and activation memory, §9 All schedules side by side",
+        section=SEC_SCHEDULES,
         reference=REF[_n],
         draw=lambda rng, name=_n: _case(rng, name),
         calc=_sim,
@@ -246,13 +242,7 @@ ratio_family(
 )
 
 
-@family(
-    "pipeline.best_schedule_for_memory",
-    kind="choice",
-    difficulty=2,
-    section=SEC + ", §4 1F1B and activation memory, §9 All schedules side by side",
-    reference=REF["1f1b"],
-)
+@family("pipeline.best_schedule_for_memory", kind="choice", difficulty=2, section=SEC_SCHEDULES, reference=REF["1f1b"])
 def _best(rng):
     p = pick(rng, [4, 8])
     m = pick(rng, [2 * p, 4 * p])

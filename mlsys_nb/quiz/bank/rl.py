@@ -14,6 +14,8 @@ from ._util import gb, gbps, numeric_family, pick, picks, placement, rl_ppo, rl_
 
 REF_RLHF = "docs/references.md#instructgpt (Ouyang et al. 2022, arXiv:2203.02155), #openrlhf"
 SEC18 = "notebooks/18_rlhf.ipynb"
+SEC_GAE = "notebooks/17_rl_fundamentals.ipynb, §3 Generalised advantage estimation"
+REF_GAE = "docs/references.md#gae (Schulman et al. 2015, arXiv:1506.02438, eq. 16)"
 
 
 def _tensor(x):
@@ -71,12 +73,7 @@ numeric_family(
 )
 
 
-@family(
-    "rl.gae_advantage",
-    difficulty=2,
-    section="notebooks/17_rl_fundamentals.ipynb, §3 Generalised advantage estimation",
-    reference="docs/references.md#gae (Schulman et al. 2015, arXiv:1506.02438, eq. 16)",
-)
+@family("rl.gae_advantage", difficulty=2, section=SEC_GAE, reference=REF_GAE)
 def _gae(rng):
     import numpy as np
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..core import family
 from ._util import gb, inference, inference_metrics, numeric_family, paged, pick, picks, ratio_family, speculative
-from .inference import MODELS, REF_ROOF, SEC13, fits_on_gpus, roof_case, times_ms
+from .inference import MODELS, REF_ROOF, SEC13, SEC_ROOF, fits_on_gpus, roof_case, times_ms
 
 
 SEC14 = "notebooks/14_kv_cache_management.ipynb"
@@ -52,7 +52,7 @@ def _batching_case(rng):
 ratio_family(
     "serving.batching_speedup",
     difficulty=2,
-    section=SEC13 + ", §4 Prefill and decode on the roofline",
+    section=SEC_ROOF,
     reference="docs/references.md#orca (Yu et al. 2022)",
     draw=_batching_case,
     calc=lambda p, batch: inference.decode_cost(p["preset"], p["gpu"], 1024, batch=batch).tokens_per_s,
@@ -241,12 +241,7 @@ numeric_family(
 )
 
 
-@family(
-    "serving.gpus_for_target",
-    difficulty=3,
-    section=SEC13 + ", §4 Prefill and decode on the roofline",
-    reference=REF_ROOF + ", #vllm",
-)
+@family("serving.gpus_for_target", difficulty=3, section=SEC_ROOF, reference=REF_ROOF + ", #vllm")
 def _gpus_for_target(rng):
     for _ in range(1000):
         model, g, _, ctx = roof_case(rng, batches=(1,), contexts=(1024, 4096))
