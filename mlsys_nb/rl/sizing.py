@@ -66,12 +66,19 @@ def async_step_s(gen_s: float, train_s: float, sync_s: float) -> float:
 class RLHFMemory:
     """Bytes per GPU of one PPO-RLHF setup, by role (a model of the states: no activations, no allocator
     fragmentation, no communication buffers). ``roles[name]`` = (GPUs of that role, bytes per GPU
-    by part); ``per_gpu`` = the heaviest GPU; ``params`` = parameter counts of the four models."""
+    by part); ``per_gpu`` = the heaviest GPU; ``params`` = parameter counts of the four models; the rollout it
+    was sized for (``rollout_batch`` sequences of ``prompt_len + response_len`` tokens, ``rollout_tp``, the frozen
+    weights' ``frozen_dtype``), which ``layout_cost`` times."""
 
     placement: str
     n_gpus: int
     roles: dict
     params: dict
+    rollout_batch: int
+    prompt_len: int
+    response_len: int
+    rollout_tp: int
+    frozen_dtype: object  # a name of ``config.DTYPE_BYTES`` or a torch.dtype
 
     @property
     def per_gpu(self) -> float:
@@ -189,7 +196,7 @@ def rlhf_estimate(
         roles = {"all": (n_gpus, {k: v for p in parts.values() for k, v in p.items()})}
     else:
         roles = {r: (groups[r], parts[r]) for r in _RLHF_ROLES}
-    return RLHFMemory(placement, n_gpus, roles, n)
+    return RLHFMemory(placement, n_gpus, roles, n, rollout_batch, prompt_len, response_len, rollout_tp, frozen_dtype)
 
 
 @dataclass(frozen=True)
@@ -242,35 +249,18 @@ def sync_seconds(weight_bytes: float, *, n_trainers: int, n_replicas: int, gathe
 
 
 def layout_cost(
-    actor="llama-2-7b",
-    *,
-    placement: str = "colocated",
-    n_gpus: int = 8,
-    gpu="H100-SXM",
-    sync_link: str = "infiniband-ndr",
-    split: dict | None = None,
-    rollout_batch: int = 256,
-    prompt_len: int = 512,
-    response_len: int = 512,
-    rollout_tp: int = 1,
-    mfu: float = 0.4,
-    frozen_dtype="bf16",
+    actor="llama-2-7b", *, gpu="H100-SXM", sync_link: str = "infiniband-ndr", mfu: float = 0.4, **setup
 ) -> LayoutCost:
-    """Per-GPU memory and modelled step time of one PPO-RLHF layout (see the module docstring)."""
+    """Per-GPU memory and modelled step time of one PPO-RLHF layout (see the module docstring): the memory of
+    ``rlhf_estimate(actor, **setup)`` (its keywords and defaults: ``placement``, ``n_gpus``, ``split``, the
+    rollout's ``rollout_batch``, ``prompt_len``, ``response_len``, ``rollout_tp``, ``frozen_dtype``, ...), and the
+    seconds of that setup's step on ``gpu`` at ``mfu``, a split layout's weights sent over ``sync_link``."""
     check_probability("mfu", mfu, lo_open=True)
     m: ModelConfig = preset(actor) if isinstance(actor, str) else actor
     g: GPU = _gpu(gpu) if isinstance(gpu, str) else gpu
-    mem = rlhf_estimate(
-        m,
-        n_gpus=n_gpus,
-        placement=placement,
-        split=split,
-        rollout_batch=rollout_batch,
-        prompt_len=prompt_len,
-        response_len=response_len,
-        rollout_tp=rollout_tp,
-        frozen_dtype=frozen_dtype,
-    )
+    mem = rlhf_estimate(m, **setup)
+    placement, n_gpus, rollout_tp = mem.placement, mem.n_gpus, mem.rollout_tp
+    prompt_len, response_len, rollout_batch = mem.prompt_len, mem.response_len, mem.rollout_batch
     if placement == "colocated":
         groups = dict.fromkeys(("actor", "critic", "reference", "reward", "rollout"), n_gpus)
     else:
@@ -290,9 +280,7 @@ def layout_cost(
     fwd = [t(2 * n["reference"], "reference"), t(2 * n["reward"], "reward")]
     bwd = [t(6 * n["actor"], "actor"), t(6 * n["critic"], "critic")]
     train = sum(fwd) + sum(bwd) if placement == "colocated" else max(fwd) + max(bwd)
-    from ..config import dtype_bytes
-
-    s_bytes = n["actor"] * dtype_bytes(frozen_dtype)
+    s_bytes = n["actor"] * dtype_bytes(mem.frozen_dtype)
     nvlink = g.nvlink or "pcie5-x16"
     sync = sync_seconds(
         s_bytes,
