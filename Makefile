@@ -16,7 +16,7 @@ PY         := $(VENV)/bin/python
 # JupyterLab refuses to start as root (containers, CI machines) unless told it is meant.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test test-fast test-gpu lint format dashboard serve bench worksheets clean-venv help
+.PHONY: setup lab test test-fast test-gpu lint format dashboard serve bench worksheets site clean-venv help
 
 help:
 	@echo "make lab        set up .venv (first time) and open JupyterLab on notebooks/ at $(HOST)"
@@ -29,6 +29,7 @@ help:
 	@echo "make serve      OpenAI-compatible server (MODEL=tiny) at http://$(HOST):$(SERVE_PORT)/v1"
 	@echo "make bench      run the benchmark scripts in benchmarks/"
 	@echo "make worksheets SEED=n  printable interview worksheets + answer keys in worksheets/"
+	@echo "make site       execute every notebook (papermill) into a static site: site/index.html (SITE_NOTEBOOKS=\"14 20\" a subset)"
 	@echo "make clean-venv remove .venv (e.g. after changing TORCH_SPEC)"
 
 $(VENV)/.stamp-torch:
@@ -93,6 +94,13 @@ SEED ?= 0
 N ?= 8
 worksheets: setup
 	$(PY) -m mlsys_nb.quiz --html worksheets --seed $(SEED) -n $(N)
+
+# The notebooks executed at their defaults (as the tests run them) and written as HTML pages, the dashboard's tabs
+# as screenshots, an index in curriculum order; then every page is checked in Chromium (tools/build_site.py).
+SITE_NOTEBOOKS ?=
+site: setup
+	$(PY) -m compileall -q mlsys_nb
+	$(PY) -m tools.build_site $(if $(strip $(SITE_NOTEBOOKS)),--only $(SITE_NOTEBOOKS),)
 
 clean-venv:
 	rm -rf $(VENV)
