@@ -39,6 +39,13 @@ SEED_CARDS = [
     "cards.gb_vs_gib",
     "cards.zero2_traffic",
     "cards.tp_allreduces",
+    "cards.dp_overlap_ratio",
+    "cards.optimizer_state_units",
+    "cards.zero_stage_named",
+    "cards.network_vs_nvme",
+    "cards.moe_tokens_rule",
+    "cards.serving_gpus_batching",
+    "cards.rollout_one_gpu",
 ]
 
 
@@ -194,6 +201,45 @@ def test_serving_cards_refuting_numbers_a_second_way():
     assert rec == pytest.approx(recorded_launch_us(), rel=1e-3) and 50 / rec > 4
 
 
+def test_seed_cards_of_issue_52_refuting_numbers_a_second_way():
+    """The seven cards added for the seed errors left uncarded: each refuting number by hand."""
+    from mlsys_nb import comm, hardware, inference, memory
+
+    peak, ndr = hardware.gpu("H100-SXM").peak("bf16"), 400e9 / 8
+    # dp_overlap_ratio: all-reduce of 2N bytes over backward 4·N·tokens FLOPs; N cancels
+    for n in (8e9, 70e9):
+        r = comm.collective_time("all_reduce", 2 * n, 8, 0.0, ndr) / (4 * n * 4096 / peak)
+        assert r == pytest.approx(7 / 8 * 2 * peak / (2 * 4096 * ndr))
+    # optimizer_state_units: m, v and the master are three fp32 values per weight: 12 h² bytes, not 6 h²
+    s = memory.model_state_bytes(4096**2)
+    assert s.optimizer + s.master == 12 * 4096**2
+    # zero_stage_named: only the optimizer states (incl. the master) divided by DP is ZeRO-1; ZeRO-3 is 16 N / DP
+    for dp in (8, 16, 32):
+        assert memory.model_state_bytes(70e9, dp=dp, zero=1).total == pytest.approx(4 * 70e9 + 12 * 70e9 / dp)
+        assert memory.model_state_bytes(70e9, dp=dp, zero=3).total == pytest.approx(16 * 70e9 / dp)
+    # network_vs_nvme: an NVMe drive's PCIe 4.0 x4 link (16 GT/s, 128b/130b) carries < 8 GB/s; NDR 50 GB/s
+    x4 = hardware.link("pcie4-x16").per_direction_bytes_per_s / 4
+    assert x4 == pytest.approx(16e9 * 4 * 128 / 130 / 8, rel=0.02) and 2 * x4 < ndr / 3
+    # moe_tokens_rule: Mixtral's total and active counts (meta model) are 3.63x apart
+    m = _meta_total("mixtral-8x7b")
+    active = m["total"] - m["cfg"].n_layers * (m["cfg"].n_experts - m["cfg"].top_k) * m["expert"]
+    assert m["total"] / active == pytest.approx(3.626, abs=1e-3)
+    # serving_gpus_batching: the plan meets 50 tokens/s per user and the target; batch 1 would need ~100x the GPUs
+    cfg, bw = memory.preset("llama-3-8b"), hardware.gpu("H100-SXM").hbm_bandwidth_bytes_per_s
+    weights = 2 * (_meta_total("llama-3-8b")["total"] - cfg.vocab_size * cfg.hidden)  # the matmul weights, read once
+    for seed in range(6):
+        q = quiz.make("cards.serving_gpus_batching", seed)
+        batch, n = (int(x) for x in re.search(r"; batch (\d+) step .*?\) = (\d+) \(", q.solution[0]).groups())
+        step = max(weights * batch / peak, (weights + batch * 151 * _kv(cfg)) / bw)  # hand roofline (no attention)
+        assert step <= 1 / 50 and n * batch / step >= 0.99 * q.params["target"] > (n - 1) * batch / step, (seed, n)
+        one = (weights + 151 * _kv(cfg)) / bw
+        assert q.params["target"] * one > 50 * n, "one request per GPU needs far more GPUs"
+    # rollout_one_gpu: 70B bf16 weights exceed one 80 GB H100; at TP 2 each GPU holds half the weights and KV
+    w, kv = 2 * _meta_total("llama-2-70b")["total"], _kv(memory.preset("llama-2-70b")) * 150
+    assert w > 0.9 * 80e9 and (0.9 * 80e9 - w / 2) / (kv / 2) >= 64 > 0
+    assert inference.max_concurrent_sequences("llama-2-70b", "H100-SXM", 150, tp=2) >= 64
+
+
 def _tutorial_simulator(monkeypatch):
     """pipeline.simulate reporting the tutorial script's bubble (p−1)·m/(p·m + p − 1) instead of the timeline's."""
     from mlsys_nb import pipeline as pl
@@ -221,7 +267,33 @@ BROKEN = {  # card -> how its owner is broken
         ),
     ),  # gradients dropped, as in the tutorial's table
     "cards.gpipe_bubble": _tutorial_simulator,
+    "cards.dp_overlap_ratio": lambda mp: mp.setattr(
+        "mlsys_nb.comm.collective_time", lambda op, size, n, alpha, beta: size / beta
+    ),  # the message divided by the bandwidth (each byte crossing a link once)
+    "cards.optimizer_state_units": lambda mp: mp.setattr(
+        "mlsys_nb.memory.model_state_bytes",
+        lambda n, dp=1, zero=0, precision="bf16-mixed": __import__("mlsys_nb.memory").memory.ModelStates(
+            params=2 * n, grads=2 * n, optimizer=8 * n, master=0
+        ),
+    ),  # the fp32 master copy forgotten
+    "cards.serving_gpus_batching": lambda mp: mp.setattr(
+        "mlsys_nb.inference.decode_cost",
+        lambda model, gpu, context, batch=1, **kw: _times_batch(model, gpu, context, batch),
+    ),  # a decode step that reads the weights once per sequence: batching gains nothing
+    "cards.rollout_one_gpu": lambda mp: mp.setattr(
+        "mlsys_nb.inference.max_concurrent_sequences", lambda model, gpu, seq_len, tp=1, **kw: 10**6
+    ),  # the weights left out of the memory budget
 }
+
+
+def _times_batch(model, gpu, context, batch):
+    """inference.decode_cost as if each sequence of the batch were decoded alone, one after another."""
+    import dataclasses
+
+    from mlsys_nb.inference.roofline import decode_cost
+
+    one = decode_cost(model, gpu, context)
+    return dataclasses.replace(one, batch=batch, flops=one.flops * batch, bytes=one.bytes * batch)
 
 
 @pytest.mark.parametrize("name", sorted(BROKEN))

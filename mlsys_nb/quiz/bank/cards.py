@@ -4,7 +4,7 @@ misconception or as its correction, with the kit's measurement or calculator tha
 
 from __future__ import annotations
 
-from ... import comm, flops, memory, scaling
+from ... import comm, flops, hardware, memory, scaling
 from ... import pipeline as pl
 from ..core import family
 from ._util import inference, pick, tensor_parallel, zero
@@ -32,12 +32,17 @@ def card(rng, wrong: str, right: str, evidence: list[str], hint: str, params: di
     )
 
 
-@family(
+def card_family(name: str, topic: str, section: str, reference: str):
+    """Register a spot-the-error card (``family(..., kind="card")``): ``section`` is the notebook section
+    that teaches the correct statement, ``reference`` its entry in docs/references.md."""
+    return family(name, topic, kind="card", section=section, reference=reference)
+
+
+@card_family(
     "cards.zero3_traffic",
     "data_parallel",
-    kind="card",
-    section="notebooks/06_zero_and_fsdp.ipynb, §5 ZeRO-3 (FSDP): shard the parameters too",
-    reference="docs/references.md#zero (arXiv:1910.02054, §7.2.2)",
+    "notebooks/06_zero_and_fsdp.ipynb, §5 ZeRO-3 (FSDP): shard the parameters too",
+    "docs/references.md#zero (arXiv:1910.02054, §7.2.2)",
 )
 def _c_zero3(rng):
     n = pick(rng, [8, 64, 1024])
@@ -54,12 +59,11 @@ def _c_zero3(rng):
     )
 
 
-@family(
+@card_family(
     "cards.one_f_one_b_bubble",
     "pipeline",
-    kind="card",
-    section="notebooks/08_pipeline_parallelism.ipynb, §4 1F1B and activation memory",
-    reference="docs/references.md#pipedream-flush (arXiv:2006.09503)",
+    "notebooks/08_pipeline_parallelism.ipynb, §4 1F1B and activation memory",
+    "docs/references.md#pipedream-flush (arXiv:2006.09503)",
 )
 def _c_1f1b(rng):
     p, m = pick(rng, [4, 8]), pick(rng, [8, 16, 32])
@@ -78,12 +82,11 @@ def _c_1f1b(rng):
     )
 
 
-@family(
+@card_family(
     "cards.adam_bytes_per_param",
     "memory",
-    kind="card",
-    section="notebooks/10_training_memory.ipynb, §1 Model states: parameters, gradients, optimizer, master weights",
-    reference="docs/references.md#zero (arXiv:1910.02054, §3.1), #mixed-precision",
+    "notebooks/10_training_memory.ipynb, §1 Model states: parameters, gradients, optimizer, master weights",
+    "docs/references.md#zero (arXiv:1910.02054, §3.1), #mixed-precision",
 )
 def _c_adam(rng):
     b = memory.model_state_bytes(1).total
@@ -100,12 +103,11 @@ def _c_adam(rng):
     )
 
 
-@family(
+@card_family(
     "cards.twenty_tokens_per_param",
     "scaling",
-    kind="card",
-    section="notebooks/11_compute_and_scaling_laws.ipynb, §5 Scaling laws and compute-optimal allocation",
-    reference="docs/references.md#chinchilla, #epoch-chinchilla",
+    "notebooks/11_compute_and_scaling_laws.ipynb, §5 Scaling laws and compute-optimal allocation",
+    "docs/references.md#chinchilla, #epoch-chinchilla",
 )
 def _c_twenty(rng):
     law = scaling.law("epoch")
@@ -122,12 +124,11 @@ def _c_twenty(rng):
     )
 
 
-@family(
+@card_family(
     "cards.sp_traffic",
     "tensor",
-    kind="card",
-    section="notebooks/07_tensor_parallelism.ipynb, §5 Sequence parallelism",
-    reference="docs/references.md#megatron-sp (arXiv:2205.05198, §4.2.2)",
+    "notebooks/07_tensor_parallelism.ipynb, §5 Sequence parallelism",
+    "docs/references.md#megatron-sp (arXiv:2205.05198, §4.2.2)",
 )
 def _c_sp(rng):
     tp = pick(rng, [2, 4, 8])
@@ -147,12 +148,11 @@ def _c_sp(rng):
     )
 
 
-@family(
+@card_family(
     "cards.decode_bound",
     "inference",
-    kind="card",
-    section="notebooks/13_inference_anatomy.ipynb, §4 Prefill and decode on the roofline",
-    reference="docs/references.md#roofline, #scaling-book",
+    "notebooks/13_inference_anatomy.ipynb, §4 Prefill and decode on the roofline",
+    "docs/references.md#roofline, #scaling-book",
 )
 def _c_decode(rng):
     g = pick(rng, ["H100-SXM", "A100-80GB-SXM"])
@@ -169,12 +169,11 @@ def _c_decode(rng):
     )
 
 
-@family(
+@card_family(
     "cards.ring_bytes_grow",
     "comm",
-    kind="card",
-    section="notebooks/03_collectives.ipynb, §4 Count the bytes, compare with the closed forms",
-    reference="docs/references.md#patarasuk2009",
+    "notebooks/03_collectives.ipynb, §4 Count the bytes, compare with the closed forms",
+    "docs/references.md#patarasuk2009",
 )
 def _c_ring(rng):
     vals = {n: comm.bytes_sent_per_rank("all_reduce", 1e9, n) for n in (2, 8, 64, 1024)}
@@ -192,12 +191,11 @@ def _c_ring(rng):
     )
 
 
-@family(
+@card_family(
     "cards.mfu_recompute",
     "compute",
-    kind="card",
-    section="notebooks/11_compute_and_scaling_laws.ipynb, §3 MFU: how much of the peak a training step uses",
-    reference="docs/references.md#palm (Chowdhery et al. 2022, Appendix B)",
+    "notebooks/11_compute_and_scaling_laws.ipynb, §3 MFU: how much of the peak a training step uses",
+    "docs/references.md#palm (Chowdhery et al. 2022, Appendix B)",
 )
 def _c_mfu(rng):
     cfg = memory.preset("llama-2-7b")
@@ -215,12 +213,11 @@ def _c_mfu(rng):
     )
 
 
-@family(
+@card_family(
     "cards.gqa_kv",
     "inference",
-    kind="card",
-    section="notebooks/13_inference_anatomy.ipynb, §2 Why a KV cache, and why it is exact",
-    reference="docs/references.md#gqa (arXiv:2305.13245)",
+    "notebooks/13_inference_anatomy.ipynb, §2 Why a KV cache, and why it is exact",
+    "docs/references.md#gqa (arXiv:2305.13245)",
 )
 def _c_gqa(rng):
     a = inference.kv_bytes_per_token("llama-2-70b")
@@ -253,12 +250,11 @@ def recorded_pruning_ratios() -> list[float]:
         return [float(r["value"]) for r in csv.DictReader(f) if r["notebook"] == "25" and r["check"] == PRUNING_CHECK]
 
 
-@family(
+@card_family(
     "cards.magnitude_pruning",
     "training",
-    kind="card",
-    section="notebooks/25_data_evaluation_and_compression.ipynb, §6 Compression: pruning and distillation",
-    reference="docs/references.md#han2015 (Han et al. 2015, arXiv:1506.02626)",
+    "notebooks/25_data_evaluation_and_compression.ipynb, §6 Compression: pruning and distillation",
+    "docs/references.md#han2015 (Han et al. 2015, arXiv:1506.02626)",
 )
 def _c_pruning(rng):
     ratios = recorded_pruning_ratios()
@@ -275,4 +271,105 @@ def _c_pruning(rng):
             "Small weights add little to any product; random pruning removes large ones as often as small ones.",
         ],
         "Which weights does each method remove, and what do they contribute?",
+    )
+
+
+@card_family(
+    "cards.optimizer_state_units",
+    "memory",
+    "notebooks/10_training_memory.ipynb, §1 Model states: parameters, gradients, optimizer, master weights",
+    "docs/references.md#playbook, #zero (arXiv:1910.02054, §3.1)",
+)
+def _c_opt_units(rng):
+    h = pick(rng, [4096, 8192])
+    s = memory.model_state_bytes(h * h)
+    return card(
+        rng,
+        f"For one {h}×{h} weight matrix, Adam's momentum and variance (2·h²) plus the fp32 master weights (h²) "
+        f"take 6·h² = {6 * h * h / 1e6:.4g} MB.",
+        f"For one {h}×{h} weight matrix, Adam's momentum and variance plus the fp32 master weights are 3·h² fp32 "
+        f"values: 12·h² = {(s.optimizer + s.master) / 1e6:.4g} MB.",
+        [
+            f"memory.model_state_bytes({h}²): moments {s.optimizer:,.0f} B + master {s.master:,.0f} B "
+            f"= {(s.optimizer + s.master) / (h * h):g} B per element.",
+            "2·h² and h² count values; each fp32 value is 4 bytes: the 6 mixes values with bytes.",
+        ],
+        "How many bytes is one fp32 value?",
+        params={"h": h},
+    )
+
+
+@card_family(
+    "cards.zero_stage_named",
+    "data_parallel",
+    "notebooks/06_zero_and_fsdp.ipynb, §3 ZeRO-1: shard the optimizer states",
+    "docs/references.md#zero (arXiv:1910.02054, §5)",
+)
+def _c_zero_named(rng):
+    dp = pick(rng, [8, 16, 32])
+    z1, z3 = (memory.model_state_bytes(70e9, dp=dp, zero=z).total / 1e9 for z in (1, 3))
+    return card(
+        rng,
+        f"A memory calculator that divides only the optimizer states by the DP degree ({dp}) models ZeRO-3: "
+        f"{z1:.4g} GB per GPU for a 70B model.",
+        f"A memory calculator that divides only the optimizer states by the DP degree ({dp}) models ZeRO-1: "
+        f"{z1:.4g} GB per GPU for a 70B model; ZeRO-3 divides the parameters and gradients too: {z3:.4g} GB.",
+        [
+            f"memory.model_state_bytes(70e9, dp={dp}, zero=1) = {z1:.4g} GB, zero=3: {z3:.4g} GB "
+            "(16 B per parameter, mixed-precision Adam).",
+            "ZeRO-1 shards optimizer states, ZeRO-2 adds gradients, ZeRO-3 adds parameters.",
+        ],
+        "Which copies does each ZeRO stage shard?",
+        params={"dp": dp},
+    )
+
+
+@card_family(
+    "cards.network_vs_nvme",
+    "comm",
+    "notebooks/04_communication_cost.ipynb, §6 What changes on NVLink and InfiniBand",
+    "docs/references.md#nvidia-datasheets, #interconnects",
+)
+def _c_network_nvme(rng):
+    nic = hardware.link(pick(rng, ["infiniband-ndr", "infiniband-hdr"]))
+    x4 = {g: hardware.link(f"pcie{g}-x16").per_direction_bytes_per_s / 4 / 1e9 for g in (4, 5)}
+    gbit = nic.per_direction_bytes_per_s * 8 / 1e9
+    return card(
+        rng,
+        f"Bandwidth only falls down the memory hierarchy: the network (one {gbit:g} Gb/s NIC) is the slowest "
+        "level, below a local NVMe SSD.",
+        f"One {gbit:g} Gb/s NIC moves {nic.per_direction_bytes_per_s / 1e9:g} GB/s, more than an NVMe SSD on a "
+        f"PCIe x4 link can ({x4[4]:g} GB/s on PCIe 4.0, {x4[5]:g} on 5.0): by bandwidth the network is not the "
+        "slowest level.",
+        [
+            f"hardware.link('{nic.name}'): {nic.per_direction_bytes_per_s / 1e9:g} GB/s per direction; an NVMe "
+            f"drive has 4 PCIe lanes: hardware.link('pcie4-x16') ÷ 4 = {x4[4]:g} GB/s.",
+            "Order the levels by bandwidth, or call the network the slowest in latency; not both at once.",
+        ],
+        "Gb/s ÷ 8; how many lanes does an NVMe drive use?",
+        params={"nic": nic.name},
+    )
+
+
+@card_family(
+    "cards.moe_tokens_rule",
+    "expert_context",
+    "notebooks/09_experts_and_context.ipynb, §7 What EP and CP divide in memory",
+    "docs/references.md#chinchilla, #mixtral (arXiv:2401.04088)",
+)
+def _c_moe_tokens(rng):
+    model = "mixtral-8x7b"
+    pc = memory.param_count(memory.preset(model))
+    return card(
+        rng,
+        f"A compute-optimal {model} trains on 20 tokens per active parameter ({20 * pc.active / 1e12:.3g}T "
+        "tokens): Chinchilla's rule carries over to MoE.",
+        f"Chinchilla's ~20 tokens per parameter was fitted on dense models: for {model} it gives "
+        f"{20 * pc.active / 1e12:.3g}T tokens on the active and {20 * pc.total / 1e12:.3g}T on the total "
+        f"parameters, {pc.total / pc.active:.3g}× apart, and no cited law picks one.",
+        [
+            f"memory.param_count(preset('{model}')): total {pc.total / 1e9:.4g}B, active {pc.active / 1e9:.4g}B.",
+            "MoE scaling laws fit the loss on both the total and the active parameters; a dense rule names neither.",
+        ],
+        "For a dense model total = active. And here?",
     )

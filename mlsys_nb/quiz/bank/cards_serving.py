@@ -5,9 +5,8 @@ measurement (``bank.cards.card``; the training cards are in ``cards_training``).
 from __future__ import annotations
 
 from ... import hardware, memory
-from ..core import family
 from ._util import inference, pick, rl_sizing, speculative
-from .cards import card
+from .cards import card, card_family
 from .inference import SEC13
 from .quant import SEC_SPEED
 
@@ -15,12 +14,11 @@ SEC_SIZES = SEC13 + ", §3 Sizing the cache of real models"
 REF_KV = "docs/references.md#gqa (arXiv:2305.13245), #llama2"
 
 
-@family(
+@card_family(
     "cards.prefill_bound",
     "inference",
-    kind="card",
-    section=SEC13 + ", §4 Prefill and decode on the roofline",
-    reference="docs/references.md#roofline, #scaling-book",
+    SEC13 + ", §4 Prefill and decode on the roofline",
+    "docs/references.md#roofline, #scaling-book",
 )
 def _c_prefill(rng):
     n = pick(rng, [64, 100, 200])
@@ -42,7 +40,7 @@ def _c_prefill(rng):
     )
 
 
-@family("cards.kv_per_token", "inference", kind="card", section=SEC_SIZES, reference=REF_KV)
+@card_family("cards.kv_per_token", "inference", SEC_SIZES, REF_KV)
 def _c_kv_token(rng):
     kib = {m: inference.kv_bytes_per_token(m) / 1024 for m in ("llama-3-8b", "llama-2-70b", "llama-2-7b")}
     return card(
@@ -58,7 +56,7 @@ def _c_kv_token(rng):
     )
 
 
-@family("cards.kv_long_request", "inference", kind="card", section=SEC_SIZES, reference=REF_KV)
+@card_family("cards.kv_long_request", "inference", SEC_SIZES, REF_KV)
 def _c_kv_request(rng):
     tokens = pick(rng, [32768, 16384])
     b = inference.kv_cache_bytes("llama-2-70b", tokens)
@@ -76,12 +74,11 @@ def _c_kv_request(rng):
     )
 
 
-@family(
+@card_family(
     "cards.seventy_b_one_gpu",
     "inference",
-    kind="card",
-    section=SEC_SIZES,
-    reference="docs/references.md#llama2, #nvidia-datasheets",
+    SEC_SIZES,
+    "docs/references.md#llama2, #nvidia-datasheets",
 )
 def _c_70b(rng):
     w = inference.weight_bytes("llama-2-70b")
@@ -98,13 +95,12 @@ def _c_70b(rng):
     )
 
 
-@family(
+@card_family(
     "cards.speculative_tokens",
     "serving",
-    kind="card",
-    section="notebooks/16_speculative_and_structured_decoding.ipynb, "
+    "notebooks/16_speculative_and_structured_decoding.ipynb, "
     "§3 Acceptance rate, tokens per forward, speed-up and the best k",
-    reference="docs/references.md#speculative-leviathan (arXiv:2211.17192, Eq. 1)",
+    "docs/references.md#speculative-leviathan (arXiv:2211.17192, Eq. 1)",
 )
 def _c_spec(rng):
     alpha, k = pick(rng, [0.8, 0.7]), pick(rng, [5, 6])
@@ -124,12 +120,11 @@ def _c_spec(rng):
     )
 
 
-@family(
+@card_family(
     "cards.async_rlhf",
     "rl",
-    kind="card",
-    section="notebooks/19_rlhf_systems.ipynb, §3 Placement on Ray: co-located, disaggregated, one step off-policy",
-    reference="docs/references.md#openrlhf, #ray",
+    "notebooks/19_rlhf_systems.ipynb, §3 Placement on Ray: co-located, disaggregated, one step off-policy",
+    "docs/references.md#openrlhf, #ray",
 )
 def _c_async(rng):
     gen, train, sync = pick(rng, [8.0, 10.0]), pick(rng, [1.0, 2.0]), 0.5
@@ -151,12 +146,11 @@ def _c_async(rng):
     )
 
 
-@family(
+@card_family(
     "cards.rlhf_adam_states",
     "rl",
-    kind="card",
-    section="notebooks/18_rlhf.ipynb, §8 The memory of RLHF at scale",
-    reference="docs/references.md#zero (arXiv:1910.02054, §3.1), #instructgpt",
+    "notebooks/18_rlhf.ipynb, §8 The memory of RLHF at scale",
+    "docs/references.md#zero (arXiv:1910.02054, §3.1), #instructgpt",
 )
 def _c_rlhf_adam(rng):
     tp = pick(rng, [8, 4])
@@ -177,12 +171,11 @@ def _c_rlhf_adam(rng):
     )
 
 
-@family(
+@card_family(
     "cards.gae_weight",
     "rl",
-    kind="card",
-    section="notebooks/17_rl_fundamentals.ipynb, §3 Generalised advantage estimation",
-    reference="docs/references.md#gae (arXiv:1506.02438, Eq. 16)",
+    "notebooks/17_rl_fundamentals.ipynb, §3 Generalised advantage estimation",
+    "docs/references.md#gae (arXiv:1506.02438, Eq. 16)",
 )
 def _c_gae(rng):
     import torch
@@ -204,12 +197,11 @@ def _c_gae(rng):
     )
 
 
-@family(
+@card_family(
     "cards.kernel_launch",
     "kernels",
-    kind="card",
-    section="notebooks/21_inside_one_gpu.ipynb, §2 Arithmetic intensity and the roofline",
-    reference="docs/references.md#nvidia-datasheets, #pytorch-profiler",
+    "notebooks/21_inside_one_gpu.ipynb, §2 Arithmetic intensity and the roofline",
+    "docs/references.md#nvidia-datasheets, #pytorch-profiler",
 )
 def _c_launch(rng):
     from ...runtime.gpu_record import lookup
@@ -228,12 +220,11 @@ def _c_launch(rng):
     )
 
 
-@family(
+@card_family(
     "cards.fp8_kv_capacity",
     "quant",
-    kind="card",
-    section=SEC_SPEED,
-    reference="docs/references.md#kivi (arXiv:2402.02750), #fp8",
+    SEC_SPEED,
+    "docs/references.md#kivi (arXiv:2402.02750), #fp8",
 )
 def _c_fp8_kv(rng):
     from ...inference import kv_cache
@@ -255,7 +246,7 @@ def _c_fp8_kv(rng):
     )
 
 
-@family("cards.kv_requests_fit", "inference", kind="card", section=SEC_SIZES, reference=REF_KV)
+@card_family("cards.kv_requests_fit", "inference", SEC_SIZES, REF_KV)
 def _c_requests(rng):
     ctx = pick(rng, [4096, 8192, 32768])
     per_request = inference.kv_cache_bytes("llama-2-70b", ctx)
@@ -272,4 +263,64 @@ def _c_requests(rng):
         ],
         "Bytes per token × tokens per request, then divide.",
         params={"ctx": ctx},
+    )
+
+
+@card_family(
+    "cards.serving_gpus_batching",
+    "serving",
+    SEC13 + ", §4 Prefill and decode on the roofline",
+    "docs/references.md#roofline, #vllm",
+)
+def _c_serving_gpus(rng):
+    import math
+
+    from .serving import gpus_for_decode_target
+
+    model, rps = "llama-3-8b", pick(rng, [2000, 10000, 50000])
+    one = inference.decode_cost(model, "H100-SXM", 150, batch=1).time_s
+    n, batch, step = gpus_for_decode_target(model, "H100-SXM", 150, rps * 50, 50)
+    w70 = inference.weight_bytes("llama-2-70b")
+    return card(
+        rng,
+        f"Decoding {rps} requests/s of 50 new tokens each (100-token prompts) with {model} on H100s takes "
+        f"{math.ceil(rps * 50 * one)} GPUs: a GPU decodes one request at a time, {1 / one:.3g} tokens/s.",
+        f"Decoding {rps} requests/s of 50 new tokens each (100-token prompts) with {model} on H100s takes {n} "
+        f"GPUs: each decodes a batch of up to {batch} requests, every one still at 50 tokens/s or more.",
+        [
+            f"Roofline at context 150: batch 1 step {one * 1e3:.3g} ms; batch {batch} step {step * 1e3:.3g} ms, "
+            f"{batch / step:,.0f} tokens/s per GPU → ceil({rps * 50:,} / that) = {n} "
+            "(inference.decode_cost, inference.max_concurrent_sequences; decode only, prefill is extra).",
+            f"A batch-1 rate per GPU for Llama-2-70B prices hardware it does not fit: {w70 / 1e9:.4g} GB of bf16 "
+            "weights against 80 GB (inference.weight_bytes).",
+        ],
+        "A decode step reads the weights once for the whole batch.",
+        params={"preset": model, "gpu": "H100-SXM", "context": 150, "per_user": 50, "target": rps * 50},
+    )
+
+
+@card_family(
+    "cards.rollout_one_gpu",
+    "rl",
+    "notebooks/18_rlhf.ipynb, §8 The memory of RLHF at scale",
+    "docs/references.md#llama2, #gqa (arXiv:2305.13245)",
+)
+def _c_rollout_gpu(rng):
+    batch = pick(rng, [64, 512])
+    fits = {t: inference.max_concurrent_sequences("llama-2-70b", "H100-SXM", 150, tp=t) for t in (1, 2, 4, 8)}
+    tp = min(t for t, n in fits.items() if n >= batch)
+    w, kv = inference.weight_bytes("llama-2-70b"), inference.kv_cache_bytes("llama-2-70b", 150 * batch)
+    return card(
+        rng,
+        f"The rollouts of an RLHF step, {batch} responses of a 70B policy (Llama-2-70B, 100-token prompts, 50 new "
+        "tokens), can be generated and timed on one 80 GB H100.",
+        f"The rollouts of an RLHF step, {batch} responses of a 70B policy (Llama-2-70B, 100-token prompts, 50 new "
+        f"tokens), need at least {tp} H100s of 80 GB (TP {tp}) for the bf16 weights and the KV cache.",
+        [
+            f"inference.weight_bytes: {w / 1e9:.4g} GB of weights; inference.kv_cache_bytes: {kv / 1e9:.3g} GB of "
+            f"cache for {batch} × 150 tokens; inference.max_concurrent_sequences fits {batch} first at tp = {tp}.",
+            "Time the generation on the GPUs that hold it: its share of the cluster, not one device.",
+        ],
+        "Weights alone: 2 bytes per parameter.",
+        params={"batch": batch},
     )

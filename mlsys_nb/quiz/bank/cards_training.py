@@ -7,9 +7,8 @@ from __future__ import annotations
 from ... import comm, flops, hardware, memory
 from ... import pipeline as pl
 from ...config import TrainConfig
-from ..core import family
 from ._util import pick, tensor_parallel, zero
-from .cards import card
+from .cards import card, card_family
 from .comm import SEC_COST
 from .memory import SEC_MEM
 
@@ -18,7 +17,7 @@ SEC_PP = "notebooks/08_pipeline_parallelism.ipynb"
 REF_LINKS = "docs/references.md#nvidia-datasheets, #interconnects"
 
 
-@family("cards.allreduce_time", "comm", kind="card", section=SEC_COST, reference="docs/references.md#patarasuk2009")
+@card_family("cards.allreduce_time", "comm", SEC_COST, "docs/references.md#patarasuk2009")
 def _c_allreduce_time(rng):
     n = pick(rng, [4, 8])
     bw = hardware.link("nvlink4").per_direction_bytes_per_s
@@ -40,7 +39,7 @@ def _c_allreduce_time(rng):
     )
 
 
-@family("cards.nvlink_h100", "comm", kind="card", section=SEC_LINKS, reference=REF_LINKS)
+@card_family("cards.nvlink_h100", "comm", SEC_LINKS, REF_LINKS)
 def _c_nvlink(rng):
     h100 = hardware.link(hardware.gpu("H100-SXM").nvlink)
     a100 = hardware.link(hardware.gpu("A100-80GB-SXM").nvlink)
@@ -59,7 +58,7 @@ def _c_nvlink(rng):
     )
 
 
-@family("cards.infiniband_bytes", "comm", kind="card", section=SEC_LINKS, reference=REF_LINKS)
+@card_family("cards.infiniband_bytes", "comm", SEC_LINKS, REF_LINKS)
 def _c_ib(rng):
     ndr = hardware.link("infiniband-ndr")
     return card(
@@ -76,12 +75,11 @@ def _c_ib(rng):
     )
 
 
-@family(
+@card_family(
     "cards.zero2_states",
     "data_parallel",
-    kind="card",
-    section="notebooks/06_zero_and_fsdp.ipynb, §4 ZeRO-2: shard the gradients too",
-    reference="docs/references.md#zero (arXiv:1910.02054, §5)",
+    "notebooks/06_zero_and_fsdp.ipynb, §4 ZeRO-2: shard the gradients too",
+    "docs/references.md#zero (arXiv:1910.02054, §5)",
 )
 def _c_zero2(rng):
     dp = pick(rng, [8, 16])
@@ -104,12 +102,11 @@ def _c_zero2(rng):
     )
 
 
-@family(
+@card_family(
     "cards.gpipe_bubble",
     "pipeline",
-    kind="card",
-    section=SEC_PP + ", §1 Cutting a model into stages, and the bubble",
-    reference="docs/references.md#gpipe (arXiv:1811.06965), #pipedream-flush",
+    SEC_PP + ", §1 Cutting a model into stages, and the bubble",
+    "docs/references.md#gpipe (arXiv:1811.06965), #pipedream-flush",
 )
 def _c_gpipe(rng):
     p, m = pick(rng, [4, 8]), pick(rng, [8, 16])
@@ -129,12 +126,11 @@ def _c_gpipe(rng):
     )
 
 
-@family(
+@card_family(
     "cards.interleaved_memory",
     "pipeline",
-    kind="card",
-    section=SEC_PP + ", §5 Interleaving: v chunks per rank",
-    reference="docs/references.md#megatron-ptdp (arXiv:2104.04473, §2.2)",
+    SEC_PP + ", §5 Interleaving: v chunks per rank",
+    "docs/references.md#megatron-ptdp (arXiv:2104.04473, §2.2)",
 )
 def _c_interleaved(rng):
     p, v = pick(rng, [4, 8]), pick(rng, [2, 4])
@@ -155,12 +151,11 @@ def _c_interleaved(rng):
     )
 
 
-@family(
+@card_family(
     "cards.mixtral_params",
     "expert_context",
-    kind="card",
-    section="notebooks/09_experts_and_context.ipynb, §7 What EP and CP divide in memory",
-    reference="docs/references.md#mixtral (arXiv:2401.04088)",
+    "notebooks/09_experts_and_context.ipynb, §7 What EP and CP divide in memory",
+    "docs/references.md#mixtral (arXiv:2401.04088)",
 )
 def _c_mixtral(rng):
     pc = memory.param_count(memory.preset("mixtral-8x7b"))
@@ -176,12 +171,11 @@ def _c_mixtral(rng):
     )
 
 
-@family(
+@card_family(
     "cards.all_to_all_bytes",
     "expert_context",
-    kind="card",
-    section="notebooks/09_experts_and_context.ipynb, §4 EP or TP for the experts? Bytes and memory per rank",
-    reference="docs/references.md#gshard, #nccl-tests",
+    "notebooks/09_experts_and_context.ipynb, §4 EP or TP for the experts? Bytes and memory per rank",
+    "docs/references.md#gshard, #nccl-tests",
 )
 def _c_a2a(rng):
     n = pick(rng, [4, 8, 64])
@@ -199,12 +193,11 @@ def _c_a2a(rng):
     )
 
 
-@family(
+@card_family(
     "cards.recompute_cost",
     "memory",
-    kind="card",
-    section=SEC_MEM + ", §3 Recomputation: memory against extra FLOPs",
-    reference="docs/references.md#activation-checkpointing, #megatron-sp (arXiv:2205.05198, §5)",
+    SEC_MEM + ", §3 Recomputation: memory against extra FLOPs",
+    "docs/references.md#activation-checkpointing, #megatron-sp (arXiv:2205.05198, §5)",
 )
 def _c_recompute(rng):
     cfg = memory.preset(pick(rng, ["llama-2-7b", "llama-3-8b"]))
@@ -224,12 +217,11 @@ def _c_recompute(rng):
     )
 
 
-@family(
+@card_family(
     "cards.memory_per_param",
     "memory",
-    kind="card",
-    section=SEC_MEM + ", §2 Activations, measured on a real transformer",
-    reference="docs/references.md#megatron-sp (arXiv:2205.05198, §4), #zero",
+    SEC_MEM + ", §2 Activations, measured on a real transformer",
+    "docs/references.md#megatron-sp (arXiv:2205.05198, §4), #zero",
 )
 def _c_mem(rng):
     cfg = memory.preset("llama-2-7b")
@@ -248,12 +240,11 @@ def _c_mem(rng):
     )
 
 
-@family(
+@card_family(
     "cards.gpu_days",
     "compute",
-    kind="card",
-    section="notebooks/11_compute_and_scaling_laws.ipynb, §4 Training time and cost",
-    reference="docs/references.md#palm (Appendix B), #chinchilla",
+    "notebooks/11_compute_and_scaling_laws.ipynb, §4 Training time and cost",
+    "docs/references.md#palm (Appendix B), #chinchilla",
 )
 def _c_gpu_days(rng):
     n = pick(rng, [512, 1024, 2048])
@@ -272,12 +263,11 @@ def _c_gpu_days(rng):
     )
 
 
-@family(
+@card_family(
     "cards.nvswitch_nodes",
     "layout",
-    kind="card",
-    section="notebooks/07_tensor_parallelism.ipynb, §7 What TP costs at scale, and why it stays inside a node",
-    reference="docs/references.md#nvidia-datasheets, #interconnects, #megatron-ptdp",
+    "notebooks/07_tensor_parallelism.ipynb, §7 What TP costs at scale, and why it stays inside a node",
+    "docs/references.md#nvidia-datasheets, #interconnects, #megatron-ptdp",
 )
 def _c_nvswitch(rng):
     from ...planner.context import plan_context
@@ -299,12 +289,11 @@ def _c_nvswitch(rng):
     )
 
 
-@family(
+@card_family(
     "cards.gb_vs_gib",
     "memory",
-    kind="card",
-    section=SEC_MEM + ", §1 Model states: parameters, gradients, optimizer, master weights",
-    reference="docs/references.md#playbook, #playbook-memory-widget",
+    SEC_MEM + ", §1 Model states: parameters, gradients, optimizer, master weights",
+    "docs/references.md#playbook, #playbook-memory-widget",
 )
 def _c_gib(rng):
     n = pick(rng, [70e9, 8e9])
@@ -323,12 +312,11 @@ def _c_gib(rng):
     )
 
 
-@family(
+@card_family(
     "cards.zero2_traffic",
     "data_parallel",
-    kind="card",
-    section="notebooks/06_zero_and_fsdp.ipynb, §4 ZeRO-2: shard the gradients too",
-    reference="docs/references.md#zero (arXiv:1910.02054, §7.2.1)",
+    "notebooks/06_zero_and_fsdp.ipynb, §4 ZeRO-2: shard the gradients too",
+    "docs/references.md#zero (arXiv:1910.02054, §7.2.1)",
 )
 def _c_zero2_traffic(rng):
     n = pick(rng, [8, 64])
@@ -348,12 +336,11 @@ def _c_zero2_traffic(rng):
     )
 
 
-@family(
+@card_family(
     "cards.tp_allreduces",
     "tensor",
-    kind="card",
-    section="notebooks/07_tensor_parallelism.ipynb, §3 The Megatron MLP and attention",
-    reference="docs/references.md#megatron (arXiv:1909.08053, §3)",
+    "notebooks/07_tensor_parallelism.ipynb, §3 The Megatron MLP and attention",
+    "docs/references.md#megatron (arXiv:1909.08053, §3)",
 )
 def _c_tp(rng):
     tp = pick(rng, [2, 4, 8])
@@ -373,4 +360,34 @@ def _c_tp(rng):
         ],
         "Count g in forward and f in backward for attention and for the MLP.",
         params={"tp": tp},
+    )
+
+
+@card_family(
+    "cards.dp_overlap_ratio",
+    "data_parallel",
+    "notebooks/05_data_parallelism.ipynb, §4 Overlap: communicate while backward is still computing",
+    "docs/references.md#playbook, #patarasuk2009",
+)
+def _c_dp_overlap(rng):
+    dp, tokens = pick(rng, [8, 64]), pick(rng, [4096, 16384])
+    peak, bw = hardware.gpu("H100-SXM").peak("bf16"), hardware.link("infiniband-ndr").per_direction_bytes_per_s
+    ratio = {}
+    for name in ("llama-3-8b", "llama-2-70b"):
+        n = memory.param_count(memory.preset(name)).total
+        ratio[name] = comm.collective_time("all_reduce", 2 * n, dp, 0.0, bw) / (4 * n * tokens / peak)
+    r = ratio["llama-2-70b"]
+    return card(
+        rng,
+        f"DDP's gradient all-reduce time over the backward time is num_params/(2·tokens) · (DP−1)/DP · peak/β: "
+        f"with {tokens} tokens per rank and DP {dp} it grows with the parameter count.",
+        f"DDP's gradient all-reduce time over the backward time is (DP−1)/DP · B_g·peak/(2·tokens·β): with "
+        f"{tokens} tokens per rank and DP {dp}, bf16 gradients, H100 and 400 Gb/s, it is {r:.3g} for any model size.",
+        [
+            f"comm.collective_time(all_reduce of 2N bytes) ÷ backward 4·N·tokens/peak (memory.param_count): "
+            f"llama-3-8b {ratio['llama-3-8b']:.4g}, llama-2-70b {r:.4g}: N cancels.",
+            "A formula that keeps N compares one bucket's all-reduce with the whole backward.",
+        ],
+        "Both times are proportional to the parameter count.",
+        params={"dp": dp, "tokens": tokens},
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from .inference import roofline
-from .model import cfg_of
+from .model import cfg_of, model_counts
 from .registry import register_route
 from .scaling import optimum
 
@@ -112,3 +112,49 @@ def _(text):
     if "no better than random" in text:
         return worst > 0.5  # "about as much": a ratio near 1
     return worst < claimed_number(text, r"by less than (\d+)%") / 100
+
+
+@register_route("cards.optimizer_state_units")
+def _(p):
+    mb = 3 * 4 * p["h"] ** 2 / 1e6  # m, v and the master copy: three fp32 values per weight
+    return judge_card(lambda text: abs(claimed_number(text, r"= ([\d.]+) MB") - mb) < 1e-3 * mb)(p)
+
+
+@register_route("cards.zero_stage_named")
+def _(p):
+    n, dp = 70e9, p["dp"]
+    zero1, zero3 = (2 * n + 2 * n + 12 * n / dp) / 1e9, 16 * n / dp / 1e9  # bf16 params, grads; fp32 master, m, v
+
+    def judge(text):
+        named = claimed_number(text, r"models ZeRO-(\d)")
+        ok = named == 1 and abs(claimed_number(text, r"([\d.]+) GB per GPU") - zero1) < 0.01 * zero1
+        z3 = claimed_number(text, r"too: ([\d.]+) GB")
+        return ok and (z3 is None or abs(z3 - zero3) < 0.01 * zero3)
+
+    return judge_card(judge)(p)
+
+
+@register_route("cards.network_vs_nvme")
+def _(p):
+    nic = {"infiniband-ndr": 400e9, "infiniband-hdr": 200e9}[p["nic"]] / 8  # B/s per direction
+    nvme = {gen: gt * 1e9 * 4 * 128 / 130 / 8 for gen, gt in ((4, 16), (5, 32))}  # 4 lanes, 128b/130b
+
+    def judge(text):
+        if "is the slowest level" in text:
+            return nic < nvme[5]
+        pcie4 = claimed_number(text, r"\(([\d.]+) GB/s on PCIe 4.0")
+        return abs(claimed_number(text, r"moves ([\d.]+) GB/s") * 1e9 - nic) < 0.01 * nic and (
+            abs(pcie4 * 1e9 - nvme[4]) < 0.03 * nvme[4]
+        )
+
+    return judge_card(judge)(p)
+
+
+@register_route("cards.moe_tokens_rule")
+@judge_card
+def _(text):
+    m = model_counts("mixtral-8x7b")
+    active = m["total"] - m["n_moe"] * (m["cfg"].n_experts - m["cfg"].top_k) * m["expert"]
+    if "carries over to MoE" in text:
+        return m["total"] == active  # only a dense model has one parameter count
+    return abs(claimed_number(text, r"parameters, ([\d.]+)× apart") - m["total"] / active) < 0.01 * m["total"] / active

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from .cards import judge_card, claimed_number
-from .inference import roofline
+from .inference import roofline, sequences_that_fit
 from .model import cfg_of, kv_per_token, model_counts
 from .registry import register_route
 from .rl import rlhf_timeline
@@ -114,3 +114,23 @@ def _(p):
 def _(p):
     n = int(480e9 // (kv_per_token(cfg_of("llama-2-70b")) * p["ctx"]))
     return judge_card(lambda text: claimed_number(text, r"holds (\d+) requests") == n)(p)
+
+
+@register_route("cards.serving_gpus_batching")
+def _(p):
+    from .registry import ROUTES
+
+    gpus = ROUTES["serving.gpus_for_target"](p)  # the hand roofline, batch doubled while it meets 50 tokens/s
+    return judge_card(lambda text: claimed_number(text, r"takes (\d+) GPUs") == gpus)(p)
+
+
+@register_route("cards.rollout_one_gpu")
+def _(p):
+    tp = next(t for t in (1, 2, 4, 8) if sequences_that_fit("llama-2-70b", "H100-SXM", 150, t) >= p["batch"])
+
+    def judge(text):
+        if "on one 80 GB H100" in text:
+            return tp == 1
+        return claimed_number(text, r"\(TP (\d+)\)") == tp
+
+    return judge_card(judge)(p)

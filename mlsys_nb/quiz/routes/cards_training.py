@@ -4,7 +4,7 @@ worked out here from the papers' and datasheets' own figures, or read off the re
 from __future__ import annotations
 
 from .cards import judge_card, claimed_number
-from .model import cfg_of, model_counts
+from .model import cfg_of, model_counts, peak_bf16
 from .registry import register_route
 
 NVLINK4 = 18 * 25e9  # B/s per direction: 18 links × 25 GB/s (H100 datasheet: 900 GB/s both ways)
@@ -116,3 +116,17 @@ def _(p):
 def _(text):
     per_layer = 2 * 2  # attention and MLP: g (all-reduce) in forward, f's conjugate in backward
     return ("one all-reduce per MLP per training step" in text) == (per_layer == 1)
+
+
+@register_route("cards.dp_overlap_ratio")
+def _(p):
+    dp, tokens = p["dp"], p["tokens"]
+    # all-reduce 2(DP−1)/DP · 2N bytes over β; backward 4·N·tokens FLOPs over peak: N cancels (Playbook A3)
+    ratio = (dp - 1) / dp * 2 * peak_bf16("H100-SXM") / (2 * tokens * NDR)
+
+    def judge(text):
+        if "grows with the parameter count" in text:
+            return False  # no N left in the ratio
+        return abs(claimed_number(text, r"it is ([\d.]+) for any model size") - ratio) < 0.01 * ratio
+
+    return judge_card(judge)(p)
