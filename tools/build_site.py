@@ -122,7 +122,7 @@ def machine_line(m: dict, seconds: float | None = None, what: str = "Executed", 
     return (
         f'<p class="site-machine">{what}{ran} on {html.escape(m["date (UTC)"])} UTC on {html.escape(m["cpu"])}, '
         f"{m['nproc']} cores, {html.escape(m['os'])}, torch {html.escape(m['torch'])}, Python {m['python']} "
-        f"(load average {m['load average (1 min)']} when the build started). Every time, rate and bandwidth on "
+        f"(load average {m['load average (1 min)']} as it started). Every time, rate and bandwidth on "
         f"{where} was measured on <b>this machine</b>; yours will differ. Formulas and published values do not.</p>"
     )
 
@@ -185,20 +185,23 @@ def execute(path: Path, out_dir: Path):
         nbrun.NOTEBOOKS, nbrun.ARTIFACTS = saved
 
 
-def notebook_page(nb, header: str) -> str:
-    """An executed notebook as one HTML page (nbconvert, JupyterLab's template, figures embedded)."""
+def notebook_page(nb, title: str, header: str) -> str:
+    """An executed notebook as one HTML page (nbconvert, JupyterLab's template, figures embedded). MathJax comes
+    from its CDN as in nbconvert's pages: offline, formulas show as their TeX source."""
     import jinja2
     from nbconvert import HTMLExporter
 
     exporter = HTMLExporter(
         template_name="lab", template_file="site.html.j2", extra_loaders=[jinja2.DictLoader({"site.html.j2": TEMPLATE})]
     )
-    body, _ = exporter.from_notebook_node(nb, resources={"site_header": header, "site_css": CSS})
+    resources = {"metadata": {"name": title}, "site_header": header, "site_css": CSS}
+    body, _ = exporter.from_notebook_node(nb, resources=resources)
     return body
 
 
-def build_notebook(path: Path, site: Path, pages: list[Page], i: int, m: dict) -> None:
-    page, start = pages[i], time.monotonic()
+def build_notebook(path: Path, site: Path, pages: list[Page], i: int) -> None:
+    """Execute ``pages[i]``'s notebook and write its page (its error shown in place if a cell failed)."""
+    page, start, m = pages[i], time.monotonic(), machine()  # the date and load as this notebook starts
     print(f"site: executing {path.name}", flush=True)
     nb, page.error = execute(path, site / "_executed")
     page.seconds = time.monotonic() - start
@@ -208,7 +211,7 @@ def build_notebook(path: Path, site: Path, pages: list[Page], i: int, m: dict) -
         body = f'<h1>{html.escape(page.title)}</h1><div class="output_error"><pre>{html.escape(page.error)}</pre></div>'
         text = SHELL.format(title=html.escape(page.title), css=CSS, header=header, body=body)
     else:
-        text = notebook_page(nb, header)
+        text = notebook_page(nb, page.title, header)
     stems = {p.stem for p in pages}
     (site / f"{page.stem}.html").write_text(rewrite_links(text, path.parent, site, stems))
     print(f"site: {path.name}: {page.status} in {page.seconds:.0f} s {page.error[:300]}", flush=True)
@@ -226,6 +229,7 @@ def write_stub(site: Path, pages: list[Page], i: int) -> None:
 
 
 # ---- the dashboard ---------------------------------------------------------------------------------------------
+NO_CHROMIUM = "Chromium is not installed (apt-get install chromium, or set MLSYS_NB_CHROMIUM)"
 SHOT_VIEWPORT = {"width": 1280, "height": 2400}
 # the tab just opened shows its panel, with its figure (the Practice tab's stays hidden until an answer)
 PANEL_SHOWN = """() => [...document.querySelectorAll('[class*="mlsys-panel-"]')]
@@ -238,7 +242,7 @@ def dashboard_screenshots(out_dir: Path) -> tuple[list[tuple[str, str]], str]:
     from browser import browser_page, chromium_available, open_tab, voila_server
 
     if not chromium_available():
-        return [], "Chromium is not installed (apt-get install chromium, or set MLSYS_NB_CHROMIUM)"
+        return [], NO_CHROMIUM
     out_dir.mkdir(parents=True, exist_ok=True)
     shots = []
     try:
@@ -260,7 +264,8 @@ def dashboard_screenshots(out_dir: Path) -> tuple[list[tuple[str, str]], str]:
 
 def write_dashboard(site: Path, pages: list[Page], i: int, m: dict, shots, reason: str) -> None:
     page = pages[i]
-    page.status = "screenshots" if shots and not reason else "no screenshots"
+    """The dashboard's page: its tabs as screenshots, or why there are none (no Chromium: said, not a failure)."""
+    page.status = "screenshots" if not reason else "no screenshots" if reason == NO_CHROMIUM else "failed"
     page.error = reason
     live = (
         "<p>A static page cannot run the dashboard's controls. Run it live: <code>make dashboard</code>, then open "
@@ -271,7 +276,11 @@ def write_dashboard(site: Path, pages: list[Page], i: int, m: dict, shots, reaso
     tabs = "".join(
         f'<h2>{html.escape(t)}</h2><img class="site-shot" src="dashboard/{n}" alt="{html.escape(t)}">' for t, n in shots
     )
-    header = f'<div class="site-header">{nav(pages, i)}{machine_line(m)}</div>'
+    captured = (
+        f'<p class="site-machine">Captured on {html.escape(m["date (UTC)"])} UTC. The dashboard shows the kit\'s '
+        "models and published values: nothing on it is measured.</p>"
+    )
+    header = f'<div class="site-header">{nav(pages, i)}{captured}</div>'
     body = f"<h1>{html.escape(page.title)}</h1><p>{markdown(page.able)}</p>{live}{missing}{tabs}"
     write(site / f"{page.stem}.html", page.title, header, rewrite_links(body, README.parent, site, set()))
 
@@ -283,7 +292,7 @@ def status_cell(page: Page) -> str:
     if page.status == "failed":
         return f'<span class="site-failed">failed: {html.escape(page.error[:200])}</span>'
     if page.status in ("screenshots", "no screenshots"):
-        return page.status if not page.error else f"no screenshots: {html.escape(page.error[:200])}"
+        return page.status if not page.error else f"no screenshots: {html.escape(page.error)}"
     return NOT_EXECUTED
 
 
@@ -334,7 +343,7 @@ def build(
         elif path.stem == DASHBOARD:
             write_dashboard(site, pages, i, m, *dashboard_screenshots(site / "dashboard"))
         else:
-            build_notebook(path, site, pages, i, m)
+            build_notebook(path, site, pages, i)
     write_index(site, pages, m, readme, time.monotonic() - start)
     return pages
 
