@@ -90,3 +90,18 @@ def test_bad_input_names_the_parameter(ti):
         ti.int8_weight_only_matmul(torch.randn(2, 31), w)
     with pytest.raises(ArgumentError, match="square"):
         ti.int8_weight_only_matmul(x, w, mistake="scales_per_input")
+
+
+@pytest.mark.parametrize("name", ["triton_int8", "triton_fused"])
+def test_without_triton_the_import_error_names_the_extra(monkeypatch, name):
+    """Triton is an optional extra (``mlsys_nb.kernels`` itself never imports it): without it, the module says how
+    to install it."""
+    import importlib
+    import sys
+
+    monkeypatch.setitem(sys.modules, "triton", None)  # what an install without the extra looks like
+    monkeypatch.setitem(sys.modules, "triton.language", None)
+    for mod in ("triton_kernels", name):
+        monkeypatch.delitem(sys.modules, f"mlsys_nb.kernels.{mod}", raising=False)
+    with pytest.raises(ImportError, match=r"pip install -e \.\[kernels\]"):
+        importlib.import_module(f"mlsys_nb.kernels.{name}")
