@@ -60,13 +60,12 @@ def _int8_wo_kernel(
         rk = k0 + tl.arange(0, BK)
         x = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
         q = tl.load(q_ptr + rn[:, None] * K + rk[None, :], mask=(rn[:, None] < N) & (rk[None, :] < K), other=0)
-        w = q.to(tl.float32)  # [BN, BK], dequantized in registers (the scale comes after the sum)
         if MISTAKE == 1:  # the error: the scales multiply the input channels
-            w = w * tl.load(s_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)[None, :]
-        if FP32_DOT:
-            acc += tl.dot(x.to(tl.float32), tl.trans(w), input_precision="ieee")
-        else:  # bf16/fp16 tensor cores, fp32 accumulation
-            acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+            q = q.to(tl.float32) * tl.load(s_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)[None, :]
+        if FP32_DOT:  # fp32 activations, or the interpreter (which cannot multiply bf16)
+            acc += tl.dot(x.to(tl.float32), tl.trans(q.to(tl.float32)), input_precision="ieee")
+        else:  # the tile converted to bf16/fp16 in registers (exact), tensor cores, fp32 accumulation
+            acc += tl.dot(x, tl.trans(q.to(x.dtype)))
     if MISTAKE == 0:
         acc = acc * tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     out_mask = (rm[:, None] < M) & (rn[None, :] < N)
