@@ -183,7 +183,8 @@ def family(
     reference: str = "",
     kind: str = "number",
 ):
-    """Register ``fn(rng) -> dict`` as question family ``name``. The dict holds Question fields
+    """Register ``fn(rng) -> dict`` as question family ``name`` (a decorator, ``@family(...)``; the bank's
+    ``numeric_family``/``ratio_family`` take it as their first argument). The dict holds Question fields
     (text, params, answer, unit, solution, hints, optional choices/tolerance/diagnostics). The topic is
     the name of the module that defines ``fn`` (``quiz/bank/<topic>.py``) unless ``topic`` names one."""
     if topic is not None:
@@ -197,6 +198,7 @@ def family(
         REGISTRY[name] = Family(name, t, fn, difficulty, section, reference, kind)
         return fn
 
+    deco.name = name  # read by the bank's builders: numeric_family(family(name, ...), draw=..., ...)
     return deco
 
 

@@ -74,13 +74,19 @@ def _setting(s, p) -> dict:
     return s(p) if callable(s) else s
 
 
-def _declare(name: str, topic: str | None, make, registration: dict, builder: str):
-    """Register ``make`` as family ``name``, naming the module that called the builder as its own (as
-    ``collections.namedtuple`` does), so a family belongs to the topic module that declares it; its topic
-    is that module's name unless ``topic`` says otherwise."""
+def _declare(name, topic: str | None, make, registration: dict, builder: str):
+    """Register ``make`` under ``name``: the family's registration ``family("topic.x", difficulty=...,
+    section=..., reference=...)`` (the bank's form, as on a ``@family`` function), or its name as a string
+    (then ``topic`` and ``registration`` go to ``core.family``). The module that called the builder is
+    named as ``make``'s own (as ``collections.namedtuple`` does), so a family belongs to the topic module
+    that declares it and takes that module's name as its topic."""
+    if isinstance(name, str):
+        name = family(name, topic, **registration)
+    elif topic is not None or registration:
+        raise TypeError(f"{builder}: give the options of {name.name!r} inside its family(...) registration")
     make.__module__ = sys._getframe(2).f_globals["__name__"]
-    make.__qualname__ = make.__name__ = f"{builder}({name!r})"
-    return family(name, topic, **registration)(make)
+    make.__qualname__ = make.__name__ = f"{builder}({name.name!r})"
+    return name(make)
 
 
 def _worded(words, *args, names: dict):
@@ -93,7 +99,7 @@ def _worded(words, *args, names: dict):
 
 
 def numeric_family(
-    name: str,
+    name,
     topic: str | None = None,
     *,
     draw,
@@ -119,9 +125,12 @@ def numeric_family(
     instead be a function (``text(p)``, ``hints(p)``, ``solution(p, result)``). ``unit`` is a value or a
     function of ``p``; ``diagnostics`` a list of (factor, hint) or ``fn(p, result)`` returning one;
     ``tolerance`` is relative (None: the default 2 %); ``params`` names the keys of ``p`` the question
-    keeps (None: all of them; a draw may hold an input the question does not show); ``registration``
-    goes to ``core.family`` (difficulty, section, reference). The topic is the name of the bank module
-    that declares the family unless ``topic`` names one."""
+    keeps (None: all of them; a draw may hold an input the question does not show).
+
+    ``name`` is the family's registration, ``family("topic.x", difficulty=..., section=..., reference=...)``
+    (``core.family``, as on a function family); its topic is the name of the bank module that declares it.
+    A plain name also works: then ``topic`` and ``registration`` (difficulty, section, reference) go to
+    ``core.family``."""
 
     def make(rng):
         p = draw(rng)
@@ -144,7 +153,7 @@ def numeric_family(
 
 
 def ratio_family(
-    name: str,
+    name,
     topic: str | None = None,
     *,
     draw,
@@ -167,8 +176,8 @@ def ratio_family(
     in from the params, ``over``, ``under`` and ``ratio`` (the two results and their ratio) and
     ``fields(p, over, under, ratio)``; ``text`` may instead be ``text(p)`` and ``solution``
     ``solution(p, over, under, ratio)``. ``diagnostics`` is a list of (factor, hint) or
-    ``fn(p, over, under, ratio)`` returning one; ``registration`` goes to ``core.family`` (difficulty,
-    section, reference, kind). The topic is the declaring module's name, as for ``numeric_family``."""
+    ``fn(p, over, under, ratio)`` returning one. ``name`` is the family's registration
+    ``family("topic.x", ...)`` or a plain name, as for ``numeric_family``."""
 
     def make(rng):
         p = draw(rng)

@@ -17,6 +17,7 @@ from ...checkpoint import (
     offload_bytes_per_step,
     optimal_interval,
 )
+from ..core import family
 from ._util import numeric_family, pick, picks
 
 NB = "notebooks/24_checkpoints_and_failures.ipynb"
@@ -38,9 +39,7 @@ def _saved_bytes_per_param() -> float:
 
 
 numeric_family(
-    "checkpoint.write_time",
-    section=SEC_SHARDED,
-    reference=REF_ZERO,
+    family("checkpoint.write_time", section=SEC_SHARDED, reference=REF_ZERO),
     draw=lambda rng: picks(rng, n=[7e9, 13e9, 70e9, 405e9], bw=[10e9, 50e9, 200e9]),
     calc=lambda p: p["n"] * _saved_bytes_per_param() / p["bw"],
     unit="seconds",
@@ -70,9 +69,7 @@ def _stall_case(rng) -> dict:
 
 
 numeric_family(
-    "checkpoint.optimal_interval",
-    section=SEC_INTERVAL,
-    reference=REF_YOUNG,
+    family("checkpoint.optimal_interval", section=SEC_INTERVAL, reference=REF_YOUNG),
     draw=_stall_case,
     calc=lambda p: optimal_interval(p["c"], p["m"]),
     unit="seconds",
@@ -94,10 +91,7 @@ def _failure_case(rng) -> dict:
 
 
 numeric_family(
-    "checkpoint.lost_fraction",
-    difficulty=2,
-    section=SEC_INTERVAL,
-    reference=REF_YOUNG,
+    family("checkpoint.lost_fraction", difficulty=2, section=SEC_INTERVAL, reference=REF_YOUNG),
     draw=_failure_case,
     calc=lambda p: expected_lost_fraction(p["t"], p["c"], p["m"], p["r"]),
     unit="fraction",
@@ -118,9 +112,7 @@ numeric_family(
 )
 
 numeric_family(
-    "checkpoint.job_mtbf",
-    section=SEC_FAILURE,
-    reference=REF_LLAMA3,
+    family("checkpoint.job_mtbf", section=SEC_FAILURE, reference=REF_LLAMA3),
     draw=lambda rng: picks(rng, years=[3.0, 5.0, 10.0], n=[1024, 4096, 16384, 100000]),
     calc=lambda p: job_mtbf(p["years"] * 365 * 86400, p["n"]),
     unit="seconds",
@@ -141,10 +133,7 @@ def _restart_case(rng) -> dict:
 
 
 numeric_family(
-    "checkpoint.restart_cost",
-    difficulty=2,
-    section=SEC_FAILURE,
-    reference=REF_LLAMA3,
+    family("checkpoint.restart_cost", difficulty=2, section=SEC_FAILURE, reference=REF_LLAMA3),
     draw=_restart_case,
     calc=lambda p: lost_gpu_hours_per_day(p["n"], p["m"], p["t"], p["r"]),
     unit="GPU-hours",
@@ -172,9 +161,7 @@ numeric_family(
 )
 
 numeric_family(
-    "checkpoint.offload_traffic",
-    section=SEC_OFFLOAD,
-    reference=REF_OFFLOAD,
+    family("checkpoint.offload_traffic", section=SEC_OFFLOAD, reference=REF_OFFLOAD),
     draw=lambda rng: picks(rng, n=[1.3e9, 7e9, 13e9, 30e9]),
     calc=lambda p: offload_bytes_per_step(int(p["n"]))["total"],
     unit="bytes",
@@ -195,10 +182,7 @@ def _pcie_case(rng) -> dict:
 
 
 numeric_family(
-    "checkpoint.offload_break_even",
-    difficulty=3,
-    section=SEC_OFFLOAD,
-    reference=REF_OFFLOAD,
+    family("checkpoint.offload_break_even", difficulty=3, section=SEC_OFFLOAD, reference=REF_OFFLOAD),
     draw=_pcie_case,
     calc=lambda p: offload_break_even_tokens(p["gpu"], p["link"], p["mfu"]),
     unit="tokens",

@@ -13,6 +13,10 @@ from ._util import MB, gbps, numeric_family, pick, us
 
 REF_COMM = "docs/references.md#thakur2005 (Thakur, Rabenseifner & Gropp 2005), #patarasuk2009, #nccl-tests"
 SEC_COST = "notebooks/04_communication_cost.ipynb, §1 The α-β model"
+SEC_BYTES = "notebooks/03_collectives.ipynb, §4 Count the bytes, compare with the closed forms"
+SEC_SEMANTICS = "notebooks/03_collectives.ipynb, §1 Semantics: who holds what, before and after"
+SEC_BUSBW = "notebooks/04_communication_cost.ipynb, §2 algbw and busbw, as nccl-tests defines them"
+REF_NCCL_TESTS = "docs/references.md#nccl-tests"
 
 
 def draw_link(rng):
@@ -121,9 +125,7 @@ def _bytes_case(ns, mbs):
 
 
 numeric_family(
-    "comm.ring_allreduce_bytes_sent",
-    section="notebooks/03_collectives.ipynb, §4 Count the bytes, compare with the closed forms",
-    reference=REF_COMM,
+    family("comm.ring_allreduce_bytes_sent", section=SEC_BYTES, reference=REF_COMM),
     draw=_bytes_case([2, 3, 4, 8, 16, 64, 256], [100, 400, 1000, 4000]),
     calc=lambda p: comm.bytes_sent_per_rank("all_reduce", p["bytes"], p["n"], "ring"),
     params=("bytes", "n"),
@@ -141,10 +143,9 @@ numeric_family(
     ],
 )
 
+
 numeric_family(
-    "comm.allgather_bytes_sent",
-    section="notebooks/03_collectives.ipynb, §1 Semantics: who holds what, before and after",
-    reference=REF_COMM,
+    family("comm.allgather_bytes_sent", section=SEC_SEMANTICS, reference=REF_COMM),
     draw=_bytes_case([2, 4, 8, 16, 32], [64, 256, 1024]),
     calc=lambda p: comm.bytes_sent_per_rank("all_gather", p["bytes"], p["n"], "ring"),
     params=("bytes", "n"),
@@ -158,10 +159,9 @@ numeric_family(
     ],
 )
 
+
 numeric_family(
-    "comm.busbw",
-    section="notebooks/04_communication_cost.ipynb, §2 algbw and busbw, as nccl-tests defines them",
-    reference="docs/references.md#nccl-tests",
+    family("comm.busbw", section=SEC_BUSBW, reference=REF_NCCL_TESTS),
     draw=lambda rng: {
         "op": pick(rng, ["all_reduce", "all_gather", "reduce_scatter"]),
         "n": pick(rng, [2, 4, 8, 16]),
@@ -196,10 +196,7 @@ def _link_case(rng) -> dict:
 
 
 numeric_family(
-    "comm.ring_tree_crossover",
-    difficulty=3,
-    section=SEC_COST,
-    reference=REF_COMM,
+    family("comm.ring_tree_crossover", difficulty=3, section=SEC_COST, reference=REF_COMM),
     draw=_link_case,
     calc=lambda p: comm.crossover_bytes(p["n"], p["alpha"], p["beta"]),
     unit="bytes",

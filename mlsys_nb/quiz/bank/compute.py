@@ -8,12 +8,15 @@ Answer keys: ``mlsys_nb.flops`` (``training_flops``, ``training_time``, ``mfu``,
 from __future__ import annotations
 
 from ... import flops, hardware, memory
+from ..core import family
 from ._util import numeric_family, pick, picks
 
 REF_FLOPS = "docs/references.md#kaplan (Kaplan et al. 2020, arXiv:2001.08361, §2.1), #palm (MFU, Appendix B)"
 SEC_FLOPS = "notebooks/11_compute_and_scaling_laws.ipynb"
 SEC_TIME = SEC_FLOPS + ", §4 Training time and cost"
 SEC_MFU = SEC_FLOPS + ", §3 MFU: how much of the peak a training step uses"
+SEC_PER_TOKEN = SEC_FLOPS + ", §1 FLOPs per token from first principles"
+SEC_COUNTER = SEC_FLOPS + ", §2 Counting FLOPs with FlopCounterMode"
 BF16_GPUS = [n for n, g in sorted(hardware.gpus().items()) if "bf16" in g.peak_flops]
 RUN = ("n_params", "tokens", "gpu", "n_gpus", "mfu")
 
@@ -37,7 +40,7 @@ def _peak(p) -> float:
 
 def _training_time_family(name: str, key, **words):
     """A question on ``flops.training_time`` of a drawn run; ``key`` reads the answer off its estimate."""
-    numeric_family(name, section=SEC_TIME, reference=REF_FLOPS, draw=_run, calc=_time, key=key, **words)
+    numeric_family(family(name, section=SEC_TIME, reference=REF_FLOPS), draw=_run, calc=_time, key=key, **words)
 
 
 _training_time_family(
@@ -63,10 +66,9 @@ _training_time_family(
     ],
 )
 
+
 numeric_family(
-    "flops.training_flops",
-    section=SEC_FLOPS + ", §1 FLOPs per token from first principles",
-    reference=REF_FLOPS,
+    family("flops.training_flops", section=SEC_PER_TOKEN, reference=REF_FLOPS),
     draw=_run,
     calc=lambda p: flops.training_flops(p["n_params"], p["tokens"]),
     params=RUN[:2],
@@ -92,9 +94,7 @@ _training_time_family(
 )
 
 numeric_family(
-    "flops.cost_usd",
-    section=SEC_TIME,
-    reference=REF_FLOPS,
+    family("flops.cost_usd", section=SEC_TIME, reference=REF_FLOPS),
     draw=lambda rng: {**_run(rng), "price": pick(rng, [1.5, 2.0, 2.5, 3.0, 4.0])},
     calc=lambda p: _time(p, price_per_gpu_hour=p["price"]),
     key=lambda est: est.cost_usd,
@@ -117,9 +117,7 @@ def _mfu_case(rng) -> dict:
 
 
 numeric_family(
-    "flops.mfu",
-    section=SEC_MFU,
-    reference=REF_FLOPS,
+    family("flops.mfu", section=SEC_MFU, reference=REF_FLOPS),
     draw=_mfu_case,
     calc=lambda p: flops.mfu(p["n_params"], p["tokens_per_s"], gpu=p["gpu"], n_gpus=p["n_gpus"]),
     unit="fraction",
@@ -148,10 +146,7 @@ def _report_case(rng) -> dict:
 
 
 numeric_family(
-    "flops.implied_mfu",
-    difficulty=2,
-    section=SEC_MFU,
-    reference=REF_FLOPS,
+    family("flops.implied_mfu", difficulty=2, section=SEC_MFU, reference=REF_FLOPS),
     draw=_report_case,
     calc=lambda p: flops.implied_mfu(p["n_params"], p["tokens"], p["gpu_hours"], gpu=p["gpu"]),
     unit="fraction",
@@ -164,11 +159,9 @@ numeric_family(
     solution=["6ND = {c:.4g}; GPU-seconds × peak = {gpu_flop:.4g}.", "MFU = {result:.4g} (flops.implied_mfu)."],
 )
 
+
 numeric_family(
-    "flops.flops_per_token",
-    difficulty=2,
-    section=SEC_FLOPS + ", §2 Counting FLOPs with FlopCounterMode",
-    reference=REF_FLOPS,
+    family("flops.flops_per_token", difficulty=2, section=SEC_COUNTER, reference=REF_FLOPS),
     draw=lambda rng: picks(
         rng, model=["gpt-2-small", "llama-2-7b", "llama-3-8b", "llama-3.2-1b"], seq_len=[1024, 2048, 4096, 8192]
     ),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ... import comm
 from ...parallel import data as pdata
+from ..core import family
 from ._util import MB, gbps, numeric_family, pick, picks, ratio_family, us, zero
 from .comm import REF_COMM, draw_link
 
@@ -16,6 +17,7 @@ from .comm import REF_COMM, draw_link
 REF_ZERO = "docs/references.md#zero (Rajbhandari et al. 2020, arXiv:1910.02054, §7), #pytorch-ddp"
 SEC_ZERO = "notebooks/06_zero_and_fsdp.ipynb, §5 ZeRO-3 (FSDP): shard the parameters too"
 SEC_DDP = "notebooks/05_data_parallelism.ipynb, §2 Naive DDP: one all-reduce per parameter"
+SEC_BUCKETS = "notebooks/05_data_parallelism.ipynb, §3 Bucketing: fewer, larger messages"
 
 
 def _one_phase(p) -> float:
@@ -31,9 +33,7 @@ def _zero3_diagnostic(p, b) -> tuple[float, str]:
 
 
 numeric_family(
-    "data_parallel.ddp_bytes_per_step",
-    section=SEC_DDP,
-    reference=REF_ZERO,
+    family("data_parallel.ddp_bytes_per_step", section=SEC_DDP, reference=REF_ZERO),
     draw=lambda rng: picks(rng, n_params=[125e6, 350e6, 1.3e9, 7e9], n=[2, 4, 8, 16, 64]),
     calc=lambda p: zero.zero_bytes_per_step(p["n_params"], p["n"], 0),
     unit="bytes",
@@ -54,10 +54,7 @@ numeric_family(
 )
 
 numeric_family(
-    "data_parallel.zero_bytes_per_step",
-    difficulty=2,
-    section=SEC_ZERO,
-    reference=REF_ZERO,
+    family("data_parallel.zero_bytes_per_step", difficulty=2, section=SEC_ZERO, reference=REF_ZERO),
     draw=lambda rng: picks(rng, n_params=[1.3e9, 7e9, 13e9, 70e9], n=[8, 16, 64, 256], zero=[1, 2, 3]),
     calc=lambda p: zero.zero_bytes_per_step(p["n_params"], p["n"], p["zero"]),
     unit="bytes",
@@ -79,9 +76,7 @@ numeric_family(
 
 
 ratio_family(
-    "data_parallel.zero3_vs_ddp_traffic",
-    section=SEC_ZERO,
-    reference=REF_ZERO,
+    family("data_parallel.zero3_vs_ddp_traffic", section=SEC_ZERO, reference=REF_ZERO),
     draw=lambda rng: picks(rng, n=[4, 8, 16, 64, 512], n_params=[1e9, 7e9, 70e9]),
     calc=lambda p, stage: zero.zero_bytes_per_step(p["n_params"], p["n"], stage),
     over=dict(stage=3),
@@ -103,9 +98,7 @@ def _ddp_link_case(rng) -> dict:
 
 
 numeric_family(
-    "data_parallel.grad_allreduce_time",
-    section=SEC_DDP,
-    reference=REF_ZERO + ", " + REF_COMM,
+    family("data_parallel.grad_allreduce_time", section=SEC_DDP, reference=REF_ZERO + ", " + REF_COMM),
     draw=_ddp_link_case,
     calc=lambda p: comm.collective_time("all_reduce", 2 * p["n_params"], p["n"], p["alpha"], p["beta"], "ring"),
     unit="seconds",
@@ -145,10 +138,7 @@ def _n_buckets(p) -> int:
 
 
 ratio_family(
-    "data_parallel.bucketing_speedup",
-    difficulty=2,
-    section="notebooks/05_data_parallelism.ipynb, §3 Bucketing: fewer, larger messages",
-    reference=REF_ZERO,
+    family("data_parallel.bucketing_speedup", difficulty=2, section=SEC_BUCKETS, reference=REF_ZERO),
     draw=_bucket_case,
     calc=_all_reduce_in_pieces,
     over=lambda p: dict(pieces=p["tensors"]),
@@ -195,9 +185,7 @@ def _drop_words(p) -> str:
 
 
 numeric_family(
-    "data_parallel.samples_per_rank",
-    section=SEC_SAMPLER,
-    reference=REF_SAMPLER,
+    family("data_parallel.samples_per_rank", section=SEC_SAMPLER, reference=REF_SAMPLER),
     draw=lambda rng: picks(rng, n=DATASETS, world=[6, 8, 16, 24, 64], drop_last=[False, True]),
     calc=lambda p: pdata.samples_per_rank(p["n"], p["world"], p["drop_last"]),
     unit="count",
@@ -212,9 +200,7 @@ numeric_family(
 )
 
 numeric_family(
-    "data_parallel.sampler_padding",
-    section=SEC_SAMPLER,
-    reference=REF_SAMPLER,
+    family("data_parallel.sampler_padding", section=SEC_SAMPLER, reference=REF_SAMPLER),
     draw=lambda rng: picks(rng, n=DATASETS, world=[6, 8, 16, 24, 64], drop_last=[False, True]),
     calc=lambda p: abs(p["world"] * pdata.samples_per_rank(p["n"], p["world"], p["drop_last"]) - p["n"]),
     unit="count",
@@ -243,9 +229,7 @@ def _recipe_case(rng) -> dict:
 
 
 numeric_family(
-    "data_parallel.accumulation_steps",
-    section=SEC_RECIPE,
-    reference=REF_RECIPE,
+    family("data_parallel.accumulation_steps", section=SEC_RECIPE, reference=REF_RECIPE),
     draw=_recipe_case,
     calc=lambda p: pdata.decompose_batch(p["tokens"] // p["seq_len"], p["dp"], p["micro_batch"], p["seq_len"]),
     key=lambda recipe: recipe.accumulation,
@@ -267,9 +251,7 @@ numeric_family(
 )
 
 numeric_family(
-    "data_parallel.tokens_per_step",
-    section=SEC_RECIPE,
-    reference=REF_RECIPE,
+    family("data_parallel.tokens_per_step", section=SEC_RECIPE, reference=REF_RECIPE),
     draw=_recipe_case,
     calc=lambda p: pdata.BatchRecipe(p["dp"], p["accumulation"], p["micro_batch"], p["seq_len"]),
     key=lambda recipe: recipe.tokens,
@@ -295,10 +277,7 @@ def _critical_case(rng) -> dict:
 
 
 numeric_family(
-    "data_parallel.critical_batch_cost",
-    difficulty=2,
-    section=SEC_RECIPE,
-    reference=REF_CRITICAL,
+    family("data_parallel.critical_batch_cost", difficulty=2, section=SEC_RECIPE, reference=REF_CRITICAL),
     draw=_critical_case,
     calc=lambda p: pdata.critical_batch_tradeoff(p["batch"], p["noise_scale"])[p["ask"] == "tokens"],
     params=("batch", "noise_scale", "ask"),

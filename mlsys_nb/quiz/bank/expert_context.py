@@ -18,13 +18,11 @@ SEC_EC = "notebooks/09_experts_and_context.ipynb"
 SEC_RING = SEC_EC + ", §6 Ring attention and zig-zag chunks on real ranks"
 SEC_EP_OR_TP = SEC_EC + ", §4 EP or TP for the experts? Bytes and memory per rank"
 REF_MOE = "docs/references.md#mixtral (Jiang et al. 2024, arXiv:2401.04088), #switch"
+SEC_EP = SEC_EC + ", §3 Expert parallelism: two all-to-alls on real ranks"
 
 
 numeric_family(
-    "expert_context.ep_bytes_per_layer",
-    difficulty=2,
-    section=SEC_EC + ", §3 Expert parallelism: two all-to-alls on real ranks",
-    reference=REF_EP,
+    family("expert_context.ep_bytes_per_layer", difficulty=2, section=SEC_EP, reference=REF_EP),
     draw=lambda rng: picks(
         rng, tokens=[2048, 4096, 8192, 16384], hidden=[2048, 4096, 7168], top_k=[1, 2, 8], ep=[4, 8, 16, 64]
     ),
@@ -56,10 +54,7 @@ def _moe_case(rng) -> dict:
 
 
 numeric_family(
-    "expert_context.ep_vs_tp_moe",
-    difficulty=3,
-    section=SEC_EC + ", §4 EP or TP for the experts? Bytes and memory per rank",
-    reference=REF_EP,
+    family("expert_context.ep_vs_tp_moe", difficulty=3, section=SEC_EP_OR_TP, reference=REF_EP),
     draw=_moe_case,
     calc=lambda p: (
         expert_parallel.ep_bytes_per_layer(p["tokens"], p["hidden"], p["top_k"], p["n"])["step"]
@@ -88,10 +83,7 @@ def _ring_bytes(p) -> dict:
 
 
 numeric_family(
-    "expert_context.cp_ring_bytes",
-    difficulty=2,
-    section=SEC_RING,
-    reference=REF_CP,
+    family("expert_context.cp_ring_bytes", difficulty=2, section=SEC_RING, reference=REF_CP),
     draw=_ring_case,
     calc=lambda p: _ring_bytes(p)[p["pass"]],
     unit="bytes",
@@ -109,10 +101,7 @@ numeric_family(
 )
 
 numeric_family(
-    "expert_context.cp_causal_imbalance",
-    difficulty=2,
-    section=SEC_RING,
-    reference=REF_CP,
+    family("expert_context.cp_causal_imbalance", difficulty=2, section=SEC_RING, reference=REF_CP),
     draw=lambda rng: (lambda cp: {"cp": cp, "seq_len": 64 * cp * 2})(pick(rng, [2, 4, 8, 16])),
     calc=lambda p: context_parallel.causal_work(p["seq_len"], p["cp"], "contiguous"),
     key=lambda work: max(work) / min(work),
@@ -143,10 +132,7 @@ def _dispatch_bytes(p) -> int:
 
 
 numeric_family(
-    "expert_context.ep_all_to_all_time",
-    difficulty=2,
-    section=SEC_EC + ", §3 Expert parallelism: two all-to-alls on real ranks",
-    reference=REF_EP + ", " + REF_COMM,
+    family("expert_context.ep_all_to_all_time", difficulty=2, section=SEC_EP, reference=REF_EP + ", " + REF_COMM),
     draw=_a2a_case,
     calc=lambda p: comm.collective_time("all_to_all", _dispatch_bytes(p), p["ep"], p["alpha"], p["beta"], "pairwise"),
     unit="seconds",

@@ -48,9 +48,7 @@ def _kv_diagnostics(p, b) -> list:
 
 
 numeric_family(
-    "inference.kv_cache_bytes",
-    section=SEC_KV,
-    reference=REF_KV,
+    family("inference.kv_cache_bytes", section=SEC_KV, reference=REF_KV),
     draw=lambda rng: picks(
         rng, preset=MODELS, tokens=[1024, 4096, 8192, 32768, 128000, 1_000_000], dtype=["bf16", "fp8", "fp32", "int8"]
     ),
@@ -86,9 +84,7 @@ def _kv_shape_text(model) -> str:
 
 
 numeric_family(
-    "inference.kv_bytes_per_token",
-    section=SEC_KV,
-    reference=REF_KV,
+    family("inference.kv_bytes_per_token", section=SEC_KV, reference=REF_KV),
     draw=lambda rng: picks(rng, preset=MODELS + ["deepseek-v3"], dtype="bf16"),
     calc=lambda p: inference.kv_bytes_per_token(p["preset"], "bf16"),
     unit="bytes",
@@ -109,9 +105,7 @@ def _n_params(model) -> int:
 
 
 numeric_family(
-    "inference.weight_bytes",
-    section=SEC_SIZING,
-    reference=REF_KV,
+    family("inference.weight_bytes", section=SEC_SIZING, reference=REF_KV),
     draw=lambda rng: picks(rng, preset=MODELS, dtype=["bf16", "fp8", "int4"]),
     calc=lambda p: inference.weight_bytes(p["preset"], p["dtype"]),
     unit="bytes",
@@ -139,10 +133,7 @@ def _serving_case(rng) -> dict:
 
 
 numeric_family(
-    "inference.max_concurrent_sequences",
-    difficulty=2,
-    section=SEC_SIZING,
-    reference=REF_KV,
+    family("inference.max_concurrent_sequences", difficulty=2, section=SEC_SIZING, reference=REF_KV),
     draw=_serving_case,
     calc=lambda p: inference.max_concurrent_sequences(p["preset"], p["gpu"], p["seq_len"], tp=p["tp"]),
     unit="count",
@@ -208,10 +199,7 @@ def _roofline_time_family(name: str, cost: str, length: str, **words):
     """The roofline time of a decode step or a prefill (``inference.decode_cost`` / ``prefill_cost``) on one GPU,
     at a drawn context or prompt ``length``."""
     numeric_family(
-        name,
-        difficulty=2,
-        section=SEC_ROOF,
-        reference=REF_ROOF,
+        family(name, difficulty=2, section=SEC_ROOF, reference=REF_ROOF),
         draw=lambda rng: _roof_params(rng, length),
         calc=lambda p: getattr(inference, cost)(p["preset"], p["gpu"], p[length], batch=p["batch"]),
         key=lambda c: c.time_s,
@@ -287,9 +275,7 @@ def _peaks(g) -> str:
 
 
 numeric_family(
-    "inference.ridge_point",
-    section=SEC_ROOF,
-    reference=REF_ROOF,
+    family("inference.ridge_point", section=SEC_ROOF, reference=REF_ROOF),
     draw=lambda rng: picks(rng, gpu=GPUS),
     calc=lambda p: inference.decode_cost("llama-2-7b", p["gpu"], 16).ridge_flop_per_byte,
     unit="ratio",
@@ -317,9 +303,7 @@ def _heads(p) -> str:
 
 
 ratio_family(
-    "inference.gqa_kv_saving",
-    section=SEC_KV,
-    reference=REF_KV,
+    family("inference.gqa_kv_saving", section=SEC_KV, reference=REF_KV),
     draw=lambda rng: picks(
         rng, preset=["llama-2-70b", "llama-3-8b", "llama-3-70b", "mixtral-8x7b", "llama-3.1-405b", "llama-3.2-1b"]
     ),

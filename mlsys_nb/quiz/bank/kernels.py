@@ -43,9 +43,7 @@ def _intensity_case(rng) -> dict:
 
 
 numeric_family(
-    "kernels.op_intensity",
-    section=SEC_ROOF,
-    reference=REF_ROOF,
+    family("kernels.op_intensity", section=SEC_ROOF, reference=REF_ROOF),
     draw=_intensity_case,
     calc=lambda p: hierarchy.op_flops_bytes(p["name"], p["n"], elem_bytes=p["bytes"]),
     key=lambda fb: fb[0] / fb[1],
@@ -94,10 +92,7 @@ def _op_case(rng) -> dict:
 
 
 numeric_family(
-    "kernels.op_roofline_time",
-    difficulty=2,
-    section=SEC_ROOF,
-    reference=REF_ROOF,
+    family("kernels.op_roofline_time", difficulty=2, section=SEC_ROOF, reference=REF_ROOF),
     draw=_op_case,
     calc=lambda p: hierarchy.op_cost(p["name"], p["n"], p["gpu"], dtype="bf16"),
     key=lambda c: c.time_s,
@@ -116,9 +111,7 @@ numeric_family(
 
 
 ratio_family(
-    "kernels.fusion_speedup",
-    section=SEC_FUSION,
-    reference=REF_ROOF,
+    family("kernels.fusion_speedup", section=SEC_FUSION, reference=REF_ROOF),
     draw=lambda rng: picks(rng, k=[2, 3, 4, 5, 6], numel=[2**24, 2**26, 2**28]),
     calc=lambda p, fused: fusion.unary_chain_bytes(p["numel"], p["k"], fused=fused, elem_bytes=2),
     over=dict(fused=False),
@@ -136,9 +129,7 @@ ratio_family(
 )
 
 numeric_family(
-    "kernels.flash_block_sizes",
-    section=SEC_FLASH,
-    reference=REF_FA,
+    family("kernels.flash_block_sizes", section=SEC_FLASH, reference=REF_FA),
     draw=lambda rng: picks(rng, m=[16384, 24576, 32768, 49152], d=[64, 128, 256]),
     calc=lambda p: kernels.paper_block_sizes(p["m"], p["d"]),
     key=lambda brc: float(brc[1]),
@@ -153,10 +144,7 @@ numeric_family(
 )
 
 numeric_family(
-    "kernels.flash_hbm_bytes",
-    difficulty=3,
-    section=SEC_FLASH,
-    reference=REF_FA,
+    family("kernels.flash_hbm_bytes", difficulty=3, section=SEC_FLASH, reference=REF_FA),
     draw=lambda rng: picks(rng, s=[1024, 2048, 4096, 8192], d=[64, 128], m=[16384, 32768], bytes=2),
     calc=lambda p: kernels.flash_io_bytes(p["s"], p["d"], p["m"], elem_bytes=2),
     unit="bytes",
@@ -174,9 +162,7 @@ numeric_family(
 )
 
 numeric_family(
-    "kernels.score_matrix_memory",
-    section=SEC_FLASH,
-    reference=REF_FA,
+    family("kernels.score_matrix_memory", section=SEC_FLASH, reference=REF_FA),
     draw=lambda rng: picks(rng, b=[1, 4, 8], h=[16, 32, 64], s=[2048, 8192, 32768]),
     calc=lambda p: kernels.score_matrix_bytes(p["b"], p["h"], p["s"], p["s"], elem_bytes=2),
     unit="bytes",
@@ -202,10 +188,7 @@ def _merged(p) -> float:
 
 
 numeric_family(
-    "kernels.online_softmax_merge",
-    difficulty=2,
-    section=SEC_FLASH,
-    reference=REF_FA,
+    family("kernels.online_softmax_merge", difficulty=2, section=SEC_FLASH, reference=REF_FA),
     draw=lambda rng: picks(
         rng, la=[0.5, 1.0, 2.0, 3.0], lb=[-1.0, 0.0, 1.5, 4.0], oa=[1.0, 2.0, -1.0], ob=[3.0, 0.5, -2.0]
     ),
@@ -262,10 +245,7 @@ def _splits_diagnostics(p, n) -> list:
 
 
 numeric_family(
-    "kernels.decode_splits",
-    difficulty=2,
-    section=SEC_DECODE,
-    reference=REF_DECODE,
+    family("kernels.decode_splits", difficulty=2, section=SEC_DECODE, reference=REF_DECODE),
     draw=_splits_case,
     calc=lambda p: kernels.decode_splits(p["b"], p["h"], p["sms"]),
     key=float,

@@ -12,6 +12,8 @@ from ._util import gb, gbps, pick, ratio_family
 from .memory import N_PARAMS, REF_MEM, SEC_MEM
 
 SEC_STAGES = SEC_MEM + ", §1 Model states, §5 How each parallelism divides each term"
+SEC_TP_NODE = "notebooks/07_tensor_parallelism.ipynb, §7 What TP costs at scale, and why it stays inside a node"
+REF_TP_NODE = "docs/references.md#megatron-ptdp (Narayanan et al. 2021, arXiv:2104.04473, §3)"
 
 
 @family("layout.smallest_zero_stage", kind="choice", difficulty=2, section=SEC_STAGES, reference=REF_MEM)
@@ -42,10 +44,9 @@ def _tp_node_case(rng):
 NVLINK = hardware.link("nvlink4")
 NETWORK_ALPHA = 10e-6  # an assumed default between nodes, not a datasheet value
 
+
 ratio_family(
-    "layout.tp_within_node",
-    section="notebooks/07_tensor_parallelism.ipynb, §7 What TP costs at scale, and why it stays inside a node",
-    reference="docs/references.md#megatron-ptdp (Narayanan et al. 2021, arXiv:2104.04473, §3)",
+    family("layout.tp_within_node", section=SEC_TP_NODE, reference=REF_TP_NODE),
     draw=_tp_node_case,
     calc=lambda p, alpha, beta: comm.collective_time("all_reduce", p["bytes"], p["tp"], alpha, beta),
     over=lambda p: dict(alpha=NETWORK_ALPHA, beta=p["beta_inter"]),

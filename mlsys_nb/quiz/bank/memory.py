@@ -19,6 +19,10 @@ N_PARAMS = [125e6, 350e6, 1.3e9, 2.7e9, 7e9, 13e9, 34e9, 70e9, 175e9]
 SEC_STATES = SEC_MEM + ", §1 Model states: parameters, gradients, optimizer, master weights"
 SEC_WHOLE_GPU = SEC_MEM + ", §4 The whole GPU: one rank of a real model, §8 Sweeps"
 SEC_DIVIDED = SEC_MEM + ", §5 How each parallelism divides each term, §8 Sweeps"
+SEC_ACTIVATIONS = SEC_MEM + ", §2 Activations, measured on a real transformer"
+REF_SP = "docs/references.md#megatron-sp (Korthikanti et al. 2022, arXiv:2205.05198, §4)"
+SEC_RECOMPUTE = SEC_MEM + ", §3 Recomputation: memory against extra FLOPs"
+REF_RECOMPUTE = "docs/references.md#activation-checkpointing (Chen et al. 2016), #megatron-sp"
 
 
 def _states_diagnostics(p, s) -> list:
@@ -36,9 +40,7 @@ def _states_diagnostics(p, s) -> list:
 
 
 numeric_family(
-    "memory.model_states",
-    section=SEC_STATES,
-    reference=REF_MEM,
+    family("memory.model_states", section=SEC_STATES, reference=REF_MEM),
     draw=lambda rng: picks(rng, n_params=N_PARAMS, dp=[1, 2, 4, 8, 16, 64], zero=[0, 1, 2, 3]),
     calc=lambda p: memory.model_state_bytes(p["n_params"], dp=p["dp"], zero=p["zero"]),
     key=lambda s: s.total,
@@ -69,9 +71,7 @@ RECIPES = [("bf16-mixed", "adam"), ("fp32", "adam"), ("bf16-mixed", "sgd-momentu
            ("bf16-mixed", "adam-8bit")]  # fmt: skip
 
 numeric_family(
-    "memory.bytes_per_param",
-    section=SEC_STATES,
-    reference=REF_MEM,
+    family("memory.bytes_per_param", section=SEC_STATES, reference=REF_MEM),
     draw=lambda rng: dict(zip(("precision", "optimizer"), pick(rng, RECIPES))),
     calc=lambda p: memory.model_state_bytes(1, precision=p["precision"], optimizer=p["optimizer"]).total,
     unit="count",
@@ -104,10 +104,7 @@ def _acts_case(rng) -> dict:
 
 
 numeric_family(
-    "memory.activations_per_layer",
-    difficulty=2,
-    section=SEC_MEM + ", §2 Activations, measured on a real transformer",
-    reference="docs/references.md#megatron-sp (Korthikanti et al. 2022, arXiv:2205.05198, §4)",
+    family("memory.activations_per_layer", difficulty=2, section=SEC_ACTIVATIONS, reference=REF_SP),
     draw=_acts_case,
     calc=lambda p: memory.estimate(
         memory.preset(p["model"]),
@@ -208,10 +205,7 @@ def _oom(rng):
 
 
 ratio_family(
-    "memory.recompute_saving",
-    difficulty=2,
-    section=SEC_MEM + ", §3 Recomputation: memory against extra FLOPs",
-    reference="docs/references.md#activation-checkpointing (Chen et al. 2016), #megatron-sp",
+    family("memory.recompute_saving", difficulty=2, section=SEC_RECOMPUTE, reference=REF_RECOMPUTE),
     draw=lambda rng: picks(
         rng, model=["llama-2-7b", "llama-3-8b", "gpt-2-small"], recompute=["selective", "full"], seq_len=[2048, 4096]
     ),

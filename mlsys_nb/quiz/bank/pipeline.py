@@ -27,6 +27,7 @@ REF = {
     "dualpipe": "docs/references.md#dualpipe (DeepSeek-AI 2024, arXiv:2412.19437, §3.2.1)",
     "dualpipev": "docs/references.md#dualpipe (DeepSeek-AI 2024, arXiv:2412.19437)",
 }
+SEC_INTERLEAVING = SEC + ", §5 Interleaving: v chunks per rank"
 COSTS = "F = 1, B = 1 (input gradient), W = 1 (weight gradient; a full backward costs 2), no comm latency"
 
 
@@ -112,9 +113,7 @@ def _setup(q) -> str:
 def _simulated_family(name: str, key, *, draw=_case, **words):
     """A question on ``pipeline.simulate`` of a drawn schedule; ``key`` reads the answer off its result."""
     numeric_family(
-        name,
-        section=SEC_BUBBLE,
-        reference=REF["1f1b"],
+        family(name, section=SEC_BUBBLE, reference=REF["1f1b"]),
         draw=draw,
         calc=_sim,
         key=key,
@@ -154,10 +153,9 @@ PEAK_HINTS = {
 
 for _n in (n for n in PIPELINE_SCHEDULES if not n.startswith("dualpipe")):
     numeric_family(
-        f"pipeline.peak_activations_{_n.replace('-', '_')}",
-        difficulty=2,
-        section=SEC_SCHEDULES,
-        reference=REF[_n],
+        family(
+            f"pipeline.peak_activations_{_n.replace('-', '_')}", difficulty=2, section=SEC_SCHEDULES, reference=REF[_n]
+        ),
         draw=lambda rng, name=_n: _case(rng, name),
         calc=_sim,
         key=lambda r: r.peak_activations[0],
@@ -191,10 +189,7 @@ def _fewest_microbatches(q) -> int:
 
 
 numeric_family(
-    "pipeline.min_microbatches",
-    difficulty=2,
-    section=SEC_BUBBLE,
-    reference=REF["1f1b"],
+    family("pipeline.min_microbatches", difficulty=2, section=SEC_BUBBLE, reference=REF["1f1b"]),
     draw=lambda rng: picks(rng, p=[2, 4, 8], target=[0.05, 0.1, 0.2, 0.25]),
     calc=_fewest_microbatches,
     unit="micro-batches",
@@ -225,9 +220,7 @@ def _interleaved_case(rng):
 
 
 ratio_family(
-    "pipeline.interleaving_gain",
-    section=SEC + ", §5 Interleaving: v chunks per rank",
-    reference=REF["interleaved-1f1b"],
+    family("pipeline.interleaving_gain", section=SEC_INTERLEAVING, reference=REF["interleaved-1f1b"]),
     draw=_interleaved_case,
     calc=lambda q, schedule, v: sim(schedule, q["p"], q["m"], v).bubble_time,
     over=dict(schedule="1f1b", v=None),
@@ -278,9 +271,7 @@ def _boundary_case(rng) -> dict:
 
 
 numeric_family(
-    "pipeline.boundary_bytes",
-    section=SEC_BOUNDARY,
-    reference=REF_BOUNDARY,
+    family("pipeline.boundary_bytes", section=SEC_BOUNDARY, reference=REF_BOUNDARY),
     draw=_boundary_case,
     calc=lambda q: pl.boundary_bytes(q["mbs"], q["seq_len"], q["hidden"], q["dtype"]),
     unit="bytes",
@@ -315,10 +306,7 @@ def _chunks(q) -> str:
 
 
 numeric_family(
-    "pipeline.pp_bytes_per_rank",
-    difficulty=2,
-    section=SEC_BOUNDARY,
-    reference=REF_BOUNDARY,
+    family("pipeline.pp_bytes_per_rank", difficulty=2, section=SEC_BOUNDARY, reference=REF_BOUNDARY),
     draw=_rank_case,
     calc=lambda q: _per_rank(q)[q["rank"]],
     unit="bytes",
@@ -355,10 +343,7 @@ def _strategy_case(rng) -> dict:
 
 
 numeric_family(
-    "pipeline.tp_over_pp_bytes",
-    difficulty=2,
-    section=SEC_BOUNDARY,
-    reference=REF_BOUNDARY + ", #megatron",
+    family("pipeline.tp_over_pp_bytes", difficulty=2, section=SEC_BOUNDARY, reference=REF_BOUNDARY + ", #megatron"),
     draw=_strategy_case,
     calc=_tp_over_pp,
     unit="ratio",

@@ -47,9 +47,7 @@ def _made(p):
 
 
 numeric_family(
-    "precision.format_max",
-    section=SEC_FORMATS,
-    reference=REF_FP8,
+    family("precision.format_max", section=SEC_FORMATS, reference=REF_FP8),
     draw=_layout,
     calc=_made,
     key=lambda f: f.max,
@@ -84,9 +82,7 @@ def _named_format(rng) -> dict:
 
 
 numeric_family(
-    "precision.rounding_error_bound",
-    section=SEC_FORMATS,
-    reference=REF_BF16,
+    family("precision.rounding_error_bound", section=SEC_FORMATS, reference=REF_BF16),
     draw=_named_format,
     calc=lambda p: format_info(p["name"]).eps / 2,
     unit="ratio",
@@ -110,10 +106,7 @@ def _loss_scale(g: float) -> float:
 
 
 numeric_family(
-    "precision.loss_scale_for_gradient",
-    difficulty=2,
-    section=SEC_WRONG,
-    reference=REF_MP,
+    family("precision.loss_scale_for_gradient", difficulty=2, section=SEC_WRONG, reference=REF_MP),
     draw=lambda rng: picks(rng, g=[3e-7, 1e-6, 4e-6, 2e-8, 5e-9, 1.5e-5]),
     calc=lambda p: _loss_scale(p["g"]),
     unit="ratio",
@@ -148,10 +141,7 @@ def _scale_after(p) -> float:
 
 
 numeric_family(
-    "precision.dynamic_scale_after_steps",
-    difficulty=2,
-    section=SEC_MIXED,
-    reference=REF_MP,
+    family("precision.dynamic_scale_after_steps", difficulty=2, section=SEC_MIXED, reference=REF_MP),
     draw=_overflows,
     calc=_scale_after,
     unit="ratio",
@@ -184,9 +174,7 @@ def _state_total(recipe: str) -> float:
 
 
 numeric_family(
-    "precision.state_bytes_saved",
-    section=SEC_MIXED,
-    reference=REF_DSV3,
+    family("precision.state_bytes_saved", section=SEC_MIXED, reference=REF_DSV3),
     draw=lambda rng: dict(
         zip(
             ("a", "b"), pick(rng, [("bf16-mixed", "bf16-nomaster"), ("fp32", "bf16-mixed"), ("bf16-mixed", "fp8-dsv3")])
@@ -214,9 +202,7 @@ numeric_family(
 )
 
 numeric_family(
-    "precision.fp8_scale_from_amax",
-    section=SEC_FP8,
-    reference=REF_FP8,
+    family("precision.fp8_scale_from_amax", section=SEC_FP8, reference=REF_FP8),
     draw=lambda rng: picks(rng, fmt=["fp8_e4m3", "fp8_e5m2"], amax=[0.02, 0.7, 3.5, 12.0, 250.0, 1900.0]),
     calc=lambda p: float(amax_scale(p["amax"], p["fmt"])),
     unit="ratio",
@@ -248,10 +234,7 @@ def _spacing(p) -> float:
 
 
 numeric_family(
-    "precision.cast_error",
-    difficulty=2,
-    section=SEC_FORMATS,
-    reference=REF_BF16,
+    family("precision.cast_error", difficulty=2, section=SEC_FORMATS, reference=REF_BF16),
     draw=_cast_case,
     calc=lambda p: abs(_cast(p) - p["x"]),
     unit="ratio",
@@ -304,9 +287,7 @@ def _block_words(p) -> str:
 
 
 numeric_family(
-    "precision.block_format_bytes",
-    section=SEC_FORMATS,
-    reference=REF_MX,
+    family("precision.block_format_bytes", section=SEC_FORMATS, reference=REF_MX),
     draw=_block_case,
     calc=lambda p: p["rows"] * p["cols"] * _block_bits(p) / 8,
     unit="bytes",

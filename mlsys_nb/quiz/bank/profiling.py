@@ -38,9 +38,7 @@ def _backward_mm(p) -> tuple[int, float]:
 
 
 numeric_family(
-    "profiling.linear_backward_flops",
-    section=SEC_TRACE,
-    reference=REF_FLOPS,
+    family("profiling.linear_backward_flops", section=SEC_TRACE, reference=REF_FLOPS),
     draw=_linear_case,
     calc=_backward_mm,
     key=lambda calls_flops: calls_flops[1],
@@ -112,10 +110,7 @@ def _peak(p) -> float:
 
 
 numeric_family(
-    "profiling.step_peak_from_events",
-    difficulty=2,
-    section=SEC_MEM,
-    reference=REF_MEM,
+    family("profiling.step_peak_from_events", difficulty=2, section=SEC_MEM, reference=REF_MEM),
     draw=_step_events,
     calc=_peak,
     params=("mb",),
@@ -140,9 +135,7 @@ numeric_family(
 )
 
 numeric_family(
-    "profiling.optimizer_state_appearance",
-    section=SEC_MEM,
-    reference=REF_MEM,
+    family("profiling.optimizer_state_appearance", section=SEC_MEM, reference=REF_MEM),
     draw=lambda rng: picks(rng, n_params=[125e6, 350e6, 1.3e9, 7e9]),
     calc=lambda p: profiling.memory_timeline(
         [{"name": "[memory]", "ts": 0.0, "args": {"Bytes": int(8 * p["n_params"]), "Device Type": 0}}]

@@ -60,9 +60,7 @@ def _described(p) -> str:
 
 
 numeric_family(
-    "quant.bits_per_weight",
-    section=SEC_FORMATS,
-    reference=REF_QLORA,
+    family("quant.bits_per_weight", section=SEC_FORMATS, reference=REF_QLORA),
     draw=_format,
     calc=_bits,
     unit="ratio",
@@ -77,9 +75,7 @@ numeric_family(
 )
 
 numeric_family(
-    "quant.scale_share",
-    section=SEC_FORMATS,
-    reference=REF_GPTQ,
+    family("quant.scale_share", section=SEC_FORMATS, reference=REF_GPTQ),
     draw=_format,
     calc=lambda p: (_bits(p) - _code_bits(p)) / _bits(p),
     unit="fraction",
@@ -110,10 +106,7 @@ def _model_case(rng) -> dict:
 
 
 numeric_family(
-    "quant.model_weight_bytes",
-    difficulty=2,
-    section=SEC_SPEED,
-    reference=REF_AWQ,
+    family("quant.model_weight_bytes", difficulty=2, section=SEC_SPEED, reference=REF_AWQ),
     draw=_model_case,
     calc=lambda p: quant.quantized_weight_bytes(p["model"], p["scheme"], p["g"], p["dq"]),
     unit="bytes",
@@ -130,9 +123,7 @@ numeric_family(
 )
 
 numeric_family(
-    "quant.kv_cache_int8_bytes",
-    section=SEC_SPEED,
-    reference=REF_KIVI,
+    family("quant.kv_cache_int8_bytes", section=SEC_SPEED, reference=REF_KIVI),
     draw=lambda rng: picks(rng, model=MODELS, batch=[1, 8, 32, 64], ctx=[1024, 2048, 4096]),
     calc=lambda p: inference.kv_cache_bytes(p["model"], p["batch"] * p["ctx"], "int8"),
     unit="bytes",
@@ -149,9 +140,7 @@ numeric_family(
 TARGETS = [("q_proj", "v_proj"), ("q_proj", "k_proj", "v_proj", "o_proj")]  # and every linear layer of a block
 
 numeric_family(
-    "quant.lora_trainable_params",
-    section=SEC_LORA,
-    reference=REF_LORA,
+    family("quant.lora_trainable_params", section=SEC_LORA, reference=REF_LORA),
     draw=lambda rng: {
         "model": pick(rng, MODELS),
         "r": pick(rng, [4, 8, 16, 64]),
@@ -180,9 +169,7 @@ def _trained(f) -> float:
 
 
 numeric_family(
-    "quant.lora_state_bytes",
-    section=SEC_LORA,
-    reference=REF_LORA,
+    family("quant.lora_state_bytes", section=SEC_LORA, reference=REF_LORA),
     draw=lambda rng: picks(rng, model=MODELS, r=[8, 16, 64]),
     calc=lambda p: _trained(_finetune(p, "lora", r=p["r"])),
     unit="bytes",
@@ -197,10 +184,7 @@ numeric_family(
 )
 
 numeric_family(
-    "quant.qlora_bytes",
-    difficulty=2,
-    section=SEC_QLORA,
-    reference=REF_QLORA,
+    family("quant.qlora_bytes", difficulty=2, section=SEC_QLORA, reference=REF_QLORA),
     draw=lambda rng: picks(rng, model=MODELS, r=[16, 64]),
     calc=lambda p: _finetune(p, "qlora", r=p["r"]),
     key=lambda f: f["total"],
@@ -223,10 +207,7 @@ numeric_family(
 )
 
 numeric_family(
-    "quant.full_over_qlora",
-    difficulty=2,
-    section=SEC_QLORA,
-    reference=REF_QLORA,
+    family("quant.full_over_qlora", difficulty=2, section=SEC_QLORA, reference=REF_QLORA),
     draw=lambda rng: picks(rng, model=MODELS),
     calc=lambda p: (_finetune(p, "full")["total"], _finetune(p, "qlora", r=64)["total"]),
     key=lambda fq: fq[0] / fq[1],
@@ -243,9 +224,7 @@ numeric_family(
 )
 
 numeric_family(
-    "quant.decode_speedup_bound",
-    section=SEC_SPEED,
-    reference=REF_AWQ,
+    family("quant.decode_speedup_bound", section=SEC_SPEED, reference=REF_AWQ),
     draw=lambda rng: {**_format(rng), "dtype": pick(rng, ["bf16", "fp32"])},
     calc=lambda p: quant.decode_speedup_bound(_bits(p), p["dtype"]),
     unit="ratio",

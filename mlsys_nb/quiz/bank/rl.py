@@ -16,6 +16,18 @@ REF_RLHF = "docs/references.md#instructgpt (Ouyang et al. 2022, arXiv:2203.02155
 SEC18 = "notebooks/18_rlhf.ipynb"
 SEC_GAE = "notebooks/17_rl_fundamentals.ipynb, §3 Generalised advantage estimation"
 REF_GAE = "docs/references.md#gae (Schulman et al. 2015, arXiv:1506.02438, eq. 16)"
+SEC_RLHF_MEMORY = SEC18 + ", §8 The memory of RLHF at scale"
+SEC_WEIGHT_SYNC = "notebooks/04_communication_cost.ipynb, §1 The α-β model (applied to RLHF weight sync)"
+SEC_PPO = "notebooks/17_rl_fundamentals.ipynb, §5 PPO's clipped objective"
+REF_PPO = "docs/references.md#ppo (Schulman et al. 2017, arXiv:1707.06347, eq. 7)"
+SEC_GRPO = SEC18 + ", §5 GRPO: group-relative advantages, no critic"
+REF_GRPO = "docs/references.md#grpo (Shao et al. 2024, arXiv:2402.03300, §4.1.2)"
+SEC_DPO = SEC18 + ", §6 DPO: the same preferences, offline, no reward model"
+REF_DPO = "docs/references.md#dpo (Rafailov et al. 2023, arXiv:2305.18290, eq. 7)"
+SEC_KL = SEC18 + ", §3 PPO with a per-token KL penalty"
+REF_KL = "docs/references.md#kl-approx (Schulman 2020)"
+SEC_ASYNC = "notebooks/19_rlhf_systems.ipynb, §3 Placement on Ray: co-located, disaggregated, one step off-policy"
+REF_ASYNC = "docs/references.md#openrlhf (Hu et al. 2024, arXiv:2405.11143; Sheng et al. 2024, arXiv:2409.19256)"
 
 
 def _tensor(x):
@@ -25,10 +37,7 @@ def _tensor(x):
 
 
 numeric_family(
-    "rl.rlhf_memory_per_gpu",
-    difficulty=3,
-    section=SEC18 + ", §8 The memory of RLHF at scale",
-    reference=REF_RLHF,
+    family("rl.rlhf_memory_per_gpu", difficulty=3, section=SEC_RLHF_MEMORY, reference=REF_RLHF),
     draw=lambda rng: picks(
         rng, actor=["llama-2-7b", "llama-3-8b", "llama-2-13b"], n_gpus=[8, 16, 32], rollout_batch=[64, 128, 256]
     ),
@@ -53,11 +62,9 @@ numeric_family(
     ),
 )
 
+
 numeric_family(
-    "rl.weight_sync_time",
-    difficulty=2,
-    section="notebooks/04_communication_cost.ipynb, §1 The α-β model (applied to RLHF weight sync)",
-    reference=REF_RLHF,
+    family("rl.weight_sync_time", difficulty=2, section=SEC_WEIGHT_SYNC, reference=REF_RLHF),
     draw=lambda rng: picks(rng, n_params=[7e9, 13e9, 70e9], n=[4, 8, 16], beta=[25e9, 50e9, 450e9], alpha=10e-6),
     calc=lambda p: comm.collective_time(
         "broadcast", 2 * p["n_params"], p["n"], p["alpha"], p["beta"], "pipelined_chain"
@@ -117,10 +124,7 @@ def _clipped(p) -> float:
 
 
 numeric_family(
-    "rl.ppo_clipped_objective",
-    difficulty=2,
-    section="notebooks/17_rl_fundamentals.ipynb, §5 PPO's clipped objective",
-    reference="docs/references.md#ppo (Schulman et al. 2017, arXiv:1707.06347, eq. 7)",
+    family("rl.ppo_clipped_objective", difficulty=2, section=SEC_PPO, reference=REF_PPO),
     draw=lambda rng: picks(
         rng, ratio=[0.5, 0.7, 0.9, 1.1, 1.3, 1.6], advantage=[-2.0, -1.0, 1.0, 2.0], clip=[0.1, 0.2]
     ),
@@ -158,10 +162,7 @@ def _grpo_advantage(p) -> float:
 
 
 numeric_family(
-    "rl.grpo_advantage",
-    difficulty=2,
-    section=SEC18 + ", §5 GRPO: group-relative advantages, no critic",
-    reference="docs/references.md#grpo (Shao et al. 2024, arXiv:2402.03300, §4.1.2)",
+    family("rl.grpo_advantage", difficulty=2, section=SEC_GRPO, reference=REF_GRPO),
     draw=_group,
     calc=_grpo_advantage,
     unit="ratio",
@@ -182,11 +183,9 @@ numeric_family(
     ],
 )
 
+
 numeric_family(
-    "rl.dpo_loss",
-    difficulty=2,
-    section=SEC18 + ", §6 DPO: the same preferences, offline, no reward model",
-    reference="docs/references.md#dpo (Rafailov et al. 2023, arXiv:2305.18290, eq. 7)",
+    family("rl.dpo_loss", difficulty=2, section=SEC_DPO, reference=REF_DPO),
     draw=lambda rng: picks(
         rng,
         pc=[-10.0, -12.0, -15.0],
@@ -209,10 +208,9 @@ numeric_family(
     solution=["margin = {margin:.4g}; loss = {result:.4g} (rl.rlhf.dpo_loss)."],
 )
 
+
 numeric_family(
-    "rl.kl_k3_estimate",
-    section=SEC18 + ", §3 PPO with a per-token KL penalty",
-    reference="docs/references.md#kl-approx (Schulman 2020)",
+    family("rl.kl_k3_estimate", section=SEC_KL, reference=REF_KL),
     draw=lambda rng: picks(rng, logp=[-1.0, -2.0, -0.5], logp_ref=[-1.5, -2.5, -0.2, -3.0]),
     calc=lambda p: float(rlhf.kl_estimate(_tensor(p["logp"]), _tensor(p["logp_ref"]), kind="k3")[0]),
     unit="nats/token",
@@ -235,10 +233,7 @@ def _step_times(p) -> tuple[float, float]:
 
 
 numeric_family(
-    "rl.async_rlhf_speedup",
-    difficulty=2,
-    section="notebooks/19_rlhf_systems.ipynb, §3 Placement on Ray: co-located, disaggregated, one step off-policy",
-    reference="docs/references.md#openrlhf (Hu et al. 2024, arXiv:2405.11143; Sheng et al. 2024, arXiv:2409.19256)",
+    family("rl.async_rlhf_speedup", difficulty=2, section=SEC_ASYNC, reference=REF_ASYNC),
     draw=lambda rng: picks(
         rng, gen_s=[20.0, 40.0, 60.0, 90.0], train_s=[15.0, 30.0, 45.0, 80.0], sync_s=[0.5, 2.0, 5.0, 10.0]
     ),

@@ -7,11 +7,13 @@ Answer keys: ``mlsys_nb.scaling`` (``law``, ``twenty_tokens_per_param``).
 from __future__ import annotations
 
 from ... import scaling
+from ..core import family
 from ._util import numeric_family, pick, picks
 from .compute import SEC_FLOPS
 
 REF_CHIN = "docs/references.md#chinchilla (Hoffmann et al. 2022, arXiv:2203.15556), #epoch-chinchilla"
 SEC_LAWS = SEC_FLOPS + ", §5 Scaling laws and compute-optimal allocation"
+REF_SARDANA = "docs/references.md#sardana2023 (Sardana et al. 2023, arXiv:2401.00448)"
 
 
 def _budget(rng):
@@ -31,10 +33,7 @@ def _optimum(p) -> tuple[float, float]:
 def _optimum_family(name: str, which: int, **words):
     """A question on a fitted law's compute-optimal (N*, D*) at a drawn budget: ``which`` 0 asks N*, 1 D*."""
     numeric_family(
-        name,
-        difficulty=2,
-        section=SEC_LAWS,
-        reference=REF_CHIN,
+        family(name, difficulty=2, section=SEC_LAWS, reference=REF_CHIN),
         draw=_law_budget,
         calc=_optimum,
         key=lambda nd: nd[which],
@@ -66,9 +65,7 @@ _optimum_family(
 )
 
 numeric_family(
-    "scaling.tokens_per_param",
-    section=SEC_LAWS,
-    reference=REF_CHIN,
+    family("scaling.tokens_per_param", section=SEC_LAWS, reference=REF_CHIN),
     draw=_law_budget,
     calc=lambda p: float(scaling.law(p["law"]).tokens_per_parameter(p["C"])),
     unit="ratio",
@@ -78,9 +75,7 @@ numeric_family(
 )
 
 numeric_family(
-    "scaling.twenty_rule_params",
-    section=SEC_LAWS,
-    reference=REF_CHIN,
+    family("scaling.twenty_rule_params", section=SEC_LAWS, reference=REF_CHIN),
     draw=lambda rng: {"C": _budget(rng)},
     calc=lambda p: scaling.twenty_tokens_per_param(p["C"]),
     key=lambda nd: float(nd[0]),
@@ -104,9 +99,7 @@ def _fit(law_name: str) -> str:
 
 
 numeric_family(
-    "scaling.loss",
-    section=SEC_LAWS,
-    reference=REF_CHIN,
+    family("scaling.loss", section=SEC_LAWS, reference=REF_CHIN),
     draw=_loss_case,
     calc=lambda p: float(scaling.law(p["law"]).loss(p["N"], p["D"])),
     unit="nats/token",
@@ -130,10 +123,7 @@ def _lifetime_optimum(p) -> dict:
 
 
 numeric_family(
-    "scaling.inference_optimal_shrink",
-    difficulty=3,
-    section=SEC_LAWS,
-    reference="docs/references.md#sardana2023 (Sardana et al. 2023, arXiv:2401.00448)",
+    family("scaling.inference_optimal_shrink", difficulty=3, section=SEC_LAWS, reference=REF_SARDANA),
     draw=lambda rng: picks(rng, C=[1e22, 1e23, 1e24], inference_multiple=[1, 3, 10]),
     calc=_lifetime_optimum,
     key=lambda r: r["chinchilla_N"] / r["N"],

@@ -13,6 +13,19 @@ from .inference import MODELS, REF_ROOF, SEC13, SEC_ROOF, fits_on_gpus, roof_cas
 
 
 SEC14 = "notebooks/14_kv_cache_management.ipynb"
+SEC_MEASURED = SEC13 + ", §5 Measured on this machine"
+REF_ORCA = "docs/references.md#orca (Yu et al. 2022)"
+REF_ORCA_VLLM = REF_ORCA + ", #vllm"
+SEC_BLOCKS = SEC14 + ", §1 Why blocks: what a contiguous reservation wastes"
+REF_VLLM = "docs/references.md#vllm (Kwon et al. 2023, arXiv:2309.06180, §4)"
+SEC_PREFIX = SEC14 + ", §4 Prefix caching by hash-chained blocks"
+REF_PREFIX = "docs/references.md#sglang (Zheng et al. 2023, arXiv:2312.07104), #vllm"
+SEC_STATIC = "notebooks/15_batching_and_scheduling.ipynb, §1 Static vs continuous batching"
+REF_STATIC = "docs/references.md#orca (Yu et al. 2022, OSDI, §2.2)"
+SEC_OVERLAP = (
+    "notebooks/15_batching_and_scheduling.ipynb, §6 Overlap scheduling (a model, fed with the measured phases)"
+)
+REF_OVERLAP = "docs/references.md#nano-vllm, #sglang"
 
 
 def _throughput_case(rng) -> dict:
@@ -21,10 +34,7 @@ def _throughput_case(rng) -> dict:
 
 
 numeric_family(
-    "serving.decode_throughput",
-    difficulty=2,
-    section=SEC13 + ", §5 Measured on this machine",
-    reference="docs/references.md#orca (Yu et al. 2022), #vllm",
+    family("serving.decode_throughput", difficulty=2, section=SEC_MEASURED, reference=REF_ORCA_VLLM),
     draw=_throughput_case,
     calc=lambda p: inference.decode_cost(p["preset"], p["gpu"], p["context"], batch=p["batch"]),
     key=lambda c: c.tokens_per_s,
@@ -50,10 +60,7 @@ def _batching_case(rng):
 
 
 ratio_family(
-    "serving.batching_speedup",
-    difficulty=2,
-    section=SEC_ROOF,
-    reference="docs/references.md#orca (Yu et al. 2022)",
+    family("serving.batching_speedup", difficulty=2, section=SEC_ROOF, reference=REF_ORCA),
     draw=_batching_case,
     calc=lambda p, batch: inference.decode_cost(p["preset"], p["gpu"], 1024, batch=batch).tokens_per_s,
     over=lambda p: dict(batch=p["batch"]),
@@ -80,10 +87,7 @@ def _paged_case(rng) -> dict:
 
 
 numeric_family(
-    "serving.paged_utilization",
-    difficulty=2,
-    section=SEC14 + ", §1 Why blocks: what a contiguous reservation wastes",
-    reference="docs/references.md#vllm (Kwon et al. 2023, arXiv:2309.06180, §4)",
+    family("serving.paged_utilization", difficulty=2, section=SEC_BLOCKS, reference=REF_VLLM),
     draw=_paged_case,
     calc=lambda p: paged.fragmentation(p["lengths"], block_size=p["block_size"], max_seq_len=512),
     key=lambda r: r["paged_utilization"],
@@ -113,10 +117,7 @@ def _shared_tokens(p) -> int:
 
 
 numeric_family(
-    "serving.prefix_sharing_savings",
-    difficulty=2,
-    section=SEC14 + ", §4 Prefix caching by hash-chained blocks",
-    reference="docs/references.md#sglang (Zheng et al. 2023, arXiv:2312.07104), #vllm",
+    family("serving.prefix_sharing_savings", difficulty=2, section=SEC_PREFIX, reference=REF_PREFIX),
     draw=lambda rng: picks(rng, preset=MODELS[:6], n=[8, 32, 100], prefix=[500, 1000, 2000], block_size=[16, 32]),
     calc=lambda p: inference.kv_cache_bytes(p["preset"], (p["n"] - 1) * _shared_tokens(p)),
     unit="bytes",
@@ -146,10 +147,7 @@ SEC_SPEC = "speculative decoding (Leviathan et al. 2023)"
 REF_SPEC = "docs/references.md#speculative-leviathan (arXiv:2211.17192"
 
 numeric_family(
-    "serving.speculative_tokens_per_step",
-    difficulty=2,
-    section=SEC_SPEC,
-    reference=REF_SPEC + ", eq. 1)",
+    family("serving.speculative_tokens_per_step", difficulty=2, section=SEC_SPEC, reference=REF_SPEC + ", eq. 1)"),
     draw=lambda rng: picks(rng, alpha=[0.5, 0.6, 0.7, 0.8, 0.9], k=[2, 3, 4, 5, 8]),
     calc=lambda p: speculative.expected_tokens_per_step(p["alpha"], p["k"]),
     unit="tokens",
@@ -167,10 +165,7 @@ numeric_family(
 )
 
 numeric_family(
-    "serving.speculative_speedup",
-    difficulty=3,
-    section=SEC_SPEC,
-    reference=REF_SPEC + ", Theorem 3.8)",
+    family("serving.speculative_speedup", difficulty=3, section=SEC_SPEC, reference=REF_SPEC + ", Theorem 3.8)"),
     draw=lambda rng: picks(rng, alpha=[0.6, 0.7, 0.8, 0.9], k=[2, 3, 4, 6], c=[0.02, 0.05, 0.1]),
     calc=lambda p: speculative.expected_speedup(p["alpha"], p["k"], p["c"]),
     unit="ratio",
@@ -199,9 +194,7 @@ def _outputs(rng) -> dict:
 
 
 numeric_family(
-    "serving.static_batching_utilization",
-    section="notebooks/15_batching_and_scheduling.ipynb, §1 Static vs continuous batching",
-    reference="docs/references.md#orca (Yu et al. 2022, OSDI, §2.2)",
+    family("serving.static_batching_utilization", section=SEC_STATIC, reference=REF_STATIC),
     draw=_outputs,
     calc=lambda p: static_batch_utilization(p["lengths"]),
     unit="fraction",
@@ -220,10 +213,7 @@ numeric_family(
 )
 
 numeric_family(
-    "serving.overlap_scheduling_speedup",
-    difficulty=2,
-    section="notebooks/15_batching_and_scheduling.ipynb, §6 Overlap scheduling (a model, fed with the measured phases)",
-    reference="docs/references.md#nano-vllm, #sglang",
+    family("serving.overlap_scheduling_speedup", difficulty=2, section=SEC_OVERLAP, reference=REF_OVERLAP),
     draw=lambda rng: {
         "cpu_s": pick(rng, [0.5, 1.0, 2.0, 3.0, 5.0]) * 1e-3,
         "model_s": pick(rng, [2.0, 4.0, 8.0, 20.0]) * 1e-3,

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from ... import comm, memory
 from ...config import TrainConfig
+from ..core import family
 from ._util import gb, gbps, numeric_family, pick, picks, ratio_family, tensor_parallel, us
 
 
 REF_TP = "docs/references.md#megatron (Shoeybi et al. 2019, arXiv:1909.08053), #megatron-sp (Korthikanti et al. 2022)"
 SEC_TP = "notebooks/07_tensor_parallelism.ipynb, §7 What TP costs at scale, and why it stays inside a node"
+SEC_SP = "notebooks/07_tensor_parallelism.ipynb, §5 Sequence parallelism"
+REF_SP_SAVING = "docs/references.md#megatron-sp (arXiv:2205.05198, Table 2)"
 
 
 def _tp_params(rng) -> dict:
@@ -26,13 +29,11 @@ def _x(p) -> float:
     return p["b"] * p["s"] * p["h"] * 2
 
 
-def _layer_bytes_family(name: str, sp: bool, **words):
+def _layer_bytes_family(name: str, sp: bool, difficulty: int = 1, **words):
     """Bytes one rank sends per layer in the forward of a drawn layer, under TP (``sp`` False) or TP + SP
     (``parallel.tensor.tp_bytes_per_layer``)."""
     numeric_family(
-        name,
-        section=SEC_TP,
-        reference=REF_TP,
+        family(name, difficulty=difficulty, section=SEC_TP, reference=REF_TP),
         draw=_tp_params,
         calc=lambda p: tensor_parallel.tp_bytes_per_layer(p["b"], p["s"], p["h"], p["tp"], sp),
         unit="bytes",
@@ -76,10 +77,7 @@ def _tp_time_case(rng) -> dict:
 
 
 numeric_family(
-    "tensor.tp_allreduce_time_per_layer",
-    difficulty=2,
-    section=SEC_TP,
-    reference=REF_TP,
+    family("tensor.tp_allreduce_time_per_layer", difficulty=2, section=SEC_TP, reference=REF_TP),
     draw=_tp_time_case,
     calc=lambda p: 2 * comm.collective_time("all_reduce", _x(p), p["tp"], p["alpha"], p["beta"], "ring"),
     unit="seconds",
@@ -97,9 +95,7 @@ numeric_family(
 )
 
 numeric_family(
-    "tensor.params_per_rank",
-    section=SEC_TP,
-    reference="docs/references.md#megatron (arXiv:1909.08053)",
+    family("tensor.params_per_rank", section=SEC_TP, reference="docs/references.md#megatron (arXiv:1909.08053)"),
     draw=lambda rng: picks(rng, model=["llama-2-7b", "llama-3-8b", "llama-2-13b", "llama-3-70b"], tp=[2, 4, 8]),
     calc=lambda p: memory.estimate(memory.preset(p["model"]), TrainConfig(tp=p["tp"])),
     key=lambda b: b.n_params_rank,
@@ -118,10 +114,7 @@ numeric_family(
 
 
 ratio_family(
-    "tensor.sp_activation_saving",
-    difficulty=2,
-    section="notebooks/07_tensor_parallelism.ipynb, §5 Sequence parallelism",
-    reference="docs/references.md#megatron-sp (arXiv:2205.05198, Table 2)",
+    family("tensor.sp_activation_saving", difficulty=2, section=SEC_SP, reference=REF_SP_SAVING),
     draw=lambda rng: picks(rng, model=["llama-2-7b", "llama-3-8b", "llama-2-13b"], tp=[2, 4, 8], seq_len=[2048, 4096]),
     calc=lambda p, sp: (
         memory.estimate(memory.preset(p["model"]), TrainConfig(tp=p["tp"], sp=sp, seq_len=p["seq_len"])).activations

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from ...training import bits_per_token, distill_loss, format_chat, lsh_probability, pack, perplexity
+from ..core import family
 from ._util import numeric_family, pick, picks
 
 NB = "notebooks/25_data_evaluation_and_compression.ipynb"
@@ -21,13 +22,15 @@ SEC_DEDUP = f"{NB}, §3 Deduplication: exact copies by hash, near copies by MinH
 SEC_EVAL = f"{NB}, §4 Evaluation: perplexity, bits per token, and the bounds a number must respect"
 SEC_COMPRESS = f"{NB}, §6 Compression: pruning and distillation"
 REF_DEDUP = "docs/references.md#broder1997, #lee2021dedup (Lee et al. 2021, arXiv:2107.06499)"
+REF_NATS = "docs/references.md#kaplan (losses in nats per token)"
+REF_SFT = "docs/references.md#instructgpt (Ouyang et al. 2022, arXiv:2203.02155)"
+REF_PACKING = "docs/references.md#krell2021 (arXiv:2107.02027)"
+REF_DISTILL = "docs/references.md#hinton2015 (Hinton, Vinyals & Dean 2015, arXiv:1503.02531, §2)"
 BANDS = [(4, 32), (8, 16), (16, 8), (5, 20), (10, 10)]  # (rows, bands) of a MinHash signature
 
 
 numeric_family(
-    "training.perplexity",
-    section=SEC_EVAL,
-    reference="docs/references.md#kaplan (losses in nats per token)",
+    family("training.perplexity", section=SEC_EVAL, reference="docs/references.md#kaplan (losses in nats per token)"),
     draw=lambda rng: picks(rng, loss=[1.2, 1.9, 2.3, 2.7, 3.1, 3.5, 4.2]),
     calc=lambda p: perplexity(p["loss"]),
     unit="ratio",
@@ -37,10 +40,9 @@ numeric_family(
     diagnostics=lambda p, ppl: [(2 ** p["loss"] / ppl, "the loss is in nats: raise e, not 2, to it")],
 )
 
+
 numeric_family(
-    "training.bits_per_token",
-    section=SEC_EVAL,
-    reference="docs/references.md#kaplan (losses in nats per token)",
+    family("training.bits_per_token", section=SEC_EVAL, reference=REF_NATS),
     draw=lambda rng: picks(rng, ppl=[6.0, 12.0, 20.0, 45.0, 100.0, 300.0]),
     calc=lambda p: bits_per_token(math.log(p["ppl"])),
     unit="count",
@@ -74,10 +76,7 @@ def _near_threshold(rng) -> dict:
 
 
 numeric_family(
-    "training.lsh_probability",
-    difficulty=2,
-    section=SEC_DEDUP,
-    reference=REF_DEDUP,
+    family("training.lsh_probability", difficulty=2, section=SEC_DEDUP, reference=REF_DEDUP),
     draw=_near_threshold,
     calc=lambda p: float(lsh_probability(p["j"], p["rows"], p["bands"])),
     unit="fraction",
@@ -103,10 +102,7 @@ numeric_family(
 
 
 numeric_family(
-    "training.lsh_threshold",
-    difficulty=2,
-    section=SEC_DEDUP,
-    reference=REF_DEDUP,
+    family("training.lsh_threshold", difficulty=2, section=SEC_DEDUP, reference=REF_DEDUP),
     draw=_bands,
     calc=lambda p: lsh_threshold(p["rows"], p["bands"]),
     unit="fraction",
@@ -144,9 +140,7 @@ def _with_system(p) -> str:
 
 
 numeric_family(
-    "training.response_share",
-    section=SEC_SFT,
-    reference="docs/references.md#instructgpt (Ouyang et al. 2022, arXiv:2203.02155)",
+    family("training.response_share", section=SEC_SFT, reference=REF_SFT),
     draw=lambda rng: picks(rng, system=[0, 30, 80], prompt=[20, 45, 120], reply=[10, 60, 200]),
     calc=_response_share,
     unit="fraction",
@@ -183,10 +177,7 @@ def _packed_fill(p) -> float:
 
 
 numeric_family(
-    "training.packing_fill",
-    difficulty=2,
-    section=SEC_PACK,
-    reference="docs/references.md#krell2021 (arXiv:2107.02027)",
+    family("training.packing_fill", difficulty=2, section=SEC_PACK, reference=REF_PACKING),
     draw=_documents,
     calc=_packed_fill,
     unit="fraction",
@@ -229,10 +220,7 @@ def _distill(p) -> float:
 
 
 numeric_family(
-    "training.distill_loss",
-    difficulty=3,
-    section=SEC_COMPRESS,
-    reference="docs/references.md#hinton2015 (Hinton, Vinyals & Dean 2015, arXiv:1503.02531, §2)",
+    family("training.distill_loss", difficulty=3, section=SEC_COMPRESS, reference=REF_DISTILL),
     draw=_logit_pair,
     calc=_distill,
     unit="nats/token",
