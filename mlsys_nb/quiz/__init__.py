@@ -18,11 +18,13 @@
 - ``python -m mlsys_nb.quiz --topic pipeline -n 10``: practice in a terminal; ``html.write_worksheets``:
   printable sheets and a separate answer key (``make worksheets``).
 - Families live in ``quiz.bank``, one module per topic named after it (``bank.memory`` holds the
-  ``memory`` families); spot-the-error cards in ``bank.cards``. A family whose answer is one calculator
-  call is a declaration: ``bank._util.numeric_family`` (draw the params, call the calculator that owns
-  the formula, word the question, hints and solution as ``str.format`` templates) or ``ratio_family``
-  (one calculator under two settings); choice questions and searches stay functions. Second routes:
-  ``quiz.routes``, the same split by topic.
+  ``memory`` families, and a family's topic is its module's name); spot-the-error cards in ``bank.cards``.
+  A family whose answer is one calculator call is a declaration,
+  ``numeric_family(family(name, section=..., reference=...), draw=..., calc=..., ...)`` (``bank._util``:
+  draw the params, call the calculator that owns the formula, word the question, hints and solution as
+  ``str.format`` templates), or ``ratio_family`` (one calculator under two settings); choice questions and
+  searches stay functions registered by ``@family(name, ...)``. Second routes: ``quiz.routes``, the same
+  split by topic.
 """
 
 from .core import TOPICS, CheckResult, Question, Worksheet, draw, families, family_info, make, topics, worksheet

@@ -84,6 +84,11 @@ numeric_family(
 )
 
 
+def _in_minutes_and_hours(p) -> dict:
+    """The interval T and restart R in minutes, the MTBF M in hours, as the words give them."""
+    return {"t_min": p["t"] / 60, "m_h": p["m"] / HOUR, "r_min": p["r"] / 60}
+
+
 def _failure_case(rng) -> dict:
     c, t_min = pick(rng, [20.0, 60.0, 90.0]), pick(rng, [10.0, 20.0, 30.0, 60.0])
     m_h, r_min = pick(rng, [2.0, 3.0, 8.0]), pick(rng, [0.0, 5.0, 10.0])
@@ -95,7 +100,7 @@ numeric_family(
     draw=_failure_case,
     calc=lambda p: expected_lost_fraction(p["t"], p["c"], p["m"], p["r"]),
     unit="fraction",
-    fields=lambda p, result: {"t_min": p["t"] / 60, "m_h": p["m"] / HOUR, "r_min": p["r"] / 60},
+    fields=lambda p, result: _in_minutes_and_hours(p),
     text=(
         "A job checkpoints every {t_min:g} min of work, each save stalls it {c:g} s, it fails every {m_h:g} h "
         "on average and a restart takes {r_min:g} min. To first order, what share of wall time is lost to "
@@ -137,12 +142,7 @@ numeric_family(
     draw=_restart_case,
     calc=lambda p: lost_gpu_hours_per_day(p["n"], p["m"], p["t"], p["r"]),
     unit="GPU-hours",
-    fields=lambda p, result: {
-        "m_h": p["m"] / HOUR,
-        "t_min": p["t"] / 60,
-        "r_min": p["r"] / 60,
-        "half_t_min": p["t"] / 120,
-    },
+    fields=lambda p, result: {**_in_minutes_and_hours(p), "half_t_min": p["t"] / 120},
     text=(
         "A job on {n} GPUs fails every {m_h:g} h on average, checkpoints every {t_min:g} min of work and "
         "needs {r_min:g} min to restart. How many GPU-hours does it lose per day to failures (recomputation "

@@ -180,17 +180,29 @@ REF_CRITICAL = "docs/references.md#critical-batch (McCandlish et al. 2018, arXiv
 DATASETS = [999, 4_097, 10_007, 50_001]  # odd sizes; per rank < 10^4, so the printed 4-digit key is exact
 
 
-def _drop_words(p) -> str:
-    return "drop_last=True" if p["drop_last"] else "drop_last=False (the default)"
+def _sampler_case(rng) -> dict:
+    return picks(rng, n=DATASETS, world=[6, 8, 16, 24, 64], drop_last=[False, True])
+
+
+def _per_rank(p) -> int:
+    """Samples each rank reads per epoch (``parallel.data.samples_per_rank``)."""
+    return pdata.samples_per_rank(p["n"], p["world"], p["drop_last"])
+
+
+def _drop_words(p) -> dict:
+    """How the words name the drop_last setting, and the rule it gives the per-rank count by."""
+    if p["drop_last"]:
+        return {"drop": "drop_last=True", "rule": "⌊N/W⌋"}
+    return {"drop": "drop_last=False (the default)", "rule": "⌈N/W⌉"}
 
 
 numeric_family(
     family("data_parallel.samples_per_rank", section=SEC_SAMPLER, reference=REF_SAMPLER),
-    draw=lambda rng: picks(rng, n=DATASETS, world=[6, 8, 16, 24, 64], drop_last=[False, True]),
-    calc=lambda p: pdata.samples_per_rank(p["n"], p["world"], p["drop_last"]),
+    draw=_sampler_case,
+    calc=_per_rank,
     unit="count",
     tolerance=0.0,
-    fields=lambda p, result: {"drop": _drop_words(p), "rule": "⌊N/W⌋" if p["drop_last"] else "⌈N/W⌉"},
+    fields=lambda p, result: _drop_words(p),
     text=(
         "DistributedSampler over a dataset of {n} samples on W = {world} ranks, {drop}: how many samples "
         "does each rank read per epoch?"
@@ -201,16 +213,15 @@ numeric_family(
 
 numeric_family(
     family("data_parallel.sampler_padding", section=SEC_SAMPLER, reference=REF_SAMPLER),
-    draw=lambda rng: picks(rng, n=DATASETS, world=[6, 8, 16, 24, 64], drop_last=[False, True]),
-    calc=lambda p: abs(p["world"] * pdata.samples_per_rank(p["n"], p["world"], p["drop_last"]) - p["n"]),
+    draw=_sampler_case,
+    calc=lambda p: abs(p["world"] * _per_rank(p) - p["n"]),
     unit="count",
     tolerance=0.0,
     fields=lambda p, result: {
-        "drop": _drop_words(p),
+        **_drop_words(p),
         "what": "read by no rank (dropped)" if p["drop_last"] else "read twice (the padding repeats)",
-        "per_rank": pdata.samples_per_rank(p["n"], p["world"], p["drop_last"]),
-        "covered": p["world"] * pdata.samples_per_rank(p["n"], p["world"], p["drop_last"]),
-        "rule": "⌊N/W⌋" if p["drop_last"] else "⌈N/W⌉",
+        "per_rank": _per_rank(p),
+        "covered": p["world"] * _per_rank(p),
     },
     text=("DistributedSampler over {n} samples on W = {world} ranks, {drop}: how many samples per epoch are {what}?"),
     hints=[

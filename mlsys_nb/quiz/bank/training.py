@@ -135,6 +135,11 @@ def _response_share(p) -> float:
     return sum(mask) / len(ids)
 
 
+def _trained_tokens(p) -> int:
+    """Tokens the loss mask of ``training.format_chat`` trains on."""
+    return sum(format_chat(_chat(p))[1])
+
+
 def _with_system(p) -> str:
     return f"a system message of {p['system']} characters, " if p["system"] else "no system message, "
 
@@ -146,8 +151,8 @@ numeric_family(
     unit="fraction",
     fields=lambda p, result: {
         "sys": _with_system(p),
-        "n_tokens": round(sum(format_chat(_chat(p))[1]) / result),
-        "trained": sum(format_chat(_chat(p))[1]),
+        "n_tokens": round(_trained_tokens(p) / result),
+        "trained": _trained_tokens(p),
     },
     text=(
         "An SFT record is rendered as <|role|>content<|end|> per message, each marker one token and the text one "
@@ -176,6 +181,11 @@ def _packed_fill(p) -> float:
     return pack([[1] * n for n in p["lengths"]], p["seq_len"])["fill"]
 
 
+def _one_per_row_fill(p) -> float:
+    """The fill if each document were padded to a row of its own."""
+    return sum(p["lengths"]) / (len(p["lengths"]) * p["seq_len"])
+
+
 numeric_family(
     family("training.packing_fill", difficulty=2, section=SEC_PACK, reference=REF_PACKING),
     draw=_documents,
@@ -185,7 +195,7 @@ numeric_family(
         "docs": ", ".join(map(str, p["lengths"])),
         "total": sum(p["lengths"]),
         "rows": round(sum(p["lengths"]) / (result * p["seq_len"])),
-        "padded": sum(p["lengths"]) / (len(p["lengths"]) * p["seq_len"]),
+        "padded": _one_per_row_fill(p),
     },
     text=(
         "Documents of {docs} tokens, in this order, are packed greedily into rows of {seq_len} tokens: a document "
@@ -198,9 +208,7 @@ numeric_family(
         "{total} / ({rows}·{seq_len}) = {result:.4g} (training.pack); padding each document to its own row "
         "would fill only {padded:.3g}.",
     ],
-    diagnostics=lambda p, fill: [
-        (sum(p["lengths"]) / (len(p["lengths"]) * p["seq_len"]) / fill, "that is one document per padded row")
-    ],
+    diagnostics=lambda p, fill: [(_one_per_row_fill(p) / fill, "that is one document per padded row")],
 )
 
 LOGITS = [(2.0, 1.0, 0.0), (3.0, 0.0, -1.0), (0.5, 2.5, 1.0), (1.0, -1.0, 2.0)]  # teacher/student logit vectors
