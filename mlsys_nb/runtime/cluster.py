@@ -279,14 +279,14 @@ class Cluster:
 
     def __init__(
         self,
-        world_size=4,
-        backend="auto",
-        timeout=60.0,
+        world_size: int = 4,
+        backend: str = "auto",
+        timeout: float = 60.0,
         *,
-        threads=1,
-        error_grace=3.0,
-        pg_timeout=None,
-        start_timeout=120.0,
+        threads: int = 1,
+        error_grace: float = 3.0,
+        pg_timeout: float | None = None,
+        start_timeout: float = 120.0,
     ):
         check_int("world_size", world_size, 1)
         for name, value in (("timeout", timeout), ("error_grace", error_grace), ("start_timeout", start_timeout)):
