@@ -98,6 +98,23 @@ def test_notebook_gpu_cells_read_back_what_the_pack_recorded(tmp_path):
     assert gpu_record.RECORD_DIR == ROOT / "data" / "measured"
 
 
+def test_a_pipe_in_a_figure_name_stays_inside_its_cell(tmp_path):
+    """A figure named ``max |GPU - CPU|`` (notebook 23's quantize-on-the-GPU figures) keeps the table's columns:
+    the record's Markdown and the notebook cell's table have as many cells per row as their header (a ``|``
+    left unescaped split the row into two more)."""
+    import re
+
+    def cells(line):  # Markdown splits a row at every pipe not escaped with a backslash
+        return len(re.split(r"(?<!\\)\|", line.strip().strip("|")))
+
+    GpuRecord(tmp_path, {"device": "NVIDIA H100 80GB HBM3"}).add("test_q", "max |GPU - CPU|", 0.0, "", "a|b")
+    for text in ((tmp_path / "gpu-h100-80gb-hbm3.md").read_text(), gpu_record.gpu_cell("test_q", tmp_path)):
+        header, _, row = [ln for ln in text.splitlines() if ln.startswith("|")][:3]
+        assert cells(row) == cells(header), row
+        assert "max \\|GPU - CPU\\|" in row
+    assert cells("| x | max |GPU - CPU| |") == cells("| a | b |") + 2  # the check sees an unescaped pipe
+
+
 def _gpu_cells():
     import nbformat
 

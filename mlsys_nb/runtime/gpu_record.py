@@ -18,11 +18,22 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["GpuRecord", "device_slug", "cuda_seconds", "RECORD_DIR", "recorded", "lookup", "gpu_cell"]
+__all__ = ["GpuRecord", "device_slug", "cuda_seconds", "RECORD_DIR", "recorded", "lookup", "gpu_cell", "table_row"]
 
 RECORD_DIR = Path(__file__).resolve().parents[2] / "data" / "measured"
 
 SCRIPT = "tests/gpu/ (make test-gpu: python3 -m pytest -o addopts='' -m gpu tests/gpu)"
+
+
+def table_row(*cells) -> str:
+    """One Markdown table row of ``cells``; a ``|`` inside a cell is escaped (``\\|``), so a figure named
+    ``max |GPU - CPU|`` stays one cell instead of splitting the row into more columns than the header's."""
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+
+def _value(v) -> str:
+    """A recorded value as a table shows it: floats to 4 significant digits."""
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 def device_slug(name: str) -> str:
@@ -91,9 +102,7 @@ class GpuRecord:
         lines += [f"- {k}: {v}" for k, v in m.items()]
         lines += ["", "| test | figure | value | unit | note | date |", "|---|---|---|---|---|---|"]
         for f in self.figures:
-            v = f["value"]
-            v = f"{v:.4g}" if isinstance(v, float) else str(v)
-            lines.append(f"| {f['test']} | {f['name']} | {v} | {f['unit']} | {f['note']} | {f['date']} |")
+            lines.append(table_row(f["test"], f["name"], _value(f["value"]), f["unit"], f["note"], f["date"]))
         return "\n".join(lines) + "\n"
 
 
@@ -162,6 +171,5 @@ def gpu_cell(tests, directory=None, *, cuda: bool | None = None) -> str:
         )
     lines = ["| device | test | figure | measured | unit | note | date |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        v = f"{r['value']:.4g}" if isinstance(r["value"], float) else str(r["value"])
-        lines.append(f"| {r['device']} | {r['test']} | {r['name']} | {v} | {r['unit']} | {r['note']} | {r['date']} |")
+        lines.append(table_row(r["device"], r["test"], r["name"], _value(r["value"]), r["unit"], r["note"], r["date"]))
     return "\n".join(lines)
