@@ -17,7 +17,8 @@ def test_experts_and_context_notebook_four_ranks_with_solutions():
     text = printed_text(nb)
     assert "4 ranks; 8 experts, top-2" in text
     labels = passed_labels(nb)
-    assert len(labels) == 10, labels  # 8 checks + 2 exercise solutions
+    assert len(labels) == 11, labels  # 9 checks + 2 exercise solutions
+    assert any(label.startswith("Switch-C's 2048 experts") for label in labels), labels
     margins = [m["label"] for m in recorded_checks(nb, "margin")]
     assert sum(label.startswith("load max/mean") for label in margins) == 4, margins
     assert "not attempted" not in text  # with solutions=True every exercise is solved, then checked
