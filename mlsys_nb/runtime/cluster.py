@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import ast
 import atexit
-import datetime
 import faulthandler
 import linecache
 import multiprocessing.connection as mpc
@@ -68,7 +67,6 @@ import cloudpickle
 from ..config import check_choice, check_int, check_seconds
 from .ranks import (
     BACKENDS,
-    HOST,
     RankError,
     RankTimeoutError,
     context,
@@ -107,10 +105,6 @@ def _rank_main(rank, world_size, backend, store_port, conn, pg_timeout_s, thread
         ready.append(True)
 
     try:
-        import torch.distributed as dist
-
-        timeout = datetime.timedelta(seconds=pg_timeout_s)
-        store = dist.TCPStore(HOST, store_port, is_master=False, timeout=timeout)
         run_on_rank(
             _serve_forever,
             (conn, out),
@@ -121,7 +115,8 @@ def _rank_main(rank, world_size, backend, store_port, conn, pg_timeout_s, thread
             backend=backend,
             timeout=pg_timeout_s,
             threads=threads,
-            store=store,
+            store_port=store_port,
+            store_timeout=pg_timeout_s,
             on_ready=on_ready,
         )
     except BaseException:

@@ -45,7 +45,6 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from datetime import timedelta
 from multiprocessing import connection
 
 import cloudpickle
@@ -53,7 +52,6 @@ import cloudpickle
 from ..config import check_choice, check_int, check_seconds
 from .ranks import (
     BACKENDS,
-    HOST,
     RankError,
     RankFailure,
     RankTimeoutError,
@@ -149,10 +147,7 @@ def _rank_main(rank, world_size, port, backend, payload, timeout, start_timeout,
         result_w.send_bytes(cloudpickle.dumps(message))
 
     try:
-        import torch.distributed as dist
-
         fn, args, kwargs = pickle.loads(payload)
-        store = dist.TCPStore(HOST, port, is_master=False, timeout=timedelta(seconds=start_timeout))
         value = run_on_rank(
             fn,
             args,
@@ -163,7 +158,8 @@ def _rank_main(rank, world_size, port, backend, payload, timeout, start_timeout,
             backend=backend,
             timeout=timeout,
             threads=threads,
-            store=store,
+            store_port=port,
+            store_timeout=start_timeout,
             on_ready=lambda: send(("ready", os.getpid())),
         )
         try:

@@ -172,15 +172,27 @@ def device():
 # Inside a rank
 # --------------------------------------------------------------------------------------------
 def run_on_rank(
-    fn, args, kwargs, *, rank, world_size, local_rank, backend, timeout, threads, store=None, on_ready=None
+    fn,
+    args,
+    kwargs,
+    *,
+    rank,
+    world_size,
+    local_rank,
+    backend,
+    timeout,
+    threads,
+    store_port=None,
+    store_timeout=60.0,
+    on_ready=None,
 ):
     """Set up one rank, run ``fn(*args, **kwargs)`` and tear the process group down.
 
-    Shared by ``launch`` and ``Cluster`` (``store`` = the caller's TCPStore) and by
-    ``python -m mlsys_nb.run`` under torchrun (``store=None``: rendezvous from
-    MASTER_ADDR/MASTER_PORT, ``env://``). ``timeout``: seconds any collective may wait before
-    raising (torch's default is 30 min). ``threads``: intra-op threads for this rank.
-    ``on_ready()`` is called once the group is up.
+    Shared by ``launch`` and ``Cluster`` (``store_port``: the port of the caller's rendezvous store on
+    ``HOST``, joined as a client within ``store_timeout`` seconds) and by ``python -m mlsys_nb.run`` under
+    torchrun (``store_port=None``: rendezvous from MASTER_ADDR/MASTER_PORT, ``env://``). ``timeout``: seconds
+    any collective may wait before raising (torch's default is 30 min). ``threads``: intra-op threads for
+    this rank. ``on_ready()`` is called once the group is up.
     """
     import torch
     import torch.distributed as dist
@@ -188,7 +200,11 @@ def run_on_rank(
     torch.set_num_threads(threads)  # before any op: ranks must not oversubscribe the cores
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
-    init = {"store": store} if store is not None else {"init_method": "env://"}
+    if store_port is None:
+        init = {"init_method": "env://"}
+    else:
+        store = dist.TCPStore(HOST, store_port, is_master=False, timeout=timedelta(seconds=store_timeout))
+        init = {"store": store}
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout), **init)
     # Every rank has now connected to every other before fn starts; without this a rank
     # whose fn is quick could exit while a slower peer is still connecting to it.
