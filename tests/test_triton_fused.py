@@ -11,6 +11,7 @@ from torch import nn
 
 from mlsys_nb.config import ArgumentError, ModelConfig
 from mlsys_nb.models.transformer import build_norm
+import mlsys_nb.kernels  # noqa: F401  (at collection: sets TRITON_INTERPRET before any test imports triton)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # interpreted on CPU tensors, compiled on a GPU
 EPS = 1e-5

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from mlsys_nb.config import ArgumentError
 from mlsys_nb.quant import int8_weights, quantize
+import mlsys_nb.kernels  # noqa: F401  (at collection: sets TRITON_INTERPRET before any test imports triton)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # interpreted on CPU tensors, compiled on a GPU
 TOL = 1e-5  # relative to the largest output: fp32 sums of exact products, in another order

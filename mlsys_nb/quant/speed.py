@@ -28,6 +28,7 @@ from ..config import check_choice, check_int, check_number, dtype_bytes
 from ..inference.roofline import decode_cost, matmul_params
 from ..runtime.machine import vector_kernels  # noqa: F401  (re-exported: notebook 23 reads it here)
 from ..runtime.timing import median
+from .formats import quantize
 
 __all__ = [
     "decode_speedup_bound",
@@ -40,10 +41,10 @@ __all__ = [
 
 
 def int8_weights(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row absmax int8 weights [out, in] (int8) and their scales [out] (bf16): ``w ≈ q · s``."""
-    s = (w.detach().float().abs().amax(dim=1) / 127).clamp(min=1e-12)
-    q = torch.round(w.detach().float() / s[:, None]).clamp(-127, 127).to(torch.int8)
-    return q, s.bfloat16()
+    """Per-row absmax int8 weights [out, in] (int8) and their scales [out] (bf16): ``w ≈ q · s``; the codes of
+    ``formats.quantize(w, "int8", group_size=-1)``, its fp32 scales rounded to bf16 (what the kernel takes)."""
+    qt = quantize(w, "int8", group_size=-1)
+    return qt.codes, qt.scales.bfloat16()
 
 
 def int8_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
