@@ -149,7 +149,7 @@ def test_bad_inputs_name_the_parameter():
 def test_the_autotune_lists_hold_tensor_core_tiles_and_half_inputs_take_the_default_dot(monkeypatch):
     for cfg in tf.FWD_CONFIGS + tf.DKDV_CONFIGS + tf.DQ_CONFIGS:
         bm, bn = cfg.kwargs["BM"], cfg.kwargs["BN"]
-        assert bm >= 32 and bn >= 32 and bm & (bm - 1) == 0 and bn & (bn - 1) == 0 and cfg.num_warps in (4, 8)
+        assert bm >= 16 and bn >= 16 and bm & (bm - 1) == 0 and bn & (bn - 1) == 0 and cfg.num_warps in (4, 8)
     monkeypatch.setattr(tf, "INTERPRETED", False)
     assert tf.dot_precision(torch.bfloat16) == tf.dot_precision(torch.float16) == "tf32"  # the MMA for half tiles
     assert tf.dot_precision(torch.float32) == "ieee"

@@ -63,10 +63,12 @@ def _configs(rows):
     return [triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in rows]
 
 
-# (block_q, block_k, num_warps, num_stages): the shapes Triton's fused-attention tutorial tunes over on Hopper
-FWD_CONFIGS = _configs([(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (128, 32, 4, 4)])
-DKDV_CONFIGS = _configs([(32, 128, 4, 3), (64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 2)])
-DQ_CONFIGS = _configs([(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2)])
+# (block_q, block_k, num_warps, num_stages), from the shapes Triton's fused-attention tutorial tunes over on Hopper;
+# each compiles for sm_90a at head_dim 64 and 128 with at most 60 bytes of register spill (ptxas -v on Triton 3.9's
+# PTX, compiled without a GPU): the dK/dV kernel holds two fp32 [block_k, d] accumulators, so its tiles are small.
+FWD_CONFIGS = _configs([(128, 128, 8, 3), (128, 64, 8, 4), (128, 32, 4, 4), (64, 64, 4, 3)])
+DKDV_CONFIGS = _configs([(32, 64, 8, 3), (32, 128, 8, 3), (64, 64, 8, 3), (16, 64, 4, 3)])
+DQ_CONFIGS = _configs([(128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 8, 3)])
 
 
 def _tuned(configs, kernel):
@@ -122,30 +124,42 @@ def key_tiles_visited(s_q: int, s_k: int, block_q: int, block_k: int, causal: bo
 
 
 @triton.jit
+def _tile(rows, n, rd, D: tl.constexpr, BD: tl.constexpr):
+    """Element offsets of a ``[len(rows), BD]`` tile of a row-major ``[n, D]`` matrix, and its mask: rows past
+    ``n`` off, and the padded columns ``D..BD`` only where the head dim is not a power of two. A mask that is
+    constant along a row keeps each row's load one wide vector: with ``BD == D`` it masks rows only."""
+    if BD == D:
+        return rows[:, None] * D + rd[None, :], rows[:, None] < n
+    else:
+        return rows[:, None] * D + rd[None, :], (rows[:, None] < n) & (rd[None, :] < D)
+
+
+@triton.jit
 def _query_tile(sq, sk, H, G, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr):
     """Where a program that owns query tile ``program_id(0)`` of query head ``program_id(1)`` (= batch · heads +
     head) reads: first row ``m0``, head ``bh``, rows ``rm``, columns ``rd``, the element offsets of its Q head and
-    of the KV head it reads (GQA: query head h reads KV head h // G), and the mask of its ragged edges."""
+    of the KV head it reads (GQA: query head h reads KV head h // G), and its tile's offsets and mask."""
     m0 = tl.program_id(0) * BM
     bh = tl.program_id(1)
     kv_bh = (bh // H) * (H // G) + (bh % H) // G
     rm = m0 + tl.arange(0, BM)
     rd = tl.arange(0, BD)
-    q_mask = (rm[:, None] < sq) & (rd[None, :] < D)
-    return m0, bh, rm, rd, bh.to(tl.int64) * sq * D, kv_bh.to(tl.int64) * sk * D, q_mask
+    q_tile, q_mask = _tile(rm, sq, rd, D, BD)
+    return m0, bh, rm, rd, bh.to(tl.int64) * sq * D + q_tile, kv_bh.to(tl.int64) * sk * D, q_mask
 
 
 # ---- forward ------------------------------------------------------------------------------------------------
 @triton.jit
 def _fwd_tiles(acc, l_i, m_i, visits, q, k_ptr, v_ptr, rm, rd, lo, hi, sq, sk, qk_scale,
-               D: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+               D: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
                PREC: tl.constexpr):  # fmt: skip
     """The online softmax over key tiles ``[lo, hi)``: the running max ``m_i`` and sum ``l_i`` (base 2) and the
     unnormalised output ``acc`` rescaled by ``alpha`` whenever the max grows."""
     for n0 in range(lo, hi, BN):
         rn = n0 + tl.arange(0, BN)
-        kt = tl.load(k_ptr + rn[None, :] * D + rd[:, None], mask=(rn[None, :] < sk) & (rd[:, None] < D), other=0.0)
-        s = _mma(q, kt, PREC) * qk_scale  # [BM, BN] scores, log2 units
+        kv_tile, kv_mask = _tile(rn, sk, rd, D, BD)
+        k = tl.load(k_ptr + kv_tile, mask=kv_mask, other=0.0)
+        s = _mma(q, tl.trans(k), PREC) * qk_scale  # [BM, BN] scores, log2 units
         if MASK:
             seen = rn[None, :] < sk
             if CAUSAL:
@@ -154,7 +168,7 @@ def _fwd_tiles(acc, l_i, m_i, visits, q, k_ptr, v_ptr, rm, rd, lo, hi, sq, sk, q
         m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: every row sees a key of its first tile
         p = tl.math.exp2(s - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
-        v = tl.load(v_ptr + rn[:, None] * D + rd[None, :], mask=(rn[:, None] < sk) & (rd[None, :] < D), other=0.0)
+        v = tl.load(v_ptr + kv_tile, mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + _mma(p.to(v.dtype), v, PREC)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
@@ -167,19 +181,19 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, count_ptr, sq, sk, H, G, qk
                 D: tl.constexpr, BD: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, COUNT: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr):  # fmt: skip
     """One program: query tile ``program_id(0)`` of query head ``program_id(1)`` (= batch · heads + head)."""
-    m0, bh, rm, rd, q_off, kv_off, q_mask = _query_tile(sq, sk, H, G, D, BD, BM)
-    q = tl.load(q_ptr + q_off + rm[:, None] * D + rd[None, :], mask=q_mask, other=0.0)
+    m0, bh, rm, rd, q_tile, kv_off, q_mask = _query_tile(sq, sk, H, G, D, BD, BM)
+    q = tl.load(q_ptr + q_tile, mask=q_mask, other=0.0)
     acc = tl.zeros((BM, BD), tl.float32)
     l_i = tl.zeros((BM,), tl.float32)
     m_i = tl.full((BM,), -float("inf"), tl.float32)
     full, end = key_range(m0, sq, sk, BM, BN, CAUSAL)
     visits = 0
     acc, l_i, m_i, visits = _fwd_tiles(acc, l_i, m_i, visits, q, k_ptr + kv_off, v_ptr + kv_off, rm, rd, 0, full,
-                                       sq, sk, qk_scale, D, BN, False, CAUSAL, PREC)  # fmt: skip
+                                       sq, sk, qk_scale, D, BD, BN, False, CAUSAL, PREC)  # fmt: skip
     acc, l_i, m_i, visits = _fwd_tiles(acc, l_i, m_i, visits, q, k_ptr + kv_off, v_ptr + kv_off, rm, rd, full, end,
-                                       sq, sk, qk_scale, D, BN, True, CAUSAL, PREC)  # fmt: skip
+                                       sq, sk, qk_scale, D, BD, BN, True, CAUSAL, PREC)  # fmt: skip
     out = (acc / l_i[:, None]).to(o_ptr.dtype.element_ty)  # normalised once, at the end
-    tl.store(o_ptr + q_off + rm[:, None] * D + rd[None, :], out, mask=q_mask)
+    tl.store(o_ptr + q_tile, out, mask=q_mask)
     tl.store(lse_ptr + bh * sq + rm, (m_i + tl.math.log2(l_i)) / _LOG2E, mask=rm < sq)  # natural log
     if COUNT:
         tl.store(count_ptr + bh * tl.num_programs(0) + tl.program_id(0), visits)
@@ -191,13 +205,14 @@ _fwd_tuned = _tuned(FWD_CONFIGS, _fwd_kernel)
 # ---- backward -----------------------------------------------------------------------------------------------
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, rn, rd, lo, hi, sq, sk, qk_scale,
-                D: tl.constexpr, BM: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+                D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, MASK: tl.constexpr,
+                PREC: tl.constexpr):  # fmt: skip
     """dV and dK of one key tile from query tiles ``[lo, hi)`` of one query head, transposed (keys as rows)."""
     for m0 in range(lo, hi, BM):
         rm = m0 + tl.arange(0, BM)
-        q_mask = (rm[:, None] < sq) & (rd[None, :] < D)  # rows past s_q load 0 and contribute 0
-        q = tl.load(q_ptr + rm[:, None] * D + rd[None, :], mask=q_mask, other=0.0)
-        do = tl.load(do_ptr + rm[:, None] * D + rd[None, :], mask=q_mask, other=0.0)
+        q_tile, q_mask = _tile(rm, sq, rd, D, BD)  # rows past s_q load 0 and contribute 0
+        q = tl.load(q_ptr + q_tile, mask=q_mask, other=0.0)
+        do = tl.load(do_ptr + q_tile, mask=q_mask, other=0.0)
         lse = tl.load(lse_ptr + rm, mask=rm < sq, other=0.0) * _LOG2E
         delta = tl.load(delta_ptr + rm, mask=rm < sq, other=0.0)
         pt = tl.math.exp2(_mma(k, tl.trans(q), PREC) * qk_scale - lse[None, :])  # Pᵀ [BN, BM]
@@ -219,10 +234,10 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr
     kv_bh = tl.program_id(1)
     rn = n0 + tl.arange(0, BN)
     rd = tl.arange(0, BD)
-    kv_off = kv_bh.to(tl.int64) * sk * D
-    kv_mask = (rn[:, None] < sk) & (rd[None, :] < D)
-    k = tl.load(k_ptr + kv_off + rn[:, None] * D + rd[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(v_ptr + kv_off + rn[:, None] * D + rd[None, :], mask=kv_mask, other=0.0)
+    kv_tile, kv_mask = _tile(rn, sk, rd, D, BD)
+    kv_tile += kv_bh.to(tl.int64) * sk * D
+    k = tl.load(k_ptr + kv_tile, mask=kv_mask, other=0.0)
+    v = tl.load(v_ptr + kv_tile, mask=kv_mask, other=0.0)
     dk = tl.zeros((BN, BD), tl.float32)
     dv = tl.zeros((BN, BD), tl.float32)
     lo, full = _query_range(n0, sq, sk, BM, BN, CAUSAL)
@@ -230,31 +245,31 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr
         bh = (kv_bh // (H // G)) * H + (kv_bh % (H // G)) * G + g
         q_off = bh.to(tl.int64) * sq * D
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptr + q_off, do_ptr + q_off, lse_ptr + bh * sq, delta_ptr + bh * sq,
-                             rn, rd, lo, tl.minimum(full, sq), sq, sk, qk_scale, D, BM, True, PREC)  # fmt: skip
+                             rn, rd, lo, tl.minimum(full, sq), sq, sk, qk_scale, D, BD, BM, True, PREC)  # fmt: skip
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptr + q_off, do_ptr + q_off, lse_ptr + bh * sq, delta_ptr + bh * sq,
-                             rn, rd, full, sq, sq, sk, qk_scale, D, BM, False, PREC)  # fmt: skip
-    tl.store(dk_ptr + kv_off + rn[:, None] * D + rd[None, :], (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
-    tl.store(dv_ptr + kv_off + rn[:, None] * D + rd[None, :], dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
+                             rn, rd, full, sq, sq, sk, qk_scale, D, BD, BM, False, PREC)  # fmt: skip
+    tl.store(dk_ptr + kv_tile, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
+    tl.store(dv_ptr + kv_tile, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
 
 
 @triton.jit
 def _dq_tiles(dq, q, do, lse, delta, k_ptr, v_ptr, rm, rd, lo, hi, sq, sk, qk_scale,
-              D: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+              D: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
               PREC: tl.constexpr):  # fmt: skip
     """dQ of one query tile from key tiles ``[lo, hi)``: ``dQ += dS K``."""
     for n0 in range(lo, hi, BN):
         rn = n0 + tl.arange(0, BN)
-        kv_mask = (rn[None, :] < sk) & (rd[:, None] < D)
-        kt = tl.load(k_ptr + rn[None, :] * D + rd[:, None], mask=kv_mask, other=0.0)  # Kᵀ [BD, BN]
-        vt = tl.load(v_ptr + rn[None, :] * D + rd[:, None], mask=kv_mask, other=0.0)
-        p = tl.math.exp2(_mma(q, kt, PREC) * qk_scale - lse[:, None])
+        kv_tile, kv_mask = _tile(rn, sk, rd, D, BD)
+        k = tl.load(k_ptr + kv_tile, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + kv_tile, mask=kv_mask, other=0.0)
+        p = tl.math.exp2(_mma(q, tl.trans(k), PREC) * qk_scale - lse[:, None])
         if MASK:
             seen = rn[None, :] < sk
             if CAUSAL:
                 seen = seen & (rn[None, :] <= rm[:, None] + (sk - sq))
             p = tl.where(seen, p, 0.0)
-        ds = p * (_mma(do, vt, PREC) - delta[:, None])
-        dq += _mma(ds.to(kt.dtype), tl.trans(kt), PREC)
+        ds = p * (_mma(do, tl.trans(v), PREC) - delta[:, None])  # dS = P ∘ (dO Vᵀ − D)
+        dq += _mma(ds.to(k.dtype), k, PREC)
     return dq
 
 
@@ -263,18 +278,18 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, sq, sk, 
                D: tl.constexpr, BD: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
                BM: tl.constexpr, BN: tl.constexpr):  # fmt: skip
     """One program: dQ of query tile ``program_id(0)`` of query head ``program_id(1)``; the forward's key range."""
-    m0, bh, rm, rd, q_off, kv_off, q_mask = _query_tile(sq, sk, H, G, D, BD, BM)
-    q = tl.load(q_ptr + q_off + rm[:, None] * D + rd[None, :], mask=q_mask, other=0.0)
-    do = tl.load(do_ptr + q_off + rm[:, None] * D + rd[None, :], mask=q_mask, other=0.0)
+    m0, bh, rm, rd, q_tile, kv_off, q_mask = _query_tile(sq, sk, H, G, D, BD, BM)
+    q = tl.load(q_ptr + q_tile, mask=q_mask, other=0.0)
+    do = tl.load(do_ptr + q_tile, mask=q_mask, other=0.0)
     lse = tl.load(lse_ptr + bh * sq + rm, mask=rm < sq, other=0.0) * _LOG2E
     delta = tl.load(delta_ptr + bh * sq + rm, mask=rm < sq, other=0.0)
     dq = tl.zeros((BM, BD), tl.float32)
     full, end = key_range(m0, sq, sk, BM, BN, CAUSAL)
     dq = _dq_tiles(dq, q, do, lse, delta, k_ptr + kv_off, v_ptr + kv_off, rm, rd, 0, full, sq, sk, qk_scale,
-                   D, BN, False, CAUSAL, PREC)  # fmt: skip
+                   D, BD, BN, False, CAUSAL, PREC)  # fmt: skip
     dq = _dq_tiles(dq, q, do, lse, delta, k_ptr + kv_off, v_ptr + kv_off, rm, rd, full, end, sq, sk, qk_scale,
-                   D, BN, True, CAUSAL, PREC)  # fmt: skip
-    tl.store(dq_ptr + q_off + rm[:, None] * D + rd[None, :], (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
+                   D, BD, BN, True, CAUSAL, PREC)  # fmt: skip
+    tl.store(dq_ptr + q_tile, (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
 
 
 _dkdv_tuned = _tuned(DKDV_CONFIGS, _dkdv_kernel)
