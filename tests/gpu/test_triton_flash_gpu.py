@@ -1,11 +1,11 @@
-"""The Triton FlashAttention (``mlsys_nb/kernels/triton_flash.py``) compiled on the GPU: equal to SDPA, and timed
-against SDPA's flash backend, forward and backward (GPU pack II, issue 50).
+"""The Triton FlashAttention (``mlsys_nb/kernels/triton_flash.py``) compiled on the GPU: equal to the kit's fp32
+reference, and timed against SDPA's flash backend, forward and backward (GPU pack II, issue 50).
 
 Correctness: bf16 with GQA and a ragged length (1000), output and the three gradients against fp32 attention of
-the same bf16 values within 4 bf16 unit roundoffs (2⁻⁸) of each tensor's largest entry (the bound the interpreter
-test holds on CPU); fp32 (IEEE products) within 2e-4 (output) and 2e-3 (gradients) of fp32 SDPA, the bounds
-the pack holds the kit's PyTorch ``flash_attention`` to; the causal loop's own tile count equals
-``key_tiles_visited`` with 64 x 64 tiles.
+the same bf16 values (the kit's ``naive_attention``) within 4 bf16 unit roundoffs (2⁻⁸) of each tensor's largest
+entry (the bound the interpreter test holds on CPU, where the kernels also equal SDPA); fp32 (IEEE products) within
+2e-4 (output) and 2e-3 (gradients) of it, the bounds the pack holds the kit's PyTorch ``flash_attention`` to; the
+causal loop's own tile count equals ``key_tiles_visited`` with 64 x 64 tiles.
 
 Speed: bf16, causal and not, s = 1k..16k, head dim 64 and 128, s·batch = 16384 tokens and heads·d = 2048 (the
 model width); no GQA (SDPA's flash backend needs equal heads). Each side is timed with
@@ -22,6 +22,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from test_gpu_kernels import rand
+
 pytestmark = pytest.mark.gpu
 
 SEQS = (1024, 2048, 4096, 8192, 16384)
@@ -33,16 +35,11 @@ GOAL_S, GOAL_D = 8192, 128
 
 @pytest.fixture(scope="module")
 def tf():
-    import mlsys_nb.kernels  # noqa: F401  (sets TRITON_INTERPRET only without CUDA)
+    """``kernels/triton_flash``, compiled (importing it sets TRITON_INTERPRET=1 only without CUDA)."""
     from mlsys_nb.kernels import triton_flash
 
     assert not triton_flash.INTERPRETED, "TRITON_INTERPRET=1 is set: the pack measures compiled kernels"
     return triton_flash
-
-
-def rand(*shape, seed=0, dtype=torch.bfloat16):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    return torch.randn(*shape, device="cuda", generator=g).to(dtype)
 
 
 def _out_and_grads(fn, q, k, v, dout):
@@ -51,26 +48,20 @@ def _out_and_grads(fn, q, k, v, dout):
     return [out.detach().float(), *(g.float() for g in torch.autograd.grad(out, (q, k, v), dout))]
 
 
-def _sdpa(causal):
-    def fn(q, k, v):
-        sq, sk = q.shape[2], k.shape[2]
-        mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq) if causal else None
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # bottom-right aligned
-
-    return fn
-
-
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_triton_flash_equals_sdpa_compiled(tf, cuda, record, causal):
+def test_triton_flash_equals_the_fp32_reference_compiled(tf, cuda, record, causal):
+    from mlsys_nb.kernels import naive_attention  # the kit's fp32 reference: bottom-right causal, GQA
+
     b, h, hk, s, d = CHECK_SHAPE
-    shape = f"{b}x{h}/{hk}x{s}x{d}"
-    q, k, v, dout = rand(b, h, s, d, seed=1), rand(b, hk, s, d, seed=2), rand(b, hk, s, d, seed=3), rand(b, h, s, d)
+    label = f"{b}x{h}/{hk}x{s}x{d}"
+    shapes = ((b, h, s, d), (b, hk, s, d), (b, hk, s, d), (b, h, s, d))
+    q, k, v, dout = (rand(*shape, seed=i, dtype=torch.bfloat16) for i, shape in enumerate(shapes))
     got = _out_and_grads(lambda *t: tf.flash_attention_triton(*t, causal=causal), q, k, v, dout)
-    truth = _out_and_grads(_sdpa(causal), q.float(), k.float(), v.float(), dout.float())
+    truth = _out_and_grads(lambda *t: naive_attention(*t, causal=causal), *(t.float() for t in (q, k, v, dout)))
     kind = "causal" if causal else "full"
     for name, a, t in zip(("out", "dq", "dk", "dv"), got, truth):
         units = (a - t).abs().max().item() / (2**-8 * t.abs().max().item())
-        record(f"bf16 {name} error vs fp32 ({kind}, {shape})", units, "bf16 units", "max abs err / 2^-8 max abs ref")
+        record(f"bf16 {name} error vs fp32 ({kind}, {label})", units, "bf16 units", "max abs err / 2^-8 max abs ref")
         assert units <= 4, (name, units)
     fp32 = [t.float() for t in (q, k, v, dout)]  # IEEE products, fixed 32 x 32 tiles (no autotuning for fp32)
     got32 = _out_and_grads(lambda *t: tf.flash_attention_triton(*t, causal=causal, block=32), *fp32)
@@ -114,7 +105,7 @@ def test_triton_flash_speed_vs_sdpa_flash(tf, cuda, record, causal, d):
     kind, gpu = ("causal" if causal else "full"), table_gpu()
     for s in SEQS:
         b, h = TOKENS // s, WIDTH // d
-        q, k, v, dout = (rand(b, h, s, d, seed=i) for i in range(4))
+        q, k, v, dout = (rand(b, h, s, d, seed=i, dtype=torch.bfloat16) for i in range(4))
         torch.testing.assert_close(kit(q, k, v), sdpa_flash(q, k, v), rtol=2e-2, atol=2e-2)  # also autotunes
         fwd_flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
         ms = {"kit": _fwd_bwd_ms(kit, q, k, v, dout), "SDPA flash": _fwd_bwd_ms(sdpa_flash, q, k, v, dout)}
