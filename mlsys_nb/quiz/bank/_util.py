@@ -70,6 +70,11 @@ def gbps(x: float) -> str:
     return f"{x / GB:.4g} GB/s"
 
 
+def gb_over_under(p, over, under, ratio) -> dict:
+    """``fields`` of a ratio family of two byte counts: both written in GB, as ``over_gb`` and ``under_gb``."""
+    return {"over_gb": gb(over), "under_gb": gb(under)}
+
+
 def _setting(s, p) -> dict:
     return s(p) if callable(s) else s
 
@@ -206,6 +211,7 @@ __all__ = [
     "expert_parallel",
     "fusion",
     "gb",
+    "gb_over_under",
     "gbps",
     "hierarchy",
     "inference",

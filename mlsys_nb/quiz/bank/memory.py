@@ -9,7 +9,7 @@ from __future__ import annotations
 from ... import hardware, memory
 from ...config import TrainConfig
 from ..core import family
-from ._util import gb, numeric_family, pick, picks, ratio_family
+from ._util import gb, gb_over_under, numeric_family, pick, picks, ratio_family
 
 REF_MEM = "docs/references.md#zero (Rajbhandari et al. 2020, arXiv:1910.02054, §3), #mixed-precision"
 SEC_MEM = "notebooks/10_training_memory.ipynb"
@@ -216,7 +216,7 @@ ratio_family(
     ),
     over=dict(recompute="none"),
     under=lambda p: dict(recompute=p["recompute"]),
-    fields=lambda p, over, under, ratio: {"over_gb": gb(over), "under_gb": gb(under)},
+    fields=gb_over_under,
     text=(
         "{model}, micro-batch 1 × {seq_len}, WITHOUT flash attention (scores stored): by what factor does "
         "{recompute} recomputation divide the activations stored by the transformer layers?"

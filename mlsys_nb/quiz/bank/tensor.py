@@ -10,7 +10,7 @@ from __future__ import annotations
 from ... import comm, memory
 from ...config import TrainConfig
 from ..core import family
-from ._util import gb, gbps, numeric_family, pick, picks, ratio_family, tensor_parallel, us
+from ._util import gb_over_under, gbps, numeric_family, pick, picks, ratio_family, tensor_parallel, us
 
 
 REF_TP = "docs/references.md#megatron (Shoeybi et al. 2019, arXiv:1909.08053), #megatron-sp (Korthikanti et al. 2022)"
@@ -121,7 +121,7 @@ ratio_family(
     ),
     over=dict(sp=False),
     under=dict(sp=True),
-    fields=lambda p, over, under, ratio: {"over_gb": gb(over), "under_gb": gb(under)},
+    fields=gb_over_under,
     text=(
         "{model}, tp = {tp}, micro-batch 1 × {seq_len}, flash attention: by what factor does turning on "
         "sequence parallelism divide the stored activations?"
