@@ -13,6 +13,9 @@
   ``peak_forward_bytes`` reads peak memory from the profiler's memory timeline.
 - ``triton_kernels`` (imported on its own; needs ``pip install -e .[kernels]``): vector add, fused softmax,
   tiled matmul and FlashAttention's forward in Triton, interpreted on CPU tensors.
+- ``triton_int8`` and ``triton_fused`` (each imported on its own, as ``triton_kernels``): an int8 weight-only
+  matmul for decode (``int8_weight_only_matmul``, notebook 23); fused RMSNorm (+ residual) and SwiGLU, forward
+  and backward (``fused_rms_norm``, ``swiglu``).
 - ``hierarchy``: this CPU's caches and streaming-read bandwidth, real ops on the roofline; ``fusion``: an
   elementwise chain eager vs ``torch.compile`` beside a bytes model.
 
