@@ -23,6 +23,7 @@ def judge_card(fn):
         """The statement shown judged against a number computed here (never which one was drawn)."""
         return "true" if fn(p["_text"]) else "false"
 
+    judge.__doc__ = fn.__doc__ or judge.__doc__  # what the route computes, for notebook 20's worked solutions
     return judge
 
 
@@ -116,12 +117,14 @@ def _(text):
 
 @register_route("cards.optimizer_state_units")
 def _(p):
+    """Three fp32 values (m, v, master) per weight: 12 bytes, by hand."""
     mb = 3 * 4 * p["h"] ** 2 / 1e6  # m, v and the master copy: three fp32 values per weight
     return judge_card(lambda text: abs(claimed_number(text, r"= ([\d.]+) MB") - mb) < 1e-3 * mb)(p)
 
 
 @register_route("cards.zero_stage_named")
 def _(p):
+    """ZeRO-1 and ZeRO-3 model states by hand: 2 + 2 + 12/DP and 16/DP bytes per parameter."""
     n, dp = 70e9, p["dp"]
     zero1, zero3 = (2 * n + 2 * n + 12 * n / dp) / 1e9, 16 * n / dp / 1e9  # bf16 params, grads; fp32 master, m, v
 
@@ -136,6 +139,7 @@ def _(p):
 
 @register_route("cards.network_vs_nvme")
 def _(p):
+    """A NIC's Gb/s ÷ 8 against four PCIe lanes at 16 or 32 GT/s with 128b/130b coding."""
     nic = {"infiniband-ndr": 400e9, "infiniband-hdr": 200e9}[p["nic"]] / 8  # B/s per direction
     nvme = {gen: gt * 1e9 * 4 * 128 / 130 / 8 for gen, gt in ((4, 16), (5, 32))}  # 4 lanes, 128b/130b
 
@@ -153,6 +157,7 @@ def _(p):
 @register_route("cards.moe_tokens_rule")
 @judge_card
 def _(text):
+    """Total and active parameters counted on the real Mixtral (meta device)."""
     m = model_counts("mixtral-8x7b")
     active = m["total"] - m["n_moe"] * (m["cfg"].n_experts - m["cfg"].top_k) * m["expert"]
     if "carries over to MoE" in text:

@@ -118,6 +118,7 @@ def _(p):
 
 @register_route("cards.serving_gpus_batching")
 def _(p):
+    """The hand roofline of serving.gpus_for_target (real model, meta device), batch doubled while it keeps the rate."""
     from .registry import ROUTES
 
     gpus = ROUTES["serving.gpus_for_target"](p)  # the hand roofline, batch doubled while it meets 50 tokens/s
@@ -126,6 +127,7 @@ def _(p):
 
 @register_route("cards.rollout_one_gpu")
 def _(p):
+    """Weights counted on the real model (meta device) + a hand KV-cache size, TP 1, 2, 4, 8 in turn."""
     tp = next(t for t in (1, 2, 4, 8) if sequences_that_fit("llama-2-70b", "H100-SXM", 150, t) >= p["batch"])
 
     def judge(text):

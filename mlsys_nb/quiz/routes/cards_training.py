@@ -120,6 +120,7 @@ def _(text):
 
 @register_route("cards.dp_overlap_ratio")
 def _(p):
+    """(DP−1)/DP · B_g·peak/(2·tokens·β) by hand (H100 bf16 peak, 400 Gb/s): no parameter count in it."""
     dp, tokens = p["dp"], p["tokens"]
     # all-reduce 2(DP−1)/DP · 2N bytes over β; backward 4·N·tokens FLOPs over peak: N cancels (Playbook A3)
     ratio = (dp - 1) / dp * 2 * peak_bf16("H100-SXM") / (2 * tokens * NDR)
