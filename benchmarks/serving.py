@@ -45,7 +45,14 @@ layers and sampling (``profile_ranges``), and transformers' own decode step at t
 sequences (``--sizes``, ``tiny`` allowed here), steps of the two engines interleaved, process CPU time.
 ``--compile``: two more offline rows, the engine with ``EngineConfig.compile=True`` (the forward compiled by
 ``torch.compile``/inductor, attention one opaque op: ``inference/compiled.py``) at ``--batch`` and 4x, in the same
-round-robin; its one compile is paid in a warm-up run before the timed runs and reported with the graph count.
+round-robin; its one compile is paid in a warm-up run before the timed runs and reported with the graph count. The
+peers get the same chance where transformers' API allows: static ``generate`` compiled (a static cache and a
+``CompileConfig`` with its ``_compile_all_devices`` switch: ``generate`` compiles only on accelerators otherwise) and
+its continuous batching compiled (``default_compile_level=1``), at 4x ``--batch``, each warmed on the workload first.
+``--mixed``: issue 49's mixed workload instead (64 requests at t=0, prompts 8-64, outputs 16-96; the peer is one
+static batch of 64). ``--phases``: only the decode-step CPU time per phase (schedule, prepare, forward: attention
+and the rest, sample, update; thread CPU time of each part, ``CPUPhases``) of the eager and the compiled engine beside
+transformers' own decode step, interleaved, at 8, 32 and 64 sequences, with the compiled forward's generated kernels.
 ``--quick``: 4 short requests on ``tiny`` (offline systems, step profile, HF profile, overhead table), no servers,
 no record.
 """
@@ -65,6 +72,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 GOALS = {"small": 3.0, "135m": 1.5}  # issue 30: engine vs static generate at 64 in flight (batches of 64)
+MIXED_GOAL = 2.0  # issue 49: compiled engine vs one static batch of 64 on the mixed workload (--mixed)
+MIXED = dict(n=64, prompt_len=(8, 64), output_len=(16, 96))  # issue 49's mixed-length workload, all at t=0
 SERVER_GOAL = 5.0  # issue 30: the kit's server vs `transformers serve` at 32 concurrent requests
 
 
@@ -103,9 +112,37 @@ def run_engine(model, reqs, batch, **kw):
     return summarize(outs, secs), [o.outputs[0].token_ids for o in outs]
 
 
-def run_hf(hf, reqs, batch):
+def hf_compile_config():
+    """transformers' ``CompileConfig`` for static-cache ``generate`` on a CPU: ``generate`` compiles its decode
+    forward only on cuda/xpu/neuron/tpu unless ``_compile_all_devices`` (its own switch, set on the instance) is on."""
+    from transformers import CompileConfig
+
+    cc = CompileConfig(fullgraph=False, dynamic=False)
+    cc._compile_all_devices = True
+    return cc
+
+
+class CompiledCBModel:
+    """``hf`` as ``_peers.HFContinuousBatching`` sees it, with transformers' own compile of its continuous batching
+    switched on (``ContinuousBatchingConfig.default_compile_level = 1``: ``torch.compile`` mode "default",
+    ``dynamic=True``, on its varlen path; its decode fast path needs flash attention, absent on a CPU)."""
+
+    def __init__(self, hf):
+        self.hf = hf
+
+    def init_continuous_batching(self, generation_config, continuous_batching_config):
+        continuous_batching_config.default_compile_level = 1
+        return self.hf.init_continuous_batching(
+            generation_config=generation_config, continuous_batching_config=continuous_batching_config
+        )
+
+
+def run_hf(hf, reqs, batch, compile=False):
+    """transformers' static ``generate`` in batches of ``batch`` (left-padded; each batch runs to its longest
+    output); ``compile``: a static cache and ``hf_compile_config`` (its decode forward through inductor)."""
     from mlsys_nb.runtime.timing import Laps
 
+    extra = {"cache_implementation": "static", "compile_config": hf_compile_config()} if compile else {}
     clock, tokens, outs = Laps(), 0, []
     for i in range(0, len(reqs), batch):
         group = reqs[i : i + batch]
@@ -119,7 +156,7 @@ def run_hf(hf, reqs, batch):
         n = max(r.max_tokens for r in group)
         with torch.inference_mode():
             out = hf.generate(
-                ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0
+                ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0, **extra
             )
         outs += [out[j, width : width + r.max_tokens].tolist() for j, r in enumerate(group)]
         tokens += sum(r.max_tokens for r in group)
@@ -179,24 +216,70 @@ PROFILE_RANGES = {  # profiler ranges put around the engine's parts for --profil
 
 
 @contextlib.contextmanager
-def profile_ranges():
-    """Wrap each part in ``PROFILE_RANGES`` in a profiler range of that name (``runtime.profiling.ranged``; a module
-    attribute or a class method, patched in this process only), so a profile shows each part's CPU time."""
+def wrapped(targets: dict, wrap):
+    """Replace each target {name: (module, class or None, attribute)} by ``wrap(name)(original)`` (a module
+    attribute or a class method, in this process only), restored on exit."""
     import importlib
-
-    from mlsys_nb.runtime.profiling import ranged
 
     saved = []
     try:
-        for name, (mod, cls, attr) in PROFILE_RANGES.items():
+        for name, (mod, cls, attr) in targets.items():
             owner = importlib.import_module(mod)
             owner = getattr(owner, cls) if cls else owner
             saved.append((owner, attr, getattr(owner, attr)))
-            setattr(owner, attr, ranged(name)(saved[-1][2]))
+            setattr(owner, attr, wrap(name)(saved[-1][2]))
         yield
     finally:
         for owner, attr, fn in reversed(saved):
             setattr(owner, attr, fn)
+
+
+def profile_ranges():
+    """Wrap each part in ``PROFILE_RANGES`` in a profiler range of that name (``runtime.profiling.ranged``), so a
+    profile shows each part's CPU time."""
+    from mlsys_nb.runtime.profiling import ranged
+
+    return wrapped(PROFILE_RANGES, ranged)
+
+
+PHASE_TIMERS = {  # the parts of a decode step timed by --phases (thread CPU seconds, inclusive; nested ones inside)
+    "step": ("mlsys_nb.inference.engine", "LLMEngine", "step"),
+    "schedule": ("mlsys_nb.inference.engine", "LLMEngine", "_schedule"),
+    "prepare": ("mlsys_nb.inference.model_runner", "ModelRunner", "prepare"),
+    "forward": ("mlsys_nb.inference.model_runner", "ModelRunner", "forward"),
+    "attention": ("mlsys_nb.inference.step_batch", "StepBatch", "attend"),
+    "sdpa": ("torch.nn.functional", None, "scaled_dot_product_attention"),
+    "sample": ("mlsys_nb.inference.engine", "LLMEngine", "_sample"),
+}
+
+
+class CPUPhases:
+    """Per-part thread CPU seconds (``time.thread_time``: this thread only, so a neighbour's load does not count;
+    with one torch thread the step's whole work) accumulated while ``timing()`` is active; ``take()`` returns and
+    clears them. A part's time includes the parts it calls (attention inside forward, SDPA inside attention)."""
+
+    def __init__(self):
+        self.acc: dict = {}
+
+    def wrap(self, name):
+        def deco(fn):
+            def inner(*args, **kwargs):
+                t = time.thread_time()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    self.acc[name] = self.acc.get(name, 0.0) + time.thread_time() - t
+
+            return inner
+
+        return deco
+
+    def timing(self):
+        return wrapped(PHASE_TIMERS, self.wrap)
+
+    def take(self) -> dict:
+        out, self.acc = self.acc, {}
+        return out
 
 
 class HFDecoder:
@@ -320,15 +403,105 @@ def profile_engine_step(
     return lines
 
 
+def decoding_engine(model, batch: int, prompt_len: int, steps: int, **options):
+    """An ``LLMEngine`` with ``batch`` sequences running (prompts of ``prompt_len`` minus 0-6 times
+    ``prompt_len // 12`` tokens, so context lengths differ), every prompt prefilled and one decode step run, with
+    ``steps + 8`` decode steps left; -> (engine, prompts)."""
+    from mlsys_nb.inference.engine import LLMEngine
+    from mlsys_nb.inference.sampling_params import SamplingParams
+
+    eng = LLMEngine(model, max_num_seqs=batch, max_num_batched_tokens=512, **options)
+    prompts = [[(7 * i + j) % 200 + 1 for j in range(prompt_len - (i % 7) * (prompt_len // 12))] for i in range(batch)]
+    sp = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        eng.add_request(f"p{i}", p, sp)
+    for _ in range(-(-sum(map(len, prompts)) // 512) + 2):  # every prompt prefilled, then a decode step
+        eng.step()
+    return eng, prompts
+
+
+PHASE_COLS = ("schedule", "prepare", "forward: attention", "of which SDPA", "forward: rest", "sample", "update")
+
+
+def phase_table(model, hf, batch_sizes, steps: int, prompt_len: int) -> list[str]:
+    """Decode-step CPU time per phase (``CPUPhases``: thread CPU ms, median over ``steps`` steps) of the engine
+    eager and compiled (``EngineConfig.compile``) and of transformers' own decode step (``HFDecoder``, equal-length
+    prompts, a ``DynamicCache``), the three interleaved step by step, at each batch size. Attention = the engine's
+    ``StepBatch.attend`` (K/V write + gather + mask + SDPA) or transformers' SDPA calls; forward: rest = the forward
+    minus attention (matmuls, norms, RoPE, SwiGLU, LM head); update = the step minus the other phases (the scheduler's
+    update, outputs, the pool's sync). -> markdown lines."""
+    from statistics import median
+
+    from mlsys_nb.inference.compiled import compiled_model
+
+    timer = CPUPhases()
+    lines = [
+        "",
+        "| running sequences | system | " + " | ".join(PHASE_COLS) + " | step CPU ms | vs transformers' step |",
+        "|---" * (len(PHASE_COLS) + 4) + "|",
+    ]
+    for batch in batch_sizes:
+        engines = {
+            name: decoding_engine(model, batch, prompt_len, steps, **kw)[0]
+            for name, kw in (("engine, eager", {}), ("engine, compiled", {"compile": True}))
+        }
+        prompts = [[(7 * i + j) % 200 + 1 for j in range(prompt_len)] for i in range(batch)]
+        hf_dec = HFDecoder(hf, prompts)
+        hf_dec.step()
+        graphs = compiled_model(model).stats["graphs"]
+        per = {name: [] for name in [*engines, "transformers decode step"]}
+        with timer.timing():
+            for _ in range(steps):
+                for name, eng in engines.items():
+                    timer.take()
+                    eng.step()
+                    per[name].append(timer.take())
+                t = time.thread_time()
+                hf_dec.step()
+                per["transformers decode step"].append({"step": time.thread_time() - t, **timer.take()})
+        if compiled_model(model).stats["graphs"] != graphs:
+            raise RuntimeError("the compiled engine recompiled during the phase measurement")
+        if batch == batch_sizes[0]:
+            from mlsys_nb.inference.compiled import generated_kernels
+
+            code = generated_kernels()
+            lines.insert(
+                1,
+                f"The compiled forward's generated code: {code['attention_calls']} attention calls (the opaque op, one "
+                f"per layer), library calls {code['extern']}, {len(code['fused'])} generated C++ kernels called "
+                f"{code['fused_calls']} times: " + ", ".join(f"`{k}`" for k in code["fused"]) + ".\n",
+            )
+        hf_ms = 1e3 * median(d["step"] for d in per["transformers decode step"])
+        for name, rows in per.items():
+            ph = {}
+            for d in rows:
+                d = {k: d.get(k, 0.0) for k in ("step", *PHASE_TIMERS)}
+                split = {
+                    "schedule": d["schedule"],
+                    "prepare": d["prepare"],
+                    "forward: attention": d["attention"] or d["sdpa"],
+                    "of which SDPA": d["sdpa"],
+                    "forward: rest": (d["forward"] - d["attention"]) if d["forward"] else d["step"] - d["sdpa"],
+                    "sample": d["sample"],
+                    "update": d["step"] - d["schedule"] - d["prepare"] - d["forward"] - d["sample"]
+                    if d["forward"]
+                    else 0.0,
+                    "step": d["step"],
+                }
+                for k, v in split.items():
+                    ph.setdefault(k, []).append(1e3 * v)
+            med = {k: median(v) for k, v in ph.items()}
+            cells = " | ".join(f"{med[c]:.2f}" for c in PHASE_COLS)
+            lines.append(f"| {batch} | {name} | {cells} | {med['step']:.2f} | {med['step'] / hf_ms:.2f}x |")
+    return lines
+
+
 def attention_ab(model, batch_sizes, steps: int, prompt_len: int, variants=None) -> list[str]:
     """Decode steps of two engines on the same weights and prompts, ``attention_backend`` "gather" and "varlen"
     (``variants``: another pair, {name: engine options}, e.g. eager vs ``compile=True``), one step of each in turn
     (``steps`` each, after every prompt is prefilled; prompts of ``prompt_len`` minus 0-6 times ``prompt_len // 12``
     tokens, so context lengths differ), process CPU time per step. -> markdown lines (a table)."""
     from statistics import median
-
-    from mlsys_nb.inference.engine import LLMEngine
-    from mlsys_nb.inference.sampling_params import SamplingParams
 
     variants = variants or {"gather": {"attention_backend": "gather"}, "varlen": {"attention_backend": "varlen"}}
     a, b = variants
@@ -340,17 +513,8 @@ def attention_ab(model, batch_sizes, steps: int, prompt_len: int, variants=None)
     ]
     for batch in batch_sizes:
         engines = {}
-        prompts = [
-            [(7 * i + j) % 200 + 1 for j in range(prompt_len - (i % 7) * (prompt_len // 12))] for i in range(batch)
-        ]
         for backend, options in variants.items():
-            eng = LLMEngine(model, max_num_seqs=batch, max_num_batched_tokens=512, **options)
-            sp = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
-            for i, p in enumerate(prompts):
-                eng.add_request(f"p{i}", p, sp)
-            for _ in range(-(-sum(map(len, prompts)) // 512) + 2):  # every prompt prefilled, then a decode step
-                eng.step()
-            engines[backend] = eng
+            engines[backend], prompts = decoding_engine(model, batch, prompt_len, steps, **options)
         cpu = {k: [] for k in engines}
         for _ in range(steps):
             for k, eng in engines.items():
@@ -420,16 +584,24 @@ def offline_section(
         (hf_name, lambda: run_hf(hf, reqs, batch)),
         (f"transformers generate (static), batches of {big}", lambda: run_hf(hf, reqs, big)),
     ]
-    results: dict = {name: [] for name, _ in runs}
     managers = {}
     for b in cb_batches or (batch, big):  # persistent, warmed managers, stopped by the caller (also on error)
         managers[b] = cb = HFContinuousBatching(hf, b, max_len)
         stack.callback(cb.close)
         runs.append((f"transformers continuous batching, {b} per batch", lambda cb=cb: cb.run(reqs)))
-        results[runs[-1][0]] = []
+    if compile:  # the peers compiled too, where transformers' API allows: each warmed on the workload first
+        warm += compiled_peers(hf, reqs, big, max_len, stack, runs)
+    results: dict = {name: [] for name, _ in runs}
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
     for _ in range(repeats):  # round-robin, so slow phases of a shared machine hit every system alike
         for name, fn in runs:
             results[name].append(with_cpu(fn))
+    if compile:
+        warm.append(
+            f"Graphs dynamo compiled during the timed runs (every system): {counters['stats']['unique_graphs'] - graphs}."
+        )
     rows, outputs = {}, {}
     for name, res in results.items():  # the run with the median duration
         rows[name], outputs[name] = sorted(res, key=lambda x: x[0]["duration_s"])[len(res) // 2]
@@ -472,7 +644,32 @@ def offline_section(
     return lines, rows, managers
 
 
-def ratio_lines(preset, rows, batch) -> list[str]:
+def compiled_peers(hf, reqs, big, max_len, stack, runs) -> list[str]:
+    """Append transformers' static ``generate`` compiled (``run_hf(compile=True)``) and its continuous batching
+    compiled (``CompiledCBModel``), both at ``big``, to ``runs``; each runs the workload once untimed first (its
+    compiles: dynamo's graph count before and after). -> the record's lines on those warm-ups."""
+    from _peers import HFContinuousBatching
+    from torch._dynamo.utils import counters
+
+    cb = HFContinuousBatching(CompiledCBModel(hf), big, max_len)
+    stack.callback(cb.close)
+    new = [
+        (f"transformers generate (static, compiled), batches of {big}", lambda: run_hf(hf, reqs, big, compile=True)),
+        (f"transformers continuous batching, compiled, {big} per batch", lambda: cb.run(reqs)),
+    ]
+    lines = []
+    for name, fn in new:
+        g0, t0 = counters["stats"]["unique_graphs"], time.perf_counter()
+        fn()
+        lines.append(
+            f"{name}: warm-up run {time.perf_counter() - t0:.1f} s, {counters['stats']['unique_graphs'] - g0} graph(s) "
+            "compiled by dynamo, before the timed runs."
+        )
+    runs += new
+    return lines
+
+
+def ratio_lines(preset, rows, batch, goal=None) -> list[str]:
     big = 4 * batch
     e, e_big = rows["engine"], rows[f"engine, {big} in flight"]
     s, s_big = (
@@ -481,7 +678,7 @@ def ratio_lines(preset, rows, batch) -> list[str]:
     )
     cb_big = rows[f"transformers continuous batching, {big} per batch"]
     tps = "output_tokens_per_s"
-    goal = GOALS.get(preset)
+    goal = goal or GOALS.get(preset)
     w = e_big[tps] / s_big[tps]
     c = e_big["cpu_s"] and s_big["cpu_s"] / e_big["cpu_s"]
     out = [
@@ -492,6 +689,20 @@ def ratio_lines(preset, rows, batch) -> list[str]:
         + f"; transformers continuous batching ({big}) vs its static generate ({big}) {cb_big[tps] / s_big[tps]:.2f}x; "
         f"engine ({big}) vs transformers continuous batching ({big}) {e_big[tps] / cb_big[tps]:.2f}x.",
     ]
+    comp = rows.get(f"engine, {big} in flight, compiled")
+    if comp is not None and goal:
+        w, c = comp[tps] / s_big[tps], s_big["cpu_s"] / comp["cpu_s"]
+        out.append(
+            f"Goal (issue 49): the compiled engine ({big} in flight) vs static generate (batches of {big}): {w:.2f}x "
+            f"on wall time, {c:.2f}x on CPU time (goal >= {goal}x: {'met' if min(w, c) >= goal else 'not met'})."
+        )
+        peer = rows.get(f"transformers generate (static, compiled), batches of {big}")
+        if peer is not None:
+            out.append(
+                f"The compiled engine ({big}) vs static generate compiled (batches of {big}): {comp[tps] / peer[tps]:.2f}x "
+                f"on wall time, {peer['cpu_s'] / comp['cpu_s']:.2f}x on CPU time; static generate compiled vs eager: "
+                f"{peer[tps] / s_big[tps]:.2f}x on wall time."
+            )
     for name in [n for n in rows if n.startswith(f"engine, {big} in flight, ")]:
         r = rows[name]
         out.append(
@@ -644,6 +855,17 @@ def main() -> None:
         "with --attention-ab: the decode step eager (gather) vs compiled (with --attention-backend) instead of gather "
         "vs varlen",
     )
+    ap.add_argument(
+        "--mixed",
+        action="store_true",
+        help="offline: issue 49's mixed workload instead (64 requests at t=0, prompts 8-64, outputs 16-96; goal: the "
+        f"compiled engine >= {MIXED_GOAL}x one static batch of 64); add --compile for the compiled rows",
+    )
+    ap.add_argument(
+        "--phases",
+        action="store_true",
+        help="only the decode-step CPU time per phase, eager vs compiled engine vs transformers' step, at 8, 32, 64",
+    )
     ap.add_argument("--profile-batch", type=int, default=64, help="running sequences of --profile-step")
     ap.add_argument("--profile-steps", type=int, default=10, help="decode steps timed, then profiled (--profile-step)")
     ap.add_argument(
@@ -682,7 +904,7 @@ def main() -> None:
             torch.manual_seed(a.seed)
             if size == "135m":
                 hf, model = smollm2_135m_shape(seed=a.seed)
-                n, (p_lo, p_hi), (o_lo, o_hi), repeats = 32, (8, 16), (8, 16), 1
+                n, (p_lo, p_hi), (o_lo, o_hi), repeats = 32, (8, 16), (8, 16), a.repeats if a.mixed else 1
             else:
                 tiny = a.quick or size == "tiny"
                 cfg = load_model_preset("tiny") if tiny else load_model_preset("small").replace(seq_len=512)
@@ -694,9 +916,16 @@ def main() -> None:
                     o_lo, o_hi = (int(x) for x in a.output_len.split(","))
                     n, (p_lo, p_hi), repeats = a.requests, (16, 256), a.repeats
             model, hf = model.to(a.device), hf.to(a.device)
+            if a.mixed:  # issue 49's mixed-length workload, whatever the model
+                n, (p_lo, p_hi), (o_lo, o_hi) = MIXED["n"], MIXED["prompt_len"], MIXED["output_len"]
             reqs = make_workload(n, prompt_len=(p_lo, p_hi), output_len=(o_lo, o_hi), vocab_size=256, seed=a.seed)
             t0, managers = time.perf_counter(), {}
             lines += ["", f"### `{size}`"]
+            if a.phases:
+                b_sizes, plen = ((4,) if a.quick else (8, 32, 64)), (8 if a.quick else 64 if size != "135m" else 16)
+                lines += phase_table(model, hf, b_sizes, 2 if a.quick else a.profile_steps, plen)
+                lines.append(f"(phases: {time.perf_counter() - t0:.0f} s)")
+                continue
             if a.attention_ab:
                 b_sizes, plen = (((8, 32, 64) if a.compile else (4, 16, 64)), 64) if size != "135m" else ((64,), 16)
                 backend = a.attention_backend
@@ -731,7 +960,7 @@ def main() -> None:
                     a.attention_backend,
                     a.compile,
                 )
-                lines += ["", *sec, *ratio_lines(size, rows, a.batch)]
+                lines += ["", *sec, *ratio_lines(size, rows, a.batch, MIXED_GOAL if a.mixed else None)]
                 lines.append(f"(offline section: {time.perf_counter() - t0:.0f} s)")
             if not a.quick and not a.no_servers and not a.profile_only:
                 t0 = time.perf_counter()
