@@ -16,7 +16,7 @@ def test_notebook_21_runs_with_seed_1_and_solutions_under_another_capability():
     text = printed_text(nb)
     passes = passed_labels(nb)
     assert "seed=1, compile=True, solutions=True" in text
-    assert len(passes) == 11, passes
+    assert len(passes) == 12, passes
     assert_exercises_passed(nb, 2)
     assert any(p.startswith("flash_attention equals SDPA") for p in passes), passes
     assert any(p.endswith("48 heads on 108 SMs take 2 splits") for p in passes), passes
