@@ -13,6 +13,10 @@ be set before the first ``@triton.jit``). Only APIs present in Triton 3.6 and 3.
   accumulating in fp32); ``triton_attention(q, k, v, causal=False)``: FlashAttention's forward, one
   program per (batch·head, block of queries), the online softmax over key blocks, GQA and bottom-right
   causal as ``attention.flash_attention``.
+
+That attention is the first lesson (fp32 products, 16-row tiles, every key block visited and masked); the one
+written to be fast on a GPU, with its backward, is ``triton_flash`` (tensor cores, autotuned tiles, the causal
+loop stopped at the diagonal).
 """
 
 from __future__ import annotations
