@@ -158,6 +158,9 @@ def test_triton_fused_rms_norm_speed(kernels, cuda, record, hidden):
     record(f"Triton fused RMSNorm vs fp32 eager, hidden {hidden}: rel. difference", rel(y, y_ref), "", "< 1e-2")
     assert rel(y, y_ref) < 1e-2 and rel(h, h_ref) < 1e-2
     fwd = _time_fwd_bwd(record, f"RMSNorm + residual, {NORM_TOKENS}x{hidden} bf16", variants, (x, r, w), (dy, dh))
+    for name in ("eager", "torch.compile", "Triton fused"):  # each kernel reads and writes whole rows: bytes
+        launched = cuda_kernels(variants[name], x, r, w)
+        record(f"RMSNorm + residual, hidden {hidden}: {name} forward, kernels", launched, "", "torch.profiler")
     _roofline(record, f"Triton fused RMSNorm + residual, {NORM_TOKENS}x{hidden}", 4 * x.numel() * 2, fwd)
 
 
@@ -178,6 +181,18 @@ def test_triton_fused_swiglu_speed(kernels, cuda, record, width):
     assert err < 1e-2
     fwd = _time_fwd_bwd(record, f"SwiGLU, {NORM_TOKENS}x{width} bf16", variants, (gate, up), (dy,))
     _roofline(record, f"Triton fused SwiGLU, {NORM_TOKENS}x{width}", 3 * gate.numel() * 2, fwd)
+
+
+def cuda_kernels(fn, *args) -> int:
+    """CUDA kernels one call of ``fn`` launches (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn(*args)  # compiled or autotuned before counting
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(*args)
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
 def _time_fwd_bwd(record, label, variants, inputs, grads):
