@@ -123,11 +123,23 @@ def test_mutation_a_backward_without_d_gets_wrong_gradients(monkeypatch):
     """D = rowsum(dO ∘ O) is the softmax Jacobian's row term: with D = 0 dQ and dK are wrong (dV needs no D)."""
     q, k, v, dout = _inputs(1, 2, 1, 19, 37, 16, seed=2)
     want = _run(_sdpa(True), q, k, v, dout)
-    monkeypatch.setattr(tf, "row_term", lambda dout, out: torch.zeros(out.shape[:-1], device=out.device))
+    monkeypatch.setattr(tf, "flash_row_term", lambda dout, out: torch.zeros(out.shape[:-1], device=out.device))
     got = _run(lambda *t: tf.flash_attention_triton(*t, causal=True), q, k, v, dout)
     torch.testing.assert_close(got[3], want[3], rtol=1e-4, atol=2e-5)
     for a, b in zip(got[1:3], want[1:3]):
         assert (a - b).abs().max().item() > 1e-2
+
+
+def test_the_row_term_kernel_equals_pytorchs():
+    from mlsys_nb.kernels.attention import row_term
+
+    for shape, dtype in (((2, 3, 21, 24), torch.float32), ((1, 2, 5, 64), torch.bfloat16)):
+        dout, out = (torch.randn(*shape, generator=torch.Generator().manual_seed(i)).to(dtype) for i in range(2))
+        got = tf.flash_row_term(dout.to(DEV), out.to(DEV)).cpu()
+        assert got.dtype == torch.float32 and got.shape == shape[:-1]
+        torch.testing.assert_close(got, row_term(dout.float(), out.float()), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="dout and out"):
+        tf.flash_row_term(dout, out[..., :3])
 
 
 def test_bad_inputs_name_the_parameter():

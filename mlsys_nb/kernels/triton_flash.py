@@ -22,12 +22,13 @@ arXiv:2307.08691, Alg. 1 and 2) with the four changes that make it fast:
    (``exp2`` is the GPU's instruction; ``exp`` is ``exp2`` of a product). The saved log-sum-exp is converted
    back to natural log: ``lse = log Σ_j exp(q·k_j / sqrt(d))`` per query row, in fp32.
 
-**Backward.** Saved: ``q, k, v, o`` and ``lse``. First ``D = rowsum(dO ∘ O)`` (``attention.row_term``, the
-softmax Jacobian's row term). Then two kernels, each recomputing ``P = exp(S - lse)`` tile by tile instead of
-storing it: one program per key tile accumulates ``dV += Pᵀ dO`` and ``dK += dSᵀ Q`` with
-``dS = P ∘ (dP - D)``, ``dP = dO Vᵀ``, over every query tile that sees it and over the query heads that share its
-KV head under GQA (so no atomics); one program per query tile accumulates ``dQ += dS K``. ``dQ`` and ``dK`` are
-scaled by ``1/sqrt(d)`` once at the end. ``flash_attention_triton`` wraps both in an ``autograd.Function``.
+**Backward.** Saved: ``q, k, v, o`` and ``lse``. First ``D = rowsum(dO ∘ O)``, the softmax Jacobian's row
+term, by a small kernel of its own (``flash_row_term``: one read of dO and O, fp32 sums). Then two kernels, each
+recomputing ``P = exp(S - lse)`` tile by tile instead of storing it: one program per key tile accumulates
+``dV += Pᵀ dO`` and ``dK += dSᵀ Q`` with ``dS = P ∘ (dP - D)``, ``dP = dO Vᵀ``, over every query tile that sees it
+and over the query heads that share its KV head under GQA (so no atomics); one program per query tile accumulates
+``dQ += dS K``. ``dQ`` and ``dK`` are scaled by ``1/sqrt(d)`` once at the end. ``flash_attention_triton`` wraps
+forward and backward in an ``autograd.Function``.
 
 Shapes as ``attention.flash_attention``: ``q [batch, heads, s_q, d]``, ``k, v [batch, kv_heads, s_k, d]``, GQA,
 any lengths (the ragged edges are masked), ``d <= 256``. CPU tensors under ``TRITON_INTERPRET=1`` (set by
@@ -41,7 +42,7 @@ import math
 import torch
 
 from ..config import check_int
-from .attention import check_shapes, row_term
+from .attention import check_shapes
 from .triton_kernels import INTERPRETED, tl, triton
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "flash_backward",
     "key_range",
     "key_tiles_visited",
+    "flash_row_term",
     "dot_precision",
     "INTERPRETED_TILE",
 ]
@@ -204,6 +206,16 @@ _fwd_tuned = _tuned(FWD_CONFIGS, _fwd_kernel)
 
 # ---- backward -----------------------------------------------------------------------------------------------
 @triton.jit
+def _row_term_kernel(o_ptr, do_ptr, delta_ptr, n_rows, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr):
+    """``D = rowsum(dO ∘ O)`` of ``BM`` rows (every head's rows, one after another), summed in fp32."""
+    rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
+    tile, mask = _tile(rows, n_rows, tl.arange(0, BD), D, BD)
+    o = tl.load(o_ptr + tile, mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(do_ptr + tile, mask=mask, other=0.0).to(tl.float32)
+    tl.store(delta_ptr + rows, tl.sum(o * do, axis=1), mask=rows < n_rows)
+
+
+@triton.jit
 def _dkdv_tiles(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, rn, rd, lo, hi, sq, sk, qk_scale,
                 D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, MASK: tl.constexpr,
                 PREC: tl.constexpr):  # fmt: skip
@@ -354,13 +366,27 @@ def flash_forward(q, k, v, *, causal: bool = False, block: int | None = None, co
     return (out, lse, counts) if count_tiles else (out, lse)
 
 
+def flash_row_term(dout, out) -> torch.Tensor:
+    """``D = rowsum(dO ∘ O)``: ``[..., s_q]`` fp32 for ``dout, out [..., s_q, d]`` (``attention.row_term`` in
+    PyTorch), by ``_row_term_kernel``: each program sums about 8192 elements of each tensor, rows of ``d``."""
+    if dout.shape != out.shape or dout.dim() < 2:
+        raise ValueError(f"dout and out must have one shape [..., s_q, d], got {tuple(dout.shape)}, {tuple(out.shape)}")
+    dout, out = dout.contiguous(), out.contiguous()
+    d, n_rows = out.shape[-1], out.numel() // out.shape[-1]
+    delta = torch.empty(out.shape[:-1], dtype=torch.float32, device=out.device)
+    bd = max(16, triton.next_power_of_2(d))
+    bm = INTERPRETED_TILE if INTERPRETED else max(16, 8192 // bd)
+    _row_term_kernel[(triton.cdiv(n_rows, bm),)](out, dout, delta, n_rows, D=d, BD=bd, BM=bm)
+    return delta
+
+
 def flash_backward(dout, q, k, v, out, lse, *, causal: bool = False, block: int | None = None):
     """The three input gradients ``(dq, dk, dv)`` from the forward's ``out`` and ``lse``, in the inputs' dtype."""
     g, block = _check(q, k, v, causal, block)
     if dout.shape != q.shape or out.shape != q.shape or lse.shape != q.shape[:3]:
         raise ValueError(f"dout and out must be q's shape {tuple(q.shape)} and lse its first three dims")
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
-    delta = row_term(dout.float(), out.float()).contiguous()  # D = rowsum(dO ∘ O), [b, h, s_q] fp32
+    delta = flash_row_term(dout, out)
     b, h, sq, _ = q.shape
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     args = _common(q, k, causal)
