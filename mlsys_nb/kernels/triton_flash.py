@@ -108,7 +108,7 @@ def _query_range(n0, sq, sk, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.cons
     """Query tiles that see key tile ``[n0, n0 + BN)``: ``[lo, full)`` partly (masked), ``[full, s_q)`` whole."""
     if CAUSAL:
         lo = tl.maximum(n0 - (sk - sq), 0) // BM * BM  # the first row that sees key n0
-        full = tl.cdiv(tl.maximum(n0 + BN - 1 - (sk - sq), 0), BM) * BM  # rows that see key n0 + BN - 1
+        full = tl.cdiv(tl.maximum(n0 + BN - 1 - (sk - sq), 0), BM) * BM  # from here rows see key n0 + BN - 1
     else:
         lo = 0 * n0
         full = 0 * n0
