@@ -16,6 +16,9 @@
 - ``triton_int8`` and ``triton_fused`` (each imported on its own, as ``triton_kernels``): an int8 weight-only
   matmul for decode (``int8_weight_only_matmul``, notebook 23); fused RMSNorm (+ residual) and SwiGLU, forward
   and backward (``fused_rms_norm``, ``swiglu``).
+- ``triton_flash`` (imported on its own, as ``triton_kernels``): FlashAttention's forward and backward written to
+  be fast on a GPU (tensor cores, autotuned tiles, the causal loop stopped at the diagonal), differentiable as
+  ``flash_attention_triton``; interpreted on CPU tensors.
 - ``hierarchy``: this CPU's caches and streaming-read bandwidth, real ops on the roofline; ``fusion``: an
   elementwise chain eager vs ``torch.compile`` beside a bytes model.
 
