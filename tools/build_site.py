@@ -118,7 +118,7 @@ def machine() -> dict:
 
 def machine_line(m: dict, seconds: float | None = None, what: str = "Executed", where: str = "this page") -> str:
     """Which machine ran the page and when; its measured numbers are that machine's."""
-    ran = f" in {seconds:.0f} s" if seconds is not None else ""
+    ran = "" if seconds is None else f" in {seconds:.0f} s" if seconds < 120 else f" in {seconds / 60:.1f} min"
     return (
         f'<p class="site-machine">{what}{ran} on {html.escape(m["date (UTC)"])} UTC on {html.escape(m["cpu"])}, '
         f"{m['nproc']} cores, {html.escape(m['os'])}, torch {html.escape(m['torch'])}, Python {m['python']} "
@@ -291,8 +291,10 @@ def status_cell(page: Page) -> str:
         return f"executed in {page.seconds:.0f} s"
     if page.status == "failed":
         return f'<span class="site-failed">failed: {html.escape(page.error[:200])}</span>'
-    if page.status in ("screenshots", "no screenshots"):
-        return page.status if not page.error else f"no screenshots: {html.escape(page.error)}"
+    if page.status == "screenshots":
+        return "its tabs as screenshots"
+    if page.status == "no screenshots":
+        return f"no screenshots: {html.escape(page.error)}"
     return NOT_EXECUTED
 
 
