@@ -58,6 +58,12 @@ QUANTITY_COLORS = {
     "non_matmul": "#2C8DC4",  # norms, activations functions, softmax (a darker compute)
     "fixed_per_layer": "#D3ECFA",  # per-layer fixed costs (kernel launches; the lightest compute)
     "generation": "#1F5F8B",  # RLHF rollout generation (decode-bound compute, a dark blue)
+    # a pipeline schedule's ops, all compute: forward at the compute colour, backward darker, a split backward's
+    # input-gradient half between them, the weight-gradient half pale (pipeline.plots.plot_timeline)
+    "forward": PALETTE[5],
+    "backward": "#1B5E8C",
+    "backward_input": "#2F6FA6",
+    "weight_grad": "#BFE3F7",
     "communication": PALETTE[4],
     "tp_comm": PALETTE[4],
     "dp_comm": "#8C4A72",

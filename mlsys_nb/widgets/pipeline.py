@@ -18,7 +18,7 @@ from matplotlib.collections import PolyCollection
 
 from ..pipeline import SCHEDULES, ScheduleError, check_args
 from ..pipeline.compare import cached_schedule, cached_simulation, compare_schedules
-from ..pipeline.plots import plot_timeline
+from ..pipeline.plots import idle_blocks, plot_timeline  # noqa: F401  (idle_blocks: re-exported)
 from ..plots import QUANTITY_COLORS, label, style
 from .base import ControlPanel
 
@@ -163,7 +163,6 @@ class PipelineWidget(ControlPanel):
                 color_by=r["color_by"],
                 title=f"{sched.name}, p={sched.p}, m={sched.m}, v={sched.v} (simulated) · grey: idle{shaded}",
             )
-        draw_idle_and_chunks(self._ax, res.timeline, res.makespan)
         with style():
             peak = np.asarray(res.peak_activations, float)  # one bar per rank, as ONE collection
             y = np.arange(sched.p, dtype=float)
@@ -189,48 +188,3 @@ class PipelineWidget(ControlPanel):
             self._ax_mem.tick_params(labelleft=False)  # texts: each one is laid out on every redraw)
             self._ax_mem.set_xlim(0, max(res.peak_activations) * 1.1)
             label(self._ax_mem, "peak activ. (mb × L/p)", "rank (same rows)")
-
-
-def idle_blocks(timeline: pd.DataFrame, makespan: float) -> list[tuple[int, float, float]]:
-    """``(rank, start, end)`` of every stretch in [0, ``makespan``] where a rank runs no op (the bubble, in the
-    simulation's time units): per rank, the gaps of the union of its ops' intervals."""
-    out = []
-    for rank, ops in timeline.groupby("rank"):
-        t = 0.0
-        for start, end in sorted(zip(ops.start, ops.end)):
-            if start > t + 1e-12:
-                out.append((int(rank), t, float(start)))
-            t = max(t, float(end))
-        if makespan > t + 1e-12:
-            out.append((int(rank), t, float(makespan)))
-    return out
-
-
-def _boxes(rows) -> np.ndarray:
-    """(rank, start, end) rows as the rectangles of a ``PolyCollection`` (a rank's row is 0.8 high)."""
-    r = np.asarray(rows, float).reshape(-1, 3)
-    y, st, en = r[:, 0], r[:, 1], r[:, 2]
-    corners = [(st, y - 0.4), (st, y + 0.4), (en, y + 0.4), (en, y - 0.4)]
-    return np.stack([np.stack(c, 1) for c in corners], 1)
-
-
-def draw_idle_and_chunks(ax, timeline: pd.DataFrame, makespan: float) -> None:
-    """Draw the idle time as explicit grey blocks (``plots.QUANTITY_COLORS["bubble"]``, gid ``"idle"``) and hatch
-    the ops of every odd chunk of an interleaved schedule (gid ``"chunks"``), over ``plot_timeline``'s boxes."""
-    idle = idle_blocks(timeline, makespan)
-    if idle:
-        ax.add_collection(
-            PolyCollection(_boxes(idle), facecolors=QUANTITY_COLORS["bubble"], alpha=0.45, edgecolors="none"),
-            autolim=False,
-        ).set_gid("idle")
-    odd = timeline[timeline.chunk % 2 == 1]
-    if len(odd):
-        hatch = PolyCollection(
-            _boxes(np.stack([odd["rank"], odd.start, odd.end], 1)),
-            facecolors="none",
-            edgecolors=(1, 1, 1, 0.7),
-            linewidths=0,
-            hatch="///",
-        )
-        hatch.set_gid("chunks")
-        ax.add_collection(hatch, autolim=False)
