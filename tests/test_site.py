@@ -52,6 +52,7 @@ def test_a_subset_build_executes_its_notebooks_and_lists_them_all(site):
     assert "make lab" in index and "make test" in index  # the README's two commands
     page = (out / "14_kv_cache_management.html").read_text()
     assert "measured on <b>this machine</b>" in page and "torch " in page and "cores" in page
+    assert 'src="mathjax/MathJax.js' in page and (out / "mathjax" / "MathJax.js").exists()  # formulas offline
 
 
 @pytest.mark.notebook
@@ -80,6 +81,7 @@ def test_the_check_flags_each_broken_idea(site, tmp_path):
     row = text.index('<tr data-notebook="20_')
     text = text[:row] + text[text.index("</tr>", row) + 5 :]  # notebook 20's row removed
     index.write_text(text.replace(build_site.NOT_EXECUTED + "</td>", "ok</td>", 1))
+    shutil.rmtree(out / "mathjax")  # the pages' formulas would show as TeX source
     problems = "\n".join(build_site.check_site(out))
     for expected in (
         "14_kv_cache_management.html: the notebook draws a figure but the page shows no image",
@@ -87,6 +89,7 @@ def test_the_check_flags_each_broken_idea(site, tmp_path):
         "20_interview_worksheets.html: link '#no-such-id': 20_interview_worksheets.html has no anchor",
         "index.html lists",
         "index.html: 00_dashboard was not executed in this build but its row does not say so",
+        "14_kv_cache_management.html: link 'mathjax/MathJax.js' leads to no file",
     ):
         assert expected in problems, f"not flagged: {expected}\n{problems}"
 
@@ -138,3 +141,21 @@ def test_the_dashboard_page_says_why_it_has_no_screenshots(tmp_path):
     text = (tmp_path / "00_dashboard.html").read_text()
     assert "No screenshots in this build:</b> Chromium is not installed" in text
     assert "make dashboard" in text and "http://127.0.0.1:8866/" in text
+
+
+@pytest.mark.browser
+def test_formulas_typeset_offline_from_the_sites_own_mathjax(tmp_path):
+    """A page's MathJax is the site's copy (no network): a formula in markdown is typeset in Chromium."""
+    need_chromium()
+    from nbformat import v4
+
+    from browser import browser_page
+
+    build_site.copy_mathjax(tmp_path)
+    nb = v4.new_notebook(cells=[v4.new_markdown_cell("Ring all-reduce sends $2(n-1)/n \\cdot S$ bytes.")])
+    page = tmp_path / "formula.html"
+    page.write_text(build_site.notebook_page(nb, "formula", ""))
+    with browser_page() as b:
+        b.route("http*://**", lambda route: route.abort())  # offline: any request to the network fails
+        b.goto(page.as_uri())
+        b.wait_for_function("() => document.querySelectorAll('.MathJax, .MathJax_Display').length > 0", timeout=30_000)

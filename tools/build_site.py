@@ -8,9 +8,9 @@ page shows each tab as a screenshot taken in headless Chromium (``tests/browser.
 it live. ``index.html`` lists every notebook in curriculum order (the numbering) with its "you will be able to"
 line from the README's table, and the README's two commands.
 
-Why nbconvert: it comes with JupyterLab (no new package, no Node.js), renders a notebook as JupyterLab shows it and
-works offline; one page per notebook and an index are all the site needs. Jupyter Book / MyST would add a
-Node.js or Sphinx tool chain to re-execute what papermill already runs.
+Why nbconvert: it comes with JupyterLab (no Node.js), renders a notebook as JupyterLab shows it and works offline
+(MathJax from ``jupyter-server-mathjax`` is copied into the site); one page per notebook and an index are all the
+site needs. Jupyter Book / MyST would add a Node.js or Sphinx tool chain to re-execute what papermill already runs.
 
 Every page says which machine executed it and when: the times, rates and bandwidths on it are that machine's.
 ``check_site`` opens every page in Chromium and lists what is wrong (an error output, a figure missing, a link
@@ -151,7 +151,7 @@ def rewrite_links(page_html: str, base: Path, site: Path, stems: set[str]) -> st
         if re.match(r"^([a-z][a-z0-9+.-]*:|#|//)", url, re.I) or not url:
             return m.group(0)
         path, _, frag = url.partition("#")
-        if path.removesuffix(".html") in stems | {"index"} or path.startswith("dashboard/"):
+        if path.removesuffix(".html") in stems | {"index"} or path.startswith(("dashboard/", "mathjax/")):
             return m.group(0)  # a page of the site, linked by the site itself
         target = (base / urllib.parse.unquote(path)).resolve()
         if target.suffix == ".ipynb" and target.stem in stems:
@@ -179,20 +179,42 @@ def execute(path: Path, out_dir: Path):
     try:
         return nbrun.run_notebook(path.name), ""
     except Exception as e:  # a cell raised (papermill), or the kernel never started or died
-        out = out_dir / f"{path.stem}__defaults.ipynb"
+        out = out_dir / executed_name(path.stem)
         return (nbformat.read(out, as_version=4) if out.exists() else None), f"{type(e).__name__}: {e}"
     finally:
         nbrun.NOTEBOOKS, nbrun.ARTIFACTS = saved
 
 
+def executed_name(stem: str) -> str:
+    """The file name ``tests/nbrun`` gives a notebook executed at its defaults."""
+    return f"{stem}__defaults" + ".ipynb"
+
+
+MATHJAX_URL = "mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe"  # the site's copy; a config it ships
+
+
+def copy_mathjax(site: Path) -> None:
+    """MathJax 2 (the version nbconvert's pages load) from ``jupyter-server-mathjax`` into ``site/mathjax``, so the
+    formulas render offline (about 12 MB; copied once)."""
+    import shutil
+
+    import jupyter_server_mathjax
+
+    if not (site / "mathjax" / "MathJax.js").exists():
+        shutil.copytree(Path(jupyter_server_mathjax.__file__).parent / "static", site / "mathjax", dirs_exist_ok=True)
+
+
 def notebook_page(nb, title: str, header: str) -> str:
-    """An executed notebook as one HTML page (nbconvert, JupyterLab's template, figures embedded). MathJax comes
-    from its CDN as in nbconvert's pages: offline, formulas show as their TeX source."""
+    """An executed notebook as one HTML page (nbconvert, JupyterLab's template, figures embedded); its formulas
+    typeset by the site's own MathJax (``copy_mathjax``), so a page renders them offline."""
     import jinja2
     from nbconvert import HTMLExporter
 
     exporter = HTMLExporter(
-        template_name="lab", template_file="site.html.j2", extra_loaders=[jinja2.DictLoader({"site.html.j2": TEMPLATE})]
+        template_name="lab",
+        template_file="site.html.j2",
+        extra_loaders=[jinja2.DictLoader({"site.html.j2": TEMPLATE})],
+        mathjax_url=MATHJAX_URL,
     )
     resources = {"metadata": {"name": title}, "site_header": header, "site_css": CSS}
     body, _ = exporter.from_notebook_node(nb, resources=resources)
@@ -339,6 +361,7 @@ def build(
     for old in [*site.glob("*.html"), *site.glob("_executed/*"), *site.glob("dashboard/*")]:
         old.unlink()  # a page of an earlier build would pass for this one's
     site.mkdir(parents=True, exist_ok=True)
+    copy_mathjax(site)
     for i, path in enumerate(paths):
         if path.stem not in chosen:
             write_stub(site, pages, i)
@@ -393,10 +416,11 @@ def page_problems(path: Path, facts: dict, site: Path) -> list[str]:
     problems = [] if facts["title"] and facts["text"] else [f"{path.name}: an empty page"]
     if facts["errors"] or "output_error" in path.read_text():
         problems.append(f"{path.name}: shows {facts['errors']} error output(s)")
-    executed = site / "_executed" / f"{path.stem}__defaults.ipynb"
+    executed = site / "_executed" / executed_name(path.stem)
     if executed.exists() and draws_figure(executed) and not facts["images"]:
         problems.append(f"{path.name}: the notebook draws a figure but the page shows no image")
-    return problems + link_problems(path, facts["hrefs"])
+    scripts = [src.split("?")[0] for src in re.findall(r'<script[^>]*\bsrc="([^"]+)"', path.read_text())]
+    return problems + link_problems(path, facts["hrefs"] + scripts)
 
 
 def index_problems(rows: list[list[str]], stems: list[str]) -> list[str]:
