@@ -23,6 +23,9 @@ def test_notebook_05b_runs_on_three_ranks_with_solutions():
     assert len(margins) == 4, margins
     assert margins["all-reduces overlapped, blocking in the hook"]["value"] == 0, margins
     assert_exercises_passed(nb, 2)
+    # the figures drawn (the DDP timeline and the memory of two steps): the kernel checks each one's style
+    pngs = sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+    assert pngs == 2, pngs
 
 
 @pytest.mark.notebook

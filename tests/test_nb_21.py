@@ -21,6 +21,9 @@ def test_notebook_21_runs_with_seed_1_and_solutions_under_another_capability():
     assert any(p.startswith("flash_attention equals SDPA") for p in passes), passes
     assert any(p.endswith("48 heads on 108 SMs take 2 splits") for p in passes), passes
     assert "lscpu" not in text
+    # the figures drawn (cache hierarchy, roofline, attention's peak memory): the kernel checks each one's style
+    pngs = sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+    assert pngs == 3, pngs
     labels = {m["label"] for m in parse_margins(text)}
     assert "matmul FLOP/s over add FLOP/s" in labels  # BLAS is vectorised under every capability
     if cap == "default":  # scalar kernels: the bandwidth and fusion speed-ups are printed with the reason

@@ -18,6 +18,9 @@ def test_notebook_22_runs_with_seed_1_and_solutions_on_other_kernels():
     assert len(passed_labels(nb)) == 9, passed_labels(nb)
     assert_exercises_passed(nb, 2)
     assert "LossScaler's scales and skipped steps equal GradScaler's" in text
+    # the figures drawn (rounding error, loss curves and scales, FP8 outlier sweep): the kernel checks each one's style
+    pngs = sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+    assert pngs == 3, pngs
     labels = [m["label"] for m in parse_margins(text)]
     assert len(labels) == len(set(labels)) and "exercise 1: Kahan bf16 gap to the master" in labels, labels
     assert all(m["room"] > 0 for m in parse_margins(text))

@@ -18,6 +18,9 @@ def test_notebook_23_runs_with_seed_1_and_solutions():
     assert len(passed_labels(nb)) == 12, passed_labels(nb)
     assert_exercises_passed(nb, 2)
     assert "QLoRA's fine-tune tracks LoRA's" in text
+    # the figures drawn (bits against damage, the fine-tuning loss curves): the kernel checks each one's style
+    pngs = sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+    assert pngs == 2, pngs
     assert "batch 256 at context 1024 does not fit on one H100" in text
     margins = {m["label"]: m for m in parse_margins(text)}
     assert all(m["room"] >= 0 for m in margins.values()), margins

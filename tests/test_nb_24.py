@@ -23,6 +23,9 @@ def test_notebook_24_runs_on_2_ranks_with_solutions():
     assert_exercises_passed(nb, 2)
     assert "saved on 2 ranks, resumed on 3 and on 1 process" in text
     assert "process exited with signal SIGKILL" in text
+    # the figures drawn (lost time against the checkpoint interval): the kernel checks each one's style
+    pngs = sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+    assert pngs == 1, pngs
     margins = {m["label"]: m for m in parse_margins(text)}
     assert sorted(margins) == [
         "async save: shortest stall / synchronous one",
