@@ -1,5 +1,6 @@
 """Notebook 15 under papermill with other parameters (the defaults run under nbval): another seed and
-request count, and the worked solutions of the exercises. Also: each check of sections 5 and 6 fails
+request count, the worked solutions of the exercises, and ``quick=False`` (the full sweeps and section 9's compiled
+engine). Also: each check of sections 5 and 6 fails
 when its idea is broken (a runner whose preparation costs a fixed time per sequence; a wrong reading of
 the profiler trace's host time; a wrong overlap formula; async scheduling's look-ahead run in line)."""
 
@@ -11,7 +12,7 @@ from nbrun import passed_labels, printed_text, run_notebook
 
 @pytest.mark.notebook
 def test_notebook_15_other_seed_with_solutions():
-    nb = run_notebook("15_batching_and_scheduling.ipynb", seed=1, n_requests=12, solutions=True)
+    nb = run_notebook("15_batching_and_scheduling.ipynb", seed=1, n_requests=12, solutions=True, quick=False)
     text = printed_text(nb)
     print(text)
     labels = passed_labels(nb)
@@ -26,6 +27,7 @@ def test_notebook_15_other_seed_with_solutions():
         "async scheduling gives the synchronous engine's tokens",
         "more load -> more throughput",
         "the OpenAI client gets the offline engine's text",
+        "the compiled engine gives eager's greedy tokens; one graph, 0 recompiles",  # section 9 (quick=False only)
     ):
         assert any(check in label for label in labels), (check, labels)
     assert any(label.startswith("exercise 1") for label in labels), labels

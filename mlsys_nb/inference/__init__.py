@@ -45,6 +45,9 @@ Hugging Face Llama/Qwen2/Mistral checkpoint with ``mlsys_nb.models.from_hf``).
   and min-p on one row.
   ``attention_backend="varlen"`` attends all decodes of a step in one call per layer
   (``paged.paged_decode_attention_varlen``).
+  ``compile=True`` runs the forward through ``torch.compile`` (``compiled``: ``CompiledModel``, one graph symbolic
+  in the step's token count, attention one opaque op; ``compiled.generated_kernels`` lists the fused kernels
+  inductor generated for it).
 - ``workload`` (Poisson arrivals, length distributions, shared prefixes: ``make_workload``, ``run_workload``,
   ``shared_prefix_tokens``) and ``metrics`` (TTFT, TPOT, ITL, latency percentiles and throughput:
   ``summarize``; CPU overhead per phase: ``measure_decode_overhead``, ``phase_breakdown``, ``fastest_step``,
