@@ -6,9 +6,10 @@ attention reads per-step metadata a graph cannot hold). The same here: ``Compile
 ``mlsys_nb::paged_attend(q, k, v, layer_idx)``, whose body runs the step's ``StepBatch.attend`` (write the new
 K/V into their slots, attend over the paged pool with the configured backend). Everything between two attention
 calls (RMSNorm, the residual adds, the projections, RoPE, SwiGLU, the LM head) is inductor's: on CPU it fuses the
-elementwise work into a few C++ loops around the matmuls (``TORCH_LOGS=output_code`` prints them). The attention
-inside the op is the backend's own: eager for "gather"/"tiled"/"varlen"; with ``attention_backend="flex"`` the decodes
-run FlexAttention's fused kernel, compiled per power-of-two batch (``flex_paged.FlexPagedAttention``).
+elementwise work into a few C++ loops around the matmuls (``TORCH_LOGS=output_code`` prints them;
+``generated_kernels()`` lists them by name). The attention inside the op is the backend's own: eager for
+"gather"/"tiled"/"varlen"; with ``attention_backend="flex"`` the decodes run FlexAttention's fused kernel, compiled
+per power-of-two batch (``flex_paged.FlexPagedAttention``).
 
 Shapes: a step is one packed row of T tokens (``step_batch.StepBatch``), so the only size that changes from step to
 step is T. ``dynamic=True`` compiles one graph symbolic in T; PyTorch specializes a size of 1 (it would be a second
