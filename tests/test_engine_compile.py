@@ -63,7 +63,7 @@ def test_no_recompilation_across_batch_sizes_after_warm_up(compiled_llm):
 def test_the_generated_code_fuses_rmsnorm_rope_and_swiglu(compiled_llm):
     """Inductor's code for the compiled forward: the attention op once per layer, the matmuls as library calls,
     and the elementwise work in fused C++ loops: RMSNorm (mean, rsqrt, mul) with the residual add, SwiGLU (silu,
-    mul), RoPE (index, mul, sub). A forward not compiled by inductor has no such code (``{}``)."""
+    mul), RoPE (index, mul, sub), read from the Python module inductor wrote for this forward."""
     from mlsys_nb.inference.compiled import generated_kernels
 
     code = generated_kernels()
