@@ -152,3 +152,41 @@ def test_a_kept_start_of_other_inputs_or_sources_is_not_loaded(tmp_path, monkeyp
     monkeypatch.setattr(R, "start_key", lambda *, seed, steps, demos, train_pairs, batch=32: f"{seed}-{steps}")
     _notebook_18_start(3, 2, tmp_path)
     assert R.load_start(**dict(same, demos=R.make_demos(2000, 4))) is not None
+
+
+def test_dpo_reads_the_reference_log_probs_of_its_own_pairs(monkeypatch, one_torch_thread):
+    """DPO computes the frozen reference's log-probabilities of every pair once (``reference_pair_logprobs``) and
+    looks each step's up by the indices of the pairs it drew: at the first step the policy is the reference, so
+    every log-ratio log pi - log pi_ref is 0 (to float rounding). The broken idea, the rows of other pairs (here
+    shifted by one), gives log-ratios of whole nats, and this check fails."""
+    import torch
+
+    from mlsys_nb.rl import rlhf as R
+
+    policy, pairs = R.new_policy(seed=0), R.make_preferences(200, 1)
+    rm = R.ScalarModel(R.new_policy(seed=0))
+    real_loss, real_ref = R.dpo_loss, R.reference_pair_logprobs
+
+    def first_log_ratios():
+        seen = []
+
+        def spy(pc, pr, rc, rr, beta):
+            seen.append(float(torch.maximum((pc - rc).abs().max(), (pr - rr).abs().max()).detach()))
+            return real_loss(pc, pr, rc, rr, beta)
+
+        monkeypatch.setattr(R, "dpo_loss", spy)
+        R.dpo(policy, pairs, rm, steps=1, batch=16, seed=0, progress=False)
+        return seen[0]
+
+    assert first_log_ratios() < 1e-4
+    lp, tokens = real_ref(policy, pairs, 64)
+    assert lp.shape == (200, 2) and tokens == sum(
+        t.numel() for i in range(0, 200, 64) for t, _ in R._pair_tensors(pairs[i : i + 64])
+    )
+
+    def other_pairs(reference, p, batch):
+        lp, n = real_ref(reference, p, batch)
+        return lp.roll(1, 0), n
+
+    monkeypatch.setattr(R, "reference_pair_logprobs", other_pairs)
+    assert first_log_ratios() > 0.5, "the broken lookup should show"

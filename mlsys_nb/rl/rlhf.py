@@ -195,14 +195,17 @@ def n_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def token_logprobs(model, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(model, tokens: torch.Tensor, *, entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probability [B, T] of each response token under ``model`` and the entropy [B, T] of its
-    next-token distribution (one forward over prompt + response)."""
+    next-token distribution (one forward over prompt + response). ``entropy=False``: None instead of the
+    entropy, for the callers that only need the log-probabilities (the entropy is three more passes over
+    [B, T, vocab]; the log-probabilities are the same bits either way)."""
     logits = model(tokens)[:, PROMPT_LEN - 1 : -1].float()
     logp_all = logits.log_softmax(-1)
     logp = logp_all.gather(-1, tokens[:, PROMPT_LEN:, None]).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
+    if not entropy:
+        return logp, None
+    return logp, -(logp_all.exp() * logp_all).sum(-1)
 
 
 # ------------------------------------------------------------------ SFT and the reward model
@@ -218,7 +221,7 @@ def sft(model, demos, *, steps: int = 300, batch: int = 64, lr: float = 3e-3, se
     for _ in range(steps):
         b = [demos[rng.randrange(len(demos))] for _ in range(batch)]
         tokens, mask = encode_batch([p for p, _ in b], [r for _, r in b])
-        logp, _ = token_logprobs(model, tokens)
+        logp, _ = token_logprobs(model, tokens, entropy=False)
         loss = -(logp * mask).sum() / mask.sum()
         opt.zero_grad()
         loss.backward()
@@ -434,7 +437,7 @@ def evaluate_rlhf(policy, reference, reward_model, *, n: int = 128, seed: int = 
     gen = torch.Generator().manual_seed(seed)
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
     ro = rollout(policy, prompts, generator=gen)
-    ref_logp, _ = token_logprobs(reference, ro.tokens)
+    ref_logp, _ = token_logprobs(reference, ro.tokens, entropy=False)
     texts = ro.texts
     return {
         "true_reward": sum(map(true_reward, texts)) / n,
@@ -535,7 +538,7 @@ def ppo_update(actor, critic, reference, reward_model, opt, ro: Rollouts, cfg: R
     n_a, n_c = n_params(actor), n_params(critic)
     ntok = ro.tokens.numel()
     with torch.no_grad():
-        ref_logp, _ = token_logprobs(reference, ro.tokens)
+        ref_logp, _ = token_logprobs(reference, ro.tokens, entropy=False)
         score = reward_model.score(ro.tokens, ro.mask)
         values = critic.values(ro.tokens)[:, PROMPT_LEN - 1 : -1] * ro.mask  # V of the state before token t
     rewards = shaped_rewards(score, ro.logprobs, ref_logp, ro.mask, cfg.kl_coef)
@@ -548,7 +551,7 @@ def ppo_update(actor, critic, reference, reward_model, opt, ro: Rollouts, cfg: R
     old_logp = ro.logprobs
     if cfg.decoupled:
         with torch.no_grad():
-            old_logp, _ = token_logprobs(actor, ro.tokens)  # the proximal policy: the trainer's weights now
+            old_logp, _ = token_logprobs(actor, ro.tokens, entropy=False)  # the proximal policy (trainer weights)
         flops += 2 * n_a * ntok
     for _ in range(cfg.epochs):
         for idx in torch.randperm(b, generator=gen).chunk(cfg.minibatches):
@@ -644,7 +647,7 @@ def grpo(
         prompts = [PROMPTS[(i // cfg.group_size) % len(PROMPTS)] for i in range(cfg.batch)]
         ro = rollout(actor, prompts, generator=gen)
         with torch.no_grad():
-            ref_logp, _ = token_logprobs(reference, ro.tokens)
+            ref_logp, _ = token_logprobs(reference, ro.tokens, entropy=False)
             score = reward_model.score(ro.tokens, ro.mask)
         adv = grpo_advantages(score.view(n_groups, cfg.group_size)).reshape(-1, 1).expand_as(ro.logprobs)
         flops += 2 * (n_a + n_a + n_r) * ro.tokens.numel()
@@ -692,8 +695,22 @@ def dpo_loss(
 
 def sequence_logprob(model, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """log pi(response | prompt) [B]: the sum of the response tokens' log-probabilities."""
-    logp, _ = token_logprobs(model, tokens)
+    logp, _ = token_logprobs(model, tokens, entropy=False)
     return (logp * mask).sum(1)
+
+
+@torch.no_grad()
+def reference_pair_logprobs(reference, pairs, batch: int = 64) -> tuple[torch.Tensor, int]:
+    """log pi_ref(chosen) and log pi_ref(rejected) of every pair, [len(pairs), 2] (``batch`` pairs per
+    forward), and the number of tokens that ran. The reference is frozen, so DPO computes these once before
+    its first step instead of two reference forwards per step (each pair is drawn ~3 times in a run)."""
+    check_int("batch", batch, 1)
+    out, tokens = [], 0
+    for i in range(0, len(pairs), batch):
+        (tc, mc), (tr, mr) = _pair_tensors(pairs[i : i + batch])
+        out.append(torch.stack([sequence_logprob(reference, tc, mc), sequence_logprob(reference, tr, mr)], 1))
+        tokens += tc.numel() + tr.numel()
+    return torch.cat(out), tokens
 
 
 def dpo(
@@ -713,8 +730,9 @@ def dpo(
 ):
     """Offline DPO from preference pairs, starting from (and regularised towards) the SFT model. The reward
     model is used only to report its score in the history, evaluated every ``eval_every`` steps and every
-    ``late_every`` steps of the last ``late_share`` of the run (``late_mean``). Returns ``(policy, history)``
-    like ``ppo``."""
+    ``late_every`` steps of the last ``late_share`` of the run (``late_mean``). The reference's log-probabilities
+    of every pair are computed once, before the first step (``reference_pair_logprobs``); each step then runs
+    the policy's forward and backward over its batch. Returns ``(policy, history)`` like ``ppo``."""
     check_number("beta", beta, 0.0, lo_open=True)
     check_int("steps", steps, 1)
     check_int("batch", batch, 1)
@@ -729,15 +747,17 @@ def dpo(
     n_a = n_params(policy)
     clock, flops, hist = Laps(), 0.0, []
     hist.append(_history_row(0, policy, reference, reward_model, clock, flops, seed + 10_000))
+    ref_logp, ref_tokens = reference_pair_logprobs(reference, pairs, batch)
+    flops += 2 * n_a * ref_tokens
     for it in _progress(range(1, steps + 1), progress, "DPO"):
-        (tc, mc), (tr, mr) = _pair_tensors([pairs[rng.randrange(len(pairs))] for _ in range(batch)])
-        with torch.no_grad():
-            ref_c, ref_r = sequence_logprob(reference, tc, mc), sequence_logprob(reference, tr, mr)
+        idx = [rng.randrange(len(pairs)) for _ in range(batch)]
+        (tc, mc), (tr, mr) = _pair_tensors([pairs[i] for i in idx])
+        ref_c, ref_r = ref_logp[idx].unbind(1)
         loss = dpo_loss(sequence_logprob(policy, tc, mc), sequence_logprob(policy, tr, mr), ref_c, ref_r, beta)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        flops += (2 * n_a + 6 * n_a) * (tc.numel() + tr.numel())
+        flops += 6 * n_a * (tc.numel() + tr.numel())
         if evaluation_due(it, steps, eval_every, late_share, late_every):
             hist.append(_history_row(it, policy, reference, reward_model, clock, flops, seed + 10_000))
     return policy.eval(), pd.DataFrame(hist)
