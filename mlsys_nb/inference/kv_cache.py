@@ -278,6 +278,7 @@ class KVCache:
 
         ids, n = self._planned or (None, None)
         self._planned, self._step = None, None
+        planned_n = n is not None
         ids = torch.arange(b) if ids is None else ids
         n = torch.full((b,), s, dtype=torch.long) if n is None else n
         if ids.numel() != b or n.numel() != b:
@@ -286,7 +287,7 @@ class KVCache:
             )
         if b > self.n_seqs:
             raise ValueError(f"batch of {b} rows exceeds n_seqs={self.n_seqs}")
-        for i in n.tolist():
+        for i in n.tolist() if planned_n else [s]:  # unplanned: s new tokens in every row, one check
             check_int(f"each of n_new (s={s} new tokens per row)", i, 1, s)
         start = self.lengths[ids]
         over = (start + n) > self.max_len
