@@ -180,8 +180,9 @@ def test_dpo_reads_the_reference_log_probs_of_its_own_pairs(monkeypatch, one_tor
 
     assert first_log_ratios() < 1e-4
     lp, tokens = real_ref(policy, pairs, 64)
+    batches = [pairs[i : i + 64] for i in range(0, 200, 64)]
     assert lp.shape == (200, 2) and tokens == sum(
-        t.numel() for i in range(0, 200, 64) for t, _ in R._pair_tensors(pairs[i : i + 64])
+        R.encode_batch([p for p, _, _ in b], [resp[k] for resp in b])[0].numel() for b in batches for k in (1, 2)
     )
 
     def other_pairs(reference, p, batch):
