@@ -46,22 +46,32 @@ def kernel_name() -> str:
     return "mlsys_nb" if "mlsys_nb" in specs else "python3"
 
 
-def run_notebook(name: str, capability: str | None = None, **parameters):
-    """Execute ``name`` with ``parameters``; with ``capability`` ("default", "avx2", "avx512") its kernel runs
-    PyTorch's kernels of that capability (``ATEN_CPU_CAPABILITY``, with its own inductor and kit caches:
-    ``runtime.machine.capability_env``), as a learner's CPU of that kind would."""
+def run_notebook(
+    name: str,
+    capability: str | None = None,
+    *,
+    notebook_dir: Path | None = None,
+    artifact_dir: Path | None = None,
+    **parameters,
+):
+    """Execute ``name`` (in ``notebook_dir``, default notebooks/; written to ``artifact_dir``, default
+    test-artifacts/) with ``parameters``; with
+    ``capability`` ("default", "avx2", "avx512") its kernel runs PyTorch's kernels of that capability
+    (``ATEN_CPU_CAPABILITY``, with its own inductor and kit caches: ``runtime.machine.capability_env``), as a
+    learner's CPU of that kind would."""
     import papermill as pm
 
     from mlsys_nb.runtime.machine import capability_env
 
-    src = NOTEBOOKS / name
+    notebook_dir, artifact_dir = notebook_dir or NOTEBOOKS, artifact_dir or ARTIFACTS
+    src = notebook_dir / name
     if not src.exists():
         raise FileNotFoundError(f"no notebook {src}")
-    ARTIFACTS.mkdir(exist_ok=True)
+    artifact_dir.mkdir(parents=True, exist_ok=True)
     tag = "_".join(f"{k}-{v}" for k, v in sorted(parameters.items())) or "defaults"
     if capability is not None:
         tag += f"__capability-{capability}"
-    out = ARTIFACTS / f"{src.stem}__{tag}.ipynb"
+    out = artifact_dir / f"{src.stem}__{tag}.ipynb"
     saved = dict(os.environ)
     log = check_log_path(out)
     log.unlink(missing_ok=True)
@@ -77,7 +87,7 @@ def run_notebook(name: str, capability: str | None = None, **parameters):
                     str(out),
                     parameters=parameters,
                     kernel_name=kernel_name(),
-                    cwd=str(NOTEBOOKS),
+                    cwd=str(notebook_dir),
                     execution_timeout=CELL_TIMEOUT_S,
                     start_timeout=KERNEL_START_TIMEOUT_S,
                     progress_bar=False,

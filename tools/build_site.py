@@ -174,15 +174,11 @@ def execute(path: Path, out_dir: Path):
     import nbformat
     import nbrun
 
-    saved = nbrun.NOTEBOOKS, nbrun.ARTIFACTS
-    nbrun.NOTEBOOKS, nbrun.ARTIFACTS = path.parent, out_dir  # where it reads and writes, for this run only
     try:
-        return nbrun.run_notebook(path.name), ""
+        return nbrun.run_notebook(path.name, notebook_dir=path.parent, artifact_dir=out_dir), ""
     except Exception as e:  # a cell raised (papermill), or the kernel never started or died
         out = out_dir / executed_name(path.stem)
         return (nbformat.read(out, as_version=4) if out.exists() else None), f"{type(e).__name__}: {e}"
-    finally:
-        nbrun.NOTEBOOKS, nbrun.ARTIFACTS = saved
 
 
 def executed_name(stem: str) -> str:
